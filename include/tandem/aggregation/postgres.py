@@ -1,0 +1,109 @@
+"""Partial aggregates in PostgreSQL: publish (upsert + roll-up) and merge on read.
+
+A micro-batch brings complete per-second partials of one shard. They are upserted, then every
+coarser bucket they touch is recomputed from its children (second → minute → … → year) in the
+same transaction, so each row always holds full values and replaying a batch changes nothing.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from tandem.aggregation.granularity import GRANULARITIES, check_granularity, child_of
+from tandem.aggregation.merge import MergedRow, with_ratios
+from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
+
+
+def _returning(spec: AggregationSpec) -> str:
+    return ", ".join(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns, "epoch", "batch_id"])
+
+
+def _conflict_update(spec: AggregationSpec) -> str:
+    target = ", ".join(["granularity", "bucket_start", *spec.keys, "shard_id"])
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in [*spec.measure_columns, "epoch", "batch_id"])
+    return f"ON CONFLICT ({target}) DO UPDATE SET {updates}, updated_at = now()"
+
+
+def stage_batch(cursor, spec: AggregationSpec, seconds: pa.Table) -> None:
+    """COPY a batch of per-second partials into the transaction's temporary table ``_batch``."""
+    columns = ["bucket_start", *spec.keys, *spec.measure_columns]
+    types = {"bucket_start": "timestamptz", **{k: "text" for k in spec.keys},
+             **{m.column: m.sql_type for m in spec.measures}}
+    cursor.execute("DROP TABLE IF EXISTS _batch")
+    cursor.execute(
+        f"CREATE TEMP TABLE _batch ({', '.join(f'{c} {types[c]}' for c in columns)}) ON COMMIT DROP"
+    )
+    buffer = io.BytesIO()
+    pacsv.write_csv(seconds.select(columns), buffer)
+    buffer.seek(0)
+    cursor.copy_expert(f"COPY _batch ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv, HEADER true)", buffer)
+
+
+def upsert_and_roll_up(cursor, spec: AggregationSpec, shard_id: str, epoch: int, batch_id: int) -> list[dict[str, Any]]:
+    """Upsert the staged seconds and recompute every touched coarser bucket; return all written rows."""
+    keys = ", ".join(spec.keys)
+    params = {"shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
+    cursor.execute(
+        f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
+            SELECT 'second', bucket_start, {keys}, %(shard_id)s, {', '.join(spec.measure_columns)}, %(epoch)s, %(batch_id)s
+            FROM _batch
+            {_conflict_update(spec)}
+            RETURNING {_returning(spec)}""",
+        params,
+    )
+    written = cursor.fetchall()
+    merged = ", ".join(f"{MERGE_SQL[m.kind]}(c.{m.column})" for m in spec.measures)
+    key_join = " AND ".join(f"c.{k} = p.{k}" for k in spec.keys)
+    for granularity in GRANULARITIES[1:]:
+        cursor.execute(
+            f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
+                SELECT %(granularity)s, p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}, %(shard_id)s, {merged},
+                       %(epoch)s, %(batch_id)s
+                FROM (SELECT DISTINCT {keys}, date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
+                JOIN {spec.table} c
+                  ON c.granularity = %(child)s AND c.shard_id = %(shard_id)s AND {key_join}
+                 AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
+                GROUP BY p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}
+                {_conflict_update(spec)}
+                RETURNING {_returning(spec)}""",
+            {**params, "granularity": granularity, "child": child_of(granularity)},
+        )
+        written.extend(cursor.fetchall())
+    return written
+
+
+def query_merged(cursor, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,
+                 keys: dict[str, list[str]] | None = None) -> list[MergedRow]:
+    """Merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values."""
+    check_granularity(granularity)
+    filters, params = ["granularity = %(granularity)s", "bucket_start >= %(start)s", "bucket_start < %(end)s"], {
+        "granularity": granularity, "start": start, "end": end}
+    for key, values in (keys or {}).items():
+        if key not in spec.keys:
+            raise ValueError(f"{spec.name} has no key {key!r}")
+        filters.append(f"{key} = ANY(%({key})s)")
+        params[key] = list(values)
+    group = ", ".join(["bucket_start", *spec.keys])
+    measures = ", ".join(f"{MERGE_SQL[m.kind]}({m.column}) AS {m.column}" for m in spec.measures)
+    cursor.execute(
+        f"""SELECT {group}, {measures}, count(DISTINCT shard_id) AS shards FROM {spec.table}
+            WHERE {' AND '.join(filters)} GROUP BY {group} ORDER BY {group}""",
+        params,
+    )
+    return [with_ratios(spec, _plain(spec, row)) for row in cursor.fetchall()]
+
+
+def _plain(spec: AggregationSpec, row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for measure in spec.measures:
+        if measure.sql_type == "bigint":
+            out[measure.column] = int(out[measure.column])
+        elif measure.sql_type.startswith("double"):
+            out[measure.column] = float(out[measure.column])
+    out["shards"] = int(out["shards"])
+    return out

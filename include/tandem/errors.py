@@ -1,0 +1,32 @@
+"""Errors a caller can catch by meaning."""
+
+from __future__ import annotations
+
+
+class TandemError(Exception):
+    """Base class of every error Tandem raises on purpose."""
+
+
+class ConfigError(TandemError):
+    """A configuration file is missing, malformed or holds an invalid value.
+
+    The message always names the file and the field (``conf/plans/trades.yaml: watermark: ...``).
+    """
+
+    def __init__(self, path: str, field: str, problem: str) -> None:
+        self.path = path
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{path}: {field}: {problem}" if field else f"{path}: {problem}")
+
+
+class StoreError(TandemError):
+    """The coordination store (PostgreSQL) refused or could not be reached."""
+
+
+class PlanError(TandemError):
+    """A plan could not be built or run (unknown plan, missing module, bad query)."""
+
+
+class QueryError(TandemError):
+    """A merged-aggregate query was asked with invalid arguments."""

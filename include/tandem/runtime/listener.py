@@ -1,0 +1,95 @@
+"""Heartbeats from inside the Spark driver: per-batch progress and a periodic liveness beat."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from datetime import datetime, timezone
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from tandem.store.db import Database
+from tandem.store.heartbeats import BatchProgress, beat, record_progress
+from tandem.store.registry import InstanceKey
+
+log = logging.getLogger(__name__)
+QUALITY_METRICS = "tandem_quality"
+
+
+def _timestamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return None if moment.timestamp() == 0 else moment
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes one ``tandem.heartbeats`` row per completed micro-batch of this instance's queries."""
+
+    def __init__(self, instance: InstanceKey, database_url: str) -> None:
+        self.instance = instance
+        self.db = Database(database_url, "tandem-listener")
+        self.lock = threading.Lock()
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802 (Spark's names)
+        pass
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        progress = event.progress
+        name = (progress.name or "").rsplit(":", 1)[-1]
+        states = progress.stateOperators or []
+        quality = (progress.observedMetrics or {}).get(QUALITY_METRICS)
+        row = BatchProgress(
+            instance_id=self.instance.id, plan=self.instance.plan, shard_id=self.instance.shard_id,
+            node=self.instance.node, query_name=name, query_id=str(progress.id), run_id=str(progress.runId),
+            batch_id=progress.batchId, input_rows=progress.numInputRows,
+            input_rows_per_s=_finite(progress.inputRowsPerSecond),
+            processed_rows_per_s=_finite(progress.processedRowsPerSecond),
+            batch_duration_ms=progress.batchDuration,
+            watermark=_timestamp((progress.eventTime or {}).get("watermark")),
+            state_rows=sum(s.numRowsTotal for s in states) if states else None,
+            late_rows=sum(s.numRowsDroppedByWatermark for s in states) if states else None,
+            quarantined_rows=int(quality["quarantined_rows"]) if quality is not None else None,
+        )
+        try:
+            with self.lock:
+                record_progress(self.db, row)
+        except Exception:  # a heartbeat must never kill the query
+            log.exception("could not record progress of %s batch %s", name, progress.batchId)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and value == value and abs(value) != float("inf") else None
+
+
+class LivenessBeat(threading.Thread):
+    """A daemon thread that records a liveness beat every ``interval_s``, batches or not."""
+
+    def __init__(self, instance: InstanceKey, database_url: str, interval_s: float) -> None:
+        super().__init__(name="tandem-liveness", daemon=True)
+        self.instance = instance
+        self.interval_s = interval_s
+        self.db = Database(database_url, "tandem-liveness")
+        self.started_at = datetime.now(timezone.utc)
+        self.host = socket.gethostname()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at)
+            except Exception as exc:  # PostgreSQL may be restarting; keep beating
+                log.warning("liveness beat failed: %s", exc)
+            self.stopping.wait(self.interval_s)
+        self.db.close()
+
+    def stop(self) -> None:
+        self.stopping.set()

@@ -1,0 +1,120 @@
+"""Run one plan instance (plan × shard × node) inside a Spark driver.
+
+``run_instance`` registers the instance, starts the liveness beat and the progress listener,
+starts every query of the plan with its own checkpoint, and waits. It returns when a query
+fails (status FAILED), when ``stop`` is set or SIGTERM arrives (status STOPPED), or, with
+``available_now``, when every query has processed the input present at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from tandem.config import ClusterConfig, PlanConfig, spark_interval
+from tandem.layout import checkpoint_dir
+from tandem.plans import PlanContext, QueryDefinition, load_plan_module
+from tandem.runtime.listener import LivenessBeat, ProgressRecorder
+from tandem.runtime.publisher import MicroBatchPublisher
+from tandem.runtime.session import build_session
+from tandem.store.db import Database
+from tandem.store.migrations import migrate
+from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # STOPPED | FAILED
+    error: str | None = None
+
+
+def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], trigger_interval_s: float,
+                  available_now: bool) -> list[StreamingQuery]:
+    """Start every query of the plan, each with its own checkpoint directory."""
+    queries = []
+    for definition in definitions:
+        checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.shard_id, ctx.instance.node, definition.name)
+        writer = (
+            definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
+            .outputMode(definition.output_mode)
+            .option("checkpointLocation", str(checkpoint))
+            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink))
+        )
+        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
+            processingTime=spark_interval(trigger_interval_s))
+        queries.append(writer.start())
+    return queries
+
+
+def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
+                 trigger_interval_s: float | None = None, spark: SparkSession | None = None,
+                 available_now: bool = False, stop: threading.Event | None = None) -> RunResult:
+    """Run the plan's queries for one shard on one node until they end, fail, or are stopped."""
+    cluster.node(node)
+    if shard_id not in plan.shards:
+        log.warning("shard %r is not listed in %s (shards: %s)", shard_id, plan.path, ", ".join(plan.shards))
+    key = InstanceKey(plan.name, shard_id, node)
+    interval = trigger_interval_s or plan.trigger_interval_s
+    stop = stop or threading.Event()
+    spark = spark or build_session(f"tandem:{key.id}", cluster.node(node).spark_master, cluster.spark_defaults)
+
+    with Database(cluster.database_url, "tandem-node") as db:
+        migrate(db)
+        register_nodes(db, cluster)
+        record_start(db, key, host=socket.gethostname(), pid=os.getpid(),
+                     spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
+                     checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
+        liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s)
+        liveness.start()
+        recorder = ProgressRecorder(key, cluster.database_url)
+        spark.streams.addListener(recorder)
+        queries: list[StreamingQuery] = []
+        try:
+            ctx = PlanContext(cluster, plan, key, spark)
+            queries = start_queries(ctx, load_plan_module(plan).build(ctx), interval, available_now)
+            record_status(db, key, "RUNNING")
+            result = _wait(queries, stop, available_now)
+        except Exception as exc:
+            result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
+        finally:
+            for query in queries:
+                if query.isActive:
+                    query.stop()
+            spark.streams.removeListener(recorder)
+            liveness.stop()
+            liveness.join(timeout=5)
+        record_status(db, key, result.status, result.error)
+        log.info("instance %s ended: %s %s", key.id, result.status, result.error or "")
+        return result
+
+
+def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: bool) -> RunResult:
+    while not stop.is_set():
+        for query in queries:
+            error = query.exception()
+            if error is not None:
+                return RunResult("FAILED", f"query {query.name} failed: {error.desc if hasattr(error, 'desc') else error}")
+        if available_now and not any(q.isActive for q in queries):
+            return RunResult("STOPPED")
+        stop.wait(0.5)
+    return RunResult("STOPPED")
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    """SIGTERM / SIGINT stop the instance gracefully (queries stop, status STOPPED)."""
+
+    def handler(signum, _frame) -> None:
+        log.info("received signal %d, stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,75 @@
+"""Heartbeats: per-batch progress rows and the per-instance liveness beat."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from tandem.store.db import Database
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """What one completed micro-batch reported (from ``StreamingQueryProgress``)."""
+
+    instance_id: str
+    plan: str
+    shard_id: str
+    node: str
+    query_name: str
+    query_id: str
+    run_id: str
+    batch_id: int
+    input_rows: int
+    input_rows_per_s: float | None
+    processed_rows_per_s: float | None
+    batch_duration_ms: int | None
+    watermark: datetime | None
+    state_rows: int | None
+    late_rows: int | None
+    quarantined_rows: int | None
+
+
+def record_progress(db: Database, progress: BatchProgress) -> None:
+    row = asdict(progress)
+    columns = ", ".join(row)
+    placeholders = ", ".join(f"%({name})s" for name in row)
+    db.run(lambda cursor: cursor.execute(f"INSERT INTO heartbeats ({columns}) VALUES ({placeholders})", row))
+
+
+def beat(db: Database, instance_id: str, host: str, pid: int, started_at: datetime) -> None:
+    """Record one liveness beat (independent of micro-batches)."""
+    db.run(lambda cursor: cursor.execute(
+        """INSERT INTO liveness (instance_id, host, pid, beat_at, beats, started_at)
+           VALUES (%s, %s, %s, now(), 1, %s)
+           ON CONFLICT (instance_id) DO UPDATE
+           SET host = EXCLUDED.host, pid = EXCLUDED.pid, beat_at = now(),
+               beats = CASE WHEN liveness.started_at = EXCLUDED.started_at THEN liveness.beats + 1 ELSE 1 END,
+               started_at = EXCLUDED.started_at""",
+        (instance_id, host, pid, started_at),
+    ), attempts=1)
+
+
+def recent_progress(db: Database, plan: str, limit: int = 20) -> list[dict[str, Any]]:
+    def work(cursor):
+        cursor.execute(
+            "SELECT * FROM heartbeats WHERE plan = %s ORDER BY recorded_at DESC LIMIT %s", (plan, limit)
+        )
+        return cursor.fetchall()
+
+    return db.run(work)
+
+
+def quarantine_totals(db: Database, plan: str) -> dict[str, int]:
+    """Quarantined rows per instance, summed over the quarantine query's batches."""
+
+    def work(cursor):
+        cursor.execute(
+            """SELECT instance_id, COALESCE(SUM(quarantined_rows), 0) AS rows FROM heartbeats
+               WHERE plan = %s AND query_name = 'quarantine' GROUP BY instance_id""",
+            (plan,),
+        )
+        return {row["instance_id"]: int(row["rows"]) for row in cursor.fetchall()}
+
+    return db.run(work)

@@ -1,0 +1,38 @@
+"""spark-submit entrypoint: run one plan instance until stopped.
+
+    spark-submit --properties-file conf/spark-defaults.conf --py-files dist/tandem.zip \
+        jobs/run_plan.py --plan trades --node node-a [--shard shard-1] [--trigger-interval "1 second"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+
+from tandem.config import load_cluster, load_plan, parse_duration
+from tandem.runtime.node import install_stop_signals, run_instance
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
+    parser.add_argument("--node", required=True, help="node name from conf/cluster.yaml")
+    parser.add_argument("--shard", help="shard id (default: the plan's first shard)")
+    parser.add_argument("--trigger-interval", type=parse_duration, help="micro-batch interval, e.g. '1 second'")
+    parser.add_argument("--available-now", action="store_true", help="process the input present now, then exit")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0],
+                          trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop)
+    return 0 if result.status == "STOPPED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
