@@ -31,21 +31,21 @@ _UNITS = {
     86400.0: ("d", "day", "days"),
 }
 _UNIT_SECONDS = {name: factor for factor, names in _UNITS.items() for name in names}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
 
 
 def parse_duration(text: Any) -> float:
-    """Parse ``"500 ms"``, ``"2 seconds"``, ``"1m"`` or a bare number of seconds into seconds."""
+    """Parse ``"500 ms"``, ``"2 seconds"``, ``"1m"``, ``"1 day"`` or a bare number of seconds into seconds."""
     if isinstance(text, bool):
         raise ValueError(f"expected a duration such as '2 seconds', got {text!r}")
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
         match = _DURATION.match(str(text).lower())
-        if not match or match.group(2) not in _UNIT_SECONDS:
+        if not match or (match.group(2) and match.group(2) not in _UNIT_SECONDS):
             raise ValueError(f"expected a duration such as '2 seconds', '500 ms' or '1 day', got {text!r}")
         number, unit = match.groups()
-        seconds = float(number) * _UNIT_SECONDS[unit]
+        seconds = float(number) * _UNIT_SECONDS.get(unit, 1.0)
     if seconds <= 0:
         raise ValueError(f"must be positive, got {text!r}")
     return seconds

@@ -51,6 +51,15 @@ class TradeGenerator:
                 "timestamp": timestamp_ms}
 
 
+BAD_LINES = (
+    "{not json",
+    '{"symbol": "IBM", "price": "abc", "quantity": 1, "timestamp": %(ts)d}',
+    '{"symbol": "IBM", "quantity": 1, "timestamp": %(ts)d}',
+    '{"symbol": "IBM", "price": 10.5, "quantity": -3, "timestamp": %(ts)d}',
+    '{"symbol": "IBM", "price": -1.25, "quantity": 3, "timestamp": %(ts)d}',
+)
+
+
 def round_robin(events: Sequence[str], shards: Sequence[str]) -> dict[str, list[str]]:
     """Deal events to shards in turn: event i goes to ``shards[i % len(shards)]``."""
     dealt: dict[str, list[str]] = {shard: [] for shard in shards}
@@ -60,12 +69,13 @@ def round_robin(events: Sequence[str], shards: Sequence[str]) -> dict[str, list[
 
 
 def produce(landing: Callable[[str], Path], shards: Sequence[str], *, rate: int, duration_s: float,
-            seed: int = 42, clock: Callable[[], float] = time.time,
+            seed: int = 42, bad_ratio: float = 0.0, clock: Callable[[], float] = time.time,
             on_tick: Callable[[int], None] | None = None) -> Iterator[Path]:
     """Write about ``rate`` events per second for ``duration_s`` seconds, one file per shard per tick.
 
-    Event times are the wall clock at the tick. Yields every file written; ``on_tick`` receives
-    the number of events written at each tick (for progress bars).
+    Event times are the wall clock at the tick. A ``bad_ratio`` share of lines are deliberately
+    bad (malformed, wrong type, missing field, negative value) to exercise the quarantine.
+    Yields every file written; ``on_tick`` receives the number of lines written at each tick.
     """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
@@ -74,7 +84,11 @@ def produce(landing: Callable[[str], Path], shards: Sequence[str], *, rate: int,
     ticks = max(1, round(duration_s))
     for tick in range(ticks):
         now_ms = int(clock() * 1000)
-        lines = [json.dumps(generator.event(now_ms)) for _ in range(rate)]
+        lines = [
+            generator.random.choice(BAD_LINES) % {"ts": now_ms} if generator.random.random() < bad_ratio
+            else json.dumps(generator.event(now_ms))
+            for _ in range(rate)
+        ]
         for shard, shard_lines in round_robin(lines, shards).items():
             if shard_lines:
                 yield write_atomically(landing(shard), shard_lines)

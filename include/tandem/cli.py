@@ -1,0 +1,211 @@
+"""``tandem``: the command line of the bundle.
+
+    tandem migrate                      apply the coordination schema migrations
+    tandem produce trades --rate 200 --duration 60 --shards 2
+    tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
+    tandem status [plan]
+    tandem run --plan trades --node node-a --shard shard-1 [--available-now]
+    tandem airflow-env                  export lines for the nodes' Airflow connections
+    tandem demo                         the end-to-end demonstration (make demo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from datetime import datetime, timedelta, timezone
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tandem.config import load_cluster, load_plan, parse_duration
+from tandem.errors import TandemError
+
+console = Console()
+
+
+def _parse_time(text: str) -> datetime:
+    """An ISO time (UTC when no zone is given) or ``now``."""
+    if text == "now":
+        return datetime.now(timezone.utc)
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from tandem.store import Database, migrate
+
+    cluster = load_cluster()
+    with Database(cluster.database_url, "tandem-cli") as db:
+        applied = migrate(db)
+    console.print(f"migrations applied: {applied or 'none pending'}")
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from tandem.layout import landing_dir
+    from tandem.producer import produce
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    if not 1 <= args.shards <= len(plan.shards):
+        raise TandemError(f"--shards must be between 1 and {len(plan.shards)} (the shards of {plan.path})")
+    shards = plan.shards[: args.shards]
+    total = int(args.rate * max(1, round(args.duration)))
+    files = 0
+    with Progress(TextColumn("[bold]producing {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("events"), TimeRemainingColumn(), console=console) as progress:
+        task = progress.add_task("produce", total=total, plan=plan.name)
+        for _ in produce(lambda shard: landing_dir(cluster, plan.source.stream, shard), shards, rate=args.rate,
+                         duration_s=args.duration, seed=args.seed, bad_ratio=args.bad_ratio,
+                         on_tick=lambda n: progress.advance(task, n)):
+            files += 1
+    console.print(f"wrote {total} lines in {files} files to {', '.join(shards)}")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from tandem import aggregation
+
+    cluster = load_cluster()
+    end = _parse_time(args.end) if args.end else datetime.now(timezone.utc) + timedelta(seconds=1)
+    start = _parse_time(args.start) if args.start else end - timedelta(seconds=parse_duration(args.since))
+    rows = aggregation.query(cluster, args.aggregation, args.granularity, start, end,
+                             symbols=args.symbol or None, source=args.source)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return 0
+    console.print(render_aggregates(rows, f"{args.aggregation} per {args.granularity} ({args.source})"))
+    return 0
+
+
+def render_aggregates(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("bucket", "symbol", "avg price", "sum quantity", "count", "min price", "max price", "shards"):
+        table.add_column(column, justify="left" if column in ("bucket", "symbol") else "right")
+    for row in rows:
+        table.add_row(row["bucket_start"].strftime("%Y-%m-%d %H:%M:%S"), row["symbol"], f"{row['avg_price']:.4f}",
+                      str(row["quantity_sum"]), str(row["trade_count"]), f"{row['price_min']:.2f}",
+                      f"{row['price_max']:.2f}", str(row["shards"]))
+    return table
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tandem.store import Database
+    from tandem.store.registry import list_instances
+
+    cluster = load_cluster()
+    with Database(cluster.database_url, "tandem-cli") as db:
+        instances = list_instances(db, args.plan)
+    table = Table(title="plan instances")
+    for column in ("instance", "role", "epoch", "status", "pid", "spark app", "last beat", "error"):
+        table.add_column(column)
+    for row in instances:
+        age = f"{row['beat_age_s']:.1f}s ago" if row["beat_age_s"] is not None else "never"
+        table.add_row(row["instance_id"], row["role"], str(row["epoch"]), row["status"], str(row["pid"] or ""),
+                      row["spark_app_id"] or "", age, (row["error"] or "")[:60])
+    console.print(table)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import threading
+
+    from tandem.runtime.node import install_stop_signals, run_instance
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0], available_now=args.available_now,
+                          trigger_interval_s=args.trigger_interval, stop=stop)
+    console.print(f"{result.status} {result.error or ''}")
+    return 0 if result.status == "STOPPED" else 1
+
+
+def airflow_connection_exports() -> list[str]:
+    """``export AIRFLOW_CONN_<ID>='{json}'`` for every node's Spark connection."""
+    cluster = load_cluster()
+    lines = []
+    for node in cluster.nodes.values():
+        value = json.dumps({"conn_type": "spark", "host": node.spark_master,
+                            "description": f"Tandem node {node.name}"})
+        lines.append(f"export AIRFLOW_CONN_{node.airflow_conn_id.upper()}={shlex.quote(value)}")
+    return lines
+
+
+def cmd_airflow_env(args: argparse.Namespace) -> int:
+    print("\n".join(airflow_connection_exports()))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tandem.demo import run_demo
+
+    return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("migrate", help="apply coordination schema migrations").set_defaults(func=cmd_migrate)
+
+    produce = commands.add_parser("produce", help="write events into the landing directories")
+    produce.add_argument("plan")
+    produce.add_argument("--rate", type=int, default=100, help="events per second (all shards together)")
+    produce.add_argument("--duration", type=parse_duration, default=10.0, help="how long, e.g. '60 seconds'")
+    produce.add_argument("--shards", type=int, default=1, help="deal events round-robin over the first K shards")
+    produce.add_argument("--seed", type=int, default=42)
+    produce.add_argument("--bad-ratio", type=float, default=0.0, help="share of deliberately bad lines")
+    produce.set_defaults(func=cmd_produce)
+
+    query = commands.add_parser("query", help="merged aggregates for a granularity and time range")
+    query.add_argument("aggregation")
+    query.add_argument("--granularity", default="hour", choices=("second", "minute", "hour", "day", "month", "year"))
+    query.add_argument("--symbol", action="append", help="restrict to a symbol (repeatable)")
+    query.add_argument("--since", default="1 day", help="range length before --end (default 1 day)")
+    query.add_argument("--start", help="ISO start time (UTC if no zone)")
+    query.add_argument("--end", help="ISO end time (default now)")
+    query.add_argument("--source", default="postgres", choices=("postgres", "delta"))
+    query.add_argument("--json", action="store_true")
+    query.set_defaults(func=cmd_query)
+
+    status = commands.add_parser("status", help="plan instances, roles and heartbeats")
+    status.add_argument("plan", nargs="?")
+    status.set_defaults(func=cmd_status)
+
+    run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit)")
+    run.add_argument("--plan", required=True)
+    run.add_argument("--node", required=True)
+    run.add_argument("--shard")
+    run.add_argument("--trigger-interval", type=parse_duration)
+    run.add_argument("--available-now", action="store_true")
+    run.set_defaults(func=cmd_run)
+
+    commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
+        func=cmd_airflow_env)
+
+    demo = commands.add_parser("demo", help="bring the stack up, run the trades plan on two shards, show results")
+    demo.add_argument("--rate", type=int, default=200)
+    demo.add_argument("--duration", type=parse_duration, default=60.0)
+    demo.add_argument("--seed", type=int, default=42)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TandemError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
