@@ -1,0 +1,54 @@
+# Tandem on the official Airflow image: Airflow 3.3.2 (Python 3.11) + Java 17 for PySpark 4.2 +
+# the pinned requirements + the tandem package, DAGs, plugins, jobs and conf.
+#
+#   docker build -t tandem:latest .
+#   docker run --rm -p 8080:8080 -e TANDEM_DATABASE_URL=postgresql://... tandem:latest standalone
+#
+# The pins in constraints.txt match the image's Airflow (apache-airflow==3.3.2), so pip does not
+# re-resolve Airflow itself.
+FROM apache/airflow:3.3.2-python3.11
+
+# Java for Spark; JAVA_HOME is a symlink, so it is the same on amd64 and arm64. The Debian package
+# can be overridden (e.g. a Temurin package) should the base image move to a Debian release
+# without openjdk-17.
+ARG JAVA_PACKAGE=openjdk-17-jre-headless
+
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends "${JAVA_PACKAGE}" procps \
+ && apt-get autoremove -yqq --purge \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* \
+ && ln -sfn "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/tandem-java \
+ && /usr/lib/jvm/tandem-java/bin/java -version 2>&1 | grep -q 'version "17' \
+ && mkdir -p /opt/tandem && chown airflow:0 /opt/tandem
+ENV JAVA_HOME=/usr/lib/jvm/tandem-java
+
+USER airflow
+WORKDIR /opt/tandem
+
+# Dependencies first (cached layer while only the code changes).
+COPY --chown=airflow:0 requirements.txt constraints.txt ./
+RUN pip install --no-cache-dir -r requirements.txt -c constraints.txt
+
+# The project. `pip install --no-deps .` installs package `tandem` (from include/) and the
+# `tandem` console script; the source tree stays in /opt/tandem for dags/, plugins/, jobs/, conf/.
+COPY --chown=airflow:0 pyproject.toml README.md ./
+COPY --chown=airflow:0 include/ include/
+COPY --chown=airflow:0 dags/ dags/
+COPY --chown=airflow:0 plugins/ plugins/
+COPY --chown=airflow:0 jobs/ jobs/
+COPY --chown=airflow:0 conf/ conf/
+RUN pip install --no-cache-dir --no-deps . \
+ && python -c "import tandem" \
+ && mkdir -p /opt/tandem/dist \
+ && cd include && python -m zipfile -c /opt/tandem/dist/tandem.zip tandem
+
+ENV TANDEM_HOME=/opt/tandem \
+    TANDEM_STORAGE_ROOT=/opt/tandem/data \
+    AIRFLOW__CORE__DAGS_FOLDER=/opt/tandem/dags \
+    AIRFLOW__CORE__PLUGINS_FOLDER=/opt/tandem/plugins \
+    AIRFLOW__CORE__LOAD_EXAMPLES=False \
+    AIRFLOW__CORE__EXECUTOR=LocalExecutor \
+    PYSPARK_PYTHON=python \
+    PYSPARK_DRIVER_PYTHON=python

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# Tandem set-up: everything `make setup` does. Idempotent; a second run takes a few seconds.
+#
+#   1. Java 17 check (Spark needs it)                         -> JAVA_HOME
+#   2. .venv with Python 3.11, requirements + `pip install -e . --no-deps`
+#      (skipped when .tandem/.installed-<sha of requirements.txt+constraints.txt+pyproject.toml>
+#      exists and the venv is intact)
+#   3. PostgreSQL for Tandem (scripts/provision_postgres.sh)  -> TANDEM_DATABASE_URL
+#   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin/admin)
+#   5. .tandem/env.sh (sourced by every make target and by the tests)
+#   6. `airflow db migrate` (skipped when already done for this metadata DB + Airflow version)
+#
+# Environment it honours (all optional):
+#   TANDEM_PYTHON          Python 3.11 interpreter used to create .venv (default: python3.11)
+#   TANDEM_DATABASE_URL    use this PostgreSQL database instead of provisioning one
+#   TANDEM_AIRFLOW_DB_URL  Airflow metadata DB (SQLAlchemy URL); default SQLite in AIRFLOW_HOME
+#   TANDEM_AIRFLOW_PORT    Airflow API server port (default 8080)
+#   TANDEM_PG_PORT, TANDEM_PG_SKIP_LOCAL, TANDEM_PG_BINDIR   see scripts/provision_postgres.sh
+#   TANDEM_FORCE_INSTALL=1 re-run the pip installs;  TANDEM_FORCE_MIGRATE=1 re-run db migrate
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+STATE="$ROOT/.tandem"
+VENV="$ROOT/.venv"
+ENV_FILE="$STATE/env.sh"
+mkdir -p "$STATE"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+# shell-quote a value in single quotes (POSIX sh compatible)
+sq() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
+
+# --- 1. Java 17 -------------------------------------------------------------------------------
+java_major() {  # java_major /path/to/java -> prints the major version (8, 11, 17, 21, ...)
+    local v
+    v="$("$1" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n1)" || return 1
+    [[ -n "$v" ]] || return 1
+    case "$v" in
+        1.*) v="${v#1.}"; echo "${v%%.*}" ;;
+        *) v="${v%%[.+-]*}"; echo "$v" ;;
+    esac
+}
+
+find_java17() {  # prints JAVA_HOME of a Java 17, or fails
+    local cand java
+    if [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
+        if [[ "$(java_major "$JAVA_HOME/bin/java" || true)" == "17" ]]; then
+            echo "$JAVA_HOME"; return 0
+        fi
+        log "JAVA_HOME=$JAVA_HOME is not a Java 17; looking elsewhere"
+    fi
+    if java="$(command -v java 2>/dev/null)"; then
+        if [[ "$(java_major "$java" || true)" == "17" ]]; then
+            java="$(readlink -f "$java")"
+            dirname "$(dirname "$java")"; return 0
+        fi
+    fi
+    for cand in /usr/lib/jvm/*17*/bin/java /usr/lib/jvm/*/bin/java; do
+        [[ -x "$cand" ]] || continue
+        if [[ "$(java_major "$cand" || true)" == "17" ]]; then
+            dirname "$(dirname "$(readlink -f "$cand")")"; return 0
+        fi
+    done
+    return 1
+}
+
+if ! JAVA17_HOME="$(find_java17)"; then
+    found="none"
+    command -v java >/dev/null 2>&1 && found="$(java -version 2>&1 | head -n1)"
+    cat >&2 <<EOF
+[setup] ERROR: Java 17 is required (PySpark 4.2 runs on it); found: $found
+  Install it and re-run 'make setup':
+    Debian/Ubuntu:  sudo apt-get install -y openjdk-17-jre-headless
+  or point JAVA_HOME at a Java 17 installation:  export JAVA_HOME=/path/to/jdk-17
+EOF
+    exit 1
+fi
+log "Java 17: $JAVA17_HOME"
+
+# --- 2. virtualenv -------------------------------------------------------------------------------
+find_python311() {
+    local p
+    for p in "${TANDEM_PYTHON:-}" python3.11 python3 python; do
+        [[ -n "$p" ]] || continue
+        command -v "$p" >/dev/null 2>&1 || continue
+        if "$p" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then
+            echo "$p"; return 0
+        fi
+    done
+    return 1
+}
+
+venv_ok() {  # the venv exists, is Python 3.11 and belongs to this directory
+    [[ -x "$VENV/bin/python" ]] || return 1
+    "$VENV/bin/python" - "$VENV" <<'PY' 2>/dev/null
+import os, sys
+ok = sys.version_info[:2] == (3, 11) and os.path.realpath(sys.prefix) == os.path.realpath(sys.argv[1])
+sys.exit(0 if ok else 1)
+PY
+}
+
+if ! venv_ok; then
+    PY311="$(find_python311)" || die "Python 3.11 not found (tried \$TANDEM_PYTHON, python3.11, python3). Install Python 3.11 (e.g. apt-get install -y python3.11-venv, or pyenv install 3.11) or set TANDEM_PYTHON=/path/to/python3.11"
+    if [[ -e "$VENV" ]]; then
+        log "existing .venv is broken, not Python 3.11 or from another path: recreating it"
+        rm -rf "$VENV"
+    fi
+    log "creating .venv with $PY311 ($("$PY311" -V 2>&1))"
+    "$PY311" -m venv "$VENV" || die "could not create .venv (Debian: apt-get install -y python3.11-venv)"
+    rm -f "$STATE"/.installed-*
+fi
+
+DEPS_SHA="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
+STAMP="$STATE/.installed-$DEPS_SHA"
+if [[ -f "$STAMP" && -x "$VENV/bin/tandem" && "${TANDEM_FORCE_INSTALL:-0}" != "1" ]]; then
+    log "Python dependencies up to date (.tandem/.installed-$DEPS_SHA)"
+else
+    log "installing Python dependencies into .venv (pip install -r requirements.txt -c constraints.txt)"
+    t0=$SECONDS
+    "$VENV/bin/python" -m pip install --progress-bar off -r requirements.txt -c constraints.txt
+    log "installing tandem (pip install -e . --no-deps)"
+    "$VENV/bin/python" -m pip install --progress-bar off --no-deps -e .
+    rm -f "$STATE"/.installed-*
+    touch "$STAMP"
+    log "Python dependencies installed in $((SECONDS - t0)) s"
+fi
+
+# --- 3. PostgreSQL -------------------------------------------------------------------------------
+# When TANDEM_DATABASE_URL merely echoes what a previous set-up provisioned (a shell that sourced
+# .tandem/env.sh), provision again instead: that restarts a stopped private cluster.
+PROVISIONED_FILE="$STATE/provisioned_database_url"
+if [[ -n "${TANDEM_DATABASE_URL:-}" && -f "$PROVISIONED_FILE" \
+        && "$TANDEM_DATABASE_URL" == "$(cat "$PROVISIONED_FILE")" ]]; then
+    unset TANDEM_DATABASE_URL
+fi
+if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
+    DB_URL="$(bash "$ROOT/scripts/provision_postgres.sh" ensure)"
+    rm -f "$PROVISIONED_FILE"
+else
+    DB_URL="$(bash "$ROOT/scripts/provision_postgres.sh" ensure)"
+    printf '%s\n' "$DB_URL" >"$PROVISIONED_FILE"
+fi
+[[ -n "$DB_URL" ]] || die "PostgreSQL provisioning returned no URL"
+log "Tandem database: $DB_URL"
+
+# --- 4. Airflow home -----------------------------------------------------------------------------
+AIRFLOW_PORT_DEFAULT="${TANDEM_AIRFLOW_PORT:-8080}"
+[[ "$AIRFLOW_PORT_DEFAULT" =~ ^[0-9]+$ ]] || die "TANDEM_AIRFLOW_PORT must be a number"
+mkdir -p "$STATE/airflow" "$STATE/data"
+# Airflow 3 also opens an async engine on the metadata DB: PostgreSQL needs asyncpg there.
+case "${TANDEM_AIRFLOW_DB_URL:-}" in
+    postgresql*|postgres:*)
+        "$VENV/bin/python" -c 'import asyncpg' 2>/dev/null || die "TANDEM_AIRFLOW_DB_URL is PostgreSQL, which Airflow 3 also reaches through asyncpg, and asyncpg is not installed in .venv. Add asyncpg (e.g. asyncpg==0.31.0) to requirements.txt/constraints.txt, or: .venv/bin/pip install asyncpg" ;;
+esac
+
+# --- 5. env.sh -----------------------------------------------------------------------------------
+# Written for POSIX sh (tests may source it from /bin/sh). Values chosen at set-up time are baked
+# in as defaults; TANDEM_* variables present when the file is sourced take precedence.
+TMP_ENV="$(mktemp "$STATE/env.sh.XXXXXX")"
+trap 'rm -f "$TMP_ENV"' EXIT
+cat >"$TMP_ENV" <<EOF
+# Generated by scripts/setup.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ). Do not edit: re-run 'make setup'.
+# Source it:  . .tandem/env.sh
+# Overrides honoured when set before sourcing: TANDEM_DATABASE_URL, TANDEM_AIRFLOW_HOME,
+# TANDEM_AIRFLOW_PORT, TANDEM_AIRFLOW_DB_URL, TANDEM_DAGS_FOLDER.
+export TANDEM_HOME=$(sq "$ROOT")
+if [ -z "\${TANDEM_DATABASE_URL:-}" ]; then TANDEM_DATABASE_URL=$(sq "$DB_URL"); fi
+export TANDEM_DATABASE_URL
+export JAVA_HOME=$(sq "$JAVA17_HOME")
+
+# Python / Spark
+case ":\$PATH:" in
+  ":\$TANDEM_HOME/.venv/bin:"*) ;;
+  *) PATH="\$TANDEM_HOME/.venv/bin:\$PATH" ;;
+esac
+export PATH
+export PYSPARK_PYTHON="\$TANDEM_HOME/.venv/bin/python"
+export PYSPARK_DRIVER_PYTHON="\$TANDEM_HOME/.venv/bin/python"
+
+# Airflow
+export AIRFLOW_HOME="\${TANDEM_AIRFLOW_HOME:-\$TANDEM_HOME/.tandem/airflow}"
+export TANDEM_AIRFLOW_PORT="\${TANDEM_AIRFLOW_PORT:-$AIRFLOW_PORT_DEFAULT}"
+if [ -z "\${TANDEM_AIRFLOW_DB_URL:-}" ]; then TANDEM_AIRFLOW_DB_URL=$(sq "${TANDEM_AIRFLOW_DB_URL:-}"); fi
+if [ -n "\$TANDEM_AIRFLOW_DB_URL" ]; then
+  export TANDEM_AIRFLOW_DB_URL
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="\$TANDEM_AIRFLOW_DB_URL"
+else
+  unset TANDEM_AIRFLOW_DB_URL
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///\$AIRFLOW_HOME/airflow.db"
+fi
+export AIRFLOW__CORE__DAGS_FOLDER="\${TANDEM_DAGS_FOLDER:-\$TANDEM_HOME/dags}"
+export AIRFLOW__CORE__PLUGINS_FOLDER="\$TANDEM_HOME/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="\$AIRFLOW_HOME/simple_auth_manager_passwords.json"
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__PORT="\$TANDEM_AIRFLOW_PORT"
+export AIRFLOW__API__BASE_URL="http://127.0.0.1:\$TANDEM_AIRFLOW_PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:\$TANDEM_AIRFLOW_PORT/execution/"
+# log servers of the scheduler (LocalExecutor) and triggerer: 8793/8794 for port 8080, shifted
+# with the API port so that a second (test) stack on another port does not collide
+export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="\$((TANDEM_AIRFLOW_PORT + 713))"
+export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="\$((TANDEM_AIRFLOW_PORT + 714))"
+# pick up new DAG files within 30 s (default 300 s)
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=30
+EOF
+
+# Spark node connections (AIRFLOW_CONN_...) from conf/cluster.yaml, when the CLI offers them.
+if [[ -x "$VENV/bin/tandem" ]]; then
+    if help_text="$(env -i HOME="${HOME:-/tmp}" PATH="/usr/bin:/bin" sh -c ". '$TMP_ENV' && tandem --help" 2>/dev/null)" \
+            && grep -q 'airflow-env' <<<"$help_text"; then
+        if conn_lines="$(env -i HOME="${HOME:-/tmp}" PATH="/usr/bin:/bin" sh -c ". '$TMP_ENV' && tandem airflow-env" 2>"$STATE/airflow-env.err")"; then
+            {
+                echo ""
+                echo "# Spark node connections: output of 'tandem airflow-env'"
+                printf '%s\n' "$conn_lines"
+            } >>"$TMP_ENV"
+        else
+            log "WARNING: 'tandem airflow-env' failed (see .tandem/airflow-env.err); env.sh has no AIRFLOW_CONN_ lines"
+        fi
+    fi
+fi
+
+chmod 600 "$TMP_ENV"
+sh -n "$TMP_ENV" || die "generated env file has a syntax error: $TMP_ENV"
+mv -f "$TMP_ENV" "$ENV_FILE"
+trap - EXIT
+log "wrote .tandem/env.sh"
+
+# shellcheck source=/dev/null
+. "$ENV_FILE"
+
+# SimpleAuthManager reads {"user": "password"} from this file (and would generate a random password
+# for any configured user missing from it).
+PW_FILE="$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
+mkdir -p "$AIRFLOW_HOME"
+if [[ ! -s "$PW_FILE" ]] || ! "$VENV/bin/python" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("admin") == "admin" else 1)' "$PW_FILE" 2>/dev/null; then
+    printf '{"admin": "admin"}\n' >"$PW_FILE"
+fi
+
+# --- 6. airflow db migrate -----------------------------------------------------------------------
+AIRFLOW_VERSION="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-core"))')"
+MIGRATE_KEY="$(printf '%s|%s' "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" "$AIRFLOW_VERSION" | sha256sum | cut -c1-16)"
+MIGRATE_STAMP="$AIRFLOW_HOME/.migrated-$MIGRATE_KEY"
+db_present=1
+case "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in
+    sqlite:///*) [[ -s "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN#sqlite:///}" ]] || db_present=0 ;;
+esac
+if [[ -f "$MIGRATE_STAMP" && -f "$AIRFLOW_HOME/airflow.cfg" && "$db_present" == 1 && "${TANDEM_FORCE_MIGRATE:-0}" != "1" ]]; then
+    log "Airflow metadata DB up to date (airflow $AIRFLOW_VERSION)"
+else
+    log "airflow db migrate (airflow $AIRFLOW_VERSION, AIRFLOW_HOME=$AIRFLOW_HOME)"
+    mkdir -p "$AIRFLOW_HOME/logs"
+    if ! airflow db migrate >"$AIRFLOW_HOME/logs/db-migrate.log" 2>&1; then
+        tail -n 30 "$AIRFLOW_HOME/logs/db-migrate.log" >&2
+        die "airflow db migrate failed (full log: $AIRFLOW_HOME/logs/db-migrate.log)"
+    fi
+    rm -f "$AIRFLOW_HOME"/.migrated-*
+    touch "$MIGRATE_STAMP"
+fi
+
+log "done. Load the environment with:  . .tandem/env.sh"
