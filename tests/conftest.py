@@ -13,6 +13,7 @@ import psycopg2
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
 
 
@@ -30,8 +31,10 @@ def _admin(url: str):
 def database_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     name = f"tandem_test_{uuid.uuid4().hex[:10]}"
-    with _admin(SERVER_URL) as conn, conn.cursor() as cursor:
+    conn = _admin(SERVER_URL)
+    with conn.cursor() as cursor:
         cursor.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
     try:
         yield _with_database(SERVER_URL, name)
     finally:

@@ -27,7 +27,7 @@ def bucket_start(moment: datetime, granularity: str) -> datetime:
     moment = moment.astimezone(timezone.utc)
     fields = {"second": 6, "minute": 5, "hour": 4, "day": 3, "month": 2, "year": 1}[granularity]
     parts = [moment.year, moment.month, moment.day, moment.hour, moment.minute, moment.second][:fields]
-    parts += [1, 1, 0, 0, 0, 0][len(parts):]
+    parts += [1970, 1, 1, 0, 0, 0][len(parts):]  # month and day start at 1, time at 0
     return datetime(*parts, tzinfo=timezone.utc)
 
 

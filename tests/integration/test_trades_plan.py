@@ -1,0 +1,259 @@
+"""The trades plan on real Spark and PostgreSQL, checked against values the test computes itself."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extras
+import pytest
+from deltalake import DeltaTable
+
+from tandem import aggregation
+from tandem.config import load_cluster, load_plan
+from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.producer import write_atomically
+from tandem.runtime.node import run_instance
+from tandem.store import Database, migrate
+
+pytestmark = pytest.mark.integration
+UTC = timezone.utc
+GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
+# Events straddle a year boundary so every granularity has more than one bucket.
+T0 = int(datetime(2024, 12, 31, 23, 59, 50, tzinfo=UTC).timestamp() * 1000)
+
+
+def truncate(moment: datetime, granularity: str) -> datetime:
+    """The test's own bucketing (independent of tandem.aggregation.granularity)."""
+    if granularity == "second":
+        return moment.replace(microsecond=0)
+    if granularity == "minute":
+        return moment.replace(second=0, microsecond=0)
+    if granularity == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    if granularity == "day":
+        return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if granularity == "month":
+        return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return moment.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def expected_aggregates(events: list[dict], granularity: str) -> dict[tuple, dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for event in events:
+        moment = datetime.fromtimestamp(event["timestamp"] / 1000, tz=UTC)
+        groups[(truncate(moment, granularity), event["symbol"])].append(event)
+    return {
+        key: {"price_sum": sum(e["price"] for e in group), "trade_count": len(group),
+              "quantity_sum": sum(e["quantity"] for e in group), "price_min": min(e["price"] for e in group),
+              "price_max": max(e["price"] for e in group),
+              "avg_price": sum(e["price"] for e in group) / len(group)}
+        for key, group in groups.items()
+    }
+
+
+def make_events(seed: int, count: int, spread_ms: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"symbol": rng.choice(["IBM", "WSO2", "ORCL"]), "price": round(rng.uniform(1, 500), 2),
+             "quantity": rng.randint(1, 1000), "timestamp": T0 + rng.randint(0, spread_ms)} for _ in range(count)]
+
+
+def write_events(directory: Path, events: list[dict], per_file: int) -> None:
+    for start in range(0, len(events), per_file):
+        write_atomically(directory, [json.dumps(e) for e in events[start:start + per_file]])
+
+
+def assert_matches(actual_rows: list[dict], expected: dict[tuple, dict], label: str) -> None:
+    actual = {(row["bucket_start"], row["symbol"]): row for row in actual_rows}
+    assert set(actual) == set(expected), label
+    for key, values in expected.items():
+        for column, value in values.items():
+            assert actual[key][column] == pytest.approx(value, rel=1e-9), f"{label} {key} {column}"
+
+
+def partial_rows(database_url: str, shard_id: str, granularity: str) -> list[dict]:
+    with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("SELECT * FROM tandem.trade_aggregates WHERE shard_id = %s AND granularity = %s",
+                    (shard_id, granularity))
+        rows = cur.fetchall()
+    for row in rows:
+        row["bucket_start"] = row["bucket_start"].astimezone(UTC)
+        row["avg_price"] = row["price_sum"] / row["trade_count"]
+    return rows
+
+
+ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
+
+
+def test_partials_per_shard_and_merged_values_match_the_events(project: Path, database_url: str, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    events = {"shard-1": make_events(1, 600, 25_000), "shard-2": make_events(2, 400, 25_000)}
+    for shard, shard_events in events.items():
+        write_events(landing_dir(cluster, "trades", shard), shard_events, per_file=100)
+        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+        assert result.status == "STOPPED", result.error
+
+    everything = events["shard-1"] + events["shard-2"]
+    for granularity in GRANULARITIES:
+        for shard, shard_events in events.items():
+            assert_matches(partial_rows(database_url, shard, granularity), expected_aggregates(shard_events, granularity),
+                           f"partial {shard} {granularity}")
+        expected = expected_aggregates(everything, granularity)
+        from_postgres = aggregation.query(cluster, "trades", granularity, *ALL_TIME)
+        from_delta = aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta")
+        assert_matches(from_postgres, expected, f"merged postgres {granularity}")
+        assert_matches(from_delta, expected, f"merged delta {granularity}")
+    [year_2025] = aggregation.query(cluster, "trades", "year", datetime(2025, 1, 1, tzinfo=UTC),
+                                    datetime(2026, 1, 1, tzinfo=UTC), symbols=["IBM"])
+    expected_2025 = expected_aggregates([e for e in everything if e["symbol"] == "IBM"], "year")
+    assert year_2025["trade_count"] == expected_2025[(datetime(2025, 1, 1, tzinfo=UTC), "IBM")]["trade_count"]
+    assert year_2025["shards"] == 2
+
+
+def test_replaying_a_batch_does_not_double_count(project: Path, database_url: str, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    events = make_events(3, 300, 8_000)
+    write_events(landing_dir(cluster, "trades", "shard-1"), events, per_file=60)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+    delta_path = delta_table_dir(cluster, "trades", "trade_aggregates")
+    version_before = DeltaTable(str(delta_path)).version()
+
+    # Every event went in batch 0. Forget that it committed, as if the driver died between
+    # publishing and committing: on restart Spark runs batch 0 again and publishes it again.
+    query_checkpoint = checkpoint_dir(cluster, "trades", "shard-1", "node-a", "aggregates")
+    assert (query_checkpoint / "commits" / "0").exists()
+    for log_dir, keep in (("commits", -1), ("offsets", 0)):
+        for entry in (query_checkpoint / log_dir).iterdir():
+            batch = entry.name.removeprefix(".").removesuffix(".crc")  # the log file and its checksum
+            if batch.isdigit() and int(batch) > keep:
+                entry.unlink()
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+
+    for granularity in GRANULARITIES:
+        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME),
+                       expected_aggregates(events, granularity), f"after replay {granularity}")
+        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"),
+                       expected_aggregates(events, granularity), f"delta after replay {granularity}")
+    assert DeltaTable(str(delta_path)).version() == version_before, "a replayed batch appended to Delta again"
+    with Database(database_url) as db:
+        runs = db.run(lambda cur: (cur.execute(
+            "SELECT count(*) AS n FROM heartbeats WHERE query_name = 'aggregates' AND batch_id = 0 AND input_rows > 0"),
+            cur.fetchone())[1])
+    assert runs["n"] == 2, "batch 0 was not executed a second time"
+
+
+BAD_LINES = {
+    "{not json": "malformed JSON",
+    "[1, 2, 3]": "malformed JSON",
+    json.dumps({"symbol": "IBM", "price": "abc", "quantity": 1, "timestamp": T0}): "field 'price' is not a number",
+    json.dumps({"symbol": "IBM", "price": 10.0, "quantity": 1.5, "timestamp": T0}): "field 'quantity' is not an integer",
+    json.dumps({"symbol": "IBM", "price": 10.0, "quantity": 1, "timestamp": "yesterday"}):
+        "field 'timestamp' is not an integer",
+    json.dumps({"symbol": "IBM", "quantity": 1, "timestamp": T0}): "missing field 'price'",
+    json.dumps({"symbol": "IBM", "price": None, "quantity": 1, "timestamp": T0}): "missing field 'price'",
+    json.dumps({"price": 10.0, "quantity": 1, "timestamp": T0}): "missing field 'symbol'",
+    json.dumps({"symbol": "IBM", "price": 10.0, "quantity": -4, "timestamp": T0}): "field 'quantity' must be > 0 (got -4)",
+    json.dumps({"symbol": "IBM", "price": -2.5, "quantity": 4, "timestamp": T0}): "field 'price' must be > 0 (got -2.5)",
+    json.dumps({"symbol": "", "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' must not be empty",
+    json.dumps({"symbol": "IBM", "price": 2.5, "quantity": 4, "timestamp": -1}): "field 'timestamp' must be epoch",
+}
+
+
+def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, database_url: str, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    good = make_events(4, 20, 3_000)
+    lines = [json.dumps(e) for e in good[:10]] + list(BAD_LINES) + [json.dumps(e) for e in good[10:]]
+    source = write_atomically(landing_dir(cluster, "trades", "shard-1"), lines)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+
+    quarantine = DeltaTable(str(delta_table_dir(cluster, "trades", "quarantine"))).to_pyarrow_table().to_pylist()
+    reasons = {row["raw"]: row["reason"] for row in quarantine}
+    assert set(reasons) == set(BAD_LINES)
+    for raw, fragment in BAD_LINES.items():
+        assert fragment in reasons[raw], (raw, reasons[raw])
+    assert {row["source_file"].removeprefix("file:") for row in quarantine} == {str(source)}
+    assert {row["shard_id"] for row in quarantine} == {"shard-1"}
+
+    assert_matches(aggregation.query(cluster, "trades", "minute", *ALL_TIME), expected_aggregates(good, "minute"),
+                   "good lines of a file with bad lines")
+    with Database(database_url) as db:
+        counted = db.run(lambda cur: (cur.execute(
+            "SELECT sum(quarantined_rows) AS n FROM heartbeats WHERE query_name = 'quarantine'"), cur.fetchone())[1])
+    assert counted["n"] == len(BAD_LINES)
+
+
+def test_events_behind_the_watermark_are_counted_as_late(project: Path, database_url: str, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    directory = landing_dir(cluster, "trades", "shard-1")
+    on_time = make_events(5, 50, 2_000)
+    write_events(directory, on_time, per_file=50)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+    # A minute later than everything seen, so the watermark (10 s) moves well past T0 ...
+    write_events(directory, [{"symbol": "IBM", "price": 1.0, "quantity": 1, "timestamp": T0 + 60_000}], per_file=1)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+    # ... then three events from T0, far behind it.
+    late = [{"symbol": "IBM", "price": 2.0, "quantity": 1, "timestamp": T0 + 1} for _ in range(3)]
+    write_events(directory, late, per_file=3)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+
+    with Database(database_url) as db:
+        row = db.run(lambda cur: (cur.execute(
+            "SELECT sum(late_rows) AS late FROM heartbeats WHERE query_name = 'aggregates'"), cur.fetchone())[1])
+    # Spark counts late rows after its map-side partial aggregation (one per window and symbol
+    # in a task), so three late events in one second of one symbol count at least once.
+    assert 1 <= row["late"] <= 3
+    on_time_plus = on_time + [{"symbol": "IBM", "price": 1.0, "quantity": 1, "timestamp": T0 + 60_000}]
+    assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME), expected_aggregates(on_time_plus, "second"),
+                   "late events are not aggregated")
+
+
+def test_concurrent_migrations_apply_each_version_once(database_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            with Database(database_url) as db:
+                migrate(db)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with Database(database_url) as db:
+        versions = db.run(lambda cur: (cur.execute("SELECT version FROM schema_migrations"), cur.fetchall())[1])
+        assert migrate(db) == []
+    assert [row["version"] for row in versions] == [1]
+
+
+def test_per_symbol_range_query_uses_the_symbol_index(database_url: str) -> None:
+    with Database(database_url) as db:
+        migrate(db)
+
+        def explain(cur) -> str:
+            cur.execute("""INSERT INTO trade_aggregates (granularity, bucket_start, symbol, shard_id, price_sum,
+                               trade_count, quantity_sum, price_min, price_max, batch_id)
+                           SELECT 'minute', timestamptz '2024-01-01' + make_interval(mins => i % 5000),
+                                  's' || (i / 5000), 'shard-1', 1, 1, 1, 1, 1, 0
+                           FROM generate_series(0, 199999) AS i""")
+            cur.execute("ANALYZE trade_aggregates")
+            cur.execute("""EXPLAIN SELECT bucket_start, symbol, sum(price_sum) FROM trade_aggregates
+                           WHERE granularity = 'minute' AND symbol = ANY(ARRAY['s7'])
+                             AND bucket_start >= '2024-01-01' AND bucket_start < '2024-01-02'
+                           GROUP BY bucket_start, symbol""")
+            return "\n".join(row["QUERY PLAN"] for row in cur.fetchall())
+
+        plan = db.run(explain)
+    assert "trade_aggregates_by_symbol" in plan, plan
