@@ -73,3 +73,17 @@ def quarantine_totals(db: Database, plan: str) -> dict[str, int]:
         return {row["instance_id"]: int(row["rows"]) for row in cursor.fetchall()}
 
     return db.run(work)
+
+
+def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) -> int:
+    """Input lines read by ``query_name`` of every instance of ``plan`` in batches recorded since ``since``."""
+
+    def work(cursor):
+        cursor.execute(
+            """SELECT COALESCE(SUM(input_rows), 0) AS rows FROM heartbeats
+               WHERE plan = %s AND query_name = %s AND recorded_at >= %s""",
+            (plan, query_name, since),
+        )
+        return int(cursor.fetchone()["rows"])
+
+    return db.run(work)
