@@ -1,0 +1,1 @@
+"""What runs inside a Spark job: session, sources, publisher, listener, node main."""
