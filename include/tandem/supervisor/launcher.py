@@ -1,0 +1,550 @@
+"""Launch plan instances as detached ``spark-submit`` processes, find them again, stop them.
+
+Purpose
+    A streaming plan instance (plan × shard × node) runs for days; the task that starts it must
+    not wait for it. ``SparkSubmitOperator`` waits for ``spark-submit`` to exit whenever the driver
+    runs in client mode (the only mode for PySpark on local and standalone masters), so Tandem
+    starts the job itself and lets it outlive the caller.
+
+How it works
+    ``launch_instance`` takes a PostgreSQL advisory lock for the instance, observes the instance
+    row (status, PIDs, liveness beat) and the local processes, and lets the pure
+    :func:`decide_launch` choose between reusing the job that is already there and launching a new
+    one. A launch builds the command with the apache-spark provider's ``SparkSubmitHook`` (master
+    from the node's Airflow connection, or from ``spark_master`` in ``cluster.yaml`` when no
+    connection is available, e.g. from the CLI), starts it in a new session (its own process
+    group) with output to ``<storage_root>/logs/<plan>/<shard>/<node>-<UTC time>.log``, and
+    records it (status LAUNCHING, ``submit_pid``, log path). The driver then records STARTING,
+    RUNNING, its host, PID, Spark application id and a liveness beat itself.
+
+What it does not do
+    It does not decide roles or fail over, and it does not restart a job that died: a later
+    launch does that. PIDs are only meaningful on the host that recorded them; for an instance on
+    another host only the liveness beat tells whether it is alive.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tandem.config import ClusterConfig, NodeConfig, PlanConfig, load_plan, parse_duration, spark_interval
+from tandem.errors import TandemError
+from tandem.layout import checkpoint_dir
+from tandem.store.db import Database, connect
+from tandem.store.migrations import migrate
+from tandem.store.registry import InstanceKey, get_instance, record_launch, record_status, register_nodes
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATUSES = ("LAUNCHING", "STARTING", "RUNNING")
+ENDED_STATUSES = ("STOPPED", "FAILED")
+APPLICATION_SCRIPT = "run_plan.py"
+_LOCK_NAMESPACE = 0x7A4D  # advisory lock space of launches (first key of the two-int lock)
+_children: dict[int, subprocess.Popen] = {}  # processes this interpreter started, reaped on observation
+
+
+class LaunchError(TandemError):
+    """A plan instance could not be launched, did not reach RUNNING, or could not be stopped."""
+
+
+@dataclass(frozen=True)
+class LaunchDecision:
+    """What :func:`decide_launch` chose: ``reuse`` the existing job or ``launch`` a new one, and why."""
+
+    action: str  # reuse | launch
+    reason: str
+
+    @property
+    def reuse(self) -> bool:
+        return self.action == "reuse"
+
+
+def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | None,
+                  heartbeat_timeout_s: float) -> LaunchDecision:
+    """Reuse the recorded job when it is still alive, otherwise launch (pure).
+
+    Args:
+        status: the instance row's status, ``None`` when the instance was never recorded.
+        process_alive: whether the recorded ``submit_pid`` or driver ``pid`` is a live process of
+            this instance on this host.
+        beat_age_s: seconds since the driver's last liveness beat, ``None`` when it never beat.
+        heartbeat_timeout_s: the plan's heartbeat timeout (interval × max missed beats).
+    """
+    if status is None:
+        return LaunchDecision("launch", "no instance recorded yet")
+    if status not in ACTIVE_STATUSES:
+        return LaunchDecision("launch", f"previous run ended ({status})")
+    if process_alive:
+        return LaunchDecision("reuse", f"{status} and its process is alive")
+    if beat_age_s is not None and beat_age_s < heartbeat_timeout_s:
+        return LaunchDecision(
+            "reuse", f"{status} and its liveness beat is {beat_age_s:.1f}s old (< {heartbeat_timeout_s:g}s timeout)")
+    beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
+    return LaunchDecision("launch", f"{status} but its process is gone and {beat} (>= {heartbeat_timeout_s:g}s)")
+
+
+@dataclass(frozen=True)
+class SubmitCommand:
+    """A ``spark-submit`` command line and where its master URL came from."""
+
+    argv: list[str]
+    master: str
+    master_source: str
+
+
+@dataclass(frozen=True)
+class LaunchedJob:
+    """The job of one plan instance, just launched (``reused`` False) or found running (True)."""
+
+    instance_id: str
+    reused: bool
+    reason: str
+    status: str
+    submit_pid: int | None
+    pid: int | None
+    spark_app_id: str | None
+    log_path: str | None
+    command: list[str] | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, reused: bool, reason: str,
+                 command: list[str] | None = None) -> "LaunchedJob":
+        return cls(instance_id=row["instance_id"], reused=reused, reason=reason, status=row["status"],
+                   submit_pid=row.get("submit_pid"), pid=row.get("pid"), spark_app_id=row.get("spark_app_id"),
+                   log_path=row.get("log_path"), command=command)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    instance_id: str
+    status: str | None
+    graceful: bool
+    detail: str
+
+
+def application_args(key: InstanceKey, trigger_interval_s: float) -> list[str]:
+    """The arguments of ``jobs/run_plan.py`` for one instance."""
+    return ["--plan", key.plan, "--node", key.node, "--shard", key.shard_id,
+            "--trigger-interval", spark_interval(trigger_interval_s)]
+
+
+def is_instance_cmdline(cmdline: Iterable[str], key: InstanceKey) -> bool:
+    """Whether a process command line runs ``run_plan.py`` for exactly this instance (pure)."""
+    args = list(cmdline)
+    if not any(arg.endswith(APPLICATION_SCRIPT) for arg in args):
+        return False
+    wanted = {"--plan": key.plan, "--node": key.node, "--shard": key.shard_id}
+    found = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag in wanted}
+    return found == wanted
+
+
+def log_path_for(cluster: ClusterConfig, key: InstanceKey, now: datetime) -> Path:
+    """``<storage_root>/logs/<plan>/<shard>/<node>-<UTC timestamp>.log``."""
+    stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
+    return cluster.storage_root / "logs" / key.plan / key.shard_id / f"{key.node}-{stamp}.log"
+
+
+def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: InstanceKey, trigger_interval_s: float, *,
+                         py_files: Path, application: Path) -> SubmitCommand:
+    """The ``spark-submit`` command of one instance, assembled by the provider's ``SparkSubmitHook``.
+
+    The master comes from the node's Airflow connection (``node.airflow_conn_id``); when that
+    connection cannot be read (not defined, or no Airflow around), from ``node.spark_master``.
+    """
+    hook = _node_submit_hook(
+        fallback_master=node.spark_master,
+        conn_id=node.airflow_conn_id,
+        properties_file=str(cluster.spark_defaults),
+        py_files=str(py_files),
+        driver_memory=node.driver_memory,
+        name=f"tandem:{key.id}",
+        application_args=application_args(key, trigger_interval_s),
+    )
+    argv = hook._build_spark_submit_command(str(application))
+    if hook.connection_error is None:
+        source = f"Airflow connection {node.airflow_conn_id!r}"
+    else:
+        source = f"cluster.yaml nodes.{node.name}.spark_master (connection {node.airflow_conn_id!r} unavailable)"
+    return SubmitCommand(argv=argv, master=hook._connection["master"], master_source=source)
+
+
+def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.providers.common.compat.sdk import AirflowNotFoundException
+
+    class NodeSparkSubmitHook(SparkSubmitHook):
+        """``SparkSubmitHook`` whose master falls back to the node's ``spark_master``."""
+
+        def __init__(self, **hook_kwargs: Any) -> None:
+            self.connection_error: str | None = "not looked up"
+            super().__init__(**hook_kwargs)
+
+        def get_connection(self, conn_id: str):  # shadows the classmethod for this hook's lookup
+            try:
+                connection = SparkSubmitHook.get_connection(conn_id)
+            except Exception as exc:  # not defined, or no Airflow secrets/API reachable here
+                self.connection_error = f"{type(exc).__name__}: {exc}"
+                raise AirflowNotFoundException(self.connection_error) from exc
+            self.connection_error = None
+            return connection
+
+        def _resolve_connection(self) -> dict[str, Any]:
+            resolved = super()._resolve_connection()
+            if self.connection_error is not None:
+                resolved["master"] = fallback_master
+            return resolved
+
+    return NodeSparkSubmitHook(**kwargs)
+
+
+def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher's environment plus the resolved Tandem settings and this interpreter for PySpark."""
+    env = dict(os.environ if base is None else base)
+    python_bin = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    env.update({
+        "TANDEM_HOME": str(cluster.project_root),
+        "TANDEM_CONF_DIR": str(cluster.conf_dir),
+        "TANDEM_STORAGE_ROOT": str(cluster.storage_root),
+        "TANDEM_DATABASE_URL": cluster.database_url,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": path if path.split(os.pathsep)[:1] == [python_bin] else os.pathsep.join([python_bin, path]),
+    })
+    return env
+
+
+def _resolve_plan(plan: PlanConfig | str, cluster: ClusterConfig) -> PlanConfig:
+    return plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
+
+
+def _trigger_seconds(plan: PlanConfig, trigger_interval: str | float | None) -> float:
+    if trigger_interval is None or trigger_interval == "":
+        return plan.trigger_interval_s
+    try:
+        return parse_duration(trigger_interval)
+    except ValueError as exc:
+        raise LaunchError(f"trigger interval: {exc}") from None
+
+
+def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
+                    trigger_interval: str | float | None = None, *, launched_by: str | None = None,
+                    py_files: Path | None = None, application: Path | None = None) -> LaunchedJob:
+    """Make sure one instance runs: return the live job if there is one, otherwise submit it, detached.
+
+    Args:
+        plan: a plan name or a loaded plan.
+        trigger_interval: e.g. ``"1 second"`` or seconds; the plan's interval when omitted.
+        launched_by: who asked (recorded on the instance row).
+        py_files: the zipped ``tandem`` package (default ``<project_root>/dist/tandem.zip``).
+        application: the entry point (default ``<project_root>/jobs/run_plan.py``).
+
+    Raises:
+        LaunchError: unknown shard or node for the plan, bad interval, missing dist, submit failure.
+    """
+    plan = _resolve_plan(plan, cluster)
+    node_config = cluster.node(node)
+    if node not in plan.nodes:
+        raise LaunchError(f"node {node!r} is not a node of plan {plan.name} (nodes: {', '.join(plan.nodes)})")
+    if shard_id not in plan.shards:
+        raise LaunchError(f"shard {shard_id!r} is not a shard of plan {plan.name} (shards: {', '.join(plan.shards)})")
+    interval = _trigger_seconds(plan, trigger_interval)
+    py_files = py_files or cluster.project_root / "dist" / "tandem.zip"
+    application = application or cluster.project_root / "jobs" / APPLICATION_SCRIPT
+    if not py_files.is_file():
+        raise LaunchError(f"{py_files} not found: run `make dist` to build the tandem package for spark-submit")
+    if not application.is_file():
+        raise LaunchError(f"{application} not found: the spark-submit entry point is missing")
+    key = InstanceKey(plan.name, shard_id, node)
+    launched_by = launched_by or f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+
+    with Database(cluster.database_url, "tandem-launcher") as db:
+        migrate(db)
+        register_nodes(db, cluster)
+        with _instance_lock(cluster.database_url, key):
+            row = get_instance(db, key.id)
+            decision = decide_launch(
+                row["status"] if row else None,
+                bool(row) and instance_process_alive(row, key),
+                _float(row["beat_age_s"]) if row else None,
+                plan.heartbeat.timeout_s,
+            )
+            if decision.reuse:
+                log.info("instance %s: reusing the existing job (%s)", key.id, decision.reason)
+                return LaunchedJob.from_row(row, reused=True, reason=decision.reason)
+            log.info("instance %s: launching (%s)", key.id, decision.reason)
+            command = build_submit_command(cluster, node_config, key, interval, py_files=py_files,
+                                           application=application)
+            log.info("instance %s: master %s from %s", key.id, command.master, command.master_source)
+            log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
+            process = _spawn(command.argv, log_path, child_environment(cluster), cwd=cluster.project_root)
+            try:
+                record_launch(db, key, submit_pid=process.pid, log_path=str(log_path), launched_by=launched_by,
+                              trigger_interval_s=interval,
+                              checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
+            except Exception:
+                _kill_group(process.pid, signal.SIGKILL)
+                raise
+            row = get_instance(db, key.id)
+    return LaunchedJob.from_row(row, reused=False, reason=decision.reason, command=command.argv)
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as output:
+        output.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n".encode())
+        output.flush()
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                       env=env, cwd=cwd, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
+    _children[process.pid] = process
+    return process
+
+
+class _instance_lock:  # noqa: N801 (used as a context manager)
+    """A session-level PostgreSQL advisory lock serialising launches of one instance."""
+
+    def __init__(self, database_url: str, key: InstanceKey) -> None:
+        self.database_url = database_url
+        self.ids = (_LOCK_NAMESPACE, zlib.crc32(key.id.encode()) - 2**31)
+        self.conn = None
+
+    def __enter__(self) -> None:
+        self.conn = connect(self.database_url, "tandem-launcher-lock")
+        self.conn.autocommit = True
+        with self.conn.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", self.ids)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", self.ids)
+        except Exception:  # closing the session releases the lock anyway
+            log.warning("could not release the launch lock of %s cleanly", self.ids)
+        finally:
+            self.conn.close()
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _reap() -> None:
+    for pid, process in list(_children.items()):
+        if process.poll() is not None:
+            del _children[pid]
+
+
+def _process(pid: int | None) -> psutil.Process | None:
+    """The live (non-zombie) process with this PID, if any."""
+    if not pid:
+        return None
+    _reap()
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def is_instance_process(pid: int | None, key: InstanceKey) -> bool:
+    """Whether ``pid`` is a live process of this host running ``run_plan.py`` for ``key``."""
+    process = _process(pid)
+    if process is None:
+        return False
+    try:
+        return is_instance_cmdline(process.cmdline(), key)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _recorded_here(row: Mapping[str, Any]) -> bool:
+    return row.get("host") in (None, socket.gethostname())
+
+
+def instance_process_alive(row: Mapping[str, Any], key: InstanceKey) -> bool:
+    """Whether the row's ``submit_pid`` or driver ``pid`` is a live process of this instance here."""
+    if not _recorded_here(row):
+        return False
+    return any(is_instance_process(row.get(column), key) for column in ("submit_pid", "pid"))
+
+
+def instance_processes(row: Mapping[str, Any], key: InstanceKey) -> list[psutil.Process]:
+    """Every live local process of the instance: the submit process group and the driver."""
+    if not _recorded_here(row):
+        return []
+    found: dict[int, psutil.Process] = {}
+    submit_pid = row.get("submit_pid")
+    if submit_pid and any(is_instance_process(pid, key) for pid in (submit_pid, row.get("pid"))):
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == submit_pid and process.status() != psutil.STATUS_ZOMBIE:
+                    found[process.pid] = process
+            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+                continue
+    if is_instance_process(row.get("pid"), key):
+        found[row["pid"]] = psutil.Process(row["pid"])
+    return list(found.values())
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(processes: Iterable[psutil.Process], sig: int) -> None:
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _key_of(instance: InstanceKey | str) -> InstanceKey:
+    if isinstance(instance, InstanceKey):
+        return instance
+    plan, shard_id, node = instance.split("/")
+    return InstanceKey(plan, shard_id, node)
+
+
+def log_tail(path: str | Path | None, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file ('' when there is none)."""
+    if not path or not Path(path).is_file():
+        return ""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 64 * 1024))
+        text = handle.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _with_tail(message: str, path: str | None) -> str:
+    tail = log_tail(path)
+    return f"{message}\n--- last lines of {path} ---\n{tail}" if tail else f"{message} (log: {path or 'none'})"
+
+
+def wait_until_running(cluster: ClusterConfig, instance: InstanceKey | str, *, timeout_s: float = 180.0,
+                       poll_s: float = 1.0) -> dict[str, Any]:
+    """Poll the instance row until RUNNING and return it.
+
+    Raises:
+        LaunchError: with the tail of the log file, when the instance FAILED or STOPPED, its
+            process died before RUNNING, or ``timeout_s`` passed.
+    """
+    key = _key_of(instance)
+    deadline = time.monotonic() + timeout_s
+    with Database(cluster.database_url, "tandem-launcher") as db:
+        while True:
+            row = get_instance(db, key.id)
+            if row is None:
+                raise LaunchError(f"instance {key.id} is not recorded: launch it first")
+            if row["status"] == "RUNNING":
+                return row
+            if row["status"] in ENDED_STATUSES:
+                raise LaunchError(_with_tail(
+                    f"instance {key.id} {row['status']} before RUNNING: {row['error'] or 'no error recorded'}",
+                    row["log_path"]))
+            if _recorded_here(row) and not instance_process_alive(row, key):
+                row = get_instance(db, key.id)  # it may have just moved on
+                if row["status"] == "RUNNING":
+                    return row
+                raise LaunchError(_with_tail(
+                    f"instance {key.id}: its process (submit pid {row['submit_pid']}, driver pid {row['pid']}) "
+                    f"exited while {row['status']}", row["log_path"]))
+            if time.monotonic() >= deadline:
+                raise LaunchError(_with_tail(
+                    f"instance {key.id} still {row['status']} after {timeout_s:g}s", row["log_path"]))
+            time.sleep(poll_s)
+
+
+def stop_instance(cluster: ClusterConfig, instance: InstanceKey | str, *, timeout_s: float = 30.0,
+                  poll_s: float = 0.5) -> StopResult:
+    """Stop an instance: SIGTERM, wait up to ``timeout_s`` for it to end, then SIGKILL.
+
+    SIGTERM goes to the Python driver first: it stops its queries and records STOPPED, and the
+    ``spark-submit`` JVM exits after it. (A SIGTERM to the whole group at once kills the JVM
+    under the driver, which then cannot stop its queries cleanly.) The group gets SIGTERM when the
+    driver is gone, unknown, or has not ended after a third of the timeout. When the processes
+    had to be killed, or ended without recording a final status, the row is set to STOPPED with
+    the reason in ``error``.
+    """
+    key = _key_of(instance)
+    with Database(cluster.database_url, "tandem-launcher") as db:
+        row = get_instance(db, key.id)
+        if row is None:
+            return StopResult(key.id, None, True, "not recorded: nothing to stop")
+        if not _recorded_here(row):
+            raise LaunchError(f"instance {key.id} runs on host {row['host']}: stop it there")
+        processes = instance_processes(row, key)
+        graceful = _terminate(row, key, processes, timeout_s, poll_s) if processes else True
+        row = get_instance(db, key.id)
+        if row["status"] in ACTIVE_STATUSES:
+            reason = (f"killed with SIGKILL: still running {timeout_s:g}s after SIGTERM" if not graceful
+                      else f"its processes ended while {row['status']} without recording a final status")
+            record_status(db, key, "STOPPED", f"stop_instance: {reason}")
+            row = get_instance(db, key.id)
+        detail = ("no live process" if not processes else "stopped gracefully" if graceful
+                  else f"killed after {timeout_s:g}s")
+        log.info("instance %s: %s (%s)", key.id, detail, row["status"])
+        return StopResult(key.id, row["status"], graceful, detail)
+
+
+def _terminate(row: Mapping[str, Any], key: InstanceKey, processes: list[psutil.Process], timeout_s: float,
+               poll_s: float) -> bool:
+    """SIGTERM the driver, then the group; SIGKILL what is left at the deadline. True if nothing was killed."""
+    submit_pid, driver_pid = row.get("submit_pid"), row.get("pid")
+    start = time.monotonic()
+    group_signalled = not is_instance_process(driver_pid, key)
+    if group_signalled:
+        _signal_group_or_processes(submit_pid, processes, signal.SIGTERM)
+    else:
+        _signal([p for p in processes if p.pid == driver_pid], signal.SIGTERM)
+    while time.monotonic() - start < timeout_s:
+        alive = [p for p in processes if _process(p.pid) is not None]
+        if not alive:
+            return True
+        if not group_signalled and (_process(driver_pid) is None or time.monotonic() - start > timeout_s / 3):
+            group_signalled = True
+            _signal_group_or_processes(submit_pid, alive, signal.SIGTERM)
+        time.sleep(poll_s)
+    alive = [p for p in processes if _process(p.pid) is not None]
+    if not alive:
+        return True
+    log.warning("instance %s: still alive %gs after SIGTERM, sending SIGKILL", key.id, timeout_s)
+    _signal_group_or_processes(submit_pid, alive, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=10)
+    _reap()
+    return False
+
+
+def _signal_group_or_processes(pgid: int | None, processes: list[psutil.Process], sig: int) -> None:
+    if pgid and any(_group_of(p) == pgid for p in processes):
+        _kill_group(pgid, sig)
+    _signal([p for p in processes if _group_of(p) != pgid], sig)
+
+
+def _group_of(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except ProcessLookupError:
+        return None

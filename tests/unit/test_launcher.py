@@ -1,0 +1,171 @@
+"""The launcher's pure parts: the launch decision, the command line, process matching, paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from tandem.config import load_cluster, load_plan
+from tandem.store.registry import InstanceKey
+from tandem.supervisor.launcher import (
+    LaunchError,
+    application_args,
+    build_submit_command,
+    child_environment,
+    decide_launch,
+    is_instance_cmdline,
+    launch_instance,
+    log_path_for,
+)
+
+PROJECT = Path(__file__).resolve().parents[2]
+KEY = InstanceKey("trades", "shard-1", "node-a")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The real conf/ copied into a temp project (no database is touched by these tests)."""
+    shutil.copytree(PROJECT / "conf", tmp_path / "conf")
+    for name in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return load_cluster(tmp_path / "conf" / "cluster.yaml")
+
+
+# --- decide_launch -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status", ["LAUNCHING", "STARTING", "RUNNING"])
+def test_reuses_an_active_instance_whose_process_is_alive(status):
+    decision = decide_launch(status, process_alive=True, beat_age_s=None, heartbeat_timeout_s=3.0)
+    assert decision.reuse and decision.action == "reuse"
+    assert "alive" in decision.reason
+
+
+@pytest.mark.parametrize("status", ["STARTING", "RUNNING"])
+def test_reuses_an_active_instance_with_a_fresh_beat_even_without_a_visible_process(status):
+    decision = decide_launch(status, process_alive=False, beat_age_s=1.2, heartbeat_timeout_s=3.0)
+    assert decision.reuse
+    assert "1.2s old" in decision.reason
+
+
+def test_launches_when_nothing_was_recorded():
+    decision = decide_launch(None, process_alive=False, beat_age_s=None, heartbeat_timeout_s=3.0)
+    assert not decision.reuse and decision.action == "launch"
+    assert decision.reason == "no instance recorded yet"
+
+
+@pytest.mark.parametrize("status", ["STOPPED", "FAILED"])
+def test_launches_after_the_previous_run_ended_even_if_a_process_lingers(status):
+    decision = decide_launch(status, process_alive=True, beat_age_s=0.5, heartbeat_timeout_s=3.0)
+    assert not decision.reuse
+    assert status in decision.reason
+
+
+def test_launches_when_an_active_row_has_no_process_and_a_stale_beat():
+    decision = decide_launch("RUNNING", process_alive=False, beat_age_s=3.0, heartbeat_timeout_s=3.0)
+    assert not decision.reuse
+    assert "process is gone" in decision.reason and "3.0s old" in decision.reason
+
+
+def test_launches_when_a_launch_died_before_its_first_beat():
+    decision = decide_launch("LAUNCHING", process_alive=False, beat_age_s=None, heartbeat_timeout_s=3.0)
+    assert not decision.reuse
+    assert "never beat" in decision.reason
+
+
+# --- command line --------------------------------------------------------------------------------
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_command_falls_back_to_the_node_master_without_an_airflow_connection(cluster, monkeypatch, tmp_path):
+    monkeypatch.delenv("AIRFLOW_CONN_TANDEM_NODE_A", raising=False)
+    node = cluster.node("node-a")
+    command = build_submit_command(cluster, node, KEY, 1.5, py_files=tmp_path / "dist" / "tandem.zip",
+                                   application=tmp_path / "jobs" / "run_plan.py")
+    argv = command.argv
+    assert argv[0] == "spark-submit"
+    assert command.master == node.spark_master == _flag(argv, "--master")
+    assert "cluster.yaml" in command.master_source and "tandem_node_a" in command.master_source
+    assert _flag(argv, "--properties-file") == str(cluster.spark_defaults)
+    assert _flag(argv, "--py-files") == str(tmp_path / "dist" / "tandem.zip")
+    assert _flag(argv, "--driver-memory") == node.driver_memory
+    assert _flag(argv, "--name") == "tandem:trades/shard-1/node-a"
+    app = argv.index(str(tmp_path / "jobs" / "run_plan.py"))
+    assert argv[app + 1:] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1",
+                              "--trigger-interval", "1500 milliseconds"]
+    assert "--packages" not in argv and "--deploy-mode" not in argv
+
+
+def test_command_takes_the_master_from_the_nodes_airflow_connection(cluster, monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_TANDEM_NODE_B", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    command = build_submit_command(cluster, cluster.node("node-b"), InstanceKey("trades", "shard-2", "node-b"), 2.0,
+                                   py_files=tmp_path / "t.zip", application=tmp_path / "run_plan.py")
+    assert command.master == "local[1]" == _flag(command.argv, "--master")
+    assert command.master_source == "Airflow connection 'tandem_node_b'"
+    assert command.argv[-1] == "2 seconds"
+
+
+def test_application_args_round_trip_through_the_job_parser():
+    from tandem.config import parse_duration
+
+    args = application_args(KEY, 0.5)
+    assert args[:6] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1"]
+    assert parse_duration(args[-1]) == 0.5
+
+
+# --- process matching, environment, paths --------------------------------------------------------
+
+def test_cmdline_matches_only_the_same_instance():
+    java = ["/usr/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--master", "local[2]", "--name",
+            "tandem:trades/shard-1/node-a", "/p/jobs/run_plan.py", "--plan", "trades", "--node", "node-a",
+            "--shard", "shard-1", "--trigger-interval", "1 seconds"]
+    assert is_instance_cmdline(java, KEY)
+    assert is_instance_cmdline(["python", "/p/jobs/run_plan.py", "--shard", "shard-1", "--plan", "trades",
+                                "--node", "node-a"], KEY)
+    assert not is_instance_cmdline(java, InstanceKey("trades", "shard-2", "node-a"))
+    assert not is_instance_cmdline(java, InstanceKey("trades", "shard-1", "node-b"))
+    assert not is_instance_cmdline(["python", "other.py", "--plan", "trades", "--node", "node-a", "--shard",
+                                    "shard-1"], KEY)
+    assert not is_instance_cmdline([], KEY)
+
+
+def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
+    env = child_environment(cluster, base={"PATH": "/usr/bin", "KEEP": "1"})
+    assert env["KEEP"] == "1"
+    assert env["TANDEM_HOME"] == str(cluster.project_root)
+    assert env["TANDEM_CONF_DIR"] == str(cluster.conf_dir)
+    assert env["TANDEM_STORAGE_ROOT"] == str(cluster.storage_root)
+    assert env["TANDEM_DATABASE_URL"] == cluster.database_url
+    assert env["PYSPARK_PYTHON"] == sys.executable
+    assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
+
+
+def test_log_path_is_per_plan_shard_and_node_with_a_utc_timestamp(cluster):
+    moment = datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=timezone.utc)
+    path = log_path_for(cluster, KEY, moment)
+    assert path == cluster.storage_root / "logs" / "trades" / "shard-1" / "node-a-20250304T050607.891Z.log"
+
+
+def test_launch_without_dist_says_run_make_dist(cluster):
+    with pytest.raises(LaunchError, match="run `make dist`"):
+        launch_instance(cluster, "trades", "shard-1", "node-a")
+
+
+def test_launch_rejects_a_shard_or_node_outside_the_plan(cluster):
+    plan = load_plan("trades", cluster)
+    with pytest.raises(LaunchError, match="shard 'shard-9' is not a shard of plan trades"):
+        launch_instance(cluster, plan, "shard-9", "node-a")
+    with pytest.raises(Exception, match="unknown node 'node-z'"):
+        launch_instance(cluster, plan, "shard-1", "node-z")
+
+
+def test_launch_rejects_a_bad_trigger_interval(cluster):
+    with pytest.raises(LaunchError, match="trigger interval: expected a duration"):
+        launch_instance(cluster, "trades", "shard-1", "node-a", "soon")
