@@ -46,10 +46,10 @@ def database_url() -> Iterator[str]:
 
 @pytest.fixture
 def project(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of conf/ in a temp project whose storage and database are private to the test."""
+    """A copy of conf/ in a temp folder; storage and database private to the test, code from the repo."""
     root = tmp_path / "project"
     shutil.copytree(PROJECT / "conf", root / "conf")
-    monkeypatch.setenv("TANDEM_HOME", str(root))
+    monkeypatch.setenv("TANDEM_HOME", str(PROJECT))
     monkeypatch.setenv("TANDEM_CONF_DIR", str(root / "conf"))
     monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(root / "data"))
     monkeypatch.setenv("TANDEM_DATABASE_URL", database_url)

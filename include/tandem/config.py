@@ -3,7 +3,8 @@
 Every problem is reported as a :class:`~tandem.errors.ConfigError` that names the file and the
 field. Environment variables override paths and URLs:
 
-- ``TANDEM_HOME``: the project root (default: the current directory)
+- ``TANDEM_HOME``: the project root, where ``jobs/`` and ``dist/`` are (default: the parent of
+  the configuration folder; the configuration folder defaults to ``./conf``)
 - ``TANDEM_CONF_DIR``: the configuration folder (default: ``$TANDEM_HOME/conf``)
 - ``TANDEM_STORAGE_ROOT``: overrides ``storage_root``
 - ``TANDEM_DATABASE_URL``: overrides ``database.url``
@@ -228,7 +229,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
     path = (path or conf_dir() / "cluster.yaml").resolve()
     top = _Fields(path, _read_yaml(path))
     top.reject_unknown({"storage_root", "database", "airflow", "nodes"})
-    root = path.parent.parent
+    root = Path(os.environ["TANDEM_HOME"]).resolve() if os.environ.get("TANDEM_HOME") else path.parent.parent
     storage = Path(os.environ.get("TANDEM_STORAGE_ROOT") or top.get("storage_root", str, ".tandem/data"))
     database = top.section("database")
     database.reject_unknown({"url"})

@@ -18,7 +18,7 @@ PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
 def conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     target = tmp_path / "conf"
     shutil.copytree(PROJECT_CONF, target)
-    for name in ("TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL"):
+    for name in ("TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL"):
         monkeypatch.delenv(name, raising=False)
     return target
 
