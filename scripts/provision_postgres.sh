@@ -20,7 +20,7 @@
 #
 # Environment:
 #   TANDEM_DATABASE_URL   use this database instead of provisioning one
-#   TANDEM_PG_PORT        port of the private cluster (default 55432)
+#   TANDEM_PG_PORT        port of the private cluster (default: the port it last ran on, else 55432)
 #   TANDEM_PG_DIR         where the private cluster lives (default <project>/.tandem/pg)
 #   TANDEM_PG_BINDIR      directory holding initdb/pg_ctl/postgres (default: pg_config --bindir,
 #                         else the newest /usr/lib/postgresql/*/bin, else initdb on PATH)
@@ -220,9 +220,11 @@ EOF
     fi
 
     if port="$(private_running_port "$data")" && [[ -n "$port" ]]; then
-        [[ "$port" == "$PG_PORT" ]] || log "private cluster already runs on port $port (not $PG_PORT); using it"
+        [[ "$port" == "$PG_PORT" ]] || log "private cluster already runs on port $port; using it"
     else
+        # keep the port the cluster was created with unless TANDEM_PG_PORT says otherwise
         port="$PG_PORT"
+        if [[ -z "${TANDEM_PG_PORT:-}" && -s "$dir/port" ]]; then port="$(cat "$dir/port")"; fi
         log "starting the private PostgreSQL cluster on 127.0.0.1:$port"
         if ! as_owner "$BINDIR/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
                 -o "-p $port" start >/dev/null 2>&1; then
@@ -230,6 +232,7 @@ EOF
             die "could not start the private cluster on port $port (is the port taken? set TANDEM_PG_PORT)"
         fi
     fi
+    echo "$port" >"$dir/port"
     local isready
     isready="$(client pg_isready)" || isready="$BINDIR/pg_isready"
     local i

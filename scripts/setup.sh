@@ -25,6 +25,9 @@ STATE="$ROOT/.tandem"
 VENV="$ROOT/.venv"
 ENV_FILE="$STATE/env.sh"
 mkdir -p "$STATE"
+# one set-up at a time (parallel `make test` / `make up` in the same checkout)
+exec 8>"$STATE/setup.lock"
+flock -w 900 8 || { echo "[setup] ERROR: another set-up holds .tandem/setup.lock" >&2; exit 1; }
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -218,6 +221,7 @@ if [[ -x "$VENV/bin/tandem" ]]; then
                 echo "# Spark node connections: output of 'tandem airflow-env'"
                 printf '%s\n' "$conn_lines"
             } >>"$TMP_ENV"
+            rm -f "$STATE/airflow-env.err"
         else
             log "WARNING: 'tandem airflow-env' failed (see .tandem/airflow-env.err); env.sh has no AIRFLOW_CONN_ lines"
         fi
