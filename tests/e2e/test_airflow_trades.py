@@ -1,0 +1,142 @@
+"""End to end through a real Airflow: the run DAG launches the trades plan for two shards via
+spark-submit; the test feeds events and checks the merged aggregates against its own arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tandem import aggregation
+from tandem.airflow_rest import AirflowClient
+from tandem.config import load_cluster, load_plan
+from tandem.layout import landing_dir
+from tandem.producer import write_atomically
+from tandem.store import Database
+from tandem.store.heartbeats import input_rows_since
+from tandem.store.registry import get_instance, instance_id
+from tandem.supervisor.launcher import stop_instance
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+UTC = timezone.utc
+PLACEMENTS = (("shard-1", "node-a"), ("shard-2", "node-b"))
+
+
+def _free_port() -> int:
+    """A port whose log-server neighbours (port + 713, + 714) are free as well."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + 714 < 65536 and all(_is_free(port + offset) for offset in (713, 714)):
+            return port
+    raise RuntimeError("no free port")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.fixture
+def airflow(project: Path, tmp_path: Path) -> Iterator[AirflowClient]:
+    """A private Airflow stack (API server, scheduler, triggerer, DAG processor) in a temp home."""
+    port = _free_port()
+    env = {**os.environ, "TANDEM_AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_HOME": str(tmp_path / "airflow"),
+           "TANDEM_AIRFLOW_PORT": str(port), "TANDEM_AIRFLOW_URL": f"http://127.0.0.1:{port}"}
+    env.pop("TANDEM_AIRFLOW_DB_URL", None)
+    stack = ["bash", str(REPO / "scripts" / "airflow_stack.sh")]
+    try:
+        subprocess.run([*stack, "up"], env=env, check=True, timeout=600)
+        yield AirflowClient(f"http://127.0.0.1:{port}")
+    finally:
+        subprocess.run([*stack, "down"], env=env, timeout=180)
+
+
+def _events(seed: int, count: int, now_ms: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"symbol": rng.choice(["IBM", "WSO2", "ORCL", "MSFT"]), "price": round(rng.uniform(5, 300), 2),
+             "quantity": rng.randint(1, 900), "timestamp": now_ms - rng.randint(0, 4000)} for _ in range(count)]
+
+
+def _expected(events: list[dict], granularity: str) -> dict[tuple, dict]:
+    cut = {"minute": lambda m: m.replace(second=0, microsecond=0),
+           "hour": lambda m: m.replace(minute=0, second=0, microsecond=0)}[granularity]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for event in events:
+        groups[(cut(datetime.fromtimestamp(event["timestamp"] / 1000, tz=UTC)), event["symbol"])].append(event)
+    return {key: {"trade_count": len(g), "quantity_sum": sum(e["quantity"] for e in g),
+                  "price_sum": sum(e["price"] for e in g), "price_min": min(e["price"] for e in g),
+                  "price_max": max(e["price"] for e in g)} for key, g in groups.items()}
+
+
+def test_run_dag_launches_two_shards_and_merged_aggregates_match(project: Path, database_url: str,
+                                                                  airflow: AirflowClient) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    launched: list[int] = []
+    try:
+        airflow.wait_for_dag("tandem_trades_run")
+        airflow.unpause("tandem_trades_run")
+        runs = [airflow.trigger("tandem_trades_run", {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
+                for shard, node in PLACEMENTS]
+        for run_id in runs:
+            assert airflow.wait_for_run("tandem_trades_run", run_id, timeout_s=420) == "success"
+
+        with Database(cluster.database_url) as db:
+            instances = [get_instance(db, instance_id("trades", shard, node)) for shard, node in PLACEMENTS]
+        for row in instances:
+            assert row["status"] == "RUNNING", row
+            launched.append(row["submit_pid"])
+            # The job outlived the Airflow task that launched it.
+            assert psutil.pid_exists(row["submit_pid"])
+
+        since = datetime.now(UTC)
+        now_ms = int(time.time() * 1000)
+        events = {shard: _events(seed, 500, now_ms) for seed, (shard, _) in enumerate(PLACEMENTS)}
+        lines = 0
+        for shard, shard_events in events.items():
+            for start in range(0, len(shard_events), 100):
+                chunk = shard_events[start:start + 100]
+                write_atomically(landing_dir(cluster, plan.source.stream, shard), [json.dumps(e) for e in chunk])
+                lines += len(chunk)
+            write_atomically(landing_dir(cluster, plan.source.stream, shard), ['{"symbol": "IBM", "price": -1}'])
+            lines += 1
+
+        deadline = time.monotonic() + 240
+        with Database(cluster.database_url) as db:
+            while input_rows_since(db, "trades", "aggregates", since) < lines and time.monotonic() < deadline:
+                time.sleep(2)
+            assert input_rows_since(db, "trades", "aggregates", since) >= lines
+
+        everything = events["shard-1"] + events["shard-2"]
+        window = (datetime.fromtimestamp(now_ms / 1000, tz=UTC) - timedelta(hours=2),
+                  datetime.fromtimestamp(now_ms / 1000, tz=UTC) + timedelta(hours=1))
+        for granularity in ("minute", "hour"):
+            merged = {(r["bucket_start"], r["symbol"]): r for r in aggregation.query(cluster, "trades", granularity, *window)}
+            expected = _expected(everything, granularity)
+            assert set(merged) == set(expected)
+            for key, values in expected.items():
+                for column, value in values.items():
+                    assert merged[key][column] == pytest.approx(value), (granularity, key, column)
+                assert merged[key]["avg_price"] == pytest.approx(values["price_sum"] / values["trade_count"])
+    finally:
+        for shard, node in PLACEMENTS:
+            stop_instance(cluster, plan, shard, node)
+    for pid in launched:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
