@@ -1,0 +1,149 @@
+"""Great Expectations validation of the serving table, on rows written to a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from tandem.config import load_cluster, load_plan
+from tandem.quality import ValidationReport, validate_serving_table
+from tandem.quality.serving import ValidationError
+from tandem.store import Database, migrate
+
+pytestmark = pytest.mark.integration
+UTC = timezone.utc
+BUCKET = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+COLUMNS = ("granularity", "bucket_start", "symbol", "shard_id", "price_sum", "trade_count", "quantity_sum",
+           "price_min", "price_max", "batch_id")
+
+
+@pytest.fixture
+def cluster(project: Path):
+    cluster = load_cluster()
+    with Database(cluster.database_url) as db:
+        migrate(db)
+    return cluster
+
+
+def insert(database_url: str, *rows: dict) -> None:
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
+        for row in rows:
+            values = {"granularity": "hour", "bucket_start": BUCKET, "batch_id": 0, **row}
+            cursor.execute(
+                f"INSERT INTO tandem.trade_aggregates ({', '.join(COLUMNS)}) "
+                f"VALUES ({', '.join(['%s'] * len(COLUMNS))})", [values[c] for c in COLUMNS])
+    conn.close()
+
+
+def good(symbol: str, shard: str, prices: list[float], **overrides) -> dict:
+    return {"symbol": symbol, "shard_id": shard, "price_sum": sum(prices), "trade_count": len(prices),
+            "quantity_sum": 10 * len(prices), "price_min": min(prices), "price_max": max(prices), **overrides}
+
+
+GOOD_ROWS = (
+    good("IBM", "shard-1", [100.25, 101.5, 99.75]),
+    good("IBM", "shard-2", [98.0, 102.0]),
+    good("WSO2", "shard-1", [0.1, 0.1, 0.1]),   # sum/count lands an ulp above max: tolerated
+    good("ORCL", "shard-2", [55.5]),
+    {**good("ORCL", "shard-1", [60.0, 61.0]), "granularity": "minute", "bucket_start": BUCKET + timedelta(minutes=5)},
+)
+
+
+def test_good_rows_pass(cluster, database_url):
+    insert(database_url, *GOOD_ROWS)
+    report = validate_serving_table(cluster, "trades")
+    assert report.success, report.summary()
+    assert report.row_count == len(GOOD_ROWS)
+    assert report.failures == []
+    assert len(report.outcomes) >= 12
+    assert "PASSED" in report.summary()
+    json.dumps(report.to_dict())  # JSON-able for XCom
+
+
+def test_granularity_and_window_restrict_the_rows(cluster, database_url):
+    insert(database_url, *GOOD_ROWS)
+    assert validate_serving_table(cluster, "trades", "minute").row_count == 1
+    later = BUCKET + timedelta(hours=2)
+    assert validate_serving_table(cluster, "trades", since=later).row_count == 0
+    # a bucket counts when it overlaps the window: the hour bucket ends after BUCKET + 30 min
+    assert validate_serving_table(cluster, "trades", "hour", since=BUCKET + timedelta(minutes=30)).row_count == 4
+
+
+def only_failure(report: ValidationReport):
+    assert not report.success
+    assert len(report.failures) == 1, report.summary()
+    return report.failures[0]
+
+
+def test_average_above_max_fails_the_upper_bound_expectation(cluster, database_url):
+    insert(database_url, *GOOD_ROWS, good("MSFT", "shard-1", [10.0, 20.0], price_sum=90.0))  # avg 45 > max 20
+    failure = only_failure(validate_serving_table(cluster, "trades"))
+    assert failure.expectation == "expect_column_pair_values_a_to_be_greater_than_b"
+    assert (failure.kwargs["column_A"], failure.kwargs["column_B"]) == ("price_max", "avg_price")
+    assert failure.unexpected_count == 1
+    sample = failure.samples[0]
+    assert sample["symbol"] == "MSFT" and sample["shard_id"] == "shard-1"
+    assert sample["avg_price"] == 45.0 and sample["price_max"] == 20.0
+
+
+def test_average_below_min_fails_the_lower_bound_expectation(cluster, database_url):
+    insert(database_url, *GOOD_ROWS, good("AAPL", "shard-2", [10.0, 20.0], price_sum=4.0))  # avg 2 < min 10
+    report = validate_serving_table(cluster, "trades")
+    failure = only_failure(report)
+    assert (failure.expectation, failure.kwargs["column_A"], failure.kwargs["column_B"]) == (
+        "expect_column_pair_values_a_to_be_greater_than_b", "avg_price", "price_min")
+    assert failure.samples[0]["symbol"] == "AAPL" and failure.samples[0]["avg_price"] == 2.0
+    text = report.summary()
+    assert "FAILED" in text and "column_A=avg_price" in text and '"symbol": "AAPL"' in text
+
+
+def test_zero_count_fails_the_trade_count_expectation(cluster, database_url):
+    insert(database_url, *GOOD_ROWS, good("TSLA", "shard-1", [5.0], trade_count=0))
+    failure = only_failure(validate_serving_table(cluster, "trades"))
+    assert failure.expectation == "expect_column_values_to_be_between"
+    assert failure.kwargs["column"] == "trade_count"
+    assert failure.samples[0]["trade_count"] == 0 and failure.samples[0]["symbol"] == "TSLA"
+
+
+def test_unknown_shard_fails_the_shard_set_expectation_with_the_plans_shards(cluster, database_url):
+    insert(database_url, *GOOD_ROWS, good("NVDA", "shard-9", [7.0, 8.0]))
+    report = validate_serving_table(cluster, "trades")
+    failure = only_failure(report)
+    assert failure.expectation == "expect_column_values_to_be_in_set"
+    assert failure.kwargs["column"] == "shard_id"
+    assert failure.kwargs["value_set"] == list(load_plan("trades", cluster).shards)
+    assert failure.samples[0]["shard_id"] == "shard-9" and failure.samples[0]["symbol"] == "NVDA"
+    assert "shard-9" in report.summary()
+
+
+def test_several_bad_rows_each_fail_their_own_expectation(cluster, database_url):
+    insert(database_url, *GOOD_ROWS,
+           good("MSFT", "shard-1", [10.0, 20.0], price_sum=90.0),
+           good("TSLA", "shard-1", [5.0], trade_count=0),
+           good("NVDA", "shard-9", [7.0, 8.0]))
+    report = validate_serving_table(cluster, "trades")
+    assert not report.success
+    assert report.failure("expect_column_pair_values_a_to_be_greater_than_b", column_A="price_max") is not None
+    assert report.failure("expect_column_values_to_be_between", column="trade_count") is not None
+    assert report.failure("expect_column_values_to_be_in_set", column="shard_id") is not None
+    assert report.failure("expect_column_pair_values_a_to_be_greater_than_b", column_A="avg_price") is None
+    assert len(report.failures) == 3
+
+
+def test_an_empty_window_passes_and_writes_no_files(cluster, project):
+    before = {p for p in project.rglob("*")}
+    cwd_before = set(Path.cwd().iterdir())
+    report = validate_serving_table(cluster, "trades")
+    assert report.success and report.row_count == 0
+    assert {p for p in project.rglob("*")} == before
+    assert set(Path.cwd().iterdir()) == cwd_before
+
+
+def test_missing_suite_is_a_clear_error(cluster, project):
+    (project / "conf" / "expectations" / "trades_aggregates.json").unlink()
+    with pytest.raises(ValidationError, match="trades_aggregates.json: expectation suite not found"):
+        validate_serving_table(cluster, "trades")
