@@ -8,13 +8,15 @@ from tandem.supervisor.launcher import (
     LaunchDecision,
     LaunchedJob,
     LaunchError,
+    LaunchRejected,
     StopResult,
     build_submit_command,
     decide_launch,
+    instance_key,
     launch_instance,
     stop_instance,
     wait_until_running,
 )
 
-__all__ = ["LaunchDecision", "LaunchError", "LaunchedJob", "StopResult", "build_submit_command", "decide_launch",
-           "launch_instance", "stop_instance", "wait_until_running"]
+__all__ = ["LaunchDecision", "LaunchError", "LaunchRejected", "LaunchedJob", "StopResult", "build_submit_command",
+           "decide_launch", "instance_key", "launch_instance", "stop_instance", "wait_until_running"]

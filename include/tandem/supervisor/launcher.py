@@ -62,6 +62,10 @@ class LaunchError(TandemError):
     """A plan instance could not be launched, did not reach RUNNING, or could not be stopped."""
 
 
+class LaunchRejected(LaunchError):
+    """The launch request itself is invalid (shard or node outside the plan, bad trigger interval)."""
+
+
 @dataclass(frozen=True)
 class LaunchDecision:
     """What :func:`decide_launch` chose: ``reuse`` the existing job or ``launch`` a new one, and why."""
@@ -239,7 +243,7 @@ def _trigger_seconds(plan: PlanConfig, trigger_interval: str | float | None) -> 
     try:
         return parse_duration(trigger_interval)
     except ValueError as exc:
-        raise LaunchError(f"trigger interval: {exc}") from None
+        raise LaunchRejected(f"trigger interval: {exc}") from None
 
 
 def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
@@ -255,14 +259,15 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
         application: the entry point (default ``<project_root>/jobs/run_plan.py``).
 
     Raises:
-        LaunchError: unknown shard or node for the plan, bad interval, missing dist, submit failure.
+        LaunchRejected: a shard or node outside the plan, a bad trigger interval.
+        LaunchError: missing ``dist/tandem.zip`` or entry point, ``spark-submit`` could not start.
     """
     plan = _resolve_plan(plan, cluster)
     node_config = cluster.node(node)
     if node not in plan.nodes:
-        raise LaunchError(f"node {node!r} is not a node of plan {plan.name} (nodes: {', '.join(plan.nodes)})")
+        raise LaunchRejected(f"node {node!r} is not a node of plan {plan.name} (nodes: {', '.join(plan.nodes)})")
     if shard_id not in plan.shards:
-        raise LaunchError(f"shard {shard_id!r} is not a shard of plan {plan.name} (shards: {', '.join(plan.shards)})")
+        raise LaunchRejected(f"shard {shard_id!r} is not a shard of plan {plan.name} (shards: {', '.join(plan.shards)})")
     interval = _trigger_seconds(plan, trigger_interval)
     py_files = py_files or cluster.project_root / "dist" / "tandem.zip"
     application = application or cluster.project_root / "jobs" / APPLICATION_SCRIPT
@@ -419,11 +424,17 @@ def _signal(processes: Iterable[psutil.Process], sig: int) -> None:
             pass
 
 
-def _key_of(instance: InstanceKey | str) -> InstanceKey:
-    if isinstance(instance, InstanceKey):
-        return instance
-    plan, shard_id, node = instance.split("/")
-    return InstanceKey(plan, shard_id, node)
+def instance_key(plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+                 node: str | None = None) -> InstanceKey:
+    """The key of an instance given as (plan, shard, node), an ``InstanceKey`` or ``"plan/shard/node"``."""
+    if isinstance(plan, InstanceKey):
+        return plan
+    name = plan.name if isinstance(plan, PlanConfig) else plan
+    if shard_id is None and node is None and name.count("/") == 2:
+        name, shard_id, node = name.split("/")
+    if not shard_id or not node:
+        raise ValueError(f"an instance needs a plan, a shard and a node (got {name!r}, {shard_id!r}, {node!r})")
+    return InstanceKey(name, shard_id, node)
 
 
 def log_tail(path: str | Path | None, lines: int = 40) -> str:
@@ -443,15 +454,17 @@ def _with_tail(message: str, path: str | None) -> str:
     return f"{message}\n--- last lines of {path} ---\n{tail}" if tail else f"{message} (log: {path or 'none'})"
 
 
-def wait_until_running(cluster: ClusterConfig, instance: InstanceKey | str, *, timeout_s: float = 180.0,
-                       poll_s: float = 1.0) -> dict[str, Any]:
+def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+                       node: str | None = None, *, timeout_s: float = 180.0, poll_s: float = 1.0) -> dict[str, Any]:
     """Poll the instance row until RUNNING and return it.
+
+    The instance is ``(plan, shard_id, node)``, an ``InstanceKey`` or an instance id.
 
     Raises:
         LaunchError: with the tail of the log file, when the instance FAILED or STOPPED, its
             process died before RUNNING, or ``timeout_s`` passed.
     """
-    key = _key_of(instance)
+    key = instance_key(plan, shard_id, node)
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-launcher") as db:
         while True:
@@ -477,9 +490,11 @@ def wait_until_running(cluster: ClusterConfig, instance: InstanceKey | str, *, t
             time.sleep(poll_s)
 
 
-def stop_instance(cluster: ClusterConfig, instance: InstanceKey | str, *, timeout_s: float = 30.0,
-                  poll_s: float = 0.5) -> StopResult:
+def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+                  node: str | None = None, *, timeout_s: float = 30.0, poll_s: float = 0.5) -> StopResult:
     """Stop an instance: SIGTERM, wait up to ``timeout_s`` for it to end, then SIGKILL.
+
+    The instance is ``(plan, shard_id, node)``, an ``InstanceKey`` or an instance id.
 
     SIGTERM goes to the Python driver first: it stops its queries and records STOPPED, and the
     ``spark-submit`` JVM exits after it. (A SIGTERM to the whole group at once kills the JVM
@@ -488,7 +503,7 @@ def stop_instance(cluster: ClusterConfig, instance: InstanceKey | str, *, timeou
     had to be killed, or ended without recording a final status, the row is set to STOPPED with
     the reason in ``error``.
     """
-    key = _key_of(instance)
+    key = instance_key(plan, shard_id, node)
     with Database(cluster.database_url, "tandem-launcher") as db:
         row = get_instance(db, key.id)
         if row is None:

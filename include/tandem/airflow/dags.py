@@ -1,0 +1,78 @@
+"""What DAG files need at parse time: the configuration, default arguments and Params of a plan.
+
+Everything here reads ``conf/`` only: no database, no network, no Spark, no Great Expectations.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans
+
+# Durations tandem.config.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
+DURATION_PATTERN = (r"^\s*\d+(\.\d+)?\s*(ms|millis|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?"
+                    r"|d|days?)?\s*$")
+RUN_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 2, "retry_delay": timedelta(seconds=20)}
+VALIDATE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=2)}
+
+
+def cluster_yaml(dags_folder: Path) -> Path:
+    """``cluster.yaml`` for DAG files: from ``TANDEM_CONF_DIR`` / ``TANDEM_HOME`` when set, else ``../conf``."""
+    if os.environ.get("TANDEM_CONF_DIR") or os.environ.get("TANDEM_HOME"):
+        return conf_dir() / "cluster.yaml"
+    return dags_folder.resolve().parent / "conf" / "cluster.yaml"
+
+
+def load_for_dags(dag_file: str) -> tuple[ClusterConfig, dict[str, PlanConfig]]:
+    """The cluster and every plan, for the DAG file at ``dag_file``."""
+    cluster = load_cluster(cluster_yaml(Path(dag_file).parent))
+    return cluster, load_plans(cluster)
+
+
+def human_duration(seconds: float) -> str:
+    """``1.0`` → ``"1 second"``, ``86400`` → ``"1 day"``, ``0.5`` → ``"500 ms"`` (parse_duration reads it back)."""
+    millis = round(seconds * 1000)
+    for factor, unit in ((86_400_000, "day"), (3_600_000, "hour"), (60_000, "minute"), (1000, "second")):
+        if millis % factor == 0:
+            count = millis // factor
+            return f"{count} {unit}" if count == 1 else f"{count} {unit}s"
+    return f"{millis} ms"
+
+
+def run_params(plan: PlanConfig) -> dict[str, Any]:
+    """Params of ``tandem_<plan>_run``: node and shard (enums of the plan's), trigger interval."""
+    from airflow.sdk import Param
+
+    return {
+        "node": Param(plan.nodes[0], type="string", enum=list(plan.nodes), title="Node",
+                      description=f"where to run (a node of plan {plan.name})"),
+        "shard_id": Param(plan.shards[0], type="string", enum=list(plan.shards), title="Shard",
+                          description="which shard's events this instance reads and tags its partials with"),
+        "trigger_interval": Param(human_duration(plan.trigger_interval_s), type="string", pattern=DURATION_PATTERN,
+                                  title="Trigger interval",
+                                  description="micro-batch interval, e.g. '500 ms', '1 second', '2 seconds'"),
+    }
+
+
+def run_doc(plan: PlanConfig) -> str:
+    return f"""### Run an instance of plan `{plan.name}`
+
+{plan.description}
+
+Launches one instance (plan × shard × node) as a detached `spark-submit` job and waits until it
+reports RUNNING. Triggering again for an instance that is alive returns the running job: no second
+job is ever submitted. Trigger from the UI or REST with conf such as
+`{{"node": "{plan.nodes[0]}", "shard_id": "{plan.shards[0]}", "trigger_interval": "{human_duration(plan.trigger_interval_s)}"}}`.
+"""
+
+
+def validate_doc(plan: PlanConfig) -> str:
+    return f"""### Validate the serving table of plan `{plan.name}`
+
+Runs the Great Expectations suite `conf/expectations/{plan.validation.suite}.json` over the partial
+aggregates of the last {human_duration(plan.validation.lookback_s)} and logs the merged hourly
+aggregates of that window. Fails when an expectation fails; the log names it with sample rows.
+"""

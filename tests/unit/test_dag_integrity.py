@@ -1,0 +1,241 @@
+"""DAG integrity: every file in dags/ imports cleanly and without I/O, ids, Params, tags, retries."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tandem.config import load_cluster, load_plans, parse_duration
+
+PROJECT = Path(__file__).resolve().parents[2]
+DAGS = PROJECT / "dags"
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return load_plans(load_cluster(PROJECT / "conf" / "cluster.yaml"))
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    saved = {k: os.environ.pop(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR") if k in os.environ}
+    try:
+        return DagBag(dag_folder=str(DAGS), safe_mode=False)
+    finally:
+        os.environ.update(saved)
+
+
+def test_every_dag_file_imports_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    files = {Path(dag.fileloc).name for dag in dagbag.dags.values()}
+    assert files == {p.name for p in DAGS.glob("*.py")}
+
+
+def test_each_plan_has_a_run_and_a_validate_dag(dagbag, plans):
+    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate")}
+    assert set(dagbag.dag_ids) == expected
+    assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
+
+
+def test_no_cycles(dagbag):
+    for dag in dagbag.dags.values():
+        dag.check_cycle()
+
+
+def test_tags_and_retries_on_every_dag_and_task(dagbag, plans):
+    for dag_id, dag in dagbag.dags.items():
+        plan = dag_id.split("_", 1)[1].rsplit("_", 1)[0]
+        assert plan in plans
+        assert {"tandem", plan} <= set(dag.tags), dag_id
+        assert dag.default_args.get("retries", 0) >= 1, dag_id
+        assert dag.tasks, dag_id
+        for task in dag.tasks:
+            assert task.retries >= 1, f"{dag_id}.{task.task_id}"
+
+
+def test_run_dag_shape(dagbag, plans):
+    for name, plan in plans.items():
+        dag = dagbag.dags[f"tandem_{name}_run"]
+        assert dag.schedule is None
+        assert dag.max_active_runs == len(plan.nodes) * len(plan.shards)
+        [task] = dag.tasks
+        assert task.task_type == "LaunchPlanInstanceOperator"
+        assert set(task.template_fields) >= {"plan", "node", "shard_id", "trigger_interval"}
+
+
+def test_validate_dag_shape(dagbag, plans):
+    for name, plan in plans.items():
+        dag = dagbag.dags[f"tandem_{name}_validate"]
+        assert dag.catchup is False
+        assert dag.max_active_runs == 1
+        assert dag.schedule == plan.validation.schedule
+        assert dag.timetable.can_be_scheduled
+        [task] = dag.tasks
+        assert task.task_type == "ValidateServingTableOperator"
+        assert task.lookback == plan.validation.lookback_s
+
+
+def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):
+    plan = plans["trades"]
+    values = dagbag.dags["tandem_trades_run"].params.validate()
+    assert values == {"node": plan.nodes[0], "shard_id": plan.shards[0], "trigger_interval": "1 second"}
+    assert parse_duration(values["trigger_interval"]) == plan.trigger_interval_s
+
+
+@pytest.mark.parametrize(("param", "value"), [
+    ("node", "node-z"), ("shard_id", "shard-9"), ("trigger_interval", "soon"), ("trigger_interval", "1 fortnight"),
+    ("node", 3),
+])
+def test_run_params_reject_bad_values(dagbag, param, value):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(dagbag.dags["tandem_trades_run"].params)
+    with pytest.raises(ParamValidationError, match=param):
+        params[param] = value
+
+
+@pytest.mark.parametrize("value", ["500 ms", "2 seconds", "1.5 s", "1m", "10 minutes", "1 hour"])
+def test_run_params_accept_durations(dagbag, value):
+    params = copy.deepcopy(dagbag.dags["tandem_trades_run"].params)
+    params["trigger_interval"] = value
+    params["node"] = "node-b"
+    assert params.validate()["trigger_interval"] == value
+
+
+def test_run_templates_render_the_params(dagbag):
+    dag = dagbag.dags["tandem_trades_run"]
+    task = dag.get_task("launch")
+    params = copy.deepcopy(dag.params)
+    params.update({"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"})
+    rendered = {field: task.render_template(getattr(task, field), {"params": params.validate()})
+                for field in ("plan", "node", "shard_id", "trigger_interval")}
+    assert rendered == {"plan": "trades", "node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
+
+
+def test_dags_serialize_like_the_scheduler_stores_them(dagbag):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    for dag in dagbag.dags.values():
+        data = DagSerialization.to_dict(dag)
+        json.dumps(data)
+        restored = DagSerialization.from_dict(data)
+        assert restored.dag_id == dag.dag_id
+        assert set(restored.task_ids) == set(dag.task_ids)
+
+
+def _parse_in_fresh_interpreter(dags: Path, tmp_path: Path) -> dict:
+    """A fresh interpreter with an audit hook: connecting a socket or starting a process fails the parse.
+
+    Airflow's own modules are imported before the hook is installed (croniter runs ``file -b`` at
+    import to learn the word size); the hook then watches only what parsing the DAG files does.
+    """
+    script = textwrap.dedent(f"""
+        import json, sys
+        import airflow.sdk, croniter
+        from airflow.dag_processing.dagbag import DagBag
+        events = []
+        def hook(event, args):
+            if event in ("socket.connect", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
+                         "sqlite3.connect"):
+                events.append(event + " " + repr(args)[:200])
+                raise RuntimeError("I/O at DAG parse time: " + event)
+        sys.addaudithook(hook)
+        import psycopg2  # libpq opens its sockets in C, out of the audit hook's sight
+        def no_database(*args, **kwargs):
+            events.append("psycopg2.connect")
+            raise RuntimeError("database access at DAG parse time")
+        psycopg2.connect = no_database
+        bag = DagBag(dag_folder={str(dags)!r}, safe_mode=False)
+        print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}},
+                           "dags": sorted(bag.dag_ids), "events": events}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "AIRFLOW"))}
+    env.update({"AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "TANDEM_DATABASE_URL": "postgresql://nobody@203.0.113.1:1/unreachable"})
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_dag_files_parse_without_database_network_or_subprocesses(tmp_path):
+    result = _parse_in_fresh_interpreter(DAGS, tmp_path)
+    assert result["errors"] == {}
+    assert result["events"] == []
+    assert "tandem_trades_run" in result["dags"]
+
+
+def test_the_parse_guard_catches_a_dag_file_that_queries_the_database(tmp_path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "bad_dag.py").write_text(textwrap.dedent("""
+        from airflow.sdk import DAG
+        from tandem.store.db import connect
+        connect("postgresql://postgres@127.0.0.1:5432/postgres")
+        with DAG(dag_id="bad", schedule=None):
+            pass
+    """))
+    result = _parse_in_fresh_interpreter(dags, tmp_path)
+    assert result["events"] == ["psycopg2.connect"]
+    assert list(result["errors"]) and "database access at DAG parse time" in next(iter(result["errors"].values()))
+
+
+def test_dag_files_find_conf_next_to_dags_from_any_directory(tmp_path):
+    from tandem.airflow.dags import cluster_yaml
+
+    saved = {k: os.environ.pop(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR") if k in os.environ}
+    try:
+        assert cluster_yaml(DAGS) == PROJECT / "conf" / "cluster.yaml"
+    finally:
+        os.environ.update(saved)
+
+
+@pytest.mark.parametrize("text", ["500 ms", "1 second", "2 seconds", "1.5 s", "3m", "1 hour", "2 days", "250 millis",
+                                  "10 sec", "7"])
+def test_duration_pattern_accepts_what_parse_duration_accepts(text):
+    import re
+
+    from tandem.airflow.dags import DURATION_PATTERN
+
+    assert re.match(DURATION_PATTERN, text)
+    assert parse_duration(text) > 0
+
+
+@pytest.mark.parametrize("text", ["soon", "1 fortnight", "-1 s", "1 s 2", ""])
+def test_duration_pattern_rejects_what_parse_duration_rejects(text):
+    import re
+
+    from tandem.airflow.dags import DURATION_PATTERN
+
+    assert not re.match(DURATION_PATTERN, text)
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(1.0, "1 second"), (2.0, "2 seconds"), (0.5, "500 ms"),
+                                               (86400.0, "1 day"), (5400.0, "90 minutes"), (1.25, "1250 ms")])
+def test_human_duration_reads_back(seconds, text):
+    from tandem.airflow.dags import human_duration
+
+    assert human_duration(seconds) == text
+    assert parse_duration(text) == seconds
+
+
+def test_launch_operator_rejects_a_bad_interval_without_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tandem.airflow.operators import LaunchPlanInstanceOperator
+
+    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+                                          trigger_interval="soon")
+    with pytest.raises(AirflowFailException, match="Param trigger_interval: expected a duration"):
+        operator.execute(context={})
