@@ -225,6 +225,9 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
 
 def _run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict[str, Any],
                key_columns: list[str], path: Path):
+    gx_log = logging.getLogger("great_expectations")
+    if gx_log.level == logging.NOTSET:  # its INFO lines (hundreds at import) drown the report
+        gx_log.setLevel(logging.WARNING)
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,

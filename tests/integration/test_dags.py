@@ -1,0 +1,174 @@
+"""The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark.
+
+Each run happens in a fresh interpreter, because Airflow reads its configuration once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psutil
+import psycopg2
+import pytest
+
+from tandem.config import load_cluster
+from tandem.store import Database, migrate
+from tandem.store.registry import get_instance
+from tandem.supervisor import stop_instance
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+UTC = timezone.utc
+
+DAG_TEST = """
+import json, sys
+from sqlalchemy import select
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+
+dags_folder, dag_id, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+dag = DagBag(dags_folder, safe_mode=False).dags[dag_id]
+run = dag.test(run_conf=conf or None)
+tis = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number} for ti in run.get_task_instances()}
+with create_session() as session:
+    rows = session.scalars(select(XComModel).where(XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id))
+    xcom = {f"{x.task_id}.{x.key}": x.value for x in rows}
+print("RESULT " + json.dumps({"state": str(run.state), "tis": tis, "xcom": xcom}, default=str))
+"""
+
+
+def build_dist(root: Path) -> None:
+    target = root / "dist" / "tandem.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(directory) / name
+                    archive.write(path, path.relative_to(REPO / "include"))
+
+
+@pytest.fixture
+def airflow_env(tmp_path: Path, project: Path) -> dict[str, str]:
+    """Environment of a private Airflow (SQLite metadata DB, this repo's dags/) over the temp project."""
+    code = tmp_path / "code"  # TANDEM_HOME of the launched jobs: jobs/ of this repo and a fresh dist/
+    (code / "jobs").mkdir(parents=True)
+    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
+    build_dist(code)
+    home = tmp_path / "airflow"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "TANDEM_HOME": str(code),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    with Database(load_cluster().database_url) as db:
+        migrate(db)
+    return env
+
+
+def dag_test(env: dict[str, str], dag_id: str, conf: dict | None = None) -> tuple[dict, str]:
+    done = subprocess.run([sys.executable, "-c", DAG_TEST, str(REPO / "dags"), dag_id, json.dumps(conf or {})],
+                          env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, output[-5000:]
+    return json.loads(lines[-1].removeprefix("RESULT ")), output
+
+
+def insert_partials(database_url: str, rows: list[tuple[str, str, float, int, float, float]]) -> None:
+    bucket = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
+        for symbol, shard, price_sum, count, low, high in rows:
+            cursor.execute(
+                """INSERT INTO tandem.trade_aggregates (granularity, bucket_start, symbol, shard_id, price_sum,
+                       trade_count, quantity_sum, price_min, price_max, batch_id)
+                   VALUES ('hour', %s, %s, %s, %s, %s, %s, %s, %s, 0)""",
+                (bucket, symbol, shard, price_sum, count, 10 * count, low, high))
+    conn.close()
+
+
+GOOD = [("IBM", "shard-1", 300.0, 3, 99.0, 101.0), ("IBM", "shard-2", 200.0, 2, 98.0, 102.0),
+        ("WSO2", "shard-2", 50.0, 1, 50.0, 50.0)]
+
+
+def test_validate_dag_passes_and_logs_the_merged_hourly_aggregates(airflow_env, database_url):
+    insert_partials(database_url, GOOD)
+    result, output = dag_test(airflow_env, "tandem_trades_validate")
+    assert result["state"] == "success", output[-5000:]
+    report = result["xcom"]["validate.return_value"]
+    report = json.loads(report) if isinstance(report, str) else report
+    assert report["success"] is True and report["row_count"] == 3 and report["hourly_rows"] == 2
+    assert "merged hourly trades aggregates" in output
+    assert "IBM" in output and "100.0000" in output  # (300 + 200) / (3 + 2), merged across both shards
+
+
+def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env, database_url):
+    insert_partials(database_url, [*GOOD, ("NVDA", "shard-9", 15.0, 2, 7.0, 8.0)])
+    result, output = dag_test(airflow_env, "tandem_trades_validate")
+    assert result["state"] == "failed"
+    assert result["tis"]["validate"]["state"] == "failed"
+    assert result["tis"]["validate"]["try_number"] == 1
+    assert "expect_column_values_to_be_in_set(column=shard_id" in output
+    assert "shard-9" in output and "NVDA" in output
+
+
+@pytest.fixture
+def spark_groups() -> Iterator[list[int]]:
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == pgid:
+                    process.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+                pass
+
+
+def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, database_url, spark_groups):
+    cluster = load_cluster()
+    env = {**airflow_env, "AIRFLOW_CONN_TANDEM_NODE_B": json.dumps({"conn_type": "spark", "host": "local[1]"})}
+    conf = {"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
+    try:
+        first, output = dag_test(env, "tandem_trades_run", conf)
+        with Database(cluster.database_url) as db:
+            row = get_instance(db, "trades/shard-2/node-b")
+        if row and row["submit_pid"]:
+            spark_groups.append(row["submit_pid"])
+        assert first["state"] == "success", output[-5000:]
+        xcom = first["xcom"]
+        assert xcom["launch.instance_id"] == "trades/shard-2/node-b"
+        assert xcom["launch.pid"] == row["pid"] and xcom["launch.spark_app_id"] == row["spark_app_id"]
+        assert xcom["launch.log_path"] == row["log_path"] and xcom["launch.reused"] is False
+        assert row["status"] == "RUNNING" and row["trigger_interval_s"] == 2.0
+        assert row["launched_by"].startswith("airflow tandem_trades_run/")
+        header = Path(row["log_path"]).read_text().splitlines()[0]
+        assert "--master local[1]" in header, "the master must come from the node's Airflow connection"
+        assert psutil.pid_exists(row["pid"]), "the job must outlive the task that launched it"
+
+        second, output = dag_test(env, "tandem_trades_run", conf)
+        assert second["state"] == "success", output[-5000:]
+        assert second["xcom"]["launch.reused"] is True
+        assert second["xcom"]["launch.pid"] == row["pid"]
+        with Database(cluster.database_url) as db:
+            assert get_instance(db, "trades/shard-2/node-b")["submit_pid"] == row["submit_pid"]
+    finally:
+        stopped = stop_instance(cluster, "trades", "shard-2", "node-b", timeout_s=30)
+    assert stopped.status == "STOPPED"

@@ -1,0 +1,210 @@
+"""The launcher with a real spark-submit: detached, idempotent, publishing, and stoppable."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg2
+import pytest
+
+from tandem.config import ClusterConfig, load_cluster, load_plan
+from tandem.layout import landing_dir
+from tandem.producer import TradeGenerator, write_atomically
+from tandem.store import Database
+from tandem.store.registry import InstanceKey, get_instance
+from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
+from tandem.supervisor.launcher import is_instance_cmdline
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+KEY = InstanceKey("trades", "shard-1", "node-a")
+
+
+def build_dist(root: Path) -> Path:
+    """``<root>/dist/tandem.zip``: include/tandem as the top-level package, like ``make dist``."""
+    target = root / "dist" / "tandem.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(directory) / name
+                    archive.write(path, path.relative_to(REPO / "include"))
+    return target
+
+
+@pytest.fixture
+def launch_project(project: Path) -> Path:
+    """The temp project plus a fresh ``dist/tandem.zip`` of this checkout (passed as ``py_files``)."""
+    build_dist(project)
+    (project / "jobs").mkdir()
+    return project
+
+
+def dist(project: Path) -> Path:
+    return project / "dist" / "tandem.zip"
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[int]]:
+    """Process groups to SIGKILL after the test, whatever happened."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == pgid:
+                    process.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+                pass
+        try:
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def instance_processes(key: InstanceKey) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] != psutil.STATUS_ZOMBIE and is_instance_cmdline(process.info["cmdline"] or [], key):
+            found.append(process)
+    return found
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process)
+        except ProcessLookupError:
+            pass
+    return members
+
+
+def write_trades(cluster: ClusterConfig, shard: str, count: int, files: int, seed: int) -> None:
+    generator = TradeGenerator(seed)
+    now_ms = int(time.time() * 1000)
+    events = [json.dumps(generator.event(now_ms - 1000 + i)) for i in range(count)]
+    per_file = count // files
+    for start in range(0, count, per_file):
+        write_atomically(landing_dir(cluster, "trades", shard), events[start:start + per_file])
+
+
+def published_trades(database_url: str, shard: str) -> int:
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(SUM(trade_count), 0) FROM tandem.trade_aggregates "
+                       "WHERE granularity = 'second' AND shard_id = %s", (shard,))
+        total = cursor.fetchone()[0]
+    conn.close()
+    return int(total)
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(1)
+
+
+def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_project, database_url, cleanup):
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    write_trades(cluster, "shard-1", 200, files=4, seed=7)
+
+    job = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher",
+                          py_files=dist(launch_project))
+    cleanup.append(job.submit_pid)
+    assert not job.reused and job.status == "LAUNCHING"
+    assert job.command[0] == "spark-submit"
+    assert job.command[job.command.index("--py-files") + 1] == str(dist(launch_project))
+    assert str(REPO / "jobs" / "run_plan.py") in job.command
+    log_path = Path(job.log_path)
+    assert log_path.parent == cluster.storage_root / "logs" / "trades" / "shard-1"
+    assert log_path.name.startswith("node-a-") and log_path.suffix == ".log"
+    assert os.getpgid(job.submit_pid) == job.submit_pid, "spark-submit must lead its own process group"
+
+    row = wait_until_running(cluster, plan, "shard-1", "node-a", timeout_s=240)
+    assert row["status"] == "RUNNING"
+    assert row["pid"] and row["pid"] != job.submit_pid
+    assert row["spark_app_id"].startswith("local-")
+    assert row["launched_by"] == "test_launcher" and row["log_path"] == job.log_path
+    assert os.getpgid(row["pid"]) == job.submit_pid
+
+    again = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher retry",
+                            py_files=dist(launch_project))
+    assert again.reused, again.reason
+    assert (again.submit_pid, again.pid) == (job.submit_pid, row["pid"])
+    assert again.command is None
+    processes = instance_processes(KEY)
+    assert {p.pid for p in processes} == {job.submit_pid, row["pid"]}, "a second job was started"
+    with Database(cluster.database_url) as db:
+        assert get_instance(db, KEY.id)["launched_by"] == "test_launcher"
+
+    wait_for(lambda: published_trades(database_url, "shard-1") == 200, 90, "the first 200 trades to be published")
+    write_trades(cluster, "shard-1", 50, files=1, seed=8)
+    wait_for(lambda: published_trades(database_url, "shard-1") == 250, 90, "50 more trades while running")
+    with Database(cluster.database_url) as db:
+        assert get_instance(db, KEY.id)["beat_age_s"] < plan.heartbeat.timeout_s
+
+    result = stop_instance(cluster, plan, "shard-1", "node-a", timeout_s=60)
+    assert result.status == "STOPPED" and result.graceful, result
+    assert group_members(job.submit_pid) == []
+    assert instance_processes(KEY) == []
+    with Database(cluster.database_url) as db:
+        final = get_instance(db, KEY.id)
+    assert final["status"] == "STOPPED" and final["stopped_at"] is not None
+    assert "ended: STOPPED" in log_path.read_text(errors="replace")
+
+
+def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project, database_url, cleanup):
+    cluster = load_cluster()
+    broken = launch_project / "jobs" / "broken_run_plan.py"
+    broken.write_text("import sys\nprint('boom: this plan cannot start', file=sys.stderr)\nsys.exit(3)\n")
+    job = launch_instance(cluster, "trades", "shard-2", "node-b", application=broken, py_files=dist(launch_project))
+    cleanup.append(job.submit_pid)
+    with pytest.raises(LaunchError, match="boom: this plan cannot start") as caught:
+        wait_until_running(cluster, "trades", "shard-2", "node-b", timeout_s=120)
+    assert "exited while LAUNCHING" in str(caught.value)
+
+    # The dead job is not reused: the next launch submits again (and is stopped straight away).
+    second = launch_instance(cluster, "trades", "shard-2", "node-b", application=broken,
+                             py_files=dist(launch_project))
+    cleanup.append(second.submit_pid)
+    assert not second.reused and second.submit_pid != job.submit_pid
+    assert "process is gone" in second.reason
+    result = stop_instance(cluster, "trades/shard-2/node-b", timeout_s=20)
+    assert result.status == "STOPPED"
+    assert group_members(second.submit_pid) == []
+
+
+def test_stop_kills_a_job_that_ignores_sigterm(launch_project, database_url, cleanup):
+    cluster = load_cluster()
+    stubborn = launch_project / "jobs" / "stubborn_run_plan.py"
+    ready = launch_project / "jobs" / "stubborn.ready"
+    stubborn.write_text(f"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                        f"open({str(ready)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    job = launch_instance(cluster, "trades", "shard-1", "node-b", application=stubborn, py_files=dist(launch_project))
+    cleanup.append(job.submit_pid)
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), 90, "the application to ignore SIGTERM")
+    driver = psutil.Process(int(ready.read_text()))
+    assert os.getpgid(driver.pid) == job.submit_pid
+    with Database(cluster.database_url) as db:
+        db.run(lambda cursor: cursor.execute(
+            "UPDATE plan_instances SET pid = %s, status = 'RUNNING' WHERE instance_id = %s",
+            (driver.pid, "trades/shard-1/node-b")))
+    started = time.monotonic()
+    result = stop_instance(cluster, "trades", "shard-1", "node-b", timeout_s=6)
+    assert not result.graceful and result.status == "STOPPED"
+    assert time.monotonic() - started < 30
+    assert group_members(job.submit_pid) == []
+    with Database(cluster.database_url) as db:
+        assert "SIGKILL" in get_instance(db, "trades/shard-1/node-b")["error"]
