@@ -17,6 +17,7 @@ import shlex
 import sys
 from datetime import datetime, timedelta, timezone
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -25,6 +26,8 @@ from tandem.config import load_cluster, load_plan, parse_duration
 from tandem.errors import TandemError
 
 console = Console()
+if not console.is_terminal:  # logs and pipes: wide enough for the aggregate tables
+    console = Console(width=120)
 
 
 def _parse_time(text: str) -> datetime:
@@ -83,11 +86,11 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def render_aggregates(rows: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    for column in ("bucket", "symbol", "avg price", "sum quantity", "count", "min price", "max price", "shards"):
-        table.add_column(column, justify="left" if column in ("bucket", "symbol") else "right")
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for column in ("bucket (UTC)", "symbol", "avg price", "Σ qty", "count", "min", "max", "shards"):
+        table.add_column(column, justify="left" if column in ("bucket (UTC)", "symbol") else "right", no_wrap=True)
     for row in rows:
-        table.add_row(row["bucket_start"].strftime("%Y-%m-%d %H:%M:%S"), row["symbol"], f"{row['avg_price']:.4f}",
+        table.add_row(row["bucket_start"].strftime("%Y-%m-%d %H:%M:%S"), row["symbol"], f"{row['avg_price']:.3f}",
                       str(row["quantity_sum"]), str(row["trade_count"]), f"{row['price_min']:.2f}",
                       f"{row['price_max']:.2f}", str(row["shards"]))
     return table
