@@ -71,10 +71,17 @@ def cleanup() -> Iterator[list[int]]:
 
 
 def instance_processes(key: InstanceKey) -> list[psutil.Process]:
+    """Live processes running ``key`` for this test's project (others may run the same key elsewhere)."""
+    storage_root = os.environ["TANDEM_STORAGE_ROOT"]
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["status"] != psutil.STATUS_ZOMBIE and is_instance_cmdline(process.info["cmdline"] or [], key):
-            found.append(process)
+        if process.info["status"] == psutil.STATUS_ZOMBIE or not is_instance_cmdline(process.info["cmdline"] or [], key):
+            continue
+        try:
+            if process.environ().get("TANDEM_STORAGE_ROOT") == storage_root:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
     return found
 
 
@@ -144,6 +151,8 @@ def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_
     assert again.reused, again.reason
     assert (again.submit_pid, again.pid) == (job.submit_pid, row["pid"])
     assert again.command is None
+    other_interval = launch_instance(cluster, plan, "shard-1", "node-a", "2 seconds", py_files=dist(launch_project))
+    assert other_interval.reused and "stop it first" in other_interval.reason
     processes = instance_processes(KEY)
     assert {p.pid for p in processes} == {job.submit_pid, row["pid"]}, "a second job was started"
     with Database(cluster.database_url) as db:

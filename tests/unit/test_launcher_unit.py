@@ -15,6 +15,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.store.registry import InstanceKey
 from tandem.supervisor.launcher import (
     LaunchError,
+    LaunchRejected,
     application_args,
     build_submit_command,
     child_environment,
@@ -112,6 +113,18 @@ def test_command_takes_the_master_from_the_nodes_airflow_connection(cluster, mon
     assert command.argv[-1] == "2 seconds"
 
 
+@pytest.mark.parametrize("master", ["local[2]", "spark://10.0.0.5:7077", "yarn", "local-cluster[2,1,1024]"])
+def test_fallback_keeps_any_master_url_as_written(cluster, monkeypatch, tmp_path, master):
+    from tandem.config import NodeConfig
+
+    monkeypatch.delenv("AIRFLOW_CONN_TANDEM_NODE_X", raising=False)
+    node = NodeConfig(name="node-x", spark_master=master, airflow_conn_id="tandem_node_x", driver_memory="2g")
+    command = build_submit_command(cluster, node, InstanceKey("trades", "shard-1", "node-x"), 1.0,
+                                   py_files=tmp_path / "t.zip", application=tmp_path / "run_plan.py")
+    assert command.master == master == _flag(command.argv, "--master")
+    assert _flag(command.argv, "--driver-memory") == "2g"
+
+
 def test_application_args_round_trip_through_the_job_parser():
     from tandem.config import parse_duration
 
@@ -162,7 +175,7 @@ def test_launch_rejects_a_shard_or_node_outside_the_plan(cluster):
     plan = load_plan("trades", cluster)
     with pytest.raises(LaunchError, match="shard 'shard-9' is not a shard of plan trades"):
         launch_instance(cluster, plan, "shard-9", "node-a")
-    with pytest.raises(Exception, match="unknown node 'node-z'"):
+    with pytest.raises(LaunchRejected, match="unknown node 'node-z'"):
         launch_instance(cluster, plan, "shard-1", "node-z")
 
 

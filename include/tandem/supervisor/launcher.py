@@ -189,10 +189,14 @@ def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: Instance
 
 def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-    from airflow.providers.common.compat.sdk import AirflowNotFoundException
+    from airflow.sdk import Connection
 
     class NodeSparkSubmitHook(SparkSubmitHook):
-        """``SparkSubmitHook`` whose master falls back to the node's ``spark_master``."""
+        """``SparkSubmitHook`` that reads the node's ``spark_master`` when its connection is unavailable.
+
+        The stand-in is an ordinary ``spark`` connection whose host is the master URL, so the
+        provider resolves it exactly as one defined in Airflow.
+        """
 
         def __init__(self, **hook_kwargs: Any) -> None:
             self.connection_error: str | None = "not looked up"
@@ -201,17 +205,12 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
         def get_connection(self, conn_id: str):  # shadows the classmethod for this hook's lookup
             try:
                 connection = SparkSubmitHook.get_connection(conn_id)
-            except Exception as exc:  # not defined, or no Airflow secrets/API reachable here
+            except Exception as exc:  # not defined, or no Airflow secrets/API reachable from here
                 self.connection_error = f"{type(exc).__name__}: {exc}"
-                raise AirflowNotFoundException(self.connection_error) from exc
+                return Connection(conn_id=conn_id, conn_type="spark", host=fallback_master,
+                                  description="stand-in built from cluster.yaml")
             self.connection_error = None
             return connection
-
-        def _resolve_connection(self) -> dict[str, Any]:
-            resolved = super()._resolve_connection()
-            if self.connection_error is not None:
-                resolved["master"] = fallback_master
-            return resolved
 
     return NodeSparkSubmitHook(**kwargs)
 
@@ -259,10 +258,12 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
         application: the entry point (default ``<project_root>/jobs/run_plan.py``).
 
     Raises:
-        LaunchRejected: a shard or node outside the plan, a bad trigger interval.
+        LaunchRejected: an unknown node, a shard or node outside the plan, a bad trigger interval.
         LaunchError: missing ``dist/tandem.zip`` or entry point, ``spark-submit`` could not start.
     """
     plan = _resolve_plan(plan, cluster)
+    if node not in cluster.nodes:
+        raise LaunchRejected(f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
     node_config = cluster.node(node)
     if node not in plan.nodes:
         raise LaunchRejected(f"node {node!r} is not a node of plan {plan.name} (nodes: {', '.join(plan.nodes)})")
@@ -290,8 +291,13 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                 plan.heartbeat.timeout_s,
             )
             if decision.reuse:
-                log.info("instance %s: reusing the existing job (%s)", key.id, decision.reason)
-                return LaunchedJob.from_row(row, reused=True, reason=decision.reason)
+                reason = decision.reason
+                running_interval = _float(row["trigger_interval_s"])
+                if running_interval is not None and abs(running_interval - interval) > 1e-9:
+                    reason += (f"; it runs with a {running_interval:g}s trigger interval, not the requested "
+                               f"{interval:g}s: stop it first to change it")
+                log.info("instance %s: reusing the existing job (%s)", key.id, reason)
+                return LaunchedJob.from_row(row, reused=True, reason=reason)
             log.info("instance %s: launching (%s)", key.id, decision.reason)
             command = build_submit_command(cluster, node_config, key, interval, py_files=py_files,
                                            application=application)
