@@ -55,7 +55,9 @@ def parse_duration(text: Any) -> float:
 def spark_interval(seconds: float) -> str:
     """Render seconds as an interval string Spark accepts (``"1500 milliseconds"``)."""
     millis = round(seconds * 1000)
-    return f"{millis // 1000} seconds" if millis % 1000 == 0 else f"{millis} milliseconds"
+    if millis % 1000:
+        return f"{millis} milliseconds"
+    return "1 second" if millis == 1000 else f"{millis // 1000} seconds"
 
 
 @dataclass(frozen=True)

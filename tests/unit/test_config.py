@@ -103,6 +103,7 @@ def test_parse_duration_rejects(text) -> None:
 
 
 def test_spark_interval_keeps_milliseconds() -> None:
-    assert spark_interval(1.0) == "1 seconds"
+    assert spark_interval(1.0) == "1 second"
+    assert spark_interval(10.0) == "10 seconds"
     assert spark_interval(0.5) == "500 milliseconds"
     assert spark_interval(1.25) == "1250 milliseconds"

@@ -86,9 +86,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         except Exception as exc:
             result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
-            for query in queries:
-                if query.isActive:
-                    query.stop()
+            _stop_all(queries)
             spark.streams.removeListener(recorder)
             liveness.stop()
             liveness.join(timeout=5)
@@ -107,6 +105,16 @@ def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: b
             return RunResult("STOPPED")
         stop.wait(0.5)
     return RunResult("STOPPED")
+
+
+def _stop_all(queries: list[StreamingQuery]) -> None:
+    """Stop every query; one that fails to stop must not keep the others (or the status) from ending."""
+    for query in queries:
+        try:
+            if query.isActive:
+                query.stop()
+        except Exception:  # noqa: BLE001 - logged; the instance is ending anyway
+            log.exception("could not stop query %s", query.name)
 
 
 def install_stop_signals(stop: threading.Event) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -21,9 +22,9 @@ def read_spark_defaults(path: Path) -> dict[str, str]:
 
 
 def build_session(app_name: str, master: str | None, defaults: Path, extra: dict[str, str] | None = None) -> SparkSession:
-    """Get or create the session; under ``spark-submit`` the master and properties file already apply."""
+    """Get or create the session; under ``spark-submit`` its ``--master`` wins over ``master``."""
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    if master and not os.environ.get("PYSPARK_GATEWAY_PORT"):  # set by spark-submit for the Python driver
         builder = builder.master(master)
     for key, value in {**read_spark_defaults(defaults), **(extra or {})}.items():
         if key == "spark.jars.packages":
