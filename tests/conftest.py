@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -9,11 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import psycopg2
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
 
 
@@ -54,6 +57,24 @@ def project(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(root / "data"))
     monkeypatch.setenv("TANDEM_DATABASE_URL", database_url)
     return root
+
+
+@pytest.fixture
+def process_groups() -> Iterator[list[int]]:
+    """Process groups (spark-submit PIDs started with their own session) to SIGKILL after the test."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == pgid:
+                    process.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+                pass
+        try:
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 @pytest.fixture(scope="session")

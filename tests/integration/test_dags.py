@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -129,20 +128,7 @@ def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env,
     assert "shard-9" in output and "NVDA" in output
 
 
-@pytest.fixture
-def spark_groups() -> Iterator[list[int]]:
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        for process in psutil.process_iter():
-            try:
-                if os.getpgid(process.pid) == pgid:
-                    process.kill()
-            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
-                pass
-
-
-def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, database_url, spark_groups):
+def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, database_url, process_groups):
     cluster = load_cluster()
     env = {**airflow_env, "AIRFLOW_CONN_TANDEM_NODE_B": json.dumps({"conn_type": "spark", "host": "local[1]"})}
     conf = {"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
@@ -151,7 +137,7 @@ def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, data
         with Database(cluster.database_url) as db:
             row = get_instance(db, "trades/shard-2/node-b")
         if row and row["submit_pid"]:
-            spark_groups.append(row["submit_pid"])
+            process_groups.append(row["submit_pid"])
         assert first["state"] == "success", output[-5000:]
         xcom = first["xcom"]
         assert xcom["launch.instance_id"] == "trades/shard-2/node-b"

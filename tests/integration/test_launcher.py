@@ -6,7 +6,6 @@ import json
 import os
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -50,24 +49,6 @@ def launch_project(project: Path) -> Path:
 
 def dist(project: Path) -> Path:
     return project / "dist" / "tandem.zip"
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[int]]:
-    """Process groups to SIGKILL after the test, whatever happened."""
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        for process in psutil.process_iter():
-            try:
-                if os.getpgid(process.pid) == pgid:
-                    process.kill()
-            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
-                pass
-        try:
-            os.waitpid(pgid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
 
 def instance_processes(key: InstanceKey) -> list[psutil.Process]:
@@ -122,14 +103,14 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(1)
 
 
-def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_project, database_url, cleanup):
+def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_project, database_url, process_groups):
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     write_trades(cluster, "shard-1", 200, files=4, seed=7)
 
     job = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher",
                           py_files=dist(launch_project))
-    cleanup.append(job.submit_pid)
+    process_groups.append(job.submit_pid)
     assert not job.reused and job.status == "LAUNCHING"
     assert job.command[0] == "spark-submit"
     assert job.command[job.command.index("--py-files") + 1] == str(dist(launch_project))
@@ -174,12 +155,12 @@ def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_
     assert "ended: STOPPED" in log_path.read_text(errors="replace")
 
 
-def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project, database_url, cleanup):
+def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project, database_url, process_groups):
     cluster = load_cluster()
     broken = launch_project / "jobs" / "broken_run_plan.py"
     broken.write_text("import sys\nprint('boom: this plan cannot start', file=sys.stderr)\nsys.exit(3)\n")
     job = launch_instance(cluster, "trades", "shard-2", "node-b", application=broken, py_files=dist(launch_project))
-    cleanup.append(job.submit_pid)
+    process_groups.append(job.submit_pid)
     with pytest.raises(LaunchError, match="boom: this plan cannot start") as caught:
         wait_until_running(cluster, "trades", "shard-2", "node-b", timeout_s=120)
     assert "exited while LAUNCHING" in str(caught.value)
@@ -187,7 +168,7 @@ def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project,
     # The dead job is not reused: the next launch submits again (and is stopped straight away).
     second = launch_instance(cluster, "trades", "shard-2", "node-b", application=broken,
                              py_files=dist(launch_project))
-    cleanup.append(second.submit_pid)
+    process_groups.append(second.submit_pid)
     assert not second.reused and second.submit_pid != job.submit_pid
     assert "process is gone" in second.reason
     result = stop_instance(cluster, "trades/shard-2/node-b", timeout_s=20)
@@ -195,14 +176,14 @@ def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project,
     assert group_members(second.submit_pid) == []
 
 
-def test_stop_kills_a_job_that_ignores_sigterm(launch_project, database_url, cleanup):
+def test_stop_kills_a_job_that_ignores_sigterm(launch_project, database_url, process_groups):
     cluster = load_cluster()
     stubborn = launch_project / "jobs" / "stubborn_run_plan.py"
     ready = launch_project / "jobs" / "stubborn.ready"
     stubborn.write_text(f"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                         f"open({str(ready)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
     job = launch_instance(cluster, "trades", "shard-1", "node-b", application=stubborn, py_files=dist(launch_project))
-    cleanup.append(job.submit_pid)
+    process_groups.append(job.submit_pid)
     wait_for(lambda: ready.exists() and ready.read_text().strip(), 90, "the application to ignore SIGTERM")
     driver = psutil.Process(int(ready.read_text()))
     assert os.getpgid(driver.pid) == job.submit_pid

@@ -6,7 +6,7 @@ import json
 import random
 import threading
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg2
