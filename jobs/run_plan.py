@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", required=True, help="node name from conf/cluster.yaml")
     parser.add_argument("--shard", help="shard id (default: the plan's first shard)")
     parser.add_argument("--trigger-interval", type=parse_duration, help="micro-batch interval, e.g. '1 second'")
+    parser.add_argument("--role", default="ACTIVE", choices=("ACTIVE", "PASSIVE", "BACKUP"),
+                        help="role to launch for: ACTIVE takes the lease if free; standbys take over on expiry")
     parser.add_argument("--available-now", action="store_true", help="process the input present now, then exit")
     args = parser.parse_args(argv)
 
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     install_stop_signals(stop)
     result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0],
-                          trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop)
+                          trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop,
+                          role=args.role)
     return 0 if result.status == "STOPPED" else 1
 
 

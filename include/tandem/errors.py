@@ -30,3 +30,7 @@ class PlanError(TandemError):
 
 class QueryError(TandemError):
     """A merged-aggregate query was asked with invalid arguments."""
+
+
+class FencedError(TandemError):
+    """A write carried a stale fencing epoch: another node holds the ACTIVE lease now."""

@@ -100,7 +100,7 @@ def test_command_falls_back_to_the_node_master_without_an_airflow_connection(clu
     assert _flag(argv, "--name") == "tandem:trades/shard-1/node-a"
     app = argv.index(str(tmp_path / "jobs" / "run_plan.py"))
     assert argv[app + 1:] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1",
-                              "--trigger-interval", "1500 milliseconds"]
+                              "--trigger-interval", "1500 milliseconds", "--role", "ACTIVE"]
     assert "--packages" not in argv and "--deploy-mode" not in argv
 
 
@@ -110,7 +110,7 @@ def test_command_takes_the_master_from_the_nodes_airflow_connection(cluster, mon
                                    py_files=tmp_path / "t.zip", application=tmp_path / "run_plan.py")
     assert command.master == "local[1]" == _flag(command.argv, "--master")
     assert command.master_source == "Airflow connection 'tandem_node_b'"
-    assert command.argv[-1] == "2 seconds"
+    assert _flag(command.argv, "--trigger-interval") == "2 seconds"
 
 
 @pytest.mark.parametrize("master", ["local[2]", "spark://10.0.0.5:7077", "yarn", "local-cluster[2,1,1024]"])
@@ -128,9 +128,10 @@ def test_fallback_keeps_any_master_url_as_written(cluster, monkeypatch, tmp_path
 def test_application_args_round_trip_through_the_job_parser():
     from tandem.config import parse_duration
 
-    args = application_args(KEY, 0.5)
+    args = application_args(KEY, 0.5, "PASSIVE")
     assert args[:6] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1"]
-    assert parse_duration(args[-1]) == 0.5
+    assert parse_duration(args[args.index("--trigger-interval") + 1]) == 0.5
+    assert args[-2:] == ["--role", "PASSIVE"]
 
 
 # --- process matching, environment, paths --------------------------------------------------------

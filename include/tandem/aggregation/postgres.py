@@ -24,9 +24,12 @@ def _returning(spec: AggregationSpec) -> str:
 
 
 def _conflict_update(spec: AggregationSpec) -> str:
+    """Replace a row only with one that covers at least as many events (its count is its version)."""
     target = ", ".join(["granularity", "bucket_start", *spec.keys, "shard_id"])
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in [*spec.measure_columns, "epoch", "batch_id"])
-    return f"ON CONFLICT ({target}) DO UPDATE SET {updates}, updated_at = now()"
+    version = spec.version_column
+    return (f"ON CONFLICT ({target}) DO UPDATE SET {updates}, updated_at = now() "
+            f"WHERE {spec.table}.{version} <= EXCLUDED.{version}")
 
 
 def stage_batch(cursor, spec: AggregationSpec, seconds: pa.Table) -> None:

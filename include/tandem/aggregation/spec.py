@@ -42,6 +42,11 @@ class AggregationSpec:
     def measure_columns(self) -> list[str]:
         return [m.column for m in self.measures]
 
+    @property
+    def version_column(self) -> str:
+        """The count measure: a partial covering more events is a newer version of the same key."""
+        return next(m.column for m in self.measures if m.kind == "count")
+
 
 TRADES = AggregationSpec(
     name="trades",

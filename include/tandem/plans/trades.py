@@ -70,12 +70,13 @@ def build(ctx: PlanContext) -> list[QueryDefinition]:
             name="aggregates",
             frame=second_partials(good_trades(validated), plan.watermark_s),
             output_mode="update",
-            sink=AggregateSink(TRADES, ctx.cluster.database_url, delta_table_dir(ctx.cluster, plan.name, TRADES.table)),
+            sink=AggregateSink(TRADES, instance, ctx.cluster.database_url,
+                               delta_table_dir(ctx.cluster, plan.name, TRADES.table), plan.watermark_s),
         ),
         QueryDefinition(
             name="quarantine",
             frame=quarantined(validated),
             output_mode="append",
-            sink=QuarantineSink(delta_table_dir(ctx.cluster, plan.name, "quarantine")),
+            sink=QuarantineSink(instance, ctx.cluster.database_url, delta_table_dir(ctx.cluster, plan.name, "quarantine")),
         ),
     ]

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -71,15 +72,18 @@ def _finite(value: float | None) -> float | None:
 
 
 class LivenessBeat(threading.Thread):
-    """A daemon thread that records a liveness beat every ``interval_s``, batches or not."""
+    """A daemon thread that records a liveness beat every ``interval_s``, batches or not, and then
+    runs ``on_beat`` (the role controller's lease renewal or take-over)."""
 
-    def __init__(self, instance: InstanceKey, database_url: str, interval_s: float) -> None:
+    def __init__(self, instance: InstanceKey, database_url: str, interval_s: float,
+                 on_beat: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="tandem-liveness", daemon=True)
         self.instance = instance
         self.interval_s = interval_s
         self.db = Database(database_url, "tandem-liveness")
         self.started_at = datetime.now(timezone.utc)
         self.host = socket.gethostname()
+        self.on_beat = on_beat
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -88,6 +92,10 @@ class LivenessBeat(threading.Thread):
                 beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at)
             except Exception as exc:  # PostgreSQL may be restarting; keep beating
                 log.warning("liveness beat failed: %s", exc)
+            try:
+                self.on_beat()
+            except Exception:  # the next beat tries again
+                log.exception("heartbeat work failed")
             self.stopping.wait(self.interval_s)
         self.db.close()
 

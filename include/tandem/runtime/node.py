@@ -23,6 +23,7 @@ from tandem.layout import checkpoint_dir
 from tandem.plans import PlanContext, QueryDefinition, load_plan_module
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder
 from tandem.runtime.publisher import MicroBatchPublisher
+from tandem.runtime.roles import ROLES, RoleController
 from tandem.runtime.session import build_session
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -37,8 +38,8 @@ class RunResult:
     error: str | None = None
 
 
-def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], trigger_interval_s: float,
-                  available_now: bool) -> list[StreamingQuery]:
+def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: RoleController,
+                  trigger_interval_s: float, available_now: bool) -> list[StreamingQuery]:
     """Start every query of the plan, each with its own checkpoint directory."""
     queries = []
     for definition in definitions:
@@ -47,7 +48,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], trigger_
             definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
             .outputMode(definition.output_mode)
             .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink))
+            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink, roles))
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=spark_interval(trigger_interval_s))
@@ -57,9 +58,16 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], trigger_
 
 def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
                  trigger_interval_s: float | None = None, spark: SparkSession | None = None,
-                 available_now: bool = False, stop: threading.Event | None = None) -> RunResult:
-    """Run the plan's queries for one shard on one node until they end, fail, or are stopped."""
+                 available_now: bool = False, stop: threading.Event | None = None,
+                 role: str = "ACTIVE") -> RunResult:
+    """Run the plan's queries for one shard on one node until they end, fail, or are stopped.
+
+    ``role`` is the role the instance is launched for: ACTIVE takes the lease at start when it is
+    free (or its own node's), PASSIVE and BACKUP process everything and take over on expiry.
+    """
     cluster.node(node)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if shard_id not in plan.shards:
         log.warning("shard %r is not listed in %s (shards: %s)", shard_id, plan.path, ", ".join(plan.shards))
     key = InstanceKey(plan.name, shard_id, node)
@@ -73,14 +81,17 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         record_start(db, key, host=socket.gethostname(), pid=os.getpid(),
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
-        liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s)
+        roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
+                               standby_role="BACKUP" if role == "BACKUP" else "PASSIVE")
+        roles.start(wants_active=role == "ACTIVE")
+        liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick)
         liveness.start()
         recorder = ProgressRecorder(key, cluster.database_url)
         spark.streams.addListener(recorder)
         queries: list[StreamingQuery] = []
         try:
             ctx = PlanContext(cluster, plan, key, spark)
-            queries = start_queries(ctx, load_plan_module(plan).build(ctx), interval, available_now)
+            queries = start_queries(ctx, load_plan_module(plan).build(ctx), roles, interval, available_now)
             record_status(db, key, "RUNNING")
             result = _wait(queries, stop, available_now)
         except Exception as exc:
@@ -90,6 +101,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             spark.streams.removeListener(recorder)
             liveness.stop()
             liveness.join(timeout=5)
+            roles.stop()
         record_status(db, key, result.status, result.error)
         log.info("instance %s ended: %s %s", key.id, result.status, result.error or "")
         return result

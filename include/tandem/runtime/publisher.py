@@ -1,30 +1,42 @@
 """The plan-independent publisher: every micro-batch of every query goes out through here.
 
-``MicroBatchPublisher`` is the ``foreachBatch`` function. It turns the batch into Arrow once and
-hands it to the query's sink with the batch's identity (instance, batch id, epoch). Sinks are
-idempotent per batch: PostgreSQL rows are upserted with deterministic keys in one transaction
-that also records the batch in ``publish_log``; Delta appends carry an application transaction
-(app id = ``<instance>/<output>``, version = batch id) so a replayed batch is skipped.
+``MicroBatchPublisher`` is the ``foreachBatch`` function. It turns the batch into Arrow once and,
+when this instance is ACTIVE, hands it to the query's sink with the batch's identity (instance,
+batch id, fencing epoch); when it is a standby, the sink holds the rows back instead.
+
+Sinks are idempotent and fenced:
+
+- PostgreSQL rows are upserted with deterministic keys in one transaction that first checks the
+  lease (``check_fence``) and also records the batch and the published position in
+  ``publish_log``. A row only replaces one that covers no more events (count as version), so a
+  new active that lags cannot move a value backwards.
+- Delta appends carry an application transaction (app id = ``<instance>/<output>``, version =
+  batch id), so a replayed batch is skipped; the epoch is checked again just before the commit.
+- A standby keeps the newest version of each output key it would have published, trimmed by the
+  position the active has published; on promotion it publishes what is left, then goes live.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame
 
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.spec import AggregationSpec
-from tandem.lake.tables import append_once
+from tandem.errors import FencedError
+from tandem.lake.tables import append_once, read_table
+from tandem.runtime.roles import RoleController
 from tandem.store.db import Database
+from tandem.store.leases import check_fence
 from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
@@ -45,45 +57,115 @@ class Sink(Protocol):
     output: str
 
     def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
-        """Write one micro-batch idempotently; return how many rows were written."""
+        """Write one micro-batch idempotently and fenced; return how many rows were written."""
+
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        """Keep a standby's batch back instead of publishing it."""
+
+    def flush(self, batch: BatchInfo) -> int:
+        """Publish everything held (on promotion); return how many rows were written."""
+
+    def trim(self) -> None:
+        """Drop held rows the active has already published for good."""
 
 
-def record_published(cursor, batch: BatchInfo, output: str, rows: int, max_event_time: datetime | None) -> None:
+def record_published(cursor, batch: BatchInfo, output: str, rows: int, max_event_time: datetime | None,
+                     watermark: datetime | None) -> None:
     cursor.execute(
-        """INSERT INTO publish_log (instance_id, output, batch_id, epoch, rows, max_event_time)
-           VALUES (%s, %s, %s, %s, %s, %s)
+        """INSERT INTO publish_log (instance_id, output, batch_id, epoch, rows, max_event_time, watermark)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (instance_id, output, batch_id) DO UPDATE
-           SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time""",
-        (batch.instance.id, output, batch.batch_id, batch.epoch, rows, max_event_time),
+           SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time,
+               watermark = EXCLUDED.watermark""",
+        (batch.instance.id, output, batch.batch_id, batch.epoch, rows, max_event_time, watermark),
     )
+
+
+def published_watermark(db: Database, instance: InstanceKey, output: str) -> datetime | None:
+    """The furthest position any instance of this (plan, shard) has published for ``output``."""
+
+    def work(cursor):
+        cursor.execute("SELECT max(watermark) AS w FROM publish_log WHERE instance_id LIKE %s AND output = %s",
+                       (f"{instance.plan}/{instance.shard_id}/%", output))
+        return cursor.fetchone()["w"]
+
+    return db.run(work, attempts=1)
+
+
+def fence(db: Database, batch: BatchInfo) -> None:
+    """Raise :class:`FencedError` unless this instance still holds the lease at the batch's epoch."""
+    key = batch.instance
+    db.run(lambda cursor: check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch), attempts=3)
 
 
 class AggregateSink:
     """Per-second partials → PostgreSQL (upsert + roll-up to every granularity) → the same rows to Delta."""
 
-    def __init__(self, spec: AggregationSpec, database_url: str, delta_path: Path) -> None:
+    def __init__(self, spec: AggregationSpec, instance: InstanceKey, database_url: str, delta_path: Path,
+                 watermark_s: float) -> None:
         self.spec = spec
+        self.instance = instance
         self.output = spec.table
         self.delta_path = delta_path
+        self.watermark = timedelta(seconds=watermark_s)
         self.db = Database(database_url, "tandem-publisher")
+        self.newest_bucket: datetime | None = None
+        self.held: dict[tuple, dict] = {}
+        self.held_batch: int | None = None
+
+    def _see(self, rows: pa.Table) -> datetime | None:
+        newest = pc.max(rows["bucket_start"]).as_py() if rows.num_rows else None
+        if newest is not None and (self.newest_bucket is None or newest > self.newest_bucket):
+            self.newest_bucket = newest
+        return newest
+
+    def position(self) -> datetime | None:
+        """Buckets ending at or before this are final: no event for them is accepted any more."""
+        return None if self.newest_bucket is None else self.newest_bucket - self.watermark
 
     def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
+        newest = self._see(rows)
         if rows.num_rows == 0:
             return 0
-        newest = pc.max(rows["bucket_start"]).as_py()
+        key = batch.instance
 
         def write(cursor) -> list[dict]:
+            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             agg_postgres.stage_batch(cursor, self.spec, rows)
-            written = agg_postgres.upsert_and_roll_up(
-                cursor, self.spec, batch.instance.shard_id, batch.epoch, batch.batch_id)
-            record_published(cursor, batch, self.output, len(written), newest)
+            written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.shard_id, batch.epoch, batch.batch_id)
+            record_published(cursor, batch, self.output, len(written), newest, self.position())
             return written
 
         written = self.db.run(write)
-        agg_delta.append_rows(self.delta_path, self.spec, written, node=batch.instance.node,
-                              published_at=batch.published_at, app_id=batch.app_id(self.output),
-                              batch_id=batch.batch_id)
+        fence(self.db, batch)
+        agg_delta.append_rows(self.delta_path, self.spec, written, node=key.node, published_at=batch.published_at,
+                              app_id=batch.app_id(self.output), batch_id=batch.batch_id)
         return len(written)
+
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        self._see(rows)
+        identity = ["bucket_start", *self.spec.keys]
+        for row in rows.to_pylist():
+            self.held[tuple(row[c] for c in identity)] = row
+        self.held_batch = batch_id
+
+    def trim(self) -> None:
+        if not self.held:
+            return
+        done = published_watermark(self.db, self.instance, self.output)
+        if done is not None:
+            # a bucket ending at or before the published position is final on the active's side
+            self.held = {k: r for k, r in self.held.items() if r["bucket_start"] + timedelta(seconds=1) > done}
+
+    def flush(self, batch: BatchInfo) -> int:
+        if not self.held or self.held_batch is None:
+            return 0
+        self.trim()
+        rows = pa.Table.from_pylist(list(self.held.values()))
+        written = self.publish(rows, BatchInfo(batch.instance, self.held_batch, batch.epoch, batch.published_at))
+        log.info("published %d held rows (%d written) of %s", rows.num_rows, written, self.output)
+        self.held.clear()
+        return written
 
 
 QUARANTINE_SCHEMA = pa.schema([
@@ -94,12 +176,20 @@ QUARANTINE_SCHEMA = pa.schema([
 
 
 class QuarantineSink:
-    """Bad input lines, with the raw text, the source file and the reason, appended to Delta."""
+    """Bad input lines, with the raw text, the source file and the reason, appended to Delta.
+
+    A standby holds bad lines by source file; a file the active has already quarantined (it is
+    in the table for this shard) is dropped from what is held.
+    """
 
     output = "quarantine"
 
-    def __init__(self, delta_path: Path) -> None:
+    def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path) -> None:
+        self.instance = instance
         self.delta_path = delta_path
+        self.db = Database(database_url, "tandem-publisher")
+        self.held: dict[str, pa.Table] = {}
+        self.held_batch: int | None = None
 
     def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
         if rows.num_rows == 0:
@@ -111,20 +201,57 @@ class QuarantineSink:
             "node": pa.repeat(batch.instance.node, n), "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
             "quarantined_at": pa.repeat(pa.scalar(batch.published_at, pa.timestamp("us", tz="UTC")), n),
         }, schema=QUARANTINE_SCHEMA)
+        fence(self.db, batch)
         append_once(self.delta_path, table, app_id=batch.app_id(self.output), version=batch.batch_id)
         return n
 
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        for source_file in pc.unique(rows["source_file"]).to_pylist():
+            self.held[source_file] = rows.filter(pc.equal(rows["source_file"], source_file))
+        self.held_batch = batch_id
+
+    def trim(self) -> None:
+        if not self.held:
+            return
+        done = read_table(self.delta_path, (ds.field("shard_id") == self.instance.shard_id)
+                          & ds.field("source_file").isin(list(self.held)), columns=["source_file"])
+        for source_file in set(done.column("source_file").to_pylist()) if done.num_rows else ():
+            self.held.pop(source_file, None)
+
+    def flush(self, batch: BatchInfo) -> int:
+        self.trim()
+        if not self.held or self.held_batch is None:
+            return 0
+        rows = pa.concat_tables(self.held.values())
+        written = self.publish(rows, BatchInfo(batch.instance, self.held_batch, batch.epoch, batch.published_at))
+        self.held.clear()
+        return written
+
 
 class MicroBatchPublisher:
-    """The ``foreachBatch`` function of one query: Arrow once, then the sink."""
+    """The ``foreachBatch`` function of one query: Arrow once, then publish (ACTIVE) or hold (standby)."""
 
-    def __init__(self, instance: InstanceKey, sink: Sink, epoch: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, instance: InstanceKey, sink: Sink, roles: RoleController) -> None:
         self.instance = instance
         self.sink = sink
-        self.epoch = epoch
+        self.roles = roles
+        roles.on_promote(lambda epoch: sink.flush(self._batch(-1, epoch)))
+        roles.on_tick(sink.trim)
+
+    def _batch(self, batch_id: int, epoch: int) -> BatchInfo:
+        return BatchInfo(self.instance, batch_id, epoch, datetime.now(timezone.utc))
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         rows = frame.toArrow()
-        batch = BatchInfo(self.instance, batch_id, self.epoch(), datetime.now(timezone.utc))
-        written = self.sink.publish(rows, batch)
+        with self.roles.lock:
+            epoch = self.roles.epoch
+            if epoch is None:
+                self.sink.hold(rows, batch_id)
+                return
+            try:
+                written = self.sink.publish(rows, self._batch(batch_id, epoch))
+            except FencedError as exc:
+                self.roles.demote(str(exc))
+                self.sink.hold(rows, batch_id)
+                return
         log.debug("%s batch %d: %d rows in, %d rows published", self.sink.output, batch_id, rows.num_rows, written)

@@ -141,10 +141,10 @@ class StopResult:
     detail: str
 
 
-def application_args(key: InstanceKey, trigger_interval_s: float) -> list[str]:
+def application_args(key: InstanceKey, trigger_interval_s: float, role: str = "ACTIVE") -> list[str]:
     """The arguments of ``jobs/run_plan.py`` for one instance."""
     return ["--plan", key.plan, "--node", key.node, "--shard", key.shard_id,
-            "--trigger-interval", spark_interval(trigger_interval_s)]
+            "--trigger-interval", spark_interval(trigger_interval_s), "--role", role]
 
 
 def is_instance_cmdline(cmdline: Iterable[str], key: InstanceKey) -> bool:
@@ -164,7 +164,7 @@ def log_path_for(cluster: ClusterConfig, key: InstanceKey, now: datetime) -> Pat
 
 
 def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: InstanceKey, trigger_interval_s: float, *,
-                         py_files: Path, application: Path) -> SubmitCommand:
+                         py_files: Path, application: Path, role: str = "ACTIVE") -> SubmitCommand:
     """The ``spark-submit`` command of one instance, assembled by the provider's ``SparkSubmitHook``.
 
     The master comes from the node's Airflow connection (``node.airflow_conn_id``); when that
@@ -177,7 +177,7 @@ def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: Instance
         py_files=str(py_files),
         driver_memory=node.driver_memory,
         name=f"tandem:{key.id}",
-        application_args=application_args(key, trigger_interval_s),
+        application_args=application_args(key, trigger_interval_s, role),
     )
     argv = hook._build_spark_submit_command(str(application))
     if hook.connection_error is None:
@@ -246,13 +246,15 @@ def _trigger_seconds(plan: PlanConfig, trigger_interval: str | float | None) -> 
 
 
 def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
-                    trigger_interval: str | float | None = None, *, launched_by: str | None = None,
-                    py_files: Path | None = None, application: Path | None = None) -> LaunchedJob:
+                    trigger_interval: str | float | None = None, *, role: str = "ACTIVE",
+                    launched_by: str | None = None, py_files: Path | None = None,
+                    application: Path | None = None) -> LaunchedJob:
     """Make sure one instance runs: return the live job if there is one, otherwise submit it, detached.
 
     Args:
         plan: a plan name or a loaded plan.
         trigger_interval: e.g. ``"1 second"`` or seconds; the plan's interval when omitted.
+        role: ACTIVE (takes the lease when free), PASSIVE or BACKUP (hot standbys).
         launched_by: who asked (recorded on the instance row).
         py_files: the zipped ``tandem`` package (default ``<project_root>/dist/tandem.zip``).
         application: the entry point (default ``<project_root>/jobs/run_plan.py``).
@@ -300,7 +302,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                 return LaunchedJob.from_row(row, reused=True, reason=reason)
             log.info("instance %s: launching (%s)", key.id, decision.reason)
             command = build_submit_command(cluster, node_config, key, interval, py_files=py_files,
-                                           application=application)
+                                           application=application, role=role)
             log.info("instance %s: master %s from %s", key.id, command.master, command.master_source)
             log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
             process = _spawn(command.argv, log_path, child_environment(cluster), cwd=cluster.project_root)

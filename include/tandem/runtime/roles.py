@@ -1,0 +1,137 @@
+"""This instance's role (ACTIVE / PASSIVE / BACKUP) and fencing epoch, kept by the heartbeat thread.
+
+Purpose
+    Only the ACTIVE instance of a (plan, shard) publishes. A hot standby processes everything,
+    holds back what it would have published, and takes over by itself when the active's lease
+    expires, so failover does not wait for Airflow.
+
+How it works
+    Every heartbeat interval :meth:`RoleController.tick` renews the lease (ACTIVE) or tries to
+    take it (a PASSIVE takes an expired lease at once, a BACKUP only after one more lease
+    period, so a live passive wins). On taking it, the controller first publishes every held
+    output with the new epoch (``promote``), then lets live batches through. A refused renewal or a
+    publish refused by the fence demotes the instance; its outputs are held again.
+
+What it does not do
+    It does not start or stop Spark queries, and it does not move BACKUP to PASSIVE: the
+    supervisor does that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from tandem.errors import FencedError, StoreError
+from tandem.store.db import Database
+from tandem.store.leases import record_event, release, renew, try_acquire
+from tandem.store.registry import InstanceKey
+
+log = logging.getLogger(__name__)
+ROLES = ("ACTIVE", "PASSIVE", "BACKUP")
+
+
+def takeover_grace_s(standby_role: str, ttl_s: float) -> float:
+    """How long past expiry a standby waits before taking the lease (pure)."""
+    return ttl_s if standby_role == "BACKUP" else 0.0
+
+
+class RoleController:
+    """Holds the role and epoch of one instance; ``lock`` serialises publishing and role changes."""
+
+    def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = "PASSIVE") -> None:
+        if standby_role not in ("PASSIVE", "BACKUP"):
+            raise ValueError(f"standby role must be PASSIVE or BACKUP, got {standby_role!r}")
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self.standby_role = standby_role
+        self.epoch: int | None = None
+        self.lock = threading.RLock()
+        self.db = Database(database_url, "tandem-roles")
+        self._on_promote: list[Callable[[int], None]] = []
+        self._on_tick: list[Callable[[], None]] = []
+
+    @property
+    def role(self) -> str:
+        return "ACTIVE" if self.epoch is not None else self.standby_role
+
+    def on_promote(self, flush: Callable[[int], None]) -> None:
+        """Run ``flush(epoch)`` under the lock right after the lease is taken (publish held outputs)."""
+        self._on_promote.append(flush)
+
+    def on_tick(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` every heartbeat (e.g. trim held outputs by the active's position)."""
+        self._on_tick.append(work)
+
+    def start(self, wants_active: bool) -> None:
+        """At start: an instance launched as ACTIVE takes the lease if free, expired, or its own node's."""
+        self._record_role()
+        if wants_active:
+            self._try_take(grace_s=0.0, reason="started as ACTIVE", same_node=True)
+
+    def tick(self) -> None:
+        """One heartbeat: renew, or take an expired lease; then the periodic work."""
+        try:
+            if self.epoch is not None:
+                if not renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch,
+                             self.ttl_s):
+                    self.demote("lease renewal refused: another node holds the lease")
+            else:
+                self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), "lease expired")
+            for work in self._on_tick:
+                with self.lock:
+                    work()
+        except StoreError as exc:  # PostgreSQL unreachable: nobody can publish; try again next beat
+            log.warning("role tick skipped: %s", exc)
+
+    def _try_take(self, grace_s: float, reason: str, same_node: bool = False) -> None:
+        epoch = try_acquire(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.ttl_s,
+                            grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
+        if epoch is None:
+            return
+        with self.lock:
+            try:
+                for flush in self._on_promote:
+                    flush(epoch)
+            except FencedError as exc:
+                log.warning("lost the lease while publishing held outputs: %s", exc)
+                return
+            self.epoch = epoch
+            self._record_role()
+        log.info("%s is ACTIVE at epoch %d", self.instance.id, epoch)
+
+    def demote(self, reason: str) -> None:
+        """Stop publishing (called on a refused renewal or a fenced write)."""
+        with self.lock:
+            if self.epoch is None:
+                return
+            epoch, self.epoch = self.epoch, None
+            self._record_role(event=("DEMOTED", reason, epoch))
+        log.warning("%s demoted to %s: %s", self.instance.id, self.standby_role, reason)
+
+    def stop(self, reason: str = "instance stopped") -> None:
+        """On a clean stop: give the lease up so a standby takes over at once."""
+        with self.lock:
+            if self.epoch is not None:
+                try:
+                    release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch, reason)
+                except StoreError as exc:
+                    log.warning("could not release the lease: %s", exc)
+                self.epoch = None
+        self.db.close()
+
+    def _record_role(self, event: tuple[str, str, int] | None = None) -> None:
+        key = self.instance
+
+        def work(cursor) -> None:
+            cursor.execute("UPDATE plan_instances SET role = %s, epoch = %s, updated_at = now() WHERE instance_id = %s",
+                           (self.role, self.epoch or 0, key.id))
+            if event:
+                kind, reason, epoch = event
+                record_event(cursor, key.plan, key.shard_id, kind, reason, node=key.node, epoch=epoch)
+
+        try:
+            self.db.run(work, attempts=3)
+        except StoreError as exc:
+            log.warning("could not record role %s: %s", self.role, exc)

@@ -1,0 +1,146 @@
+"""The ACTIVE role as a lease with a fencing epoch, and the failover-events log.
+
+One row per (plan, shard). The holder renews it every heartbeat interval; it expires after
+``ttl_s`` (heartbeat interval × max missed). Taking it is a single compare-and-set ``UPDATE``
+that succeeds only when the lease is free or expired, and increments the epoch. Every write of
+an output checks, in its own transaction, that the writer still holds the lease at its epoch
+(``check_fence``); the ``FOR SHARE`` lock makes a concurrent take-over wait for that write.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tandem.errors import FencedError
+from tandem.store.db import Database
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    plan: str
+    shard_id: str
+    holder: str | None
+    epoch: int
+    expires_at: datetime
+    expired_for_s: float  # seconds since expiry (negative while valid)
+
+
+def _ensure_row(cursor, plan: str, shard_id: str, ttl_s: float) -> None:
+    cursor.execute(
+        """INSERT INTO leases (plan, shard_id, holder, epoch, ttl_s, expires_at)
+           VALUES (%s, %s, NULL, 0, %s, now()) ON CONFLICT (plan, shard_id) DO NOTHING""",
+        (plan, shard_id, ttl_s),
+    )
+
+
+def record_event(cursor, plan: str, shard_id: str, kind: str, reason: str, *, node: str | None = None,
+                 previous_node: str | None = None, epoch: int | None = None,
+                 detail: dict[str, Any] | None = None) -> None:
+    """Append one role change or supervision decision to ``failover_events``."""
+    cursor.execute(
+        """INSERT INTO failover_events (plan, shard_id, kind, node, previous_node, epoch, reason, detail)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+        (plan, shard_id, kind, node, previous_node, epoch, reason, json.dumps(detail or {})),
+    )
+
+
+def try_acquire(db: Database, plan: str, shard_id: str, node: str, ttl_s: float, *,
+                grace_s: float = 0.0, reason: str = "lease free or expired", same_node: bool = False) -> int | None:
+    """Take the lease if it is free or expired for more than ``grace_s``; return the new epoch.
+
+    One compare-and-set: concurrent callers cannot both succeed, and each success increments
+    the epoch. ``same_node`` also takes a live lease held by this node: a restarted instance
+    supersedes its previous process, which the new epoch fences. The PROMOTED event is written
+    in the same transaction.
+    """
+
+    def work(cursor) -> int | None:
+        _ensure_row(cursor, plan, shard_id, ttl_s)
+        cursor.execute(
+            """UPDATE leases AS l
+               SET holder = %(node)s, epoch = l.epoch + 1, ttl_s = %(ttl)s,
+                   expires_at = now() + make_interval(secs => %(ttl)s), acquired_at = now(), renewed_at = now()
+               FROM (SELECT holder AS previous FROM leases WHERE plan = %(plan)s AND shard_id = %(shard)s) AS p
+               WHERE l.plan = %(plan)s AND l.shard_id = %(shard)s
+                 AND (l.holder IS NULL OR l.expires_at + make_interval(secs => %(grace)s) < now()
+                      OR (%(same_node)s AND l.holder = %(node)s))
+               RETURNING l.epoch, p.previous""",
+            {"node": node, "ttl": ttl_s, "plan": plan, "shard": shard_id, "grace": grace_s, "same_node": same_node},
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        record_event(cursor, plan, shard_id, "PROMOTED", reason, node=node, previous_node=row["previous"],
+                     epoch=row["epoch"])
+        return int(row["epoch"])
+
+    return db.run(work)
+
+
+def renew(db: Database, plan: str, shard_id: str, node: str, epoch: int, ttl_s: float) -> bool:
+    """Extend the lease; ``False`` when ``node`` no longer holds it at ``epoch`` (it was taken)."""
+
+    def work(cursor) -> bool:
+        cursor.execute(
+            """UPDATE leases SET expires_at = now() + make_interval(secs => %s), renewed_at = now()
+               WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s RETURNING epoch""",
+            (ttl_s, plan, shard_id, node, epoch),
+        )
+        return cursor.fetchone() is not None
+
+    return db.run(work, attempts=1)
+
+
+def release(db: Database, plan: str, shard_id: str, node: str, epoch: int, reason: str) -> bool:
+    """Give the lease up at once (drain): it expires now, so a standby can take it without waiting."""
+
+    def work(cursor) -> bool:
+        cursor.execute(
+            """UPDATE leases SET expires_at = now() - interval '1 hour'
+               WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s RETURNING epoch""",
+            (plan, shard_id, node, epoch),
+        )
+        released = cursor.fetchone() is not None
+        if released:
+            record_event(cursor, plan, shard_id, "RELEASED", reason, node=node, epoch=epoch)
+        return released
+
+    return db.run(work)
+
+
+def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None:
+    """Inside a publishing transaction: raise :class:`FencedError` unless ``node`` holds ``epoch``."""
+    cursor.execute("SELECT holder, epoch FROM leases WHERE plan = %s AND shard_id = %s FOR SHARE",
+                   (plan, shard_id))
+    row = cursor.fetchone()
+    if row is None or row["holder"] != node or row["epoch"] != epoch:
+        current = f"{row['holder']} at epoch {row['epoch']}" if row else "nobody"
+        raise FencedError(f"{plan}/{shard_id}: {node} publishes with epoch {epoch} but the lease is held by {current}")
+
+
+def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
+    def work(cursor) -> LeaseState | None:
+        cursor.execute(
+            """SELECT plan, shard_id, holder, epoch, expires_at, EXTRACT(EPOCH FROM now() - expires_at) AS expired_for_s
+               FROM leases WHERE plan = %s AND shard_id = %s""",
+            (plan, shard_id),
+        )
+        row = cursor.fetchone()
+        return None if row is None else LeaseState(**{**row, "expired_for_s": float(row["expired_for_s"])})
+
+    return db.run(work)
+
+
+def recent_events(db: Database, plan: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    def work(cursor):
+        cursor.execute(
+            """SELECT * FROM failover_events WHERE %s::text IS NULL OR plan = %s
+               ORDER BY happened_at DESC, id DESC LIMIT %s""",
+            (plan, plan, limit),
+        )
+        return cursor.fetchall()
+
+    return db.run(work)
