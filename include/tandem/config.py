@@ -127,6 +127,24 @@ class ValidationConfig:
     suite: str = ""
 
 
+STANDBY_MODES = ("hot", "warm")
+
+
+@dataclass(frozen=True)
+class HAConfig:
+    """High availability of a plan: how standbys wait, and when the supervisor calls an instance stuck.
+
+    ``standby: hot`` runs the passive node's plan all the time (it takes over by itself);
+    ``warm`` starts it only on failover, from a cut of the failed active's checkpoint.
+    ``stall_timeout``: an instance that made no progress for this long while input waits is STALLED.
+    ``launch_timeout``: how long a launched instance may take to send its first liveness beat.
+    """
+
+    standby: str = "hot"
+    stall_timeout_s: float = 30.0
+    launch_timeout_s: float = 180.0
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """``conf/plans/<name>.yaml``: one streaming application and its policies."""
@@ -142,6 +160,7 @@ class PlanConfig:
     watermark_s: float
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    ha: HAConfig = field(default_factory=HAConfig)
 
 
 def project_root() -> Path:
@@ -278,7 +297,7 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     top = _Fields(path, _read_yaml(path))
     top.reject_unknown(
         {"name", "description", "module", "source", "shards", "nodes", "trigger_interval", "watermark",
-         "heartbeat", "validation"}
+         "heartbeat", "validation", "ha"}
     )
     name = top.identifier("name")
     if path.stem != name:
@@ -310,6 +329,11 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     heartbeat.reject_unknown({"interval", "max_missed"})
     validation = top.section("validation")
     validation.reject_unknown({"schedule", "lookback", "suite"})
+    ha = top.section("ha")
+    ha.reject_unknown({"standby", "stall_timeout", "launch_timeout"})
+    standby = ha.get("standby", str, "hot")
+    if standby not in STANDBY_MODES:
+        raise ha.error("standby", f"expected one of {', '.join(STANDBY_MODES)}, got {standby!r}")
     return PlanConfig(
         path=path,
         name=name,
@@ -332,6 +356,11 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
             schedule=validation.get("schedule", str, "@hourly"),
             lookback_s=validation.duration("lookback", "1 day"),
             suite=validation.get("suite", str, f"{name}_aggregates"),
+        ),
+        ha=HAConfig(
+            standby=standby,
+            stall_timeout_s=ha.duration("stall_timeout", "30 seconds"),
+            launch_timeout_s=ha.duration("launch_timeout", "3 minutes"),
         ),
     )
 

@@ -1,0 +1,136 @@
+"""Health of one plan instance from what was observed about it (pure: no I/O, no clock).
+
+An observation is a handful of numbers the observer read from PostgreSQL and the landing
+directory at one moment; :func:`evaluate` turns it into one of:
+
+======== ==================================================================================
+HEALTHY  running: liveness beat fresh, and no input waiting longer than the stall timeout
+STARTING launched or starting, still within the launch timeout
+DEAD     no liveness beat within the heartbeat timeout (killed, frozen, host lost)
+FAILED   the instance ended with an error (a query stopped with an exception)
+STALLED  beating, but no micro-batch for ``stall_timeout`` while unprocessed input waits
+STOPPED  ended cleanly (stopped by an operator or a supervisor)
+MISSING  never launched on this node
+======== ==================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEALTHY = "HEALTHY"
+STARTING = "STARTING"
+DEAD = "DEAD"
+FAILED = "FAILED"
+STALLED = "STALLED"
+STOPPED = "STOPPED"
+MISSING = "MISSING"
+
+ALIVE = frozenset({HEALTHY, STARTING})
+"""States of an instance whose process is taken to be running and doing its job."""
+FAILING = frozenset({DEAD, FAILED, STALLED})
+"""States the supervision sensor fires on."""
+NOT_RUNNING = frozenset({STOPPED, MISSING, FAILED})
+"""States in which no process of the instance runs (DEAD and STALLED may still have one)."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a silent instance counts as dead, a launched one as lost, a slow one as stalled."""
+
+    heartbeat_timeout_s: float
+    stall_timeout_s: float
+    launch_timeout_s: float
+
+
+@dataclass(frozen=True)
+class InstanceObservation:
+    """What the observer saw of one instance (ages in seconds at the moment of observation).
+
+    Attributes:
+        node: the node the instance runs on.
+        status: ``plan_instances.status`` (``None`` when the instance was never recorded).
+        role: the role the instance last recorded (ACTIVE / PASSIVE / BACKUP).
+        epoch: the fencing epoch it last recorded (0 while a standby).
+        error: the recorded error of a FAILED or killed instance.
+        beat_age_s: since its last liveness beat (``None``: never beat).
+        launched_age_s: since a launcher started ``spark-submit`` for it (``None``: never).
+        started_age_s: since the driver announced itself (STARTING) in its current run.
+        last_batch_age_s: since the start of the latest micro-batch of its current run, taking
+            for each query its latest batch and the oldest of those (``None``: no batch recently).
+        waiting_input_age_s: age of the oldest input file that arrived after that batch started
+            (``None``: nothing waits).
+    """
+
+    node: str
+    status: str | None
+    role: str | None = None
+    epoch: int = 0
+    error: str | None = None
+    beat_age_s: float | None = None
+    launched_age_s: float | None = None
+    started_age_s: float | None = None
+    last_batch_age_s: float | None = None
+    waiting_input_age_s: float | None = None
+
+
+@dataclass(frozen=True)
+class InstanceHealth:
+    """The verdict on one instance and the evidence for it, in words an operator can act on."""
+
+    node: str
+    state: str
+    evidence: str
+    role: str | None = None
+    epoch: int = 0
+    status: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ALIVE
+
+    @property
+    def failing(self) -> bool:
+        return self.state in FAILING
+
+
+def _age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s ago"
+
+
+def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
+    """Decide the health of one instance from one observation (pure)."""
+
+    def verdict(state: str, evidence: str) -> InstanceHealth:
+        return InstanceHealth(obs.node, state, evidence, obs.role, obs.epoch, obs.status)
+
+    if obs.status is None:
+        return verdict(MISSING, "never launched on this node")
+    if obs.status == "FAILED":
+        return verdict(FAILED, f"ended with an error: {obs.error or 'no error recorded'}")
+    if obs.status == "STOPPED":
+        return verdict(STOPPED, f"stopped{': ' + obs.error if obs.error else ''}")
+
+    beat_fresh = obs.beat_age_s is not None and obs.beat_age_s < limits.heartbeat_timeout_s
+    if obs.status == "LAUNCHING":
+        # A liveness row may survive from the previous run: only a beat after the launch counts.
+        beat_since_launch = beat_fresh and (obs.launched_age_s is None or obs.beat_age_s <= obs.launched_age_s)
+        if beat_since_launch or (obs.launched_age_s is not None and obs.launched_age_s < limits.launch_timeout_s):
+            return verdict(STARTING, f"launched {_age(obs.launched_age_s)}, waiting for the driver")
+        return verdict(DEAD, f"launched {_age(obs.launched_age_s)} but no liveness beat since "
+                             f"(launch timeout {limits.launch_timeout_s:g}s)")
+    if not beat_fresh:
+        return verdict(DEAD, f"{obs.status}, last liveness beat {_age(obs.beat_age_s)} "
+                             f"(heartbeat timeout {limits.heartbeat_timeout_s:g}s)")
+    if obs.status == "STARTING":
+        return verdict(STARTING, f"starting its queries, liveness beat {_age(obs.beat_age_s)}")
+
+    waiting = obs.waiting_input_age_s
+    quiet_for = obs.last_batch_age_s if obs.last_batch_age_s is not None else obs.started_age_s
+    if waiting is not None and waiting >= limits.stall_timeout_s and (quiet_for is None or quiet_for >= limits.stall_timeout_s):
+        last = ("no micro-batch since it started " + _age(obs.started_age_s) if obs.last_batch_age_s is None
+                else f"last micro-batch started {_age(obs.last_batch_age_s)}")
+        return verdict(STALLED, f"input has waited {waiting:.1f}s and {last} "
+                                f"(stall timeout {limits.stall_timeout_s:g}s); liveness beat {_age(obs.beat_age_s)}")
+    backlog = "" if waiting is None else f", input waiting {waiting:.1f}s"
+    return verdict(HEALTHY, f"liveness beat {_age(obs.beat_age_s)}{backlog}")

@@ -1,0 +1,230 @@
+"""Role decisions for one (plan, shard) from hand-written observations (pure, no PostgreSQL)."""
+
+from __future__ import annotations
+
+from tandem.supervisor.decisions import (
+    ACTIVE,
+    BACKUP,
+    HOT,
+    MAX_LAUNCHES,
+    PASSIVE,
+    WARM,
+    AwaitPromotion,
+    Blocked,
+    HandOver,
+    Launch,
+    LeaseView,
+    ShardView,
+    Stop,
+    actionable,
+    decide,
+    initial_role,
+    takeover_deadline_s,
+)
+from tandem.supervisor.health import DEAD, FAILED, HEALTHY, MISSING, STALLED, STARTING, STOPPED, InstanceHealth
+
+TTL = 3.0
+
+
+def inst(node: str, state: str = HEALTHY, role: str | None = PASSIVE) -> InstanceHealth:
+    return InstanceHealth(node, state, f"{node} is {state.lower()}", role, 0, None)
+
+
+def view(*instances: InstanceHealth, holder: str | None = None, epoch: int = 1, valid: bool = True,
+         expired_for_s: float | None = None, standby: str = HOT, drained: tuple[str, ...] = (),
+         launches: dict[str, int] | None = None, nodes: tuple[str, ...] | None = None) -> ShardView:
+    nodes = nodes or tuple(i.node for i in instances)
+    lease = None if holder is None and not valid else LeaseView(holder, epoch, valid,
+                                                                 None if valid else (expired_for_s or 0.5))
+    return ShardView("trades", "shard-1", nodes, standby, TTL, {i.node: i for i in instances}, lease,
+                     frozenset(drained), launches or {})
+
+
+def test_initial_roles_follow_the_node_order():
+    assert [initial_role(i) for i in range(4)] == [ACTIVE, PASSIVE, BACKUP, BACKUP]
+
+
+def test_a_converged_shard_needs_nothing():
+    world = view(inst("a", role=ACTIVE), inst("b", role=PASSIVE), inst("c", role=BACKUP), holder="a")
+    assert decide(world) == []
+
+
+def test_bootstrap_starts_the_first_node_as_active_then_the_standbys_in_order():
+    empty = view(inst("a", MISSING, None), inst("b", MISSING, None), inst("c", MISSING, None), holder=None,
+                 valid=False)
+    assert decide(empty) == [Launch("a", ACTIVE, "no instance of the shard runs")]
+    active_up = view(inst("a", role=ACTIVE), inst("b", MISSING, None), inst("c", MISSING, None), holder="a")
+    actions = decide(active_up)
+    assert [(a.node, a.role, a.resync_from) for a in actions] == [("b", PASSIVE, "a"), ("c", BACKUP, "a")]
+
+
+def test_hot_active_dead_waits_for_the_passive_to_take_over_by_itself():
+    world = view(inst("a", DEAD, ACTIVE), inst("b", role=PASSIVE), holder="a", valid=False, expired_for_s=1.0)
+    actions = decide(world)
+    assert isinstance(actions[0], Stop) and actions[0].node == "a" and actions[0].timeout_s <= 5
+    assert isinstance(actions[1], AwaitPromotion) and actions[1].previous_holder == "a"
+    assert actions[1].timeout_s == takeover_deadline_s(TTL)
+    assert len(actions) == 2
+
+
+def test_hot_after_promotion_the_failed_node_rejoins_as_passive_after_resync_from_the_new_active():
+    world = view(inst("a", STOPPED, ACTIVE), inst("b", role=ACTIVE), holder="b", epoch=2)
+    [launch] = decide(world)
+    assert launch == Launch("a", PASSIVE, "STOPPED: a is stopped", resync_from="b")
+
+
+def test_hot_failed_passive_is_relaunched_as_passive_after_resync_and_the_active_is_left_alone():
+    world = view(inst("a", role=ACTIVE), inst("b", FAILED, PASSIVE), holder="a")
+    [launch] = decide(world)
+    assert (launch.node, launch.role, launch.resync_from) == ("b", PASSIVE, "a")
+    assert "FAILED" in launch.reason
+
+
+def test_dead_passive_is_stopped_then_relaunched_in_one_round():
+    world = view(inst("a", role=ACTIVE), inst("b", DEAD, PASSIVE), holder="a")
+    actions = decide(world)
+    assert [type(a) for a in actions] == [Stop, Launch]
+    assert actions[1].resync_from == "a" and actions[1].role == PASSIVE
+
+
+def test_stalled_active_is_stopped_gracefully_so_the_passive_takes_over():
+    world = view(inst("a", STALLED, ACTIVE), inst("b", role=PASSIVE), holder="a")
+    actions = decide(world)
+    assert isinstance(actions[0], Stop) and actions[0].node == "a" and "STALLED" in actions[0].reason
+    assert isinstance(actions[1], AwaitPromotion)
+
+
+def test_with_a_live_passive_the_failed_node_comes_back_as_backup():
+    world = view(inst("a", FAILED, ACTIVE), inst("b", role=ACTIVE), inst("c", role=PASSIVE), holder="b",
+                 nodes=("a", "b", "c"))
+    [launch] = decide(world)
+    assert (launch.node, launch.role, launch.resync_from) == ("a", BACKUP, "b")
+
+
+def test_when_the_passive_was_promoted_the_failed_node_takes_the_passive_place():
+    # a (ACTIVE) died, b (PASSIVE) took over, c stays BACKUP: a rejoins as PASSIVE, c is not touched
+    world = view(inst("a", STOPPED, ACTIVE), inst("b", role=ACTIVE), inst("c", role=BACKUP), holder="b")
+    assert decide(world) == [Launch("a", PASSIVE, "STOPPED: a is stopped", resync_from="b")]
+
+
+def test_backup_moves_up_when_no_passive_is_left_and_none_can_be_launched():
+    world = view(inst("a", role=ACTIVE), inst("b", STOPPED, PASSIVE), inst("c", role=BACKUP), holder="a",
+                 drained=("b",))
+    actions = decide(world)
+    assert [type(a) for a in actions] == [Stop, Launch]
+    assert (actions[1].node, actions[1].role, actions[1].resync_from) == ("c", PASSIVE, None)
+
+
+def test_backup_moves_up_when_the_passive_is_over_its_restart_budget():
+    world = view(inst("a", role=ACTIVE), inst("b", FAILED, PASSIVE), inst("c", role=BACKUP), holder="a",
+                 launches={"b": MAX_LAUNCHES})
+    actions = decide(world)
+    assert isinstance(actions[0], Blocked) and actions[0].node == "b"
+    assert [(type(a), a.node) for a in actions[1:]] == [(Stop, "c"), (Launch, "c")]
+    assert actions[2].role == PASSIVE
+
+
+def test_a_starting_standby_is_not_launched_twice():
+    world = view(inst("a", role=ACTIVE), inst("b", STARTING, PASSIVE), holder="a")
+    assert decide(world) == []
+
+
+def test_an_instance_launched_as_active_that_lost_the_race_counts_as_passive():
+    world = view(inst("a", role=ACTIVE), inst("b", role=ACTIVE), inst("c", role=BACKUP), holder="a")
+    assert decide(world) == []
+
+
+def test_a_hot_standby_that_does_not_take_an_expired_lease_is_restarted_as_active():
+    late = takeover_deadline_s(TTL) + 1
+    world = view(inst("a", STOPPED, ACTIVE), inst("b", role=PASSIVE), holder="a", valid=False, expired_for_s=late)
+    actions = decide(world)
+    assert [(type(a), a.node) for a in actions] == [(Stop, "b"), (Launch, "b")]
+    assert actions[1].role == ACTIVE and actions[1].resync_from is None
+
+
+def test_hot_with_nobody_running_restarts_the_last_holder_from_its_own_checkpoint():
+    world = view(inst("a", FAILED, PASSIVE), inst("b", FAILED, ACTIVE), holder="b", valid=False, expired_for_s=99)
+    [launch] = decide(world)
+    assert (launch.node, launch.role, launch.resync_from) == ("b", ACTIVE, None)
+
+
+def test_warm_failover_starts_the_passive_node_from_a_cut_of_the_failed_active():
+    world = view(inst("a", DEAD, ACTIVE), inst("b", STOPPED, PASSIVE), holder="a", valid=False, expired_for_s=0.2,
+                 standby=WARM)
+    actions = decide(world)
+    assert isinstance(actions[0], Stop) and actions[0].node == "a"
+    assert actions[1] == Launch("b", ACTIVE, "warm failover: a is DEAD", resync_from="a")
+    assert len(actions) == 2
+
+
+def test_warm_standbys_do_not_run():
+    world = view(inst("a", STOPPED, PASSIVE), inst("b", role=ACTIVE), inst("c", MISSING, None), holder="b",
+                 standby=WARM)
+    assert decide(world) == []
+
+
+def test_warm_failed_active_is_not_relaunched_once_the_passive_node_is_active():
+    world = view(inst("a", FAILED, ACTIVE), inst("b", role=ACTIVE), holder="b", epoch=2, standby=WARM)
+    assert decide(world) == []
+
+
+def test_warm_failover_wraps_around_the_node_order():
+    world = view(inst("a", STOPPED, PASSIVE), inst("b", STOPPED, PASSIVE), inst("c", FAILED, ACTIVE), holder="c",
+                 valid=False, standby=WARM)
+    [launch] = decide(world)
+    assert (launch.node, launch.resync_from) == ("a", "c")
+
+
+def test_warm_bootstrap_starts_only_the_first_node():
+    world = view(inst("a", MISSING, None), inst("b", MISSING, None), holder=None, valid=False, standby=WARM)
+    assert decide(world) == [Launch("a", ACTIVE, "no ACTIVE instance runs")]
+
+
+def test_draining_the_hot_active_hands_over_to_the_passive_and_waits():
+    world = view(inst("a", role=ACTIVE), inst("b", role=BACKUP), inst("c", role=PASSIVE), holder="a", epoch=7,
+                 drained=("a",))
+    actions = decide(world)
+    assert actions[0] == HandOver("a", "c", 7, "a is drained")
+    assert isinstance(actions[1], AwaitPromotion) and actions[1].previous_epoch == 7
+
+
+def test_after_the_handover_the_drained_node_is_stopped_and_not_relaunched():
+    world = view(inst("a", role=PASSIVE), inst("b", role=ACTIVE), holder="b", epoch=8, drained=("a",))
+    assert decide(world) == [Stop("a", "node drained")]
+    stopped = view(inst("a", STOPPED, PASSIVE), inst("b", role=ACTIVE), holder="b", epoch=8, drained=("a",))
+    assert decide(stopped) == []
+
+
+def test_draining_the_warm_active_stops_it_and_the_next_round_starts_the_plan_elsewhere():
+    world = view(inst("a", role=ACTIVE), inst("b", STOPPED, PASSIVE), holder="a", standby=WARM, drained=("a",))
+    [stop] = decide(world)
+    assert isinstance(stop, Stop) and stop.node == "a"
+    after = view(inst("a", STOPPED, ACTIVE), inst("b", STOPPED, PASSIVE), holder="a", valid=False, standby=WARM,
+                 drained=("a",))
+    [launch] = decide(after)
+    assert (launch.node, launch.role, launch.resync_from) == ("b", ACTIVE, "a")
+
+
+def test_hot_drained_last_holder_is_restarted_elsewhere_from_a_cut():
+    world = view(inst("a", STOPPED, ACTIVE), inst("b", STOPPED, PASSIVE), holder="a", valid=False, drained=("a",))
+    [launch] = decide(world)
+    assert (launch.node, launch.role, launch.resync_from) == ("b", ACTIVE, "a")
+
+
+def test_draining_the_only_node_is_blocked():
+    world = view(inst("a", role=ACTIVE), holder="a", drained=("a",))
+    [blocked] = decide(world)
+    assert isinstance(blocked, Blocked) and "no other node" in blocked.reason
+    assert not actionable([blocked])
+
+
+def test_a_crash_looping_node_is_given_up_until_an_operator_restarts_it():
+    world = view(inst("a", role=ACTIVE), inst("b", FAILED, PASSIVE), holder="a", launches={"b": MAX_LAUNCHES})
+    [blocked] = decide(world)
+    assert isinstance(blocked, Blocked) and blocked.node == "b" and "tandem_ops" in blocked.reason
+    assert not actionable(decide(world))
+
+
+def test_actionable():
+    assert actionable([Stop("a", "x")]) and actionable([Launch("a", ACTIVE, "x")])
+    assert not actionable([AwaitPromotion("a", 1, 5.0, "x")]) and not actionable([])

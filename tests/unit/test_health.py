@@ -1,0 +1,107 @@
+"""Health of one instance from hand-written observations (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.supervisor.health import (
+    DEAD,
+    FAILED,
+    HEALTHY,
+    MISSING,
+    STALLED,
+    STARTING,
+    STOPPED,
+    InstanceObservation,
+    Thresholds,
+    evaluate,
+)
+
+LIMITS = Thresholds(heartbeat_timeout_s=3.0, stall_timeout_s=30.0, launch_timeout_s=120.0)
+
+
+def running(**changes) -> InstanceObservation:
+    values = dict(node="node-a", status="RUNNING", role="ACTIVE", epoch=4, beat_age_s=0.4, launched_age_s=600.0,
+                  started_age_s=590.0, last_batch_age_s=0.8, waiting_input_age_s=None)
+    values.update(changes)
+    return InstanceObservation(**values)
+
+
+def test_a_beating_instance_without_waiting_input_is_healthy():
+    health = evaluate(running(), LIMITS)
+    assert health.state == HEALTHY and health.alive and not health.failing
+    assert (health.node, health.role, health.epoch) == ("node-a", "ACTIVE", 4)
+
+
+def test_an_idle_instance_is_healthy_however_long_ago_its_last_batch_was():
+    assert evaluate(running(last_batch_age_s=None, waiting_input_age_s=None), LIMITS).state == HEALTHY
+    assert evaluate(running(last_batch_age_s=7200.0), LIMITS).state == HEALTHY
+
+
+def test_never_recorded_is_missing():
+    assert evaluate(InstanceObservation("node-b", None), LIMITS).state == MISSING
+
+
+def test_failed_carries_the_error():
+    health = evaluate(running(status="FAILED", error="query aggregates failed: boom"), LIMITS)
+    assert health.state == FAILED and health.failing
+    assert "boom" in health.evidence
+
+
+def test_stopped_is_neither_alive_nor_failing():
+    health = evaluate(running(status="STOPPED"), LIMITS)
+    assert health.state == STOPPED and not health.alive and not health.failing
+
+
+@pytest.mark.parametrize("beat", [3.0, 3.5, 60.0, None])
+def test_no_beat_within_the_heartbeat_timeout_is_dead(beat):
+    health = evaluate(running(beat_age_s=beat), LIMITS)
+    assert health.state == DEAD
+    assert "heartbeat timeout 3s" in health.evidence
+
+
+def test_a_frozen_starting_instance_is_dead_too():
+    assert evaluate(running(status="STARTING", beat_age_s=9.0), LIMITS).state == DEAD
+    assert evaluate(running(status="STARTING", beat_age_s=1.0), LIMITS).state == STARTING
+
+
+def test_a_launch_is_starting_until_the_launch_timeout():
+    fresh = running(status="LAUNCHING", launched_age_s=30.0, beat_age_s=900.0, started_age_s=None)
+    assert evaluate(fresh, LIMITS).state == STARTING
+    late = running(status="LAUNCHING", launched_age_s=121.0, beat_age_s=900.0, started_age_s=None)
+    health = evaluate(late, LIMITS)
+    assert health.state == DEAD and "launch timeout 120s" in health.evidence
+
+
+def test_a_beat_left_over_from_the_previous_run_does_not_keep_a_launch_alive():
+    # beat 1 s old but the launch was 0.5 s ago: the beat is the old driver's
+    old_beat = running(status="LAUNCHING", launched_age_s=200.0, beat_age_s=201.0)
+    assert evaluate(old_beat, LIMITS).state == DEAD
+    new_beat = running(status="LAUNCHING", launched_age_s=200.0, beat_age_s=1.0)
+    assert evaluate(new_beat, LIMITS).state == STARTING
+
+
+def test_input_waiting_past_the_stall_timeout_without_a_batch_is_stalled():
+    health = evaluate(running(waiting_input_age_s=31.0, last_batch_age_s=45.0), LIMITS)
+    assert health.state == STALLED and health.failing
+    assert "input has waited 31.0s" in health.evidence and "stall timeout 30s" in health.evidence
+
+
+def test_waiting_input_is_not_a_stall_while_batches_run():
+    # a backlog: input older than the stall timeout waits, but a batch started 2 s ago
+    assert evaluate(running(waiting_input_age_s=400.0, last_batch_age_s=2.0), LIMITS).state == HEALTHY
+
+
+def test_input_that_just_arrived_is_not_a_stall():
+    assert evaluate(running(waiting_input_age_s=5.0, last_batch_age_s=600.0), LIMITS).state == HEALTHY
+
+
+def test_without_any_batch_the_time_since_start_counts():
+    never = running(last_batch_age_s=None, waiting_input_age_s=40.0, started_age_s=50.0)
+    assert evaluate(never, LIMITS).state == STALLED
+    just_started = running(last_batch_age_s=None, waiting_input_age_s=40.0, started_age_s=10.0)
+    assert evaluate(just_started, LIMITS).state == HEALTHY
+
+
+def test_dead_wins_over_stalled():
+    assert evaluate(running(beat_age_s=10.0, waiting_input_age_s=100.0, last_batch_age_s=100.0), LIMITS).state == DEAD
