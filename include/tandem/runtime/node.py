@@ -48,7 +48,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
             definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
             .outputMode(definition.output_mode)
             .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink, roles))
+            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint))
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=spark_interval(trigger_interval_s))

@@ -10,16 +10,20 @@ Sinks are idempotent and fenced:
   lease (``check_fence``) and also records the batch and the published position in
   ``publish_log``. A row only replaces one that covers no more events (count as version), so a
   new active that lags cannot move a value backwards.
-- Delta appends carry an application transaction (app id = ``<instance>/<output>``, version =
-  batch id), so a replayed batch is skipped; the epoch is checked again just before the commit.
+- Delta appends carry an application transaction (app id = ``<instance>/<output>/<query id>``,
+  version = batch id), so a replayed batch is skipped; the epoch is checked again just before the
+  commit. The query id (from the checkpoint's ``metadata``) names the checkpoint's lineage: a
+  checkpoint re-synced from another instance's cut gets a new one, so its batches are not taken
+  for replays of the batches this instance published before under its old checkpoint.
 - A standby keeps the newest version of each output key it would have published, trimmed by the
   position the active has published; on promotion it publishes what is left, then goes live.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol
@@ -48,9 +52,21 @@ class BatchInfo:
     batch_id: int
     epoch: int
     published_at: datetime
+    lineage: str = ""
 
     def app_id(self, output: str) -> str:
-        return f"{self.instance.id}/{output}"
+        base = f"{self.instance.id}/{output}"
+        return f"{base}/{self.lineage}" if self.lineage else base
+
+
+def checkpoint_lineage(checkpoint: Path | None) -> str:
+    """The query id in a checkpoint's ``metadata`` ('' when there is none yet)."""
+    if checkpoint is None:
+        return ""
+    try:
+        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0]).get("id", ""))
+    except (FileNotFoundError, IndexError, ValueError, AttributeError):
+        return ""
 
 
 class Sink(Protocol):
@@ -162,7 +178,7 @@ class AggregateSink:
             return 0
         self.trim()
         rows = pa.Table.from_pylist(list(self.held.values()))
-        written = self.publish(rows, BatchInfo(batch.instance, self.held_batch, batch.epoch, batch.published_at))
+        written = self.publish(rows, replace(batch, batch_id=self.held_batch))
         log.info("published %d held rows (%d written) of %s", rows.num_rows, written, self.output)
         self.held.clear()
         return written
@@ -223,7 +239,7 @@ class QuarantineSink:
         if not self.held or self.held_batch is None:
             return 0
         rows = pa.concat_tables(self.held.values())
-        written = self.publish(rows, BatchInfo(batch.instance, self.held_batch, batch.epoch, batch.published_at))
+        written = self.publish(rows, replace(batch, batch_id=self.held_batch))
         self.held.clear()
         return written
 
@@ -231,15 +247,19 @@ class QuarantineSink:
 class MicroBatchPublisher:
     """The ``foreachBatch`` function of one query: Arrow once, then publish (ACTIVE) or hold (standby)."""
 
-    def __init__(self, instance: InstanceKey, sink: Sink, roles: RoleController) -> None:
+    def __init__(self, instance: InstanceKey, sink: Sink, roles: RoleController, checkpoint: Path | None = None) -> None:
         self.instance = instance
         self.sink = sink
         self.roles = roles
+        self.checkpoint = checkpoint
+        self._lineage: str | None = None
         roles.on_promote(lambda epoch: sink.flush(self._batch(-1, epoch)))
         roles.on_tick(sink.trim)
 
     def _batch(self, batch_id: int, epoch: int) -> BatchInfo:
-        return BatchInfo(self.instance, batch_id, epoch, datetime.now(timezone.utc))
+        if not self._lineage:  # Spark writes the checkpoint's metadata when the query starts
+            self._lineage = checkpoint_lineage(self.checkpoint)
+        return BatchInfo(self.instance, batch_id, epoch, datetime.now(timezone.utc), self._lineage)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         rows = frame.toArrow()
