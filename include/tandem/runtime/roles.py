@@ -8,8 +8,9 @@ Purpose
 How it works
     Every heartbeat interval :meth:`RoleController.tick` renews the lease (ACTIVE) or tries to
     take it (a PASSIVE takes an expired lease at once, a BACKUP only after one more lease
-    period, so a live passive wins). On taking it, the controller first publishes every held
-    output with the new epoch (``promote``), then lets live batches through. A refused renewal or a
+    period, so a live passive wins; either takes a lease handed over to its node at once). On
+    taking it, the controller first publishes every held output with the new epoch
+    (``promote``), then lets live batches through. A refused renewal or a
     publish refused by the fence demotes the instance; its outputs are held again.
 
 What it does not do
@@ -78,7 +79,10 @@ class RoleController:
                              self.ttl_s):
                     self.demote("lease renewal refused: another node holds the lease")
             else:
-                self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), "lease expired")
+                # same_node: a lease that names this node was handed over to it (drain, failover now)
+                # or held by this node's previous process; either way this instance supersedes it
+                self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), "lease expired or handed over",
+                               same_node=True)
             for work in self._on_tick:
                 with self.lock:
                     work()
