@@ -40,9 +40,9 @@ def test_every_dag_file_imports_without_errors(dagbag):
     assert files == {p.name for p in DAGS.glob("*.py")}
 
 
-def test_each_plan_has_a_run_and_a_validate_dag(dagbag, plans):
-    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate")}
-    assert set(dagbag.dag_ids) == expected
+def test_each_plan_has_a_run_a_validate_and_a_supervise_dag_and_there_is_one_ops_dag(dagbag, plans):
+    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise")}
+    assert set(dagbag.dag_ids) == expected | {"tandem_ops"}
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 
 
@@ -53,8 +53,8 @@ def test_no_cycles(dagbag):
 
 def test_tags_and_retries_on_every_dag_and_task(dagbag, plans):
     for dag_id, dag in dagbag.dags.items():
-        plan = dag_id.split("_", 1)[1].rsplit("_", 1)[0]
-        assert plan in plans
+        plan = "ops" if dag_id == "tandem_ops" else dag_id.split("_", 1)[1].rsplit("_", 1)[0]
+        assert plan in plans or plan == "ops"
         assert {"tandem", plan} <= set(dag.tags), dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
         assert dag.tasks, dag_id
@@ -82,6 +82,33 @@ def test_validate_dag_shape(dagbag, plans):
         [task] = dag.tasks
         assert task.task_type == "ValidateServingTableOperator"
         assert task.lookback == plan.validation.lookback_s
+
+
+def test_supervise_dag_shape(dagbag, plans):
+    from airflow.sdk.definitions.timetables.simple import ContinuousTimetable
+
+    for name in plans:
+        dag = dagbag.dags[f"tandem_{name}_supervise"]
+        assert isinstance(dag.timetable, ContinuousTimetable)
+        assert dag.max_active_runs == 1 and dag.catchup is False
+        assert [t.task_id for t in dag.topological_sort()] == ["ensure", "watch", "react"]
+        assert dag.get_task("watch").task_type == "StreamHealthSensor"
+        assert dag.get_task("react").watch_task_id == "watch"
+        assert dag.get_task("ensure").watch_task_id is None
+
+
+def test_ops_params_validate_and_reject(dagbag, plans):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dagbag.dags["tandem_ops"]
+    assert dag.schedule is None
+    assert dag.params.validate() == {"action": "failover_now", "plan": "trades", "shard_id": "", "node": ""}
+    params = copy.deepcopy(dag.params)
+    params.update({"action": "drain_node", "plan": "trades", "shard_id": "shard-2", "node": "node-a"})
+    assert params.validate()["action"] == "drain_node"
+    for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("shard_id", "shard-9")):
+        with pytest.raises(ParamValidationError, match=param):
+            copy.deepcopy(dag.params)[param] = value
 
 
 def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):

@@ -17,6 +17,10 @@ DURATION_PATTERN = (r"^\s*\d+(\.\d+)?\s*(ms|millis|milliseconds?|s|secs?|seconds
                     r"|d|days?)?\s*$")
 RUN_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 2, "retry_delay": timedelta(seconds=20)}
 VALIDATE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=2)}
+SUPERVISE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 3, "retry_delay": timedelta(seconds=15)}
+OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
+SUPERVISE_MAX_WATCH = timedelta(hours=1)
 
 
 def cluster_yaml(dags_folder: Path) -> Path:
@@ -75,4 +79,62 @@ def validate_doc(plan: PlanConfig) -> str:
 Runs the Great Expectations suite `conf/expectations/{plan.validation.suite}.json` over the partial
 aggregates of the last {human_duration(plan.validation.lookback_s)} and logs the merged hourly
 aggregates of that window. Fails when an expectation fails; the log names it with sample rows.
+"""
+
+
+def supervise_doc(plan: PlanConfig) -> str:
+    roles = ", ".join(f"`{node}` {role}" for node, role in zip(
+        plan.nodes, ["ACTIVE", "PASSIVE", *["BACKUP"] * max(0, len(plan.nodes) - 2)]))
+    return f"""### Supervise plan `{plan.name}` ({plan.ha.standby} standby)
+
+Each run is one epoch of the plan's cluster (initial roles: {roles}):
+
+1. **ensure** launches what is missing, each node in its role (detached `spark-submit`; a job
+   that runs is found again, never submitted twice);
+2. **watch** defers to the triggerer, which reads heartbeats and leases from PostgreSQL every
+   second and fires when an instance is DEAD (no liveness beat for {human_duration(plan.heartbeat.timeout_s)}),
+   FAILED, or STALLED (no progress for {human_duration(plan.ha.stall_timeout_s)} while input waits);
+   after {human_duration(SUPERVISE_MAX_WATCH.total_seconds())} without a problem it ends quietly;
+3. **react** fails over and repairs: {'a warm standby is started from a cut of the failed active' + chr(39) + 's checkpoint;'
+   if plan.ha.standby == "warm" else 'the hot standby has taken the lease by itself;'} the failed node
+   comes back as PASSIVE after re-syncing from the active; a BACKUP moves up when no PASSIVE is left.
+
+Every decision is in `tandem.failover_events` (`tandem status {plan.name}`) and in the task logs.
+Then the run ends and the next one starts.
+"""
+
+
+def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str, Any]:
+    """Params of ``tandem_ops``: action, plan, shard (empty: every shard), node."""
+    from airflow.sdk import Param
+
+    names = sorted(plans)
+    shards = sorted({shard for plan in plans.values() for shard in plan.shards})
+    return {
+        "action": Param("failover_now", type="string", enum=list(OPS_ACTIONS), title="Action",
+                        description="failover_now: move the ACTIVE role to a standby now; drain_node: hand the "
+                                    "node's ACTIVE roles to others and stop it; restart_node: restart the node's "
+                                    "instances as standbys after re-syncing them (undoes a drain)"),
+        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
+        "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
+                          description="one shard, or empty for every shard of the plan"),
+        "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
+                      description="required for drain_node and restart_node; for failover_now the preferred "
+                                  "standby to take over"),
+    }
+
+
+OPS_DOC = """### Operate Tandem's plans
+
+Trigger with Params:
+
+- **failover_now** (plan, optional shard, optional node): the ACTIVE role moves to a live hot
+  standby at once (a lease handover; the old active keeps running as PASSIVE). Warm plans stop
+  the active and start the plan on another node from a cut of its checkpoint.
+- **drain_node** (plan, node, optional shard): the node's ACTIVE roles go to other nodes; once
+  they are promoted, its instances stop. Supervision leaves a drained node down.
+- **restart_node** (plan, node, optional shard): stop the node's instances (failing over first
+  where they are ACTIVE) and relaunch them as standbys after re-syncing from the active.
+
+The task log ends with a summary of every decision (also in `tandem.failover_events`).
 """

@@ -1,0 +1,30 @@
+"""``tandem_ops``: an operator's action on a plan from the UI (failover now, drain a node, restart a node)."""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG
+
+from tandem.airflow.dags import OPS_DEFAULT_ARGS, OPS_DOC, load_for_dags, ops_params
+from tandem.airflow.operators import PlanOpsOperator
+
+cluster, plans = load_for_dags(__file__)
+
+with DAG(
+    dag_id="tandem_ops",
+    description="Fail over, drain or restart a node of a plan",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    params=ops_params(cluster, plans),
+    default_args=OPS_DEFAULT_ARGS,
+    tags=["tandem", "ops"],
+    doc_md=OPS_DOC,
+) as dag:
+    PlanOpsOperator(
+        task_id="act",
+        action="{{ params.action }}",
+        plan="{{ params.plan }}",
+        shard_id="{{ params.shard_id }}",
+        node="{{ params.node }}",
+        cluster_config=str(cluster.path),
+    )

@@ -1,0 +1,34 @@
+"""``tandem_<plan>_supervise``: one continuous supervision loop per plan (ensure → watch → react).
+
+One DAG per ``conf/plans/*.yaml``. ``@continuous`` with one run at a time: each run is one
+epoch of the plan's cluster and the next run starts when it ends.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG
+
+from tandem.airflow.dags import SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_doc
+from tandem.airflow.operators import ReconcilePlanOperator
+from tandem.airflow.sensors import StreamHealthSensor
+
+cluster, plans = load_for_dags(__file__)
+
+for plan in plans.values():
+    with DAG(
+        dag_id=f"tandem_{plan.name}_supervise",
+        description=f"Keep plan {plan.name} running in its roles; fail over and repair",
+        schedule="@continuous",
+        catchup=False,
+        max_active_runs=1,
+        default_args=SUPERVISE_DEFAULT_ARGS,
+        tags=["tandem", plan.name, "supervision"],
+        doc_md=supervise_doc(plan),
+    ) as dag:
+        ensure = ReconcilePlanOperator(task_id="ensure", plan=plan.name, cluster_config=str(cluster.path))
+        watch = StreamHealthSensor(task_id="watch", plan=plan.name, max_watch=SUPERVISE_MAX_WATCH,
+                                   cluster_config=str(cluster.path))
+        react = ReconcilePlanOperator(task_id="react", plan=plan.name, watch_task_id="watch",
+                                      cluster_config=str(cluster.path))
+        ensure >> watch >> react
+    globals()[dag.dag_id] = dag

@@ -1,0 +1,98 @@
+"""Observe one (plan, shard): read PostgreSQL and the landing directory, evaluate health (read-only).
+
+The result feeds :func:`tandem.supervisor.decisions.decide` (the supervisor), the supervision
+trigger (which fires when the decision has something to do) and ``tandem status``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.layout import landing_dir
+from tandem.store.db import Database
+from tandem.store.supervision import ShardRows, read_shard
+from tandem.supervisor.decisions import LAUNCH_WINDOW_S, LeaseView, ShardView
+from tandem.supervisor.health import InstanceObservation, Thresholds, evaluate
+
+
+@dataclass(frozen=True)
+class ShardObservation:
+    """One observation of a (plan, shard): the view the decisions take, and what it was made from."""
+
+    view: ShardView
+    observations: dict[str, InstanceObservation]
+    rows: ShardRows
+
+
+def thresholds(plan: PlanConfig) -> Thresholds:
+    return Thresholds(heartbeat_timeout_s=plan.heartbeat.timeout_s, stall_timeout_s=plan.ha.stall_timeout_s,
+                      launch_timeout_s=plan.ha.launch_timeout_s)
+
+
+def progress_window_s(plan: PlanConfig) -> float:
+    """How far back progress rows are read: long enough to tell a stall, short enough to stay cheap."""
+    return 2 * plan.ha.stall_timeout_s + 60.0
+
+
+def input_files(directory: Path) -> list[float]:
+    """Modification times of the input files in a landing directory (hidden and ``_`` files skipped)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [e.stat().st_mtime for e in entries
+                    if e.is_file() and not e.name.startswith((".", "_"))]
+    except FileNotFoundError:
+        return []
+
+
+def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> float | None:
+    """Age of the oldest file modified after ``after_epoch`` (``None`` when there is none)."""
+    newer = [m for m in mtimes if m > after_epoch]
+    return max(0.0, now_epoch - min(newer)) if newer else None
+
+
+def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> ShardObservation:
+    """Read one (plan, shard) and evaluate every configured node's instance."""
+    window = progress_window_s(plan)
+    rows = read_shard(db, plan.name, shard_id, progress_window_s=window, launch_window_s=LAUNCH_WINDOW_S)
+    limits = thresholds(plan)
+    mtimes: list[float] | None = None
+    observations: dict[str, InstanceObservation] = {}
+    for node in plan.nodes:
+        row = rows.instances.get(node)
+        if row is None:
+            observations[node] = InstanceObservation(node, None)
+            continue
+        batch_start = rows.last_batch_start_epoch.get(node)
+        waiting = None
+        if row["status"] == "RUNNING":
+            if mtimes is None:
+                mtimes = input_files(landing_dir(cluster, plan.source.stream, shard_id))
+            since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
+            waiting = oldest_after(mtimes, since, time.time())
+        observations[node] = InstanceObservation(
+            node=node, status=row["status"], role=row["role"], epoch=int(row["epoch"] or 0), error=row["error"],
+            beat_age_s=row["beat_age_s"], launched_age_s=row["launched_age_s"], started_age_s=row["started_age_s"],
+            last_batch_age_s=None if batch_start is None else max(0.0, rows.now_epoch - batch_start),
+            waiting_input_age_s=waiting,
+        )
+    lease = None
+    if rows.lease is not None:
+        valid = bool(rows.lease["valid"]) and rows.lease["holder"] is not None
+        lease = LeaseView(rows.lease["holder"], int(rows.lease["epoch"]), valid,
+                          None if valid else max(0.0, float(rows.lease["expired_for_s"])))
+    view = ShardView(
+        plan=plan.name, shard_id=shard_id, nodes=plan.nodes, standby=plan.ha.standby,
+        lease_ttl_s=plan.heartbeat.timeout_s,
+        instances={node: evaluate(obs, limits) for node, obs in observations.items()},
+        lease=lease, drained=rows.drained, recent_launches=rows.recent_launches,
+    )
+    return ShardObservation(view, observations, rows)
+
+
+def observe_plan(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> dict[str, ShardObservation]:
+    """Every shard of a plan."""
+    return {shard: observe_shard(db, cluster, plan, shard) for shard in plan.shards}

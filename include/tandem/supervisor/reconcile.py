@@ -1,0 +1,351 @@
+"""Act on the decisions: the supervisor's reconcile loop and the operator's actions.
+
+Purpose
+    Bring a (plan, shard) to "one live ACTIVE, its standbys in their roles" after a failure, and
+    carry out the operator's failover / drain / restart, with every decision written to
+    ``tandem.failover_events`` and to the caller's log.
+
+How it works
+    :meth:`Supervisor.reconcile` repeats observe (:mod:`~tandem.supervisor.observe`) → decide
+    (:func:`~tandem.supervisor.decisions.decide`) → act until the decision is empty, blocked, or
+    an action failed. Each decision is recorded before it is carried out (its kind, the node,
+    the reason), so the events tell what the supervisor meant to do even if it died meanwhile.
+    Acting goes through the launcher (idempotent detached ``spark-submit``, ``stop_instance``)
+    and :func:`~tandem.supervisor.resync.resync_instance`; a launch waits until the instance
+    reports RUNNING, so the next round sees the world it made. One PostgreSQL advisory lock per
+    (plan, shard) serialises the supervision DAG and the ops DAG.
+
+What it does not do
+    It does not promote a hot standby (its role controller does); it only waits for it, and
+    restarts it as ACTIVE when it did not take an expired lease in time. Stopping and
+    re-syncing use local PIDs and paths: the supervisor runs where the nodes' processes and the
+    checkpoint storage are visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import TandemError
+from tandem.store.db import Database, connect
+from tandem.store.leases import read_lease
+from tandem.store.supervision import hand_over, instance_role, mark
+from tandem.supervisor.decisions import (
+    HOT,
+    AwaitPromotion,
+    Blocked,
+    HandOver,
+    Launch,
+    Stop,
+    decide,
+    takeover_deadline_s,
+)
+from tandem.supervisor.launcher import LaunchError, launch_instance, stop_instance, wait_until_running
+from tandem.supervisor.observe import ShardObservation, observe_shard
+from tandem.supervisor.resync import CheckpointError, resync_instance
+
+_LOCK_NAMESPACE = 0x7A4E  # advisory locks of (plan, shard) supervision; launches use 0x7A4D
+OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
+
+
+class OpsRefused(TandemError):
+    """An operator's action cannot be carried out as asked (no live ACTIVE, no standby, unknown node)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One action carried out: whether it did what it should, and what happened."""
+
+    action: Any
+    ok: bool
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{'ok ' if self.ok else 'FAILED '}{self.action.describe()} -> {self.detail}"
+
+
+@dataclass
+class Report:
+    """What one reconcile (or operator action) did for one (plan, shard)."""
+
+    plan: str
+    shard_id: str
+    steps: list[StepResult] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+    converged: bool = False
+    rounds: int = 0
+
+    @property
+    def failed(self) -> list[StepResult]:
+        return [s for s in self.steps if not s.ok and not isinstance(s.action, AwaitPromotion)]
+
+    def lines(self) -> list[str]:
+        head = (f"{self.plan}/{self.shard_id}: {len(self.steps)} action(s) in {self.rounds} round(s), "
+                f"{'converged' if self.converged else 'NOT converged'}")
+        return [head, *("  " + s.line() for s in self.steps), *("  " + b.describe() for b in self.blocked)]
+
+
+@contextmanager
+def shard_lock(database_url: str, plan: str, shard_id: str) -> Iterator[None]:
+    """A session-level advisory lock that serialises supervision of one (plan, shard)."""
+    conn = connect(database_url, "tandem-supervisor-lock")
+    conn.autocommit = True
+    ids = (_LOCK_NAMESPACE, zlib.crc32(f"{plan}/{shard_id}".encode()) - 2**31)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", ids)
+        yield
+    finally:
+        conn.close()  # ends the session, which releases the lock
+
+
+class Supervisor:
+    """Observe → decide → act for the shards of one plan.
+
+    Args:
+        launched_by: recorded on launched instances (e.g. the Airflow task).
+        log: where decisions and outcomes are written (an Airflow task's logger, or this module's).
+        py_files: the ``tandem`` package for ``spark-submit`` (default ``<project>/dist/tandem.zip``).
+        running_timeout_s: how long a launch may take to reach RUNNING.
+    """
+
+    def __init__(self, cluster: ClusterConfig, plan: PlanConfig, *, launched_by: str = "tandem supervisor",
+                 log: logging.Logger | logging.LoggerAdapter | None = None, py_files: Path | None = None,
+                 running_timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+        self.cluster = cluster
+        self.plan = plan
+        self.launched_by = launched_by
+        self.log = log or logging.getLogger(__name__)
+        self.py_files = py_files
+        self.running_timeout_s = running_timeout_s
+        self.poll_s = poll_s
+        self.db = Database(cluster.database_url, "tandem-supervisor")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- observe / decide --------------------------------------------------------------------
+
+    def observe(self, shard_id: str) -> ShardObservation:
+        return observe_shard(self.db, self.cluster, self.plan, shard_id)
+
+    def reconcile(self, shard_id: str, *, cause: str = "", max_rounds: int = 8) -> Report:
+        """Act until the shard needs nothing more (or is blocked, or an action failed)."""
+        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+            return self._reconcile(shard_id, cause, max_rounds)
+
+    def _reconcile(self, shard_id: str, cause: str, max_rounds: int, report: Report | None = None) -> Report:
+        report = report or Report(self.plan.name, shard_id)
+        seen_blocked: set[str] = set()
+        for _ in range(max_rounds):
+            report.rounds += 1
+            observation = self.observe(shard_id)
+            actions = decide(observation.view)
+            for health in observation.view.instances.values():
+                self.log.info("%s/%s %s: %s (%s)", self.plan.name, shard_id, health.node, health.state, health.evidence)
+            for blocked in (a for a in actions if isinstance(a, Blocked)):
+                if blocked.describe() not in seen_blocked:
+                    seen_blocked.add(blocked.describe())
+                    report.blocked.append(blocked)
+                    self._record(shard_id, blocked, cause)
+            todo = [a for a in actions if not isinstance(a, Blocked)]
+            if not todo:
+                report.converged = not report.blocked
+                return report
+            for action in todo:
+                result = self.execute(shard_id, action, cause=cause)
+                report.steps.append(result)
+                if not result.ok and not isinstance(action, AwaitPromotion):
+                    return report
+        return report
+
+    # -- act ---------------------------------------------------------------------------------
+
+    def execute(self, shard_id: str, action: Any, *, cause: str = "") -> StepResult:
+        """Carry out one action; record the decision first, then log the outcome (and record a failure)."""
+        self._record(shard_id, action, cause)
+        self.log.info("%s/%s decision: %s", self.plan.name, shard_id, action.describe())
+        try:
+            if isinstance(action, Stop):
+                result = self._stop(shard_id, action)
+            elif isinstance(action, Launch):
+                result = self._launch(shard_id, action)
+            elif isinstance(action, HandOver):
+                result = self._hand_over(shard_id, action)
+            elif isinstance(action, AwaitPromotion):
+                result = self._await(shard_id, action)
+            else:
+                raise TypeError(f"unknown action {action!r}")
+        except (LaunchError, CheckpointError, TandemError) as exc:
+            result = StepResult(action, False, f"{type(exc).__name__}: {exc}")
+        log = self.log.info if result.ok else self.log.warning
+        log("%s/%s %s", self.plan.name, shard_id, result.line())
+        if not result.ok:
+            mark(self.db, self.plan.name, shard_id, "ACTION_FAILED", result.detail[:2000], node=action.node,
+                 detail={"decision": action.describe(), **result.data})
+        return result
+
+    def _record(self, shard_id: str, action: Any, cause: str) -> None:
+        detail = {"decision": action.describe()}
+        if cause:
+            detail["cause"] = cause
+        if isinstance(action, Launch):
+            detail.update(role=action.role, resync_from=action.resync_from)
+        mark(self.db, self.plan.name, shard_id, action.kind, action.reason, node=action.node, detail=detail)
+
+    def _stop(self, shard_id: str, action: Stop) -> StepResult:
+        stopped = stop_instance(self.cluster, self.plan, shard_id, action.node, timeout_s=action.timeout_s)
+        return StepResult(action, True, f"{stopped.detail} ({stopped.status})",
+                          {"status": stopped.status, "graceful": stopped.graceful})
+
+    def _launch(self, shard_id: str, action: Launch) -> StepResult:
+        stop_instance(self.cluster, self.plan, shard_id, action.node, timeout_s=10.0)  # nothing may use the checkpoint
+        data: dict[str, Any] = {"role": action.role}
+        if action.resync_from:
+            try:
+                cuts = resync_instance(self.cluster, self.plan, shard_id, action.resync_from, action.node)
+            except CheckpointError as exc:  # the node's own checkpoint is consistent too, only older
+                self.log.warning("re-sync of %s from %s failed, launching from its own checkpoint: %s",
+                                 action.node, action.resync_from, exc)
+                mark(self.db, self.plan.name, shard_id, "RESYNC_FAILED", str(exc)[:2000], node=action.node,
+                     previous_node=action.resync_from)
+            else:
+                data["cut"] = {q: {"batch_id": c.batch_id, "files": c.files, "bytes": c.bytes} for q, c in cuts.items()}
+                summary = ", ".join(f"{q} at batch {c.batch_id} ({c.files} files, {c.bytes} bytes)"
+                                    if c.batch_id is not None else f"{q}: nothing committed" for q, c in cuts.items())
+                mark(self.db, self.plan.name, shard_id, "RESYNC",
+                     f"checkpoint cut of {action.resync_from} copied to {action.node}: {summary or 'no checkpoint'}",
+                     node=action.node, previous_node=action.resync_from, detail=data["cut"])
+                self.log.info("re-synced %s from %s: %s", action.node, action.resync_from, summary or "no checkpoint")
+        job = launch_instance(self.cluster, self.plan, shard_id, action.node, role=action.role,
+                              launched_by=self.launched_by, py_files=self.py_files)
+        data.update(submit_pid=job.submit_pid, log_path=job.log_path, reused=job.reused)
+        row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
+        data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
+        return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
+
+    def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
+        epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
+                          action.reason)
+        if epoch is None:
+            return StepResult(action, False, f"{action.from_node} no longer holds the lease at epoch {action.epoch}")
+        return StepResult(action, True, f"lease names {action.to_node} at epoch {epoch}", {"epoch": epoch})
+
+    def _await(self, shard_id: str, action: AwaitPromotion) -> StepResult:
+        start = time.monotonic()
+        while True:
+            lease = read_lease(self.db, self.plan.name, shard_id)
+            if lease and lease.holder and lease.expired_for_s < 0 and (
+                    lease.holder != action.previous_holder or lease.epoch > action.previous_epoch):
+                row = instance_role(self.db, self.plan.name, shard_id, lease.holder)
+                if row and row["role"] == "ACTIVE" and int(row["epoch"]) == lease.epoch:
+                    waited = time.monotonic() - start
+                    return StepResult(action, True, f"{lease.holder} is ACTIVE at epoch {lease.epoch} "
+                                                    f"after {waited:.1f}s", {"holder": lease.holder,
+                                                                             "epoch": lease.epoch})
+            if time.monotonic() - start > action.timeout_s:
+                holder = f"{lease.holder} at epoch {lease.epoch}" if lease else "nobody"
+                return StepResult(action, False, f"no standby took over within {action.timeout_s:g}s "
+                                                 f"(lease: {holder})")
+            time.sleep(self.poll_s)
+
+    # -- operator actions --------------------------------------------------------------------
+
+    def fail_over_now(self, shard_id: str, to_node: str | None = None, reason: str = "operator: failover now") -> Report:
+        """Move the ACTIVE role off its node now: hand it to a live hot standby (``to_node`` preferred),
+        or (warm) stop it and start the plan on another node from a cut of its checkpoint."""
+        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+            report = Report(self.plan.name, shard_id)
+            view = self.observe(shard_id).view
+            active = view.active
+            if active is None:
+                raise OpsRefused(f"{self.plan.name}/{shard_id} has no live ACTIVE instance to fail over from")
+            mark(self.db, self.plan.name, shard_id, "FAILOVER_NOW", reason, node=active)
+            epoch = view.lease.epoch
+            takers = [n for n in view.candidates if n != active and view.alive(n)]
+            if view.standby == HOT:
+                if not takers:
+                    raise OpsRefused(f"{self.plan.name}/{shard_id}: no live standby to fail over to")
+                takers.sort(key=lambda n: (n != to_node, view.health(n).role == "BACKUP"))
+                for action in (HandOver(active, takers[0], epoch, reason),
+                               AwaitPromotion(active, epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
+                    result = self.execute(shard_id, action, cause=reason)
+                    report.steps.append(result)
+                    if not result.ok:
+                        return report
+                report.rounds = 1
+                return self._reconcile(shard_id, reason, 8, report)
+            if not [n for n in view.candidates if n != active]:
+                raise OpsRefused(f"{self.plan.name}/{shard_id}: no other node to fail over to")
+            report.steps.append(self.execute(shard_id, Stop(active, reason), cause=reason))
+            return self._reconcile(shard_id, reason, 8, report)
+
+    def drain(self, shard_id: str, node: str, reason: str = "operator: drain node") -> Report:
+        """Keep ``node`` out of the shard: hand its ACTIVE role to another node, then stop its instance."""
+        self._check_node(node)
+        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+            mark(self.db, self.plan.name, shard_id, "DRAINED", reason, node=node)
+            return self._reconcile(shard_id, reason, 8)
+
+    def restart(self, shard_id: str, node: str, reason: str = "operator: restart node") -> Report:
+        """Stop ``node``'s instance (failing over first if it is ACTIVE) and bring it back as a standby, re-synced."""
+        self._check_node(node)
+        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+            report = Report(self.plan.name, shard_id)
+            view = self.observe(shard_id).view
+            if node in view.drained:
+                mark(self.db, self.plan.name, shard_id, "UNDRAINED", reason, node=node)
+            mark(self.db, self.plan.name, shard_id, "RESTARTED", reason, node=node)
+            takers = [n for n in view.candidates if n != node and view.alive(n)]
+            if view.active == node and view.standby == HOT and takers:
+                takers.sort(key=lambda n: 0 if view.health(n).role != "BACKUP" else 1)
+                for action in (HandOver(node, takers[0], view.lease.epoch, reason),
+                               AwaitPromotion(node, view.lease.epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
+                    result = self.execute(shard_id, action, cause=reason)
+                    report.steps.append(result)
+                    if not result.ok:
+                        return report
+            report.steps.append(self.execute(shard_id, Stop(node, reason), cause=reason))
+            return self._reconcile(shard_id, reason, 8, report)
+
+    def _check_node(self, node: str) -> None:
+        if node not in self.plan.nodes:
+            raise OpsRefused(f"{node!r} is not a node of plan {self.plan.name} (nodes: {', '.join(self.plan.nodes)})")
+
+
+def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
+                   launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
+                   py_files: Path | None = None) -> list[Report]:
+    """Carry out one operator action on the given shards of a plan; one report per shard."""
+    if action not in OPS_ACTIONS:
+        raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(OPS_ACTIONS)})")
+    if action != "failover_now" and not node:
+        raise OpsRefused(f"{action} needs a node")
+    unknown = [s for s in shards if s not in plan.shards]
+    if unknown:
+        raise OpsRefused(f"unknown shard(s) {', '.join(unknown)} of plan {plan.name} (shards: {', '.join(plan.shards)})")
+    reports = []
+    with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files) as supervisor:
+        for shard in shards:
+            if action == "failover_now":
+                reports.append(supervisor.fail_over_now(shard, to_node=node))
+            elif action == "drain_node":
+                reports.append(supervisor.drain(shard, node))
+            else:
+                reports.append(supervisor.restart(shard, node))
+    return reports
