@@ -37,6 +37,8 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
 from tandem.store.db import Database, connect
 from tandem.store.leases import read_lease
+from tandem.store.migrations import migrate
+from tandem.store.registry import register_nodes
 from tandem.store.supervision import hand_over, instance_role, mark
 from tandem.supervisor.decisions import (
     HOT,
@@ -129,6 +131,8 @@ class Supervisor:
         self.running_timeout_s = running_timeout_s
         self.poll_s = poll_s
         self.db = Database(cluster.database_url, "tandem-supervisor")
+        migrate(self.db)
+        register_nodes(self.db, cluster)
 
     def close(self) -> None:
         self.db.close()

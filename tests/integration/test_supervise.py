@@ -1,0 +1,276 @@
+"""The supervisor with real spark-submit processes and PostgreSQL (no Airflow scheduler).
+
+kill -9 an instance → observation says DEAD → reconcile stops what is left of it, re-syncs it
+from the active and relaunches it as PASSIVE; warm mode starts the plan on the passive node
+from a cut of the failed active; the operator's failover / drain / restart move roles cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extras
+import pytest
+import yaml
+
+from tandem.config import load_cluster, load_plan
+from tandem.layout import landing_dir
+from tandem.producer import TradeGenerator, write_atomically
+from tandem.store import Database
+from tandem.store.leases import read_lease
+from tandem.supervisor import stop_instance
+from tandem.supervisor.reconcile import Supervisor
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SHARD = "shard-1"
+
+
+def build_dist(root: Path) -> Path:
+    target = root / "dist" / "tandem.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(directory) / name
+                    archive.write(path, path.relative_to(REPO / "include"))
+    return target
+
+
+def configure(project: Path, standby: str) -> None:
+    """One shard; both nodes on local[1] (two JVMs share two cores with the test)."""
+    plan_path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(plan_path.read_text())
+    plan["shards"] = [SHARD]
+    plan["ha"] = {"standby": standby, "stall_timeout": "60 seconds", "launch_timeout": "4 minutes"}
+    plan_path.write_text(yaml.safe_dump(plan))
+    cluster_path = project / "conf" / "cluster.yaml"
+    cluster = yaml.safe_load(cluster_path.read_text())
+    for node in cluster["nodes"].values():
+        node["spark_master"] = "local[1]"
+    cluster_path.write_text(yaml.safe_dump(cluster))
+
+
+@pytest.fixture
+def supervised(project: Path, database_url: str, process_groups: list[int]):
+    """A supervisor over the temp project; every process it launched is killed after the test."""
+    dist = build_dist(project)
+    made: list[Supervisor] = []
+
+    def make(standby: str) -> Supervisor:
+        configure(project, standby)
+        cluster = load_cluster()
+        supervisor = Supervisor(cluster, load_plan("trades", cluster), launched_by="test_supervise", py_files=dist,
+                                running_timeout_s=300)
+        made.append(supervisor)
+        return supervisor
+
+    yield make
+    for supervisor in made:
+        for node in supervisor.plan.nodes:
+            row = instance(supervisor, node)
+            if row and row["submit_pid"]:
+                process_groups.append(row["submit_pid"])
+            try:
+                stop_instance(supervisor.cluster, supervisor.plan, SHARD, node, timeout_s=20)
+            except Exception:  # noqa: BLE001 - the process_groups fixture kills what is left
+                pass
+        supervisor.close()
+
+
+def instance(supervisor: Supervisor, node: str) -> dict | None:
+    with psycopg2.connect(supervisor.cluster.database_url) as conn, \
+            conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("SELECT * FROM tandem.plan_instances WHERE instance_id = %s", (f"trades/{SHARD}/{node}",))
+        row = cur.fetchone()
+    conn.close()
+    return row
+
+
+def events(supervisor: Supervisor) -> list[dict]:
+    with psycopg2.connect(supervisor.cluster.database_url) as conn, \
+            conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("SELECT kind, node, previous_node, epoch, reason, detail FROM tandem.failover_events ORDER BY id")
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def published(supervisor: Supervisor) -> tuple[int, int]:
+    """(trades counted, quantity) of the shard's per-second partials in PostgreSQL."""
+    with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
+        cur.execute("""SELECT COALESCE(SUM(trade_count), 0), COALESCE(SUM(quantity_sum), 0)
+                       FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s""", (SHARD,))
+        count, quantity = cur.fetchone()
+    conn.close()
+    return int(count), int(quantity)
+
+
+class Feed:
+    """Trade events with current timestamps, one atomically renamed file per call, remembered."""
+
+    def __init__(self, supervisor: Supervisor, seed: int = 5) -> None:
+        self.directory = landing_dir(supervisor.cluster, "trades", SHARD)
+        self.generator = TradeGenerator(seed)
+        self.count = self.quantity = 0
+
+    def write(self, count: int = 60) -> None:
+        now_ms = int(time.time() * 1000)
+        lines = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
+        write_atomically(self.directory, [json.dumps(e) for e in lines])
+        self.count += count
+        self.quantity += sum(e["quantity"] for e in lines)
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def health(supervisor: Supervisor, node: str) -> str:
+    return supervisor.observe(SHARD).view.health(node).state
+
+
+def kill9(supervisor: Supervisor, node: str) -> None:
+    os.killpg(instance(supervisor, node)["submit_pid"], signal.SIGKILL)
+
+
+def assert_all_published(supervisor: Supervisor, feed: Feed) -> None:
+    wait_for(lambda: published(supervisor) == (feed.count, feed.quantity), 120,
+             f"{feed.count} trades to be published (have {published(supervisor)})")
+
+
+def test_hot_kill_passive_then_active_each_comes_back_as_passive_after_resync(supervised) -> None:
+    supervisor = supervised("hot")
+    feed = Feed(supervisor)
+    feed.write()
+    report = supervisor.reconcile(SHARD, cause="test bootstrap")
+    assert report.converged, report.lines()
+    assert [(s.action.kind, s.action.node, getattr(s.action, "role", None)) for s in report.steps] == [
+        ("LAUNCH", "node-a", "ACTIVE"), ("LAUNCH", "node-b", "PASSIVE")]
+    assert (instance(supervisor, "node-a")["role"], instance(supervisor, "node-b")["role"]) == ("ACTIVE", "PASSIVE")
+    assert_all_published(supervisor, feed)
+
+    # kill -9 the passive: DEAD within the heartbeat timeout, the active is not disturbed
+    active_pid = instance(supervisor, "node-a")["pid"]
+    kill9(supervisor, "node-b")
+    wait_for(lambda: health(supervisor, "node-b") == "DEAD", 30, "node-b to be DEAD")
+    feed.write()
+    report = supervisor.reconcile(SHARD, cause="test: passive killed")
+    assert report.converged, report.lines()
+    assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"]
+    launch = report.steps[1]
+    assert (launch.action.node, launch.action.role, launch.action.resync_from) == ("node-b", "PASSIVE", "node-a")
+    assert launch.data["cut"]["aggregates"]["batch_id"] is not None, "node-b was not re-synced from a committed batch"
+    row = instance(supervisor, "node-b")
+    assert (row["status"], row["role"]) == ("RUNNING", "PASSIVE")
+    assert instance(supervisor, "node-a")["pid"] == active_pid
+    assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-a"
+    assert_all_published(supervisor, feed)
+
+    # kill -9 the active: the passive takes the lease by itself; the supervisor brings node-a back as PASSIVE
+    epoch = read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).epoch
+    kill9(supervisor, "node-a")
+    wait_for(lambda: read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b", 30,
+             "node-b to take the lease")
+    feed.write()
+    report = supervisor.reconcile(SHARD, cause="test: active killed")
+    assert report.converged, report.lines()
+    kinds = [s.action.kind for s in report.steps]
+    assert kinds[0] == "STOP" and kinds[-1] == "LAUNCH"
+    launch = report.steps[-1].action
+    assert (launch.node, launch.role, launch.resync_from) == ("node-a", "PASSIVE", "node-b")
+    lease = read_lease(Database(supervisor.cluster.database_url), "trades", SHARD)
+    assert lease.holder == "node-b" and lease.epoch > epoch
+    assert (instance(supervisor, "node-a")["role"], instance(supervisor, "node-b")["role"]) == ("PASSIVE", "ACTIVE")
+    assert_all_published(supervisor, feed)
+
+    recorded = [(e["kind"], e["node"]) for e in events(supervisor)]
+    assert ("RESYNC", "node-b") in recorded and ("RESYNC", "node-a") in recorded
+    assert ("PROMOTED", "node-b") in recorded
+    assert all(e["reason"] for e in events(supervisor))
+
+
+def test_warm_kill_active_starts_the_plan_on_the_passive_node_from_the_cut(supervised) -> None:
+    supervisor = supervised("warm")
+    feed = Feed(supervisor, seed=9)
+    feed.write()
+    report = supervisor.reconcile(SHARD, cause="test bootstrap")
+    assert report.converged and [(s.action.kind, s.action.node) for s in report.steps] == [("LAUNCH", "node-a")]
+    assert instance(supervisor, "node-b") is None, "a warm standby must not run"
+    assert_all_published(supervisor, feed)
+    wait_for(lambda: instance(supervisor, "node-a")["epoch"] > 0, 10, "node-a to record its epoch")
+
+    kill9(supervisor, "node-a")
+    feed.write()
+    wait_for(lambda: health(supervisor, "node-a") == "DEAD", 30, "node-a to be DEAD")
+    report = supervisor.reconcile(SHARD, cause="test: warm active killed")
+    assert report.converged, report.lines()
+    assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"]
+    launch = report.steps[1]
+    assert (launch.action.node, launch.action.role, launch.action.resync_from) == ("node-b", "ACTIVE", "node-a")
+    cut = launch.data["cut"]["aggregates"]["batch_id"]
+    assert cut is not None
+    assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b"
+    feed.write()
+    assert_all_published(supervisor, feed)
+    with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
+        cur.execute("""SELECT min(batch_id) FROM tandem.heartbeats
+                       WHERE node = 'node-b' AND query_name = 'aggregates'""")
+        first = cur.fetchone()[0]
+    conn.close()
+    assert first == cut + 1, "node-b did not resume after the failed active's last committed batch"
+    # the failed node stays down as the warm standby
+    assert supervisor.reconcile(SHARD).steps == []
+
+
+def test_ops_failover_now_drain_and_restart(supervised) -> None:
+    supervisor = supervised("hot")
+    feed = Feed(supervisor, seed=11)
+    feed.write()
+    assert supervisor.reconcile(SHARD).converged
+    pids = {n: instance(supervisor, n)["pid"] for n in ("node-a", "node-b")}
+
+    # failover now: a lease handover; nothing restarts, the old active stays on as PASSIVE
+    report = supervisor.fail_over_now(SHARD)
+    assert report.converged, report.lines()
+    assert [s.action.kind for s in report.steps] == ["HANDOVER", "AWAIT"]
+    assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b"
+    wait_for(lambda: instance(supervisor, "node-a")["role"] == "PASSIVE", 10, "node-a to demote itself")
+    assert {n: instance(supervisor, n)["pid"] for n in pids} == pids
+    feed.write()
+    assert_all_published(supervisor, feed)
+
+    # drain node-b (ACTIVE now): handed back to node-a, then node-b stops and stays down
+    report = supervisor.drain(SHARD, "node-b")
+    assert report.converged, report.lines()
+    assert [s.action.kind for s in report.steps] == ["HANDOVER", "AWAIT", "STOP"]
+    assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-a"
+    assert instance(supervisor, "node-b")["status"] == "STOPPED"
+    assert supervisor.reconcile(SHARD).steps == [], "a drained node must stay down"
+    feed.write()
+    assert_all_published(supervisor, feed)
+
+    # restart node-b: undrained, re-synced from node-a, back as PASSIVE
+    report = supervisor.restart(SHARD, "node-b")
+    assert report.converged, report.lines()
+    launch = report.steps[-1].action
+    assert (launch.kind, launch.node, launch.role, launch.resync_from) == ("LAUNCH", "node-b", "PASSIVE", "node-a")
+    assert (instance(supervisor, "node-b")["status"], instance(supervisor, "node-b")["role"]) == ("RUNNING", "PASSIVE")
+    kinds = [e["kind"] for e in events(supervisor)]
+    assert {"FAILOVER_NOW", "HANDOVER", "DRAINED", "UNDRAINED", "RESTARTED", "RESYNC"} <= set(kinds)
