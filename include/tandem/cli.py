@@ -97,20 +97,77 @@ def render_aggregates(rows: list[dict], title: str) -> Table:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Per plan and shard: each node's role, epoch, status, health, beat age and lag; the lease; recent events."""
+    import psycopg2.errors
+
+    from tandem.config import load_plans
     from tandem.store import Database
-    from tandem.store.registry import list_instances
+    from tandem.store.leases import recent_events
+    from tandem.store.supervision import latest_progress
+    from tandem.supervisor.decisions import decide
+    from tandem.supervisor.observe import observe_shard
+
+    def age(seconds: float | None) -> str:
+        if seconds is None:
+            return "-"
+        if seconds < 120:
+            return f"{seconds:.1f}s"
+        return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h" if seconds < 172800 \
+            else f"{seconds / 86400:.0f}d"
 
     cluster = load_cluster()
-    with Database(cluster.database_url, "tandem-cli") as db:
-        instances = list_instances(db, args.plan)
-    table = Table(title="plan instances")
-    for column in ("instance", "role", "epoch", "status", "pid", "spark app", "last beat", "error"):
-        table.add_column(column)
-    for row in instances:
-        age = f"{row['beat_age_s']:.1f}s ago" if row["beat_age_s"] is not None else "never"
-        table.add_row(row["instance_id"], row["role"], str(row["epoch"]), row["status"], str(row["pid"] or ""),
-                      row["spark_app_id"] or "", age, (row["error"] or "")[:60])
-    console.print(table)
+    plans = {args.plan: load_plan(args.plan, cluster)} if args.plan else load_plans(cluster)
+    styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red", "STALLED": "yellow",
+              "STOPPED": "dim", "MISSING": "dim"}
+    try:
+        with Database(cluster.database_url, "tandem-cli") as db:
+            for plan in plans.values():
+                progress = latest_progress(db, plan.name)
+                for shard in plan.shards:
+                    observed = observe_shard(db, cluster, plan, shard)
+                    view, lease = observed.view, observed.view.lease
+                    if lease is None:
+                        lease_text = "lease: never taken"
+                    else:
+                        expired_for = float(observed.rows.lease["expired_for_s"])
+                        expiry = f"expires in {-expired_for:.1f}s" if lease.valid else f"expired {age(expired_for)} ago"
+                        lease_text = f"lease: {lease.holder or 'nobody'} at epoch {lease.epoch}, {expiry}"
+                    table = Table(title=f"{plan.name} / {shard} ({plan.ha.standby} standby) - {lease_text}",
+                                  box=box.SIMPLE_HEAD, title_justify="left")
+                    for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
+                                   "lag", "input waiting", "pid"):
+                        table.add_column(column, no_wrap=True)
+                    notes = []
+                    for node in plan.nodes:
+                        health, obs = view.health(node), observed.observations[node]
+                        row = observed.rows.instances.get(node) or {}
+                        latest = progress.get(f"{plan.name}/{shard}/{node}", {})
+                        role = ("ACTIVE" if view.active == node else obs.role or "-") if row else "-"
+                        drained = " (drained)" if node in view.drained else ""
+                        table.add_row(node + drained, role, str(obs.epoch if row else "-"), obs.status or "-",
+                                      f"[{styles.get(health.state, '')}]{health.state}[/]", age(obs.beat_age_s),
+                                      f"#{latest['batch_id']} {age(latest['batch_age_s'])} ago" if latest else "-",
+                                      age(latest.get("lag_s")), age(obs.waiting_input_age_s),
+                                      str(row.get("pid") or "-"))
+                        if health.state != "HEALTHY":
+                            notes.append(f"  {node} {health.state}: {health.evidence}")
+                    console.print(table)
+                    for note in notes:
+                        console.print(note, highlight=False)
+                    for action in decide(view):
+                        console.print(f"  [yellow]due:[/] {action.describe()}")
+                events = recent_events(db, plan.name, limit=10)
+                if events:
+                    table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
+                    for column in ("time (UTC)", "shard", "kind", "node", "from", "epoch", "reason"):
+                        table.add_column(column, no_wrap=True, overflow="ellipsis")
+                    for event in events:
+                        table.add_row(event["happened_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                                      event["shard_id"], event["kind"], event["node"] or "",
+                                      event["previous_node"] or "", str(event["epoch"] or ""), event["reason"])
+                    console.print(table)
+    except psycopg2.errors.UndefinedTable:
+        raise TandemError("the coordination schema is missing: run `tandem migrate`") from None
     return 0
 
 

@@ -127,3 +127,21 @@ def instance_role(db: Database, plan: str, shard_id: str, node: str) -> dict[str
         return cursor.fetchone()
 
     return db.run(work, attempts=3)
+
+
+def latest_progress(db: Database, plan: str) -> dict[str, dict[str, Any]]:
+    """Per instance of ``plan``: its newest progress row that carries a watermark, with ages."""
+
+    def work(cursor):
+        cursor.execute(
+            """SELECT i.instance_id, h.batch_id, h.watermark,
+                      EXTRACT(EPOCH FROM now() - h.recorded_at)::float8 AS batch_age_s,
+                      EXTRACT(EPOCH FROM now() - h.watermark)::float8 AS lag_s
+               FROM plan_instances i CROSS JOIN LATERAL (
+                   SELECT batch_id, watermark, recorded_at FROM heartbeats
+                   WHERE instance_id = i.instance_id AND watermark IS NOT NULL
+                   ORDER BY recorded_at DESC LIMIT 1) h
+               WHERE i.plan = %s""", (plan,))
+        return {row["instance_id"]: dict(row) for row in cursor.fetchall()}
+
+    return db.run(work, attempts=3)
