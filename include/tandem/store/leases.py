@@ -112,9 +112,19 @@ def release(db: Database, plan: str, shard_id: str, node: str, epoch: int, reaso
 
 
 def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None:
-    """Inside a publishing transaction: raise :class:`FencedError` unless ``node`` holds ``epoch``."""
-    cursor.execute("SELECT holder, epoch FROM leases WHERE plan = %s AND shard_id = %s FOR SHARE",
-                   (plan, shard_id))
+    """Inside a publishing transaction: raise :class:`FencedError` unless ``node`` holds ``epoch``.
+
+    The ``FOR SHARE`` lock makes a take-over wait for this transaction. So that a publisher
+    frozen inside it (SIGSTOP, a stalled VM) cannot block the take-over for as long as it is
+    frozen, the transaction also sets ``idle_in_transaction_session_timeout`` to the lease ttl:
+    PostgreSQL ends a session that sits idle in this transaction longer than that, which rolls it
+    back and releases the lock; a live publisher's retry then finds itself fenced.
+    """
+    cursor.execute(
+        """SELECT holder, epoch,
+                  set_config('idle_in_transaction_session_timeout', ceil(ttl_s * 1000)::bigint || 'ms', true)
+           FROM leases WHERE plan = %s AND shard_id = %s FOR SHARE""",
+        (plan, shard_id))
     row = cursor.fetchone()
     if row is None or row["holder"] != node or row["epoch"] != epoch:
         current = f"{row['holder']} at epoch {row['epoch']}" if row else "nobody"
