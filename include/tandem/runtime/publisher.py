@@ -97,6 +97,12 @@ def record_published(cursor, batch: BatchInfo, output: str, rows: int, max_event
     )
 
 
+def record_position(cursor, batch: BatchInfo, output: str, watermark: datetime | None) -> None:
+    """Set the published position of a batch already in ``publish_log`` (once every store has its rows)."""
+    cursor.execute("UPDATE publish_log SET watermark = %s WHERE instance_id = %s AND output = %s AND batch_id = %s",
+                   (watermark, batch.instance.id, output, batch.batch_id))
+
+
 def published_watermark(db: Database, instance: InstanceKey, output: str) -> datetime | None:
     """The furthest position any instance of this (plan, shard) has published for ``output``."""
 
@@ -144,18 +150,23 @@ class AggregateSink:
         if rows.num_rows == 0:
             return 0
         key = batch.instance
+        position = self.position()
 
         def write(cursor) -> list[dict]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             agg_postgres.stage_batch(cursor, self.spec, rows)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.shard_id, batch.epoch, batch.batch_id)
-            record_published(cursor, batch, self.output, len(written), newest, self.position())
+            record_published(cursor, batch, self.output, len(written), newest, None)
             return written
 
         written = self.db.run(write)
         fence(self.db, batch)
         agg_delta.append_rows(self.delta_path, self.spec, written, node=key.node, published_at=batch.published_at,
                               app_id=batch.app_id(self.output), batch_id=batch.batch_id)
+        # The position a standby trims by covers this batch only once Delta has it too: if the
+        # active dies between the PostgreSQL commit and the Delta append, the standby still
+        # holds (and on promotion republishes) these rows instead of dropping them.
+        self.db.run(lambda cursor: record_position(cursor, batch, self.output, position))
         return len(written)
 
     def hold(self, rows: pa.Table, batch_id: int) -> None:
