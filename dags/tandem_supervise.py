@@ -6,6 +6,8 @@ epoch of the plan's cluster and the next run starts when it ends.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_doc
@@ -19,6 +21,10 @@ for plan in plans.values():
         dag_id=f"tandem_{plan.name}_supervise",
         description=f"Keep plan {plan.name} running in its roles; fail over and repair",
         schedule="@continuous",
+        # Airflow 3.3's ContinuousTimetable gives the first run of a DAG without a start_date the
+        # zero-length interval (now, now); the next run starts at that run's end, so it gets the
+        # same logical date and is never created ("run already exists"). A start date avoids it.
+        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,
         default_args=SUPERVISE_DEFAULT_ARGS,

@@ -4,13 +4,9 @@ spark-submit; the test feeds events and checks the merged aggregates against its
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -28,44 +24,8 @@ from tandem.store.registry import get_instance, instance_id
 from tandem.supervisor.launcher import stop_instance
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
 PLACEMENTS = (("shard-1", "node-a"), ("shard-2", "node-b"))
-
-
-def _free_port() -> int:
-    """A port whose log-server neighbours (port + 713, + 714) are free as well."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port + 714 < 65536 and all(_is_free(port + offset) for offset in (713, 714)):
-            return port
-    raise RuntimeError("no free port")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-@pytest.fixture
-def airflow(project: Path, tmp_path: Path) -> Iterator[AirflowClient]:
-    """A private Airflow stack (API server, scheduler, triggerer, DAG processor) in a temp home."""
-    port = _free_port()
-    env = {**os.environ, "TANDEM_AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_HOME": str(tmp_path / "airflow"),
-           "TANDEM_AIRFLOW_PORT": str(port), "TANDEM_AIRFLOW_URL": f"http://127.0.0.1:{port}"}
-    env.pop("TANDEM_AIRFLOW_DB_URL", None)
-    stack = ["bash", str(REPO / "scripts" / "airflow_stack.sh")]
-    try:
-        subprocess.run([*stack, "up"], env=env, check=True, timeout=600)
-        yield AirflowClient(f"http://127.0.0.1:{port}")
-    finally:
-        subprocess.run([*stack, "down"], env=env, timeout=180)
 
 
 def _events(seed: int, count: int, now_ms: int) -> list[dict]:

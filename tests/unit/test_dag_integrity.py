@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,19 @@ def test_supervise_dag_shape(dagbag, plans):
         assert dag.get_task("watch").task_type == "StreamHealthSensor"
         assert dag.get_task("react").watch_task_id == "watch"
         assert dag.get_task("ensure").watch_task_id is None
+
+
+def test_supervise_dag_runs_follow_each_other_with_distinct_logical_dates(dagbag, plans):
+    from airflow.timetables.base import TimeRestriction
+    from airflow.timetables.simple import ContinuousTimetable
+
+    dag = dagbag.dags["tandem_trades_supervise"]
+    restriction = TimeRestriction(earliest=dag.start_date, latest=None, catchup=False)
+    first = ContinuousTimetable().next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+    time.sleep(0.01)
+    second = ContinuousTimetable().next_dagrun_info(last_automated_data_interval=first.data_interval,
+                                                    restriction=restriction)
+    assert second.logical_date > first.logical_date, "the next @continuous run would collide with the first"
 
 
 def test_ops_params_validate_and_reject(dagbag, plans):
