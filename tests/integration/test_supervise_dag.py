@@ -36,9 +36,9 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
 
-dags_folder, dag_id = sys.argv[1], sys.argv[2]
+dags_folder, dag_id, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 dag = DagBag(dags_folder, safe_mode=False).dags[dag_id]
-run = dag.test()
+run = dag.test(run_conf=conf or None)
 tis = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number} for ti in run.get_task_instances()}
 with create_session() as session:
     rows = session.scalars(select(XComModel).where(XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id))
@@ -105,7 +105,7 @@ def instance(database_url: str, node: str) -> dict | None:
 def test_supervise_dag_brings_a_killed_passive_back_as_passive(airflow_env, database_url, process_groups):
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    run = subprocess.Popen([sys.executable, "-c", DAG_TEST, str(REPO / "dags"), "tandem_trades_supervise"],
+    run = subprocess.Popen([sys.executable, "-c", DAG_TEST, str(REPO / "dags"), "tandem_trades_supervise", "{}"],
                            env=airflow_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 420
@@ -154,3 +154,14 @@ def test_supervise_dag_brings_a_killed_passive_back_as_passive(airflow_env, data
     finally:
         for node in ("node-a", "node-b"):
             stop_instance(cluster, plan, "shard-1", node, timeout_s=20)
+
+
+def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_env, database_url):
+    conf = {"action": "failover_now", "plan": "trades", "shard_id": "shard-1", "node": ""}
+    done = subprocess.run([sys.executable, "-c", DAG_TEST, str(REPO / "dags"), "tandem_ops", json.dumps(conf)],
+                          env=airflow_env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["state"] == "failed" and result["tis"]["act"]["try_number"] == 1, output[-5000:]
+    assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output
