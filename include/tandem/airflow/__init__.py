@@ -1,5 +1,6 @@
-"""Airflow building blocks for Tandem: operators (and later sensors and triggers), DAG helpers.
+"""Airflow building blocks for Tandem: operators, sensors, triggers, DAG helpers.
 
-Import the submodules (``tandem.airflow.operators``, ``tandem.airflow.dags``); this package
-imports nothing from Airflow itself, so the library works where Airflow is not installed.
+Import the submodules (``tandem.airflow.operators``, ``.sensors``, ``.triggers``, ``.dags``);
+this package imports nothing from Airflow itself, so the library works where Airflow is not
+installed.
 """
