@@ -138,11 +138,15 @@ class HAConfig:
     ``warm`` starts it only on failover, from a cut of the failed active's checkpoint.
     ``stall_timeout``: an instance that made no progress for this long while input waits is STALLED.
     ``launch_timeout``: how long a launched instance may take to send its first liveness beat.
+    ``max_launches`` within ``launch_window``: how often the supervisor launches one node's
+    instance before it gives up on it (a crash loop) until an operator restarts the node.
     """
 
     standby: str = "hot"
     stall_timeout_s: float = 30.0
     launch_timeout_s: float = 180.0
+    max_launches: int = 5
+    launch_window_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -330,7 +334,7 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     validation = top.section("validation")
     validation.reject_unknown({"schedule", "lookback", "suite"})
     ha = top.section("ha")
-    ha.reject_unknown({"standby", "stall_timeout", "launch_timeout"})
+    ha.reject_unknown({"standby", "stall_timeout", "launch_timeout", "max_launches", "launch_window"})
     standby = ha.get("standby", str, "hot")
     if standby not in STANDBY_MODES:
         raise ha.error("standby", f"expected one of {', '.join(STANDBY_MODES)}, got {standby!r}")
@@ -361,6 +365,8 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
             standby=standby,
             stall_timeout_s=ha.duration("stall_timeout", "30 seconds"),
             launch_timeout_s=ha.duration("launch_timeout", "3 minutes"),
+            max_launches=ha.positive_int("max_launches", 5),
+            launch_window_s=ha.duration("launch_window", "10 minutes"),
         ),
     )
 

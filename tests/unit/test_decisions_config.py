@@ -32,7 +32,8 @@ def edit_plan(conf: Path, change) -> None:
 
 def test_shipped_trades_plan_is_hot_with_a_30_second_stall_timeout(conf: Path) -> None:
     plan = load_plan("trades", load_cluster(conf / "cluster.yaml"))
-    assert plan.ha == HAConfig(standby="hot", stall_timeout_s=30.0, launch_timeout_s=180.0)
+    assert plan.ha == HAConfig(standby="hot", stall_timeout_s=30.0, launch_timeout_s=180.0, max_launches=5,
+                               launch_window_s=600.0)
 
 
 def test_ha_section_is_optional(conf: Path) -> None:
@@ -51,6 +52,7 @@ def test_warm_standby_and_durations(conf: Path) -> None:
     ({"stall_timeout": "soon"}, "ha.stall_timeout", "duration"),
     ({"stall_timout": "1 s"}, "ha.stall_timout", "unknown field"),
     ({"standby": 1}, "ha.standby", "a string"),
+    ({"max_launches": 0}, "ha.max_launches", "positive"),
 ])
 def test_invalid_ha_fields_are_named(conf: Path, section: dict, field: str, fragment: str) -> None:
     edit_plan(conf, lambda d: d.update(ha=section))

@@ -40,8 +40,8 @@ from tandem.supervisor.health import DEAD, STALLED, InstanceHealth
 ACTIVE, PASSIVE, BACKUP = "ACTIVE", "PASSIVE", "BACKUP"
 HOT, WARM = "hot", "warm"
 
-MAX_LAUNCHES = 3
-"""Launches of one node's instance within :data:`LAUNCH_WINDOW_S` before the supervisor gives up on it."""
+MAX_LAUNCHES = 5
+"""Default: launches of one node's instance within the launch window before the supervisor gives up on it."""
 LAUNCH_WINDOW_S = 600.0
 DEAD_STOP_TIMEOUT_S = 5.0
 """A dead instance's process (if any is left, e.g. frozen by SIGSTOP) gets SIGKILL after this."""
@@ -64,8 +64,8 @@ class ShardView:
     """Everything :func:`decide` needs about one (plan, shard).
 
     ``instances`` has an entry for every node in ``nodes`` (MISSING when never launched).
-    ``recent_launches`` counts the supervisor's launches per node in the last
-    :data:`LAUNCH_WINDOW_S` (since the node was last restarted by an operator).
+    ``recent_launches`` counts the supervisor's launches per node in the plan's launch window
+    (since the node was last restarted by an operator); at ``max_launches`` the node is given up.
     """
 
     plan: str
@@ -77,6 +77,7 @@ class ShardView:
     lease: LeaseView | None = None
     drained: frozenset[str] = frozenset()
     recent_launches: Mapping[str, int] = field(default_factory=dict)
+    max_launches: int = MAX_LAUNCHES
 
     def health(self, node: str) -> InstanceHealth:
         return self.instances[node]
@@ -193,12 +194,12 @@ def initial_role(position: int) -> str:
 
 
 def _over_budget(view: ShardView, node: str) -> bool:
-    return view.recent_launches.get(node, 0) >= MAX_LAUNCHES
+    return view.recent_launches.get(node, 0) >= view.max_launches
 
 
 def _budget_block(view: ShardView, node: str) -> Blocked:
-    return Blocked(node, f"{view.recent_launches.get(node, 0)} launches in the last {LAUNCH_WINDOW_S:g}s "
-                         f"(limit {MAX_LAUNCHES}): restart the node from tandem_ops once the cause is fixed")
+    return Blocked(node, f"{view.recent_launches.get(node, 0)} launches within the launch window "
+                         f"(limit {view.max_launches}): restart the node from tandem_ops once the cause is fixed")
 
 
 def standby_role(health: InstanceHealth) -> str:

@@ -15,7 +15,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import landing_dir
 from tandem.store.db import Database
 from tandem.store.supervision import ShardRows, read_shard
-from tandem.supervisor.decisions import LAUNCH_WINDOW_S, LeaseView, ShardView
+from tandem.supervisor.decisions import LeaseView, ShardView
 from tandem.supervisor.health import InstanceObservation, Thresholds, evaluate
 
 
@@ -57,7 +57,7 @@ def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> f
 def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> ShardObservation:
     """Read one (plan, shard) and evaluate every configured node's instance."""
     window = progress_window_s(plan)
-    rows = read_shard(db, plan.name, shard_id, progress_window_s=window, launch_window_s=LAUNCH_WINDOW_S)
+    rows = read_shard(db, plan.name, shard_id, progress_window_s=window, launch_window_s=plan.ha.launch_window_s)
     limits = thresholds(plan)
     mtimes: list[float] | None = None
     observations: dict[str, InstanceObservation] = {}
@@ -88,7 +88,7 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
         plan=plan.name, shard_id=shard_id, nodes=plan.nodes, standby=plan.ha.standby,
         lease_ttl_s=plan.heartbeat.timeout_s,
         instances={node: evaluate(obs, limits) for node, obs in observations.items()},
-        lease=lease, drained=rows.drained, recent_launches=rows.recent_launches,
+        lease=lease, drained=rows.drained, recent_launches=rows.recent_launches, max_launches=plan.ha.max_launches,
     )
     return ShardObservation(view, observations, rows)
 
