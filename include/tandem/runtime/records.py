@@ -44,27 +44,36 @@ class RecordSchema:
 def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     """``lines(raw, source_file)`` → the parsed fields plus ``raw``, ``source_file`` and ``reason``.
 
-    ``reason`` is null for good lines. Needs ``spark.sql.json.enablePartialResults=true`` so one
+    ``reason`` is null for good lines. Each line is parsed once into the typed fields; only a
+    line that fails a check is parsed again, as text, to say which field is missing, of the
+    wrong JSON type, or out of range. Needs ``spark.sql.json.enablePartialResults=true`` so one
     bad field does not null the others.
     """
-    as_text = F.from_json("raw", MapType(StringType(), StringType()))
     typed = F.from_json("raw", schema.struct, {"mode": "PERMISSIVE"})
-    parsed = lines.select("raw", "source_file", as_text.alias("_text"), typed.alias("_typed"))
+    fields = lines.select("raw", "source_file", typed.alias("_typed")).select(
+        "raw", "source_file", *[F.col("_typed")[f.name].alias(f.name) for f in schema.fields])
+    good: Column | None = None
+    for rule in schema.fields:
+        holds = F.col(rule.name).isNotNull()
+        for check in rule.checks:
+            holds = holds & check.predicate(F.col(rule.name))
+        good = holds if good is None else good & holds
+    return fields.withColumn("reason", F.when(good, F.lit(None).cast("string")).otherwise(_explain(schema)))
 
+
+def _explain(schema: RecordSchema) -> Column:
+    """Every problem of a bad line, from its text: ``"missing field 'price'; field 'quantity' ..."``."""
+    text = F.from_json("raw", MapType(StringType(), StringType()))
     problems: list[Column] = []
     for rule in schema.fields:
-        text = F.col("_text")[rule.name]
-        value = F.col("_typed")[rule.name]
-        missing = ~F.map_contains_key("_text", F.lit(rule.name)) | text.isNull()
+        raw_value = text[rule.name]
+        value = F.col(rule.name)
+        missing = ~F.map_contains_key(text, F.lit(rule.name)) | raw_value.isNull()
         problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
         problems.append(F.when(~missing & value.isNull(), F.concat(
             F.lit(f"field '{rule.name}' is not {_TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())}: "),
-            text)))
+            raw_value)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
-                F.lit(f"field '{rule.name}' {check.message} (got "), text, F.lit(")"))))
-
-    reason = F.when(F.col("_text").isNull(), F.lit("malformed JSON: not a JSON object")).otherwise(
-        F.nullif(F.concat_ws("; ", *problems), F.lit("")))
-    return parsed.select("raw", "source_file", *[F.col("_typed")[f.name].alias(f.name) for f in schema.fields],
-                         reason.alias("reason"))
+                F.lit(f"field '{rule.name}' {check.message} (got "), raw_value, F.lit(")"))))
+    return F.when(text.isNull(), F.lit("malformed JSON: not a JSON object")).otherwise(F.concat_ws("; ", *problems))
