@@ -229,12 +229,17 @@ def test_warm_kill_active_starts_the_plan_on_the_passive_node_from_the_cut(super
     assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b"
     feed.write()
     assert_all_published(supervisor, feed)
-    with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
-        cur.execute("""SELECT min(batch_id) FROM tandem.heartbeats
-                       WHERE node = 'node-b' AND query_name = 'aggregates'""")
-        first = cur.fetchone()[0]
-    conn.close()
-    assert first == cut + 1, "node-b did not resume after the failed active's last committed batch"
+
+    def first_batch_of_node_b() -> int | None:  # progress is recorded by a listener, just after the publish
+        with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
+            cur.execute("""SELECT min(batch_id) FROM tandem.heartbeats
+                           WHERE node = 'node-b' AND query_name = 'aggregates'""")
+            first = cur.fetchone()[0]
+        conn.close()
+        return first
+
+    wait_for(lambda: first_batch_of_node_b() is not None, 60, "node-b's first progress row")
+    assert first_batch_of_node_b() == cut + 1, "node-b did not resume after the failed active's last committed batch"
     # the failed node stays down as the warm standby
     assert supervisor.reconcile(SHARD).steps == []
 
