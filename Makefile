@@ -38,30 +38,9 @@ status:
 	@$(ENV) && bash scripts/airflow_stack.sh status
 
 # dist/tandem.zip holds include/tandem as the top-level package `tandem` (tandem/__init__.py at the
-# root of the archive, plus package data such as SQL migrations), without __pycache__. Built with
-# the standard library, so no `zip` binary is needed.
-define DIST_PY
-import os, sys, zipfile
-tmp = "dist/tandem.zip.tmp"
-os.makedirs("dist", exist_ok=True)
-with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-    for d, dirs, files in os.walk("include/tandem"):
-        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for f in sorted(files):
-            if not f.endswith((".pyc", ".pyo")):
-                path = os.path.join(d, f)
-                z.write(path, os.path.relpath(path, "include"))
-    names = z.namelist()
-if "tandem/__init__.py" not in names:
-    os.remove(tmp)
-    sys.exit("dist: include/tandem/__init__.py is missing")
-os.replace(tmp, "dist/tandem.zip")
-print(f"built dist/tandem.zip ({len(names)} files)")
-endef
-export DIST_PY
-
-dist:
-	@cd "$(ROOT)" && python3 -c "$$DIST_PY"
+# root of the archive, plus package data such as SQL migrations), without bytecode.
+dist: setup
+	@$(ENV) && python -m tandem.packaging "$(ROOT)"
 
 test: setup dist
 	@$(ENV) && python -m pytest $(PYTEST_ARGS)

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,23 +23,12 @@ from tandem.layout import landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database, migrate
 from tandem.supervisor import stop_instance
+from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 DAG = "tandem_trades_supervise"
 SHARD = "shard-1"
-
-
-def build_dist(root: Path) -> None:
-    target = root / "dist" / "tandem.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory) / name
-                    archive.write(path, path.relative_to(REPO / "include"))
 
 
 def code_home(tmp_path: Path) -> Path:

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import psutil
 import psycopg2
 import pytest
 
+from tandem.packaging import build_dist
 from tandem.config import load_cluster
 from tandem.store import Database, migrate
 from tandem.store.registry import get_instance
@@ -43,18 +43,6 @@ with create_session() as session:
     xcom = {f"{x.task_id}.{x.key}": x.value for x in rows}
 print("RESULT " + json.dumps({"state": str(run.state), "tis": tis, "xcom": xcom}, default=str))
 """
-
-
-def build_dist(root: Path) -> None:
-    target = root / "dist" / "tandem.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory) / name
-                    archive.write(path, path.relative_to(REPO / "include"))
 
 
 @pytest.fixture

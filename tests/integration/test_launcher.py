@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import zipfile
 from pathlib import Path
 
 import psutil
@@ -19,24 +18,11 @@ from tandem.store import Database
 from tandem.store.registry import InstanceKey, get_instance
 from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
 from tandem.supervisor.launcher import is_instance_cmdline
+from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 KEY = InstanceKey("trades", "shard-1", "node-a")
-
-
-def build_dist(root: Path) -> Path:
-    """``<root>/dist/tandem.zip``: include/tandem as the top-level package, like ``make dist``."""
-    target = root / "dist" / "tandem.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory) / name
-                    archive.write(path, path.relative_to(REPO / "include"))
-    return target
 
 
 @pytest.fixture

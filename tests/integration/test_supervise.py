@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,23 +26,11 @@ from tandem.store import Database
 from tandem.store.leases import read_lease
 from tandem.supervisor import stop_instance
 from tandem.supervisor.reconcile import Supervisor
+from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SHARD = "shard-1"
-
-
-def build_dist(root: Path) -> Path:
-    target = root / "dist" / "tandem.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory) / name
-                    archive.write(path, path.relative_to(REPO / "include"))
-    return target
 
 
 def configure(project: Path, standby: str) -> None:

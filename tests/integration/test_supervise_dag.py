@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import psycopg2
@@ -22,6 +21,7 @@ import psycopg2.extras
 import pytest
 import yaml
 
+from tandem.packaging import build_dist
 from tandem.config import load_cluster, load_plan
 from tandem.store import Database, migrate
 from tandem.supervisor import stop_instance
@@ -45,18 +45,6 @@ with create_session() as session:
     xcom = {f"{x.task_id}.{x.key}": x.value for x in rows}
 print("RESULT " + json.dumps({"state": str(run.state), "tis": tis, "xcom": xcom}, default=str))
 """
-
-
-def build_dist(root: Path) -> None:
-    target = root / "dist" / "tandem.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for directory, dirs, files in os.walk(REPO / "include" / "tandem"):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(directory) / name
-                    archive.write(path, path.relative_to(REPO / "include"))
 
 
 @pytest.fixture

@@ -232,7 +232,6 @@ def decide(view: ShardView) -> list[Action]:
             actions.append(Stop(node, f"STALLED: {health.evidence}", STALLED_STOP_TIMEOUT_S))
 
     active = view.active
-    lease = view.lease
     if active is not None and active in view.drained:
         return actions + _drain_active(view, active)
     for node in view.nodes:
