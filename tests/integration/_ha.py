@@ -1,0 +1,409 @@
+"""Helpers of the failover tests (``test_failover.py``) and of ``bench/failover.py``.
+
+- :class:`TradeWriter`: a thread writing trade events with current timestamps at a steady rate into
+  a landing directory (one atomically renamed file per tick), remembering every event.
+- :func:`expected_aggregates` / :func:`mismatches`: the test's own aggregation of every event written
+  (independent of ``tandem.aggregation``), compared with the merged numbers served from
+  PostgreSQL and read from Delta, for all six granularities.
+- :class:`Pair`: plan instances launched detached with ``spark-submit`` (own process group each),
+  signalled with real signals, and read back from the coordination tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg2
+import psycopg2.extras
+
+from tandem import aggregation
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.layout import landing_dir
+from tandem.producer import write_atomically
+from tandem.supervisor import launch_instance, wait_until_running
+from tandem.packaging import build_dist
+
+UTC = timezone.utc
+REPO = Path(__file__).resolve().parents[2]
+PLAN = "trades"
+SHARD = "shard-1"
+GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
+MEASURES = ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max")
+ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
+SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA")
+
+
+# ------------------------------------------------------------------------------------------------
+# Input: a steady writer that remembers every event
+
+
+class TradeWriter(threading.Thread):
+    """Writes about ``rate`` trade events per second, one file every ``period_s``, timestamped now.
+
+    Event times increase from file to file (each file's events are spread over the tick just
+    ended), so no event is ever behind the plan's 10 s watermark: every event must be counted.
+    """
+
+    def __init__(self, directory: Path, rate: int = 200, period_s: float = 0.5, seed: int = 1) -> None:
+        super().__init__(name="trade-writer", daemon=True)
+        self.directory = directory
+        self.per_tick = max(1, round(rate * period_s))
+        self.period_s = period_s
+        self.rng = random.Random(seed)
+        self.events: list[tuple[int, str, float, int]] = []  # (timestamp ms, symbol, price, quantity)
+        self.files = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            tick = time.monotonic()
+            while not self.stopping.is_set():
+                self.write_tick()
+                tick += self.period_s
+                self.stopping.wait(max(0.0, tick - time.monotonic()))
+        except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
+            self.error = exc
+
+    def write_tick(self) -> None:
+        end_ms = int(time.time() * 1000)
+        span_ms = int(self.period_s * 1000)
+        batch = [(end_ms - span_ms + 1 + i * span_ms // self.per_tick, self.rng.choice(SYMBOLS),
+                  round(self.rng.uniform(1, 500), 2), self.rng.randint(1, 1000)) for i in range(self.per_tick)]
+        lines = [json.dumps({"symbol": s, "price": p, "quantity": q, "timestamp": t}) for t, s, p, q in batch]
+        write_atomically(self.directory, lines)
+        with self.lock:
+            self.events.extend(batch)
+            self.files += 1
+
+    @property
+    def written(self) -> int:
+        with self.lock:
+            return len(self.events)
+
+    def snapshot(self) -> list[tuple[int, str, float, int]]:
+        with self.lock:
+            return list(self.events)
+
+    def stop(self) -> list[tuple[int, str, float, int]]:
+        """Stop writing and return every event written; raise what the thread raised, if anything."""
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=30)
+        if self.error is not None:
+            raise AssertionError(f"the trade writer failed: {self.error!r}") from self.error
+        return self.snapshot()
+
+
+def start_writer(cluster: ClusterConfig, rate: int = 200, seed: int = 1) -> TradeWriter:
+    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=rate, seed=seed)
+    writer.start()
+    return writer
+
+
+# ------------------------------------------------------------------------------------------------
+# Expected values (the test's own bucketing and arithmetic) and the comparison
+
+
+def truncate(moment: datetime, granularity: str) -> datetime:
+    """Bucket start of ``moment`` (independent of tandem.aggregation.granularity)."""
+    if granularity == "second":
+        return moment.replace(microsecond=0)
+    if granularity == "minute":
+        return moment.replace(second=0, microsecond=0)
+    if granularity == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    if granularity == "day":
+        return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if granularity == "month":
+        return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return moment.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def expected_aggregates(events: list[tuple[int, str, float, int]], granularity: str) -> dict[tuple, dict]:
+    groups: dict[tuple, list[tuple]] = defaultdict(list)
+    for event in events:
+        moment = datetime.fromtimestamp(event[0] / 1000, tz=UTC)
+        groups[(truncate(moment, granularity), event[1])].append(event)
+    return {
+        key: {"price_sum": sum(e[2] for e in group), "trade_count": len(group),
+              "quantity_sum": sum(e[3] for e in group), "price_min": min(e[2] for e in group),
+              "price_max": max(e[2] for e in group)}
+        for key, group in groups.items()
+    }
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def compare(actual_rows: list[dict], expected: dict[tuple, dict], label: str, limit: int = 5) -> list[str]:
+    """Differences between published rows and the expected ones ([] when equal)."""
+    problems: list[str] = []
+    actual: dict[tuple, dict] = {}
+    for row in actual_rows:
+        key = (row["bucket_start"].astimezone(UTC), row["symbol"])
+        if key in actual:
+            problems.append(f"{label}: {key} published twice")
+        actual[key] = row
+    missing = sorted(set(expected) - set(actual))
+    extra = sorted(set(actual) - set(expected))
+    if missing:
+        problems.append(f"{label}: {len(missing)} buckets missing, e.g. {missing[:limit]}")
+    if extra:
+        problems.append(f"{label}: {len(extra)} unexpected buckets, e.g. {extra[:limit]}")
+    wrong = []
+    for key in sorted(set(expected) & set(actual)):
+        for column in MEASURES:
+            want, got = expected[key][column], actual[key][column]
+            if not _close(float(got), float(want)):
+                wrong.append(f"{key} {column}: published {got}, expected {want}")
+    if wrong:
+        problems.append(f"{label}: {len(wrong)} wrong values, e.g. {wrong[:limit]}")
+    return problems
+
+
+def mismatches(cluster: ClusterConfig, events: list[tuple[int, str, float, int]],
+               sources: tuple[str, ...] = ("postgres", "delta")) -> list[str]:
+    """Every difference between the merged outputs (PostgreSQL and Delta, six granularities) and ``events``."""
+    problems: list[str] = []
+    for granularity in GRANULARITIES:
+        expected = expected_aggregates(events, granularity)
+        for source in sources:
+            rows = aggregation.query(cluster, PLAN, granularity, *ALL_TIME, source=source)
+            problems += compare(rows, expected, f"{source} {granularity}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------
+# The coordination tables
+
+
+def fetch(database_url: str, sql: str, params: Any = None) -> list[dict]:
+    conn = psycopg2.connect(database_url, options="-c search_path=tandem -c TimeZone=UTC")
+    try:
+        with conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
+            cursor.execute(sql, params)
+            return [dict(row) for row in cursor.fetchall()]
+    finally:
+        conn.close()
+
+
+def published_total(database_url: str) -> int:
+    rows = fetch(database_url, "SELECT COALESCE(sum(trade_count), 0) AS n FROM trade_aggregates "
+                               "WHERE granularity = 'second' AND shard_id = %s", (SHARD,))
+    return int(rows[0]["n"])
+
+
+def lease(database_url: str) -> dict | None:
+    rows = fetch(database_url, "SELECT *, now() > expires_at AS expired FROM leases WHERE plan = %s AND shard_id = %s",
+                 (PLAN, SHARD))
+    return rows[0] if rows else None
+
+
+def failover_events(database_url: str, since: datetime | None = None) -> list[dict]:
+    return fetch(database_url, "SELECT * FROM failover_events WHERE plan = %s AND shard_id = %s "
+                               "AND (%s::timestamptz IS NULL OR happened_at >= %s) ORDER BY id",
+                 (PLAN, SHARD, since, since))
+
+
+def publish_log(database_url: str, node: str | None = None) -> list[dict]:
+    return fetch(database_url, "SELECT * FROM publish_log WHERE instance_id LIKE %s ORDER BY published_at, batch_id",
+                 (f"{PLAN}/{SHARD}/{node or '%'}",))
+
+
+def instance_row(database_url: str, node: str) -> dict | None:
+    rows = fetch(database_url, "SELECT * FROM plan_instances WHERE instance_id = %s", (f"{PLAN}/{SHARD}/{node}",))
+    return rows[0] if rows else None
+
+
+def latest_watermark(database_url: str, node: str, since: datetime | None = None) -> datetime | None:
+    """The event-time watermark of the node's newest completed aggregates batch (since ``since``)."""
+    rows = fetch(database_url, "SELECT max(watermark) AS w FROM heartbeats WHERE instance_id = %s "
+                               "AND query_name = 'aggregates' AND (%s::timestamptz IS NULL OR recorded_at >= %s)",
+                 (f"{PLAN}/{SHARD}/{node}", since, since))
+    return rows[0]["w"]
+
+
+def db_now(database_url: str) -> datetime:
+    return fetch(database_url, "SELECT clock_timestamp() AS t")[0]["t"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Processes
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.5,
+             detail: Callable[[], str] | None = None) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n{detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}{extra}")
+        time.sleep(poll_s)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    os.killpg(pgid, sig)
+
+
+def group_alive(pgid: int) -> bool:
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return False
+
+
+@dataclass
+class Pair:
+    """Instances of (trades, shard-1) on node-a / node-b, launched detached; groups are registered
+    in ``groups`` (the ``process_groups`` fixture) so they are killed after the test, whatever happens."""
+
+    cluster: ClusterConfig
+    plan: PlanConfig
+    dist: Path
+    groups: list[int]
+    trigger: str = "1 second"
+    pgids: dict[str, int] = field(default_factory=dict)
+    launched_at: dict[str, datetime] = field(default_factory=dict)
+
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def url(self) -> str:
+        return self.cluster.database_url
+
+    def note(self, message: str) -> None:
+        """Print a progress line with the seconds since the pair was set up (shown with ``pytest -s``)."""
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+
+    def launch(self, node: str, role: str) -> int:
+        job = launch_instance(self.cluster, self.plan, SHARD, node, self.trigger, role=role,
+                              launched_by="test_failover", py_files=self.dist)
+        assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
+        self.groups.append(job.submit_pid)
+        self.pgids[node] = job.submit_pid
+        self.launched_at[node] = datetime.now(UTC)
+        return job.submit_pid
+
+    def wait_running(self, node: str, timeout_s: float = 240) -> dict:
+        return wait_until_running(self.cluster, PLAN, SHARD, node, timeout_s=timeout_s)
+
+    def start_pair(self, active: str = "node-a", passive: str = "node-b", timeout_s: float = 240) -> None:
+        """ACTIVE first (it takes the free lease at start), then the PASSIVE once the lease is taken."""
+        self.launch(active, "ACTIVE")
+        wait_for(lambda: (lease(self.url) or {}).get("holder") == active, timeout_s, f"{active} to take the lease",
+                 detail=lambda: self.log_tail(active))
+        self.launch(passive, "PASSIVE")
+        self.wait_running(active, timeout_s)
+        self.wait_running(passive, timeout_s)
+        self.note(f"{active} ACTIVE and {passive} PASSIVE are running")
+
+    def kill(self, node: str, sig: int = signal.SIGKILL) -> float:
+        """Send ``sig`` to the node's whole process group; return the wall-clock time it was sent."""
+        sent = time.time()
+        signal_group(self.pgids[node], sig)
+        return sent
+
+    def wait_group_gone(self, node: str, timeout_s: float = 30) -> None:
+        wait_for(lambda: not group_alive(self.pgids[node]), timeout_s, f"the processes of {node} to exit", poll_s=0.2)
+
+    def caught_up(self, node: str, slack_s: float = 10.0) -> bool:
+        """The node's watermark is within ``slack_s`` of now − 10 s watermark delay: it has read what was written."""
+        watermark = latest_watermark(self.url, node, self.launched_at.get(node))
+        if watermark is None:
+            return False
+        behind = time.time() - watermark.timestamp() - self.plan.watermark_s
+        return behind <= slack_s
+
+    def wait_caught_up(self, node: str, timeout_s: float = 300) -> None:
+        wait_for(lambda: self.caught_up(node), timeout_s, f"{node} to catch up with the input",
+                 detail=lambda: f"watermark {latest_watermark(self.url, node)}, now {datetime.now(UTC)}\n"
+                                f"{self.log_tail(node)}")
+
+    def promoted(self, node: str, above_epoch: int) -> dict | None:
+        for event in failover_events(self.url):
+            if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
+                return event
+        return None
+
+    def first_publish(self, node: str, epoch: int) -> dict | None:
+        rows = [r for r in publish_log(self.url, node) if r["epoch"] == epoch]
+        return min(rows, key=lambda r: r["published_at"]) if rows else None
+
+    def log_tail(self, node: str, lines: int = 30) -> str:
+        from tandem.supervisor.launcher import log_tail
+
+        row = instance_row(self.url, node)
+        path = row and row["log_path"]
+        return f"--- {path} ---\n{log_tail(path, lines)}" if path else f"(no log for {node})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Catching an instance inside a publishing transaction (it holds the lease row FOR SHARE)
+
+
+def postgres_ports(pid: int) -> list[int]:
+    """Local TCP ports of the process's connections to PostgreSQL."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    return [c.laddr.port for c in connections if c.raddr and c.raddr.port == 5432]
+
+
+def open_publish_transaction(cursor, ports: list[int]) -> dict | None:
+    """The open transaction of a ``tandem-publisher`` connection on one of ``ports``, if there is one."""
+    cursor.execute(
+        """SELECT pid, state, xact_start, left(query, 120) AS query FROM pg_stat_activity
+           WHERE datname = current_database() AND application_name = 'tandem-publisher'
+             AND client_port = ANY(%s) AND xact_start IS NOT NULL AND state <> 'idle'""",
+        (ports,),
+    )
+    return cursor.fetchone()
+
+
+def pause_inside_publish(pair: Pair, node: str, timeout_s: float = 30.0) -> tuple[float, dict | None]:
+    """SIGSTOP the node's process group, preferably while its publisher has a fenced transaction open.
+
+    Returns the time the signal was sent and the transaction still open after the pause (``None``
+    when the pause missed every transaction within ``timeout_s``, or the transaction ended first).
+    """
+    driver = instance_row(pair.url, node)["pid"]
+    conn = psycopg2.connect(pair.url)
+    conn.autocommit = True
+    try:
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
+            deadline = time.monotonic() + timeout_s
+            ports, ports_at = postgres_ports(driver), time.monotonic()
+            while time.monotonic() < deadline:
+                if time.monotonic() - ports_at > 1.0:
+                    ports, ports_at = postgres_ports(driver), time.monotonic()
+                if open_publish_transaction(cursor, ports):
+                    break
+                time.sleep(0.002)
+            paused = pair.kill(node, signal.SIGSTOP)
+            time.sleep(0.3)  # let the server finish the statement it was running
+            return paused, open_publish_transaction(cursor, postgres_ports(driver))
+    finally:
+        conn.close()
