@@ -1,0 +1,407 @@
+"""Shared pieces of the trades benchmark harness: input generation, ground truth, databases, machine info.
+
+Nothing here imports ``tandem`` or ``pyspark``: the harness (``trades_throughput.py``) uses it for
+both sides, and the plain baseline (``plain_trades.py``) does not use it at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import pandas as pd
+import psycopg2
+
+UTC = timezone.utc
+# By default the event times are centred on this midnight, so every granularity (second … year)
+# has at least two buckets per symbol.
+NEW_YEAR = datetime(2025, 1, 1, tzinfo=UTC)
+MEASURES = ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max")
+
+# Bad lines (~0.5 % of the input): malformed JSON, wrong JSON types, missing fields, values that
+# fail a check. ``{sym}`` and ``{ts}`` are filled in so bad lines look like their neighbours.
+BAD_TEMPLATES = (
+    '{{not json',
+    '[1, 2, 3]',
+    '{{"symbol": "{sym}", "price": "abc", "quantity": 1, "timestamp": {ts}}}',
+    '{{"symbol": "{sym}", "quantity": 3, "timestamp": {ts}}}',
+    '{{"symbol": "{sym}", "price": 10.5, "quantity": -3, "timestamp": {ts}}}',
+    '{{"symbol": "{sym}", "price": -1.25, "quantity": 3, "timestamp": {ts}}}',
+    '{{"symbol": "", "price": 2.5, "quantity": 4, "timestamp": {ts}}}',
+    '{{"symbol": "{sym}", "price": 2.5, "quantity": 4, "timestamp": "yesterday"}}',
+    '{{"symbol": "{sym}", "price": 10.0, "quantity": 1.5, "timestamp": {ts}}}',
+    '{{"price": 10.0, "quantity": 1, "timestamp": {ts}}}',
+)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the pre-written input looks like; the same spec always produces the same files."""
+
+    events: int = 1_500_000
+    files: int = 1_000
+    symbols: int = 200
+    span_hours: float = 1.0
+    bad_ratio: float = 0.005
+    jitter_ms: int = 2_000
+    seed: int = 7
+    start: str | None = None  # default: centred on New Year's midnight, so every granularity has 2+ buckets
+
+    @property
+    def start_ms(self) -> int:
+        if self.start:
+            return int(datetime.fromisoformat(self.start).timestamp() * 1000)
+        midnight = int(NEW_YEAR.timestamp() * 1000)
+        return midnight - int(self.span_hours * 3_600_000) // 2 // 60_000 * 60_000
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class InputSet:
+    spec: InputSpec
+    directory: Path
+    files: int
+    lines: int
+    valid: int
+    invalid: int
+    bytes: int
+    first_event: str
+    last_event: str
+    second_rows: int
+    truth_hour: pd.DataFrame  # ground truth per (hour bucket, symbol) over the valid events
+
+    def describe(self) -> dict:
+        return {
+            "events_total": self.lines, "valid_events": self.valid, "invalid_lines": self.invalid,
+            "bad_ratio": round(self.invalid / self.lines, 5), "files": self.files,
+            "events_per_file": round(self.lines / self.files), "bytes": self.bytes,
+            "symbols": self.spec.symbols, "event_time_first": self.first_event, "event_time_last": self.last_event,
+            "span_hours": self.spec.span_hours, "distinct_second_symbol_buckets": self.second_rows,
+            "shard_directories": 1, "format": "JSON lines, one event per line",
+            "event_order": f"event times increase through the files (jitter up to {self.spec.jitter_ms} ms, "
+                           "below the 10 s watermark, so no event is late)",
+            "seed": self.spec.seed, "directory": str(self.directory),
+        }
+
+
+def symbol_names(count: int, seed: int) -> list[str]:
+    """``count`` distinct ticker-like names (3–5 capital letters), reproducible."""
+    rng = np.random.default_rng(seed + 1)
+    names: list[str] = []
+    seen: set[str] = set()
+    while len(names) < count:
+        length = int(rng.integers(3, 6))
+        name = "".join(chr(65 + int(c)) for c in rng.integers(0, 26, length))
+        if name not in seen:
+            seen.add(name)
+            names.append(name)
+    return names
+
+
+def _arrays(spec: InputSpec) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(spec.seed)
+    n = spec.events
+    start_ms = spec.start_ms
+    span_ms = int(spec.span_hours * 3_600_000)
+    base = start_ms + (np.arange(n, dtype=np.int64) * span_ms) // n
+    timestamp = np.maximum(base - rng.integers(0, spec.jitter_ms + 1, n), start_ms)
+    symbol = rng.integers(0, spec.symbols, n)
+    levels = np.round(rng.uniform(5, 900, spec.symbols), 2)
+    price = np.maximum(np.round(levels[symbol] * np.exp(rng.normal(0, 0.02, n)), 2), 0.01)
+    quantity = rng.integers(1, 501, n)
+    bad = rng.random(n) < spec.bad_ratio
+    template = rng.integers(0, len(BAD_TEMPLATES), n)
+    return {"timestamp": timestamp, "symbol": symbol, "price": price, "quantity": quantity, "bad": bad,
+            "template": template}
+
+
+def prepare_input(spec: InputSpec, root: Path, write_file, progress=None) -> InputSet:
+    """Write the input once into ``root/landing/trades/shard-1`` (reused when it already exists).
+
+    ``write_file(directory, lines)`` writes one file atomically. File modification times are set
+    one second apart in file order so every reader sees the same order.
+    """
+    directory = root / "landing" / "trades" / "shard-1"
+    manifest = root / "manifest.json"
+    data = _arrays(spec)
+    names = np.array(symbol_names(spec.symbols, spec.seed), dtype=object)
+    good = ~data["bad"]
+    frame = pd.DataFrame({"hour": data["timestamp"][good] // 3_600_000 * 3_600_000,
+                          "second": data["timestamp"][good] // 1000,
+                          "symbol": names[data["symbol"][good]], "price": data["price"][good],
+                          "quantity": data["quantity"][good]})
+    truth = frame.groupby(["hour", "symbol"]).agg(
+        price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
+        price_min=("price", "min"), price_max=("price", "max")).reset_index()
+    second_rows = int(frame[["second", "symbol"]].drop_duplicates().shape[0])
+
+    if not (manifest.is_file() and json.loads(manifest.read_text()).get("spec") == asdict(spec)):
+        if directory.exists():
+            for old in directory.iterdir():
+                old.unlink()
+        directory.mkdir(parents=True, exist_ok=True)
+        ts, sym, price, qty = (data[k].tolist() for k in ("timestamp", "symbol", "price", "quantity"))
+        bad, template = data["bad"].tolist(), data["template"].tolist()
+        name_list = names.tolist()
+        bounds = np.linspace(0, spec.events, spec.files + 1).astype(int).tolist()
+        written: list[Path] = []
+        task = progress.add_task("writing input files", total=spec.files) if progress else None
+        for f in range(spec.files):
+            lines = []
+            for i in range(bounds[f], bounds[f + 1]):
+                if bad[i]:
+                    lines.append(BAD_TEMPLATES[template[i]].format(sym=name_list[sym[i]], ts=ts[i]))
+                else:
+                    lines.append(f'{{"symbol": "{name_list[sym[i]]}", "price": {price[i]}, '
+                                 f'"quantity": {qty[i]}, "timestamp": {ts[i]}}}')
+            written.append(write_file(directory, lines))
+            if progress:
+                progress.advance(task)
+        first = time.time_ns() - spec.files * 1_000_000_000
+        for index, path in enumerate(written):
+            stamp = first + index * 1_000_000_000
+            os.utime(path, ns=(stamp, stamp))
+        manifest.write_text(json.dumps({"spec": asdict(spec)}, indent=2))
+        if progress:
+            progress.remove_task(task)
+
+    files = sorted(p for p in directory.iterdir() if p.suffix == ".jsonl")
+    invalid = int(data["bad"].sum())
+    ts_good = data["timestamp"][good]
+    return InputSet(
+        spec=spec, directory=directory, files=len(files), lines=spec.events, valid=spec.events - invalid,
+        invalid=invalid, bytes=sum(p.stat().st_size for p in files),
+        first_event=datetime.fromtimestamp(int(ts_good.min()) / 1000, UTC).isoformat(),
+        last_event=datetime.fromtimestamp(int(ts_good.max()) / 1000, UTC).isoformat(),
+        second_rows=second_rows, truth_hour=truth,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL: throw-away databases and reading an aggregate table into pandas
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def admin_connection(server_url: str):
+    conn = psycopg2.connect(with_database(server_url, "postgres"), connect_timeout=5)
+    conn.autocommit = True
+    return conn
+
+
+def create_database(server_url: str, label: str) -> str:
+    name = f"tandem_bench_{label}_{uuid.uuid4().hex[:8]}"
+    conn = admin_connection(server_url)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
+    return with_database(server_url, name)
+
+
+def drop_database(url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    if not name.startswith("tandem_bench_"):
+        raise ValueError(f"refusing to drop {name!r}: not a benchmark database")
+    conn = admin_connection(url)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        conn.close()
+
+
+def checkpoint(server_url: str) -> None:
+    """Flush PostgreSQL's dirty pages so a run does not pay for the previous run's writes."""
+    conn = admin_connection(server_url)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    finally:
+        conn.close()
+
+
+def read_query(url: str, sql: str) -> pd.DataFrame:
+    """Run ``sql`` and return the result as a DataFrame (through COPY … CSV: fast for 1M rows)."""
+    import pyarrow.csv as pacsv
+
+    buffer = io.BytesIO()
+    conn = psycopg2.connect(url, options="-c TimeZone=UTC")
+    try:
+        with conn.cursor() as cursor:
+            cursor.copy_expert(f"COPY ({sql}) TO STDOUT WITH (FORMAT csv, HEADER true)", buffer)
+    finally:
+        conn.close()
+    buffer.seek(0)
+    if buffer.getbuffer().nbytes == 0:
+        return pd.DataFrame()
+    return pacsv.read_csv(buffer, convert_options=pacsv.ConvertOptions(
+        column_types={"bucket_start": "string", "symbol": "string", "granularity": "string"})).to_pandas()
+
+
+def scalar(url: str, sql: str, params=None):
+    conn = psycopg2.connect(url, options="-c TimeZone=UTC")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+            return row[0] if row else None
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine description
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def git_commit(repo: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def machine_info(spark=None, server_url: str | None = None) -> dict:
+    info = {
+        "hostname": platform.node(), "os": platform.platform(), "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(), "memory_gib": _memory_gib(), "python": platform.python_version(),
+        "pyspark": _version("pyspark"), "deltalake": _version("deltalake"), "pyarrow": _version("pyarrow"),
+        "pandas": _version("pandas"), "psycopg2": _version("psycopg2"),
+    }
+    if spark is not None:
+        jvm = spark.sparkContext._jvm
+        info["java"] = f"{jvm.System.getProperty('java.vendor')} {jvm.System.getProperty('java.version')}"
+        info["spark"] = spark.version
+        info["spark_master"] = spark.sparkContext.master
+        info["spark_driver_memory"] = spark.conf.get("spark.driver.memory", "1g (default)")
+        info["spark_shuffle_partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+    if server_url:
+        try:
+            info["postgresql"] = scalar(with_database(server_url, "postgres"), "SHOW server_version")
+        except Exception:  # noqa: BLE001
+            info["postgresql"] = None
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Other work on a shared machine: CPU used by processes that are not this benchmark
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_process() -> dict[int, tuple[str, float]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / _TICKS)
+    return found
+
+
+def _busy_seconds() -> float:
+    """CPU seconds all processes used since boot (/proc/stat: everything but idle and iowait)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    values = [int(v) for v in fields[:8]]
+    return (sum(values) - values[3] - values[4]) / _TICKS
+
+
+class ForeignCpu:
+    """CPU seconds used by other processes than ``ours`` (and PostgreSQL's, which serve us too).
+
+    Machine-wide busy time minus the time of our processes and of the PostgreSQL processes alive
+    at the end, so short-lived processes that come and go during a run are counted too.
+    """
+
+    def __init__(self, ours: set[int]) -> None:
+        self.ours = ours
+        self.busy = _busy_seconds()
+        self.start = _cpu_by_process()
+
+    def seconds(self) -> float:
+        busy = _busy_seconds() - self.busy
+        mine = 0.0
+        for pid, (comm, cpu) in _cpu_by_process().items():
+            if pid in self.ours or comm.startswith("postgres"):
+                before = self.start.get(pid)
+                mine += cpu - before[1] if before and before[0] == comm else cpu
+        return max(0.0, busy - mine)
+
+
+def wait_for_quiet(ours: set[int], max_wait_s: float = 900, window_s: float = 5.0, cores: float = 0.15,
+                   on_wait=None) -> float:
+    """Wait (up to ``max_wait_s``) until other processes use < ``cores`` CPU over ``window_s``.
+
+    Returns the seconds waited. The machine is shared; the waits and the foreign CPU of every run
+    are recorded in the results so a disturbed run can be recognised.
+    """
+    started = time.time()
+    while True:
+        probe = ForeignCpu(ours)
+        time.sleep(window_s)
+        busy = probe.seconds() / window_s
+        if busy < cores or time.time() - started > max_wait_s:
+            return time.time() - started
+        if on_wait:
+            on_wait(busy)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(np.array(values, dtype=float), q))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
