@@ -63,6 +63,7 @@ from rich.table import Table  # noqa: E402
 import _ha  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.layout import landing_dir  # noqa: E402
+from tandem.packaging import build_dist  # noqa: E402
 from tandem.store import Database, migrate  # noqa: E402
 from tandem.supervisor.launcher import child_environment  # noqa: E402
 
@@ -117,7 +118,7 @@ def private_project(label: str, plan_overrides: dict | None = None):
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
                        "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
     project = Project(root, url, [])
-    _ha.build_dist(root)
+    build_dist(root)
     try:
         yield project
     finally:
@@ -202,9 +203,13 @@ def one_failover(pair: _ha.Pair, active: str, standby: str, timeout_s: float = 6
             raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url)}\n"
                                f"{pair.log_tail(standby)}")
         lease_after = _ha.lease(url)
-        live = _poll(conn, "SELECT min(published_at) AS published_at FROM publish_log WHERE instance_id = %s "
-                           "AND epoch = %s AND batch_id > %s",
-                     (f"trades/shard-1/{standby}", epoch, first["batch_id"]))
+        live = None
+        deadline = time.monotonic() + 30
+        while live is None and time.monotonic() < deadline:  # the first live batch after the held outputs
+            live = _poll(conn, "SELECT min(published_at) AS published_at FROM publish_log WHERE instance_id = %s "
+                               "AND epoch = %s AND batch_id > %s HAVING count(*) > 0",
+                         (f"trades/shard-1/{standby}", epoch, first["batch_id"]))
+            time.sleep(0.1)
     finally:
         conn.close()
     pair.wait_group_gone(active)

@@ -33,10 +33,8 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import landing_dir
 from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
-from tandem.packaging import build_dist
 
 UTC = timezone.utc
-REPO = Path(__file__).resolve().parents[2]
 PLAN = "trades"
 SHARD = "shard-1"
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")

@@ -26,7 +26,6 @@ import pytest
 
 from _ha import (
     Pair,
-    build_dist,
     failover_events,
     group_alive,
     instance_row,
@@ -41,6 +40,7 @@ from _ha import (
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
 from tandem.layout import checkpoint_dir, delta_table_dir
+from tandem.packaging import build_dist
 from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
 from tandem.store.registry import InstanceKey
 from tandem.supervisor import stop_instance
