@@ -77,8 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-events", type=int, default=100_000)
     parser.add_argument("--no-profile", action="store_true",
                         help="skip the instrumented profile runs and the JSON-parse micro-benchmark")
-    parser.add_argument("--what-if", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run Tandem with the suggested changes patched in (measurement only)")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     parser.add_argument("--latency-rate", type=int, default=2_000, help="events per second")
     parser.add_argument("--latency-files-per-s", type=int, default=5)
@@ -229,11 +227,10 @@ class Bench:
         self.foreign = C.ForeignCpu(ours)
         return {"waited_for_quiet_s": round(waited, 1)}
 
-    def pair(self, inp: C.InputSet, label: str, discarded: list[dict], changes: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    def pair(self, inp: C.InputSet, label: str, discarded: list[dict]) -> tuple[dict, dict]:
         """Tandem then plain; repeated (up to 3 times) when other processes disturbed either run."""
         for attempt in range(4):
-            with what_if(changes):
-                tandem = self.run_tandem(inp, label)
+            tandem = self.run_tandem(inp, label)
             plain = self.run_plain(inp, label)
             if attempt == 3 or not (self.disturbed(tandem) or self.disturbed(plain)):
                 return tandem, plain
@@ -461,147 +458,6 @@ def instrumented(side: str):
         timers.undo()
 
 
-# ---------------------------------------------------------------------------------------------
-# Experiments: the changes this benchmark suggests for Tandem, patched into this process only
-# (the library itself is not edited). ``--what-if`` runs the plan with them; the parse
-# micro-benchmark compares them with the library's and the plain job's parsing.
-
-
-def parse_once_and_validate(lines, schema):
-    """Same output and reasons as ``tandem.runtime.records.parse_and_validate``, parsing once.
-
-    1. The typed ``from_json`` sits behind a one-row ``inline(array(...))`` (a Generate), so
-       Spark cannot push the ``reason IS [NOT] NULL`` filters below it and re-inline the JSON
-       parsing into them (it does today: the physical Filter holds ~30 copies of ``from_json``).
-    2. Good lines are recognised from the typed fields alone; the second parse into
-       ``map<string,string>`` (only needed for the wording of the reason) runs for bad lines only.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import MapType, StringType
-    from tandem.runtime.records import _TYPE_NAMES
-
-    typed = F.from_json("raw", schema.struct, {"mode": "PERMISSIVE"})
-    parsed = lines.select("raw", "source_file", F.inline(F.array(F.struct(typed.alias("_typed")))))
-    value_of = {rule.name: F.col("_typed")[rule.name] for rule in schema.fields}
-    good = F.lit(True)
-    for rule in schema.fields:
-        value = value_of[rule.name]
-        good = good & value.isNotNull()
-        for check in rule.checks:
-            good = good & check.predicate(value)
-    text = F.from_json("raw", MapType(StringType(), StringType()))
-    problems = []
-    for rule in schema.fields:
-        raw_value, value = text[rule.name], value_of[rule.name]
-        missing = ~F.map_contains_key(text, F.lit(rule.name)) | raw_value.isNull()
-        problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
-        problems.append(F.when(~missing & value.isNull(), F.concat(
-            F.lit(f"field '{rule.name}' is not {_TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())}: "),
-            raw_value)))
-        for check in rule.checks:
-            problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
-                F.lit(f"field '{rule.name}' {check.message} (got "), raw_value, F.lit(")"))))
-    detailed = F.when(text.isNull(), F.lit("malformed JSON: not a JSON object")).otherwise(
-        F.nullif(F.concat_ws("; ", *problems), F.lit("")))
-    reason = F.when(~F.coalesce(good, F.lit(False)), detailed)
-    return parsed.select("raw", "source_file", *[value_of[f.name].alias(f.name) for f in schema.fields],
-                         reason.alias("reason"))
-
-
-def upsert_and_roll_up_arrow(cursor, spec, shard_id: str, epoch: int, batch_id: int):
-    """The library's upsert + roll-up SQL, with the RETURNING rows streamed as CSV into Arrow.
-
-    ``COPY (INSERT … RETURNING …) TO STDOUT`` instead of ``fetchall()`` on a RealDictCursor and
-    ``pa.Table.from_pylist`` of dicts: no Python object per returned value.
-    """
-    import io
-
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    from tandem.aggregation.granularity import GRANULARITIES as LEVELS
-    from tandem.aggregation.granularity import child_of
-    from tandem.aggregation.postgres import _conflict_update
-    from tandem.aggregation.spec import MERGE_SQL
-
-    keys = ", ".join(spec.keys)
-    measures = ", ".join(spec.measure_columns)
-    returning = ", ".join(["granularity", "bucket_start AT TIME ZONE 'UTC' AS bucket_start", *spec.keys, "shard_id",
-                           *spec.measure_columns, "epoch", "batch_id"])
-    arrow_types = {"double precision": pa.float64(), "bigint": pa.int64()}
-    types = {"granularity": pa.string(), "bucket_start": pa.timestamp("us"), **{k: pa.string() for k in spec.keys},
-             "shard_id": pa.string(), **{m.column: arrow_types[m.sql_type] for m in spec.measures},
-             "epoch": pa.int64(), "batch_id": pa.int64()}
-    params = {"shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
-    statements = [(f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {measures}, epoch, batch_id)
-            SELECT 'second', bucket_start, {keys}, %(shard_id)s, {measures}, %(epoch)s, %(batch_id)s FROM _batch
-            {_conflict_update(spec)} RETURNING {returning}""", params)]
-    merged = ", ".join(f"{MERGE_SQL[m.kind]}(c.{m.column})" for m in spec.measures)
-    key_join = " AND ".join(f"c.{k} = p.{k}" for k in spec.keys)
-    for granularity in LEVELS[1:]:
-        statements.append((f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {measures}, epoch, batch_id)
-                SELECT %(granularity)s, p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}, %(shard_id)s, {merged},
-                       %(epoch)s, %(batch_id)s
-                FROM (SELECT DISTINCT {keys}, date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
-                JOIN {spec.table} c
-                  ON c.granularity = %(child)s AND c.shard_id = %(shard_id)s AND {key_join}
-                 AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
-                GROUP BY p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}
-                {_conflict_update(spec)} RETURNING {returning}""",
-                           {**params, "granularity": granularity, "child": child_of(granularity)}))
-    tables = []
-    for sql, values in statements:
-        buffer = io.BytesIO()
-        cursor.copy_expert(cursor.mogrify(f"COPY ({sql}) TO STDOUT WITH (FORMAT csv, HEADER true)", values).decode(),
-                           buffer)
-        buffer.seek(0)
-        tables.append(pacsv.read_csv(buffer, convert_options=pacsv.ConvertOptions(column_types=types)))
-    table = pa.concat_tables(tables)
-    return table.set_column(1, "bucket_start", table["bucket_start"].cast(pa.timestamp("us", tz="UTC")))
-
-
-def append_rows_arrow(path, spec, rows, *, node: str, published_at, app_id: str, batch_id: int) -> bool:
-    """``tandem.aggregation.delta.append_rows`` for rows that are already an Arrow table."""
-    import pyarrow as pa
-    from tandem.aggregation.delta import arrow_schema
-    from tandem.lake.tables import append_once
-
-    schema = arrow_schema(spec)
-    n = rows.num_rows
-    table = rows.append_column("node", pa.repeat(pa.scalar(node, pa.string()), n)).append_column(
-        "published_at", pa.repeat(pa.scalar(published_at, pa.timestamp("us", tz="UTC")), n))
-    return append_once(path, table.select(schema.names).cast(schema), app_id=app_id, version=batch_id,
-                       partition_by=["granularity"])
-
-
-WHAT_IF = {
-    "parse-once": "records.parse_and_validate → parse_once_and_validate (JSON parsed once per line, "
-                  "map parse for bad lines only, Generate barrier against filter push-down)",
-    "arrow-sink": "aggregation.postgres.upsert_and_roll_up / aggregation.delta.append_rows → "
-                  "COPY (INSERT … RETURNING) TO STDOUT into Arrow, Arrow straight to deltalake",
-}
-
-
-@contextmanager
-def what_if(changes: tuple[str, ...]):
-    import tandem.aggregation.delta as agg_delta
-    import tandem.aggregation.postgres as agg_postgres
-    import tandem.plans.trades as trades
-
-    saved = [(trades, "parse_and_validate", trades.parse_and_validate),
-             (agg_postgres, "upsert_and_roll_up", agg_postgres.upsert_and_roll_up),
-             (agg_delta, "append_rows", agg_delta.append_rows)]
-    if "parse-once" in changes:
-        trades.parse_and_validate = parse_once_and_validate
-    if "arrow-sink" in changes:
-        agg_postgres.upsert_and_roll_up = upsert_and_roll_up_arrow
-        agg_delta.append_rows = append_rows_arrow
-    try:
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
-
-
 def parse_microbenchmark(spark, inp: C.InputSet, files: int, progress: Progress, settle) -> dict:
     """Batch read of ``files`` input files, written to the noop sink (every column computed).
 
@@ -628,19 +484,13 @@ def parse_microbenchmark(spark, inp: C.InputSet, files: int, progress: Progress,
     variants = {
         "tandem parse_and_validate": lambda: parse_and_validate(lines(), TRADE_EVENT),
         "plain parse_events": lambda: plain_trades.parse_events(lines()),
-        "what-if parse_once_and_validate": lambda: parse_once_and_validate(lines(), TRADE_EVENT),
     }
     lines_count = lines().count()
     settle()
-    # the what-if must give the same rows and reasons as the library
-    reference = {(r.raw, r.reason) for r in bad(variants["tandem parse_and_validate"]()).collect()}
-    candidate = {(r.raw, r.reason) for r in bad(variants["what-if parse_once_and_validate"]()).collect()}
-    same = reference == candidate and (good_trades(variants["tandem parse_and_validate"]()).count()
-                                       == good_trades(variants["what-if parse_once_and_validate"]()).count())
-    out: dict = {"files": len(paths), "lines": lines_count, "what_if_same_rows_and_reasons": same, "seconds": {}}
+    out: dict = {"files": len(paths), "lines": lines_count, "seconds": {}}
     task = progress.add_task("parse micro-benchmark", total=len(variants) * 2 * 2)
     for name, make in variants.items():
-        good_of = good_trades if name.startswith("tandem") or name.startswith("what-if") else plain_good
+        good_of = good_trades if name.startswith("tandem") else plain_good
         for kind, shape in (("good rows (aggregation query)", good_of), ("bad rows (quarantine query)", bad)):
             times = []
             for _ in range(2):
@@ -949,35 +799,6 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "pairs": pairs, "runs": runs, "discarded_disturbed_runs": discarded,
             })
-
-            if args.what_if:
-                progress.update(phase, description="what-if runs (tandem with suggested changes, plain)",
-                                total=2, completed=len(state.get("what_if", [])))
-                experiments = state.get("what_if", [])
-                variants = (("parse-once",), ("parse-once", "arrow-sink"))
-                for index in range(len(experiments), len(variants)):
-                    changes = variants[index]
-                    tandem, plain = bench.pair(inp, f"w{index}", discarded, changes)
-                    check = check_pair(tandem, plain, inp)
-                    bench.drop_databases()
-                    ratio = tandem["events_per_s"] / plain["events_per_s"]
-                    experiments.append({
-                        "changes": {name: WHAT_IF[name] for name in changes},
-                        "tandem_events_per_s": tandem["events_per_s"], "plain_events_per_s": plain["events_per_s"],
-                        "ratio": round(ratio, 3), "outputs_match": check["outputs_match"],
-                        "tandem_wall_s": tandem["wall_s"], "plain_wall_s": plain["wall_s"],
-                        "other_processes_cpu_s": [tandem["other_processes_cpu_s"], plain["other_processes_cpu_s"]],
-                        "tandem_batches": tandem["batches"]})
-                    state.put("what_if", experiments)
-                    state.put("discarded", discarded)
-                    console.print(f"what-if {'+'.join(changes)}: tandem {tandem['events_per_s']:,}/s, "
-                                  f"plain {plain['events_per_s']:,}/s, ratio {ratio:.3f}, "
-                                  f"outputs_match={check['outputs_match']}")
-                    progress.advance(phase)
-                results["what_if"] = {
-                    "note": "single pairs with the changes patched into this process (the library is not edited); "
-                            "see bench/README.md",
-                    "runs": experiments}
 
             if not args.no_profile:
                 progress.update(phase, description="profile runs (instrumented, not in the medians)", total=None)
