@@ -21,8 +21,7 @@ the ACTIVE alone and by the ACTIVE while a hot PASSIVE processes the same input 
 (``--available-now`` runs, fresh storage and database each), events/s of the ACTIVE from its
 progress heartbeats, as a ratio.
 
-Results: ``bench/results/failover.json``. See bench/FAILOVER.md (or the "Failover benchmark"
-section of bench/README.md).
+Results: ``bench/results/failover.json``; see the "Failover benchmark" section of bench/README.md.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")  # the launcher's hook logs every command
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(ROOT / "tests" / "integration"))  # _ha: writer, expected values, process control
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # _ha: writer, expected values, process control
 
 import psutil  # noqa: E402
 import psycopg2  # noqa: E402

@@ -165,7 +165,7 @@ resolve_pg_dir() {
     fi
     rmdir "$PG_DIR"
     local h alt
-    h="$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
+    h="$(printf '%s' "$PG_DIR" | sha256sum | cut -c1-12)"  # one per cluster directory
     alt="/var/lib/tandem/pg-$h"
     log "$PG_OS_USER cannot reach $PG_DIR (a parent directory is private); using $alt"
     mkdir -p "$alt"

@@ -9,14 +9,15 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
 import psycopg2.extras
 import pytest
-import yaml
 
+from _ha import configure_one_shard, wait_for
+from _ha import instance_row as instance
 from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
@@ -49,14 +50,6 @@ def code_home(tmp_path: Path) -> Path:
     return env_file
 
 
-def configure(project: Path) -> None:
-    plan_path = project / "conf" / "plans" / "trades.yaml"
-    plan = yaml.safe_load(plan_path.read_text())
-    plan["shards"] = [SHARD]
-    plan["ha"] = {"standby": "hot", "stall_timeout": "60 seconds", "launch_timeout": "4 minutes"}
-    plan_path.write_text(yaml.safe_dump(plan))
-
-
 @pytest.fixture
 def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
     """After the stack is down: stop every instance the supervisor launched (they outlive Airflow)."""
@@ -70,31 +63,12 @@ def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
             pass
 
 
-def instance(database_url: str, node: str) -> dict | None:
-    with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute("SELECT * FROM tandem.plan_instances WHERE instance_id = %s", (f"trades/{SHARD}/{node}",))
-        row = cur.fetchone()
-    conn.close()
-    return row
-
-
 def query(database_url: str, sql: str, params: tuple = ()) -> list[tuple]:
     with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
         cur.execute(sql, params)
         rows = cur.fetchall()
     conn.close()
     return rows
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(1)
 
 
 def runs(airflow: AirflowClient) -> list[dict]:
@@ -111,7 +85,7 @@ def task_states(airflow: AirflowClient, run_id: str) -> dict[str, str]:
 
 def test_supervision_dag_brings_a_killed_passive_back_as_passive(stop_plan_after, airflow_stack, project: Path,
                                                                   database_url: str, tmp_path: Path) -> None:
-    configure(project)
+    configure_one_shard(project, "hot")
     env_file = code_home(tmp_path)
     with Database(database_url) as db:
         migrate(db)

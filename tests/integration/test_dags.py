@@ -1,15 +1,8 @@
-"""The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark.
-
-Each run happens in a fresh interpreter, because Airflow reads its configuration once per process.
-"""
+"""The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -17,66 +10,19 @@ import psutil
 import psycopg2
 import pytest
 
-from tandem.packaging import build_dist
+from _airflow import dag_test, private_airflow_env
 from tandem.config import load_cluster
-from tandem.store import Database, migrate
+from tandem.store import Database
 from tandem.store.registry import get_instance
 from tandem.supervisor import stop_instance
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
-
-DAG_TEST = """
-import json, sys
-from sqlalchemy import select
-from airflow.dag_processing.dagbag import DagBag
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-
-dags_folder, dag_id, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-dag = DagBag(dags_folder, safe_mode=False).dags[dag_id]
-run = dag.test(run_conf=conf or None)
-tis = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number} for ti in run.get_task_instances()}
-with create_session() as session:
-    rows = session.scalars(select(XComModel).where(XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id))
-    xcom = {f"{x.task_id}.{x.key}": x.value for x in rows}
-print("RESULT " + json.dumps({"state": str(run.state), "tis": tis, "xcom": xcom}, default=str))
-"""
 
 
 @pytest.fixture
 def airflow_env(tmp_path: Path, project: Path) -> dict[str, str]:
-    """Environment of a private Airflow (SQLite metadata DB, this repo's dags/) over the temp project."""
-    code = tmp_path / "code"  # TANDEM_HOME of the launched jobs: jobs/ of this repo and a fresh dist/
-    (code / "jobs").mkdir(parents=True)
-    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
-    build_dist(code)
-    home = tmp_path / "airflow"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "TANDEM_HOME": str(code),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    })
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    with Database(load_cluster().database_url) as db:
-        migrate(db)
-    return env
-
-
-def dag_test(env: dict[str, str], dag_id: str, conf: dict | None = None) -> tuple[dict, str]:
-    done = subprocess.run([sys.executable, "-c", DAG_TEST, str(REPO / "dags"), dag_id, json.dumps(conf or {})],
-                          env=env, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, output[-5000:]
-    return json.loads(lines[-1].removeprefix("RESULT ")), output
+    return private_airflow_env(tmp_path)
 
 
 def insert_partials(database_url: str, rows: list[tuple[str, str, float, int, float, float]]) -> None:

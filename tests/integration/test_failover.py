@@ -7,6 +7,9 @@ something with a real signal and finally checks that what was published equals t
 the test computes itself from every event it wrote: all six granularities served from
 PostgreSQL and the merged numbers read from Delta — nothing missing, nothing twice.
 
+One test runs against a PostgreSQL cluster of its own (``PrivatePostgres``) and restarts it
+mid-stream: the jobs reconnect and carry on, and no two nodes publish at once.
+
 The last test needs no Spark: it drives two publishers in-process to check that a standby does
 not trim rows an active that died between its PostgreSQL commit and its Delta append never
 wrote to Delta.
@@ -26,7 +29,10 @@ import pytest
 
 from _ha import (
     Pair,
+    PrivatePostgres,
     failover_events,
+    fetch,
+    free_port,
     group_alive,
     instance_row,
     lease,
@@ -34,6 +40,7 @@ from _ha import (
     pause_inside_publish,
     publish_log,
     published_total,
+    split_brain,
     start_writer,
     wait_for,
 )
@@ -51,6 +58,22 @@ TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a lo
 
 @pytest.fixture
 def pair(project: Path, database_url: str, process_groups: list[int]) -> Pair:
+    cluster = load_cluster()
+    return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
+
+
+@pytest.fixture
+def private_postgres(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The temp project pointed at a PostgreSQL cluster of its own, which the test may restart."""
+    server = PrivatePostgres(tmp_path / "pg", free_port())
+    monkeypatch.setenv("TANDEM_DATABASE_URL", server.start())
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def private_pair(project: Path, private_postgres: PrivatePostgres, process_groups: list[int]) -> Pair:
+    """Like ``pair``, on the private cluster (its processes are killed before the cluster is removed)."""
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
 
@@ -122,6 +145,7 @@ def test_killing_the_active_three_times_in_a_row_loses_and_duplicates_nothing(pa
                      ("PROMOTED", "node-b", 4)], kinds
     assert lease(url)["holder"] == "node-b" and lease(url)["epoch"] == 4
     assert total >= 200 * 60, f"only {total} events: the load was not steady"
+    assert split_brain(url) == []
 
 
 def test_a_paused_active_publishes_nothing_after_the_epoch_moved(pair: Pair, writer) -> None:
@@ -216,6 +240,45 @@ def test_killing_the_passive_leaves_the_active_undisturbed(pair: Pair, writer) -
     pair.note("node-a stopped cleanly, node-b took the released lease and publishes")
     time.sleep(4)
     finish_and_compare(pair, writer)
+
+
+def test_restarting_postgresql_mid_stream_loses_nothing_and_never_splits_the_brain(
+        private_postgres: PrivatePostgres, private_pair: Pair) -> None:
+    """PostgreSQL goes away for longer than the lease lasts and comes back: both jobs reconnect and
+    go on (no process dies), one of them holds the lease, and the outputs are exact."""
+    pair, url = private_pair, private_pair.url
+    writer = start_writer(pair.cluster, rate=200)
+    try:
+        start_hot_pair(pair, "node-a", "node-b")
+        time.sleep(5)
+        before = lease(url)
+        private_postgres.stop()
+        pair.note("PostgreSQL stopped (fast shutdown: every connection cut)")
+        time.sleep(2 * pair.plan.heartbeat.timeout_s)  # the lease runs out while nobody can renew it
+        private_postgres.start()
+        restarted_at = datetime.now(UTC)
+        pair.note("PostgreSQL started again")
+
+        for node in ("node-a", "node-b"):  # both reconnect: their listeners record batches again
+            wait_for(lambda: fetch(url, "SELECT 1 FROM heartbeats WHERE node = %s AND recorded_at > %s",
+                                   (node, restarted_at)), 120, f"{node} to record progress after the restart",
+                     detail=lambda: pair.log_tail(node))
+        wait_for(lambda: [r for r in publish_log(url) if r["published_at"] > restarted_at], 60,
+                 "publishing to resume", detail=lambda: f"lease {lease(url)}")
+        pair.note(f"both jobs reconnected; lease {lease(url)['holder']} at epoch {lease(url)['epoch']} "
+                  f"(was {before['holder']} at {before['epoch']})")
+        time.sleep(10)  # steady load after the restart
+        finish_and_compare(pair, writer)
+    finally:
+        writer.stopping.set()
+
+    assert all(group_alive(pair.pgids[node]) for node in ("node-a", "node-b")), "a job died with PostgreSQL"
+    rows = {node: instance_row(url, node) for node in ("node-a", "node-b")}
+    assert all(row["status"] == "RUNNING" for row in rows.values()), rows
+    holder = lease(url)["holder"]
+    assert {node: row["role"] for node, row in rows.items()} == {
+        holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"}, rows
+    assert split_brain(url) == []
 
 
 class Crash(Exception):

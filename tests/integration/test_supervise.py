@@ -2,7 +2,8 @@
 
 kill -9 an instance → observation says DEAD → reconcile stops what is left of it, re-syncs it
 from the active and relaunches it as PASSIVE; warm mode starts the plan on the passive node
-from a cut of the failed active; the operator's failover / drain / restart move roles cleanly.
+from a cut of the failed active, and again from the newest checkpoint when both nodes die; the
+operator's failover / drain / restart move roles cleanly.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2
 import psycopg2.extras
 import pytest
-import yaml
+from _ha import configure_one_shard, fetch, mismatches, published_total, split_brain, start_writer, wait_for
 
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
@@ -29,22 +29,7 @@ from tandem.supervisor.reconcile import Supervisor
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 SHARD = "shard-1"
-
-
-def configure(project: Path, standby: str) -> None:
-    """One shard; both nodes on local[1] (two JVMs share two cores with the test)."""
-    plan_path = project / "conf" / "plans" / "trades.yaml"
-    plan = yaml.safe_load(plan_path.read_text())
-    plan["shards"] = [SHARD]
-    plan["ha"] = {"standby": standby, "stall_timeout": "60 seconds", "launch_timeout": "4 minutes"}
-    plan_path.write_text(yaml.safe_dump(plan))
-    cluster_path = project / "conf" / "cluster.yaml"
-    cluster = yaml.safe_load(cluster_path.read_text())
-    for node in cluster["nodes"].values():
-        node["spark_master"] = "local[1]"
-    cluster_path.write_text(yaml.safe_dump(cluster))
 
 
 @pytest.fixture
@@ -54,7 +39,7 @@ def supervised(project: Path, database_url: str, process_groups: list[int]):
     made: list[Supervisor] = []
 
     def make(standby: str) -> Supervisor:
-        configure(project, standby)
+        configure_one_shard(project, standby)
         cluster = load_cluster()
         supervisor = Supervisor(cluster, load_plan("trades", cluster), launched_by="test_supervise", py_files=dist,
                                 running_timeout_s=300)
@@ -116,17 +101,6 @@ class Feed:
         write_atomically(self.directory, [json.dumps(e) for e in lines])
         self.count += count
         self.quantity += sum(e["quantity"] for e in lines)
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def health(supervisor: Supervisor, node: str) -> str:
@@ -229,6 +203,54 @@ def test_warm_kill_active_starts_the_plan_on_the_passive_node_from_the_cut(super
     assert first_batch_of_node_b() == cut + 1, "node-b did not resume after the failed active's last committed batch"
     # the failed node stays down as the warm standby
     assert supervisor.reconcile(SHARD).steps == []
+
+
+def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised) -> None:
+    """kill -9 the warm active under steady load, and kill -9 the standby node the moment the plan
+    runs there (it holds the lease and is still catching up): for a while no node of the plan runs.
+    The supervisor starts the plan again after the newest committed batch of the last checkpoint;
+    every event is published once, by one publisher per epoch."""
+    supervisor = supervised("warm")
+    url = supervisor.cluster.database_url
+    writer = start_writer(supervisor.cluster, rate=100)
+    try:
+        report = supervisor.reconcile(SHARD, cause="test bootstrap")
+        assert [(s.action.kind, s.action.node) for s in report.steps] == [("LAUNCH", "node-a")], report.lines()
+        wait_for(lambda: len(fetch(url, "SELECT 1 FROM publish_log WHERE instance_id LIKE '%%/node-a'")) >= 3, 120,
+                 "node-a to publish")
+
+        kill9(supervisor, "node-a")
+        wait_for(lambda: health(supervisor, "node-a") == "DEAD", 30, "node-a to be DEAD")
+        report = supervisor.reconcile(SHARD, cause="test: warm active killed")
+        assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", "node-a"), ("LAUNCH", "node-b")], \
+            report.lines()
+        kill9(supervisor, "node-b")  # the second node dies as soon as the plan runs there
+        wait_for(lambda: health(supervisor, "node-b") == "DEAD", 30, "node-b to be DEAD")
+        assert health(supervisor, "node-a") == "STOPPED"  # no node of the plan runs now
+
+        relaunched_at = fetch(url, "SELECT clock_timestamp() AS t")[0]["t"]
+        report = supervisor.reconcile(SHARD, cause="test: both nodes killed")
+        assert report.converged, report.lines()
+        assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"], report.lines()
+        launch = report.steps[1]
+        assert (launch.action.node, launch.action.role, launch.action.resync_from) == ("node-a", "ACTIVE", "node-b")
+        cut = launch.data["cut"]["aggregates"]["batch_id"]
+        time.sleep(10)  # steady load on the restarted plan
+    finally:
+        events_written = writer.stop()
+
+    wait_for(lambda: published_total(url) >= len(events_written), 180,
+             f"all {len(events_written)} events to be published (have {published_total(url)})")
+    deadline = time.monotonic() + 30  # Delta is appended right after the PostgreSQL commit
+    while (problems := mismatches(supervisor.cluster, events_written)) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not problems, "\n".join(problems)
+    assert split_brain(url) == []
+    promotions = [(e["kind"], e["node"], e["epoch"]) for e in events(supervisor) if e["kind"] == "PROMOTED"]
+    assert promotions == [("PROMOTED", "node-a", 1), ("PROMOTED", "node-b", 2), ("PROMOTED", "node-a", 3)], promotions
+    first = fetch(url, "SELECT min(batch_id) AS b FROM heartbeats WHERE node = 'node-a' AND query_name = 'aggregates' "
+                       "AND recorded_at > %s", (relaunched_at,))[0]["b"]
+    assert cut is not None and first == cut + 1, f"node-a restarted at batch {first}, not after node-b's committed {cut}"
 
 
 def test_ops_failover_now_drain_and_restart(supervised) -> None:

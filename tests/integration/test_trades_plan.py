@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg2
 import psycopg2.extras
 import pytest
+from _ha import expected_aggregates as expected_partials
 from deltalake import DeltaTable
-
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
@@ -29,33 +28,10 @@ GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 T0 = int(datetime(2024, 12, 31, 23, 59, 50, tzinfo=UTC).timestamp() * 1000)
 
 
-def truncate(moment: datetime, granularity: str) -> datetime:
-    """The test's own bucketing (independent of tandem.aggregation.granularity)."""
-    if granularity == "second":
-        return moment.replace(microsecond=0)
-    if granularity == "minute":
-        return moment.replace(second=0, microsecond=0)
-    if granularity == "hour":
-        return moment.replace(minute=0, second=0, microsecond=0)
-    if granularity == "day":
-        return moment.replace(hour=0, minute=0, second=0, microsecond=0)
-    if granularity == "month":
-        return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return moment.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
 def expected_aggregates(events: list[dict], granularity: str) -> dict[tuple, dict]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for event in events:
-        moment = datetime.fromtimestamp(event["timestamp"] / 1000, tz=UTC)
-        groups[(truncate(moment, granularity), event["symbol"])].append(event)
-    return {
-        key: {"price_sum": sum(e["price"] for e in group), "trade_count": len(group),
-              "quantity_sum": sum(e["quantity"] for e in group), "price_min": min(e["price"] for e in group),
-              "price_max": max(e["price"] for e in group),
-              "avg_price": sum(e["price"] for e in group) / len(group)}
-        for key, group in groups.items()
-    }
+    """The test's own aggregates of ``events`` (see ``_ha.expected_aggregates``), with the average."""
+    rows = expected_partials([(e["timestamp"], e["symbol"], e["price"], e["quantity"]) for e in events], granularity)
+    return {key: {**values, "avg_price": values["price_sum"] / values["trade_count"]} for key, values in rows.items()}
 
 
 def make_events(seed: int, count: int, spread_ms: int) -> list[dict]:

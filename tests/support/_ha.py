@@ -1,4 +1,4 @@
-"""Helpers of the failover tests (``test_failover.py``) and of ``bench/failover.py``.
+"""Helpers of the HA tests (``test_failover.py``, ``test_supervise.py``, the e2e tests) and ``bench/failover.py``.
 
 - :class:`TradeWriter`: a thread writing trade events with current timestamps at a steady rate into
   a landing directory (one atomically renamed file per tick), remembering every event.
@@ -7,6 +7,9 @@
   PostgreSQL and read from Delta, for all six granularities.
 - :class:`Pair`: plan instances launched detached with ``spark-submit`` (own process group each),
   signalled with real signals, and read back from the coordination tables.
+- :class:`PrivatePostgres`: a PostgreSQL cluster of the test's own (``scripts/provision_postgres.sh``),
+  so a test can stop and restart it without touching the shared server.
+- :func:`split_brain`: publishes that overlap another epoch's (must be none).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import json
 import os
 import random
 import signal
+import socket
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -27,6 +32,7 @@ from typing import Any
 import psutil
 import psycopg2
 import psycopg2.extras
+import yaml
 
 from tandem import aggregation
 from tandem.config import ClusterConfig, PlanConfig
@@ -35,12 +41,33 @@ from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 
 UTC = timezone.utc
+REPO = Path(__file__).resolve().parents[2]
 PLAN = "trades"
 SHARD = "shard-1"
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 MEASURES = ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max")
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA")
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+
+
+def configure_one_shard(project: Path, standby: str | None = None) -> None:
+    """The temp project's trades plan on shard-1 only, both nodes on local[1] (two JVMs share two
+    cores with the test); ``standby`` sets the HA mode with launch and stall timeouts for a loaded machine."""
+    plan_path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(plan_path.read_text())
+    plan["shards"] = [SHARD]
+    if standby:
+        plan["ha"] = {"standby": standby, "stall_timeout": "60 seconds", "launch_timeout": "4 minutes"}
+    plan_path.write_text(yaml.safe_dump(plan))
+    cluster_path = project / "conf" / "cluster.yaml"
+    cluster = yaml.safe_load(cluster_path.read_text())
+    for node in cluster["nodes"].values():
+        node["spark_master"] = "local[1]"
+    cluster_path.write_text(yaml.safe_dump(cluster))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -405,3 +432,60 @@ def pause_inside_publish(pair: Pair, node: str, timeout_s: float = 30.0) -> tupl
             return paused, open_publish_transaction(cursor, postgres_ports(driver))
     finally:
         conn.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# A PostgreSQL server the test may restart
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class PrivatePostgres:
+    """A private cluster made and run by ``scripts/provision_postgres.sh`` (as the unprivileged
+    ``tandem`` user when the tests run as root), on its own port, removed by :meth:`destroy`."""
+
+    def __init__(self, directory: Path, port: int) -> None:
+        self.env = {**os.environ, "TANDEM_PG_DIR": str(directory), "TANDEM_PG_PORT": str(port),
+                    "TANDEM_PG_SKIP_LOCAL": "1"}
+        self.env.pop("TANDEM_DATABASE_URL", None)
+
+    def _script(self, command: str) -> str:
+        done = subprocess.run(["bash", str(REPO / "scripts" / "provision_postgres.sh"), command], env=self.env,
+                              capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise AssertionError(f"provision_postgres.sh {command} failed:\n{done.stderr}")
+        return done.stdout.strip()
+
+    def start(self) -> str:
+        """Start it (initdb the first time); return the URL of its ``tandem`` database."""
+        return self._script("ensure")
+
+    def stop(self) -> None:
+        """Fast shutdown: every client connection is cut."""
+        self._script("stop")
+
+    def destroy(self) -> None:
+        self._script("destroy")
+
+
+def split_brain(database_url: str) -> list[str]:
+    """Evidence of two publishers at once: an epoch published by two nodes, or a publish at an
+    epoch after the next epoch was granted. [] when every epoch's publishes precede the next one's."""
+    problems = []
+    nodes_by_epoch: dict[int, set[str]] = defaultdict(set)
+    rows = publish_log(database_url)
+    for row in rows:
+        nodes_by_epoch[row["epoch"]].add(row["instance_id"])
+    problems += [f"epoch {epoch} published by {sorted(nodes)}" for epoch, nodes in nodes_by_epoch.items()
+                 if len(nodes) > 1]
+    for promotion in failover_events(database_url):
+        if promotion["kind"] != "PROMOTED":
+            continue
+        stale = [r for r in rows if r["epoch"] < promotion["epoch"] and r["published_at"] > promotion["happened_at"]]
+        problems += [f"{r['instance_id']} published batch {r['batch_id']} at epoch {r['epoch']} "
+                     f"after epoch {promotion['epoch']} was granted" for r in stale]
+    return problems

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
+from _conf import edit_yaml as edit
 from tandem.config import load_cluster, load_plan, load_plans, parse_duration, spark_interval
 from tandem.errors import ConfigError
-
-PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-@pytest.fixture
-def conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    target = tmp_path / "conf"
-    shutil.copytree(PROJECT_CONF, target)
-    for name in ("TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL"):
-        monkeypatch.delenv(name, raising=False)
-    return target
-
-
-def edit(path: Path, change) -> None:
-    data = yaml.safe_load(path.read_text())
-    change(data)
-    path.write_text(yaml.safe_dump(data))
 
 
 def test_shipped_configuration_loads(conf: Path) -> None:

@@ -92,7 +92,7 @@ def record_published(cursor, batch: BatchInfo, output: str, rows: int, max_event
            VALUES (%s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (instance_id, output, batch_id) DO UPDATE
            SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time,
-               watermark = EXCLUDED.watermark""",
+               watermark = EXCLUDED.watermark, published_at = now()""",
         (batch.instance.id, output, batch.batch_id, batch.epoch, rows, max_event_time, watermark),
     )
 

@@ -1,0 +1,84 @@
+"""A private Airflow (SQLite metadata, this repo's ``dags/``) for running DAGs with ``dag.test()``.
+
+Each run happens in a fresh interpreter, because Airflow reads its configuration once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tandem.config import load_cluster
+from tandem.packaging import build_dist
+from tandem.store import Database, migrate
+
+REPO = Path(__file__).resolve().parents[2]
+
+DAG_TEST = """
+import json, sys
+from sqlalchemy import select
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+
+dags_folder, dag_id, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+dag = DagBag(dags_folder, safe_mode=False).dags[dag_id]
+run = dag.test(run_conf=conf or None)
+tis = {ti.task_id: {"state": str(ti.state), "try_number": ti.try_number} for ti in run.get_task_instances()}
+with create_session() as session:
+    rows = session.scalars(select(XComModel).where(XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id))
+    xcom = {f"{x.task_id}.{x.key}": x.value for x in rows}
+print("RESULT " + json.dumps({"state": str(run.state), "tis": tis, "xcom": xcom}, default=str))
+"""
+
+
+def private_airflow_env(tmp_path: Path) -> dict[str, str]:
+    """Environment of a private Airflow over the temp project (``TANDEM_CONF_DIR`` etc. already set).
+
+    The launched jobs get their own ``TANDEM_HOME``: this repo's ``jobs/`` and a fresh ``dist/``.
+    Airflow's metadata DB is migrated, and so is Tandem's schema.
+    """
+    code = tmp_path / "code"
+    (code / "jobs").mkdir(parents=True)
+    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
+    build_dist(code)
+    home = tmp_path / "airflow"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "TANDEM_HOME": str(code),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    with Database(load_cluster().database_url) as db:
+        migrate(db)
+    return env
+
+
+def dag_test_command(dag_id: str, conf: dict | None = None) -> list[str]:
+    """The command that runs ``dag.test()`` for ``dag_id`` and prints ``RESULT {json}`` last."""
+    return [sys.executable, "-c", DAG_TEST, str(REPO / "dags"), dag_id, json.dumps(conf or {})]
+
+
+def dag_result(output: str) -> dict | None:
+    """The run's state, task states and XComs printed by :data:`DAG_TEST` (None when it printed none)."""
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
+
+
+def dag_test(env: dict[str, str], dag_id: str, conf: dict | None = None) -> tuple[dict, str]:
+    """Run the DAG once to the end; return its result and the whole output (fails if it printed no result)."""
+    done = subprocess.run(dag_test_command(dag_id, conf), env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    result = dag_result(done.stdout)
+    assert result is not None, output[-5000:]
+    return result, output
