@@ -1,4 +1,8 @@
-"""The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark."""
+"""The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark.
+
+The supervision DAG's kill-and-recover path runs through a real scheduler and triggerer in
+``tests/e2e/test_supervision.py``.
+"""
 
 from __future__ import annotations
 
@@ -92,3 +96,10 @@ def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, data
     finally:
         stopped = stop_instance(cluster, "trades", "shard-2", "node-b", timeout_s=30)
     assert stopped.status == "STOPPED"
+
+
+def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_env, database_url):
+    conf = {"action": "failover_now", "plan": "trades", "shard_id": "shard-1", "node": ""}
+    result, output = dag_test(airflow_env, "tandem_ops", conf)
+    assert result["state"] == "failed" and result["tis"]["act"]["try_number"] == 1, output[-5000:]
+    assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output

@@ -28,8 +28,11 @@ from pathlib import Path
 import pytest
 
 from _ha import (
+    ROLE_CHANGES,
+    SHARD,
     Pair,
     PrivatePostgres,
+    configure_one_shard,
     failover_events,
     fetch,
     free_port,
@@ -51,6 +54,7 @@ from tandem.packaging import build_dist
 from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
 from tandem.store.registry import InstanceKey
 from tandem.supervisor import stop_instance
+from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
@@ -58,6 +62,7 @@ TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a lo
 
 @pytest.fixture
 def pair(project: Path, database_url: str, process_groups: list[int]) -> Pair:
+    configure_one_shard(project)
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
 
@@ -74,6 +79,7 @@ def private_postgres(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.fixture
 def private_pair(project: Path, private_postgres: PrivatePostgres, process_groups: list[int]) -> Pair:
     """Like ``pair``, on the private cluster (its processes are killed before the cluster is removed)."""
+    configure_one_shard(project)
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
 
@@ -203,7 +209,7 @@ def test_killing_the_passive_leaves_the_active_undisturbed(pair: Pair, writer) -
     url = pair.url
     start_hot_pair(pair, "node-a", "node-b")
     before = lease(url)
-    events_before = len(failover_events(url))
+    role_changes = len(failover_events(url, kinds=ROLE_CHANGES))
     killed_at = datetime.now(UTC)
     pair.kill("node-b", signal.SIGKILL)
     pair.wait_group_gone("node-b")
@@ -211,35 +217,48 @@ def test_killing_the_passive_leaves_the_active_undisturbed(pair: Pair, writer) -
 
     now = lease(url)
     assert (now["holder"], now["epoch"]) == ("node-a", before["epoch"]), now
-    assert len(failover_events(url)) == events_before, failover_events(url)
+    assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes, failover_events(url)
     live = [r for r in publish_log(url, "node-a") if r["published_at"] > killed_at]
     assert len(live) >= 3, f"the active stopped publishing: {live}"
     assert {r["epoch"] for r in live} == {before["epoch"]}
     pair.note(f"node-b killed; node-a published {len(live)} batches since, lease unchanged")
 
-    # The passive comes back, re-reads its own checkpoint and the input, and holds what it would publish.
-    relaunched_at = datetime.now(UTC)
-    pair.launch("node-b", "PASSIVE")
-    pair.wait_running("node-b")
+    # The supervisor brings the passive back: DEAD -> stop what is left -> re-sync its checkpoint
+    # from a cut of the active's -> relaunch as PASSIVE; it holds what it would publish.
+    with Supervisor(pair.cluster, pair.plan, launched_by="test_failover", py_files=pair.dist,
+                    running_timeout_s=240) as supervisor:
+        wait_for(lambda: supervisor.observe(SHARD).view.health("node-b").state == "DEAD", 30, "node-b to be DEAD")
+        report = supervisor.reconcile(SHARD, cause="test: passive killed")
+    row = instance_row(url, "node-b")
+    pair.groups.append(row["submit_pid"])
+    pair.pgids["node-b"], pair.launched_at["node-b"] = row["submit_pid"], datetime.now(UTC)
+    assert report.converged, report.lines()
+    assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", "node-b"), ("LAUNCH", "node-b")]
+    launch = report.steps[1]
+    assert (launch.action.role, launch.action.resync_from) == ("PASSIVE", "node-a")
+    assert launch.data["cut"]["aggregates"]["batch_id"] is not None, "node-b was not re-synced from a committed batch"
     pair.wait_caught_up("node-b")
     assert publish_log(url, "node-b") == []
     assert instance_row(url, "node-b")["role"] == "PASSIVE"
-    assert len(failover_events(url)) == events_before
+    assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes
     assert (lease(url)["holder"], lease(url)["epoch"]) == ("node-a", before["epoch"])
-    pair.note("node-b relaunched as PASSIVE and caught up without publishing")
+    pair.note(f"node-b re-synced from node-a at batch {launch.data['cut']['aggregates']['batch_id']}, "
+              "relaunched as PASSIVE and caught up without publishing")
 
     # Hand over cleanly: what the re-synced standby held, trimmed by the active's position, must
     # complete the outputs exactly, with nothing published twice.
+    handover_at = datetime.now(UTC)
     stop = stop_instance(pair.cluster, "trades", "shard-1", "node-a", timeout_s=60)
     assert stop.status == "STOPPED", stop
     promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
                         "node-b to take the released lease", detail=lambda: pair.log_tail("node-b"))
-    kinds = [(e["kind"], e["node"]) for e in failover_events(url, since=relaunched_at)]
+    kinds = [(e["kind"], e["node"]) for e in failover_events(url, since=handover_at, kinds=ROLE_CHANGES)]
     assert kinds == [("RELEASED", "node-a"), ("PROMOTED", "node-b")], kinds
     wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), TAKEOVER_TIMEOUT_S, "node-b to publish")
     pair.note("node-a stopped cleanly, node-b took the released lease and publishes")
     time.sleep(4)
     finish_and_compare(pair, writer)
+    assert split_brain(url) == []
 
 
 def test_restarting_postgresql_mid_stream_loses_nothing_and_never_splits_the_brain(

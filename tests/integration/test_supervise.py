@@ -167,49 +167,12 @@ def test_hot_kill_passive_then_active_each_comes_back_as_passive_after_resync(su
     assert all(e["reason"] for e in events(supervisor))
 
 
-def test_warm_kill_active_starts_the_plan_on_the_passive_node_from_the_cut(supervised) -> None:
-    supervisor = supervised("warm")
-    feed = Feed(supervisor, seed=9)
-    feed.write()
-    report = supervisor.reconcile(SHARD, cause="test bootstrap")
-    assert report.converged and [(s.action.kind, s.action.node) for s in report.steps] == [("LAUNCH", "node-a")]
-    assert instance(supervisor, "node-b") is None, "a warm standby must not run"
-    assert_all_published(supervisor, feed)
-    wait_for(lambda: instance(supervisor, "node-a")["epoch"] > 0, 10, "node-a to record its epoch")
-
-    kill9(supervisor, "node-a")
-    feed.write()
-    wait_for(lambda: health(supervisor, "node-a") == "DEAD", 30, "node-a to be DEAD")
-    report = supervisor.reconcile(SHARD, cause="test: warm active killed")
-    assert report.converged, report.lines()
-    assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"]
-    launch = report.steps[1]
-    assert (launch.action.node, launch.action.role, launch.action.resync_from) == ("node-b", "ACTIVE", "node-a")
-    cut = launch.data["cut"]["aggregates"]["batch_id"]
-    assert cut is not None
-    assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b"
-    feed.write()
-    assert_all_published(supervisor, feed)
-
-    def first_batch_of_node_b() -> int | None:  # progress is recorded by a listener, just after the publish
-        with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
-            cur.execute("""SELECT min(batch_id) FROM tandem.heartbeats
-                           WHERE node = 'node-b' AND query_name = 'aggregates'""")
-            first = cur.fetchone()[0]
-        conn.close()
-        return first
-
-    wait_for(lambda: first_batch_of_node_b() is not None, 60, "node-b's first progress row")
-    assert first_batch_of_node_b() == cut + 1, "node-b did not resume after the failed active's last committed batch"
-    # the failed node stays down as the warm standby
-    assert supervisor.reconcile(SHARD).steps == []
-
-
 def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised) -> None:
-    """kill -9 the warm active under steady load, and kill -9 the standby node the moment the plan
-    runs there (it holds the lease and is still catching up): for a while no node of the plan runs.
-    The supervisor starts the plan again after the newest committed batch of the last checkpoint;
-    every event is published once, by one publisher per epoch."""
+    """kill -9 the warm active under steady load: the supervisor starts the plan on the standby node
+    from a cut of the dead active's checkpoint (the standby did not run before; it resumes after the
+    cut's batch). Then kill -9 that node as soon as it ran a batch: for a while no node of the plan
+    runs. The supervisor starts the plan again after the newest committed batch of the last
+    checkpoint; every event is published once, by one publisher per epoch."""
     supervisor = supervised("warm")
     url = supervisor.cluster.database_url
     writer = start_writer(supervisor.cluster, rate=100)
@@ -222,9 +185,17 @@ def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised
         kill9(supervisor, "node-a")
         wait_for(lambda: health(supervisor, "node-a") == "DEAD", 30, "node-a to be DEAD")
         report = supervisor.reconcile(SHARD, cause="test: warm active killed")
+        assert report.converged, report.lines()
         assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", "node-a"), ("LAUNCH", "node-b")], \
             report.lines()
-        kill9(supervisor, "node-b")  # the second node dies as soon as the plan runs there
+        launch = report.steps[1]
+        assert (launch.action.role, launch.action.resync_from) == ("ACTIVE", "node-a")
+        cut_of_a = launch.data["cut"]["aggregates"]["batch_id"]
+        assert cut_of_a is not None
+        assert read_lease(Database(url), "trades", SHARD).holder == "node-b"
+        assert instance(supervisor, "node-a")["status"] == "STOPPED", "the failed node stays down as the warm standby"
+        assert first_batch(url, "node-b") == cut_of_a + 1, "node-b did not resume after node-a's last committed batch"
+        kill9(supervisor, "node-b")  # the second node dies as soon as the plan ran a batch there
         wait_for(lambda: health(supervisor, "node-b") == "DEAD", 30, "node-b to be DEAD")
         assert health(supervisor, "node-a") == "STOPPED"  # no node of the plan runs now
 
@@ -248,9 +219,17 @@ def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised
     assert split_brain(url) == []
     promotions = [(e["kind"], e["node"], e["epoch"]) for e in events(supervisor) if e["kind"] == "PROMOTED"]
     assert promotions == [("PROMOTED", "node-a", 1), ("PROMOTED", "node-b", 2), ("PROMOTED", "node-a", 3)], promotions
-    first = fetch(url, "SELECT min(batch_id) AS b FROM heartbeats WHERE node = 'node-a' AND query_name = 'aggregates' "
-                       "AND recorded_at > %s", (relaunched_at,))[0]["b"]
+    first = first_batch(url, "node-a", since=relaunched_at)
     assert cut is not None and first == cut + 1, f"node-a restarted at batch {first}, not after node-b's committed {cut}"
+
+
+def first_batch(url: str, node: str, since=None, timeout_s: float = 90) -> int:
+    """The first aggregates batch the node completed (since ``since``), once its listener recorded it."""
+    sql = ("SELECT min(batch_id) AS b FROM heartbeats WHERE node = %s AND query_name = 'aggregates' "
+           "AND (%s::timestamptz IS NULL OR recorded_at > %s)")
+    rows = wait_for(lambda: [r["b"] for r in fetch(url, sql, (node, since, since)) if r["b"] is not None], timeout_s,
+                    f"{node}'s first batch")
+    return rows[0]
 
 
 def test_ops_failover_now_drain_and_restart(supervised) -> None:

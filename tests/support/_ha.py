@@ -239,10 +239,15 @@ def lease(database_url: str) -> dict | None:
     return rows[0] if rows else None
 
 
-def failover_events(database_url: str, since: datetime | None = None) -> list[dict]:
+ROLE_CHANGES = ("PROMOTED", "DEMOTED", "RELEASED")
+"""Event kinds written by the instances themselves (the supervisor's decisions are other kinds)."""
+
+
+def failover_events(database_url: str, since: datetime | None = None, kinds: tuple[str, ...] | None = None) -> list[dict]:
     return fetch(database_url, "SELECT * FROM failover_events WHERE plan = %s AND shard_id = %s "
-                               "AND (%s::timestamptz IS NULL OR happened_at >= %s) ORDER BY id",
-                 (PLAN, SHARD, since, since))
+                               "AND (%s::timestamptz IS NULL OR happened_at >= %s) "
+                               "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id",
+                 (PLAN, SHARD, since, since, list(kinds) if kinds else None, list(kinds) if kinds else None))
 
 
 def publish_log(database_url: str, node: str | None = None) -> list[dict]:

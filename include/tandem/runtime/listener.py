@@ -32,7 +32,8 @@ class ProgressRecorder(StreamingQueryListener):
     def __init__(self, instance: InstanceKey, database_url: str) -> None:
         self.instance = instance
         self.db = Database(database_url, "tandem-listener")
-        self.lock = threading.Lock()
+        self.recorded = threading.Condition()
+        self.last_batch: dict[str, int] = {}  # run id -> newest batch id handled (recorded or failed)
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 (Spark's names)
         pass
@@ -60,11 +61,29 @@ class ProgressRecorder(StreamingQueryListener):
             late_rows=sum(s.numRowsDroppedByWatermark for s in states) if states else None,
             quarantined_rows=int(quality["quarantined_rows"]) if quality is not None else None,
         )
-        try:
-            with self.lock:
+        with self.recorded:
+            try:
                 record_progress(self.db, row)
-        except Exception:  # a heartbeat must never kill the query
-            log.exception("could not record progress of %s batch %s", name, progress.batchId)
+            except Exception:  # a heartbeat must never kill the query
+                log.exception("could not record progress of %s batch %s", name, progress.batchId)
+            run_id = str(progress.runId)
+            self.last_batch[run_id] = max(progress.batchId, self.last_batch.get(run_id, -1))
+            self.recorded.notify_all()
+
+    def wait_until_recorded(self, queries: list, timeout_s: float = 10.0) -> bool:
+        """Wait until the newest progress of every query has been handled (Spark delivers listener
+        events asynchronously: the last batch's may still be on its way when the query stops)."""
+        expected = {}
+        for query in queries:
+            last = query.lastProgress
+            if last is not None:
+                expected[str(query.runId)] = last.batchId
+        with self.recorded:
+            done = self.recorded.wait_for(
+                lambda: all(self.last_batch.get(run, -1) >= batch for run, batch in expected.items()), timeout_s)
+        if not done:
+            log.warning("progress of the last batches not recorded within %.0fs: %s", timeout_s, expected)
+        return done
 
 
 def _finite(value: float | None) -> float | None:

@@ -98,6 +98,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
             _stop_all(queries)
+            recorder.wait_until_recorded(queries)
             spark.streams.removeListener(recorder)
             liveness.stop()
             liveness.join(timeout=5)
