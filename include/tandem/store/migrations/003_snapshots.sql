@@ -12,7 +12,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     shard_id            text NOT NULL,
     instance_id         text NOT NULL,                -- <plan>/<shard_id>/<node> the cut was taken from
     node                text NOT NULL,
-    batch_id            bigint,                       -- the committed micro-batch N of the cut (NULL until cut)
+    batch_id            bigint,                       -- the stateful query's committed batch N at the cut
     taken_at            timestamptz NOT NULL,         -- when taking started (PostgreSQL's clock)
     completed_at        timestamptz,                  -- when it was marked GOOD or BAD
     checkpoint_path     text NOT NULL,                -- where the checkpoint cut is copied
