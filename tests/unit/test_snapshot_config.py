@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
+from _conf import edit_yaml
 from tandem.config import SnapshotConfig, load_cluster, load_plan
 from tandem.errors import ConfigError
 
-PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-@pytest.fixture
-def conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    target = tmp_path / "conf"
-    shutil.copytree(PROJECT_CONF, target)
-    for name in ("TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL"):
-        monkeypatch.delenv(name, raising=False)
-    return target
-
 
 def edit_plan(conf: Path, change) -> None:
-    path = conf / "plans" / "trades.yaml"
-    data = yaml.safe_load(path.read_text())
-    change(data)
-    path.write_text(yaml.safe_dump(data))
+    edit_yaml(conf / "plans" / "trades.yaml", change)
 
 
 def load(conf: Path):
