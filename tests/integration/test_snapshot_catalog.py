@@ -69,14 +69,16 @@ def test_begin_inserts_a_taking_row_named_after_plan_shard_and_time(db: Database
 def test_a_snapshot_is_cut_recorded_validated_and_marked_good(db: Database) -> None:
     record = begin(db)
     record_contents(db, record.id, batch_id=41, checkpoint_bytes=12_345,
-                    output_versions={"trade_aggregates": 17, "quarantine": 3})
-    record_contents(db, record.id, state_rows=1_000, state_bytes=65_536, output_versions={"quarantine": 4})
+                    output_versions={"trade_aggregates": 17, "quarantine": 3}, query_batches={"aggregates": 41})
+    record_contents(db, record.id, state_rows=1_000, state_bytes=65_536, output_versions={"quarantine": 4},
+                    query_batches={"quarantine": 40})
     validation = {"success": True, "expectations": [{"name": "keys_not_null", "success": True}]}
     marked = mark_good(db, record.id, validation)
     assert marked.status == GOOD
     assert (marked.batch_id, marked.checkpoint_bytes) == (41, 12_345)
     assert (marked.state_rows, marked.state_bytes) == (1_000, 65_536)
     assert marked.output_versions == {"trade_aggregates": 17, "quarantine": 4}
+    assert marked.query_batches == {"aggregates": 41, "quarantine": 40}
     assert marked.validation == validation
     assert marked.completed_at is not None and marked.reason is None
     assert mark_good(db, record.id, validation) == marked  # a retry after a lost acknowledgement changes nothing

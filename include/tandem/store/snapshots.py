@@ -41,7 +41,7 @@ from tandem.store.registry import instance_id as make_instance_id
 TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
 STATUSES = (TAKING, GOOD, BAD, PRUNED)
 _COLUMNS = ("id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at, checkpoint_path, state_rows, "
-            "checkpoint_bytes, state_bytes, output_versions, status, validation, reason, pruned_at")
+            "checkpoint_bytes, state_bytes, query_batches, output_versions, status, validation, reason, pruned_at")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class SnapshotRecord:
     state_rows: int | None = None
     checkpoint_bytes: int | None = None
     state_bytes: int | None = None
+    query_batches: Mapping[str, int] = field(default_factory=dict)
     output_versions: Mapping[str, int] = field(default_factory=dict)
     validation: Mapping[str, Any] | None = None
     reason: str | None = None
@@ -69,7 +70,8 @@ class SnapshotRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "SnapshotRecord":
         values = dict(row)
-        values["output_versions"] = {str(k): int(v) for k, v in (values.get("output_versions") or {}).items()}
+        for column in ("query_batches", "output_versions"):
+            values[column] = {str(k): int(v) for k, v in (values.get(column) or {}).items()}
         return cls(**values)
 
 
@@ -120,10 +122,11 @@ def begin_snapshot(db: Database, *, plan: str, shard_id: str, node: str, snapsho
 
 def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = None,
                     checkpoint_bytes: int | None = None, state_rows: int | None = None,
-                    state_bytes: int | None = None, output_versions: Mapping[str, int] | None = None) -> SnapshotRecord:
-    """Record what a TAKING snapshot holds so far: the cut's batch, sizes, Delta output versions.
+                    state_bytes: int | None = None, output_versions: Mapping[str, int] | None = None,
+                    query_batches: Mapping[str, int] | None = None) -> SnapshotRecord:
+    """Record what a TAKING snapshot holds so far: the cut's batch (per query too), sizes, Delta output versions.
 
-    Fields left ``None`` keep their value; ``output_versions`` are merged into those recorded.
+    Fields left ``None`` keep their value; ``output_versions`` and ``query_batches`` are merged into those recorded.
     The batch of the cut, once recorded, cannot change.
     """
     for name, value in (("batch_id", batch_id), ("checkpoint_bytes", checkpoint_bytes), ("state_rows", state_rows),
@@ -132,6 +135,9 @@ def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = No
     versions = dict(output_versions or {})
     for table, version in versions.items():
         _check_count(f"output_versions[{table!r}]", version)
+    batches = dict(query_batches or {})
+    for query, batch in batches.items():
+        _check_count(f"query_batches[{query!r}]", batch)
 
     def work(cursor) -> SnapshotRecord:
         current = _lock(cursor, snapshot_id, (TAKING,), "record its contents")
@@ -140,9 +146,11 @@ def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = No
         cursor.execute(
             f"""UPDATE snapshots SET batch_id = COALESCE(%s, batch_id),
                        checkpoint_bytes = COALESCE(%s, checkpoint_bytes), state_rows = COALESCE(%s, state_rows),
-                       state_bytes = COALESCE(%s, state_bytes), output_versions = output_versions || %s::jsonb
+                       state_bytes = COALESCE(%s, state_bytes), output_versions = output_versions || %s::jsonb,
+                       query_batches = query_batches || %s::jsonb
                 WHERE id = %s RETURNING {_COLUMNS}""",
-            (batch_id, checkpoint_bytes, state_rows, state_bytes, json.dumps(versions), snapshot_id))
+            (batch_id, checkpoint_bytes, state_rows, state_bytes, json.dumps(versions), json.dumps(batches),
+             snapshot_id))
         return SnapshotRecord.from_row(cursor.fetchone())
 
     return db.run(work)

@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     state_rows          bigint,                       -- rows exported to state_snapshots
     checkpoint_bytes    bigint,
     state_bytes         bigint,
+    query_batches       jsonb NOT NULL DEFAULT '{}'::jsonb,   -- query name -> its committed batch at the cut
+                                                      -- (each query of the instance has its own checkpoint)
     output_versions     jsonb NOT NULL DEFAULT '{}'::jsonb,   -- Delta table name -> version at the cut
     status              text NOT NULL DEFAULT 'TAKING'
                         CHECK (status IN ('TAKING', 'GOOD', 'BAD', 'PRUNED')),
@@ -28,7 +30,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     CHECK (status <> 'GOOD' OR (batch_id IS NOT NULL AND completed_at IS NOT NULL)),
     CHECK ((status = 'PRUNED') = (pruned_at IS NOT NULL)),
     CHECK (batch_id IS NULL OR batch_id >= 0),
-    CHECK (jsonb_typeof(output_versions) = 'object')
+    CHECK (jsonb_typeof(output_versions) = 'object'),
+    CHECK (jsonb_typeof(query_batches) = 'object')
 );
 
 -- Restore and retention ask for the newest GOOD snapshot of one (plan, shard): a small partial index.
