@@ -150,6 +150,19 @@ class HAConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """Scheduled persistence snapshots of a plan (the seeds' ``persistenceIntervalInMinutes``).
+
+    ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
+    ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
+    never deleted).
+    """
+
+    interval_s: float = 900.0
+    keep: int = 3
+
+
+@dataclass(frozen=True)
 class PlanConfig:
     """``conf/plans/<name>.yaml``: one streaming application and its policies."""
 
@@ -165,6 +178,7 @@ class PlanConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ha: HAConfig = field(default_factory=HAConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
 
 
 def project_root() -> Path:
@@ -301,7 +315,7 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     top = _Fields(path, _read_yaml(path))
     top.reject_unknown(
         {"name", "description", "module", "source", "shards", "nodes", "trigger_interval", "watermark",
-         "heartbeat", "validation", "ha"}
+         "heartbeat", "validation", "ha", "snapshot"}
     )
     name = top.identifier("name")
     if path.stem != name:
@@ -338,6 +352,8 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     standby = ha.get("standby", str, "hot")
     if standby not in STANDBY_MODES:
         raise ha.error("standby", f"expected one of {', '.join(STANDBY_MODES)}, got {standby!r}")
+    snapshot = top.section("snapshot")
+    snapshot.reject_unknown({"interval", "keep"})
     return PlanConfig(
         path=path,
         name=name,
@@ -367,6 +383,10 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
             launch_timeout_s=ha.duration("launch_timeout", "3 minutes"),
             max_launches=ha.positive_int("max_launches", 5),
             launch_window_s=ha.duration("launch_window", "10 minutes"),
+        ),
+        snapshot=SnapshotConfig(
+            interval_s=snapshot.duration("interval", "15 minutes"),
+            keep=snapshot.positive_int("keep", 3),
         ),
     )
 

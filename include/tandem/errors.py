@@ -34,3 +34,11 @@ class QueryError(TandemError):
 
 class FencedError(TandemError):
     """A write carried a stale fencing epoch: another node holds the ACTIVE lease now."""
+
+
+class SnapshotError(TandemError):
+    """A snapshot is unknown, or cannot move to the requested status (e.g. GOOD without a cut)."""
+
+
+class SnapshotRefused(SnapshotError):
+    """A snapshot may not be restored: it is BAD (refused unless forced), still TAKING, or PRUNED."""

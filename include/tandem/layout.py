@@ -20,3 +20,13 @@ def checkpoint_dir(cluster: ClusterConfig, plan: str, shard_id: str, node: str, 
 def delta_table_dir(cluster: ClusterConfig, plan: str, table: str) -> Path:
     """A Delta table of a plan: ``delta/<plan>/<table>/``."""
     return cluster.storage_root / "delta" / plan / table
+
+
+def snapshots_dir(cluster: ClusterConfig, plan: str) -> Path:
+    """Where a plan's snapshot copies live: ``snapshots/<plan>/``."""
+    return cluster.storage_root / "snapshots" / plan
+
+
+def snapshot_dir(cluster: ClusterConfig, plan: str, snapshot_id: str) -> Path:
+    """One snapshot's checkpoint cut: ``snapshots/<plan>/<id>/``."""
+    return snapshots_dir(cluster, plan) / snapshot_id

@@ -1,0 +1,73 @@
+"""Which landing files a query had read by its last committed batch, from its file-source log.
+
+Purpose
+    Landing retention (:func:`tandem.snapshots.retention.decide_landing_retention`) needs, per
+    running query and per kept snapshot cut, the set of input files that are behind it for good.
+    :func:`processed_files` reads that set from a query checkpoint or a snapshot's cut of one.
+
+How it works
+    Spark's file source logs the files it picks for batch N in its own log (``sources/<i>/<k>``,
+    compacted every few entries into ``<k>.compact``, which repeats every earlier entry) *before*
+    batch N runs; ``offsets/N`` names the entry ``k`` (``logOffset``) the batch reached. A file is
+    behind the query only once a batch that read it committed: a query that crashes before
+    ``commits/N`` reruns batch N and reads its files again. So only the entries up to the
+    ``logOffset`` of ``offsets/<last committed batch>`` count, not the whole log. Each entry file
+    holds a version line (``v1``) and one JSON object per file, with its ``path`` (a ``file:``
+    URI).
+
+What it does not do
+    It lists files by what the log says; it does not check that they still exist. It supports the
+    file source only (a Kafka source has no such log: :class:`~tandem.supervisor.resync.CheckpointError`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tandem.supervisor.resync import CheckpointError, committed_batch, source_log_offsets
+
+_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+
+
+def processed_files(query_dir: Path | str, source_index: int = 0) -> frozenset[str]:
+    """Paths (as logged, ``file:`` URIs) of the files source ``source_index`` read by the last committed batch.
+
+    Empty when nothing was committed yet. Works on a live checkpoint and on a snapshot's cut.
+    """
+    query_dir = Path(query_dir)
+    batch = committed_batch(query_dir)
+    if batch is None:
+        return frozenset()
+    offsets_file = query_dir / "offsets" / str(batch)
+    if not offsets_file.is_file():
+        raise CheckpointError(f"{offsets_file} is missing although batch {batch} committed")
+    reached = source_log_offsets(offsets_file)
+    if source_index >= len(reached):
+        raise CheckpointError(f"{offsets_file}: no source {source_index} (the query has {len(reached)})")
+    limit = reached[source_index]
+    if limit is None:
+        raise CheckpointError(f"{offsets_file}: source {source_index} is not a file source")
+    log_dir = query_dir / "sources" / str(source_index)
+    paths: set[str] = set()
+    for entry in sorted(log_dir.iterdir()) if log_dir.is_dir() else []:
+        match = _LOG_ENTRY.match(entry.name)
+        if match and int(match.group(1)) <= limit:
+            paths.update(_logged_paths(entry))
+    return frozenset(paths)
+
+
+def _logged_paths(entry: Path) -> list[str]:
+    lines = entry.read_text().splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise CheckpointError(f"{entry}: not a Spark file-source log entry")
+    paths = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            paths.append(json.loads(line)["path"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(f"{entry}: line {number} is not a file-source log record") from None
+    return paths
