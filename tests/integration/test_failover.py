@@ -26,12 +26,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
 from _ha import (
     ROLE_CHANGES,
     SHARD,
     Pair,
     PrivatePostgres,
+    TradeWriter,
     configure_one_shard,
     failover_events,
     fetch,
@@ -44,12 +44,11 @@ from _ha import (
     publish_log,
     published_total,
     split_brain,
-    start_writer,
     wait_for,
 )
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
-from tandem.layout import checkpoint_dir, delta_table_dir
+from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
 from tandem.packaging import build_dist
 from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
 from tandem.store.registry import InstanceKey
@@ -86,14 +85,17 @@ def private_pair(project: Path, private_postgres: PrivatePostgres, process_group
 
 @pytest.fixture
 def writer(pair: Pair):
-    writer = start_writer(pair.cluster, rate=200)
+    """~200 events/s into shard-1's landing directory, started by ``start_hot_pair`` once both instances run."""
+    writer = TradeWriter(landing_dir(pair.cluster, "trades", SHARD), rate=200)
     yield writer
     writer.stopping.set()
     writer.join(timeout=10)
 
 
-def start_hot_pair(pair: Pair, active: str = "node-a", passive: str = "node-b") -> None:
+def start_hot_pair(pair: Pair, writer: TradeWriter, active: str = "node-a", passive: str = "node-b") -> None:
+    """Both instances running, then the load: the passive has no backlog to catch up with at start."""
     pair.start_pair(active, passive)
+    writer.start()
     pair.wait_caught_up(passive)
     wait_for(lambda: pair.first_publish(active, lease(pair.url)["epoch"]), 90, f"{active} to publish",
              detail=lambda: pair.log_tail(active))
@@ -119,7 +121,7 @@ def finish_and_compare(pair: Pair, writer) -> int:
 @pytest.mark.slow  # three failovers, each followed by a relaunch that has to catch up: ~3-5 min
 def test_killing_the_active_three_times_in_a_row_loses_and_duplicates_nothing(pair: Pair, writer) -> None:
     url = pair.url
-    start_hot_pair(pair, "node-a", "node-b")
+    start_hot_pair(pair, writer, "node-a", "node-b")
     active, standby = "node-a", "node-b"
     for round_ in range(1, 4):
         before = lease(url)
@@ -156,7 +158,7 @@ def test_killing_the_active_three_times_in_a_row_loses_and_duplicates_nothing(pa
 
 def test_a_paused_active_publishes_nothing_after_the_epoch_moved(pair: Pair, writer) -> None:
     url = pair.url
-    start_hot_pair(pair, "node-a", "node-b")
+    start_hot_pair(pair, writer, "node-a", "node-b")
     before = lease(url)
     delta_path = delta_table_dir(pair.cluster, "trades", "trade_aggregates")
     lineage = checkpoint_lineage(checkpoint_dir(pair.cluster, "trades", "shard-1", "node-a", "aggregates"))
@@ -207,7 +209,7 @@ def test_a_paused_active_publishes_nothing_after_the_epoch_moved(pair: Pair, wri
 
 def test_killing_the_passive_leaves_the_active_undisturbed(pair: Pair, writer) -> None:
     url = pair.url
-    start_hot_pair(pair, "node-a", "node-b")
+    start_hot_pair(pair, writer, "node-a", "node-b")
     before = lease(url)
     role_changes = len(failover_events(url, kinds=ROLE_CHANGES))
     killed_at = datetime.now(UTC)
@@ -266,9 +268,9 @@ def test_restarting_postgresql_mid_stream_loses_nothing_and_never_splits_the_bra
     """PostgreSQL goes away for longer than the lease lasts and comes back: both jobs reconnect and
     go on (no process dies), one of them holds the lease, and the outputs are exact."""
     pair, url = private_pair, private_pair.url
-    writer = start_writer(pair.cluster, rate=200)
+    writer = TradeWriter(landing_dir(pair.cluster, "trades", SHARD), rate=200)
     try:
-        start_hot_pair(pair, "node-a", "node-b")
+        start_hot_pair(pair, writer, "node-a", "node-b")
         time.sleep(5)
         before = lease(url)
         private_postgres.stop()
@@ -314,7 +316,6 @@ def test_a_standby_does_not_trim_what_the_dead_active_never_appended_to_delta(pr
     Every second bucket must end up in Delta with PostgreSQL's numbers.
     """
     import pyarrow as pa
-
     from tandem.aggregation import delta as agg_delta
     from tandem.aggregation.spec import TRADES
     from tandem.runtime.publisher import AggregateSink
