@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -157,6 +158,31 @@ def _poll(conn, sql: str, params) -> dict | None:
         return cursor.fetchone()
 
 
+def watch_takeover(conn, standby: str, epoch: int, timeout_s: float, poll_s: float,
+                   check: Callable[[], None] = lambda: None) -> tuple[dict | None, dict | None]:
+    """Poll for the standby's PROMOTED event at ``epoch`` and its first ``publish_log`` row at that epoch.
+
+    Returns (promoted, first); ``first["seen_at"]`` is when the row was first visible to this reader.
+    Either is None when it did not happen within ``timeout_s``; ``check()`` runs every poll and may raise.
+    """
+    promoted = first = None
+    deadline = time.monotonic() + timeout_s
+    while (promoted is None or first is None) and time.monotonic() < deadline:
+        now = time.time()
+        if promoted is None:
+            promoted = _poll(conn, "SELECT happened_at, epoch, previous_node FROM failover_events WHERE kind = "
+                                   "'PROMOTED' AND node = %s AND epoch = %s", (standby, epoch))
+        if first is None:
+            first = _poll(conn, "SELECT min(published_at) AS published_at, min(batch_id) AS batch_id "
+                                "FROM publish_log WHERE instance_id = %s AND epoch = %s HAVING count(*) > 0",
+                          (f"trades/shard-1/{standby}", epoch))
+            if first is not None:
+                first["seen_at"] = now
+        check()
+        time.sleep(poll_s)
+    return promoted, first
+
+
 def other_spark_jvms(pair: _ha.Pair | None = None) -> list[int]:
     """Spark JVMs on this machine that this benchmark did not start (other users' load)."""
     ours = set(pair.pgids.values()) if pair else set()
@@ -184,20 +210,7 @@ def one_failover(pair: _ha.Pair, active: str, standby: str, timeout_s: float = 6
         at_kill = _ha.lease(url)  # the dead active cannot renew any more
         load_at_kill = os.getloadavg()[0]
         others_at_kill = len(other_spark_jvms(pair))
-        promoted = first = None
-        deadline = time.monotonic() + timeout_s
-        while (promoted is None or first is None) and time.monotonic() < deadline:
-            now = time.time()
-            if promoted is None:
-                promoted = _poll(conn, "SELECT happened_at, epoch, previous_node FROM failover_events WHERE kind = "
-                                       "'PROMOTED' AND node = %s AND epoch = %s", (standby, epoch))
-            if first is None:
-                first = _poll(conn, "SELECT min(published_at) AS published_at, min(batch_id) AS batch_id "
-                                    "FROM publish_log WHERE instance_id = %s AND epoch = %s HAVING count(*) > 0",
-                              (f"trades/shard-1/{standby}", epoch))
-                if first is not None:
-                    first["seen_at"] = now
-            time.sleep(0.02)
+        promoted, first = watch_takeover(conn, standby, epoch, timeout_s, poll_s=0.02)
         if promoted is None or first is None:
             raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url)}\n"
                                f"{pair.log_tail(standby)}")
@@ -360,22 +373,12 @@ def one_warm_failover(supervisor, project: Project, active: str, standby: str, t
     worker.start()
     conn = psycopg2.connect(url, options="-c search_path=tandem -c TimeZone=UTC")
     conn.autocommit = True
-    promoted = first = None
+    def reconcile_failed() -> None:
+        if "error" in outcome:
+            raise RuntimeError(f"reconcile failed: {outcome['error']!r}")
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while (promoted is None or first is None) and time.monotonic() < deadline:
-            now = time.time()
-            if promoted is None:
-                promoted = _poll(conn, "SELECT happened_at FROM failover_events WHERE kind = 'PROMOTED' "
-                                       "AND node = %s AND epoch = %s", (standby, epoch))
-            if first is None:
-                first = _poll(conn, "SELECT min(published_at) AS published_at FROM publish_log WHERE instance_id = %s "
-                                    "AND epoch = %s HAVING count(*) > 0", (f"trades/shard-1/{standby}", epoch))
-                if first is not None:
-                    first["seen_at"] = now
-            if "error" in outcome:
-                raise RuntimeError(f"reconcile failed: {outcome['error']!r}")
-            time.sleep(0.05)
+        promoted, first = watch_takeover(conn, standby, epoch, timeout_s, poll_s=0.05, check=reconcile_failed)
     finally:
         conn.close()
         worker.join(timeout=timeout_s)

@@ -59,11 +59,16 @@ pytestmark = pytest.mark.integration
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
 
 
-@pytest.fixture
-def pair(project: Path, database_url: str, process_groups: list[int]) -> Pair:
+def one_shard_pair(project: Path, process_groups: list[int]) -> Pair:
+    """The temp project on shard-1 with local[1] nodes, as a Pair of node-a / node-b."""
     configure_one_shard(project)
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
+
+
+@pytest.fixture
+def pair(project: Path, database_url: str, process_groups: list[int]) -> Pair:
+    return one_shard_pair(project, process_groups)
 
 
 @pytest.fixture
@@ -78,9 +83,7 @@ def private_postgres(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.fixture
 def private_pair(project: Path, private_postgres: PrivatePostgres, process_groups: list[int]) -> Pair:
     """Like ``pair``, on the private cluster (its processes are killed before the cluster is removed)."""
-    configure_one_shard(project)
-    cluster = load_cluster()
-    return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
+    return one_shard_pair(project, process_groups)
 
 
 @pytest.fixture
