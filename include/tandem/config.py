@@ -155,11 +155,13 @@ class SnapshotConfig:
 
     ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
     ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
-    never deleted).
+    never deleted). ``suite``: the Great Expectations suite (``conf/expectations/<suite>.json``)
+    that validates a snapshot's exported state.
     """
 
     interval_s: float = 900.0
     keep: int = 3
+    suite: str = ""
 
 
 @dataclass(frozen=True)
@@ -353,7 +355,7 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
     if standby not in STANDBY_MODES:
         raise ha.error("standby", f"expected one of {', '.join(STANDBY_MODES)}, got {standby!r}")
     snapshot = top.section("snapshot")
-    snapshot.reject_unknown({"interval", "keep"})
+    snapshot.reject_unknown({"interval", "keep", "suite"})
     return PlanConfig(
         path=path,
         name=name,
@@ -387,6 +389,7 @@ def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) ->
         snapshot=SnapshotConfig(
             interval_s=snapshot.duration("interval", "15 minutes"),
             keep=snapshot.positive_int("keep", 3),
+            suite=snapshot.get("suite", str, f"{name}_state"),
         ),
     )
 

@@ -35,6 +35,9 @@ class QueryDefinition:
     frame: DataFrame
     output_mode: str
     sink: Sink
+    state_value_names: tuple[str, ...] = ()
+    """Names of the fields of the query's state values, in order (Spark names them after the
+    aggregate functions: ``sum``, ``count``, ...); used by snapshot exports."""
 
 
 def load_plan_module(plan: PlanConfig) -> ModuleType:

@@ -72,6 +72,7 @@ def build(ctx: PlanContext) -> list[QueryDefinition]:
             output_mode="update",
             sink=AggregateSink(TRADES, instance, ctx.cluster.database_url,
                                delta_table_dir(ctx.cluster, plan.name, TRADES.table), plan.watermark_s),
+            state_value_names=tuple(TRADES.measure_columns),  # the .agg() order of second_partials
         ),
         QueryDefinition(
             name="quarantine",

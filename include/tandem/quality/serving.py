@@ -216,15 +216,19 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
         rows = rows[:max_rows]
     frame = serving_frame(rows, spec)
     key_columns = ["granularity", "bucket_start", *spec.keys, "shard_id"]
-    results = _run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, key_columns, path)
-    outcomes = [_outcome(result) for result in results.results]
+    outcomes = run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, key_columns, path)
     return ValidationReport(plan=plan.name, suite=definition["name"], table=f"tandem.{spec.table}", since=since,
                             until=until, granularity=granularity, row_count=len(frame), truncated=truncated,
                             success=all(o.success for o in outcomes), outcomes=outcomes)
 
 
-def _run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict[str, Any],
-               key_columns: list[str], path: Path):
+def run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict[str, Any],
+              key_columns: list[str], path: Path, asset: str = "partial_aggregates") -> list[ExpectationOutcome]:
+    """Validate ``frame`` with the suite ``definition`` (read from ``path``) in an ephemeral context.
+
+    ``parameters`` fill the suite's ``$PARAMETER`` references; ``key_columns`` identify the sample
+    rows of failed expectations. Raises :class:`ValidationError` when the suite is invalid.
+    """
     gx_log = logging.getLogger("great_expectations")
     if gx_log.level == logging.NOTSET:  # its INFO lines (hundreds at import) drown the report
         gx_log.setLevel(logging.WARNING)
@@ -246,13 +250,14 @@ def _run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict
         raise ValidationError(f"{path}: not a valid ExpectationSuite: {exc}") from exc
     if len(suite.expectations) != len(definition["expectations"]):
         raise ValidationError(f"{path}: some expectations are invalid (see the log for the Great Expectations error)")
-    batch = (context.data_sources.add_pandas("tandem_serving")
-             .add_dataframe_asset("partial_aggregates")
+    batch = (context.data_sources.add_pandas("tandem")
+             .add_dataframe_asset(asset)
              .add_batch_definition_whole_dataframe("window")
              .get_batch(batch_parameters={"dataframe": frame}))
-    return batch.validate(suite, expectation_parameters=parameters, result_format={
+    results = batch.validate(suite, expectation_parameters=parameters, result_format={
         "result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_SIZE,
         "unexpected_index_column_names": key_columns})
+    return [_outcome(result) for result in results.results]
 
 
 def _outcome(result: Any) -> ExpectationOutcome:

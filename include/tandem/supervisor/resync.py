@@ -5,7 +5,7 @@ Purpose
     instance stands instead of reprocessing everything since its own (old or missing) checkpoint.
     :func:`cut_checkpoint` copies the part of one query's checkpoint that a restart at its last
     committed batch N needs into another instance's own checkpoint location (never shared); the
-    snapshot issue reuses it to cut snapshots.
+    snapshots (:mod:`tandem.snapshots.take`) use it to cut snapshots.
 
 How it works
     Spark writes, per micro-batch N: ``offsets/N`` (before the batch), the state store version N+1
@@ -150,7 +150,8 @@ def _checksum(path: Path) -> Path:
     return path.with_name(f".{path.name}.crc")
 
 
-def _verify(staged: Path, batch: int) -> None:
+def verify_cut(staged: Path, batch: int) -> None:
+    """Raise :class:`CheckpointError` unless the checkpoint at ``staged`` restarts at batch ``batch``."""
     problems = []
     for needed in (f"commits/{batch}", f"offsets/{batch}", *([f"offsets/{batch - 1}"] if batch > 0 else [])):
         if not (staged / needed).is_file():
@@ -229,7 +230,7 @@ def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     shutil.copyfile(path, destination)
-                except FileNotFoundError:  # an old file Spark purged meanwhile; _verify checks what matters
+                except FileNotFoundError:  # an old file Spark purged meanwhile; verify_cut checks what matters
                     if path.name == relative.name:
                         skipped.append(str(relative))
                     continue
@@ -239,7 +240,7 @@ def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *
         if (staged / "metadata").is_file():
             files += 1
             size += (staged / "metadata").stat().st_size
-        _verify(staged, batch)
+        verify_cut(staged, batch)
         _replace(staged, target)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

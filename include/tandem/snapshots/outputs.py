@@ -1,0 +1,136 @@
+"""A plan's outputs at a snapshot's cut: which Delta version holds exactly batches ≤ N, and rolling back to it.
+
+Purpose
+    A snapshot pairs the checkpoint cut at batch N with the state of the plan's outputs at that
+    batch, so a restore can put both back together: reprocessing the input after the cut then
+    rebuilds exactly what an uninterrupted run would have written, with nothing twice.
+
+How it works
+    Every Delta append of a micro-batch carries an application transaction
+    ``(<instance>/<output>/<query id>, batch id)`` (:mod:`tandem.runtime.publisher`). The version
+    of a table "at batch N" is the newest version whose transaction for that app id is still ≤ N:
+    :func:`version_at_batch` finds it by bisection over the table's versions (the transaction
+    version only grows). Batch N+1 may already have been appended while N was being cut (a batch
+    publishes before it commits); bisection leaves it out.
+
+    A restore rolls back one shard, not the whole table: the tables are shared by every shard of
+    the plan and the other shards keep running from their own checkpoints. Each micro-batch append
+    comes from one instance, so the rows of a shard are a clean slice: :func:`restore_shard_slice`
+    reads the shard's rows at the snapshot's version (time travel) and replaces the shard's rows
+    with them in one Delta commit (an overwrite with a ``shard_id`` predicate). PostgreSQL holds
+    the newest value of every key, i.e. what the Delta history says last:
+    :func:`rebuild_postgres_shard` replaces the shard's rows with the newest version of each key in
+    the restored Delta slice, in one transaction.
+
+What it does not do
+    It does not touch checkpoints or processes (:mod:`tandem.snapshots.restore` does) and only
+    knows the aggregate tables of :mod:`tandem.aggregation.spec` on the PostgreSQL side.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from deltalake import DeltaTable, write_deltalake
+
+from tandem.aggregation.spec import SPECS, AggregationSpec
+from tandem.errors import SnapshotError
+from tandem.lake.tables import table_exists
+from tandem.store.db import Database
+
+
+def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
+    """The newest version of the Delta table at ``path`` holding no batch of ``app_id`` after ``batch_id``.
+
+    ``None`` when the table does not exist yet (nothing to roll back to: the restore empties the
+    shard's slice).
+    """
+    if not table_exists(path):
+        return None
+    latest = DeltaTable(str(path)).version()
+
+    def beyond(version: int) -> bool:
+        done = DeltaTable(str(path), version=version).transaction_version(app_id)
+        return done is not None and done > batch_id
+
+    if not beyond(latest):
+        return latest
+    low, high = 0, latest  # beyond(high) holds; find the first version where it does
+    while low < high:
+        middle = (low + high) // 2
+        if beyond(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low - 1 if low > 0 else None
+
+
+def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+    """The rows of one shard at ``version`` (time travel); ``None`` when the table does not exist."""
+    if not table_exists(path):
+        return None
+    if version is None:
+        return DeltaTable(str(path)).to_pyarrow_table(filters=[("shard_id", "=", shard_id)]).slice(0, 0)
+    return DeltaTable(str(path), version=version).to_pyarrow_table(filters=[("shard_id", "=", shard_id)])
+
+
+def restore_shard_slice(path: Path, shard_id: str, version: int | None) -> tuple[int, int]:
+    """Replace the shard's rows of the Delta table at ``path`` with its rows at ``version``, in one commit.
+
+    Returns ``(rows restored, the table's new version)``; ``(0, -1)`` when the table does not exist.
+    """
+    rows = shard_slice(path, shard_id, version)
+    if rows is None:
+        return 0, -1
+    table = DeltaTable(str(path))
+    write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = '{_quoted(shard_id)}'",
+                    partition_by=table.metadata().partition_columns or None)
+    return rows.num_rows, DeltaTable(str(path)).version()
+
+
+def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
+    """The newest version (highest epoch, then batch) of every (granularity, bucket, keys, shard) in ``rows``."""
+    identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
+    if rows.num_rows == 0:
+        return rows
+    ordered = rows.sort_by([*[(c, "ascending") for c in identity], ("epoch", "descending"),
+                            ("batch_id", "descending")])
+    changed = None  # row i+1 starts a new key
+    for column in identity:
+        values = ordered.column(column).combine_chunks()
+        differs = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
+        changed = differs if changed is None else pc.or_(changed, differs)
+    return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
+
+
+def rebuild_postgres_shard(db: Database, spec: AggregationSpec, shard_id: str, delta_rows: pa.Table) -> int:
+    """Replace the shard's rows of the spec's PostgreSQL table with the newest of ``delta_rows``, in one transaction."""
+    latest = newest_per_key(delta_rows, spec)
+    columns = ["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
+
+    def work(cursor) -> int:
+        cursor.execute(f"DELETE FROM {spec.table} WHERE shard_id = %s", (shard_id,))
+        if latest.num_rows:
+            buffer = io.BytesIO()
+            pacsv.write_csv(latest.select(columns), buffer)
+            buffer.seek(0)
+            cursor.copy_expert(f"COPY {spec.table} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv, HEADER true)",
+                               buffer)
+        return latest.num_rows
+
+    return db.run(work)
+
+
+def postgres_spec(table: str) -> AggregationSpec | None:
+    """The aggregation served from PostgreSQL table ``table`` (``None``: a Delta-only output)."""
+    return next((spec for spec in SPECS.values() if spec.table == table), None)
+
+
+def _quoted(value: str) -> str:
+    if "'" in value:
+        raise SnapshotError(f"shard id {value!r} contains a quote")
+    return value

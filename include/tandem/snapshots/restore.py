@@ -1,0 +1,168 @@
+"""Restore a shard of a plan from a snapshot: checkpoint cut, Delta outputs, PostgreSQL outputs, restart.
+
+Purpose
+    After a whole-cluster crash (every instance gone, checkpoints lost or suspect), or to undo bad
+    processing, ``tandem restore`` and the restore DAG put a shard back to a snapshot's consistent
+    cut. The plan then reprocesses the input after the cut, and its outputs end up exactly as an
+    uninterrupted run would have left them: nothing lost, nothing counted twice.
+
+How it works
+    Under the shard's supervision lock (the supervisor cannot relaunch anything meanwhile):
+
+    1. choose the snapshot (:func:`tandem.snapshots.retention.choose_snapshot`: by id, or the
+       newest GOOD one; BAD only with ``force``) and re-check its files; a GOOD snapshot whose
+       files broke since is marked BAD and refused;
+    2. stop every instance of the shard;
+    3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
+       does not hold starts from nothing). Each gets a fresh query id: a new lineage, so the
+       batches after the cut are published again instead of being taken for replays;
+    4. roll every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
+       back to the snapshot's version for this shard only, and rebuild the shard's PostgreSQL rows
+       from the restored Delta rows (:mod:`tandem.snapshots.outputs`); forget the shard's
+       published positions (``publish_log``), which lie after the cut;
+    5. record a RESTORED event and launch the ACTIVE instance (on ``node``, default the node the
+       snapshot was cut from).
+
+    Then, outside the lock, the supervisor brings the standbys up (re-synced from the new active).
+
+What it does not do
+    It does not touch other shards, and does not bring back landing files retention deleted (a
+    forced restore of a BAD snapshot older than the kept ones may lack input).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import SnapshotRefused
+from tandem.layout import checkpoint_dir, delta_table_dir
+from tandem.lake.tables import table_exists
+from tandem.snapshots.outputs import postgres_spec, rebuild_postgres_shard, restore_shard_slice, shard_slice
+from tandem.snapshots.retention import choose_snapshot
+from tandem.snapshots.state_export import STATE_TABLE
+from tandem.snapshots.validation import check_files
+from tandem.store import snapshots as catalog
+from tandem.store.db import Database
+from tandem.store.migrations import migrate
+from tandem.store.supervision import mark
+from tandem.supervisor.launcher import launch_instance, stop_instance, wait_until_running
+from tandem.supervisor.reconcile import Supervisor, shard_lock
+from tandem.supervisor.resync import cut_checkpoint, query_dirs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RestoreReport:
+    """What a restore did, step by step (for the CLI, task logs and the DAG-run note)."""
+
+    plan: str
+    shard_id: str
+    snapshot: catalog.SnapshotRecord
+    node: str
+    steps: list[str] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, line: str) -> None:
+        self.steps.append(line)
+        log.info("restore %s/%s: %s", self.plan, self.shard_id, line)
+
+    def lines(self) -> list[str]:
+        s = self.snapshot
+        return [f"restored {self.plan}/{self.shard_id} from {s.id} ({s.status}, cut at batch {s.batch_id} of "
+                f"{s.instance_id}); ACTIVE on {self.node}", *("  " + line for line in self.steps)]
+
+
+def plan_output_tables(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, Path]:
+    """The plan's Delta outputs: every table under ``delta/<plan>/`` except the state export."""
+    root = delta_table_dir(cluster, plan.name, STATE_TABLE).parent
+    if not root.is_dir():
+        return {}
+    return {p.name: p for p in sorted(root.iterdir()) if p.name != STATE_TABLE and table_exists(p)}
+
+
+def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, snapshot_id: str | None = None,
+                  force: bool = False, node: str | None = None, start: bool = True,
+                  launched_by: str = "tandem restore", py_files: Path | None = None) -> RestoreReport:
+    """Restore one shard of ``plan`` from ``snapshot_id`` (default: its newest GOOD snapshot).
+
+    Raises:
+        SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken.
+        SnapshotError: no such snapshot, or no GOOD one to fall back on.
+    """
+    if shard_id not in plan.shards:
+        raise SnapshotRefused(f"{plan.path}: shards: {shard_id!r} is not a shard of plan {plan.name}")
+    if node is not None and node not in plan.nodes:
+        raise SnapshotRefused(f"{plan.path}: nodes: {node!r} is not a node of plan {plan.name}")
+    with Database(cluster.database_url, "tandem-restore") as db:
+        migrate(db)
+        chosen = choose_snapshot(catalog.list_snapshots(db, plan.name, shard_id=shard_id), snapshot_id,
+                                 latest_good=False, force=force)
+        problems = check_files(Path(chosen.checkpoint_path), chosen.query_batches)
+        if problems:
+            reason = "files: " + "; ".join(problems[:3])
+            if chosen.status == catalog.GOOD:
+                chosen = catalog.mark_bad(db, chosen.id, f"found broken before a restore: {reason}")
+            if not force:
+                raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
+        target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
+        report = RestoreReport(plan.name, shard_id, chosen, target)
+        with shard_lock(cluster.database_url, plan.name, shard_id):
+            for each in plan.nodes:
+                stopped = stop_instance(cluster, plan, shard_id, each, timeout_s=30.0)
+                report.add(f"stop {each}: {stopped.detail}")
+            for each in plan.nodes:
+                report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, shard_id, each, chosen)}")
+            _restore_outputs(cluster, plan, shard_id, chosen, db, report)
+            mark(db, plan.name, shard_id, "RESTORED", f"restored from snapshot {chosen.id} (batch {chosen.batch_id})",
+                 node=target, detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
+            if start:
+                launch_instance(cluster, plan, shard_id, target, role="ACTIVE", launched_by=launched_by,
+                                py_files=py_files)
+                row = wait_until_running(cluster, plan, shard_id, target)
+                report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
+    if start and len(plan.nodes) > 1:
+        with Supervisor(cluster, plan, launched_by=launched_by, py_files=py_files) as supervisor:
+            for line in supervisor.reconcile(shard_id, cause=f"restore from {chosen.id}").lines():
+                report.add(line)
+    return report
+
+
+def _put_cut(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
+             snapshot: catalog.SnapshotRecord) -> str:
+    root = checkpoint_dir(cluster, plan.name, shard_id, node, "")
+    for query, directory in query_dirs(root).items():
+        if query not in snapshot.query_batches:
+            shutil.rmtree(directory)
+    done = []
+    for query in sorted(snapshot.query_batches):
+        cut = cut_checkpoint(Path(snapshot.checkpoint_path) / query, checkpoint_dir(cluster, plan.name, shard_id,
+                                                                                     node, query))
+        done.append(f"{query} at batch {cut.batch_id}")
+    return ", ".join(done)
+
+
+def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, snapshot: catalog.SnapshotRecord,
+                     db: Database, report: RestoreReport) -> None:
+    for table, path in plan_output_tables(cluster, plan).items():
+        version = snapshot.output_versions.get(table)
+        rows, new_version = restore_shard_slice(path, shard_id, version)
+        outcome: dict[str, Any] = {"snapshot_version": version, "rows": rows, "new_version": new_version}
+        spec = postgres_spec(table)
+        if spec is not None:
+            outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, shard_id, shard_slice(path, shard_id, new_version))
+        report.outputs[table] = outcome
+        report.add(f"{table}: Delta rows of {shard_id} as of version {version if version is not None else '(none)'}: "
+                   f"{rows} rows (now version {new_version})"
+                   + (f"; PostgreSQL {spec.table}: {outcome['postgres_rows']} rows" if spec else ""))
+
+    def forget(cursor) -> int:
+        cursor.execute("DELETE FROM publish_log WHERE instance_id LIKE %s", (f"{plan.name}/{shard_id}/%",))
+        return cursor.rowcount
+
+    report.add(f"published positions forgotten: {db.run(forget)} publish_log rows")

@@ -1,0 +1,265 @@
+"""Take a snapshot of a running plan instance, and prune old ones.
+
+Purpose
+    The snapshot DAG, ``tandem snapshot`` and the ops DAG's ``snapshot_now`` all take a snapshot
+    the same way: :func:`take_snapshot` cuts the ACTIVE instance of one shard without stopping it,
+    exports its state, records the Delta versions of its outputs at the cut, validates the result
+    and marks it GOOD or BAD in the catalog. :func:`prune_snapshots` applies the retention
+    decisions of :mod:`tandem.snapshots.retention`.
+
+How it works
+    1. A TAKING row is inserted in ``tandem.snapshots`` first, so a snapshot that dies half-way is
+       visible (and pruned once abandoned).
+    2. Every query checkpoint of the instance is cut at its last committed batch into
+       ``snapshots/<plan>/<id>/<query>`` (:func:`tandem.supervisor.resync.cut_checkpoint`, the same
+       function the HA re-sync uses; it only reads files Spark never rewrites, so the query keeps
+       running and batches committing meanwhile are simply not part of the cut). The copy keeps
+       the checkpoint's query id: it names the lineage whose Delta transactions mark the outputs.
+    3. For every query, the version of its Delta output that holds exactly its batches up to the
+       cut (:func:`tandem.snapshots.outputs.version_at_batch`).
+    4. Spark's state data source reads the cut's state at its batch; the rows are appended to
+       ``delta/<plan>/state_snapshots`` (:mod:`tandem.snapshots.state_export`).
+    5. Validation (:mod:`tandem.snapshots.validation`) against Spark's own count of state rows at
+       that batch (the ``numRowsTotal`` the instance's listener recorded for it) → GOOD or BAD.
+    Any failure on the way marks the snapshot BAD with the error, then raises.
+
+What it does not do
+    It does not restore (:mod:`tandem.snapshots.restore`) and never touches the live checkpoint
+    beyond reading it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import SnapshotError, TandemError
+from tandem.layout import checkpoint_dir, delta_table_dir, snapshot_dir, snapshots_dir
+from tandem.runtime.publisher import checkpoint_lineage
+from tandem.snapshots.outputs import version_at_batch
+from tandem.snapshots.retention import PRUNE, RetentionPlan, decide_retention
+from tandem.snapshots.state_export import STATE_TABLE, StateOperator, append_state, delete_state, export_state
+from tandem.snapshots.validation import SnapshotValidation, validate_snapshot
+from tandem.store import snapshots as catalog
+from tandem.store.db import Database
+from tandem.store.leases import read_lease
+from tandem.store.registry import InstanceKey
+from tandem.supervisor.resync import cut_checkpoint, query_dirs
+
+log = logging.getLogger(__name__)
+PROGRESS_WAIT_S = 10.0
+VACUUM_RETENTION_H = 1
+
+
+@dataclass(frozen=True)
+class QueryOutput:
+    """Where one query of a plan publishes (its Delta table) and what its state values are called."""
+
+    output: str
+    delta_path: Path
+    state_value_names: tuple[str, ...] = ()
+
+
+def plan_outputs(spark, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> dict[str, QueryOutput]:
+    """Per query of the plan: its Delta output and state value names (builds the queries, starts nothing)."""
+    from tandem.plans import PlanContext, load_plan_module
+
+    ctx = PlanContext(cluster, plan, InstanceKey(plan.name, shard_id, node), spark)
+    return {d.name: QueryOutput(d.sink.output, Path(getattr(d.sink, "delta_path")), tuple(d.state_value_names))
+            for d in load_plan_module(plan).build(ctx)}
+
+
+def active_node(db: Database, plan: PlanConfig, shard_id: str) -> str:
+    """The node holding the shard's ACTIVE lease (raises when nobody holds a valid one)."""
+    lease = read_lease(db, plan.name, shard_id)
+    if lease is None or lease.holder is None or lease.expired_for_s >= 0:
+        holder = f"last held by {lease.holder}, expired" if lease and lease.holder else "never taken"
+        raise SnapshotError(f"{plan.name}/{shard_id} has no ACTIVE instance (lease {holder}): nothing to snapshot; "
+                            "name a node to snapshot a stopped instance's checkpoint")
+    return lease.holder
+
+
+def expected_state_rows(db: Database, instance_id: str, query: str, query_id: str | None, batch_id: int,
+                        wait_s: float = PROGRESS_WAIT_S) -> int | None:
+    """Spark's count of state rows after ``batch_id`` (``numRowsTotal`` recorded by the listener), or ``None``.
+
+    The listener records progress asynchronously after the commit: wait up to ``wait_s`` for it.
+    """
+    def work(cursor) -> int | None:
+        cursor.execute(
+            """SELECT state_rows FROM heartbeats
+               WHERE instance_id = %s AND query_name = %s AND batch_id = %s
+                 AND (%s::uuid IS NULL OR query_id = %s::uuid)
+               ORDER BY recorded_at DESC LIMIT 1""", (instance_id, query, batch_id, query_id, query_id))
+        row = cursor.fetchone()
+        return None if row is None else row["state_rows"]
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = db.run(work, attempts=3)
+        if found is not None or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class TakenSnapshot:
+    """The catalog row of a snapshot just taken, and its validation."""
+
+    record: catalog.SnapshotRecord
+    validation: SnapshotValidation
+
+    @property
+    def good(self) -> bool:
+        return self.record.status == catalog.GOOD
+
+    def summary(self) -> str:
+        r = self.record
+        batches = ", ".join(f"{q} at batch {b}" for q, b in sorted(r.query_batches.items()))
+        versions = ", ".join(f"{t} v{v}" for t, v in sorted(r.output_versions.items()))
+        return (f"{r.id} of {r.instance_id}: {r.status}; cut {batches}; {r.state_rows} state rows; "
+                f"checkpoint {r.checkpoint_bytes} bytes; outputs {versions or 'none yet'}"
+                + (f"; {r.reason}" if r.reason else ""))
+
+
+def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark, *, node: str | None = None,
+                  db: Database | None = None) -> TakenSnapshot:
+    """Snapshot one shard's ACTIVE instance (or ``node``'s) now: cut, export, validate, catalogue.
+
+    Returns the snapshot, GOOD or BAD (validation failed: the reason is recorded).
+
+    Raises:
+        SnapshotError: there is nothing to snapshot (no ACTIVE instance, no checkpoint, nothing
+            committed yet), or taking it failed (then it is marked BAD with the error).
+    """
+    owned = db is None
+    db = db or Database(cluster.database_url, "tandem-snapshot")
+    try:
+        node = node or active_node(db, plan, shard_id)
+        cluster.node(node)
+        instance = InstanceKey(plan.name, shard_id, node)
+        live = query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, ""))
+        if not live:
+            raise SnapshotError(f"{instance.id} has no checkpoint at "
+                                f"{checkpoint_dir(cluster, plan.name, shard_id, node, '')}: nothing to snapshot")
+        record = catalog.begin_snapshot(db, plan=plan.name, shard_id=shard_id, node=node,
+                                        snapshots_dir=snapshots_dir(cluster, plan.name),
+                                        instance_id=instance.id)
+        try:
+            return _take(cluster, plan, instance, spark, db, record, live)
+        except Exception as exc:
+            reason = f"taking the snapshot failed: {type(exc).__name__}: {exc}"
+            catalog.mark_bad(db, record.id, reason[:2000])
+            log.error("snapshot %s: %s", record.id, reason)
+            raise exc if isinstance(exc, TandemError) else SnapshotError(f"snapshot {record.id}: {reason}") from exc
+    finally:
+        if owned:
+            db.close()
+
+
+def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark, db: Database,
+          record: catalog.SnapshotRecord, live: dict[str, Path]) -> TakenSnapshot:
+    target = Path(record.checkpoint_path)
+    outputs = plan_outputs(spark, cluster, plan, instance.shard_id, instance.node)
+    batches: dict[str, int] = {}
+    lineages: dict[str, str] = {}
+    copied = 0
+    for query, directory in sorted(live.items()):
+        cut = cut_checkpoint(directory, target / query, new_query_id=False)
+        if cut.batch_id is None:
+            log.info("snapshot %s: %s has committed nothing yet, left out", record.id, query)
+            continue
+        batches[query] = cut.batch_id
+        lineages[query] = cut.query_id or checkpoint_lineage(target / query)
+        copied += cut.bytes
+    stateful = [q for q in batches if (target / q / "state").is_dir()]
+    if not stateful:
+        raise SnapshotError(f"{instance.id} has not committed a stateful batch yet: nothing to snapshot")
+    versions = {}
+    for query, batch in batches.items():
+        if query in outputs:
+            out = outputs[query]
+            version = version_at_batch(out.delta_path, f"{instance.id}/{out.output}/{lineages[query]}", batch)
+            if version is not None:
+                versions[out.output] = version
+    catalog.record_contents(db, record.id, batch_id=batches[stateful[0]], query_batches=batches,
+                            checkpoint_bytes=copied, output_versions=versions)
+
+    exported, operators = [], {}
+    expected = 0
+    for query in stateful:
+        rows, ops = export_state(spark, target / query, batches[query], snapshot_id=record.id, plan=plan.name,
+                                 shard_id=instance.shard_id, instance_id=instance.id, query=query,
+                                 value_names=outputs[query].state_value_names if query in outputs else ())
+        exported.append(rows)
+        operators[query] = ops
+        counted = expected_state_rows(db, instance.id, query, lineages.get(query), batches[query])
+        if counted is None:  # no progress row (listener lost it): count the live checkpoint's state instead
+            counted = _count_live_state(spark, live[query], batches[query], ops)
+            log.warning("snapshot %s: no recorded state row count for %s batch %d; counted %d in the live "
+                        "checkpoint", record.id, query, batches[query], counted)
+        expected += counted
+    state = pa.concat_tables(exported)
+    append_state(delta_table_dir(cluster, plan.name, STATE_TABLE), state, record.id)
+    catalog.record_contents(db, record.id, state_rows=state.num_rows, state_bytes=state.nbytes)
+
+    verdict = validate_snapshot(cluster, plan, record.id, target, batches, state, operators, expected)
+    if verdict.success:
+        record = catalog.mark_good(db, record.id, verdict.to_dict())
+    else:
+        record = catalog.mark_bad(db, record.id, verdict.reason[:2000], verdict.to_dict())
+    log.info("%s", verdict.summary())
+    return TakenSnapshot(record, verdict)
+
+
+def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[StateOperator]) -> int:
+    total = 0
+    for op in operators:
+        total += (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
+                  .option("storeName", op.store_name).load(str(query_dir)).count())
+    return total
+
+
+def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
+                    shard_id: str | None = None) -> RetentionPlan:
+    """Prune the plan's snapshots as retention decides: delete their cut copies and exported state, mark PRUNED.
+
+    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). Then
+    vacuums ``state_snapshots``: files of rows deleted over ``VACUUM_RETENTION_H`` ago go for good (not
+    at once: a snapshot of another shard may be appending to the table right now).
+    """
+    owned = db is None
+    db = db or Database(cluster.database_url, "tandem-snapshot")
+    try:
+        rows = catalog.list_snapshots(db, plan.name, shard_id=shard_id,
+                                      statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
+        decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))
+        pruned = [d for d in decisions.decisions if d.action == PRUNE]
+        for decision in pruned:
+            shutil.rmtree(snapshot_dir(cluster, plan.name, decision.snapshot_id), ignore_errors=True)
+        state_path = delta_table_dir(cluster, plan.name, STATE_TABLE)
+        delete_state(state_path, [d.snapshot_id for d in pruned])
+        for decision in pruned:
+            catalog.mark_pruned(db, decision.snapshot_id, decision.reason)
+        _vacuum(state_path)
+        for line in decisions.describe():
+            log.info("retention: %s", line)
+        return decisions
+    finally:
+        if owned:
+            db.close()
+
+
+def _vacuum(path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from tandem.lake.tables import table_exists
+
+    if table_exists(path):
+        DeltaTable(str(path)).vacuum(retention_hours=VACUUM_RETENTION_H, enforce_retention_duration=False, dry_run=False)

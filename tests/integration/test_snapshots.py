@@ -1,0 +1,162 @@
+"""Snapshots with real Spark and PostgreSQL: cuts of a running query, state export, validation, retention, restore.
+
+The expected values are the test's own: the events in the landing files a cut had read (from the
+cut's file-source log) give the state and the outputs at the cut.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from _ha import (
+    ALL_TIME,
+    PLAN,
+    SHARD,
+    UTC,
+    TradeWriter,
+    configure_one_shard,
+    expected_aggregates,
+    fetch,
+    mismatches,
+    wait_for,
+)
+from deltalake import DeltaTable
+
+from tandem import aggregation
+from tandem.config import load_cluster, load_plan
+from tandem.errors import SnapshotRefused
+from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.runtime.node import run_instance
+from tandem.snapshots import processed_files
+from tandem.snapshots.outputs import newest_per_key
+from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.state_export import STATE_TABLE, read_state
+from tandem.snapshots.take import prune_snapshots, take_snapshot
+from tandem.aggregation.spec import TRADES
+from tandem.store import Database
+from tandem.store import snapshots as catalog
+from tandem.supervisor.resync import committed_batch
+
+pytestmark = pytest.mark.integration
+
+
+def events_in(files: frozenset[str]) -> list[tuple[int, str, float, int]]:
+    """(timestamp ms, symbol, price, quantity) of every event in the given landing files (``file:`` URIs)."""
+    events = []
+    for uri in files:
+        for line in Path(uri.removeprefix("file:")).read_text().splitlines():
+            e = json.loads(line)
+            events.append((e["timestamp"], e["symbol"], e["price"], e["quantity"]))
+    return events
+
+
+def keep_snapshots(project: Path, keep: int) -> None:
+    path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(path.read_text())
+    plan["snapshot"]["keep"] = keep
+    path.write_text(yaml.safe_dump(plan))
+
+
+def assert_cut_consistent(cluster, snapshot: catalog.SnapshotRecord) -> None:
+    """The exported state and the Delta output at the snapshot's version agree with the input the cut had read."""
+    cut = Path(snapshot.checkpoint_path) / "aggregates"
+    assert committed_batch(cut) == snapshot.batch_id == snapshot.query_batches["aggregates"]
+    seen = events_in(processed_files(cut))
+    seconds = expected_aggregates(seen, "second")
+
+    state = read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), snapshot.id, query="aggregates")
+    assert len(state) == snapshot.state_rows > 0
+    for row in state:
+        key = (datetime.fromisoformat(row["key"]["window"]["start"].replace("Z", "+00:00")), row["key"]["symbol"])
+        want = seconds[key]
+        got = row["value"]
+        assert (got["trade_count"], got["quantity_sum"], got["price_min"], got["price_max"]) == (
+            want["trade_count"], want["quantity_sum"], want["price_min"], want["price_max"]), key
+        assert got["price_sum"] == pytest.approx(want["price_sum"], rel=1e-9)
+        assert row["batch_id"] == snapshot.batch_id
+
+    version = snapshot.output_versions["trade_aggregates"]
+    rows = DeltaTable(str(delta_table_dir(cluster, PLAN, "trade_aggregates")), version=version).to_pyarrow_table(
+        filters=[("shard_id", "=", SHARD), ("granularity", "=", "second")])
+    latest = newest_per_key(rows, TRADES).to_pylist()
+    assert max(r["batch_id"] for r in latest) <= snapshot.batch_id
+    published = {(r["bucket_start"].astimezone(UTC), r["symbol"]): r for r in latest}
+    assert set(published) == set(seconds), "the output at the cut's version is not the input the cut had read"
+    for key, want in seconds.items():
+        assert published[key]["trade_count"] == want["trade_count"], key
+
+
+def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(project: Path, database_url: str,
+                                                                          spark) -> None:
+    configure_one_shard(project)
+    keep_snapshots(project, 2)
+    cluster = load_cluster()
+    plan = load_plan(PLAN, cluster)
+    live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
+    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=200)
+    stop = threading.Event()
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(run_instance(
+        cluster, plan, "node-a", SHARD, spark=spark, trigger_interval_s=0.3, stop=stop)))
+    taken = []
+    writer.start()
+    runner.start()
+    try:
+        wait_for(lambda: (committed_batch(live) or 0) >= 2, 180, "the first batches", poll_s=0.3)
+        # snapshots while the writer writes and the query commits batch after batch
+        while len(taken) < 4:
+            taken.append(take_snapshot(cluster, plan, SHARD, spark))
+    finally:
+        writer.stop()
+        stop.set()
+        runner.join(timeout=120)
+    assert result and result[0].status == "STOPPED", result
+    batches = [t.record.batch_id for t in taken]
+    print(*[t.summary() for t in taken], *[t.validation.summary() for t in taken], sep="\n")
+    assert all(t.good for t in taken), [t.summary() for t in taken]
+    assert batches == sorted(batches) and len(set(batches)) >= 3, f"the query did not commit between cuts: {batches}"
+    for t in taken:
+        assert_cut_consistent(cluster, t.record)
+        assert t.record.node == "node-a" and t.validation.rows == t.record.state_rows
+
+    # a state file of the newest snapshot goes missing: validation fails and restore refuses it
+    newest = taken[-1].record
+    partition = Path(newest.checkpoint_path) / "aggregates" / "state" / "0" / "0"
+    (partition / f"{newest.batch_id + 1}.delta").unlink()
+    with pytest.raises(SnapshotRefused, match="state 0/0 version"):
+        restore_shard(cluster, plan, SHARD, snapshot_id=newest.id, start=False)
+    with Database(cluster.database_url, "test") as db:
+        assert catalog.get_snapshot(db, newest.id).status == catalog.BAD
+
+        # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection)
+        prune_snapshots(cluster, plan, db=db)
+        status = {r.id: r.status for r in catalog.list_snapshots(db, PLAN)}
+    assert status == {taken[0].record.id: catalog.PRUNED, taken[1].record.id: catalog.GOOD,
+                      taken[2].record.id: catalog.GOOD, newest.id: catalog.BAD}
+    assert not Path(taken[0].record.checkpoint_path).exists()
+    assert read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), taken[0].record.id) == []
+    assert Path(taken[1].record.checkpoint_path).is_dir()
+
+    # restore the newest good snapshot: outputs roll back to the cut, then the rest of the input adds up exactly
+    restored = taken[2].record
+    everything = writer.snapshot()
+    report = restore_shard(cluster, plan, SHARD, start=False)
+    assert report.snapshot.id == restored.id
+    at_cut = events_in(processed_files(Path(restored.checkpoint_path) / "aggregates"))
+    assert len(at_cut) < len(everything)
+    assert mismatches(cluster, at_cut) == [], "outputs were not rolled back to the snapshot's cut"
+    for node in ("node-a", "node-b"):
+        assert committed_batch(checkpoint_dir(cluster, PLAN, SHARD, node, "aggregates")) == restored.batch_id
+    assert run_instance(cluster, plan, "node-b", SHARD, spark=spark, available_now=True).status == "STOPPED"
+    assert mismatches(cluster, everything) == []
+    first = fetch(cluster.database_url, """SELECT min(batch_id) AS b FROM tandem.heartbeats
+                                          WHERE node = 'node-b' AND query_name = 'aggregates'""")[0]["b"]
+    assert first == restored.batch_id + 1
