@@ -5,6 +5,9 @@
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
     tandem run --plan trades --node node-a --shard shard-1 [--available-now]
+    tandem snapshot trades [--shard shard-1] [--node node-a]     take a snapshot of the ACTIVE instance now
+    tandem snapshots trades [--state ID [--key symbol=IBM]] [--prune]
+    tandem restore trades [--snapshot ID | --latest-good] [--shard shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem demo                         the end-to-end demonstration (make demo)
 """
@@ -186,6 +189,136 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "STOPPED" else 1
 
 
+def _snapshot_session(cluster):
+    """A small local Spark session for reading checkpoint state (the snapshot's export)."""
+    from tandem.runtime.session import build_session
+
+    return build_session("tandem-snapshot", "local[1]", cluster.spark_defaults)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Take a snapshot of each shard's ACTIVE instance now (or ``--node``'s), validate it, show the result."""
+    from tandem.snapshots.take import take_snapshot
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    shards = [args.shard] if args.shard else list(plan.shards)
+    bad = 0
+    with Progress(TextColumn("[bold]snapshot {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
+                  console=console) as progress:
+        task = progress.add_task("snapshot", total=len(shards), what=plan.name)
+        spark = _snapshot_session(cluster)
+        for shard in shards:
+            progress.update(task, what=f"{plan.name}/{shard}")
+            taken = take_snapshot(cluster, plan, shard, spark, node=args.node)
+            progress.advance(task)
+            style = "green" if taken.good else "bold red"
+            console.print(f"[{style}]{taken.record.status}[/] {taken.summary()}", highlight=False)
+            bad += not taken.good
+    return 1 if bad else 0
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    """List a plan's snapshots; or show one snapshot's exported state; or prune now."""
+    from tandem.layout import delta_table_dir
+    from tandem.snapshots.state_export import STATE_TABLE, read_state
+    from tandem.snapshots.take import prune_snapshots
+    from tandem.store import Database
+    from tandem.store import snapshots as catalog
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    if args.prune:
+        for line in prune_snapshots(cluster, plan, shard_id=args.shard).describe():
+            console.print(line, highlight=False)
+        return 0
+    if args.state:
+        key = dict(_key_filter(item) for item in args.key or [])
+        rows = read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), args.state, key_contains=key,
+                          query=args.query)
+        if args.json:
+            print(json.dumps(rows, default=str, indent=2))
+            return 0
+        table = Table(title=f"state of snapshot {args.state}: {len(rows)} rows", box=box.SIMPLE_HEAD,
+                      title_justify="left")
+        for column in ("query", "operator", "partition", "batch", "key", "value"):
+            table.add_column(column, overflow="fold")
+        for row in rows[: args.limit]:
+            table.add_row(row["query"], f"{row['operator_id']} {row['store_name']}", str(row["partition_id"]),
+                          str(row["batch_id"]), json.dumps(row["key"]), json.dumps(row["value"]))
+        console.print(table)
+        if len(rows) > args.limit:
+            console.print(f"({len(rows) - args.limit} more rows: --limit, or --json for all)")
+        return 0
+    with Database(cluster.database_url, "tandem-cli") as db:
+        records = catalog.list_snapshots(db, plan.name, shard_id=args.shard, limit=args.limit)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in records], default=str, indent=2))
+        return 0
+    table = Table(title=f"snapshots of {plan.name} (newest first)", box=box.SIMPLE_HEAD, title_justify="left")
+    for column in ("id", "instance", "batch", "taken (UTC)", "status", "state rows", "checkpoint", "outputs",
+                   "reason"):
+        table.add_column(column, overflow="fold")
+    styles = {"GOOD": "green", "BAD": "bold red", "TAKING": "cyan", "PRUNED": "dim"}
+    for r in records:
+        table.add_row(r.id, r.instance_id, str(r.batch_id if r.batch_id is not None else "-"),
+                      r.taken_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                      f"[{styles.get(r.status, '')}]{r.status}[/]", str(r.state_rows or "-"),
+                      _size(r.checkpoint_bytes), ", ".join(f"{t} v{v}" for t, v in sorted(r.output_versions.items())),
+                      r.reason or "")
+    console.print(table)
+    return 0
+
+
+def _key_filter(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise TandemError(f"--key {text!r}: expected field=value, e.g. symbol=IBM")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Restore shards of a plan from a snapshot (by id, or each shard's newest good one) and start them."""
+    from tandem.snapshots.restore import restore_shard
+    from tandem.store import Database
+    from tandem.store import snapshots as catalog
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    if args.snapshot:
+        with Database(cluster.database_url, "tandem-cli") as db:
+            record = catalog.get_snapshot(db, args.snapshot)
+        if record is None or record.plan != plan.name:
+            raise TandemError(f"no snapshot {args.snapshot!r} of plan {plan.name} (see `tandem snapshots {plan.name}`)")
+        shards = [record.shard_id]
+    else:
+        shards = [args.shard] if args.shard else list(plan.shards)
+    with Progress(TextColumn("[bold]restore {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
+                  console=console) as progress:
+        task = progress.add_task("restore", total=len(shards), what=plan.name)
+        for shard in shards:
+            progress.update(task, what=f"{plan.name}/{shard}")
+            report = restore_shard(cluster, plan, shard, snapshot_id=args.snapshot, force=args.force, node=args.node,
+                                   start=not args.no_start)
+            progress.advance(task)
+            for line in report.lines():
+                console.print(line, highlight=False)
+    return 0
+
+
 def airflow_connection_exports() -> list[str]:
     """``export AIRFLOW_CONN_<ID>='{json}'`` for every node's Spark connection."""
     cluster = load_cluster()
@@ -246,6 +379,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trigger-interval", type=parse_duration)
     run.add_argument("--available-now", action="store_true")
     run.set_defaults(func=cmd_run)
+
+    snapshot = commands.add_parser("snapshot", help="take a snapshot of each shard's ACTIVE instance now")
+    snapshot.add_argument("plan")
+    snapshot.add_argument("--shard", help="one shard (default: every shard of the plan)")
+    snapshot.add_argument("--node", help="snapshot this node's instance instead of the ACTIVE one")
+    snapshot.set_defaults(func=cmd_snapshot)
+
+    snapshots = commands.add_parser("snapshots", help="list a plan's snapshots, show one's state, or prune")
+    snapshots.add_argument("plan")
+    snapshots.add_argument("--shard")
+    snapshots.add_argument("--state", metavar="SNAPSHOT_ID", help="show the state this snapshot exported")
+    snapshots.add_argument("--key", action="append", metavar="FIELD=VALUE",
+                           help="with --state: keys whose field has this value, e.g. symbol=IBM (repeatable)")
+    snapshots.add_argument("--query", help="with --state: one query's state (e.g. aggregates)")
+    snapshots.add_argument("--prune", action="store_true", help="apply retention now (snapshot.keep)")
+    snapshots.add_argument("--limit", type=int, default=50)
+    snapshots.add_argument("--json", action="store_true")
+    snapshots.set_defaults(func=cmd_snapshots)
+
+    restore = commands.add_parser("restore", help="restore a plan's shards from a snapshot and start them")
+    restore.add_argument("plan")
+    which = restore.add_mutually_exclusive_group()
+    which.add_argument("--snapshot", help="a snapshot id (its shard is restored)")
+    which.add_argument("--latest-good", action="store_true", help="each shard's newest GOOD snapshot (default)")
+    restore.add_argument("--shard", help="with --latest-good: one shard (default: every shard)")
+    restore.add_argument("--node", help="the node to start ACTIVE (default: the node the snapshot was cut from)")
+    restore.add_argument("--force", action="store_true", help="restore a snapshot marked BAD")
+    restore.add_argument("--no-start", action="store_true", help="restore but start nothing")
+    restore.set_defaults(func=cmd_restore)
 
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,9 @@ def test_every_dag_file_imports_without_errors(dagbag):
     assert files == {p.name for p in DAGS.glob("*.py")}
 
 
-def test_each_plan_has_a_run_a_validate_and_a_supervise_dag_and_there_is_one_ops_dag(dagbag, plans):
-    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise")}
-    assert set(dagbag.dag_ids) == expected | {"tandem_ops"}
+def test_each_plan_has_its_dags_and_there_is_one_ops_and_one_restore_dag(dagbag, plans):
+    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise", "snapshot")}
+    assert set(dagbag.dag_ids) == expected | {"tandem_ops", "tandem_restore"}
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 
 
@@ -54,7 +55,7 @@ def test_no_cycles(dagbag):
 
 def test_tags_and_retries_on_every_dag_and_task(dagbag, plans):
     for dag_id, dag in dagbag.dags.items():
-        plan = "ops" if dag_id == "tandem_ops" else dag_id.split("_", 1)[1].rsplit("_", 1)[0]
+        plan = "ops" if dag_id in ("tandem_ops", "tandem_restore") else dag_id.split("_", 1)[1].rsplit("_", 1)[0]
         assert plan in plans or plan == "ops"
         assert {"tandem", plan} <= set(dag.tags), dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag_id
@@ -83,6 +84,33 @@ def test_validate_dag_shape(dagbag, plans):
         [task] = dag.tasks
         assert task.task_type == "ValidateServingTableOperator"
         assert task.lookback == plan.validation.lookback_s
+
+
+def test_snapshot_dag_shape(dagbag, plans):
+    for name, plan in plans.items():
+        dag = dagbag.dags[f"tandem_{name}_snapshot"]
+        assert dag.catchup is False and dag.max_active_runs == 1
+        assert dag.schedule == timedelta(seconds=plan.snapshot.interval_s) == timedelta(minutes=15)
+        assert dag.timetable.can_be_scheduled
+        prune = dag.get_task("prune")
+        assert prune.trigger_rule == "all_done", "retention must run even when a snapshot failed"
+        snapshots = [t for t in dag.tasks if t.task_type == "TakeSnapshotOperator"]
+        assert sorted(t.shard_id for t in snapshots) == sorted(plan.shards)
+        assert all(t.downstream_task_ids == {"prune"} for t in snapshots)
+
+
+def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(dagbag, plans):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dagbag.dags["tandem_restore"]
+    assert dag.schedule is None
+    assert dag.params.validate() == {"plan": "trades", "shard_id": "", "snapshot_id": "", "node": "",
+                                     "force": False}
+    [task] = dag.tasks
+    assert task.task_type == "RestoreSnapshotOperator"
+    for param, value in (("plan", "nope"), ("node", "node-z"), ("shard_id", "shard-9"), ("force", "yes")):
+        with pytest.raises(ParamValidationError, match=param):
+            copy.deepcopy(dag.params)[param] = value
 
 
 def test_supervise_dag_shape(dagbag, plans):

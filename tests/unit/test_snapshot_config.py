@@ -19,24 +19,29 @@ def load(conf: Path):
     return load_plan("trades", load_cluster(conf / "cluster.yaml"))
 
 
-def test_shipped_trades_plan_snapshots_every_15_minutes_and_keeps_3(conf: Path) -> None:
-    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=3)
+def test_shipped_trades_plan_snapshots_every_15_minutes_keeps_3_and_validates_with_trades_state(conf: Path) -> None:
+    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=3, suite="trades_state")
 
 
 def test_snapshot_section_is_optional_and_defaults_to_15_minutes_and_3(conf: Path) -> None:
     edit_plan(conf, lambda d: d.pop("snapshot"))
-    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=3)
+    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=3, suite="trades_state")
 
 
 def test_one_field_alone_keeps_the_default_of_the_other(conf: Path) -> None:
     edit_plan(conf, lambda d: d.update(snapshot={"keep": 1}))
-    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=1)
+    assert load(conf).snapshot == SnapshotConfig(interval_s=900.0, keep=1, suite="trades_state")
 
 
 @pytest.mark.parametrize(("interval", "seconds"), [("1 hour", 3600.0), ("90 s", 90.0), (600, 600.0), ("5m", 300.0)])
 def test_interval_takes_any_duration(conf: Path, interval, seconds: float) -> None:
     edit_plan(conf, lambda d: d.update(snapshot={"interval": interval, "keep": 7}))
-    assert load(conf).snapshot == SnapshotConfig(interval_s=seconds, keep=7)
+    assert load(conf).snapshot == SnapshotConfig(interval_s=seconds, keep=7, suite="trades_state")
+
+
+def test_the_suite_defaults_to_plan_state_and_can_be_named(conf: Path) -> None:
+    edit_plan(conf, lambda d: d.update(snapshot={"suite": "my_state_suite"}))
+    assert load(conf).snapshot.suite == "my_state_suite"
 
 
 @pytest.mark.parametrize(("section", "field", "fragment"), [

@@ -19,7 +19,10 @@ RUN_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 2, "retry_dela
 VALIDATE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=2)}
 SUPERVISE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 3, "retry_delay": timedelta(seconds=15)}
 OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
-OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
+OPS_ACTIONS = ("failover_now", "drain_node", "restart_node", "snapshot_now")
+# a BAD snapshot or a refused restore fails without retry (AirflowFailException); a transient error retries once
+SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
 
 
@@ -114,7 +117,8 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
         "action": Param("failover_now", type="string", enum=list(OPS_ACTIONS), title="Action",
                         description="failover_now: move the ACTIVE role to a standby now; drain_node: hand the "
                                     "node's ACTIVE roles to others and stop it; restart_node: restart the node's "
-                                    "instances as standbys after re-syncing them (undoes a drain)"),
+                                    "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
+                                    "take a snapshot of each shard's ACTIVE instance (or the node's) now"),
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
         "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
                           description="one shard, or empty for every shard of the plan"),
@@ -135,6 +139,54 @@ Trigger with Params:
   they are promoted, its instances stop. Supervision leaves a drained node down.
 - **restart_node** (plan, node, optional shard): stop the node's instances (failing over first
   where they are ACTIVE) and relaunch them as standbys after re-syncing from the active.
+- **snapshot_now** (plan, optional shard, optional node): take a snapshot of each shard's ACTIVE
+  instance (or the node's) now; it is validated and listed by `tandem snapshots <plan>`.
 
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
+"""
+
+
+def snapshot_doc(plan: PlanConfig) -> str:
+    return f"""### Snapshots of plan `{plan.name}`
+
+Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each shard: a consistent
+cut of the ACTIVE instance's checkpoint at its last committed batch (the query keeps running), its
+operator state exported to the Delta table `state_snapshots`, the Delta versions of the plan's outputs
+at the cut, validated with the suite `conf/expectations/{plan.snapshot.suite}.json` and marked GOOD or
+BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} GOOD snapshots per shard
+(`snapshot.keep`; never the newest good one) and deletes the others' files.
+
+A shard with no ACTIVE instance is skipped. A BAD snapshot fails its task (see its log for the
+failed expectations). List them with `tandem snapshots {plan.name}`; restore with the `tandem_restore`
+DAG or `tandem restore {plan.name}`.
+"""
+
+
+def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str, Any]:
+    """Params of ``tandem_restore``: plan, shard, snapshot id, node, force."""
+    from airflow.sdk import Param
+
+    names = sorted(plans)
+    shards = sorted({shard for plan in plans.values() for shard in plan.shards})
+    return {
+        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
+        "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
+                          description="one shard, or empty for every shard (ignored when a snapshot id is given)"),
+        "snapshot_id": Param("", type="string", title="Snapshot id",
+                             description="empty: each shard's newest GOOD snapshot (tandem snapshots <plan>)"),
+        "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
+                      description="the node to start ACTIVE (default: the node the snapshot was cut from)"),
+        "force": Param(False, type="boolean", title="Force",
+                       description="restore a snapshot marked BAD (its state may be incomplete)"),
+    }
+
+
+RESTORE_DOC = """### Restore a plan from a snapshot
+
+Trigger with Params (plan, shard or all, snapshot id or the newest GOOD one, node, force). For
+each shard: stop its instances, put the snapshot's checkpoint cut in place of each node's
+checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this shard's rows
+only) and the PostgreSQL outputs to match, then start the ACTIVE instance (the supervisor starts
+the standbys). The plan reprocesses the input after the cut. A BAD snapshot is refused unless
+forced. The steps are in the task log and the run note.
 """

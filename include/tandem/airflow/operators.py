@@ -244,12 +244,14 @@ class PlanOpsOperator(BaseOperator):
       wait for their promotion, then stop its instances. The supervision DAG leaves it down.
     - ``restart_node``: stop ``node``'s instances (failing over first where it is ACTIVE) and
       relaunch them as standbys after re-syncing them from the active; undoes a drain.
+    - ``snapshot_now``: take a snapshot of each selected shard's ACTIVE instance (or ``node``'s)
+      now, as the snapshot DAG does on its schedule.
 
     Airflow 3.3's task SDK cannot set the note of the task's own DAG run; the summary goes to
     the task log, and to the run note through the REST API when the Airflow connection
     ``tandem_airflow_api`` (host = API URL, login, password) is defined.
 
-    :param action: one of failover_now, drain_node, restart_node. Templated.
+    :param action: one of failover_now, drain_node, restart_node, snapshot_now. Templated.
     :param plan: plan name. Templated.
     :param shard_id: one shard, or empty for every shard of the plan. Templated.
     :param node: the node (required for drain_node and restart_node). Templated.
@@ -277,6 +279,8 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from None
         shards = [self.shard_id] if self.shard_id else list(plan.shards)
         ti = context["ti"]
+        if self.action == "snapshot_now":
+            return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
                                      launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log)
@@ -287,32 +291,188 @@ class PlanOpsOperator(BaseOperator):
             lines += report.lines()
         summary = "\n".join(lines)
         self.log.info("summary of %s:\n%s", self.action, summary)
-        self._set_run_note(ti, summary)
+        set_run_note(self.log, ti, summary)
         failed = [step.line() for report in reports for step in report.failed]
         if failed:
             raise AirflowException(f"{self.action}: actions failed: " + "; ".join(failed))
         return {"action": self.action, "plan": plan.name, "node": self.node, "shards": shards, "summary": lines,
                 "converged": all(report.converged for report in reports)}
 
-    def _set_run_note(self, ti: Any, summary: str) -> None:
-        """Best effort: the public REST API can set a run's note; the task SDK cannot."""
-        try:
-            from airflow.sdk import Connection
 
-            conn = Connection.get("tandem_airflow_api")
-        except Exception:  # noqa: BLE001 - not defined: the log has the summary
-            self.log.info("no Airflow connection 'tandem_airflow_api': the summary is in this log only")
-            return
-        try:
-            from tandem.airflow_rest import AirflowClient
+def set_run_note(log: Any, ti: Any, summary: str) -> None:
+    """Best effort: set the DAG run's note through the public REST API (the task SDK cannot).
 
-            base = conn.host if "://" in (conn.host or "") else f"http://{conn.host}:{conn.port or 8080}"
-            client = AirflowClient(base.rstrip("/"), conn.login or "admin", conn.password or "admin", timeout_s=10)
-            response = client.request("PATCH", f"/dags/{ti.dag_id}/dagRuns/{ti.run_id}",
-                                      params={"update_mask": "note"}, json={"note": summary[:1000]})
-            if response.ok:
-                self.log.info("run note set")
-            else:
-                self.log.warning("could not set the run note: %s %s", response.status_code, response.text[:200])
-        except Exception as exc:  # noqa: BLE001 - best effort: never fail the action for its note
-            self.log.warning("could not set the run note: %s", exc)
+    Needs the Airflow connection ``tandem_airflow_api`` (host = API URL, login, password); without
+    it the summary stays in the task log only.
+    """
+    try:
+        from airflow.sdk import Connection
+
+        conn = Connection.get("tandem_airflow_api")
+    except Exception:  # noqa: BLE001 - not defined: the log has the summary
+        log.info("no Airflow connection 'tandem_airflow_api': the summary is in this log only")
+        return
+    try:
+        from tandem.airflow_rest import AirflowClient
+
+        base = conn.host if "://" in (conn.host or "") else f"http://{conn.host}:{conn.port or 8080}"
+        client = AirflowClient(base.rstrip("/"), conn.login or "admin", conn.password or "admin", timeout_s=10)
+        response = client.request("PATCH", f"/dags/{ti.dag_id}/dagRuns/{ti.run_id}",
+                                  params={"update_mask": "note"}, json={"note": summary[:1000]})
+        if response.ok:
+            log.info("run note set")
+        else:
+            log.warning("could not set the run note: %s %s", response.status_code, response.text[:200])
+    except Exception as exc:  # noqa: BLE001 - best effort: never fail the task for its note
+        log.warning("could not set the run note: %s", exc)
+
+
+def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str], ti: Any, *,
+                   node: str | None = None) -> dict[str, Any]:
+    """Snapshot each shard's ACTIVE instance (or ``node``'s); fail the task when one is BAD, skip when none runs."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tandem.errors import SnapshotError
+    from tandem.runtime.session import build_session
+    from tandem.snapshots.take import take_snapshot
+
+    unknown = [s for s in shards if s not in plan.shards]
+    if unknown:
+        raise AirflowFailException(f"{plan.path}: shards: {', '.join(unknown)} not in the plan's shards")
+    spark = build_session(f"tandem-snapshot:{plan.name}", "local[1]", cluster.spark_defaults)
+    taken, skipped, lines = [], [], []
+    try:
+        for shard in shards:
+            try:
+                snapshot = take_snapshot(cluster, plan, shard, spark, node=node)
+            except SnapshotError as exc:
+                if "has no ACTIVE instance" in str(exc) or "nothing to snapshot" in str(exc):
+                    log.warning("%s/%s: %s", plan.name, shard, exc)
+                    skipped.append(shard)
+                    lines.append(f"{shard}: skipped: {exc}")
+                    continue
+                raise AirflowFailException(str(exc)) from None
+            log.info("%s", snapshot.summary())
+            log.info("%s", snapshot.validation.summary())
+            taken.append(snapshot)
+            lines.append(snapshot.summary())
+    finally:
+        spark.stop()
+    set_run_note(log, ti, "\n".join(lines))
+    bad = [t for t in taken if not t.good]
+    if bad:
+        raise AirflowFailException("snapshots marked BAD: " + "; ".join(t.summary() for t in bad))
+    if not taken:
+        raise AirflowSkipException(f"nothing to snapshot: {'; '.join(lines)}")
+    return {"plan": plan.name, "snapshots": [t.record.id for t in taken], "skipped": skipped, "summary": lines}
+
+
+class TakeSnapshotOperator(BaseOperator):
+    """Take a snapshot of one shard's ACTIVE instance: cut, state export, validation (GOOD or BAD).
+
+    Fails (no retry) when the snapshot is BAD; skips when no instance of the shard is ACTIVE.
+
+    :param plan: plan name. Templated.
+    :param shard_id: the shard. Templated.
+    :param node: snapshot this node's instance instead of the ACTIVE one. Templated.
+    """
+
+    template_fields = ("plan", "shard_id", "node")
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, shard_id: str, node: str = "", cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.node = node
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cluster = _cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        return take_snapshots(self.log, cluster, plan, [self.shard_id], context["ti"], node=self.node or None)
+
+
+class PruneSnapshotsOperator(BaseOperator):
+    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per shard, prune the rest.
+
+    :param plan: plan name. Templated.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> list[str]:
+        from tandem.snapshots.take import prune_snapshots
+
+        cluster = _cluster(self.cluster_config)
+        decisions = prune_snapshots(cluster, load_plan(self.plan, cluster)).describe()
+        for line in decisions:
+            self.log.info("%s", line)
+        return decisions
+
+
+class RestoreSnapshotOperator(BaseOperator):
+    """Restore a plan's shards from a snapshot (by id, or each shard's newest GOOD one) and start them.
+
+    A BAD snapshot is refused unless ``force``. The steps go to the log and the run note.
+
+    :param plan: plan name. Templated.
+    :param shard_id: one shard, or empty for every shard (ignored with a snapshot id). Templated.
+    :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
+    :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
+    :param force: restore a BAD snapshot anyway.
+    """
+
+    template_fields = ("plan", "shard_id", "snapshot_id", "node", "force")
+    ui_color = "#f5ecdc"
+
+    def __init__(self, *, plan: str, shard_id: str = "", snapshot_id: str = "", node: str = "",
+                 force: bool | str = False, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.snapshot_id = snapshot_id
+        self.node = node
+        self.force = force
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.errors import SnapshotError
+        from tandem.snapshots.restore import restore_shard
+        from tandem.store import Database
+        from tandem.store import snapshots as catalog
+
+        cluster = _cluster(self.cluster_config)
+        try:
+            plan = load_plan(self.plan, cluster)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+        force = self.force if isinstance(self.force, bool) else str(self.force).lower() == "true"
+        shards = [self.shard_id] if self.shard_id else list(plan.shards)
+        if self.snapshot_id:
+            with Database(cluster.database_url, "tandem-restore") as db:
+                record = catalog.get_snapshot(db, self.snapshot_id)
+            if record is None or record.plan != plan.name:
+                raise AirflowFailException(f"no snapshot {self.snapshot_id!r} of plan {plan.name}")
+            shards = [record.shard_id]
+        ti = context["ti"]
+        lines = []
+        for shard in shards:
+            try:
+                report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
+                                       node=self.node or None,
+                                       launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
+            except SnapshotError as exc:
+                raise AirflowFailException(str(exc)) from None
+            for line in report.lines():
+                self.log.info("%s", line)
+            lines += report.lines()
+        set_run_note(self.log, ti, "\n".join(lines))
+        return {"plan": plan.name, "shards": shards, "summary": lines}

@@ -35,6 +35,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
 
 from tandem.aggregation.spec import SPECS, AggregationSpec
@@ -107,22 +108,80 @@ def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
     return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
-def rebuild_postgres_shard(db: Database, spec: AggregationSpec, shard_id: str, delta_rows: pa.Table) -> int:
-    """Replace the shard's rows of the spec's PostgreSQL table with the newest of ``delta_rows``, in one transaction."""
+def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+    """The shard's rows in files added to the table after ``version`` or removed from it since.
+
+    These are the only rows a rollback to ``version`` changes. ``None`` when a removed file is gone
+    from storage (vacuumed): the caller must then treat every row of the shard as changed.
+    """
+    now = set(DeltaTable(str(path)).file_uris())
+    then = set(DeltaTable(str(path), version=version).file_uris()) if version is not None else set()
+    changed = sorted(uri.removeprefix("file://") for uri in now ^ then)
+    if not changed:
+        return pa.table({})
+    if not all(Path(file).exists() for file in changed):
+        return None
+    dataset = ds.dataset(changed, format="parquet", partitioning="hive", partition_base_dir=str(path))
+    return dataset.to_table(filter=ds.field("shard_id") == shard_id)
+
+
+def rebuild_postgres_shard(db: Database, spec: AggregationSpec, shard_id: str, delta_rows: pa.Table,
+                           touched: pa.Table | None = None) -> int:
+    """Make the shard's rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
+
+    With ``touched`` (rows whose keys changed), only those keys are replaced; otherwise every row
+    of the shard. One transaction; returns how many rows were written.
+    """
+    identity = ["granularity", "bucket_start", *spec.keys]
+    columns = [*identity, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
+    if touched is not None:
+        keys = touched.select(identity).group_by(identity).aggregate([])
+        delta_rows = delta_rows.join(keys, identity, join_type="inner") if delta_rows.num_rows else delta_rows
     latest = newest_per_key(delta_rows, spec)
-    columns = ["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
 
     def work(cursor) -> int:
-        cursor.execute(f"DELETE FROM {spec.table} WHERE shard_id = %s", (shard_id,))
+        if touched is None:
+            cursor.execute(f"DELETE FROM {spec.table} WHERE shard_id = %s", (shard_id,))
+        else:
+            cursor.execute(f"CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz, "
+                           f"{', '.join(f'{k} text' for k in spec.keys)}) ON COMMIT DROP")
+            _copy(cursor, "_touched", keys.select(identity))
+            match = " AND ".join(f"t.{c} = k.{c}" for c in identity)
+            cursor.execute(f"DELETE FROM {spec.table} t USING _touched k WHERE t.shard_id = %s AND {match}",
+                           (shard_id,))
         if latest.num_rows:
-            buffer = io.BytesIO()
-            pacsv.write_csv(latest.select(columns), buffer)
-            buffer.seek(0)
-            cursor.copy_expert(f"COPY {spec.table} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv, HEADER true)",
-                               buffer)
+            _copy(cursor, spec.table, latest.select(columns))
         return latest.num_rows
 
     return db.run(work)
+
+
+def _copy(cursor, table: str, rows: pa.Table) -> None:
+    buffer = io.BytesIO()
+    pacsv.write_csv(rows, buffer)
+    buffer.seek(0)
+    cursor.copy_expert(f"COPY {table} ({', '.join(rows.column_names)}) FROM STDIN WITH (FORMAT csv, HEADER true)",
+                       buffer)
+
+
+def restore_output(db: Database, path: Path, table: str, shard_id: str, version: int | None) -> dict[str, int | None]:
+    """Roll one output table (Delta, and its PostgreSQL table if it has one) back to ``version`` for one shard.
+
+    Only the keys in files changed since ``version`` are rewritten in PostgreSQL; when nothing of
+    the shard changed, nothing is written at all.
+    """
+    changed = changed_shard_rows(path, shard_id, version)
+    outcome: dict[str, int | None] = {"snapshot_version": version, "changed_rows": None if changed is None
+                                      else changed.num_rows}
+    if changed is not None and changed.num_rows == 0:
+        return {**outcome, "delta_rows": 0, "new_version": DeltaTable(str(path)).version(), "postgres_rows": 0}
+    rows, new_version = restore_shard_slice(path, shard_id, version)
+    outcome.update(delta_rows=rows, new_version=new_version)
+    spec = postgres_spec(table)
+    if spec is not None:
+        at_cut = shard_slice(path, shard_id, new_version)
+        outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, shard_id, at_cut, changed)
+    return outcome
 
 
 def postgres_spec(table: str) -> AggregationSpec | None:

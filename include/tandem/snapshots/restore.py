@@ -42,7 +42,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.lake.tables import table_exists
-from tandem.snapshots.outputs import postgres_spec, rebuild_postgres_shard, restore_shard_slice, shard_slice
+from tandem.snapshots.outputs import restore_output
 from tandem.snapshots.retention import choose_snapshot
 from tandem.snapshots.state_export import STATE_TABLE
 from tandem.snapshots.validation import check_files
@@ -151,15 +151,15 @@ def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, sn
                      db: Database, report: RestoreReport) -> None:
     for table, path in plan_output_tables(cluster, plan).items():
         version = snapshot.output_versions.get(table)
-        rows, new_version = restore_shard_slice(path, shard_id, version)
-        outcome: dict[str, Any] = {"snapshot_version": version, "rows": rows, "new_version": new_version}
-        spec = postgres_spec(table)
-        if spec is not None:
-            outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, shard_id, shard_slice(path, shard_id, new_version))
+        outcome = restore_output(db, path, table, shard_id, version)
         report.outputs[table] = outcome
-        report.add(f"{table}: Delta rows of {shard_id} as of version {version if version is not None else '(none)'}: "
-                   f"{rows} rows (now version {new_version})"
-                   + (f"; PostgreSQL {spec.table}: {outcome['postgres_rows']} rows" if spec else ""))
+        changed = "unknown (files vacuumed): all" if outcome["changed_rows"] is None else outcome["changed_rows"]
+        report.add(f"{table}: {changed} rows of {shard_id} changed since version "
+                   f"{version if version is not None else '(none: table empty at the cut)'}; "
+                   + ("nothing to roll back" if outcome["changed_rows"] == 0 else
+                      f"Delta slice restored ({outcome['delta_rows']} rows, now version {outcome['new_version']})"
+                      + (f", PostgreSQL: {outcome['postgres_rows']} rows rewritten" if "postgres_rows" in outcome
+                         else "")))
 
     def forget(cursor) -> int:
         cursor.execute("DELETE FROM publish_log WHERE instance_id LIKE %s", (f"{plan.name}/{shard_id}/%",))

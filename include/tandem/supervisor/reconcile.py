@@ -56,6 +56,7 @@ from tandem.supervisor.resync import CheckpointError, resync_instance
 
 _LOCK_NAMESPACE = 0x7A4E  # advisory locks of (plan, shard) supervision; launches use 0x7A4D
 OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
+"""Actions of the supervisor (the ops DAG also offers ``snapshot_now``, see :mod:`tandem.snapshots.take`)."""
 
 
 class OpsRefused(TandemError):

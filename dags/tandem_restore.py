@@ -1,0 +1,31 @@
+"""``tandem_restore``: restore a plan's shards from a snapshot and start them, from the UI (Params)."""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG
+
+from tandem.airflow.dags import RESTORE_DEFAULT_ARGS, RESTORE_DOC, load_for_dags, restore_params
+from tandem.airflow.operators import RestoreSnapshotOperator
+
+cluster, plans = load_for_dags(__file__)
+
+with DAG(
+    dag_id="tandem_restore",
+    description="Restore a plan from a snapshot (checkpoint cut, Delta and PostgreSQL outputs) and start it",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    params=restore_params(cluster, plans),
+    default_args=RESTORE_DEFAULT_ARGS,
+    tags=["tandem", "ops", "snapshots"],
+    doc_md=RESTORE_DOC,
+) as dag:
+    RestoreSnapshotOperator(
+        task_id="restore",
+        plan="{{ params.plan }}",
+        shard_id="{{ params.shard_id }}",
+        snapshot_id="{{ params.snapshot_id }}",
+        node="{{ params.node }}",
+        force="{{ params.force }}",
+        cluster_config=str(cluster.path),
+    )

@@ -1,0 +1,35 @@
+"""``tandem_<plan>_snapshot``: scheduled persistence snapshots of a plan, validated and pruned.
+
+One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``: one snapshot task per shard, then
+retention (``snapshot.keep``) whatever the snapshots' outcome.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from airflow.sdk import DAG
+
+from tandem.airflow.dags import SNAPSHOT_DEFAULT_ARGS, load_for_dags, snapshot_doc
+from tandem.airflow.operators import PruneSnapshotsOperator, TakeSnapshotOperator
+
+cluster, plans = load_for_dags(__file__)
+
+for plan in plans.values():
+    with DAG(
+        dag_id=f"tandem_{plan.name}_snapshot",
+        description=f"Snapshot, validate and prune plan {plan.name} every snapshot.interval",
+        schedule=timedelta(seconds=plan.snapshot.interval_s),
+        start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        default_args=SNAPSHOT_DEFAULT_ARGS,
+        tags=["tandem", plan.name, "snapshots"],
+        doc_md=snapshot_doc(plan),
+    ) as dag:
+        prune = PruneSnapshotsOperator(task_id="prune", plan=plan.name, cluster_config=str(cluster.path),
+                                       trigger_rule="all_done")
+        for shard in plan.shards:
+            TakeSnapshotOperator(task_id=f"snapshot_{shard.replace('-', '_')}", plan=plan.name, shard_id=shard,
+                                 cluster_config=str(cluster.path)) >> prune
+    globals()[dag.dag_id] = dag
