@@ -1,13 +1,15 @@
 """``tandem_<plan>_snapshot``: scheduled persistence snapshots of a plan, validated and pruned.
 
 One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``: one snapshot task per shard, then
-retention (``snapshot.keep``) whatever the snapshots' outcome.
+retention (``snapshot.keep``) whatever the snapshots' outcome, and ``all_snapshots_good``, which
+fails the run when a snapshot failed (a run's state follows its last tasks, and retention succeeds).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import SNAPSHOT_DEFAULT_ARGS, load_for_dags, snapshot_doc
@@ -29,7 +31,8 @@ for plan in plans.values():
     ) as dag:
         prune = PruneSnapshotsOperator(task_id="prune", plan=plan.name, cluster_config=str(cluster.path),
                                        trigger_rule="all_done")
+        verdict = EmptyOperator(task_id="all_snapshots_good", trigger_rule="none_failed")
         for shard in plan.shards:
             TakeSnapshotOperator(task_id=f"snapshot_{shard.replace('-', '_')}", plan=plan.name, shard_id=shard,
-                                 cluster_config=str(cluster.path)) >> prune
+                                 cluster_config=str(cluster.path)) >> [prune, verdict]
     globals()[dag.dag_id] = dag

@@ -80,6 +80,16 @@ class AirflowClient:
             raise AirflowError(f"cannot trigger {dag_id}: {response.status_code} {response.text[:300]}")
         return response.json()["dag_run_id"]
 
+    def runs(self, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
+        """The DAG's runs (newest first), optionally of one type (``scheduled``, ``manual``)."""
+        params: dict[str, Any] = {"order_by": "-run_after", "limit": 100}
+        if run_type:
+            params["run_type"] = [run_type]
+        response = self.request("GET", f"/dags/{dag_id}/dagRuns", params=params)
+        if not response.ok:
+            raise AirflowError(f"cannot list runs of {dag_id}: {response.status_code} {response.text[:200]}")
+        return response.json()["dag_runs"]
+
     def run_state(self, dag_id: str, run_id: str) -> str:
         response = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
         if not response.ok:

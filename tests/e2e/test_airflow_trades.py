@@ -1,5 +1,6 @@
 """End to end through a real Airflow: the run DAG launches the trades plan for two shards via
-spark-submit; the test feeds events and checks the merged aggregates against its own arithmetic."""
+spark-submit; the test feeds events and checks the merged aggregates against its own arithmetic;
+then the snapshot DAG, on its schedule, snapshots both shards into the catalog."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster, load_plan
-from tandem.layout import landing_dir
+from tandem.layout import checkpoint_dir, landing_dir
 from tandem.producer import write_atomically
 from tandem.store import Database
 from tandem.store.heartbeats import input_rows_since
+from tandem.store import snapshots as catalog
 from tandem.store.registry import get_instance, instance_id
 from tandem.supervisor.launcher import stop_instance
+from tandem.supervisor.resync import committed_batch
 
 pytestmark = pytest.mark.e2e
 UTC = timezone.utc
@@ -45,8 +49,17 @@ def _expected(events: list[dict], granularity: str) -> dict[tuple, dict]:
                   "price_max": max(e["price"] for e in g)} for key, g in groups.items()}
 
 
-def test_run_dag_launches_two_shards_and_merged_aggregates_match(project: Path, database_url: str,
-                                                                  airflow: AirflowClient) -> None:
+@pytest.fixture
+def snapshots_every_minute(project: Path) -> None:
+    """The temp project's trades plan snapshots every minute (set before the Airflow stack parses the DAGs)."""
+    path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(path.read_text())
+    plan["snapshot"]["interval"] = "1 minute"
+    path.write_text(yaml.safe_dump(plan))
+
+
+def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_dag_snapshots_them(
+        project: Path, database_url: str, snapshots_every_minute: None, airflow: AirflowClient) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     launched: list[int] = []
@@ -95,6 +108,24 @@ def test_run_dag_launches_two_shards_and_merged_aggregates_match(project: Path, 
                 for column, value in values.items():
                     assert merged[key][column] == pytest.approx(value), (granularity, key, column)
                 assert merged[key]["avg_price"] == pytest.approx(values["price_sum"] / values["trade_count"])
+
+        # the snapshot DAG runs on its schedule (every minute here): one GOOD snapshot per shard's ACTIVE instance
+        airflow.wait_for_dag("tandem_trades_snapshot")
+        airflow.unpause("tandem_trades_snapshot")
+        deadline = time.monotonic() + 300
+        while not airflow.runs("tandem_trades_snapshot", "scheduled") and time.monotonic() < deadline:
+            time.sleep(2)
+        [run, *_] = airflow.runs("tandem_trades_snapshot", "scheduled")
+        assert airflow.wait_for_run("tandem_trades_snapshot", run["dag_run_id"], timeout_s=300) == "success"
+        with Database(cluster.database_url) as db:
+            for shard, node in PLACEMENTS:
+                snapshot = catalog.latest_good(db, "trades", shard)
+                assert snapshot is not None, f"no GOOD snapshot of {shard}"
+                assert snapshot.node == node and snapshot.taken_at >= since
+                live = checkpoint_dir(cluster, "trades", shard, node, "aggregates")
+                assert 0 <= snapshot.batch_id <= committed_batch(live)
+                assert snapshot.state_rows > 0 and snapshot.output_versions["trade_aggregates"] >= 0
+                assert snapshot.validation["success"] is True
     finally:
         for shard, node in PLACEMENTS:
             stop_instance(cluster, plan, shard, node)

@@ -96,7 +96,8 @@ def test_snapshot_dag_shape(dagbag, plans):
         assert prune.trigger_rule == "all_done", "retention must run even when a snapshot failed"
         snapshots = [t for t in dag.tasks if t.task_type == "TakeSnapshotOperator"]
         assert sorted(t.shard_id for t in snapshots) == sorted(plan.shards)
-        assert all(t.downstream_task_ids == {"prune"} for t in snapshots)
+        assert all(t.downstream_task_ids == {"prune", "all_snapshots_good"} for t in snapshots)
+        assert dag.get_task("all_snapshots_good").trigger_rule == "none_failed", "a failed snapshot fails the run"
 
 
 def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(dagbag, plans):

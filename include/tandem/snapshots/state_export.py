@@ -73,6 +73,10 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
     """Every state row of the checkpoint at ``query_dir`` after batch ``batch_id``, in ``STATE_SCHEMA``."""
     from pyspark.sql import functions as F
 
+    # The state store reader asks the driver's StateStoreCoordinator, which Spark only creates with
+    # the session's streaming query manager: in a session that never ran a query, reading fails
+    # with "Cannot find endpoint: StateStoreCoordinator". Touching the manager creates it.
+    spark.streams.active
     operators = state_operators(spark, query_dir)
     parts = []
     for op in operators:
