@@ -9,28 +9,27 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
-from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 from _ha import (
-    ALL_TIME,
     PLAN,
     SHARD,
     UTC,
+    Pair,
     TradeWriter,
     configure_one_shard,
     expected_aggregates,
     fetch,
+    lease,
     mismatches,
     wait_for,
 )
 from deltalake import DeltaTable
 
-from tandem import aggregation
+from tandem.aggregation.spec import TRADES
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
@@ -39,10 +38,12 @@ from tandem.snapshots import processed_files
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, read_state
+from tandem.packaging import build_dist
 from tandem.snapshots.take import prune_snapshots, take_snapshot
-from tandem.aggregation.spec import TRADES
 from tandem.store import Database
 from tandem.store import snapshots as catalog
+from tandem.store.registry import get_instance
+from tandem.supervisor import stop_instance
 from tandem.supervisor.resync import committed_batch
 
 pytestmark = pytest.mark.integration
@@ -160,3 +161,54 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     first = fetch(cluster.database_url, """SELECT min(batch_id) AS b FROM tandem.heartbeats
                                           WHERE node = 'node-b' AND query_name = 'aggregates'""")[0]["b"]
     assert first == restored.batch_id + 1
+
+
+def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project: Path, database_url: str,
+                                                                         process_groups: list[int], spark) -> None:
+    """Every instance killed (-9) and its checkpoints lost: the restore from the latest good snapshot,
+    after reprocessing the input since its cut, leaves the outputs of an uninterrupted run."""
+    configure_one_shard(project, standby="warm")  # one running instance: the whole cluster of the plan
+    cluster = load_cluster()
+    plan = load_plan(PLAN, cluster)
+    dist = build_dist(project)
+    pair = Pair(cluster, plan, dist, process_groups)
+    live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
+    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=200)
+    try:
+        pair.launch("node-a", "ACTIVE")
+        pair.wait_running("node-a")
+        writer.start()
+        wait_for(lambda: (committed_batch(live) or 0) >= 3, 180, "node-a's first batches",
+                 detail=lambda: pair.log_tail("node-a"))
+        snapshot = take_snapshot(cluster, plan, SHARD, spark).record
+        assert snapshot.status == catalog.GOOD, snapshot.reason
+        cut = snapshot.batch_id
+        old_epoch = lease(cluster.database_url)["epoch"]
+        wait_for(lambda: committed_batch(live) >= cut + 3, 120, "batches after the snapshot were published")
+        pair.note(f"snapshot at batch {cut}; killing node-a at batch {committed_batch(live)}")
+
+        pair.kill("node-a")
+        pair.wait_group_gone("node-a")
+        writer.stopping.wait(2.0)  # input keeps arriving while nothing runs
+        events = writer.stop()
+        shutil.rmtree(checkpoint_dir(cluster, PLAN, SHARD, "node-a", "").parent)  # every live checkpoint is lost
+        restored_at = datetime.now(UTC)
+
+        report = restore_shard(cluster, plan, SHARD, launched_by="test_snapshots", py_files=dist)
+        with Database(cluster.database_url, "test") as db:
+            process_groups.append(get_instance(db, "trades/shard-1/node-a")["submit_pid"])
+        assert report.snapshot.id == snapshot.id and report.node == "node-a"
+        wait_for(lambda: not mismatches(cluster, events), 240, "the outputs to equal an uninterrupted run's", poll_s=3,
+                 detail=lambda: "\n".join(mismatches(cluster, events)[:6]) + "\n" + pair.log_tail("node-a"))
+        assert mismatches(cluster, events) == []
+
+        resumed = fetch(cluster.database_url, """SELECT min(batch_id) AS first FROM tandem.heartbeats
+                        WHERE node = 'node-a' AND query_name = 'aggregates' AND recorded_at > %s""", (restored_at,))
+        assert resumed[0]["first"] == cut + 1, "the restored instance did not resume right after the cut"
+        rows = DeltaTable(str(delta_table_dir(cluster, PLAN, "trade_aggregates"))).to_pyarrow_table(
+            filters=[("shard_id", "=", SHARD)]).to_pylist()
+        assert not [r for r in rows if r["epoch"] == old_epoch and r["batch_id"] > cut], \
+            "Delta still holds what the crashed instance published after the cut"
+    finally:
+        writer.stopping.set()
+        stop_instance(cluster, plan, SHARD, "node-a", timeout_s=20)
