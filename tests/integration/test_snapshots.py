@@ -34,7 +34,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
 from tandem.runtime.node import run_instance
-from tandem.snapshots import processed_files
+from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, read_state
@@ -53,7 +53,7 @@ def events_in(files: frozenset[str]) -> list[tuple[int, str, float, int]]:
     """(timestamp ms, symbol, price, quantity) of every event in the given landing files (``file:`` URIs)."""
     events = []
     for uri in files:
-        for line in Path(uri.removeprefix("file:")).read_text().splitlines():
+        for line in Path(landing_file_key(uri)).read_text().splitlines():
             e = json.loads(line)
             events.append((e["timestamp"], e["symbol"], e["price"], e["quantity"]))
     return events
@@ -134,10 +134,17 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     (partition / f"{newest.batch_id + 1}.delta").unlink()
     with pytest.raises(SnapshotRefused, match="state 0/0 version"):
         restore_shard(cluster, plan, SHARD, snapshot_id=newest.id, start=False)
+    restored = taken[2].record
+    oldest_kept_cut = {landing_file_key(f)
+                       for f in processed_files(Path(taken[1].record.checkpoint_path) / "aggregates")}
+    at_cut = events_in(processed_files(Path(restored.checkpoint_path) / "aggregates"))
+    landing = landing_dir(cluster, PLAN, SHARD)
+    before = {str(p) for p in landing.iterdir() if p.is_file()}
+    assert oldest_kept_cut < before
     with Database(cluster.database_url, "test") as db:
         assert catalog.get_snapshot(db, newest.id).status == catalog.BAD
 
-        # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection)
+        # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection) ...
         prune_snapshots(cluster, plan, db=db)
         status = {r.id: r.status for r in catalog.list_snapshots(db, PLAN)}
     assert status == {taken[0].record.id: catalog.PRUNED, taken[1].record.id: catalog.GOOD,
@@ -145,13 +152,13 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     assert not Path(taken[0].record.checkpoint_path).exists()
     assert read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), taken[0].record.id) == []
     assert Path(taken[1].record.checkpoint_path).is_dir()
+    # ... and deletes the input files inside the oldest kept cut (node-a processed everything), no other
+    assert {str(p) for p in landing.iterdir() if p.is_file()} == before - oldest_kept_cut
 
     # restore the newest good snapshot: outputs roll back to the cut, then the rest of the input adds up exactly
-    restored = taken[2].record
     everything = writer.snapshot()
     report = restore_shard(cluster, plan, SHARD, start=False)
     assert report.snapshot.id == restored.id
-    at_cut = events_in(processed_files(Path(restored.checkpoint_path) / "aggregates"))
     assert len(at_cut) < len(everything)
     assert mismatches(cluster, at_cut) == [], "outputs were not rolled back to the snapshot's cut"
     for node in ("node-a", "node-b"):

@@ -1,9 +1,16 @@
 """Snapshots: consistent cuts of plan instances, their catalog, retention and restore.
 
-Decisions are pure functions (:mod:`tandem.snapshots.retention`: which snapshots to prune, which
-landing files to delete, which snapshot to restore); :mod:`tandem.snapshots.source_log` reads
-which landing files a checkpoint (or a cut of one) has processed; the catalog lives in PostgreSQL
-(:mod:`tandem.store.snapshots`). Taking a cut, exporting state and restoring come next.
+- :mod:`~tandem.snapshots.take`: take a snapshot (cut, state export, output versions, validation)
+  and prune old ones;
+- :mod:`~tandem.snapshots.restore`: put a shard back to a snapshot and start it;
+- :mod:`~tandem.snapshots.state_export`: the operator state as readable rows in Delta;
+- :mod:`~tandem.snapshots.outputs`: the Delta versions at a cut, and rolling outputs back;
+- :mod:`~tandem.snapshots.validation`: files and the Great Expectations suite → GOOD or BAD;
+- :mod:`~tandem.snapshots.landing`: deleting input nothing needs any more;
+- :mod:`~tandem.snapshots.retention` (pure): which snapshots to prune, which landing files to
+  delete, which snapshot to restore; :mod:`~tandem.snapshots.source_log`: which landing files a
+  checkpoint (or a cut of one) has processed. The catalog lives in PostgreSQL
+  (:mod:`tandem.store.snapshots`).
 """
 
 from tandem.snapshots.retention import (

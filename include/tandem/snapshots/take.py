@@ -227,10 +227,12 @@ def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[Sta
 
 
 def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
-                    shard_id: str | None = None) -> RetentionPlan:
+                    shard_id: str | None = None, clean_input: bool = True) -> RetentionPlan:
     """Prune the plan's snapshots as retention decides: delete their cut copies and exported state, mark PRUNED.
 
-    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). Then
+    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). With
+    ``clean_input``, then deletes the landing files nothing needs any more
+    (:func:`tandem.snapshots.landing.clean_landing`). Then
     vacuums ``state_snapshots``: files of rows deleted over ``VACUUM_RETENTION_H`` ago go for good (not
     at once: a snapshot of another shard may be appending to the table right now).
     """
@@ -250,6 +252,13 @@ def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | 
         _vacuum(state_path)
         for line in decisions.describe():
             log.info("retention: %s", line)
+        if clean_input:
+            from tandem.config import load_plans
+            from tandem.snapshots.landing import clean_landing
+
+            plans = list(({**load_plans(cluster), plan.name: plan}).values())
+            for shard in [shard_id] if shard_id else plan.shards:
+                clean_landing(cluster, plans, plan.source.stream, shard, db)
         return decisions
     finally:
         if owned:

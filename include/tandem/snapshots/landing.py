@@ -1,0 +1,72 @@
+"""Delete landing files nothing can need any more: processed by every instance and inside every kept snapshot.
+
+Purpose
+    Input files must not pile up either. Once the snapshot DAG has pruned old snapshots, a landing
+    file that every instance's checkpoint has processed for good, and that every kept GOOD
+    snapshot's cut had processed too, is needed by no restart and no restore: it is deleted.
+
+How it works
+    :func:`clean_landing` gathers the facts, for every plan that reads the stream, and acts on the
+    pure decision
+    :func:`tandem.snapshots.retention.decide_landing_retention`: the files of the shard's landing
+    directory; per query checkpoint of every node of the shard, the files its committed batches
+    read (:func:`tandem.snapshots.source_log.processed_files`); per query cut of every kept GOOD
+    snapshot, the same. A node whose checkpoint exists counts, running or not (it may resume from
+    it); a query cut that reads no files (not a file source) is left out of both.
+
+What it does not do
+    It does not prune snapshots (run :func:`tandem.snapshots.take.prune_snapshots` first, so the
+    cuts that guard files are the kept ones) and never deletes hidden or temporary files.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.layout import checkpoint_dir, landing_dir
+from tandem.snapshots.retention import LandingDecision, decide_landing_retention
+from tandem.snapshots.source_log import processed_files
+from tandem.store import snapshots as catalog
+from tandem.store.db import Database
+from tandem.supervisor.resync import CheckpointError, query_dirs
+
+log = logging.getLogger(__name__)
+
+
+def _read(query_dir: Path) -> frozenset[str] | None:
+    try:
+        return processed_files(query_dir)
+    except CheckpointError as exc:  # not a file source: it guards nothing here
+        log.info("landing retention: %s: %s", query_dir, exc)
+        return None
+
+
+def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, shard_id: str,
+                  db: Database) -> LandingDecision:
+    """Delete the files of ``landing/<stream>/<shard_id>`` that every reader has processed for good.
+
+    ``plans``: every plan (the readers are those whose ``source.stream`` is ``stream``).
+    """
+    directory = landing_dir(cluster, stream, shard_id)
+    files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
+    processed_by: dict[str, frozenset[str]] = {}
+    kept_cuts: dict[str, frozenset[str]] = {}
+    for plan in (p for p in plans if p.source.stream == stream and shard_id in p.shards):
+        for node in plan.nodes:
+            for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
+                seen = _read(query_dir)
+                if seen is not None:
+                    processed_by[f"{plan.name}/{shard_id}/{node}/{query}"] = seen
+        for snapshot in catalog.list_snapshots(db, plan.name, shard_id=shard_id, statuses=(catalog.GOOD,)):
+            for query in snapshot.query_batches:
+                seen = _read(Path(snapshot.checkpoint_path) / query)
+                if seen is not None:
+                    kept_cuts[f"{snapshot.id}/{query}"] = seen
+    decision = decide_landing_retention(files, processed_by, kept_cuts)
+    for path in decision.delete:
+        Path(path).unlink(missing_ok=True)
+    for line in decision.describe():
+        log.info("landing %s: %s", directory, line)
+    return decision
