@@ -1,0 +1,89 @@
+"""Pure pieces of snapshots: newest row per key, Spark's value names, the validation frame and verdict."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+
+from tandem.aggregation.spec import TRADES
+from tandem.quality.serving import ExpectationOutcome
+from tandem.snapshots.outputs import newest_per_key
+from tandem.snapshots.state_export import STATE_SCHEMA, StateOperator, _unique
+from tandem.snapshots.validation import SnapshotValidation, state_frame
+
+UTC = timezone.utc
+T = [datetime(2025, 3, 1, 12, 0, s, tzinfo=UTC) for s in range(3)]
+
+
+def partials(rows: list[tuple]) -> pa.Table:
+    names = ["granularity", "bucket_start", "symbol", "shard_id", "epoch", "batch_id", "trade_count"]
+    return pa.Table.from_pylist([dict(zip(names, r)) for r in rows])
+
+
+def test_newest_per_key_takes_the_highest_epoch_then_batch_of_each_key() -> None:
+    rows = partials([
+        ("second", T[0], "IBM", "s1", 1, 4, 10),
+        ("second", T[0], "IBM", "s1", 2, 1, 12),   # newer epoch wins over a higher batch
+        ("second", T[0], "IBM", "s1", 1, 7, 11),
+        ("second", T[1], "IBM", "s1", 1, 3, 5),
+        ("second", T[1], "IBM", "s1", 1, 9, 6),
+        ("minute", T[0], "IBM", "s1", 1, 2, 20),
+        ("second", T[0], "ORCL", "s1", 1, 2, 1),
+        ("second", T[0], "IBM", "s2", 1, 1, 3),    # another shard is another key
+    ])
+    newest = {(r["granularity"], r["bucket_start"], r["symbol"], r["shard_id"]): r["trade_count"]
+              for r in newest_per_key(rows, TRADES).to_pylist()}
+    assert newest == {("second", T[0], "IBM", "s1"): 12, ("second", T[1], "IBM", "s1"): 6,
+                      ("minute", T[0], "IBM", "s1"): 20, ("second", T[0], "ORCL", "s1"): 1,
+                      ("second", T[0], "IBM", "s2"): 3}
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_newest_per_key_of_no_or_one_row(count: int) -> None:
+    rows = partials([("second", T[0], "IBM", "s1", 1, 1, 1)][:count])
+    assert newest_per_key(rows, TRADES).num_rows == count
+
+
+def test_spark_value_names_are_made_unique_in_order() -> None:
+    assert _unique(["sum", "count", "sum", "min", "max", "sum"]) == ["sum", "count", "sum_2", "min", "max", "sum_3"]
+
+
+def state_rows(values: list[dict], batch: int = 7, query: str = "aggregates") -> pa.Table:
+    return pa.Table.from_pylist([{
+        "snapshot_id": "s", "plan": "trades", "shard_id": "shard-1", "instance_id": "trades/shard-1/node-a",
+        "query": query, "operator_id": 0, "operator_name": "stateStoreSave", "store_name": "default",
+        "partition_id": i % 2, "batch_id": batch,
+        "key": json.dumps({"window": {"start": "2025-03-01T12:00:00.000Z"}, "symbol": f"S{i}"}),
+        "value": json.dumps(value)} for i, value in enumerate(values)], schema=STATE_SCHEMA)
+
+
+def test_state_frame_flattens_key_and_value_and_adds_the_cut_and_metadata_batches() -> None:
+    operators = {"aggregates": [StateOperator(0, "stateStoreSave", "default", 2, 0, 7)]}
+    frame = state_frame(state_rows([{"trade_count": 3, "price_min": 1.5}, {"trade_count": 1, "price_min": 2.0}]),
+                        {"aggregates": 7}, operators)
+    assert list(frame["key.symbol"]) == ["S0", "S1"]
+    assert list(frame["key.window.start"]) == ["2025-03-01T12:00:00.000Z"] * 2
+    assert list(frame["value.trade_count"]) == [3, 1]
+    assert list(frame["cut_batch_id"]) == [7, 7] and list(frame["metadata_max_batch_id"]) == [7, 7]
+
+
+def test_state_frame_of_no_rows_still_has_the_columns_the_suite_needs() -> None:
+    frame = state_frame(STATE_SCHEMA.empty_table(), {"aggregates": 3}, {})
+    assert frame.empty and {"batch_id", "cut_batch_id", "metadata_max_batch_id", "key"} <= set(frame.columns)
+
+
+def test_a_bad_verdict_names_the_broken_files_and_the_failed_expectations() -> None:
+    failed = ExpectationOutcome("expect_table_row_count_to_equal", {"value": 10}, False, 9, None)
+    column = ExpectationOutcome("expect_column_values_to_be_between", {"column": "value.trade_count"}, False, 9, 2)
+    passed = ExpectationOutcome("expect_column_values_to_not_be_null", {"column": "key"}, True, 9, 0)
+    verdict = SnapshotValidation("snap-1", False, ["aggregates: state 0/1 version 8 is missing"],
+                                 [failed, column, passed], "trades_state", 9)
+    assert verdict.reason == ("files: aggregates: state 0/1 version 8 is missing; "
+                              "trades_state: expect_table_row_count_to_equal(): failed; "
+                              "trades_state: expect_column_values_to_be_between(column=value.trade_count): "
+                              "2 of 9 rows unexpected")
+    assert "BAD" in verdict.summary() and "1/3 expectations on 9 state rows" in verdict.summary()
+    assert SnapshotValidation("snap-2", True, [], [passed], "trades_state", 9).reason == ""
