@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pyspark.sql import functions as F
 from _ha import (
     PLAN,
     SHARD,
@@ -37,7 +38,7 @@ from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.restore import restore_shard
-from tandem.snapshots.state_export import STATE_TABLE, read_state
+from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
 from tandem.packaging import build_dist
 from tandem.snapshots.take import prune_snapshots, take_snapshot
 from tandem.store import Database
@@ -127,6 +128,14 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     for t in taken:
         assert_cut_consistent(cluster, t.record)
         assert t.record.node == "node-a" and t.validation.rows == t.record.state_rows
+
+    # "what was the running total of IBM at snapshot S": the CLI's reader and Spark agree
+    state_path = delta_table_dir(cluster, PLAN, STATE_TABLE)
+    ibm = read_state(state_path, taken[1].record.id, key_contains={"symbol": "IBM"})
+    from_spark = spark_state(spark, state_path, taken[1].record.id).where(
+        F.get_json_object("key", "$.symbol") == "IBM").collect()
+    assert ibm and sorted(json.loads(r["value"])["trade_count"] for r in from_spark) == sorted(
+        r["value"]["trade_count"] for r in ibm)
 
     # a state file of the newest snapshot goes missing: validation fails and restore refuses it
     newest = taken[-1].record

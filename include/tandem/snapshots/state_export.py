@@ -144,6 +144,27 @@ def read_state(path: Path, snapshot_id: str, *, key_contains: dict[str, Any] | N
     return rows
 
 
+def spark_state(spark, path: Path, snapshot_id: str | None = None):
+    """The state export as a Spark DataFrame (every snapshot, or one), without Spark's Delta connector.
+
+    Reads the Parquet files of the table's current version (listed by ``deltalake``), e.g.
+    ``spark_state(spark, path, sid).where(F.get_json_object("key", "$.symbol") == "IBM")``.
+    """
+    from pyspark.sql import functions as F
+
+    if not table_exists(path):
+        return spark.createDataFrame([], "snapshot_id string").limit(0)
+    frame = spark.read.schema(_spark_schema()).parquet(*DeltaTable(str(path)).file_uris())
+    return frame if snapshot_id is None else frame.where(F.col("snapshot_id") == snapshot_id)
+
+
+def _spark_schema():
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    types = {pa.string(): StringType(), pa.int64(): LongType(), pa.int32(): IntegerType()}
+    return StructType([StructField(f.name, types[f.type]) for f in STATE_SCHEMA])
+
+
 def delete_state(path: Path, snapshot_ids: Sequence[str]) -> int:
     """Delete the exported rows of pruned snapshots (one commit); returns how many rows went."""
     if not snapshot_ids or not table_exists(path):
