@@ -103,3 +103,21 @@ def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_e
     result, output = dag_test(airflow_env, "tandem_ops", conf)
     assert result["state"] == "failed" and result["tis"]["act"]["try_number"] == 1, output[-5000:]
     assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output
+
+
+def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_env, database_url, project):
+    from tandem.layout import snapshots_dir
+    from tandem.store import snapshots as catalog
+
+    cluster = load_cluster()
+    with Database(cluster.database_url) as db:
+        record = catalog.begin_snapshot(db, plan="trades", shard_id="shard-1", node="node-a",
+                                        snapshots_dir=snapshots_dir(cluster, "trades"))
+        catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
+        catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
+    conf = {"plan": "trades", "shard_id": "", "snapshot_id": record.id, "node": "", "force": False}
+    result, output = dag_test(airflow_env, "tandem_restore", conf)
+    assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
+    assert f"snapshot {record.id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output
+    with Database(cluster.database_url) as db:
+        assert get_instance(db, "trades/shard-1/node-a") is None, "a refused restore must not touch the instances"

@@ -149,6 +149,8 @@ def test_ops_params_validate_and_reject(dagbag, plans):
     params = copy.deepcopy(dag.params)
     params.update({"action": "drain_node", "plan": "trades", "shard_id": "shard-2", "node": "node-a"})
     assert params.validate()["action"] == "drain_node"
+    params.update({"action": "snapshot_now", "node": ""})
+    assert params.validate()["action"] == "snapshot_now"
     for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("shard_id", "shard-9")):
         with pytest.raises(ParamValidationError, match=param):
             copy.deepcopy(dag.params)[param] = value
