@@ -229,8 +229,13 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     if args.prune:
+        from tandem.snapshots.landing import clean_plan_landing
+
         for line in prune_snapshots(cluster, plan, shard_id=args.shard).describe():
             console.print(line, highlight=False)
+        for shard, decision in clean_plan_landing(cluster, plan, shard_id=args.shard).items():
+            for line in decision.describe():
+                console.print(f"landing {shard}: {line}", highlight=False)
         return 0
     if args.state:
         key = dict(_key_filter(item) for item in args.key or [])
@@ -393,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_argument("--key", action="append", metavar="FIELD=VALUE",
                            help="with --state: keys whose field has this value, e.g. symbol=IBM (repeatable)")
     snapshots.add_argument("--query", help="with --state: one query's state (e.g. aggregates)")
-    snapshots.add_argument("--prune", action="store_true", help="apply retention now (snapshot.keep)")
+    snapshots.add_argument("--prune", action="store_true", help="apply retention now (snapshot.keep), then delete landing files nothing needs")
     snapshots.add_argument("--limit", type=int, default=50)
     snapshots.add_argument("--json", action="store_true")
     snapshots.set_defaults(func=cmd_snapshots)

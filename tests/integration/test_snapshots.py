@@ -36,6 +36,7 @@ from tandem.errors import SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
+from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
@@ -156,12 +157,13 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
         # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection) ...
         prune_snapshots(cluster, plan, db=db)
         status = {r.id: r.status for r in catalog.list_snapshots(db, PLAN)}
+        clean_plan_landing(cluster, plan, db=db)
     assert status == {taken[0].record.id: catalog.PRUNED, taken[1].record.id: catalog.GOOD,
                       taken[2].record.id: catalog.GOOD, newest.id: catalog.BAD}
     assert not Path(taken[0].record.checkpoint_path).exists()
     assert read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), taken[0].record.id) == []
     assert Path(taken[1].record.checkpoint_path).is_dir()
-    # ... and deletes the input files inside the oldest kept cut (node-a processed everything), no other
+    # landing retention deletes the input files inside the oldest kept cut (node-a processed everything), no other
     assert {str(p) for p in landing.iterdir() if p.is_file()} == before - oldest_kept_cut
 
     # restore the newest good snapshot: outputs roll back to the cut, then the rest of the input adds up exactly

@@ -43,7 +43,8 @@ def test_every_dag_file_imports_without_errors(dagbag):
 
 
 def test_each_plan_has_its_dags_and_there_is_one_ops_and_one_restore_dag(dagbag, plans):
-    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise", "snapshot")}
+    expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise", "snapshot",
+                                                                       "maintenance")}
     assert set(dagbag.dag_ids) == expected | {"tandem_ops", "tandem_restore"}
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 

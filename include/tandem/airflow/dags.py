@@ -22,6 +22,7 @@ OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_dela
 OPS_ACTIONS = ("failover_now", "drain_node", "restart_node", "snapshot_now")
 # a BAD snapshot or a refused restore fails without retry (AirflowFailException); a transient error retries once
 SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}
 RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
 
@@ -189,4 +190,14 @@ checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this 
 only) and the PostgreSQL outputs to match, then start the ACTIVE instance (the supervisor starts
 the standbys). The plan reprocesses the input after the cut. A BAD snapshot is refused unless
 forced. The steps are in the task log and the run note.
+"""
+
+
+def maintenance_doc(plan: PlanConfig) -> str:
+    return f"""### Maintenance of plan `{plan.name}`
+
+Hourly. **landing_retention** deletes input files of `landing/{plan.source.stream}/<shard>/` that
+every node's checkpoint has processed (a committed batch read them) and that every kept GOOD
+snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
+and the task log says why per file group (e.g. "after the cut of snapshot …").
 """

@@ -476,3 +476,28 @@ class RestoreSnapshotOperator(BaseOperator):
             lines += report.lines()
         set_run_note(self.log, ti, "\n".join(lines))
         return {"plan": plan.name, "shards": shards, "summary": lines}
+
+
+class CleanLandingOperator(BaseOperator):
+    """Delete a plan's landing files that every instance and every kept GOOD snapshot have processed.
+
+    :param plan: plan name. Templated.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#e8f5dc"
+
+    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.snapshots.landing import clean_plan_landing
+
+        cluster = _cluster(self.cluster_config)
+        decisions = clean_plan_landing(cluster, load_plan(self.plan, cluster))
+        for shard, decision in decisions.items():
+            for line in decision.describe() or ["no landing files"]:
+                self.log.info("%s: %s", shard, line)
+        return {shard: len(decision.delete) for shard, decision in decisions.items()}

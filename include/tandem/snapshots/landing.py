@@ -14,9 +14,12 @@ How it works
     snapshot, the same. A node whose checkpoint exists counts, running or not (it may resume from
     it); a query cut that reads no files (not a file source) is left out of both.
 
+    The maintenance DAG (``tandem_<plan>_maintenance``) runs it hourly; ``tandem snapshots <plan>
+    --prune`` runs it after pruning.
+
 What it does not do
-    It does not prune snapshots (run :func:`tandem.snapshots.take.prune_snapshots` first, so the
-    cuts that guard files are the kept ones) and never deletes hidden or temporary files.
+    It does not prune snapshots (the snapshot DAG does; the cuts that guard files are the GOOD
+    snapshots in the catalog) and never deletes hidden or temporary files.
 """
 
 from __future__ import annotations
@@ -70,3 +73,19 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     for line in decision.describe():
         log.info("landing %s: %s", directory, line)
     return decision
+
+
+def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: str | None = None,
+                       db: Database | None = None) -> dict[str, LandingDecision]:
+    """:func:`clean_landing` for each shard of ``plan`` (or one), with every configured plan as a possible reader."""
+    from tandem.config import load_plans
+
+    plans = list({**load_plans(cluster), plan.name: plan}.values())
+    owned = db is None
+    db = db or Database(cluster.database_url, "tandem-maintenance")
+    try:
+        return {shard: clean_landing(cluster, plans, plan.source.stream, shard, db)
+                for shard in ([shard_id] if shard_id else plan.shards)}
+    finally:
+        if owned:
+            db.close()

@@ -50,7 +50,7 @@ from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
 from tandem.store.registry import InstanceKey
-from tandem.supervisor.resync import cut_checkpoint, query_dirs
+from tandem.supervisor.resync import committed_batch, cut_checkpoint, query_dirs
 
 log = logging.getLogger(__name__)
 PROGRESS_WAIT_S = 10.0
@@ -148,6 +148,8 @@ def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark
         if not live:
             raise SnapshotError(f"{instance.id} has no checkpoint at "
                                 f"{checkpoint_dir(cluster, plan.name, shard_id, node, '')}: nothing to snapshot")
+        if all(committed_batch(directory) is None for directory in live.values()):
+            raise SnapshotError(f"{instance.id} has not committed a batch yet: nothing to snapshot")
         record = catalog.begin_snapshot(db, plan=plan.name, shard_id=shard_id, node=node,
                                         snapshots_dir=snapshots_dir(cluster, plan.name),
                                         instance_id=instance.id)
@@ -227,12 +229,10 @@ def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[Sta
 
 
 def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
-                    shard_id: str | None = None, clean_input: bool = True) -> RetentionPlan:
+                    shard_id: str | None = None) -> RetentionPlan:
     """Prune the plan's snapshots as retention decides: delete their cut copies and exported state, mark PRUNED.
 
-    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). With
-    ``clean_input``, then deletes the landing files nothing needs any more
-    (:func:`tandem.snapshots.landing.clean_landing`). Then
+    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). Then
     vacuums ``state_snapshots``: files of rows deleted over ``VACUUM_RETENTION_H`` ago go for good (not
     at once: a snapshot of another shard may be appending to the table right now).
     """
@@ -252,13 +252,6 @@ def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | 
         _vacuum(state_path)
         for line in decisions.describe():
             log.info("retention: %s", line)
-        if clean_input:
-            from tandem.config import load_plans
-            from tandem.snapshots.landing import clean_landing
-
-            plans = list(({**load_plans(cluster), plan.name: plan}).values())
-            for shard in [shard_id] if shard_id else plan.shards:
-                clean_landing(cluster, plans, plan.source.stream, shard, db)
         return decisions
     finally:
         if owned:

@@ -1,0 +1,30 @@
+"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention).
+
+One DAG per ``conf/plans/*.yaml``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from airflow.sdk import DAG
+
+from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
+from tandem.airflow.operators import CleanLandingOperator
+
+cluster, plans = load_for_dags(__file__)
+
+for plan in plans.values():
+    with DAG(
+        dag_id=f"tandem_{plan.name}_maintenance",
+        description=f"Delete input of plan {plan.name} that no restart or restore needs",
+        schedule="@hourly",
+        start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        default_args=MAINTENANCE_DEFAULT_ARGS,
+        tags=["tandem", plan.name],
+        doc_md=maintenance_doc(plan),
+    ) as dag:
+        CleanLandingOperator(task_id="landing_retention", plan=plan.name, cluster_config=str(cluster.path))
+    globals()[dag.dag_id] = dag
