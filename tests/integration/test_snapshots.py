@@ -30,6 +30,7 @@ from _ha import (
 )
 from deltalake import DeltaTable
 
+from tandem import cli
 from tandem.aggregation.spec import TRADES
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
@@ -98,7 +99,7 @@ def assert_cut_consistent(cluster, snapshot: catalog.SnapshotRecord) -> None:
 
 
 def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(project: Path, database_url: str,
-                                                                          spark) -> None:
+                                                                          spark, capsys) -> None:
     configure_one_shard(project)
     keep_snapshots(project, 2)
     cluster = load_cluster()
@@ -137,6 +138,14 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
         F.get_json_object("key", "$.symbol") == "IBM").collect()
     assert ibm and sorted(json.loads(r["value"])["trade_count"] for r in from_spark) == sorted(
         r["value"]["trade_count"] for r in ibm)
+    capsys.readouterr()
+    assert cli.main(["snapshots", PLAN, "--state", taken[1].record.id, "--key", "symbol=IBM", "--json"]) == 0
+    assert sorted(r["value"]["trade_count"] for r in json.loads(capsys.readouterr().out)) == sorted(
+        r["value"]["trade_count"] for r in ibm)
+    assert cli.main(["snapshots", PLAN, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed] == [t.record.id for t in reversed(taken)]
+    assert all(r["status"] == "GOOD" and r["batch_id"] == t.record.batch_id for r, t in zip(listed, reversed(taken)))
 
     # a state file of the newest snapshot goes missing: validation fails and restore refuses it
     newest = taken[-1].record
@@ -144,6 +153,9 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     (partition / f"{newest.batch_id + 1}.delta").unlink()
     with pytest.raises(SnapshotRefused, match="state 0/0 version"):
         restore_shard(cluster, plan, SHARD, snapshot_id=newest.id, start=False)
+    capsys.readouterr()
+    assert cli.main(["restore", PLAN, "--snapshot", newest.id]) == 2
+    assert f"snapshot {newest.id} is BAD" in capsys.readouterr().out.replace("\n", "")
     restored = taken[2].record
     oldest_kept_cut = {landing_file_key(f)
                        for f in processed_files(Path(taken[1].record.checkpoint_path) / "aggregates")}
