@@ -198,11 +198,12 @@ def _snapshot_session(cluster):
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Take a snapshot of each shard's ACTIVE instance now (or ``--node``'s), validate it, show the result."""
-    from tandem.snapshots.take import take_snapshot
+    from tandem.snapshots.take import lower_priority, take_snapshot
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     shards = [args.shard] if args.shard else list(plan.shards)
+    lower_priority()  # background work: the running queries keep the CPU first
     bad = 0
     with Progress(TextColumn("[bold]snapshot {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:

@@ -51,27 +51,30 @@ def test_spark_value_names_are_made_unique_in_order() -> None:
     assert _unique(["sum", "count", "sum", "min", "max", "sum"]) == ["sum", "count", "sum_2", "min", "max", "sum_3"]
 
 
-def state_rows(values: list[dict], batch: int = 7, query: str = "aggregates") -> pa.Table:
-    return pa.Table.from_pylist([{
+def state_rows(values: list[dict], batch: int = 7, query: str = "aggregates") -> tuple[pa.Table, pa.Table]:
+    keys = [{"window": {"start": T[0]}, "symbol": f"S{i}"} for i in range(len(values))]
+    rows = pa.Table.from_pylist([{
         "snapshot_id": "s", "plan": "trades", "shard_id": "shard-1", "instance_id": "trades/shard-1/node-a",
         "query": query, "operator_id": 0, "operator_name": "stateStoreSave", "store_name": "default",
-        "partition_id": i % 2, "batch_id": batch,
-        "key": json.dumps({"window": {"start": "2025-03-01T12:00:00.000Z"}, "symbol": f"S{i}"}),
-        "value": json.dumps(value)} for i, value in enumerate(values)], schema=STATE_SCHEMA)
+        "partition_id": i % 2, "batch_id": batch, "key": json.dumps(key, default=str), "value": json.dumps(value)}
+        for i, (key, value) in enumerate(zip(keys, values))], schema=STATE_SCHEMA)
+    fields = pa.table({"key.window.start": [k["window"]["start"] for k in keys],
+                       "key.symbol": [k["symbol"] for k in keys],
+                       **{f"value.{name}": [v[name] for v in values] for name in values[0]}})
+    return rows, fields
 
 
-def test_state_frame_flattens_key_and_value_and_adds_the_cut_and_metadata_batches() -> None:
+def test_state_frame_joins_rows_and_fields_and_adds_the_cut_and_metadata_batches() -> None:
     operators = {"aggregates": [StateOperator(0, "stateStoreSave", "default", 2, 0, 7)]}
-    frame = state_frame(state_rows([{"trade_count": 3, "price_min": 1.5}, {"trade_count": 1, "price_min": 2.0}]),
-                        {"aggregates": 7}, operators)
-    assert list(frame["key.symbol"]) == ["S0", "S1"]
-    assert list(frame["key.window.start"]) == ["2025-03-01T12:00:00.000Z"] * 2
+    rows, fields = state_rows([{"trade_count": 3, "price_min": 1.5}, {"trade_count": 1, "price_min": 2.0}])
+    frame = state_frame(rows, fields, {"aggregates": 7}, operators)
+    assert list(frame["key.symbol"]) == ["S0", "S1"] and list(frame["partition_id"]) == [0, 1]
     assert list(frame["value.trade_count"]) == [3, 1]
     assert list(frame["cut_batch_id"]) == [7, 7] and list(frame["metadata_max_batch_id"]) == [7, 7]
 
 
 def test_state_frame_of_no_rows_still_has_the_columns_the_suite_needs() -> None:
-    frame = state_frame(STATE_SCHEMA.empty_table(), {"aggregates": 3}, {})
+    frame = state_frame(STATE_SCHEMA.empty_table(), pa.table({}), {"aggregates": 3}, {})
     assert frame.empty and {"batch_id", "cut_batch_id", "metadata_max_batch_id", "key"} <= set(frame.columns)
 
 

@@ -334,11 +334,13 @@ def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str
 
     from tandem.errors import SnapshotError
     from tandem.runtime.session import build_session
-    from tandem.snapshots.take import take_snapshot
+    from tandem.snapshots.take import lower_priority, take_snapshot
 
     unknown = [s for s in shards if s not in plan.shards]
     if unknown:
         raise AirflowFailException(f"{plan.path}: shards: {', '.join(unknown)} not in the plan's shards")
+    log.info("snapshot process niceness %d (background work: the running queries keep the CPU first)",
+             lower_priority())
     spark = build_session(f"tandem-snapshot:{plan.name}", "local[1]", cluster.spark_defaults)
     taken, skipped, lines = [], [], []
     try:

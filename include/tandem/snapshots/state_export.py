@@ -68,9 +68,20 @@ def state_operators(spark, query_dir: Path) -> list[StateOperator]:
                           r["minBatchId"], r["maxBatchId"]) for r in rows]
 
 
+@dataclass(frozen=True)
+class StateExport:
+    """The state of one query at a cut: ``rows`` in ``STATE_SCHEMA`` (what goes to Delta), ``fields`` (the
+    same rows' key and value leaves as columns ``key.<path>`` / ``value.<name>``, for validation) and
+    Spark's operator metadata."""
+
+    rows: pa.Table
+    fields: pa.Table
+    operators: list[StateOperator]
+
+
 def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, plan: str, shard_id: str,
-                 instance_id: str, query: str, value_names: Sequence[str] = ()) -> tuple[pa.Table, list[StateOperator]]:
-    """Every state row of the checkpoint at ``query_dir`` after batch ``batch_id``, in ``STATE_SCHEMA``."""
+                 instance_id: str, query: str, value_names: Sequence[str] = ()) -> StateExport:
+    """Every state row of the checkpoint at ``query_dir`` after batch ``batch_id``."""
     from pyspark.sql import functions as F
 
     # The state store reader asks the driver's StateStoreCoordinator, which Spark only creates with
@@ -78,15 +89,19 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
     # with "Cannot find endpoint: StateStoreCoordinator". Touching the manager creates it.
     spark.streams.active
     operators = state_operators(spark, query_dir)
-    parts = []
+    parts, fields = [], []
     for op in operators:
         frame = (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
                  .option("storeName", op.store_name).load(str(query_dir)))
         value_type = frame.schema["value"].dataType
         names = list(value_names) if len(value_names) == len(value_type.fields) else _unique(value_type.fieldNames())
         frame = frame.withColumn("value", F.col("value").cast(_renamed(value_type, names)))
+        leaves = _leaves(frame.schema["key"].dataType, "key") + _leaves(frame.schema["value"].dataType, "value")
         arrow = frame.select(F.col("partition_id").cast("int").alias("partition_id"),
-                             F.to_json("key").alias("key"), F.to_json("value").alias("value")).toArrow()
+                             F.to_json("key").alias("key"), F.to_json("value").alias("value"),
+                             *[F.col(".".join(f"`{p}`" for p in path)).alias(".".join(path)) for path in leaves]
+                             ).toArrow()
+        fields.append(arrow.select([".".join(path) for path in leaves]))
         n = arrow.num_rows
         parts.append(pa.table({
             "snapshot_id": pa.repeat(snapshot_id, n), "plan": pa.repeat(plan, n), "shard_id": pa.repeat(shard_id, n),
@@ -97,7 +112,18 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
             "key": arrow["key"], "value": arrow["value"],
         }, schema=STATE_SCHEMA))
     table = pa.concat_tables(parts) if parts else STATE_SCHEMA.empty_table()
-    return table, operators
+    flat = pa.concat_tables(fields, promote_options="default") if fields else pa.table({})
+    return StateExport(table, flat, operators)
+
+
+def _leaves(data_type, name: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths to the non-struct fields of a (nested) struct column, e.g. ``("key", "window", "start")``."""
+    from pyspark.sql.types import StructType
+
+    path = (*prefix, name)
+    if not isinstance(data_type, StructType):
+        return [path]
+    return [leaf for f in data_type.fields for leaf in _leaves(f.dataType, f.name, path)]
 
 
 def _unique(names: Sequence[str]) -> list[str]:

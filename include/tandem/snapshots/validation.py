@@ -92,21 +92,15 @@ def check_files(snapshot_dir: Path, query_batches: Mapping[str, int]) -> list[st
     return problems
 
 
-def state_frame(rows: pa.Table, query_batches: Mapping[str, int],
+def state_frame(rows: pa.Table, fields: pa.Table, query_batches: Mapping[str, int],
                 operators: Mapping[str, Sequence[StateOperator]]) -> pd.DataFrame:
-    """The exported state rows as a DataFrame to validate: JSON key/value flattened, cut and metadata batches added."""
-    frame = rows.to_pandas()
-    if frame.empty:
-        frame = pd.DataFrame(columns=[*rows.schema.names, "cut_batch_id", "metadata_max_batch_id"])
-        return frame
-    for column in ("key", "value"):
-        parsed = pd.json_normalize([json.loads(text) if text else {} for text in frame[column]], sep=".")
-        parsed.columns = [f"{column}.{name}" for name in parsed.columns]
-        frame = pd.concat([frame.reset_index(drop=True), parsed], axis=1)
-    frame["cut_batch_id"] = frame["query"].map(lambda q: query_batches.get(q))
+    """The exported state rows with their key/value leaves (``fields``, row for row) and the cut's and
+    the metadata's batch per row: the DataFrame the suite validates."""
+    frame = pd.concat([rows.to_pandas(), fields.to_pandas()], axis=1) if fields.num_columns else rows.to_pandas()
+    frame["cut_batch_id"] = frame["query"].map(lambda q: query_batches.get(q)).astype("Int64")
     newest = {(q, op.operator_id, op.store_name): op.max_batch_id for q, ops in operators.items() for op in ops}
-    frame["metadata_max_batch_id"] = [newest.get((q, o, s)) for q, o, s in
-                                      zip(frame["query"], frame["operator_id"], frame["store_name"])]
+    frame["metadata_max_batch_id"] = pd.array([newest.get(k) for k in zip(frame["query"], frame["operator_id"],
+                                                                          frame["store_name"])], dtype="Int64")
     return frame
 
 
@@ -115,15 +109,15 @@ def suite_path(cluster: ClusterConfig, plan: PlanConfig) -> Path:
 
 
 def validate_snapshot(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str, snapshot_dir: Path,
-                      query_batches: Mapping[str, int], rows: pa.Table,
+                      query_batches: Mapping[str, int], rows: pa.Table, fields: pa.Table,
                       operators: Mapping[str, Sequence[StateOperator]], expected_state_rows: int) -> SnapshotValidation:
-    """Validate one snapshot: its cut files, then its exported ``rows`` with the plan's suite."""
+    """Validate one snapshot: its cut files, then its exported ``rows`` (with their ``fields``) with the plan's suite."""
     problems = check_files(snapshot_dir, query_batches)
     path = suite_path(cluster, plan)
     definition = load_suite_definition(path)
     partitions = [op.partitions for ops in operators.values() for op in ops]
     parameters = {"expected_state_rows": expected_state_rows, "max_partition_id": max(partitions, default=1) - 1}
-    frame = state_frame(rows, query_batches, operators)
+    frame = state_frame(rows, fields, query_batches, operators)
     outcomes = run_suite(definition, frame, parameters, ["query", "operator_id", "partition_id", "key"], path,
                          asset="state_snapshots")
     return SnapshotValidation(snapshot_id, not problems and all(o.success for o in outcomes), problems, outcomes,
