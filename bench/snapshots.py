@@ -452,8 +452,25 @@ def timed_snapshot(project: Project, spark) -> tuple[dict, object]:
             "reason": r.reason or None}, taken
 
 
+def cli_snapshot(project: Project) -> dict:
+    """A snapshot the way the snapshot DAG's task takes one: a process of its own (``tandem snapshot``), which
+    lowers its CPU priority (nice 10) before its Spark JVM starts."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tandem.cli", "snapshot", PLAN, "--shard", SHARD],
+                          capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"tandem snapshot failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
+    with snap_take.Database(project.url, "bench") as db:
+        r = snap_take.catalog.list_snapshots(db, PLAN, shard_id=SHARD, limit=1)[0]
+    return {"id": r.id, "status": r.status, "good": r.status == "GOOD", "wall_s": round(wall, 3),
+            "batch_id": r.batch_id, "state_rows": r.state_rows, "process": "tandem snapshot (nice 10)"}
+
+
 def dip_rounds(project: Project, spark, args, progress, task) -> tuple[list[dict], list[dict]]:
-    """Alternate snapshot / no-snapshot windows of equal length; returns (rounds, snapshots)."""
+    """Alternate snapshot / no-snapshot windows of equal length; returns (rounds, snapshots).
+
+    The snapshots are taken as production takes them (:func:`cli_snapshot`)."""
     url = project.url
     rounds, snapshots = [], []
     warm = [r["batch_duration_ms"] / 1000 for r in batches(url, time.time() - 60) if r["input_rows"]]
@@ -468,7 +485,7 @@ def dip_rounds(project: Project, spark, args, progress, task) -> tuple[list[dict
             start = time.time()
             if part == "snapshot":
                 progress.update(task, description=f"{project.root.name}: round {index + 1}: snapshot")
-                snap, taken = timed_snapshot(project, spark)
+                snap = cli_snapshot(project)
                 end = time.time()
                 snapshots.append(snap)
                 window = end - start  # exactly the snapshot's wall time: a padded window would dilute the dip
@@ -598,7 +615,10 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
                          "the first batches under load", poll_s=0.5)
             time.sleep(args.warmup)
             out["dip_conditions"] = settle(args, spark)
-            rounds, snapshots = dip_rounds(project, spark, args, progress, task)
+            rounds, dip_snapshots = dip_rounds(project, spark, args, progress, task)
+            # the snapshot's own cost, step by step: in this process (not niced), under the same load
+            progress.update(task, description=f"{label}: timed snapshot (parts)")
+            snapshots = [timed_snapshot(project, spark)[0]]
         finally:
             writer.stop()
         out["load"] = {"hot_symbols": hot, "events_per_file": args.events_per_file,
@@ -625,7 +645,9 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
             "state_rows": snapshots[-1]["state_rows"], "state_rows_as_intended": all(
                 s["state_rows"] == size for s in snapshots),
             "checkpoint_bytes": snapshots[-1]["checkpoint_bytes"], "state_bytes_arrow": snapshots[-1]["state_bytes"],
-            "all_good": all(s["good"] for s in snapshots), "taken": snapshots,
+            "all_good": all(s["good"] for s in snapshots + dip_snapshots), "taken": snapshots,
+            "during_dip_windows": {"wall_s_median": round(statistics.median(s["wall_s"] for s in dip_snapshots), 3),
+                                   "taken": dip_snapshots},
         }
         if not out["snapshot"]["all_good"]:
             raise RuntimeError(f"{label}: a snapshot was BAD: {[s['reason'] for s in snapshots if not s['good']]}")
@@ -812,13 +834,16 @@ METHOD = {
     "load": "a writer keeps --backlog-batches batches' worth of files (events on keys of --load-symbols hot symbols, "
             "within the same seconds, so the state stays at size keys) unprocessed: the instance is never idle, its "
             "events/s is its capacity",
-    "throughput": "per round a window during take_snapshot (exactly its wall time) and a window of the same "
+    "throughput": "per round a window during a snapshot taken as the snapshot DAG's task takes it (a process of its "
+                  "own, `tandem snapshot`, nice 10, its own Spark JVM; the window is exactly its wall time) and a window of the same "
                   "length without (before the first snapshot: max(--min-window, 5 batch durations)), the order alternating between rounds, --gap s apart; events/s = input "
                   "rows of the aggregation query's batches (progress heartbeats; a batch's rows spread over its run "
                   "time) inside the window / window length; ratio = with / without per round, median over rounds; "
                   "throughput_ratio_during_snapshot = the lowest of the per-size medians",
-    "snapshot_time": "take_snapshot wall time; parts from timers around its steps (cut, Delta versions, export, "
-                     "Spark's row count, Delta append, validation)",
+    "snapshot_time": "take_snapshot wall time in this process (warm JVM, not niced, under the same load, after the "
+                     "dip rounds); parts from timers around its steps (cut, Delta versions, export, Spark's row count, "
+                     "Delta append, validation); snapshot.during_dip_windows: the `tandem snapshot` processes' wall "
+                     "times (JVM start included)",
     "restore_time": "restore_shard(start=True) of the last snapshot, from the call to wait_until_running returning "
                     "(RUNNING: the queries were started; the state is loaded by the first batch); before_launch_s = "
                     "choose + check + stop + put the cut into both nodes' checkpoints + roll back Delta and PostgreSQL; "
