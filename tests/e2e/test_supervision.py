@@ -18,12 +18,12 @@ import pytest
 
 from _ha import configure_one_shard, wait_for
 from _ha import instance_row as instance
+from _project import kill_groups
 from tandem.airflow_rest import AirflowClient
-from tandem.config import load_cluster, load_plan
+from tandem.config import load_cluster
 from tandem.layout import landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database, migrate
-from tandem.supervisor import stop_instance
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.e2e
@@ -52,15 +52,18 @@ def code_home(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
-    """After the stack is down: stop every instance the supervisor launched (they outlive Airflow)."""
+    """After the stack is down: kill every instance the supervisor launched (they outlive Airflow) by
+    the process group recorded for it in this test's database (no graceful stop: the database goes next)."""
     yield
-    cluster = load_cluster()
-    plan = load_plan("trades", cluster)
-    for node in plan.nodes:
+    groups = []
+    for node in ("node-a", "node-b"):
         try:
-            stop_instance(cluster, plan, SHARD, node, timeout_s=20)
+            row = instance(database_url, node)
         except Exception:  # noqa: BLE001 - best effort
-            pass
+            row = None
+        if row and row["submit_pid"]:
+            groups.append(row["submit_pid"])
+    kill_groups(groups)
 
 
 def query(database_url: str, sql: str, params: tuple = ()) -> list[tuple]:

@@ -1,14 +1,17 @@
 """Failover with real spark-submit processes, real signals and steady load (hot standby).
 
-Every test runs the trades plan for shard-1 as an ACTIVE instance on one node and a hot PASSIVE
-on the other (each its own detached ``spark-submit``, its own process group and checkpoint),
-while a writer thread lands ~200 trade events/s with current timestamps. It then breaks
-something with a real signal and finally checks that what was published equals the aggregates
-the test computes itself from every event it wrote: all six granularities served from
-PostgreSQL and the merged numbers read from Delta — nothing missing, nothing twice.
-
-One test runs against a PostgreSQL cluster of its own (``PrivatePostgres``) and restarts it
-mid-stream: the jobs reconnect and carry on, and no two nodes publish at once.
+The first four tests share one running pair (``TestOneHotPairUnderLoad``): the trades plan for
+shard-1 as an ACTIVE instance on one node and a hot PASSIVE on the other (each its own detached
+``spark-submit``, its own process group and checkpoint), against a PostgreSQL cluster of the
+class's own (``PrivatePostgres``) so that one test can restart it mid-stream. Before each test
+the ``live`` fixture makes sure both nodes run (relaunching as PASSIVE a node an earlier test left
+down), starts a writer thread landing ~200 trade events/s with current timestamps and waits until
+the standby has caught up and the active publishes. Each test then breaks something with a real
+signal (or stops PostgreSQL) and finally checks that what was published equals the aggregates the
+test computes itself from every event written so far (by this test and the earlier ones): all
+six granularities served from PostgreSQL and the merged numbers read from Delta — nothing
+missing, nothing twice — and that no two nodes ever published at once. Which node is ACTIVE when
+a test starts depends on the tests before it, so the tests name the nodes by role.
 
 The last test needs no Spark: it drives two publishers in-process to check that a standby does
 not trim rows an active that died between its PostgreSQL commit and its Delta append never
@@ -20,8 +23,11 @@ are generous because the machine is shared (the benchmark, bench/failover.py, me
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,11 +39,13 @@ from _ha import (
     PrivatePostgres,
     TradeWriter,
     configure_one_shard,
+    db_now,
     failover_events,
     fetch,
     free_port,
     group_alive,
     instance_row,
+    latest_watermark,
     lease,
     mismatches,
     pause_inside_publish,
@@ -46,6 +54,7 @@ from _ha import (
     split_brain,
     wait_for,
 )
+from _project import kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
@@ -57,6 +66,7 @@ from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
+NODES = ("node-a", "node-b")
 
 
 def one_shard_pair(project: Path, process_groups: list[int]) -> Pair:
@@ -66,243 +76,324 @@ def one_shard_pair(project: Path, process_groups: list[int]) -> Pair:
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
 
 
-@pytest.fixture
-def pair(project: Path, database_url: str, process_groups: list[int]) -> Pair:
-    return one_shard_pair(project, process_groups)
+@dataclass
+class HotPair:
+    """The pair shared by the tests of ``TestOneHotPairUnderLoad``, its PostgreSQL server and its load."""
+
+    pair: Pair
+    server: PrivatePostgres
+    events: list[tuple[int, str, float, int]] = field(default_factory=list)  # every event landed so far
+    writer: TradeWriter | None = None
+    load_started_at: datetime | None = None  # database time
+    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def url(self) -> str:
+        return self.pair.url
+
+    def start_load(self) -> None:
+        """~200 events/s into shard-1's landing directory (a new writer, a new seed, for each test)."""
+        self.load_started_at = db_now(self.url)
+        self.writer = TradeWriter(landing_dir(self.pair.cluster, "trades", SHARD), rate=200, seed=next(self.seeds))
+        self.writer.start()
+
+    def stop_load(self) -> list[tuple[int, str, float, int]]:
+        """Stop the writer (if one runs) and return every event written so far, by every test."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.stopping.set()
+            writer.join(timeout=30)
+            self.events += writer.snapshot()  # kept even if the writer failed, since they may have landed
+            writer.stop()  # raises what the thread raised
+        return self.events
+
+    def roles(self) -> tuple[str, str]:
+        """(the lease holder, the other node)."""
+        holder = lease(self.url)["holder"]
+        return holder, ({"node-a", "node-b"} - {holder}).pop()
+
+    def relaunch(self, node: str) -> None:
+        """Launch ``node`` again as PASSIVE, once its last liveness beat is older than the heartbeat
+        timeout (before that the launcher would take it for a live job and reuse it)."""
+        timeout_s = self.pair.plan.heartbeat.timeout_s
+        wait_for(lambda: not fetch(self.url, "SELECT 1 FROM liveness WHERE instance_id = %s AND "
+                                             "beat_at > now() - make_interval(secs => %s)",
+                                   (f"trades/{SHARD}/{node}", timeout_s)),
+                 30, f"{node}'s last liveness beat to age past {timeout_s:g}s")
+        self.pair.launch(node, "PASSIVE")
+        self.pair.wait_running(node)
+        self.pair.note(f"{node} relaunched as PASSIVE")
+
+    def running(self, node: str) -> bool:
+        row = instance_row(self.url, node)
+        return (node in self.pair.pgids and group_alive(self.pair.pgids[node])
+                and row is not None and row["status"] == "RUNNING")
+
+    def publishes(self, node: str, epoch: int | None = None, since: datetime | None = None) -> list[dict]:
+        return [r for r in publish_log(self.url, node)
+                if (epoch is None or r["epoch"] == epoch) and (since is None or r["published_at"] >= since)]
+
+    def finish_and_compare(self) -> int:
+        """Stop the writer, wait until every event written so far is published, compare every output."""
+        pair, events = self.pair, self.stop_load()
+        pair.note(f"writer stopped after {len(events)} events (all tests so far)")
+        wait_for(lambda: published_total(pair.url) >= len(events), 120,
+                 f"all {len(events)} events to be published",
+                 detail=lambda: f"published {published_total(pair.url)}; lease {lease(pair.url)}")
+        pair.note("every event is published")
+        deadline = time.monotonic() + 30  # Delta is appended right after the PostgreSQL commit
+        while (problems := mismatches(pair.cluster, events)) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not problems, "\n".join(problems)
+        pair.note("outputs compared")
+        return len(events)
+
+
+@pytest.fixture(scope="class")
+def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
+    """node-a ACTIVE and node-b PASSIVE on a PostgreSQL cluster of their own, for the whole class.
+    Every process group launched is killed afterwards (before the cluster is removed), whatever happened."""
+    root = tmp_path_factory.mktemp("hot-pair")
+    groups: list[int] = []
+    server = PrivatePostgres(root / "pg", free_port())
+    shared: HotPair | None = None
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        try:
+            use_project(root / "project", server.start(), monkeypatch)
+            pair = one_shard_pair(root / "project", groups)
+            shared = HotPair(pair, server)
+            pair.start_pair("node-a", "node-b")
+            yield shared
+        finally:
+            if shared is not None and shared.writer is not None:
+                shared.writer.stopping.set()
+            kill_groups(groups)
+            server.destroy()
 
 
 @pytest.fixture
-def private_postgres(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The temp project pointed at a PostgreSQL cluster of its own, which the test may restart."""
-    server = PrivatePostgres(tmp_path / "pg", free_port())
-    monkeypatch.setenv("TANDEM_DATABASE_URL", server.start())
-    yield server
-    server.destroy()
-
-
-@pytest.fixture
-def private_pair(project: Path, private_postgres: PrivatePostgres, process_groups: list[int]) -> Pair:
-    """Like ``pair``, on the private cluster (its processes are killed before the cluster is removed)."""
-    return one_shard_pair(project, process_groups)
-
-
-@pytest.fixture
-def writer(pair: Pair):
-    """~200 events/s into shard-1's landing directory, started by ``start_hot_pair`` once both instances run."""
-    writer = TradeWriter(landing_dir(pair.cluster, "trades", SHARD), rate=200)
-    yield writer
-    writer.stopping.set()
-    writer.join(timeout=10)
-
-
-def start_hot_pair(pair: Pair, writer: TradeWriter, active: str = "node-a", passive: str = "node-b") -> None:
-    """Both instances running, then the load: the passive has no backlog to catch up with at start."""
-    pair.start_pair(active, passive)
-    writer.start()
-    pair.wait_caught_up(passive)
-    wait_for(lambda: pair.first_publish(active, lease(pair.url)["epoch"]), 90, f"{active} to publish",
-             detail=lambda: pair.log_tail(active))
-    pair.note(f"{passive} has caught up, {active} publishes")
-
-
-def finish_and_compare(pair: Pair, writer) -> int:
-    """Stop the writer, wait until the active has published every event, compare every output."""
-    events = writer.stop()
-    pair.note(f"writer stopped after {len(events)} events")
-    wait_for(lambda: published_total(pair.url) >= len(events), 120,
-             f"all {len(events)} events to be published",
-             detail=lambda: f"published {published_total(pair.url)}; lease {lease(pair.url)}")
-    pair.note("every event is published")
-    deadline = time.monotonic() + 30  # Delta is appended right after the PostgreSQL commit
-    while (problems := mismatches(pair.cluster, events)) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert not problems, "\n".join(problems)
-    pair.note("outputs compared")
-    return len(events)
-
-
-@pytest.mark.slow  # three failovers, each followed by a relaunch that has to catch up: ~3-5 min
-def test_killing_the_active_three_times_in_a_row_loses_and_duplicates_nothing(pair: Pair, writer) -> None:
-    url = pair.url
-    start_hot_pair(pair, writer, "node-a", "node-b")
-    active, standby = "node-a", "node-b"
-    for round_ in range(1, 4):
-        before = lease(url)
-        assert before["holder"] == active, before
-        killed_at = pair.kill(active, signal.SIGKILL)
-        pair.wait_group_gone(active)
-        promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
-                            f"round {round_}: {standby} to take over from {active}",
-                            detail=lambda: f"lease {lease(url)}\n{pair.log_tail(standby)}")
-        assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active, promoted
-        assert promoted["happened_at"] >= before["expires_at"], "the standby took a lease that had not expired"
-        first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
-                         f"round {round_}: {standby} to publish at epoch {promoted['epoch']}",
-                         detail=lambda: pair.log_tail(standby))
-        pair.note(f"round {round_}: kill -9 {active} -> PROMOTED {standby} "
-              f"{promoted['happened_at'].timestamp() - killed_at:.2f}s, first publish "
-              f"{first['published_at'].timestamp() - killed_at:.2f}s")
-        if round_ < 3:  # the killed node rejoins as the hot standby of the next round
-            pair.launch(active, "PASSIVE")
-            pair.wait_running(active)
-            pair.note(f"{active} relaunched as PASSIVE")
-            pair.wait_caught_up(active)
-            pair.note(f"{active} has caught up")
-            active, standby = standby, active
-
-    total = finish_and_compare(pair, writer)
-    kinds = [(e["kind"], e["node"], e["epoch"]) for e in failover_events(url)]
-    assert kinds == [("PROMOTED", "node-a", 1), ("PROMOTED", "node-b", 2), ("PROMOTED", "node-a", 3),
-                     ("PROMOTED", "node-b", 4)], kinds
-    assert lease(url)["holder"] == "node-b" and lease(url)["epoch"] == 4
-    assert total >= 200 * 60, f"only {total} events: the load was not steady"
-    assert split_brain(url) == []
-
-
-def test_a_paused_active_publishes_nothing_after_the_epoch_moved(pair: Pair, writer) -> None:
-    url = pair.url
-    start_hot_pair(pair, writer, "node-a", "node-b")
-    before = lease(url)
-    delta_path = delta_table_dir(pair.cluster, "trades", "trade_aggregates")
-    lineage = checkpoint_lineage(checkpoint_dir(pair.cluster, "trades", "shard-1", "node-a", "aggregates"))
-    app_id = BatchInfo(InstanceKey("trades", "shard-1", "node-a"), 0, 0, datetime.now(UTC), lineage).app_id(
-        "trade_aggregates")  # node-a's Delta application transaction
-    assert committed_version(delta_path, app_id) is not None, app_id
-    # Pause it inside a publishing transaction if possible: it then holds the lease row FOR SHARE.
-    paused_at, open_transaction = pause_inside_publish(pair, "node-a")
+def live(hot: HotPair) -> Iterator[HotPair]:
+    """The shared pair ready for a test: PostgreSQL up, both nodes RUNNING as ACTIVE / PASSIVE (a
+    node an earlier test left down relaunched as PASSIVE), the load on, the standby caught up with
+    it and the active publishing it. Afterwards the load is stopped and its events kept."""
+    pair, url = hot.pair, hot.url
+    hot.server.start()  # a no-op unless an earlier test failed while it was stopped
+    for node in NODES:
+        if not hot.running(node):
+            hot.relaunch(node)
+    wait_for(lambda: (holder := (lease(url) or {}).get("holder")) in NODES and not lease(url)["expired"]
+             and {n: instance_row(url, n)["role"] for n in NODES} == {
+                 holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"},
+             60, "one ACTIVE lease holder and one PASSIVE",
+             detail=lambda: f"lease {lease(url)}; {[instance_row(url, n) for n in NODES]}")
+    hot.start_load()
     try:
-        promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                            "node-b to take over from the paused node-a",
-                            detail=lambda: f"lease {lease(url)}; paused inside {open_transaction}\n"
-                                           f"{pair.log_tail('node-b')}")
-        assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == "node-a"
-        # What node-a published, frozen while it cannot run.
-        frozen = {(r["output"], r["batch_id"]): (r["epoch"], r["rows"]) for r in publish_log(url, "node-a")}
-        delta_frozen = committed_version(delta_path, app_id)
-        wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), TAKEOVER_TIMEOUT_S,
-                 "node-b to publish", detail=lambda: pair.log_tail("node-b"))
-        time.sleep(max(0.0, paused_at + 8 - time.time()))  # past the lease timeout, under load
-        wait_for(lambda: len([r for r in publish_log(url, "node-b") if r["epoch"] == promoted["epoch"]]) >= 3,
-                 30, "node-b to publish live batches")
+        active, standby = hot.roles()
+        pair.wait_caught_up(standby)
+        wait_for(lambda: hot.publishes(active, lease(url)["epoch"], hot.load_started_at), 90,
+                 f"{active} to publish", detail=lambda: pair.log_tail(active))
+        pair.note(f"{standby} has caught up, {active} publishes")
+        yield hot
     finally:
-        pair.kill("node-a", signal.SIGCONT)
-    pair.note(f"SIGSTOP node-a (inside a publish transaction: {bool(open_transaction)}) -> PROMOTED node-b "
-          f"{promoted['happened_at'].timestamp() - paused_at:.2f}s")
-
-    demoted = wait_for(lambda: [e for e in failover_events(url) if e["kind"] == "DEMOTED" and e["node"] == "node-a"],
-                       30, "the resumed node-a to demote itself", detail=lambda: pair.log_tail("node-a"))
-    assert demoted[0]["epoch"] == before["epoch"], demoted
-    time.sleep(8)  # the demoted instance runs on as a standby under load
-    finish_and_compare(pair, writer)
-
-    after = {(r["output"], r["batch_id"]): (r["epoch"], r["rows"]) for r in publish_log(url, "node-a")}
-    assert after == frozen, "node-a published after the epoch moved on"
-    late = [r for r in publish_log(url, "node-a") if r["published_at"] >= promoted["happened_at"]]
-    assert late == [], late
-    assert all(r["epoch"] == promoted["epoch"] for r in publish_log(url, "node-b"))
-    # A Delta append that had passed its epoch check before the pause may still commit (its rows
-    # were accepted by PostgreSQL before the epoch moved and lose to the newer epoch on read).
-    delta_after = committed_version(delta_path, app_id)
-    assert (delta_after or -1) <= (delta_frozen or -1) + 1, (delta_frozen, delta_after)
-    row = instance_row(url, "node-a")
-    assert (row["role"], row["epoch"], row["status"]) == ("PASSIVE", 0, "RUNNING"), row
-    assert group_alive(pair.pgids["node-a"]), "the fenced instance should run on as a standby"
-    assert lease(url)["holder"] == "node-b" and lease(url)["epoch"] == promoted["epoch"]
+        hot.stop_load()
 
 
-def test_killing_the_passive_leaves_the_active_undisturbed(pair: Pair, writer) -> None:
-    url = pair.url
-    start_hot_pair(pair, writer, "node-a", "node-b")
-    before = lease(url)
-    role_changes = len(failover_events(url, kinds=ROLE_CHANGES))
-    killed_at = datetime.now(UTC)
-    pair.kill("node-b", signal.SIGKILL)
-    pair.wait_group_gone("node-b")
-    time.sleep(3 * pair.plan.heartbeat.timeout_s)  # three lease periods without a standby
+class TestOneHotPairUnderLoad:
+    """One ACTIVE / hot PASSIVE pair for these tests, in this order (each leaves both nodes running
+    except the last two, whose stopped or killed node ``live`` relaunches for the next test)."""
 
-    now = lease(url)
-    assert (now["holder"], now["epoch"]) == ("node-a", before["epoch"]), now
-    assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes, failover_events(url)
-    live = [r for r in publish_log(url, "node-a") if r["published_at"] > killed_at]
-    assert len(live) >= 3, f"the active stopped publishing: {live}"
-    assert {r["epoch"] for r in live} == {before["epoch"]}
-    pair.note(f"node-b killed; node-a published {len(live)} batches since, lease unchanged")
-
-    # The supervisor brings the passive back: DEAD -> stop what is left -> re-sync its checkpoint
-    # from a cut of the active's -> relaunch as PASSIVE; it holds what it would publish.
-    with Supervisor(pair.cluster, pair.plan, launched_by="test_failover", py_files=pair.dist,
-                    running_timeout_s=240) as supervisor:
-        wait_for(lambda: supervisor.observe(SHARD).view.health("node-b").state == "DEAD", 30, "node-b to be DEAD")
-        report = supervisor.reconcile(SHARD, cause="test: passive killed")
-    row = instance_row(url, "node-b")
-    pair.groups.append(row["submit_pid"])
-    pair.pgids["node-b"], pair.launched_at["node-b"] = row["submit_pid"], datetime.now(UTC)
-    assert report.converged, report.lines()
-    assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", "node-b"), ("LAUNCH", "node-b")]
-    launch = report.steps[1]
-    assert (launch.action.role, launch.action.resync_from) == ("PASSIVE", "node-a")
-    assert launch.data["cut"]["aggregates"]["batch_id"] is not None, "node-b was not re-synced from a committed batch"
-    pair.wait_caught_up("node-b")
-    assert publish_log(url, "node-b") == []
-    assert instance_row(url, "node-b")["role"] == "PASSIVE"
-    assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes
-    assert (lease(url)["holder"], lease(url)["epoch"]) == ("node-a", before["epoch"])
-    pair.note(f"node-b re-synced from node-a at batch {launch.data['cut']['aggregates']['batch_id']}, "
-              "relaunched as PASSIVE and caught up without publishing")
-
-    # Hand over cleanly: what the re-synced standby held, trimmed by the active's position, must
-    # complete the outputs exactly, with nothing published twice.
-    handover_at = datetime.now(UTC)
-    stop = stop_instance(pair.cluster, "trades", "shard-1", "node-a", timeout_s=60)
-    assert stop.status == "STOPPED", stop
-    promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                        "node-b to take the released lease", detail=lambda: pair.log_tail("node-b"))
-    kinds = [(e["kind"], e["node"]) for e in failover_events(url, since=handover_at, kinds=ROLE_CHANGES)]
-    assert kinds == [("RELEASED", "node-a"), ("PROMOTED", "node-b")], kinds
-    wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), TAKEOVER_TIMEOUT_S, "node-b to publish")
-    pair.note("node-a stopped cleanly, node-b took the released lease and publishes")
-    time.sleep(4)
-    finish_and_compare(pair, writer)
-    assert split_brain(url) == []
-
-
-def test_restarting_postgresql_mid_stream_loses_nothing_and_never_splits_the_brain(
-        private_postgres: PrivatePostgres, private_pair: Pair) -> None:
-    """PostgreSQL goes away for longer than the lease lasts and comes back: both jobs reconnect and
-    go on (no process dies), one of them holds the lease, and the outputs are exact."""
-    pair, url = private_pair, private_pair.url
-    writer = TradeWriter(landing_dir(pair.cluster, "trades", SHARD), rate=200)
-    try:
-        start_hot_pair(pair, writer, "node-a", "node-b")
-        time.sleep(5)
+    def test_a_paused_active_publishes_nothing_after_the_epoch_moved(self, live: HotPair) -> None:
+        pair, url = live.pair, live.url
+        active, standby = live.roles()
+        since = db_now(url)
         before = lease(url)
-        private_postgres.stop()
+        delta_path = delta_table_dir(pair.cluster, "trades", "trade_aggregates")
+        lineage = checkpoint_lineage(checkpoint_dir(pair.cluster, "trades", SHARD, active, "aggregates"))
+        app_id = BatchInfo(InstanceKey("trades", SHARD, active), 0, 0, datetime.now(UTC), lineage).app_id(
+            "trade_aggregates")  # the active's Delta application transaction
+        assert committed_version(delta_path, app_id) is not None, app_id
+        # Pause it inside a publishing transaction if possible: it then holds the lease row FOR SHARE.
+        paused_at, open_transaction = pause_inside_publish(pair, active)
+        try:
+            promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
+                                f"{standby} to take over from the paused {active}",
+                                detail=lambda: f"lease {lease(url)}; paused inside {open_transaction}\n"
+                                               f"{pair.log_tail(standby)}")
+            assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active
+            # What the paused node published, frozen while it cannot run.
+            frozen = {(r["output"], r["batch_id"]): (r["epoch"], r["rows"]) for r in publish_log(url, active)}
+            delta_frozen = committed_version(delta_path, app_id)
+            wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
+                     f"{standby} to publish", detail=lambda: pair.log_tail(standby))
+            # The new active publishes live batches under load while the old one is still frozen.
+            wait_for(lambda: len(live.publishes(standby, promoted["epoch"])) >= 3, 30,
+                     f"{standby} to publish live batches")
+        finally:
+            pair.kill(active, signal.SIGCONT)
+        resumed_at = db_now(url)
+        pair.note(f"SIGSTOP {active} (inside a publish transaction: {bool(open_transaction)}) -> PROMOTED {standby} "
+                  f"{promoted['happened_at'].timestamp() - paused_at:.2f}s")
+
+        demoted = wait_for(lambda: [e for e in failover_events(url, since=since)
+                                    if e["kind"] == "DEMOTED" and e["node"] == active],
+                           30, f"the resumed {active} to demote itself", detail=lambda: pair.log_tail(active))
+        assert demoted[0]["epoch"] == before["epoch"], demoted
+        # The demoted instance runs on as a standby under load: it aggregates input written after it resumed.
+        wait_for(lambda: (w := latest_watermark(url, active, resumed_at)) is not None
+                 and w.timestamp() + pair.plan.watermark_s > resumed_at.timestamp(), 60,
+                 f"the demoted {active} to process input written after it resumed",
+                 detail=lambda: pair.log_tail(active))
+        live.finish_and_compare()
+
+        after = {(r["output"], r["batch_id"]): (r["epoch"], r["rows"]) for r in publish_log(url, active)}
+        assert after == frozen, f"{active} published after the epoch moved on"
+        late = [r for r in publish_log(url, active) if r["published_at"] >= promoted["happened_at"]]
+        assert late == [], late
+        assert all(r["epoch"] == promoted["epoch"] for r in live.publishes(standby, since=since))
+        # A Delta append that had passed its epoch check before the pause may still commit (its rows
+        # were accepted by PostgreSQL before the epoch moved and lose to the newer epoch on read).
+        delta_after = committed_version(delta_path, app_id)
+        assert (delta_after or -1) <= (delta_frozen or -1) + 1, (delta_frozen, delta_after)
+        row = instance_row(url, active)
+        assert (row["role"], row["epoch"], row["status"]) == ("PASSIVE", 0, "RUNNING"), row
+        assert group_alive(pair.pgids[active]), "the fenced instance should run on as a standby"
+        assert lease(url)["holder"] == standby and lease(url)["epoch"] == promoted["epoch"]
+
+    def test_restarting_postgresql_mid_stream_loses_nothing_and_never_splits_the_brain(self, live: HotPair) -> None:
+        """PostgreSQL goes away for longer than the lease lasts and comes back: both jobs reconnect and
+        go on (no process dies), one of them holds the lease, and the outputs are exact."""
+        pair, url = live.pair, live.url
+        wait_for(lambda: len(live.publishes(None, since=live.load_started_at)) >= 3, 60,
+                 "steady publishing under load")
+        before = lease(url)
+        live.server.stop()
         pair.note("PostgreSQL stopped (fast shutdown: every connection cut)")
         time.sleep(2 * pair.plan.heartbeat.timeout_s)  # the lease runs out while nobody can renew it
-        private_postgres.start()
+        live.server.start()
         restarted_at = datetime.now(UTC)
         pair.note("PostgreSQL started again")
 
-        for node in ("node-a", "node-b"):  # both reconnect: their listeners record batches again
+        for node in NODES:  # both reconnect: their listeners record batches again
             wait_for(lambda: fetch(url, "SELECT 1 FROM heartbeats WHERE node = %s AND recorded_at > %s",
                                    (node, restarted_at)), 120, f"{node} to record progress after the restart",
                      detail=lambda: pair.log_tail(node))
-        wait_for(lambda: [r for r in publish_log(url) if r["published_at"] > restarted_at], 60,
+        wait_for(lambda: live.publishes(None, since=restarted_at), 60,
                  "publishing to resume", detail=lambda: f"lease {lease(url)}")
         pair.note(f"both jobs reconnected; lease {lease(url)['holder']} at epoch {lease(url)['epoch']} "
                   f"(was {before['holder']} at {before['epoch']})")
-        time.sleep(10)  # steady load after the restart
-        finish_and_compare(pair, writer)
-    finally:
-        writer.stopping.set()
+        # Steady load after the restart: both jobs go on completing batches, the active publishing them.
+        for node in NODES:
+            wait_for(lambda: len(fetch(url, "SELECT 1 FROM heartbeats WHERE node = %s AND query_name = 'aggregates' "
+                                            "AND recorded_at > %s", (node, restarted_at))) >= 5, 60,
+                     f"{node} to complete batches after the restart", detail=lambda: pair.log_tail(node))
+        wait_for(lambda: len(live.publishes(None, since=restarted_at)) >= 5, 60, "steady publishing after the restart",
+                 detail=lambda: f"lease {lease(url)}")
+        live.finish_and_compare()
 
-    assert all(group_alive(pair.pgids[node]) for node in ("node-a", "node-b")), "a job died with PostgreSQL"
-    rows = {node: instance_row(url, node) for node in ("node-a", "node-b")}
-    assert all(row["status"] == "RUNNING" for row in rows.values()), rows
-    holder = lease(url)["holder"]
-    assert {node: row["role"] for node, row in rows.items()} == {
-        holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"}, rows
-    assert split_brain(url) == []
+        assert all(group_alive(pair.pgids[node]) for node in NODES), "a job died with PostgreSQL"
+        rows = {node: instance_row(url, node) for node in NODES}
+        assert all(row["status"] == "RUNNING" for row in rows.values()), rows
+        holder = lease(url)["holder"]
+        assert {node: row["role"] for node, row in rows.items()} == {
+            holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"}, rows
+        assert split_brain(url) == []
+
+    def test_killing_the_passive_leaves_the_active_undisturbed(self, live: HotPair) -> None:
+        pair, url = live.pair, live.url
+        active, passive = live.roles()
+        before = lease(url)
+        role_changes = len(failover_events(url, kinds=ROLE_CHANGES))
+        killed_at = db_now(url)
+        pair.kill(passive, signal.SIGKILL)
+        pair.wait_group_gone(passive)
+        time.sleep(3 * pair.plan.heartbeat.timeout_s)  # three lease periods without a standby
+
+        now = lease(url)
+        assert (now["holder"], now["epoch"]) == (active, before["epoch"]), now
+        assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes, failover_events(url)
+        live_batches = live.publishes(active, since=killed_at)
+        assert len(live_batches) >= 3, f"the active stopped publishing: {live_batches}"
+        assert {r["epoch"] for r in live_batches} == {before["epoch"]}
+        pair.note(f"{passive} killed; {active} published {len(live_batches)} batches since, lease unchanged")
+
+        # The supervisor brings the passive back: DEAD -> stop what is left -> re-sync its checkpoint
+        # from a cut of the active's -> relaunch as PASSIVE; it holds what it would publish.
+        with Supervisor(pair.cluster, pair.plan, launched_by="test_failover", py_files=pair.dist,
+                        running_timeout_s=240) as supervisor:
+            wait_for(lambda: supervisor.observe(SHARD).view.health(passive).state == "DEAD", 30,
+                     f"{passive} to be DEAD")
+            report = supervisor.reconcile(SHARD, cause="test: passive killed")
+        row = instance_row(url, passive)
+        pair.groups.append(row["submit_pid"])
+        pair.pgids[passive], pair.launched_at[passive] = row["submit_pid"], datetime.now(UTC)
+        assert report.converged, report.lines()
+        assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", passive), ("LAUNCH", passive)]
+        launch = report.steps[1]
+        assert (launch.action.role, launch.action.resync_from) == ("PASSIVE", active)
+        assert launch.data["cut"]["aggregates"]["batch_id"] is not None, \
+            f"{passive} was not re-synced from a committed batch"
+        pair.wait_caught_up(passive)
+        assert live.publishes(passive, since=killed_at) == []
+        assert instance_row(url, passive)["role"] == "PASSIVE"
+        assert len(failover_events(url, kinds=ROLE_CHANGES)) == role_changes
+        assert (lease(url)["holder"], lease(url)["epoch"]) == (active, before["epoch"])
+        pair.note(f"{passive} re-synced from {active} at batch {launch.data['cut']['aggregates']['batch_id']}, "
+                  "relaunched as PASSIVE and caught up without publishing")
+
+        # Hand over cleanly: what the re-synced standby held, trimmed by the active's position, must
+        # complete the outputs exactly, with nothing published twice.
+        handover_at = db_now(url)
+        stop = stop_instance(pair.cluster, "trades", SHARD, active, timeout_s=60)
+        assert stop.status == "STOPPED", stop
+        promoted = wait_for(lambda: pair.promoted(passive, before["epoch"]), TAKEOVER_TIMEOUT_S,
+                            f"{passive} to take the released lease", detail=lambda: pair.log_tail(passive))
+        kinds = [(e["kind"], e["node"]) for e in failover_events(url, since=handover_at, kinds=ROLE_CHANGES)]
+        assert kinds == [("RELEASED", active), ("PROMOTED", passive)], kinds
+        wait_for(lambda: pair.first_publish(passive, promoted["epoch"]), TAKEOVER_TIMEOUT_S, f"{passive} to publish")
+        pair.note(f"{active} stopped cleanly, {passive} took the released lease and publishes")
+        wait_for(lambda: len(live.publishes(passive, promoted["epoch"])) >= 3, 30,
+                 f"{passive} to publish live batches")  # under load after the hand-over
+        live.finish_and_compare()
+        assert split_brain(url) == []
+
+    @pytest.mark.slow  # two failovers, the first followed by a relaunch that has to catch up
+    def test_killing_the_active_twice_in_a_row_loses_and_duplicates_nothing(self, live: HotPair) -> None:
+        pair, url = live.pair, live.url
+        active, standby = live.roles()
+        first_active, second_active, since = active, standby, db_now(url)
+        epoch = lease(url)["epoch"]
+        written_at_kill = []
+        for round_ in (1, 2):
+            before = lease(url)
+            assert before["holder"] == active, before
+            written_at_kill.append(live.writer.written)
+            killed_at = pair.kill(active, signal.SIGKILL)
+            pair.wait_group_gone(active)
+            promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
+                                f"round {round_}: {standby} to take over from {active}",
+                                detail=lambda: f"lease {lease(url)}\n{pair.log_tail(standby)}")
+            assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active, promoted
+            assert promoted["happened_at"] >= before["expires_at"], "the standby took a lease that had not expired"
+            first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
+                             f"round {round_}: {standby} to publish at epoch {promoted['epoch']}",
+                             detail=lambda: pair.log_tail(standby))
+            pair.note(f"round {round_}: kill -9 {active} -> PROMOTED {standby} "
+                      f"{promoted['happened_at'].timestamp() - killed_at:.2f}s, first publish "
+                      f"{first['published_at'].timestamp() - killed_at:.2f}s")
+            if round_ == 1:  # the killed node rejoins from its own checkpoint as the hot standby of round 2
+                live.relaunch(active)
+                pair.wait_caught_up(active)
+                pair.note(f"{active} has caught up")
+                active, standby = standby, active
+
+        written_at_end = live.writer.written
+        live.finish_and_compare()
+        kinds = [(e["kind"], e["node"], e["epoch"]) for e in failover_events(url, since=since)]
+        assert kinds == [("PROMOTED", second_active, epoch + 1), ("PROMOTED", first_active, epoch + 2)], kinds
+        assert lease(url)["holder"] == first_active and lease(url)["epoch"] == epoch + 2
+        assert 0 < written_at_kill[0] < written_at_kill[1] < written_at_end, \
+            f"the load was not steady across the kills: {written_at_kill}, {written_at_end}"
+        assert split_brain(url) == []
 
 
 class Crash(Exception):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import psycopg2
@@ -393,13 +394,13 @@ class Pair:
 # Catching an instance inside a publishing transaction (it holds the lease row FOR SHARE)
 
 
-def postgres_ports(pid: int) -> list[int]:
-    """Local TCP ports of the process's connections to PostgreSQL."""
+def postgres_ports(pid: int, server_port: int = 5432) -> list[int]:
+    """Local TCP ports of the process's connections to the PostgreSQL server on ``server_port``."""
     try:
         connections = psutil.Process(pid).net_connections(kind="tcp")
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return []
-    return [c.laddr.port for c in connections if c.raddr and c.raddr.port == 5432]
+    return [c.laddr.port for c in connections if c.raddr and c.raddr.port == server_port]
 
 
 def open_publish_transaction(cursor, ports: list[int]) -> dict | None:
@@ -420,21 +421,22 @@ def pause_inside_publish(pair: Pair, node: str, timeout_s: float = 30.0) -> tupl
     when the pause missed every transaction within ``timeout_s``, or the transaction ended first).
     """
     driver = instance_row(pair.url, node)["pid"]
+    server_port = urlsplit(pair.url).port or 5432
     conn = psycopg2.connect(pair.url)
     conn.autocommit = True
     try:
         with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
             deadline = time.monotonic() + timeout_s
-            ports, ports_at = postgres_ports(driver), time.monotonic()
+            ports, ports_at = postgres_ports(driver, server_port), time.monotonic()
             while time.monotonic() < deadline:
                 if time.monotonic() - ports_at > 1.0:
-                    ports, ports_at = postgres_ports(driver), time.monotonic()
+                    ports, ports_at = postgres_ports(driver, server_port), time.monotonic()
                 if open_publish_transaction(cursor, ports):
                     break
                 time.sleep(0.002)
             paused = pair.kill(node, signal.SIGSTOP)
             time.sleep(0.3)  # let the server finish the statement it was running
-            return paused, open_publish_transaction(cursor, postgres_ports(driver))
+            return paused, open_publish_transaction(cursor, postgres_ports(driver, server_port))
     finally:
         conn.close()
 

@@ -1,0 +1,73 @@
+"""A throw-away PostgreSQL database and a temp project, as plain functions: the fixtures of
+``tests/conftest.py`` use them per test, and tests that share one running pair across several
+tests (``test_failover.py``, ``test_supervise.py``) use them for a class-scoped fixture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psutil
+import psycopg2
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
+
+
+def _with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def _admin(url: str):
+    conn = psycopg2.connect(_with_database(url, "postgres"), connect_timeout=5)
+    conn.autocommit = True
+    return conn
+
+
+def create_database() -> str:
+    """A fresh, empty PostgreSQL database on the test server; its URL (drop it with :func:`drop_database`)."""
+    name = f"tandem_test_{uuid.uuid4().hex[:10]}"
+    conn = _admin(SERVER_URL)
+    with conn.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    return _with_database(SERVER_URL, name)
+
+
+def drop_database(url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    conn = _admin(SERVER_URL)
+    with conn.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    conn.close()
+
+
+def use_project(root: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of conf/ in ``root``; storage and database private to it, code from the repo (env set with ``monkeypatch``)."""
+    shutil.copytree(PROJECT / "conf", root / "conf")
+    monkeypatch.setenv("TANDEM_HOME", str(PROJECT))
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(root / "conf"))
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(root / "data"))
+    monkeypatch.setenv("TANDEM_DATABASE_URL", database_url)
+    return root
+
+
+def kill_groups(groups: list[int]) -> None:
+    """SIGKILL every process of the given process groups (spark-submit PIDs started with their own session)."""
+    for pgid in groups:
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == pgid:
+                    process.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+                pass
+        try:
+            os.waitpid(pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
