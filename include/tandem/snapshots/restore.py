@@ -12,7 +12,8 @@ How it works
     1. choose the snapshot (:func:`tandem.snapshots.retention.choose_snapshot`: by id, or the
        newest GOOD one; BAD only with ``force``) and re-check its files; a GOOD snapshot whose
        files broke since is marked BAD and refused;
-    2. stop every instance of the shard;
+    2. stop every instance of the shard (SIGKILL after ``STOP_TIMEOUT_S``: what they did since the
+       snapshot is rolled back anyway);
     3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
        does not hold starts from nothing). Each gets a fresh query id: a new lineage, so the
        batches after the cut are published again instead of being taken for replays;
@@ -55,6 +56,8 @@ from tandem.supervisor.reconcile import Supervisor, shard_lock
 from tandem.supervisor.resync import cut_checkpoint, query_dirs
 
 log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 5.0
+"""SIGTERM, then SIGKILL after this: a restore discards what the stopped instances did since the snapshot anyway."""
 
 
 @dataclass
@@ -113,8 +116,8 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
         target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
         report = RestoreReport(plan.name, shard_id, chosen, target)
         with shard_lock(cluster.database_url, plan.name, shard_id):
-            for each in plan.nodes:
-                stopped = stop_instance(cluster, plan, shard_id, each, timeout_s=30.0)
+            for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
+                stopped = stop_instance(cluster, plan, shard_id, each, timeout_s=STOP_TIMEOUT_S)
                 report.add(f"stop {each}: {stopped.detail}")
             for each in plan.nodes:
                 report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, shard_id, each, chosen)}")
