@@ -298,20 +298,11 @@ def _size(n: int | None) -> str:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """Restore shards of a plan from a snapshot (by id, or each shard's newest good one) and start them."""
-    from tandem.snapshots.restore import restore_shard
-    from tandem.store import Database
-    from tandem.store import snapshots as catalog
+    from tandem.snapshots.restore import restore_shard, shards_to_restore
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    if args.snapshot:
-        with Database(cluster.database_url, "tandem-cli") as db:
-            record = catalog.get_snapshot(db, args.snapshot)
-        if record is None or record.plan != plan.name:
-            raise TandemError(f"no snapshot {args.snapshot!r} of plan {plan.name} (see `tandem snapshots {plan.name}`)")
-        shards = [record.shard_id]
-    else:
-        shards = [args.shard] if args.shard else list(plan.shards)
+    shards = shards_to_restore(cluster, plan, args.snapshot, args.shard)
     with Progress(TextColumn("[bold]restore {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
         task = progress.add_task("restore", total=len(shards), what=plan.name)

@@ -447,23 +447,15 @@ class RestoreSnapshotOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from tandem.errors import SnapshotError
-        from tandem.snapshots.restore import restore_shard
-        from tandem.store import Database
-        from tandem.store import snapshots as catalog
+        from tandem.snapshots.restore import restore_shard, shards_to_restore
 
         cluster = _cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
-        except ConfigError as exc:
+            shards = shards_to_restore(cluster, plan, self.snapshot_id, self.shard_id)
+        except (ConfigError, SnapshotError) as exc:
             raise AirflowFailException(str(exc)) from None
         force = self.force if isinstance(self.force, bool) else str(self.force).lower() == "true"
-        shards = [self.shard_id] if self.shard_id else list(plan.shards)
-        if self.snapshot_id:
-            with Database(cluster.database_url, "tandem-restore") as db:
-                record = catalog.get_snapshot(db, self.snapshot_id)
-            if record is None or record.plan != plan.name:
-                raise AirflowFailException(f"no snapshot {self.snapshot_id!r} of plan {plan.name}")
-            shards = [record.shard_id]
         ti = context["ti"]
         lines = []
         for shard in shards:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import SnapshotRefused
+from tandem.errors import SnapshotError, SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.lake.tables import table_exists
 from tandem.snapshots.outputs import restore_output
@@ -87,6 +87,22 @@ def plan_output_tables(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, Pa
     if not root.is_dir():
         return {}
     return {p.name: p for p in sorted(root.iterdir()) if p.name != STATE_TABLE and table_exists(p)}
+
+
+def shards_to_restore(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str | None = None,
+                      shard_id: str | None = None) -> list[str]:
+    """The shards a restore request covers: the snapshot's shard when an id is given, else ``shard_id`` or all.
+
+    Raises:
+        SnapshotError: no snapshot with that id belongs to ``plan``.
+    """
+    if not snapshot_id:
+        return [shard_id] if shard_id else list(plan.shards)
+    with Database(cluster.database_url, "tandem-restore") as db:
+        record = catalog.get_snapshot(db, snapshot_id)
+    if record is None or record.plan != plan.name:
+        raise SnapshotError(f"no snapshot {snapshot_id!r} of plan {plan.name} (see `tandem snapshots {plan.name}`)")
+    return [record.shard_id]
 
 
 def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, snapshot_id: str | None = None,
