@@ -79,18 +79,18 @@ def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | No
     return DeltaTable(str(path), version=version).to_pyarrow_table(filters=[("shard_id", "=", shard_id)])
 
 
-def restore_shard_slice(path: Path, shard_id: str, version: int | None) -> tuple[int, int]:
+def restore_shard_slice(path: Path, shard_id: str, version: int | None) -> tuple[pa.Table | None, int]:
     """Replace the shard's rows of the Delta table at ``path`` with its rows at ``version``, in one commit.
 
-    Returns ``(rows restored, the table's new version)``; ``(0, -1)`` when the table does not exist.
+    Returns ``(the rows restored, the table's new version)``; ``(None, -1)`` when the table does not exist.
     """
     rows = shard_slice(path, shard_id, version)
     if rows is None:
-        return 0, -1
+        return None, -1
     table = DeltaTable(str(path))
     write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = '{_quoted(shard_id)}'",
                     partition_by=table.metadata().partition_columns or None)
-    return rows.num_rows, DeltaTable(str(path)).version()
+    return rows, DeltaTable(str(path)).version()
 
 
 def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
@@ -175,11 +175,10 @@ def restore_output(db: Database, path: Path, table: str, shard_id: str, version:
                                       else changed.num_rows}
     if changed is not None and changed.num_rows == 0:
         return {**outcome, "delta_rows": 0, "new_version": DeltaTable(str(path)).version(), "postgres_rows": 0}
-    rows, new_version = restore_shard_slice(path, shard_id, version)
-    outcome.update(delta_rows=rows, new_version=new_version)
+    at_cut, new_version = restore_shard_slice(path, shard_id, version)
+    outcome.update(delta_rows=at_cut.num_rows if at_cut is not None else 0, new_version=new_version)
     spec = postgres_spec(table)
-    if spec is not None:
-        at_cut = shard_slice(path, shard_id, new_version)
+    if spec is not None and at_cut is not None:
         outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, shard_id, at_cut, changed)
     return outcome
 
