@@ -189,26 +189,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "STOPPED" else 1
 
 
-def _snapshot_session(cluster):
-    """A small local Spark session for reading checkpoint state (the snapshot's export)."""
-    from tandem.runtime.session import build_session
-
-    return build_session("tandem-snapshot", "local[1]", cluster.spark_defaults)
-
-
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Take a snapshot of each shard's ACTIVE instance now (or ``--node``'s), validate it, show the result."""
-    from tandem.snapshots.take import lower_priority, take_snapshot
+    from tandem.snapshots.take import snapshot_session, take_snapshot
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     shards = [args.shard] if args.shard else list(plan.shards)
-    lower_priority()  # background work: the running queries keep the CPU first
     bad = 0
     with Progress(TextColumn("[bold]snapshot {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
         task = progress.add_task("snapshot", total=len(shards), what=plan.name)
-        spark = _snapshot_session(cluster)
+        spark = snapshot_session(cluster, plan)  # at nice 10: the running queries keep the CPU first
         for shard in shards:
             progress.update(task, what=f"{plan.name}/{shard}")
             taken = take_snapshot(cluster, plan, shard, spark, node=args.node)

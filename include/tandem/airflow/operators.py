@@ -333,15 +333,12 @@ def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str
     from airflow.sdk.exceptions import AirflowSkipException
 
     from tandem.errors import SnapshotError
-    from tandem.runtime.session import build_session
-    from tandem.snapshots.take import lower_priority, take_snapshot
+    from tandem.snapshots.take import snapshot_session, take_snapshot
 
     unknown = [s for s in shards if s not in plan.shards]
     if unknown:
         raise AirflowFailException(f"{plan.path}: shards: {', '.join(unknown)} not in the plan's shards")
-    log.info("snapshot process niceness %d (background work: the running queries keep the CPU first)",
-             lower_priority())
-    spark = build_session(f"tandem-snapshot:{plan.name}", "local[1]", cluster.spark_defaults)
+    spark = snapshot_session(cluster, plan)  # at nice 10: background work, the running queries keep the CPU first
     taken, skipped, lines = [], [], []
     try:
         for shard in shards:

@@ -79,6 +79,26 @@ def lower_priority() -> int:
     return current if current >= SNAPSHOT_NICENESS else os.nice(SNAPSHOT_NICENESS - current)
 
 
+def snapshot_session(cluster: ClusterConfig, plan: PlanConfig):
+    """A local Spark session for taking snapshots of ``plan`` in this process, at lower CPU priority.
+
+    One core (``local[1]``) and the largest driver memory of the plan's nodes: the export holds the
+    whole state of an instance in the driver (as Arrow) on its way to Delta.
+    """
+    from tandem.runtime.session import build_session
+
+    lower_priority()
+    memory = max((cluster.node(n).driver_memory for n in plan.nodes), key=_memory_bytes, default="1g")
+    return build_session(f"tandem-snapshot:{plan.name}", "local[1]", cluster.spark_defaults,
+                         {"spark.driver.memory": memory})
+
+
+def _memory_bytes(text: str) -> float:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    text = text.strip().lower().removesuffix("b")
+    return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text or 0)
+
+
 def plan_outputs(spark, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> dict[str, QueryOutput]:
     """Per query of the plan: its Delta output and state value names (builds the queries, starts nothing)."""
     from tandem.plans import PlanContext, load_plan_module
