@@ -79,6 +79,12 @@ class StateExport:
     operators: list[StateOperator]
 
 
+def read_operator_state(spark, query_dir: Path, batch_id: int, op: StateOperator):
+    """Spark's state data source over one operator's store of a checkpoint, after batch ``batch_id``."""
+    return (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
+            .option("storeName", op.store_name).load(str(query_dir)))
+
+
 def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, plan: str, shard_id: str,
                  instance_id: str, query: str, value_names: Sequence[str] = ()) -> StateExport:
     """Every state row of the checkpoint at ``query_dir`` after batch ``batch_id``."""
@@ -91,8 +97,7 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
     operators = state_operators(spark, query_dir)
     parts, fields = [], []
     for op in operators:
-        frame = (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
-                 .option("storeName", op.store_name).load(str(query_dir)))
+        frame = read_operator_state(spark, query_dir, batch_id, op)
         value_type = frame.schema["value"].dataType
         names = list(value_names) if len(value_names) == len(value_type.fields) else _unique(value_type.fieldNames())
         frame = frame.withColumn("value", F.col("value").cast(_renamed(value_type, names)))

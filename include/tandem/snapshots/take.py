@@ -45,7 +45,14 @@ from tandem.layout import checkpoint_dir, delta_table_dir, snapshot_dir, snapsho
 from tandem.runtime.publisher import checkpoint_lineage
 from tandem.snapshots.outputs import version_at_batch
 from tandem.snapshots.retention import PRUNE, RetentionPlan, decide_retention
-from tandem.snapshots.state_export import STATE_TABLE, StateOperator, append_state, delete_state, export_state
+from tandem.snapshots.state_export import (
+    STATE_TABLE,
+    StateOperator,
+    append_state,
+    delete_state,
+    export_state,
+    read_operator_state,
+)
 from tandem.snapshots.validation import SnapshotValidation, validate_snapshot
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
@@ -255,11 +262,7 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
 
 
 def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[StateOperator]) -> int:
-    total = 0
-    for op in operators:
-        total += (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
-                  .option("storeName", op.store_name).load(str(query_dir)).count())
-    return total
+    return sum(read_operator_state(spark, query_dir, batch_id, op).count() for op in operators)
 
 
 def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
