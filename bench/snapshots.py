@@ -524,7 +524,7 @@ def truncate_ms(ts: np.ndarray, granularity: str) -> np.ndarray:
 def check_outputs(project: Project, events: Events, names: np.ndarray, size: int, args) -> dict:
     frame = events.frame(names)
     published = C.read_query(project.url, "SELECT granularity, bucket_start, symbol, price_sum, trade_count, quantity_sum, "
-                                          "price_min, price_max FROM tandem.trade_aggregates WHERE shard_id = 'shard-1'")
+                                          "price_min, price_max FROM tandem.trade_aggregates WHERE plan = 'trades' AND shard_id = 'shard-1'")
     published["bucket_start"] = ((pd.to_datetime(published["bucket_start"], utc=True)
                                   - pd.Timestamp("1970-01-01", tz="UTC")) // pd.Timedelta(milliseconds=1))
     result: dict = {"events": len(frame), "postgres": {}}

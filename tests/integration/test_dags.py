@@ -34,9 +34,9 @@ def insert_partials(database_url: str, rows: list[tuple[str, str, float, int, fl
     with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
         for symbol, shard, price_sum, count, low, high in rows:
             cursor.execute(
-                """INSERT INTO tandem.trade_aggregates (granularity, bucket_start, symbol, shard_id, price_sum,
-                       trade_count, quantity_sum, price_min, price_max, batch_id)
-                   VALUES ('hour', %s, %s, %s, %s, %s, %s, %s, %s, 0)""",
+                """INSERT INTO tandem.trade_aggregates (plan, granularity, bucket_start, symbol, shard_id,
+                       price_sum, trade_count, quantity_sum, price_min, price_max, batch_id)
+                   VALUES ('trades', 'hour', %s, %s, %s, %s, %s, %s, %s, %s, 0)""",
                 (bucket, symbol, shard, price_sum, count, 10 * count, low, high))
     conn.close()
 

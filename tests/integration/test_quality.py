@@ -17,7 +17,7 @@ from tandem.store import Database, migrate
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
 BUCKET = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
-COLUMNS = ("granularity", "bucket_start", "symbol", "shard_id", "price_sum", "trade_count", "quantity_sum",
+COLUMNS = ("plan", "granularity", "bucket_start", "symbol", "shard_id", "price_sum", "trade_count", "quantity_sum",
            "price_min", "price_max", "batch_id")
 
 
@@ -32,7 +32,7 @@ def cluster(project: Path):
 def insert(database_url: str, *rows: dict) -> None:
     with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
         for row in rows:
-            values = {"granularity": "hour", "bucket_start": BUCKET, "batch_id": 0, **row}
+            values = {"plan": "trades", "granularity": "hour", "bucket_start": BUCKET, "batch_id": 0, **row}
             cursor.execute(
                 f"INSERT INTO tandem.trade_aggregates ({', '.join(COLUMNS)}) "
                 f"VALUES ({', '.join(['%s'] * len(COLUMNS))})", [values[c] for c in COLUMNS])

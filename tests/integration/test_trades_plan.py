@@ -220,14 +220,14 @@ def test_per_symbol_range_query_uses_the_symbol_index(database_url: str) -> None
         migrate(db)
 
         def explain(cur) -> str:
-            cur.execute("""INSERT INTO trade_aggregates (granularity, bucket_start, symbol, shard_id, price_sum,
+            cur.execute("""INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, shard_id, price_sum,
                                trade_count, quantity_sum, price_min, price_max, batch_id)
-                           SELECT 'minute', timestamptz '2024-01-01' + make_interval(mins => i % 5000),
+                           SELECT 'trades', 'minute', timestamptz '2024-01-01' + make_interval(mins => i % 5000),
                                   's' || (i / 5000), 'shard-1', 1, 1, 1, 1, 1, 0
                            FROM generate_series(0, 199999) AS i""")
             cur.execute("ANALYZE trade_aggregates")
             cur.execute("""EXPLAIN SELECT bucket_start, symbol, sum(price_sum) FROM trade_aggregates
-                           WHERE granularity = 'minute' AND symbol = ANY(ARRAY['s7'])
+                           WHERE plan = 'trades' AND granularity = 'minute' AND symbol = ANY(ARRAY['s7'])
                              AND bucket_start >= '2024-01-01' AND bucket_start < '2024-01-02'
                            GROUP BY bucket_start, symbol""")
             return "\n".join(row["QUERY PLAN"] for row in cur.fetchall())

@@ -26,6 +26,7 @@ def query(cluster: ClusterConfig, aggregation: str, granularity: str, start: dat
     """Merged aggregates of ``aggregation`` for buckets of ``granularity`` starting in ``[start, end)``.
 
     avg = Σsum / Σcount across shards, min of mins, max of maxes. ``symbols`` restricts the key.
+    ``plan`` is the plan whose outputs are read (default: the plan named after the aggregation).
     """
     try:
         spec = get_spec(aggregation)
@@ -38,11 +39,12 @@ def query(cluster: ClusterConfig, aggregation: str, granularity: str, start: dat
     if end <= start:
         raise QueryError(f"empty range: end {end.isoformat()} is not after start {start.isoformat()}")
     keys = {"symbol": symbols} if symbols else None
+    plan = plan or spec.name
     if source == "postgres":
         with Database(cluster.database_url, "tandem-query") as db:
-            return db.run(lambda cursor: _postgres.query_merged(cursor, spec, granularity, start, end, keys))
+            return db.run(lambda cursor: _postgres.query_merged(cursor, spec, plan, granularity, start, end, keys))
     if source == "delta":
-        path = delta_table_dir(cluster, plan or spec.name, spec.table)
+        path = delta_table_dir(cluster, plan, spec.table)
         return _delta.query_merged(path, spec, granularity, start, end, keys)
     raise QueryError(f"unknown source {source!r} (expected one of {', '.join(SOURCES)})")
 

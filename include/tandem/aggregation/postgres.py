@@ -25,7 +25,7 @@ def _returning(spec: AggregationSpec) -> str:
 
 def _conflict_update(spec: AggregationSpec) -> str:
     """Replace a row only with one that covers at least as many events (its count is its version)."""
-    target = ", ".join(["granularity", "bucket_start", *spec.keys, "shard_id"])
+    target = ", ".join(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"])
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in [*spec.measure_columns, "epoch", "batch_id"])
     version = spec.version_column
     return (f"ON CONFLICT ({target}) DO UPDATE SET {updates}, updated_at = now() "
@@ -47,13 +47,17 @@ def stage_batch(cursor, spec: AggregationSpec, seconds: pa.Table) -> None:
     cursor.copy_expert(f"COPY _batch ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv, HEADER true)", buffer)
 
 
-def upsert_and_roll_up(cursor, spec: AggregationSpec, shard_id: str, epoch: int, batch_id: int) -> list[dict[str, Any]]:
-    """Upsert the staged seconds and recompute every touched coarser bucket; return all written rows."""
+def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, epoch: int,
+                       batch_id: int) -> list[dict[str, Any]]:
+    """Upsert the staged seconds of one plan's shard and recompute every touched coarser bucket.
+
+    Returns every written row (without the plan column: the Delta copy lives under the plan's own folder).
+    """
     keys = ", ".join(spec.keys)
-    params = {"shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
+    params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
     cursor.execute(
-        f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
-            SELECT 'second', bucket_start, {keys}, %(shard_id)s, {', '.join(spec.measure_columns)}, %(epoch)s, %(batch_id)s
+        f"""INSERT INTO {spec.table} (plan, granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
+            SELECT %(plan)s, 'second', bucket_start, {keys}, %(shard_id)s, {', '.join(spec.measure_columns)}, %(epoch)s, %(batch_id)s
             FROM _batch
             {_conflict_update(spec)}
             RETURNING {_returning(spec)}""",
@@ -64,12 +68,12 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, shard_id: str, epoch: int,
     key_join = " AND ".join(f"c.{k} = p.{k}" for k in spec.keys)
     for granularity in GRANULARITIES[1:]:
         cursor.execute(
-            f"""INSERT INTO {spec.table} (granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
-                SELECT %(granularity)s, p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}, %(shard_id)s, {merged},
+            f"""INSERT INTO {spec.table} (plan, granularity, bucket_start, {keys}, shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
+                SELECT %(plan)s, %(granularity)s, p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}, %(shard_id)s, {merged},
                        %(epoch)s, %(batch_id)s
                 FROM (SELECT DISTINCT {keys}, date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
                 JOIN {spec.table} c
-                  ON c.granularity = %(child)s AND c.shard_id = %(shard_id)s AND {key_join}
+                  ON c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s AND {key_join}
                  AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
                 GROUP BY p.bucket, {', '.join(f'p.{k}' for k in spec.keys)}
                 {_conflict_update(spec)}
@@ -80,12 +84,13 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, shard_id: str, epoch: int,
     return written
 
 
-def query_merged(cursor, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,
+def query_merged(cursor, spec: AggregationSpec, plan: str, granularity: str, start: datetime, end: datetime,
                  keys: dict[str, list[str]] | None = None) -> list[MergedRow]:
-    """Merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values."""
+    """One plan's merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values."""
     check_granularity(granularity)
-    filters, params = ["granularity = %(granularity)s", "bucket_start >= %(start)s", "bucket_start < %(end)s"], {
-        "granularity": granularity, "start": start, "end": end}
+    filters = ["plan = %(plan)s", "granularity = %(granularity)s", "bucket_start >= %(start)s",
+               "bucket_start < %(end)s"]
+    params = {"plan": plan, "granularity": granularity, "start": start, "end": end}
     for key, values in (keys or {}).items():
         if key not in spec.keys:
             raise ValueError(f"{spec.name} has no key {key!r}")

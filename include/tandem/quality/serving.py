@@ -161,16 +161,16 @@ def _snap(value: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
     return value.mask(near_low, low).mask(near_high, high)
 
 
-def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, since: datetime, until: datetime | None,
-                      granularity: str | None, max_rows: int) -> list[dict[str, Any]]:
-    """Rows of the spec's PostgreSQL table whose bucket overlaps ``[since, until)``."""
+def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, plan: str, since: datetime,
+                      until: datetime | None, granularity: str | None, max_rows: int) -> list[dict[str, Any]]:
+    """One plan's rows of the spec's PostgreSQL table whose bucket overlaps ``[since, until)``."""
     columns = ", ".join(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns])
     sql = (f"SELECT {columns} FROM {spec.table} "
-           "WHERE bucket_start + ('1 ' || granularity)::interval > %(since)s "
+           "WHERE plan = %(plan)s AND bucket_start + ('1 ' || granularity)::interval > %(since)s "
            "AND (%(until)s::timestamptz IS NULL OR bucket_start < %(until)s) "
            "AND (%(granularity)s::text IS NULL OR granularity = %(granularity)s) "
            "LIMIT %(limit)s")
-    params = {"since": since, "until": until, "granularity": granularity, "limit": max_rows + 1}
+    params = {"plan": plan, "since": since, "until": until, "granularity": granularity, "limit": max_rows + 1}
 
     def work(cursor) -> list[dict[str, Any]]:
         cursor.execute(sql, params)
@@ -209,7 +209,7 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
     path = suite_path(cluster, plan)
     definition = _with_shard_expectation(load_suite_definition(path))
 
-    rows = load_serving_rows(cluster, spec, since, until, granularity, max_rows)
+    rows = load_serving_rows(cluster, spec, plan.name, since, until, granularity, max_rows)
     truncated = len(rows) > max_rows
     if truncated:
         log.warning("%s: more than %d rows in the window; validating the first %d", spec.table, max_rows, max_rows)

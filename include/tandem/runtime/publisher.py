@@ -41,6 +41,7 @@ from tandem.lake.tables import append_once, read_table
 from tandem.runtime.roles import RoleController
 from tandem.store.db import Database
 from tandem.store.leases import check_fence
+from tandem.store.publish_log import published_watermark, record_position, record_published
 from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
@@ -85,35 +86,6 @@ class Sink(Protocol):
         """Drop held rows the active has already published for good."""
 
 
-def record_published(cursor, batch: BatchInfo, output: str, rows: int, max_event_time: datetime | None,
-                     watermark: datetime | None) -> None:
-    cursor.execute(
-        """INSERT INTO publish_log (instance_id, output, batch_id, epoch, rows, max_event_time, watermark)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)
-           ON CONFLICT (instance_id, output, batch_id) DO UPDATE
-           SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time,
-               watermark = EXCLUDED.watermark, published_at = now()""",
-        (batch.instance.id, output, batch.batch_id, batch.epoch, rows, max_event_time, watermark),
-    )
-
-
-def record_position(cursor, batch: BatchInfo, output: str, watermark: datetime | None) -> None:
-    """Set the published position of a batch already in ``publish_log`` (once every store has its rows)."""
-    cursor.execute("UPDATE publish_log SET watermark = %s WHERE instance_id = %s AND output = %s AND batch_id = %s",
-                   (watermark, batch.instance.id, output, batch.batch_id))
-
-
-def published_watermark(db: Database, instance: InstanceKey, output: str) -> datetime | None:
-    """The furthest position any instance of this (plan, shard) has published for ``output``."""
-
-    def work(cursor):
-        cursor.execute("SELECT max(watermark) AS w FROM publish_log WHERE instance_id LIKE %s AND output = %s",
-                       (f"{instance.plan}/{instance.shard_id}/%", output))
-        return cursor.fetchone()["w"]
-
-    return db.run(work, attempts=1)
-
-
 def fence(db: Database, batch: BatchInfo) -> None:
     """Raise :class:`FencedError` unless this instance still holds the lease at the batch's epoch."""
     key = batch.instance
@@ -155,8 +127,9 @@ class AggregateSink:
         def write(cursor) -> list[dict]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             agg_postgres.stage_batch(cursor, self.spec, rows)
-            written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.shard_id, batch.epoch, batch.batch_id)
-            record_published(cursor, batch, self.output, len(written), newest, None)
+            written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
+                                                      batch.batch_id)
+            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), newest, None)
             return written
 
         written = self.db.run(write)
@@ -166,7 +139,7 @@ class AggregateSink:
         # The position a standby trims by covers this batch only once Delta has it too: if the
         # active dies between the PostgreSQL commit and the Delta append, the standby still
         # holds (and on promotion republishes) these rows instead of dropping them.
-        self.db.run(lambda cursor: record_position(cursor, batch, self.output, position))
+        record_position(self.db, key, self.output, batch.batch_id, position)
         return len(written)
 
     def hold(self, rows: pa.Table, batch_id: int) -> None:
@@ -179,7 +152,7 @@ class AggregateSink:
     def trim(self) -> None:
         if not self.held:
             return
-        done = published_watermark(self.db, self.instance, self.output)
+        done = published_watermark(self.db, self.instance.plan, self.instance.shard_id, self.output)
         if done is not None:
             # a bucket ending at or before the published position is final on the active's side
             self.held = {k: r for k, r in self.held.items() if r["bucket_start"] + timedelta(seconds=1) > done}

@@ -125,9 +125,9 @@ def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Tab
     return dataset.to_table(filter=ds.field("shard_id") == shard_id)
 
 
-def rebuild_postgres_shard(db: Database, spec: AggregationSpec, shard_id: str, delta_rows: pa.Table,
+def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard_id: str, delta_rows: pa.Table,
                            touched: pa.Table | None = None) -> int:
-    """Make the shard's rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
+    """Make one plan's shard rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
 
     With ``touched`` (rows whose keys changed), only those keys are replaced; otherwise every row
     of the shard. One transaction; returns how many rows were written.
@@ -141,16 +141,17 @@ def rebuild_postgres_shard(db: Database, spec: AggregationSpec, shard_id: str, d
 
     def work(cursor) -> int:
         if touched is None:
-            cursor.execute(f"DELETE FROM {spec.table} WHERE shard_id = %s", (shard_id,))
+            cursor.execute(f"DELETE FROM {spec.table} WHERE plan = %s AND shard_id = %s", (plan, shard_id))
         else:
             cursor.execute(f"CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz, "
                            f"{', '.join(f'{k} text' for k in spec.keys)}) ON COMMIT DROP")
             _copy(cursor, "_touched", keys.select(identity))
             match = " AND ".join(f"t.{c} = k.{c}" for c in identity)
-            cursor.execute(f"DELETE FROM {spec.table} t USING _touched k WHERE t.shard_id = %s AND {match}",
-                           (shard_id,))
+            cursor.execute(f"DELETE FROM {spec.table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s "
+                           f"AND {match}", (plan, shard_id))
         if latest.num_rows:
-            _copy(cursor, spec.table, latest.select(columns))
+            rows = latest.select(columns)
+            _copy(cursor, spec.table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
         return latest.num_rows
 
     return db.run(work)
@@ -164,8 +165,9 @@ def _copy(cursor, table: str, rows: pa.Table) -> None:
                        buffer)
 
 
-def restore_output(db: Database, path: Path, table: str, shard_id: str, version: int | None) -> dict[str, int | None]:
-    """Roll one output table (Delta, and its PostgreSQL table if it has one) back to ``version`` for one shard.
+def restore_output(db: Database, path: Path, table: str, plan: str, shard_id: str,
+                   version: int | None) -> dict[str, int | None]:
+    """Roll one plan's output table (Delta, and its PostgreSQL table if it has one) back to ``version`` for one shard.
 
     Only the keys in files changed since ``version`` are rewritten in PostgreSQL; when nothing of
     the shard changed, nothing is written at all.
@@ -179,7 +181,7 @@ def restore_output(db: Database, path: Path, table: str, shard_id: str, version:
     outcome.update(delta_rows=at_cut.num_rows if at_cut is not None else 0, new_version=new_version)
     spec = postgres_spec(table)
     if spec is not None and at_cut is not None:
-        outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, shard_id, at_cut, changed)
+        outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, plan, shard_id, at_cut, changed)
     return outcome
 
 

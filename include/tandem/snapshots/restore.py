@@ -50,6 +50,7 @@ from tandem.snapshots.validation import check_files
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
+from tandem.store.publish_log import forget_shard
 from tandem.store.supervision import mark
 from tandem.supervisor.launcher import launch_instance, stop_instance, wait_until_running
 from tandem.supervisor.reconcile import Supervisor, shard_lock
@@ -170,7 +171,7 @@ def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, sn
                      db: Database, report: RestoreReport) -> None:
     for table, path in plan_output_tables(cluster, plan).items():
         version = snapshot.output_versions.get(table)
-        outcome = restore_output(db, path, table, shard_id, version)
+        outcome = restore_output(db, path, table, plan.name, shard_id, version)
         report.outputs[table] = outcome
         changed = "unknown (files vacuumed): all" if outcome["changed_rows"] is None else outcome["changed_rows"]
         report.add(f"{table}: {changed} rows of {shard_id} changed since version "
@@ -179,9 +180,4 @@ def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, sn
                       f"Delta slice restored ({outcome['delta_rows']} rows, now version {outcome['new_version']})"
                       + (f", PostgreSQL: {outcome['postgres_rows']} rows rewritten" if "postgres_rows" in outcome
                          else "")))
-
-    def forget(cursor) -> int:
-        cursor.execute("DELETE FROM publish_log WHERE instance_id LIKE %s", (f"{plan.name}/{shard_id}/%",))
-        return cursor.rowcount
-
-    report.add(f"published positions forgotten: {db.run(forget)} publish_log rows")
+    report.add(f"published positions forgotten: {forget_shard(db, plan.name, shard_id)} publish_log rows")

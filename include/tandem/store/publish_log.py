@@ -1,0 +1,57 @@
+"""``publish_log``: what each instance has published, per output and micro-batch.
+
+The rows carry plan, shard and node as columns, and every lookup matches them exactly: a shard
+is never found by a string prefix of the instance id (``LIKE 'plan/shard/%'`` lets ``_`` match
+``-``, so ``shard_1`` found ``shard-1``'s rows).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tandem.store.db import Database
+from tandem.store.registry import InstanceKey
+
+
+def record_published(cursor, instance: InstanceKey, output: str, batch_id: int, epoch: int, rows: int,
+                     max_event_time: datetime | None, watermark: datetime | None) -> None:
+    """Inside a publishing transaction: the batch is published (its position is set by :func:`record_position`)."""
+    cursor.execute(
+        """INSERT INTO publish_log (instance_id, plan, shard_id, node, output, batch_id, epoch, rows,
+                                    max_event_time, watermark)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (instance_id, output, batch_id) DO UPDATE
+           SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time,
+               watermark = EXCLUDED.watermark, published_at = now()""",
+        (instance.id, instance.plan, instance.shard_id, instance.node, output, batch_id, epoch, rows,
+         max_event_time, watermark),
+    )
+
+
+def record_position(db: Database, instance: InstanceKey, output: str, batch_id: int,
+                    watermark: datetime | None) -> None:
+    """Set the published position of a batch already logged (once every store has its rows)."""
+    db.run(lambda cursor: cursor.execute(
+        "UPDATE publish_log SET watermark = %s WHERE instance_id = %s AND output = %s AND batch_id = %s",
+        (watermark, instance.id, output, batch_id)))
+
+
+def published_watermark(db: Database, plan: str, shard_id: str, output: str) -> datetime | None:
+    """The furthest position any instance of this (plan, shard) has published for ``output``."""
+
+    def work(cursor) -> datetime | None:
+        cursor.execute("SELECT max(watermark) AS w FROM publish_log WHERE plan = %s AND shard_id = %s AND output = %s",
+                       (plan, shard_id, output))
+        return cursor.fetchone()["w"]
+
+    return db.run(work, attempts=1)
+
+
+def forget_shard(db: Database, plan: str, shard_id: str) -> int:
+    """Delete every published position of one (plan, shard) (a restore rolls them back); how many rows."""
+
+    def work(cursor) -> int:
+        cursor.execute("DELETE FROM publish_log WHERE plan = %s AND shard_id = %s", (plan, shard_id))
+        return cursor.rowcount
+
+    return db.run(work)
