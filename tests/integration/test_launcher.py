@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from tandem.config import ClusterConfig, load_cluster, load_plan
 from tandem.layout import landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database
-from tandem.store.registry import InstanceKey, get_instance
+from tandem.store.migrations import migrate
+from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes
 from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
-from tandem.supervisor.launcher import is_instance_cmdline
+from tandem.supervisor.launcher import child_environment, is_instance_cmdline
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
@@ -184,3 +186,48 @@ def test_stop_kills_a_job_that_ignores_sigterm(launch_project, database_url, pro
     assert group_members(job.submit_pid) == []
     with Database(cluster.database_url) as db:
         assert "SIGKILL" in get_instance(db, "trades/shard-1/node-b")["error"]
+
+
+def test_stopping_a_hand_started_driver_never_signals_the_process_that_took_an_old_pid(
+        launch_project, database_url, process_groups):
+    """A PID recorded by an earlier launch may belong to any process by now (issue 9, item 1).
+
+    The launcher recorded ``spark-submit`` with PID P; P exited and an unrelated ``setsid sleep``
+    got P. An operator then starts the driver by hand, as the README shows. Stopping the instance
+    must stop that driver and leave the sleep alone (it used to kill P's whole process group).
+    """
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    bystander = subprocess.Popen(["setsid", "sleep", "600"], stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: psutil.Process(bystander.pid).name() == "sleep", 10, "the bystander to exec sleep")
+        with Database(cluster.database_url) as db:
+            migrate(db)
+            register_nodes(db, cluster)
+            record_launch(db, KEY, submit_pid=bystander.pid, submit_started_at=psutil.Process(bystander.pid).create_time(),
+                          log_path="/dev/null", launched_by="an earlier launch", trigger_interval_s=1.0,
+                          checkpoint_root=str(cluster.storage_root))
+        by_hand = subprocess.Popen(
+            ["spark-submit", "--properties-file", str(cluster.spark_defaults), "--py-files", str(dist(launch_project)),
+             str(REPO / "jobs" / "run_plan.py"), "--plan", "trades", "--node", "node-a", "--shard", "shard-1"],
+            env=child_environment(cluster), cwd=launch_project, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        process_groups.append(by_hand.pid)
+
+        def running() -> dict | None:
+            with Database(cluster.database_url) as db:
+                found = get_instance(db, KEY.id)
+            return found if found["status"] == "RUNNING" else None
+
+        wait_for(running, 240, "the hand-started driver to run")
+        row = running()
+        assert row["submit_pid"] is None, "the driver kept a submit PID that is not its parent"
+        assert row["pid_started_at"] == pytest.approx(psutil.Process(row["pid"]).create_time(), abs=0.05)
+
+        result = stop_instance(cluster, plan, "shard-1", "node-a", timeout_s=60)
+        assert result.status == "STOPPED" and result.graceful, result
+        assert bystander.poll() is None, "the unrelated process that took the old PID was killed"
+        by_hand.wait(timeout=60)
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -9,12 +9,12 @@ fails (status FAILED), when ``stop`` is set or SIGTERM arrives (status STOPPED),
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import threading
 from dataclasses import dataclass
 
+import psutil
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -78,7 +78,9 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
     with Database(cluster.database_url, "tandem-node") as db:
         migrate(db)
         register_nodes(db, cluster)
-        record_start(db, key, host=socket.gethostname(), pid=os.getpid(),
+        me = psutil.Process()
+        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(),
+                     ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,

@@ -40,36 +40,53 @@ def register_nodes(db: Database, cluster: ClusterConfig) -> None:
     db.run(work)
 
 
-def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, log_path: str, launched_by: str,
-                  trigger_interval_s: float, checkpoint_root: str) -> None:
-    """Record that a launcher started ``spark-submit`` for an instance (status LAUNCHING)."""
+def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_started_at: float, log_path: str,
+                  launched_by: str, trigger_interval_s: float, checkpoint_root: str) -> None:
+    """Record that a launcher started ``spark-submit`` for an instance (status LAUNCHING).
+
+    ``submit_started_at`` is the process's start time: a PID alone names whichever process has it
+    now, and nothing is ever signalled unless both still match.
+    """
     db.run(lambda cursor: cursor.execute(
-        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, submit_pid, pid, log_path,
-                                       launched_by, launched_at, trigger_interval_s, checkpoint_root,
-                                       error, stopped_at, started_at, updated_at)
-           VALUES (%s, %s, %s, %s, 'LAUNCHING', %s, NULL, %s, %s, now(), %s, %s, NULL, NULL, NULL, now())
+        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, submit_pid, submit_started_at,
+                                       pid, pid_started_at, log_path, launched_by, launched_at, trigger_interval_s,
+                                       checkpoint_root, error, stopped_at, started_at, updated_at)
+           VALUES (%s, %s, %s, %s, 'LAUNCHING', %s, %s, NULL, NULL, %s, %s, now(), %s, %s, NULL, NULL, NULL, now())
            ON CONFLICT (instance_id) DO UPDATE SET
-               status = 'LAUNCHING', submit_pid = EXCLUDED.submit_pid, pid = NULL, log_path = EXCLUDED.log_path,
+               status = 'LAUNCHING', submit_pid = EXCLUDED.submit_pid, submit_started_at = EXCLUDED.submit_started_at,
+               pid = NULL, pid_started_at = NULL, log_path = EXCLUDED.log_path,
                launched_by = EXCLUDED.launched_by, launched_at = now(),
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
                error = NULL, stopped_at = NULL, started_at = NULL, spark_app_id = NULL, updated_at = now()""",
-        (key.id, key.plan, key.shard_id, key.node, submit_pid, log_path, launched_by, trigger_interval_s,
-         checkpoint_root),
+        (key.id, key.plan, key.shard_id, key.node, submit_pid, submit_started_at, log_path, launched_by,
+         trigger_interval_s, checkpoint_root),
     ))
 
 
-def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, spark_app_id: str,
-                 trigger_interval_s: float, checkpoint_root: str) -> None:
-    """The driver announces itself (status STARTING): host, PID and Spark application id."""
+def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_started_at: float,
+                 ancestors: list[int], spark_app_id: str, trigger_interval_s: float, checkpoint_root: str) -> None:
+    """The driver announces itself (status STARTING): host, PID and its start time, Spark application id.
+
+    The recorded ``submit_pid`` is kept only when it is one of the driver's ``ancestors`` (the
+    launcher's ``spark-submit`` is the driver's parent JVM). A driver started by hand clears it:
+    the PID of an earlier launch may belong to any process by now.
+    """
     db.run(lambda cursor: cursor.execute(
-        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, host, pid, spark_app_id,
-                                       trigger_interval_s, checkpoint_root, started_at, updated_at)
-           VALUES (%s, %s, %s, %s, 'STARTING', %s, %s, %s, %s, %s, now(), now())
+        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, host, pid, pid_started_at,
+                                       spark_app_id, trigger_interval_s, checkpoint_root, started_at, updated_at)
+           VALUES (%(id)s, %(plan)s, %(shard)s, %(node)s, 'STARTING', %(host)s, %(pid)s, %(pid_started_at)s,
+                   %(app)s, %(interval)s, %(checkpoint)s, now(), now())
            ON CONFLICT (instance_id) DO UPDATE SET
-               status = 'STARTING', host = EXCLUDED.host, pid = EXCLUDED.pid, spark_app_id = EXCLUDED.spark_app_id,
+               status = 'STARTING', host = EXCLUDED.host, pid = EXCLUDED.pid, pid_started_at = EXCLUDED.pid_started_at,
+               submit_pid = CASE WHEN plan_instances.submit_pid = ANY(%(ancestors)s) THEN plan_instances.submit_pid END,
+               submit_started_at = CASE WHEN plan_instances.submit_pid = ANY(%(ancestors)s)
+                                        THEN plan_instances.submit_started_at END,
+               spark_app_id = EXCLUDED.spark_app_id,
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
-        (key.id, key.plan, key.shard_id, key.node, host, pid, spark_app_id, trigger_interval_s, checkpoint_root),
+        {"id": key.id, "plan": key.plan, "shard": key.shard_id, "node": key.node, "host": host, "pid": pid,
+         "pid_started_at": pid_started_at, "ancestors": list(ancestors), "app": spark_app_id,
+         "interval": trigger_interval_s, "checkpoint": checkpoint_root},
     ))
 
 
@@ -92,18 +109,5 @@ def get_instance(db: Database, instance: str) -> dict[str, Any] | None:
             (instance,),
         )
         return cursor.fetchone()
-
-    return db.run(work)
-
-
-def list_instances(db: Database, plan: str | None = None) -> list[dict[str, Any]]:
-    def work(cursor):
-        cursor.execute(
-            """SELECT i.*, l.beat_at, l.beats, EXTRACT(EPOCH FROM now() - l.beat_at) AS beat_age_s
-               FROM plan_instances i LEFT JOIN liveness l USING (instance_id)
-               WHERE %s::text IS NULL OR i.plan = %s ORDER BY i.plan, i.shard_id, i.node""",
-            (plan, plan),
-        )
-        return cursor.fetchall()
 
     return db.run(work)

@@ -84,8 +84,8 @@ def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | N
 
     Args:
         status: the instance row's status, ``None`` when the instance was never recorded.
-        process_alive: whether the recorded ``submit_pid`` or driver ``pid`` is a live process of
-            this instance on this host.
+        process_alive: whether the recorded ``spark-submit`` or driver process is still alive on this
+            host (same PID, same start time, a command line that runs this instance).
         beat_age_s: seconds since the driver's last liveness beat, ``None`` when it never beat.
         heartbeat_timeout_s: the plan's heartbeat timeout (interval × max missed beats).
     """
@@ -307,7 +307,8 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
             log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
             process = _spawn(command.argv, log_path, child_environment(cluster), cwd=cluster.project_root)
             try:
-                record_launch(db, key, submit_pid=process.pid, log_path=str(log_path), launched_by=launched_by,
+                record_launch(db, key, submit_pid=process.pid, submit_started_at=psutil.Process(process.pid).create_time(),
+                              log_path=str(log_path), launched_by=launched_by,
                               trigger_interval_s=interval,
                               checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
             except Exception:
@@ -377,44 +378,72 @@ def _process(pid: int | None) -> psutil.Process | None:
         return None
 
 
-def is_instance_process(pid: int | None, key: InstanceKey) -> bool:
-    """Whether ``pid`` is a live process of this host running ``run_plan.py`` for ``key``."""
+START_TIME_TOLERANCE_S = 0.05
+"""The kernel reports a process's start time in clock ticks (10 ms): the same process always gives the same value."""
+
+
+def verified_process(pid: int | None, started_at: float | None, key: InstanceKey) -> psutil.Process | None:
+    """The live process ``pid`` if it is still the one that was recorded, else ``None``.
+
+    Both must hold: its start time equals ``started_at`` (a PID is reused once its process exits),
+    and its command line runs ``run_plan.py`` for exactly ``key``. A row without a recorded start
+    time names no process that may be signalled.
+    """
     process = _process(pid)
-    if process is None:
-        return False
+    if process is None or started_at is None:
+        return None
     try:
-        return is_instance_cmdline(process.cmdline(), key)
+        if abs(process.create_time() - started_at) > START_TIME_TOLERANCE_S:
+            return None
+        return process if is_instance_cmdline(process.cmdline(), key) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+        return None
 
 
 def _recorded_here(row: Mapping[str, Any]) -> bool:
     return row.get("host") in (None, socket.gethostname())
 
 
-def instance_process_alive(row: Mapping[str, Any], key: InstanceKey) -> bool:
-    """Whether the row's ``submit_pid`` or driver ``pid`` is a live process of this instance here."""
-    if not _recorded_here(row):
-        return False
-    return any(is_instance_process(row.get(column), key) for column in ("submit_pid", "pid"))
+@dataclass(frozen=True)
+class InstanceProcesses:
+    """The verified live processes of one instance on this host (see :func:`verified_process`)."""
+
+    submit: psutil.Process | None  # spark-submit, the leader of its own process group
+    driver: psutil.Process | None  # the Python driver (run_plan.py)
+    members: tuple[psutil.Process, ...]  # every live process to stop: the submit group and the driver
+
+    def __bool__(self) -> bool:
+        return bool(self.members)
 
 
-def instance_processes(row: Mapping[str, Any], key: InstanceKey) -> list[psutil.Process]:
-    """Every live local process of the instance: the submit process group and the driver."""
+def instance_processes(row: Mapping[str, Any], key: InstanceKey) -> InstanceProcesses:
+    """Every live local process of the instance, each verified by PID, start time and command line.
+
+    The submit process group is included only when its leader is the verified ``spark-submit``.
+    """
     if not _recorded_here(row):
-        return []
+        return InstanceProcesses(None, None, ())
+    submit = verified_process(row.get("submit_pid"), row.get("submit_started_at"), key)
+    driver = verified_process(row.get("pid"), row.get("pid_started_at"), key)
     found: dict[int, psutil.Process] = {}
-    submit_pid = row.get("submit_pid")
-    if submit_pid and any(is_instance_process(pid, key) for pid in (submit_pid, row.get("pid"))):
+    if submit is not None:
         for process in psutil.process_iter():
             try:
-                if os.getpgid(process.pid) == submit_pid and process.status() != psutil.STATUS_ZOMBIE:
+                if os.getpgid(process.pid) == submit.pid and process.status() != psutil.STATUS_ZOMBIE:
                     found[process.pid] = process
             except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
                 continue
-    if is_instance_process(row.get("pid"), key):
-        found[row["pid"]] = psutil.Process(row["pid"])
-    return list(found.values())
+    if driver is not None:
+        found[driver.pid] = driver
+    return InstanceProcesses(submit, driver, tuple(found.values()))
+
+
+def instance_process_alive(row: Mapping[str, Any], key: InstanceKey) -> bool:
+    """Whether the row's ``spark-submit`` or driver is still alive here (verified, see :func:`verified_process`)."""
+    if not _recorded_here(row):
+        return False
+    return any(verified_process(row.get(pid), row.get(started), key) is not None
+               for pid, started in (("submit_pid", "submit_started_at"), ("pid", "pid_started_at")))
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -519,7 +548,7 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         if not _recorded_here(row):
             raise LaunchError(f"instance {key.id} runs on host {row['host']}: stop it there")
         processes = instance_processes(row, key)
-        graceful = _terminate(row, key, processes, timeout_s, poll_s) if processes else True
+        graceful = _terminate(key, processes, timeout_s, poll_s) if processes else True
         row = get_instance(db, key.id)
         if row["status"] in ACTIVE_STATUSES:
             reason = (f"killed with SIGKILL: still running {timeout_s:g}s after SIGTERM" if not graceful
@@ -532,32 +561,49 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         return StopResult(key.id, row["status"], graceful, detail)
 
 
-def _terminate(row: Mapping[str, Any], key: InstanceKey, processes: list[psutil.Process], timeout_s: float,
-               poll_s: float) -> bool:
-    """SIGTERM the driver, then the group; SIGKILL what is left at the deadline. True if nothing was killed."""
-    submit_pid, driver_pid = row.get("submit_pid"), row.get("pid")
+def _terminate(key: InstanceKey, processes: InstanceProcesses, timeout_s: float, poll_s: float) -> bool:
+    """SIGTERM the driver, then the group; SIGKILL what is left at the deadline. True if nothing was killed.
+
+    Only verified processes are signalled, and the process group only through its verified leader
+    (the launcher's ``spark-submit``, which started its own session).
+    """
+    members, driver = list(processes.members), processes.driver
+    group = processes.submit.pid if processes.submit is not None else None
     start = time.monotonic()
-    group_signalled = not is_instance_process(driver_pid, key)
+    group_signalled = driver is None
     if group_signalled:
-        _signal_group_or_processes(submit_pid, processes, signal.SIGTERM)
+        _signal_group_or_processes(group, members, signal.SIGTERM)
     else:
-        _signal([p for p in processes if p.pid == driver_pid], signal.SIGTERM)
+        _signal([driver], signal.SIGTERM)
     while time.monotonic() - start < timeout_s:
-        alive = [p for p in processes if _process(p.pid) is not None]
+        alive = _alive(members)
         if not alive:
             return True
-        if not group_signalled and (_process(driver_pid) is None or time.monotonic() - start > timeout_s / 3):
+        if not group_signalled and (driver not in alive or time.monotonic() - start > timeout_s / 3):
             group_signalled = True
-            _signal_group_or_processes(submit_pid, alive, signal.SIGTERM)
+            _signal_group_or_processes(group, alive, signal.SIGTERM)
         time.sleep(poll_s)
-    alive = [p for p in processes if _process(p.pid) is not None]
+    alive = _alive(members)
     if not alive:
         return True
     log.warning("instance %s: still alive %gs after SIGTERM, sending SIGKILL", key.id, timeout_s)
-    _signal_group_or_processes(submit_pid, alive, signal.SIGKILL)
+    _signal_group_or_processes(group, alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=10)
     _reap()
     return False
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes still running (``is_running`` also compares start times: a reused PID is not alive)."""
+    _reap()
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return alive
 
 
 def _signal_group_or_processes(pgid: int | None, processes: list[psutil.Process], sig: int) -> None:
