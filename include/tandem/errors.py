@@ -42,3 +42,7 @@ class SnapshotError(TandemError):
 
 class SnapshotRefused(SnapshotError):
     """A snapshot may not be restored: it is BAD (refused unless forced), still TAKING, or PRUNED."""
+
+
+class LockLost(StoreError):
+    """An advisory lock's PostgreSQL session ended (restart, terminated backend): whoever held it must stop."""

@@ -132,16 +132,21 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
                 raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
         target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
         report = RestoreReport(plan.name, shard_id, chosen, target)
-        with shard_lock(cluster.database_url, plan.name, shard_id):
+        with shard_lock(cluster.database_url, plan.name, shard_id) as lock:
             for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
+                lock.check()
                 stopped = stop_instance(cluster, plan, shard_id, each, timeout_s=STOP_TIMEOUT_S)
                 report.add(f"stop {each}: {stopped.detail}")
             for each in plan.nodes:
+                lock.check()
                 report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, shard_id, each, chosen)}")
+            lock.check()
             _restore_outputs(cluster, plan, shard_id, chosen, db, report)
+            lock.check()
             mark(db, plan.name, shard_id, "RESTORED", f"restored from snapshot {chosen.id} (batch {chosen.batch_id})",
                  node=target, detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
             if start:
+                lock.check()
                 launch_instance(cluster, plan, shard_id, target, role="ACTIVE", launched_by=launched_by,
                                 py_files=py_files)
                 row = wait_until_running(cluster, plan, shard_id, target)

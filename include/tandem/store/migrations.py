@@ -13,8 +13,7 @@ from importlib import resources
 
 from tandem.errors import StoreError
 from tandem.store.db import SCHEMA, Database
-
-_LOCK_KEY = 0x7A4D3E  # any constant shared by every Tandem process
+from tandem.store.locks import lock_key
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ def migrate(db: Database) -> list[int]:
     """Apply every pending migration; return the versions applied by this call."""
 
     def apply(cursor) -> list[int]:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("migrations", SCHEMA))
         cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         cursor.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -33,7 +33,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,7 +44,8 @@ import psutil
 from tandem.config import ClusterConfig, NodeConfig, PlanConfig, load_plan, parse_duration, spark_interval
 from tandem.errors import TandemError
 from tandem.layout import checkpoint_dir
-from tandem.store.db import Database, connect
+from tandem.store.db import Database
+from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, record_status, register_nodes
 
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 ACTIVE_STATUSES = ("LAUNCHING", "STARTING", "RUNNING")
 ENDED_STATUSES = ("STOPPED", "FAILED")
 APPLICATION_SCRIPT = "run_plan.py"
-_LOCK_NAMESPACE = 0x7A4D  # advisory lock space of launches (first key of the two-int lock)
 _children: dict[int, subprocess.Popen] = {}  # processes this interpreter started, reaped on observation
 
 
@@ -284,7 +283,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
     with Database(cluster.database_url, "tandem-launcher") as db:
         migrate(db)
         register_nodes(db, cluster)
-        with _instance_lock(cluster.database_url, key):
+        with AdvisoryLock(cluster.database_url, "launch", key.id) as lock:
             row = get_instance(db, key.id)
             decision = decide_launch(
                 row["status"] if row else None,
@@ -301,6 +300,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                 log.info("instance %s: reusing the existing job (%s)", key.id, reason)
                 return LaunchedJob.from_row(row, reused=True, reason=reason)
             log.info("instance %s: launching (%s)", key.id, decision.reason)
+            lock.check()
             command = build_submit_command(cluster, node_config, key, interval, py_files=py_files,
                                            application=application, role=role)
             log.info("instance %s: master %s from %s", key.id, command.master, command.master_source)
@@ -330,30 +330,6 @@ def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> s
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
     _children[process.pid] = process
     return process
-
-
-class _instance_lock:  # noqa: N801 (used as a context manager)
-    """A session-level PostgreSQL advisory lock serialising launches of one instance."""
-
-    def __init__(self, database_url: str, key: InstanceKey) -> None:
-        self.database_url = database_url
-        self.ids = (_LOCK_NAMESPACE, zlib.crc32(key.id.encode()) - 2**31)
-        self.conn = None
-
-    def __enter__(self) -> None:
-        self.conn = connect(self.database_url, "tandem-launcher-lock")
-        self.conn.autocommit = True
-        with self.conn.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s, %s)", self.ids)
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            with self.conn.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", self.ids)
-        except Exception:  # closing the session releases the lock anyway
-            log.warning("could not release the launch lock of %s cleanly", self.ids)
-        finally:
-            self.conn.close()
 
 
 def _float(value: Any) -> float | None:

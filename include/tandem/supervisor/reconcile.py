@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import TandemError
-from tandem.store.db import Database, connect
+from tandem.errors import LockLost, TandemError
+from tandem.store.db import Database
+from tandem.store.locks import AdvisoryLock
 from tandem.store.leases import read_lease
 from tandem.store.migrations import migrate
 from tandem.store.registry import register_nodes
@@ -54,7 +54,6 @@ from tandem.supervisor.launcher import LaunchError, launch_instance, stop_instan
 from tandem.supervisor.observe import ShardObservation, observe_shard
 from tandem.supervisor.resync import CheckpointError, resync_instance
 
-_LOCK_NAMESPACE = 0x7A4E  # advisory locks of (plan, shard) supervision; launches use 0x7A4D
 OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
 """Actions of the supervisor (the ops DAG also offers ``snapshot_now``, see :mod:`tandem.snapshots.take`)."""
 
@@ -97,18 +96,12 @@ class Report:
         return [head, *("  " + s.line() for s in self.steps), *("  " + b.describe() for b in self.blocked)]
 
 
-@contextmanager
-def shard_lock(database_url: str, plan: str, shard_id: str) -> Iterator[None]:
-    """A session-level advisory lock that serialises supervision of one (plan, shard)."""
-    conn = connect(database_url, "tandem-supervisor-lock")
-    conn.autocommit = True
-    ids = (_LOCK_NAMESPACE, zlib.crc32(f"{plan}/{shard_id}".encode()) - 2**31)
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s, %s)", ids)
-        yield
-    finally:
-        conn.close()  # ends the session, which releases the lock
+def shard_lock(database_url: str, plan: str, shard_id: str) -> AdvisoryLock:
+    """The advisory lock that serialises supervision of one (plan, shard): reconcile, ops actions, restore.
+
+    Whoever holds it calls ``check()`` before each action: the lock dies with its PostgreSQL session.
+    """
+    return AdvisoryLock(database_url, "supervise", f"{plan}/{shard_id}")
 
 
 class Supervisor:
@@ -132,6 +125,7 @@ class Supervisor:
         self.running_timeout_s = running_timeout_s
         self.poll_s = poll_s
         self.db = Database(cluster.database_url, "tandem-supervisor")
+        self._lock: AdvisoryLock | None = None
         migrate(self.db)
         register_nodes(self.db, cluster)
 
@@ -149,9 +143,19 @@ class Supervisor:
     def observe(self, shard_id: str) -> ShardObservation:
         return observe_shard(self.db, self.cluster, self.plan, shard_id)
 
+    @contextmanager
+    def holding_lock(self, shard_id: str) -> Iterator[AdvisoryLock]:
+        """Hold the shard's supervision lock; :meth:`execute` checks it before every action."""
+        with shard_lock(self.cluster.database_url, self.plan.name, shard_id) as lock:
+            self._lock = lock
+            try:
+                yield lock
+            finally:
+                self._lock = None
+
     def reconcile(self, shard_id: str, *, cause: str = "", max_rounds: int = 8) -> Report:
         """Act until the shard needs nothing more (or is blocked, or an action failed)."""
-        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+        with self.holding_lock(shard_id):
             return self._reconcile(shard_id, cause, max_rounds)
 
     def _reconcile(self, shard_id: str, cause: str, max_rounds: int, report: Report | None = None) -> Report:
@@ -182,7 +186,12 @@ class Supervisor:
     # -- act ---------------------------------------------------------------------------------
 
     def execute(self, shard_id: str, action: Any, *, cause: str = "") -> StepResult:
-        """Carry out one action; record the decision first, then log the outcome (and record a failure)."""
+        """Carry out one action; record the decision first, then log the outcome (and record a failure).
+
+        Raises:
+            LockLost: the shard's supervision lock is gone (another supervisor may act now): nothing was done.
+        """
+        self._check_lock(shard_id, action)
         self._record(shard_id, action, cause)
         self.log.info("%s/%s decision: %s", self.plan.name, shard_id, action.describe())
         try:
@@ -204,6 +213,20 @@ class Supervisor:
             mark(self.db, self.plan.name, shard_id, "ACTION_FAILED", result.detail[:2000], node=action.node,
                  detail={"decision": action.describe(), **result.data})
         return result
+
+    def _check_lock(self, shard_id: str, action: Any) -> None:
+        if self._lock is None:
+            return
+        try:
+            self._lock.check()
+        except LockLost as exc:
+            self.log.error("%s/%s: %s; not carrying out: %s", self.plan.name, shard_id, exc, action.describe())
+            try:
+                mark(self.db, self.plan.name, shard_id, "LOCK_LOST", f"{exc}; stopped before: {action.describe()}",
+                     node=action.node)
+            except TandemError:  # PostgreSQL itself may be gone: the log line above is the record
+                pass
+            raise
 
     def _record(self, shard_id: str, action: Any, cause: str) -> None:
         detail = {"decision": action.describe()}
@@ -274,7 +297,7 @@ class Supervisor:
     def fail_over_now(self, shard_id: str, to_node: str | None = None, reason: str = "operator: failover now") -> Report:
         """Move the ACTIVE role off its node now: hand it to a live hot standby (``to_node`` preferred),
         or (warm) stop it and start the plan on another node from a cut of its checkpoint."""
-        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+        with self.holding_lock(shard_id):
             report = Report(self.plan.name, shard_id)
             view = self.observe(shard_id).view
             active = view.active
@@ -303,14 +326,14 @@ class Supervisor:
     def drain(self, shard_id: str, node: str, reason: str = "operator: drain node") -> Report:
         """Keep ``node`` out of the shard: hand its ACTIVE role to another node, then stop its instance."""
         self._check_node(node)
-        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+        with self.holding_lock(shard_id):
             mark(self.db, self.plan.name, shard_id, "DRAINED", reason, node=node)
             return self._reconcile(shard_id, reason, 8)
 
     def restart(self, shard_id: str, node: str, reason: str = "operator: restart node") -> Report:
         """Stop ``node``'s instance (failing over first if it is ACTIVE) and bring it back as a standby, re-synced."""
         self._check_node(node)
-        with shard_lock(self.cluster.database_url, self.plan.name, shard_id):
+        with self.holding_lock(shard_id):
             report = Report(self.plan.name, shard_id)
             view = self.observe(shard_id).view
             if node in view.drained:

@@ -1,0 +1,76 @@
+"""PostgreSQL advisory locks: one helper, one table of what each lock protects.
+
+A session-level advisory lock lives as long as the session that took it. PostgreSQL ends that
+session when it restarts, when an administrator terminates the backend, or when the connection
+breaks, and the lock is gone with it, silently: another supervisor may take it at once. So
+:class:`AdvisoryLock` keeps the session and :meth:`AdvisoryLock.check` asks it, before each
+action, whether it still holds the lock; when it does not, the holder must stop (:class:`LockLost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import psycopg2
+
+from tandem.errors import LockLost
+from tandem.store.db import connect
+
+log = logging.getLogger(__name__)
+
+SCOPES = {"migrations": 1, "launch": 2, "supervise": 3}
+"""The first key of every Tandem advisory lock: what it serialises (the second key names the thing)."""
+_TRANSIENT = (psycopg2.OperationalError, psycopg2.InterfaceError)
+
+
+def lock_key(scope: str, name: str) -> tuple[int, int]:
+    """The two 32-bit keys of the lock on ``name`` in ``scope`` (``pg_advisory_lock(int, int)``)."""
+    return SCOPES[scope], zlib.crc32(name.encode()) - 2**31
+
+
+class AdvisoryLock:
+    """A session-level advisory lock held on a connection of its own (a context manager).
+
+    Args:
+        scope: one of :data:`SCOPES`.
+        name: what is locked, e.g. ``"trades/shard-1"``.
+    """
+
+    def __init__(self, database_url: str, scope: str, name: str) -> None:
+        self.database_url = database_url
+        self.scope = scope
+        self.name = name
+        self.keys = lock_key(scope, name)
+        self._conn = None
+
+    def __enter__(self) -> "AdvisoryLock":
+        self._conn = connect(self.database_url, f"tandem-{self.scope}-lock")
+        self._conn.autocommit = True
+        with self._conn.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", self.keys)
+        return self
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless this lock's session is alive and still holds the lock."""
+        try:
+            with self._conn.cursor() as cursor:
+                cursor.execute(
+                    """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+                       AND granted AND objsubid = 2 AND classid = %s::bigint::oid AND objid = %s::bigint::oid""",
+                    (self.keys[0], self.keys[1] % 2**32))
+                held = cursor.fetchone()[0] > 0
+        except _TRANSIENT as exc:
+            raise LockLost(f"the {self.scope} lock of {self.name} was lost: its PostgreSQL session ended "
+                           f"({str(exc).strip() or type(exc).__name__})") from None
+        if not held:
+            raise LockLost(f"the {self.scope} lock of {self.name} is no longer held by this session")
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            with self._conn.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", self.keys)
+        except Exception:  # noqa: BLE001 - closing the session releases the lock anyway
+            log.debug("could not release the %s lock of %s cleanly", self.scope, self.name)
+        finally:
+            self._conn.close()
