@@ -31,7 +31,6 @@ from tandem.layout import landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database
 from tandem.store.leases import read_lease
-from tandem.supervisor import stop_instance
 from tandem.supervisor.reconcile import Supervisor
 from tandem.packaging import build_dist
 

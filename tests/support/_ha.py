@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -37,7 +37,8 @@ import yaml
 
 from tandem import aggregation
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.layout import landing_dir
+from tandem.lake.tables import read_table
+from tandem.layout import delta_table_dir, landing_dir
 from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 
@@ -179,12 +180,7 @@ def _close(a: float, b: float) -> bool:
 def compare(actual_rows: list[dict], expected: dict[tuple, dict], label: str, limit: int = 5) -> list[str]:
     """Differences between published rows and the expected ones ([] when equal)."""
     problems: list[str] = []
-    actual: dict[tuple, dict] = {}
-    for row in actual_rows:
-        key = (row["bucket_start"].astimezone(UTC), row["symbol"])
-        if key in actual:
-            problems.append(f"{label}: {key} published twice")
-        actual[key] = row
+    actual = {(row["bucket_start"].astimezone(UTC), row["symbol"]): row for row in actual_rows}
     missing = sorted(set(expected) - set(actual))
     extra = sorted(set(actual) - set(expected))
     if missing:
@@ -204,13 +200,41 @@ def compare(actual_rows: list[dict], expected: dict[tuple, dict], label: str, li
 
 def mismatches(cluster: ClusterConfig, events: list[tuple[int, str, float, int]],
                sources: tuple[str, ...] = ("postgres", "delta")) -> list[str]:
-    """Every difference between the merged outputs (PostgreSQL and Delta, six granularities) and ``events``."""
+    """Every difference between the merged outputs (PostgreSQL and Delta, six granularities) and ``events``.
+
+    A value counted twice shows as a wrong value; with ``delta`` among the sources, the raw Delta
+    rows are also checked for a batch published twice (:func:`published_twice`).
+    """
     problems: list[str] = []
     for granularity in GRANULARITIES:
         expected = expected_aggregates(events, granularity)
         for source in sources:
             rows = aggregation.query(cluster, PLAN, granularity, *ALL_TIME, source=source)
             problems += compare(rows, expected, f"{source} {granularity}")
+    if "delta" in sources:
+        problems += published_twice(delta_table_dir(cluster, PLAN, "trade_aggregates"))
+    return problems
+
+
+def published_twice(path: Path, limit: int = 5) -> list[str]:
+    """Evidence in the raw Delta rows that something was published twice ([] when nothing was).
+
+    Every micro-batch publishes a key at most once, under one epoch, and an epoch belongs to one
+    node: the same (key, epoch, batch) twice is a batch appended twice, and an epoch written by two
+    nodes is two publishers at once. (Readers keep the newest version of a key, so the merged
+    values alone would hide both.)
+    """
+    rows = read_table(path, columns=["granularity", "bucket_start", "symbol", "shard_id", "epoch", "batch_id",
+                                     "node"]).to_pylist()
+    seen: Counter = Counter((r["granularity"], r["bucket_start"], r["symbol"], r["shard_id"], r["epoch"], r["batch_id"])
+                            for r in rows)
+    twice = [key for key, n in seen.items() if n > 1]
+    nodes_by_epoch: dict[tuple, set[str]] = defaultdict(set)
+    for row in rows:
+        nodes_by_epoch[(row["shard_id"], row["epoch"])].add(row["node"])
+    problems = [f"delta: {len(twice)} (key, epoch, batch) published twice, e.g. {sorted(twice)[:limit]}"] if twice else []
+    problems += [f"delta: {shard} epoch {epoch} written by {sorted(nodes)}"
+                 for (shard, epoch), nodes in sorted(nodes_by_epoch.items()) if len(nodes) > 1]
     return problems
 
 
@@ -252,8 +276,9 @@ def failover_events(database_url: str, since: datetime | None = None, kinds: tup
 
 
 def publish_log(database_url: str, node: str | None = None) -> list[dict]:
-    return fetch(database_url, "SELECT * FROM publish_log WHERE instance_id LIKE %s ORDER BY published_at, batch_id",
-                 (f"{PLAN}/{SHARD}/{node or '%'}",))
+    return fetch(database_url, "SELECT * FROM publish_log WHERE plan = %s AND shard_id = %s "
+                               "AND (%s::text IS NULL OR node = %s) ORDER BY published_at, batch_id",
+                 (PLAN, SHARD, node, node))
 
 
 def instance_row(database_url: str, node: str) -> dict | None:

@@ -49,11 +49,6 @@ def test_each_plan_has_its_dags_and_there_is_one_ops_and_one_restore_dag(dagbag,
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 
 
-def test_no_cycles(dagbag):
-    for dag in dagbag.dags.values():
-        dag.check_cycle()
-
-
 def test_tags_and_retries_on_every_dag_and_task(dagbag, plans):
     for dag_id, dag in dagbag.dags.items():
         plan = "ops" if dag_id in ("tandem_ops", "tandem_restore") else dag_id.split("_", 1)[1].rsplit("_", 1)[0]

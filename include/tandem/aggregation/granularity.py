@@ -41,6 +41,3 @@ def bucket_end(start: datetime, granularity: str) -> datetime:
     seconds = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[granularity]
     return datetime.fromtimestamp(start.timestamp() + seconds, tz=timezone.utc)
 
-
-def from_epoch_millis(millis: int) -> datetime:
-    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc)

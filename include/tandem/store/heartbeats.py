@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
 
 from tandem.store.db import Database
 
@@ -49,16 +48,6 @@ def beat(db: Database, instance_id: str, host: str, pid: int, started_at: dateti
                started_at = EXCLUDED.started_at""",
         (instance_id, host, pid, started_at),
     ), attempts=1)
-
-
-def recent_progress(db: Database, plan: str, limit: int = 20) -> list[dict[str, Any]]:
-    def work(cursor):
-        cursor.execute(
-            "SELECT * FROM heartbeats WHERE plan = %s ORDER BY recorded_at DESC LIMIT %s", (plan, limit)
-        )
-        return cursor.fetchall()
-
-    return db.run(work)
 
 
 def quarantine_totals(db: Database, plan: str) -> dict[str, int]:

@@ -12,10 +12,12 @@ from typing import Any
 from tandem.store.db import Database
 from tandem.store.leases import record_event
 
-DRAIN_MARKS = ("DRAINED", "UNDRAINED")
+DRAINED, UNDRAINED = "DRAINED", "UNDRAINED"
 """Events that mark a node of a (plan, shard) as drained (kept down) or back in service."""
 LAUNCH_EVENT = "LAUNCH"
-RESET_EVENTS = ("RESTARTED", "UNDRAINED")
+"""A launch decision: the supervisor's launch budget counts these."""
+RESTARTED = "RESTARTED"
+RESET_EVENTS = (RESTARTED, UNDRAINED)
 """After one of these, the supervisor's launch budget of the node starts again."""
 
 
@@ -36,7 +38,8 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
     """Read everything the observer needs about one (plan, shard) in one transaction."""
 
     def work(cursor) -> ShardRows:
-        params = {"plan": plan, "shard": shard_id, "window": progress_window_s, "launch_window": launch_window_s}
+        params = {"plan": plan, "shard": shard_id, "window": progress_window_s, "launch_window": launch_window_s,
+                  "drain_marks": [DRAINED, UNDRAINED], "launch": LAUNCH_EVENT, "resets": list(RESET_EVENTS)}
         cursor.execute("SELECT EXTRACT(EPOCH FROM now())::float8 AS now", params)
         now = cursor.fetchone()["now"]
         cursor.execute(
@@ -68,17 +71,17 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
         lease = cursor.fetchone()
         cursor.execute(
             """SELECT DISTINCT ON (node) node, kind FROM failover_events
-               WHERE plan = %(plan)s AND shard_id = %(shard)s AND kind IN ('DRAINED', 'UNDRAINED')
+               WHERE plan = %(plan)s AND shard_id = %(shard)s AND kind = ANY(%(drain_marks)s)
                ORDER BY node, happened_at DESC, id DESC""", params)
-        drained = frozenset(row["node"] for row in cursor.fetchall() if row["kind"] == "DRAINED")
+        drained = frozenset(row["node"] for row in cursor.fetchall() if row["kind"] == DRAINED)
         cursor.execute(
             """SELECT e.node, count(*) AS launches FROM failover_events e
-               WHERE e.plan = %(plan)s AND e.shard_id = %(shard)s AND e.kind = 'LAUNCH'
+               WHERE e.plan = %(plan)s AND e.shard_id = %(shard)s AND e.kind = %(launch)s
                  AND e.happened_at > now() - make_interval(secs => %(launch_window)s)
                  AND e.happened_at > COALESCE((
                      SELECT max(r.happened_at) FROM failover_events r
                      WHERE r.plan = e.plan AND r.shard_id = e.shard_id AND r.node = e.node
-                       AND r.kind IN ('RESTARTED', 'UNDRAINED')), '-infinity')
+                       AND r.kind = ANY(%(resets)s)), '-infinity')
                GROUP BY e.node""", params)
         launches = {row["node"]: int(row["launches"]) for row in cursor.fetchall()}
         return ShardRows(now, instances, batch_starts, dict(lease) if lease else None, drained, launches)

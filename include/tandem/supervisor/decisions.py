@@ -42,7 +42,6 @@ HOT, WARM = "hot", "warm"
 
 MAX_LAUNCHES = 5
 """Default: launches of one node's instance within the launch window before the supervisor gives up on it."""
-LAUNCH_WINDOW_S = 600.0
 DEAD_STOP_TIMEOUT_S = 5.0
 """A dead instance's process (if any is left, e.g. frozen by SIGSTOP) gets SIGKILL after this."""
 STALLED_STOP_TIMEOUT_S = 15.0

@@ -30,8 +30,6 @@ ALIVE = frozenset({HEALTHY, STARTING})
 """States of an instance whose process is taken to be running and doing its job."""
 FAILING = frozenset({DEAD, FAILED, STALLED})
 """States the supervision sensor fires on."""
-NOT_RUNNING = frozenset({STOPPED, MISSING, FAILED})
-"""States in which no process of the instance runs (DEAD and STALLED may still have one)."""
 
 
 @dataclass(frozen=True)

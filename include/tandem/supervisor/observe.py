@@ -92,7 +92,3 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
     )
     return ShardObservation(view, observations, rows)
 
-
-def observe_plan(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> dict[str, ShardObservation]:
-    """Every shard of a plan."""
-    return {shard: observe_shard(db, cluster, plan, shard) for shard in plan.shards}

@@ -39,7 +39,7 @@ from tandem.store.locks import AdvisoryLock
 from tandem.store.leases import read_lease
 from tandem.store.migrations import migrate
 from tandem.store.registry import register_nodes
-from tandem.store.supervision import hand_over, instance_role, mark
+from tandem.store.supervision import DRAINED, RESTARTED, UNDRAINED, hand_over, instance_role, mark
 from tandem.supervisor.decisions import (
     HOT,
     AwaitPromotion,
@@ -327,7 +327,7 @@ class Supervisor:
         """Keep ``node`` out of the shard: hand its ACTIVE role to another node, then stop its instance."""
         self._check_node(node)
         with self.holding_lock(shard_id):
-            mark(self.db, self.plan.name, shard_id, "DRAINED", reason, node=node)
+            mark(self.db, self.plan.name, shard_id, DRAINED, reason, node=node)
             return self._reconcile(shard_id, reason, 8)
 
     def restart(self, shard_id: str, node: str, reason: str = "operator: restart node") -> Report:
@@ -337,8 +337,8 @@ class Supervisor:
             report = Report(self.plan.name, shard_id)
             view = self.observe(shard_id).view
             if node in view.drained:
-                mark(self.db, self.plan.name, shard_id, "UNDRAINED", reason, node=node)
-            mark(self.db, self.plan.name, shard_id, "RESTARTED", reason, node=node)
+                mark(self.db, self.plan.name, shard_id, UNDRAINED, reason, node=node)
+            mark(self.db, self.plan.name, shard_id, RESTARTED, reason, node=node)
             takers = [n for n in view.candidates if n != node and view.alive(n)]
             if view.active == node and view.standby == HOT and takers:
                 takers.sort(key=lambda n: 0 if view.health(n).role != "BACKUP" else 1)
