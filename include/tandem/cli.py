@@ -19,6 +19,7 @@ import json
 import shlex
 import sys
 from datetime import datetime, timedelta, timezone
+from typing import NoReturn
 
 from rich import box
 from rich.console import Console
@@ -31,14 +32,38 @@ from tandem.errors import TandemError
 console = Console()
 if not console.is_terminal:  # logs and pipes: wide enough for the aggregate tables
     console = Console(width=120)
+errors = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
 def _parse_time(text: str) -> datetime:
-    """An ISO time (UTC when no zone is given) or ``now``."""
+    """An ISO time (UTC when no zone is given) or ``now`` (an argparse type: a bad value is a usage error)."""
     if text == "now":
         return datetime.now(timezone.utc)
-    moment = datetime.fromisoformat(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO time such as 2026-01-31T12:00:00Z or 'now', got {text!r}") \
+            from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _duration(text: str) -> float:
+    """A duration such as ``'60 seconds'`` (an argparse type: a bad value is a usage error)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def print_error(exc: BaseException) -> None:
+    """``error: <message>`` on stderr, shown literally (never read as Rich markup); one line first.
+
+    A message with more lines (e.g. the tail of a job's log) keeps them, indented, below.
+    """
+    first, *rest = (str(exc).strip() or type(exc).__name__).splitlines()
+    errors.print(f"error: {first}")
+    for line in rest:
+        errors.print(f"  {line}")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -77,8 +102,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     from tandem import aggregation
 
     cluster = load_cluster()
-    end = _parse_time(args.end) if args.end else datetime.now(timezone.utc) + timedelta(seconds=1)
-    start = _parse_time(args.start) if args.start else end - timedelta(seconds=parse_duration(args.since))
+    end = args.end or datetime.now(timezone.utc) + timedelta(seconds=1)
+    start = args.start or end - timedelta(seconds=args.since)
     rows = aggregation.query(cluster, args.aggregation, args.granularity, start, end,
                              symbols=args.symbol or None, source=args.source)
     if args.json:
@@ -330,9 +355,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``error: tandem query: argument --since: …``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        errors.print(f"error: {self.prog}: {message} (see {self.prog} --help)")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     commands.add_parser("migrate", help="apply coordination schema migrations").set_defaults(func=cmd_migrate)
@@ -340,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce = commands.add_parser("produce", help="write events into the landing directories")
     produce.add_argument("plan")
     produce.add_argument("--rate", type=int, default=100, help="events per second (all shards together)")
-    produce.add_argument("--duration", type=parse_duration, default=10.0, help="how long, e.g. '60 seconds'")
+    produce.add_argument("--duration", type=_duration, default=10.0, help="how long, e.g. '60 seconds'")
     produce.add_argument("--shards", type=int, default=1, help="deal events round-robin over the first K shards")
     produce.add_argument("--seed", type=int, default=42)
     produce.add_argument("--bad-ratio", type=float, default=0.0, help="share of deliberately bad lines")
@@ -350,9 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("aggregation")
     query.add_argument("--granularity", default="hour", choices=("second", "minute", "hour", "day", "month", "year"))
     query.add_argument("--symbol", action="append", help="restrict to a symbol (repeatable)")
-    query.add_argument("--since", default="1 day", help="range length before --end (default 1 day)")
-    query.add_argument("--start", help="ISO start time (UTC if no zone)")
-    query.add_argument("--end", help="ISO end time (default now)")
+    query.add_argument("--since", type=_duration, default=86400.0, help="range length before --end (default 1 day)")
+    query.add_argument("--start", type=_parse_time, help="ISO start time (UTC if no zone)")
+    query.add_argument("--end", type=_parse_time, help="ISO end time (default now)")
     query.add_argument("--source", default="postgres", choices=("postgres", "delta"))
     query.add_argument("--json", action="store_true")
     query.set_defaults(func=cmd_query)
@@ -365,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", required=True)
     run.add_argument("--node", required=True)
     run.add_argument("--shard")
-    run.add_argument("--trigger-interval", type=parse_duration)
+    run.add_argument("--trigger-interval", type=_duration)
     run.add_argument("--available-now", action="store_true")
     run.set_defaults(func=cmd_run)
 
@@ -403,18 +435,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="bring the stack up, run the trades plan on two shards, show results")
     demo.add_argument("--rate", type=int, default=200)
-    demo.add_argument("--duration", type=parse_duration, default=60.0)
+    demo.add_argument("--duration", type=_duration, default=60.0)
     demo.add_argument("--seed", type=int, default=42)
     demo.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a Tandem error (bad configuration, refused request) is one line on stderr, exit 2."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except TandemError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+    except (TandemError, OSError) as exc:  # OSError: a path the user named (too long, not permitted, ...)
+        print_error(exc)
         return 2
 
 
