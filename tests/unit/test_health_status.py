@@ -53,4 +53,4 @@ def test_status_shows_roles_health_lease_and_events(project: Path, database_url:
 
 def test_status_without_schema_says_what_to_do(project: Path, database_url: str, capsys) -> None:
     assert main(["status"]) == 2
-    assert "run `tandem migrate`" in capsys.readouterr().out
+    assert "run `tandem migrate`" in capsys.readouterr().err
