@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans
+from tandem.ops import OPS_ACTIONS
 
 # Durations tandem.config.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
 DURATION_PATTERN = (r"^\s*\d+(\.\d+)?\s*(ms|millis|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?"
@@ -19,7 +20,6 @@ RUN_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 2, "retry_dela
 VALIDATE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=2)}
 SUPERVISE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 3, "retry_delay": timedelta(seconds=15)}
 OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
-OPS_ACTIONS = ("failover_now", "drain_node", "restart_node", "snapshot_now")
 # a BAD snapshot or a refused restore fails without retry (AirflowFailException); a transient error retries once
 SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}

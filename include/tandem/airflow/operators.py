@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tandem.config import ClusterConfig, load_cluster, load_plan, parse_duration
 from tandem.errors import ConfigError
+from tandem.ops import SNAPSHOT_NOW
 
 
 def _cluster(path: str | None) -> ClusterConfig:
@@ -279,7 +280,7 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from None
         shards = [self.shard_id] if self.shard_id else list(plan.shards)
         ti = context["ti"]
-        if self.action == "snapshot_now":
+        if self.action == SNAPSHOT_NOW:
             return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,

@@ -34,6 +34,7 @@ from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import LockLost, TandemError
+from tandem.ops import DRAIN_NODE, FAILOVER_NOW, SUPERVISOR_ACTIONS
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.leases import read_lease
@@ -54,8 +55,6 @@ from tandem.supervisor.launcher import LaunchError, launch_instance, stop_instan
 from tandem.supervisor.observe import ShardObservation, observe_shard
 from tandem.supervisor.resync import CheckpointError, resync_instance
 
-OPS_ACTIONS = ("failover_now", "drain_node", "restart_node")
-"""Actions of the supervisor (the ops DAG also offers ``snapshot_now``, see :mod:`tandem.snapshots.take`)."""
 
 
 class OpsRefused(TandemError):
@@ -360,9 +359,9 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
                    launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
                    py_files: Path | None = None) -> list[Report]:
     """Carry out one operator action on the given shards of a plan; one report per shard."""
-    if action not in OPS_ACTIONS:
-        raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(OPS_ACTIONS)})")
-    if action != "failover_now" and not node:
+    if action not in SUPERVISOR_ACTIONS:
+        raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
+    if action != FAILOVER_NOW and not node:
         raise OpsRefused(f"{action} needs a node")
     unknown = [s for s in shards if s not in plan.shards]
     if unknown:
@@ -370,9 +369,9 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
     reports = []
     with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files) as supervisor:
         for shard in shards:
-            if action == "failover_now":
+            if action == FAILOVER_NOW:
                 reports.append(supervisor.fail_over_now(shard, to_node=node))
-            elif action == "drain_node":
+            elif action == DRAIN_NODE:
                 reports.append(supervisor.drain(shard, node))
             else:
                 reports.append(supervisor.restart(shard, node))

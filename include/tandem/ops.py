@@ -1,0 +1,7 @@
+"""The operator actions of the ``tandem_ops`` DAG: one list for its Param, its operator and the supervisor."""
+
+FAILOVER_NOW, DRAIN_NODE, RESTART_NODE, SNAPSHOT_NOW = "failover_now", "drain_node", "restart_node", "snapshot_now"
+SUPERVISOR_ACTIONS = (FAILOVER_NOW, DRAIN_NODE, RESTART_NODE)
+"""Carried out by :func:`tandem.supervisor.reconcile.run_ops_action`."""
+OPS_ACTIONS = (*SUPERVISOR_ACTIONS, SNAPSHOT_NOW)
+"""Every action the ``tandem_ops`` DAG offers (``snapshot_now``: :mod:`tandem.snapshots.take`)."""
