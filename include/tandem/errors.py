@@ -24,6 +24,10 @@ class StoreError(TandemError):
     """The coordination store (PostgreSQL) refused or could not be reached."""
 
 
+class StoreUnreachable(StoreError):
+    """PostgreSQL could not be reached, or the connection broke: worth trying again."""
+
+
 class PlanError(TandemError):
     """A plan could not be built or run (unknown plan, missing module, bad query)."""
 

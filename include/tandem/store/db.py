@@ -2,47 +2,91 @@
 
 Every connection runs with ``search_path=tandem`` and ``TimeZone=UTC``, so SQL in Tandem names
 its tables unqualified and ``date_trunc`` cuts buckets in UTC.
+
+Only failures to reach PostgreSQL are retried (the server is down, restarting, refusing
+connections, or the connection broke); a wrong role, password or database, an unparsable URL or
+any SQL error fails at once with its own message. No message ever shows a password: URLs go
+through :func:`redact`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from tandem.errors import StoreError
+from tandem.errors import StoreError, StoreUnreachable
 
 SCHEMA = "tandem"
 _OPTIONS = f"-c search_path={SCHEMA},public -c TimeZone=UTC"
-_TRANSIENT = (psycopg2.OperationalError, psycopg2.InterfaceError)
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+_TRANSIENT_STATES = ("the database system is starting up", "the database system is shutting down",
+                     "the database system is in recovery mode", "the database system is not yet accepting connections",
+                     "too many clients", "remaining connection slots are reserved")
+"""Server messages at connection time that mean "try again soon" (libpq gives no SQLSTATE then)."""
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "57P01", "57P02", "57P03", "57P05", "53300", "25P03")
+"""Connection exceptions, administrator/crash shutdown, cannot connect now, idle-session timeout, too many
+connections, and the idle-in-transaction timeout a frozen publisher's fenced transaction ends with (its retry
+then finds itself fenced, see :func:`tandem.store.leases.check_fence`)."""
+
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    """The connection string without its password, for messages and logs.
+
+    libpq's own parser reads it (URL or ``key=value`` form, ``?password=``, percent-escapes), so
+    whatever libpq would send as a password is what is left out. A string libpq cannot parse is not
+    shown at all.
+    """
+    try:
+        params = psycopg2.extensions.parse_dsn(url)
+    except psycopg2.Error:
+        return "<a PostgreSQL URL that libpq cannot parse>"
+    user = f"{params['user']}@" if params.get("user") else ""
+    host = params.get("host", "")
+    host = f"[{host}]" if ":" in host and "," not in host else host
+    port = f":{params['port']}" if params.get("port") else ""
+    return f"postgresql://{user}{host}{port}/{params.get('dbname', '')}"
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means PostgreSQL could not be reached or the connection broke (worth retrying)."""
+    if isinstance(exc, StoreUnreachable | psycopg2.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg2.OperationalError):
+        return False
+    if exc.pgcode:
+        return exc.pgcode.startswith(_TRANSIENT_SQLSTATE_CLASSES)
+    text = str(exc)
+    # no SQLSTATE: a client-side failure (refused, timed out, closed), or the server's FATAL at connect
+    return "FATAL:" not in text or any(state in text for state in _TRANSIENT_STATES)
 
 
 def connect(url: str, application_name: str = "tandem", connect_timeout: int = 5) -> psycopg2.extensions.connection:
-    """Open one connection with Tandem's session settings."""
+    """Open one connection with Tandem's session settings.
+
+    Raises:
+        StoreUnreachable: PostgreSQL cannot be reached now (worth retrying).
+        StoreError: it refused the connection for good (wrong role, password, database) or the URL is invalid.
+    """
     try:
         return psycopg2.connect(
             url, options=_OPTIONS, application_name=application_name, connect_timeout=connect_timeout
         )
+    except psycopg2.ProgrammingError:  # libpq cannot parse it; its message quotes the offending part
+        raise StoreError(f"invalid PostgreSQL URL {redact(url)}: libpq cannot parse it (check the percent-escapes)") \
+            from None
     except psycopg2.OperationalError as exc:
-        raise StoreError(f"cannot connect to PostgreSQL at {redact(url)}: {str(exc).strip()}") from exc
+        problem = " ".join(str(exc).split())
+        error = StoreUnreachable if is_unreachable(exc) else StoreError
+        raise error(f"cannot connect to PostgreSQL at {redact(url)}: {problem}") from None
 
 
 class Database:
@@ -73,24 +117,32 @@ class Database:
         try:
             with conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cursor:
                 yield cursor
-        except _TRANSIENT:
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
             self.close()
             raise
 
     def run(self, work: Callable[[psycopg2.extensions.cursor], T], attempts: int = 30, delay_s: float = 1.0) -> T:
         """Run ``work`` in a transaction, retrying it whole while PostgreSQL is unreachable.
 
-        ``work`` must be idempotent: a retry after a lost commit acknowledgement runs it again.
+        Only connection failures are retried (:func:`is_unreachable`); any other error is raised at
+        once. ``work`` must be idempotent: a retry after a lost commit acknowledgement runs it again.
         """
-        for attempt in range(1, attempts + 1):
-            try:
-                with self.transaction() as cursor:
+
+        def warn(state) -> None:
+            log.warning("PostgreSQL unreachable (attempt %d/%d): %s", state.attempt_number, attempts,
+                        " ".join(str(state.outcome.exception()).split()))
+
+        retrying = Retrying(stop=stop_after_attempt(attempts), wait=wait_fixed(delay_s), reraise=True,
+                            retry=retry_if_exception(is_unreachable), before_sleep=warn)
+        try:
+            for attempt in retrying:
+                with attempt, self.transaction() as cursor:
                     return work(cursor)
-            except (*_TRANSIENT, StoreError) as exc:
-                if attempt == attempts:
-                    raise StoreError(f"PostgreSQL at {redact(self.url)} unreachable after {attempts} attempts: {exc}") from exc
-                log.warning("PostgreSQL unreachable (attempt %d/%d): %s", attempt, attempts, str(exc).strip())
-                time.sleep(delay_s)
+        except (StoreUnreachable, psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            if not is_unreachable(exc):
+                raise
+            raise StoreUnreachable(f"PostgreSQL at {redact(self.url)} unreachable after {attempts} attempts: "
+                                   f"{' '.join(str(exc).split())}") from None
         raise AssertionError("unreachable")
 
     def __enter__(self) -> "Database":
