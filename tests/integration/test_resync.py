@@ -20,7 +20,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, landing_dir
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
-from tandem.supervisor.resync import CheckpointError, committed_batch, cut_checkpoint, resync_instance
+from tandem.supervisor.resync import CheckpointError, committed_batch, cut_checkpoint, recover_swaps, resync_instance
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -114,6 +114,25 @@ def test_the_target_is_replaced_not_merged(tmp_path: Path) -> None:
     assert committed_batch(stale) == 2
     assert "offsets/7" not in tree(stale)
     assert [p.name for p in (tmp_path / "b").iterdir()] == ["q"], "staging or old copies were left behind"
+
+
+def test_a_swap_interrupted_between_its_two_renames_is_undone(tmp_path: Path) -> None:
+    """The crash left ``.q.old-*`` and no ``q`` (and an unfinished staging copy): the old checkpoint comes back."""
+    root = tmp_path / "b"
+    own = fake_checkpoint(root / "q", committed=7)
+    before = tree(own)
+    own.rename(root / ".q.old-0123abcd")
+    fake_checkpoint(root / ".q.cut-89abcdef", committed=2)
+    fake_checkpoint(root / "r", committed=1)
+    fake_checkpoint(root / ".r.old-00000000", committed=0)  # r's swap completed: only the old copy is left over
+
+    done = recover_swaps(root)
+    assert sorted(p.name for p in root.iterdir()) == ["q", "r"], done
+    assert tree(root / "q") == before and committed_batch(root / "q") == 7
+    assert committed_batch(root / "r") == 1
+    assert len(done) == 3
+    cut_checkpoint(fake_checkpoint(tmp_path / "a" / "q", committed=3), root / "q")  # and a new cut works
+    assert committed_batch(root / "q") == 3
 
 
 def test_a_cut_that_cannot_restart_fails_and_leaves_the_target_alone(tmp_path: Path) -> None:
@@ -247,6 +266,29 @@ def test_a_node_resumed_from_a_cut_counts_every_event_exactly_once(project: Path
     delta = DeltaTable(str(cluster.storage_root / "delta" / "trades" / "trade_aggregates"))
     new_lineage = f"trades/shard-1/node-b/trade_aggregates/{cuts['aggregates'].query_id}"
     assert delta.transaction_version(new_lineage) == max(r["batch_id"] for r in resumed if r["input_rows"])
+
+
+def test_a_node_whose_checkpoint_swap_was_interrupted_resumes_from_its_old_checkpoint(
+        project: Path, database_url: str, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    landing = landing_dir(cluster, "trades", "shard-1")
+    first = make_events(1, 120, T0)
+    write_events(landing, first, per_file=40)
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+    root = checkpoint_dir(cluster, "trades", "shard-1", "node-a", "")
+    committed = committed_batch(root / "aggregates")
+
+    (root / "aggregates").rename(root / ".aggregates.old-0badc0de")  # the crash: first rename done, second not
+    more = make_events(2, 60, T0 + 30_000)
+    write_events(landing, more, per_file=60)
+    before = len(batches(database_url, "node-a"))
+    assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
+    resumed = batches(database_url, "node-a")[before:]
+    assert resumed[0]["batch_id"] == committed + 1, "the node started over instead of resuming its checkpoint"
+    assert sum(row["input_rows"] for row in resumed) == len(more)
+    assert sorted(p.name for p in root.iterdir()) == ["aggregates", "quarantine"]
+    assert_exact(cluster, first + more, "node-a after the interrupted swap")
 
 
 def test_cuts_taken_while_the_query_runs_are_consistent(project: Path, database_url: str, spark) -> None:

@@ -28,6 +28,7 @@ from tandem.runtime.session import build_session
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
+from tandem.supervisor.resync import recover_swaps
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
     stop = stop or threading.Event()
     spark = spark or build_session(f"tandem:{key.id}", cluster.node(node).spark_master, cluster.spark_defaults)
 
+    recover_swaps(checkpoint_dir(cluster, plan.name, shard_id, node, ""))  # before Spark reads a checkpoint
     with Database(cluster.database_url, "tandem-node") as db:
         migrate(db)
         register_nodes(db, cluster)

@@ -206,6 +206,7 @@ def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *
         CheckpointError: the source is missing, is the target, or the cut failed verification.
     """
     source, target = Path(source_query_dir), Path(target_query_dir)
+    recover_swaps(target.parent)
     if not source.is_dir():
         raise CheckpointError(f"no checkpoint at {source}")
     if source.resolve() == target.resolve():
@@ -263,11 +264,44 @@ def _write_metadata(source: Path, staged: Path, new_query_id: bool) -> str | Non
 
 
 def _replace(staged: Path, target: Path) -> None:
+    """Swap ``staged`` in for ``target`` (two renames: a crash between them is undone by :func:`recover_swaps`)."""
     old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     if target.exists():
         target.rename(old)
     staged.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>old|cut)-[0-9a-f]{8}$")
+
+
+def recover_swaps(root: Path) -> list[str]:
+    """Undo what a crash in the middle of :func:`cut_checkpoint` left in ``root`` (an instance's checkpoint root).
+
+    - ``.<query>.old-*`` with ``<query>`` missing: the crash came between the two renames of the
+      swap; the old checkpoint is renamed back (consistent, only older than the cut meant to replace it);
+    - ``.<query>.old-*`` beside ``<query>``: the swap completed; the old copy is deleted;
+    - ``.<query>.cut-*``: an unfinished staging copy; deleted.
+
+    Returns what was done, one line per leftover. Nothing may use the checkpoints meanwhile.
+    """
+    if not root.is_dir():
+        return []
+    done = []
+    leftovers = sorted((p for p in root.iterdir() if _LEFTOVER.match(p.name)), key=lambda p: p.stat().st_mtime,
+                       reverse=True)
+    for path in leftovers:
+        match = _LEFTOVER.match(path.name)
+        target = root / match["name"]
+        if match["kind"] == "old" and not target.exists():
+            path.rename(target)
+            done.append(f"{target.name}: restored from {path.name} (a swap was interrupted)")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"{target.name}: deleted the leftover {path.name}")
+    for line in done:
+        log.warning("checkpoints in %s: %s", root, line)
+    return done
 
 
 def query_dirs(instance_root: Path) -> dict[str, Path]:
