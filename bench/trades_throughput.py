@@ -50,6 +50,7 @@ from rich.table import Table  # noqa: E402
 import _common as C  # noqa: E402
 import plain_trades  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
+from tandem.lake.tables import read_table  # noqa: E402
 from tandem.producer import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
 from tandem.runtime.session import build_session  # noqa: E402
@@ -316,8 +317,7 @@ def delta_paths(run: dict) -> tuple[Path, Path]:
 def delta_latest(run: dict) -> pd.DataFrame:
     """The newest version of every (granularity, bucket, symbol) row in the side's Delta table."""
     path, _ = delta_paths(run)
-    frame = DeltaTable(str(path)).to_pyarrow_table(
-        columns=["granularity", "bucket_start", "symbol", *C.MEASURES, "batch_id"]).to_pandas()
+    frame = read_table(path, columns=["granularity", "bucket_start", "symbol", *C.MEASURES, "batch_id"]).to_pandas()
     frame["bucket_start"] = _epoch_ms(frame["bucket_start"])
     frame = frame.sort_values("batch_id").drop_duplicates(["granularity", *KEY], keep="last")
     return frame.drop(columns="batch_id")
@@ -347,7 +347,7 @@ def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) 
 
 def quarantine_rows(run: dict) -> int:
     _, path = delta_paths(run)
-    return DeltaTable(str(path)).to_pyarrow_table(columns=["raw"]).num_rows if DeltaTable.is_deltatable(str(path)) else 0
+    return read_table(path, columns=["raw"]).num_rows if DeltaTable.is_deltatable(str(path)) else 0
 
 
 def check_pair(tandem: dict, plain: dict, inp: C.InputSet) -> dict:
@@ -367,7 +367,7 @@ def check_pair(tandem: dict, plain: dict, inp: C.InputSet) -> dict:
             g: compare_frames(latest[latest["granularity"] == g].drop(columns="granularity"), pg[side][g])
             for g in GRANULARITIES}
         run["postgres_rows"] = {g: int(len(pg[side][g])) for g in GRANULARITIES}
-        run["delta_rows"] = int(DeltaTable(str(delta_paths(run)[0])).to_pyarrow_table(columns=["batch_id"]).num_rows)
+        run["delta_rows"] = int(read_table(delta_paths(run)[0], columns=["batch_id"]).num_rows)
         run["quarantine_rows"] = quarantine_rows(run)
         run["late_rows"] = run["batches"].get("aggregates", {}).get("late_rows")
     report["quarantine"] = {"expected": inp.invalid, "tandem": tandem["quarantine_rows"], "plain": plain["quarantine_rows"]}

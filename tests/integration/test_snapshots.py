@@ -28,13 +28,14 @@ from _ha import (
     mismatches,
     wait_for,
 )
-from deltalake import DeltaTable
+import pyarrow.dataset as ds
 
 from tandem import cli
 from tandem.aggregation.spec import TRADES
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.lake.tables import read_table
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.landing import clean_plan_landing
@@ -88,8 +89,8 @@ def assert_cut_consistent(cluster, snapshot: catalog.SnapshotRecord) -> None:
         assert row["batch_id"] == snapshot.batch_id
 
     version = snapshot.output_versions["trade_aggregates"]
-    rows = DeltaTable(str(delta_table_dir(cluster, PLAN, "trade_aggregates")), version=version).to_pyarrow_table(
-        filters=[("shard_id", "=", SHARD), ("granularity", "=", "second")])
+    rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"),
+                      (ds.field("shard_id") == SHARD) & (ds.field("granularity") == "second"), version=version)
     latest = newest_per_key(rows, TRADES).to_pylist()
     assert max(r["batch_id"] for r in latest) <= snapshot.batch_id
     published = {(r["bucket_start"].astimezone(UTC), r["symbol"]): r for r in latest}
@@ -235,8 +236,7 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         resumed = fetch(cluster.database_url, """SELECT min(batch_id) AS first FROM tandem.heartbeats
                         WHERE node = 'node-a' AND query_name = 'aggregates' AND recorded_at > %s""", (restored_at,))
         assert resumed[0]["first"] == cut + 1, "the restored instance did not resume right after the cut"
-        rows = DeltaTable(str(delta_table_dir(cluster, PLAN, "trade_aggregates"))).to_pyarrow_table(
-            filters=[("shard_id", "=", SHARD)]).to_pylist()
+        rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"), ds.field("shard_id") == SHARD).to_pylist()
         assert not [r for r in rows if r["epoch"] == old_epoch and r["batch_id"] > cut], \
             "Delta still holds what the crashed instance published after the cut"
     finally:

@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.lake.tables import read_table
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database, migrate
@@ -151,7 +152,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     source = write_atomically(landing_dir(cluster, "trades", "shard-1"), lines)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
 
-    quarantine = DeltaTable(str(delta_table_dir(cluster, "trades", "quarantine"))).to_pyarrow_table().to_pylist()
+    quarantine = read_table(delta_table_dir(cluster, "trades", "quarantine")).to_pylist()
     reasons = {row["raw"]: row["reason"] for row in quarantine}
     assert set(reasons) == set(BAD_LINES)
     for raw, fragment in BAD_LINES.items():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+from pyarrow.fs import LocalFileSystem
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -44,10 +46,37 @@ def append_once(path: Path, data: pa.Table, app_id: str, version: int,
     return True
 
 
-def read_table(path: Path, filter_expression: ds.Expression | None = None, columns: list[str] | None = None) -> pa.Table:
-    """Read a Delta table (empty result if it does not exist yet)."""
+def read_table(path: Path, filter_expression: ds.Expression | None = None, columns: list[str] | None = None, *,
+               version: int | None = None) -> pa.Table:
+    """Read a Delta table at ``version`` (default: the newest); an empty table if it does not exist yet.
+
+    The Delta log names the table's Parquet files and each file's partition values; pyarrow reads
+    the files from the local filesystem. (``DeltaTable.to_pyarrow_dataset()`` and
+    ``to_pyarrow_table()`` scan through deltalake's filesystem handler, whose threads race the
+    interpreter's exit: one process in two aborted with "terminate called without an active
+    exception", exit 134, which a caller or the supervisor reads as a crash.)
+    """
     try:
-        table = DeltaTable(str(path))
+        table = DeltaTable(str(path), version=version)
     except TableNotFoundError:
         return pa.table({})
-    return table.to_pyarrow_dataset().to_table(filter=filter_expression, columns=columns)
+    schema = pa.schema(table.schema().to_arrow())
+    partition_columns = table.metadata().partition_columns
+    actions = pa.table(table.get_add_actions(flatten=True)).select(
+        ["path", *(f"partition.{column}" for column in partition_columns)]).to_pylist()
+    root = Path(path).resolve()
+    files = [str(root / unquote(action["path"])) for action in actions]
+    partitions = [_partition_expression(action, partition_columns, schema) for action in actions]
+    dataset = ds.FileSystemDataset.from_paths(files, schema=schema, format=ds.ParquetFileFormat(),
+                                              filesystem=LocalFileSystem(), partitions=partitions)
+    return dataset.to_table(filter=filter_expression, columns=columns)
+
+
+def _partition_expression(action: dict, partition_columns: list[str], schema: pa.Schema) -> ds.Expression:
+    """What every row of one file holds in the partition columns (the values the Delta log records)."""
+    expression = ds.scalar(True)
+    for column in partition_columns:
+        value = action[f"partition.{column}"]
+        expression &= ds.field(column).is_null() if value is None else (
+            ds.field(column) == pa.scalar(value).cast(schema.field(column).type))
+    return expression

@@ -40,7 +40,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from tandem.aggregation.spec import SPECS, AggregationSpec
 from tandem.errors import SnapshotError
-from tandem.lake.tables import table_exists
+from tandem.lake.tables import read_table, table_exists
 from tandem.store.db import Database
 
 
@@ -75,8 +75,8 @@ def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | No
     if not table_exists(path):
         return None
     if version is None:
-        return DeltaTable(str(path)).to_pyarrow_table(filters=[("shard_id", "=", shard_id)]).slice(0, 0)
-    return DeltaTable(str(path), version=version).to_pyarrow_table(filters=[("shard_id", "=", shard_id)])
+        return read_table(path, ds.field("shard_id") == shard_id).slice(0, 0)
+    return read_table(path, ds.field("shard_id") == shard_id, version=version)
 
 
 def restore_shard_slice(path: Path, shard_id: str, version: int | None) -> tuple[pa.Table | None, int]:
