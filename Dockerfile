@@ -29,7 +29,9 @@ WORKDIR /opt/tandem
 
 # Dependencies first (cached layer while only the code changes).
 COPY --chown=airflow:0 requirements.txt constraints.txt ./
-RUN pip install --no-cache-dir -r requirements.txt -c constraints.txt
+# pip and setuptools first, pinned in constraints.txt (as scripts/setup.sh does for .venv)
+RUN pip install --no-cache-dir $(grep -E '^(pip|setuptools)==' constraints.txt) \
+ && pip install --no-cache-dir -r requirements.txt -c constraints.txt
 
 # The project. `pip install --no-deps .` installs package `tandem` (from include/) and the
 # `tandem` console script; the source tree stays in /opt/tandem for dags/, plugins/, jobs/, conf/.

@@ -2,10 +2,10 @@
 # sources .tandem/env.sh (written by scripts/setup.sh).
 #
 #   make setup    venv + dependencies, Java 17 check, PostgreSQL, Airflow home, .tandem/env.sh
-#   make up       setup + start the local Airflow stack (UI http://127.0.0.1:8080, admin/admin)
+#   make up       setup + dist + start the local Airflow stack (UI http://127.0.0.1:8080)
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
-#   make dist     build dist/tandem.zip (the tandem package, for spark-submit --py-files)
+#   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
 #   make test     setup + dist + pytest          (PYTEST_ARGS="-x -q tests" by default)
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
@@ -26,7 +26,7 @@ help:
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
 
-up: setup
+up: setup dist
 	@$(ENV) && bash scripts/airflow_stack.sh up
 
 down:
@@ -38,8 +38,14 @@ status:
 	@$(ENV) && bash scripts/airflow_stack.sh status
 
 # dist/tandem.zip holds include/tandem as the top-level package `tandem` (tandem/__init__.py at the
-# root of the archive, plus package data such as SQL migrations), without bytecode.
-dist: setup
+# root of the archive, plus package data such as SQL migrations), without bytecode. It is rebuilt
+# when it is missing or older than any file of the package (every launch of a node submits it).
+DIST := $(ROOT)/dist/tandem.zip
+PACKAGE_FILES := $(shell find "$(ROOT)/include/tandem" -type f \( -name '*.py' -o -name '*.sql' \) 2>/dev/null)
+
+dist: setup $(DIST)
+
+$(DIST): $(PACKAGE_FILES) | setup
 	@$(ENV) && python -m tandem.packaging "$(ROOT)"
 
 test: setup dist

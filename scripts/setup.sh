@@ -114,6 +114,27 @@ if ! venv_ok; then
     rm -f "$STATE"/.installed-*
 fi
 
+# pip and setuptools before anything else: ensurepip's (pip 23.2.1, setuptools 65.5.0) have known
+# CVEs. Pinned in constraints.txt; upgraded whenever the venv holds other versions.
+mapfile -t BOOTSTRAP_PINS < <(grep -E '^(pip|setuptools)==' constraints.txt)
+[[ ${#BOOTSTRAP_PINS[@]} -eq 2 ]] || die "constraints.txt must pin pip and setuptools (pip==X, setuptools==Y)"
+if ! "$VENV/bin/python" - "${BOOTSTRAP_PINS[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+sys.exit(0 if all(installed(n) == v for n, v in (pin.split("==") for pin in sys.argv[1:])) else 1)
+PY
+then
+    log "upgrading ${BOOTSTRAP_PINS[*]} in .venv"
+    "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check --upgrade "${BOOTSTRAP_PINS[@]}"
+fi
+
 DEPS_SHA="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
 STAMP="$STATE/.installed-$DEPS_SHA"
 if [[ -f "$STAMP" && -x "$VENV/bin/tandem" && "${TANDEM_FORCE_INSTALL:-0}" != "1" ]]; then
