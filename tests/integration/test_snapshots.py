@@ -156,7 +156,7 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
         restore_shard(cluster, plan, SHARD, snapshot_id=newest.id, start=False)
     capsys.readouterr()
     assert cli.main(["restore", PLAN, "--snapshot", newest.id]) == 2
-    assert f"snapshot {newest.id} is BAD" in capsys.readouterr().out.replace("\n", "")
+    assert f"snapshot {newest.id} is BAD" in capsys.readouterr().err.replace("\n", "")
     restored = taken[2].record
     oldest_kept_cut = {landing_file_key(f)
                        for f in processed_files(Path(taken[1].record.checkpoint_path) / "aggregates")}
