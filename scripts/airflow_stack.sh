@@ -102,10 +102,7 @@ sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)
 
 ensure_airflow_home() {
     mkdir -p "$AIRFLOW_HOME" "$RUN_DIR" "$LOG_DIR"
-    local pw="$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
-    if [[ ! -s "$pw" ]]; then
-        printf '{"admin": "admin"}\n' >"$pw"
-    fi
+    "$TANDEM_HOME/.venv/bin/tandem" airflow-login --ensure | while IFS= read -r line; do log "$line"; done
     # Same stamp as scripts/setup.sh: migrate once per metadata DB URL + Airflow version.
     local version key stamp present=1
     version="$("$PYTHON" -c 'from importlib.metadata import version; print(version("apache-airflow-core"))')"
@@ -218,7 +215,7 @@ cmd_up() {
     if ((wait)); then
         log "waiting for the stack on http://127.0.0.1:$PORT (up to ${TIMEOUT} s)"
         wait_healthy "$TIMEOUT" || die "the Airflow stack did not become healthy (logs: $LOG_DIR)"
-        log "Airflow UI: http://127.0.0.1:$PORT/  (login admin / admin)"
+        log "Airflow UI: http://127.0.0.1:$PORT/  ($("$TANDEM_HOME/.venv/bin/tandem" airflow-login))"
     fi
 }
 

@@ -67,46 +67,53 @@ client() {
     return 1
 }
 
-# try_connect URL -> 0 when `SELECT 1` works (psql, else the venv's psycopg2).
-try_connect() {
-    local url="$1" psql py
-    if psql="$(client psql)"; then
-        "$psql" "$url" -X -q -t -A -c 'SELECT 1' >/dev/null 2>&1 && return 0
-        return 1
-    fi
+# Connecting goes through Tandem's own store code (tandem.store.db): URLs reach Python in the
+# environment (TANDEM_PROVISION_URL), never on a command line that `ps` shows, and every message
+# about a URL comes from tandem.store.db.redact (no password in any output).
+py_store() {  # py_store URL PYTHON_CODE [ARGS...] -> runs PYTHON_CODE with the URL in the environment
+    local url="$1" code="$2" py
+    shift 2
     for py in "$ROOT/.venv/bin/python" python3; do
-        if "$py" -c 'import psycopg2' >/dev/null 2>&1; then
-            "$py" -c 'import sys, psycopg2; psycopg2.connect(sys.argv[1], connect_timeout=5).close()' "$url" \
-                >/dev/null 2>&1 && return 0
-            return 1
+        if PYTHONPATH="$ROOT/include" "$py" -c 'import psycopg2, tenacity' >/dev/null 2>&1; then
+            TANDEM_PROVISION_URL="$url" PYTHONPATH="$ROOT/include${PYTHONPATH:+:$PYTHONPATH}" "$py" -c "$code" "$@"
+            return
         fi
     done
-    die "neither psql nor psycopg2 is available to check $url (install postgresql-client)"
+    die "no Python with psycopg2 and tenacity to reach PostgreSQL: run 'make setup' first"
+}
+
+# redacted URL -> the URL without its password, for messages
+redacted() {
+    py_store "$1" 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_PROVISION_URL"]))'
+}
+
+# try_connect URL -> 0 when a connection opens; else 1, with the reason (password-free) on stderr.
+try_connect() {
+    py_store "$1" '
+import os, sys
+from tandem.errors import StoreError
+from tandem.store.db import connect
+try:
+    connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision").close()
+except StoreError as exc:
+    sys.exit(f"[provision_postgres] {exc}")
+'
 }
 
 # run_sql URL SQL -> runs one statement, prints the result (tuples only).
 run_sql() {
-    local url="$1" sql="$2" psql py
-    if psql="$(client psql)"; then
-        "$psql" "$url" -X -q -t -A -v ON_ERROR_STOP=1 -c "$sql"; return
-    fi
-    for py in "$ROOT/.venv/bin/python" python3; do
-        if "$py" -c 'import psycopg2' >/dev/null 2>&1; then
-            "$py" - "$url" "$sql" <<'PY'
-import sys, psycopg2
-conn = psycopg2.connect(sys.argv[1], connect_timeout=5)
+    py_store "$1" '
+import os, sys
+from tandem.store.db import connect
+conn = connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision")
 conn.autocommit = True
 with conn.cursor() as cur:
-    cur.execute(sys.argv[2])
+    cur.execute(sys.argv[1])
     if cur.description:
         for row in cur.fetchall():
             print("|".join("" if v is None else str(v) for v in row))
 conn.close()
-PY
-            return
-        fi
-    done
-    die "neither psql nor psycopg2 is available (install postgresql-client)"
+' "$2"
 }
 
 # ensure_db ADMIN_URL_BASE -> creates database `tandem` when missing.
@@ -253,8 +260,8 @@ private_data_dir() {
 cmd_ensure() {
     if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
         try_connect "$TANDEM_DATABASE_URL" \
-            || die "TANDEM_DATABASE_URL=$TANDEM_DATABASE_URL does not connect (checked with SELECT 1). Fix the URL or unset it to let Tandem provision PostgreSQL."
-        log "using TANDEM_DATABASE_URL"
+            || die "TANDEM_DATABASE_URL ($(redacted "$TANDEM_DATABASE_URL")) does not connect (reason above). Fix the URL or unset it to let Tandem provision PostgreSQL."
+        log "using TANDEM_DATABASE_URL ($(redacted "$TANDEM_DATABASE_URL"))"
         echo "$TANDEM_DATABASE_URL"
         return
     fi

@@ -6,7 +6,7 @@
 #      (skipped when .tandem/.installed-<sha of requirements.txt+constraints.txt+pyproject.toml>
 #      exists and the venv is intact)
 #   3. PostgreSQL for Tandem (scripts/provision_postgres.sh)  -> TANDEM_DATABASE_URL
-#   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin/admin)
+#   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin, random password, 0600)
 #   5. .tandem/env.sh (sourced by every make target and by the tests)
 #   6. `airflow db migrate` (skipped when already done for this metadata DB + Airflow version)
 #
@@ -163,10 +163,10 @@ if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
     rm -f "$PROVISIONED_FILE"
 else
     DB_URL="$(bash "$ROOT/scripts/provision_postgres.sh" ensure)"
-    printf '%s\n' "$DB_URL" >"$PROVISIONED_FILE"
+    (umask 077 && printf '%s\n' "$DB_URL" >"$PROVISIONED_FILE" && chmod 600 "$PROVISIONED_FILE")
 fi
 [[ -n "$DB_URL" ]] || die "PostgreSQL provisioning returned no URL"
-log "Tandem database: $DB_URL"
+log "Tandem database: $(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_URL"]))')"
 
 # --- 4. Airflow home -----------------------------------------------------------------------------
 AIRFLOW_PORT_DEFAULT="${TANDEM_AIRFLOW_PORT:-8080}"
@@ -259,13 +259,10 @@ log "wrote .tandem/env.sh"
 # shellcheck source=/dev/null
 . "$ENV_FILE"
 
-# SimpleAuthManager reads {"user": "password"} from this file (and would generate a random password
-# for any configured user missing from it).
-PW_FILE="$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
+# SimpleAuthManager reads {"user": "password"} from this file. The first set-up gives `admin` a
+# random password (mode 0600); an operator's change is kept. No default password exists.
 mkdir -p "$AIRFLOW_HOME"
-if [[ ! -s "$PW_FILE" ]] || ! "$VENV/bin/python" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("admin") == "admin" else 1)' "$PW_FILE" 2>/dev/null; then
-    printf '{"admin": "admin"}\n' >"$PW_FILE"
-fi
+"$VENV/bin/tandem" airflow-login --ensure | while IFS= read -r line; do log "$line"; done
 
 # --- 6. airflow db migrate -----------------------------------------------------------------------
 AIRFLOW_VERSION="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-core"))')"

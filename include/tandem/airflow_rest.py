@@ -1,10 +1,19 @@
-"""A small client for Airflow 3's REST API (``/api/v2``), for the demo, the CLI and e2e tests."""
+"""A small client for Airflow 3's REST API (``/api/v2``), for the demo, the CLI and e2e tests.
+
+The local stack's login is ``admin`` with a random password that set-up writes into
+SimpleAuthManager's password file (mode 0600); an operator who changes it there keeps the change.
+There is no default password anywhere.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -18,15 +27,81 @@ class AirflowError(TandemError):
     """Airflow's API refused a request or a run did not finish as expected."""
 
 
+ADMIN = "admin"
+PASSWORDS_FILE_NAME = "simple_auth_manager_passwords.json"
+_OLD_DEFAULT = "admin"  # what set-up used to force on every run: never an operator's choice, so it is replaced
+
+
+def passwords_file(airflow_home: Path | None = None) -> Path:
+    """SimpleAuthManager's password file: of ``airflow_home``, else the configured one (``.tandem/env.sh``)."""
+    if airflow_home is None:
+        configured = os.environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
+        if configured:
+            return Path(configured)
+        airflow_home = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+    return Path(airflow_home) / PASSWORDS_FILE_NAME
+
+
+def _read_passwords(path: Path) -> dict[str, str]:
+    try:
+        passwords = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AirflowError(f"{path}: not found (run `make setup`)") from None
+    except (OSError, ValueError) as exc:
+        raise AirflowError(f"{path}: not a JSON object of user -> password ({type(exc).__name__})") from None
+    if not isinstance(passwords, dict):
+        raise AirflowError(f"{path}: not a JSON object of user -> password")
+    return passwords
+
+
+def ensure_admin_password(path: Path) -> bool:
+    """Give ``admin`` a random password in the file unless it has one (an operator's change is kept).
+
+    The old default password (``admin``, which set-up used to force) counts as none.
+
+    The file is made readable by its owner only (0600). Returns whether a password was generated.
+    """
+    passwords = _read_passwords(path) if path.exists() else {}
+    generated = passwords.get(ADMIN) in (None, "", _OLD_DEFAULT)
+    if generated:
+        passwords[ADMIN] = secrets.token_urlsafe(18)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        with os.fdopen(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+            json.dump(passwords, handle)
+            handle.write("\n")
+        os.replace(staged, path)
+    os.chmod(path, 0o600)
+    return generated
+
+
+def admin_password(path: Path) -> str:
+    """``admin``'s password from SimpleAuthManager's file (an error naming the file when there is none)."""
+    password = _read_passwords(path).get(ADMIN)
+    if not password:
+        raise AirflowError(f"{path}: no password for {ADMIN!r} (run `make setup`)")
+    return password
+
+
+def login_hint(path: Path | None = None) -> str:
+    """Where an operator finds the login, for closing lines and logs (never the password itself)."""
+    return f"login {ADMIN}, password in {path or passwords_file()}"
+
+
 @dataclass
 class AirflowClient:
     """Token-authenticated calls to one Airflow API server."""
 
     base_url: str
-    username: str = "admin"
-    password: str = "admin"
+    username: str
+    password: str = field(repr=False)
     timeout_s: float = 30.0
     _token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def as_admin(cls, base_url: str, airflow_home: Path | None = None, **kwargs: Any) -> "AirflowClient":
+        """A client logged in as ``admin`` with the password of the local stack's password file."""
+        return cls(base_url, ADMIN, admin_password(passwords_file(airflow_home)), **kwargs)
 
     def _headers(self) -> dict[str, str]:
         if self._token is None:

@@ -9,6 +9,7 @@
     tandem snapshots trades [--state ID [--key symbol=IBM]] [--prune]
     tandem restore trades [--snapshot ID | --latest-good] [--shard shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
+    tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
     tandem demo                         the end-to-end demonstration (make demo)
 """
 
@@ -344,6 +345,17 @@ def airflow_connection_exports() -> list[str]:
     return lines
 
 
+def cmd_airflow_login(args: argparse.Namespace) -> int:
+    """Where the local Airflow's login is; ``--ensure`` first gives ``admin`` a random password if it has none."""
+    from tandem.airflow_rest import ensure_admin_password, login_hint, passwords_file
+
+    path = passwords_file()
+    if args.ensure and ensure_admin_password(path):
+        print(f"generated a random password for the Airflow user admin in {path} (mode 0600)")
+    print(f"Airflow {login_hint(path)}")
+    return 0
+
+
 def cmd_airflow_env(args: argparse.Namespace) -> int:
     print("\n".join(airflow_connection_exports()))
     return 0
@@ -432,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)
+    login = commands.add_parser("airflow-login", help="where the local Airflow's admin password is")
+    login.add_argument("--ensure", action="store_true", help="generate a random password first if there is none")
+    login.set_defaults(func=cmd_airflow_login)
 
     demo = commands.add_parser("demo", help="bring the stack up, run the trades plan on two shards, show results")
     demo.add_argument("--rate", type=int, default=200)

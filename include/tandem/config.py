@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from tandem.errors import ConfigError
+from tandem.store.db import redact
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _UNITS = {
@@ -278,7 +279,10 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         "url", str, "postgresql://postgres@127.0.0.1:5432/tandem"
     )
     if not database_url.startswith(("postgresql://", "postgres://")):
-        raise database.error("url", f"expected a postgresql:// URL, got {database_url!r}")
+        problem = f"expected a postgresql:// URL, got {redact(database_url)}"
+        if os.environ.get("TANDEM_DATABASE_URL"):
+            raise ConfigError("TANDEM_DATABASE_URL (environment)", "", problem)
+        raise database.error("url", problem)
     airflow = top.section("airflow")
     airflow.reject_unknown({"api_url"})
     airflow_url = os.environ.get("TANDEM_AIRFLOW_URL") or airflow.get("api_url", str, "http://127.0.0.1:8080")

@@ -12,10 +12,11 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tandem import aggregation
-from tandem.airflow_rest import AirflowClient
+from tandem.airflow_rest import AirflowClient, login_hint
 from tandem.cli import render_aggregates
 from tandem.config import load_cluster, load_plan
 from tandem.layout import delta_table_dir, landing_dir
@@ -32,7 +33,7 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     placements = list(zip(plan.shards[:2], plan.nodes * 2))  # shard-1 on node-a, shard-2 on node-b
-    client = AirflowClient(cluster.airflow_url)
+    client = AirflowClient.as_admin(cluster.airflow_url)
 
     console.rule("[bold]Tandem demo: trades plan on two shards")
     with Database(cluster.database_url, "tandem-demo") as db:
@@ -80,8 +81,7 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     if not keep_running:
         _stop_instances(console, cluster, plan, placements)
     console.rule()
-    console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  login [bold]admin[/] / [bold]admin[/]"
-                  "  (stop it with [bold]make down[/])")
+    console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
     return 0
 
 

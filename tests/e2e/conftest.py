@@ -46,7 +46,7 @@ def _airflow_stack(home: Path, extra_env: dict[str, str] | None = None) -> Itera
     stack = ["bash", str(REPO / "scripts" / "airflow_stack.sh")]
     try:
         subprocess.run([*stack, "up"], env=env, check=True, timeout=600)
-        yield AirflowClient(f"http://127.0.0.1:{port}")
+        yield AirflowClient.as_admin(f"http://127.0.0.1:{port}", airflow_home=home)
     finally:
         subprocess.run([*stack, "down"], env=env, timeout=180)
 

@@ -1,0 +1,65 @@
+"""No default Airflow password: a random one at first set-up, an operator's change kept, mode 0600 (issue 9, item 9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.airflow_rest import AirflowClient, AirflowError, admin_password, ensure_admin_password
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_first_set_up_generates_a_random_password_readable_by_the_owner_only(tmp_path: Path) -> None:
+    first, second = tmp_path / "a" / "passwords.json", tmp_path / "b" / "passwords.json"
+    assert ensure_admin_password(first) and ensure_admin_password(second)
+    assert mode(first) == mode(second) == 0o600
+    assert admin_password(first) != admin_password(second)
+    assert len(admin_password(first)) >= 20 and admin_password(first) != "admin"
+
+
+def test_an_operators_change_is_kept_and_a_readable_file_is_closed(tmp_path: Path) -> None:
+    path = tmp_path / "passwords.json"
+    path.write_text(json.dumps({"admin": "chosen-by-the-operator", "viewer": "v"}))
+    os.chmod(path, 0o644)
+    assert not ensure_admin_password(path)
+    assert json.loads(path.read_text()) == {"admin": "chosen-by-the-operator", "viewer": "v"}
+    assert mode(path) == 0o600
+
+
+def test_the_old_default_password_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "passwords.json"
+    path.write_text('{"admin": "admin"}\n')
+    assert ensure_admin_password(path)
+    assert admin_password(path) != "admin"
+
+
+def test_a_missing_or_broken_file_is_an_error_naming_it_and_there_is_no_fallback(tmp_path: Path) -> None:
+    with pytest.raises(AirflowError, match=f"{tmp_path}/none.json: not found"):
+        admin_password(tmp_path / "none.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(AirflowError, match="broken.json: not a JSON object"):
+        admin_password(broken)
+    with pytest.raises(TypeError):
+        AirflowClient("http://127.0.0.1:8080")  # type: ignore[call-arg]  (no default credentials)
+
+
+def test_the_cli_says_where_the_password_is_and_never_prints_it(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "simple_auth_manager_passwords.json"
+    env = {**os.environ, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(path)}
+    done = subprocess.run([sys.executable, "-m", "tandem.cli", "airflow-login", "--ensure"], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert f"password in {path}" in done.stdout and "generated a random password" in done.stdout
+    assert admin_password(path) not in done.stdout + done.stderr
+    again = subprocess.run([sys.executable, "-m", "tandem.cli", "airflow-login", "--ensure"], env=env,
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert "generated" not in again.stdout
