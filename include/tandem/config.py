@@ -25,6 +25,8 @@ from tandem.errors import ConfigError
 from tandem.store.db import redact
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+"""An Airflow connection id that makes a shell variable name (``AIRFLOW_CONN_<ID>``)."""
 _UNITS = {
     0.001: ("ms", "millis", "millisecond", "milliseconds"),
     1.0: ("s", "sec", "secs", "second", "seconds"),
@@ -296,10 +298,15 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
             raise top.error(f"nodes.{name}", f"node name must match {NAME_PATTERN.pattern}")
         node = top.section("nodes").section(name)
         node.reject_unknown({"spark_master", "airflow_conn_id", "driver_memory"})
+        conn_id = node.get("airflow_conn_id", str, "tandem_" + name.replace("-", "_"))
+        if not CONN_ID_PATTERN.match(conn_id):
+            raise node.error("airflow_conn_id", f"{conn_id!r} cannot name the variable AIRFLOW_CONN_{conn_id.upper()} "
+                                                "that .tandem/env.sh exports: use letters, digits and _ "
+                                                f"(e.g. {re.sub(r'[^A-Za-z0-9_]', '_', conn_id)[:64] or 'tandem_node'!r})")
         nodes[name] = NodeConfig(
             name=name,
             spark_master=node.get("spark_master", str),
-            airflow_conn_id=node.get("airflow_conn_id", str, "tandem_" + name.replace("-", "_")),
+            airflow_conn_id=conn_id,
             driver_memory=node.get("driver_memory", str, "1g"),
         )
     return ClusterConfig(
