@@ -221,7 +221,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    shards = [args.shard] if args.shard else list(plan.shards)
+    shards = [plan.check_shard(args.shard)] if args.shard else list(plan.shards)
+    if args.node:
+        plan.check_node(args.node)  # before a Spark session starts
     bad = 0
     with Progress(TextColumn("[bold]snapshot {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
@@ -247,6 +249,8 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
+    if args.shard:
+        plan.check_shard(args.shard)
     if args.prune:
         from tandem.snapshots.landing import clean_plan_landing
 
@@ -320,6 +324,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
+    if args.node:
+        plan.check_node(args.node)
     shards = shards_to_restore(cluster, plan, args.snapshot, args.shard)
     with Progress(TextColumn("[bold]restore {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:

@@ -185,6 +185,20 @@ class PlanConfig:
     ha: HAConfig = field(default_factory=HAConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
 
+    def check_shard(self, shard_id: str) -> str:
+        """``shard_id`` if it is one of the plan's shards, else a :class:`ConfigError` naming the plan file."""
+        if shard_id not in self.shards:
+            raise ConfigError(str(self.path), "shards", f"{shard_id!r} is not a shard of plan {self.name} "
+                                                        f"(shards: {', '.join(self.shards)})")
+        return shard_id
+
+    def check_node(self, node: str) -> str:
+        """``node`` if it is one of the plan's nodes, else a :class:`ConfigError` naming the plan file."""
+        if node not in self.nodes:
+            raise ConfigError(str(self.path), "nodes", f"{node!r} is not a node of plan {self.name} "
+                                                       f"(nodes: {', '.join(self.nodes)})")
+        return node
+
 
 def project_root() -> Path:
     return Path(os.environ.get("TANDEM_HOME") or os.getcwd()).resolve()

@@ -50,3 +50,7 @@ class SnapshotRefused(SnapshotError):
 
 class LockLost(StoreError):
     """An advisory lock's PostgreSQL session ended (restart, terminated backend): whoever held it must stop."""
+
+
+class PathOutsideRoot(TandemError):
+    """A name or a recorded path would lead outside the storage root: nothing is read, written or deleted there."""

@@ -1,32 +1,66 @@
-"""The storage layout under ``storage_root`` (see DESIGN.md): one function per kind of place."""
+"""The storage layout under ``storage_root`` (see DESIGN.md): one function per kind of place.
+
+Every place is built from names (plan, stream, shard, node, query, table, snapshot id), and a name
+is one folder: ``..``, ``.``, an empty name or one with a path separator is refused
+(:class:`~tandem.errors.PathOutsideRoot`), so no place built here lies outside the storage root.
+A path read back from somewhere else (e.g. a snapshot's recorded ``checkpoint_path``) is data,
+not trusted: :func:`under_root` checks it before anything reads, writes or deletes there. The
+check is lexical: a symbolic link an operator put inside the root (another disk) is followed.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tandem.config import ClusterConfig
+from tandem.errors import PathOutsideRoot
+
+
+def _place(cluster: ClusterConfig, *names: str) -> Path:
+    for name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise PathOutsideRoot(f"{name!r} cannot name a folder under the storage root {cluster.storage_root}")
+    return cluster.storage_root.joinpath(*names)
+
+
+def under_root(cluster: ClusterConfig, path: Path | str) -> Path:
+    """``path`` if it lies under the storage root (after ``..`` are resolved lexically), else :class:`PathOutsideRoot`."""
+    root = os.path.normpath(os.path.abspath(cluster.storage_root))
+    normal = os.path.normpath(os.path.abspath(path))
+    if normal != root and not normal.startswith(root + os.sep):
+        raise PathOutsideRoot(f"{path} is outside the storage root {root}: refusing to use it")
+    return Path(path)
 
 
 def landing_dir(cluster: ClusterConfig, stream: str, shard_id: str) -> Path:
     """Input files of one shard: ``landing/<stream>/<shard_id>/``."""
-    return cluster.storage_root / "landing" / stream / shard_id
+    return _place(cluster, "landing", stream, shard_id)
 
 
-def checkpoint_dir(cluster: ClusterConfig, plan: str, shard_id: str, node: str, query: str) -> Path:
-    """One query's checkpoint; never shared: ``checkpoints/<plan>/<shard_id>/<node>/<query>/``."""
-    return cluster.storage_root / "checkpoints" / plan / shard_id / node / query
+def checkpoint_dir(cluster: ClusterConfig, plan: str, shard_id: str, node: str, query: str = "") -> Path:
+    """One query's checkpoint, never shared: ``checkpoints/<plan>/<shard_id>/<node>/<query>/``.
+
+    Without ``query``: the instance's checkpoint root (one folder per query).
+    """
+    return _place(cluster, "checkpoints", plan, shard_id, node, *([query] if query else []))
 
 
 def delta_table_dir(cluster: ClusterConfig, plan: str, table: str) -> Path:
     """A Delta table of a plan: ``delta/<plan>/<table>/``."""
-    return cluster.storage_root / "delta" / plan / table
+    return _place(cluster, "delta", plan, table)
 
 
 def snapshots_dir(cluster: ClusterConfig, plan: str) -> Path:
     """Where a plan's snapshot copies live: ``snapshots/<plan>/``."""
-    return cluster.storage_root / "snapshots" / plan
+    return _place(cluster, "snapshots", plan)
 
 
 def snapshot_dir(cluster: ClusterConfig, plan: str, snapshot_id: str) -> Path:
     """One snapshot's checkpoint cut: ``snapshots/<plan>/<id>/``."""
-    return snapshots_dir(cluster, plan) / snapshot_id
+    return _place(cluster, "snapshots", plan, snapshot_id)
+
+
+def logs_dir(cluster: ClusterConfig, plan: str, shard_id: str) -> Path:
+    """Where the driver logs of one shard's instances go: ``logs/<plan>/<shard_id>/``."""
+    return _place(cluster, "logs", plan, shard_id)

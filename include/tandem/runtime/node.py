@@ -66,11 +66,10 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
     ``role`` is the role the instance is launched for: ACTIVE takes the lease at start when it is
     free (or its own node's), PASSIVE and BACKUP process everything and take over on expiry.
     """
-    cluster.node(node)
+    plan.check_shard(shard_id)
+    cluster.node(plan.check_node(node))
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    if shard_id not in plan.shards:
-        log.warning("shard %r is not listed in %s (shards: %s)", shard_id, plan.path, ", ".join(plan.shards))
     key = InstanceKey(plan.name, shard_id, node)
     interval = trigger_interval_s or plan.trigger_interval_s
     stop = stop or threading.Event()

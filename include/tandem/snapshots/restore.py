@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import SnapshotError, SnapshotRefused
-from tandem.layout import checkpoint_dir, delta_table_dir
+from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
+from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.lake.tables import table_exists
 from tandem.snapshots.outputs import restore_output
 from tandem.snapshots.retention import choose_snapshot
@@ -98,7 +98,7 @@ def shards_to_restore(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str
         SnapshotError: no snapshot with that id belongs to ``plan``.
     """
     if not snapshot_id:
-        return [shard_id] if shard_id else list(plan.shards)
+        return [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
     with Database(cluster.database_url, "tandem-restore") as db:
         record = catalog.get_snapshot(db, snapshot_id)
     if record is None or record.plan != plan.name:
@@ -115,15 +115,17 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
         SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken.
         SnapshotError: no such snapshot, or no GOOD one to fall back on.
     """
-    if shard_id not in plan.shards:
-        raise SnapshotRefused(f"{plan.path}: shards: {shard_id!r} is not a shard of plan {plan.name}")
-    if node is not None and node not in plan.nodes:
-        raise SnapshotRefused(f"{plan.path}: nodes: {node!r} is not a node of plan {plan.name}")
+    try:
+        plan.check_shard(shard_id)
+        if node is not None:
+            plan.check_node(node)
+    except ConfigError as exc:
+        raise SnapshotRefused(str(exc)) from None
     with Database(cluster.database_url, "tandem-restore") as db:
         migrate(db)
         chosen = choose_snapshot(catalog.list_snapshots(db, plan.name, shard_id=shard_id), snapshot_id,
                                  latest_good=False, force=force)
-        problems = check_files(Path(chosen.checkpoint_path), chosen.query_batches)
+        problems = check_files(under_root(cluster, chosen.checkpoint_path), chosen.query_batches)
         if problems:
             reason = "files: " + "; ".join(problems[:3])
             if chosen.status == catalog.GOOD:
@@ -166,8 +168,8 @@ def _put_cut(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
             shutil.rmtree(directory)
     done = []
     for query in sorted(snapshot.query_batches):
-        cut = cut_checkpoint(Path(snapshot.checkpoint_path) / query, checkpoint_dir(cluster, plan.name, shard_id,
-                                                                                     node, query))
+        cut = cut_checkpoint(under_root(cluster, snapshot.checkpoint_path) / query,
+                             checkpoint_dir(cluster, plan.name, shard_id, node, query))
         done.append(f"{query} at batch {cut.batch_id}")
     return ", ".join(done)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import SnapshotError, TandemError
+from tandem.errors import PathOutsideRoot, SnapshotError, TandemError
 from tandem.layout import checkpoint_dir, delta_table_dir, snapshot_dir, snapshots_dir
 from tandem.runtime.publisher import checkpoint_lineage
 from tandem.snapshots.outputs import version_at_batch
@@ -178,6 +178,9 @@ def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark
         SnapshotError: there is nothing to snapshot (no ACTIVE instance, no checkpoint, nothing
             committed yet), or taking it failed (then it is marked BAD with the error).
     """
+    plan.check_shard(shard_id)  # before anything is read or recorded: a shard names folders and the snapshot id
+    if node is not None:
+        plan.check_node(node)
     owned = db is None
     db = db or Database(cluster.database_url, "tandem-snapshot")
     try:
@@ -279,9 +282,15 @@ def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | 
         rows = catalog.list_snapshots(db, plan.name, shard_id=shard_id,
                                       statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
         decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))
-        pruned = [d for d in decisions.decisions if d.action == PRUNE]
-        for decision in pruned:
-            shutil.rmtree(snapshot_dir(cluster, plan.name, decision.snapshot_id), ignore_errors=True)
+        pruned = []
+        for decision in (d for d in decisions.decisions if d.action == PRUNE):
+            try:
+                copy = snapshot_dir(cluster, plan.name, decision.snapshot_id)
+            except PathOutsideRoot as exc:  # a catalog row is data: never delete where it points outside
+                log.error("retention: not pruning snapshot %r: %s", decision.snapshot_id, exc)
+                continue
+            shutil.rmtree(copy, ignore_errors=True)
+            pruned.append(decision)
         state_path = delta_table_dir(cluster, plan.name, STATE_TABLE)
         delete_state(state_path, [d.snapshot_id for d in pruned])
         for decision in pruned:

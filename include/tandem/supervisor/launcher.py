@@ -42,8 +42,8 @@ from typing import Any
 import psutil
 
 from tandem.config import ClusterConfig, NodeConfig, PlanConfig, load_plan, parse_duration, spark_interval
-from tandem.errors import TandemError
-from tandem.layout import checkpoint_dir
+from tandem.errors import ConfigError, TandemError
+from tandem.layout import checkpoint_dir, logs_dir
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
@@ -159,7 +159,7 @@ def is_instance_cmdline(cmdline: Iterable[str], key: InstanceKey) -> bool:
 def log_path_for(cluster: ClusterConfig, key: InstanceKey, now: datetime) -> Path:
     """``<storage_root>/logs/<plan>/<shard>/<node>-<UTC timestamp>.log``."""
     stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    return cluster.storage_root / "logs" / key.plan / key.shard_id / f"{key.node}-{stamp}.log"
+    return logs_dir(cluster, key.plan, key.shard_id) / f"{key.node}-{stamp}.log"
 
 
 def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: InstanceKey, trigger_interval_s: float, *,
@@ -263,13 +263,11 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
         LaunchError: missing ``dist/tandem.zip`` or entry point, ``spark-submit`` could not start.
     """
     plan = _resolve_plan(plan, cluster)
-    if node not in cluster.nodes:
-        raise LaunchRejected(f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
-    node_config = cluster.node(node)
-    if node not in plan.nodes:
-        raise LaunchRejected(f"node {node!r} is not a node of plan {plan.name} (nodes: {', '.join(plan.nodes)})")
-    if shard_id not in plan.shards:
-        raise LaunchRejected(f"shard {shard_id!r} is not a shard of plan {plan.name} (shards: {', '.join(plan.shards)})")
+    try:
+        node_config = cluster.node(plan.check_node(node))
+        plan.check_shard(shard_id)
+    except ConfigError as exc:
+        raise LaunchRejected(str(exc)) from None
     interval = _trigger_seconds(plan, trigger_interval)
     py_files = py_files or cluster.project_root / "dist" / "tandem.zip"
     application = application or cluster.project_root / "jobs" / APPLICATION_SCRIPT

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import LockLost, TandemError
+from tandem.errors import ConfigError, LockLost, TandemError
 from tandem.ops import DRAIN_NODE, FAILOVER_NOW, SUPERVISOR_ACTIONS
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
@@ -351,8 +351,10 @@ class Supervisor:
             return self._reconcile(shard_id, reason, 8, report)
 
     def _check_node(self, node: str) -> None:
-        if node not in self.plan.nodes:
-            raise OpsRefused(f"{node!r} is not a node of plan {self.plan.name} (nodes: {', '.join(self.plan.nodes)})")
+        try:
+            self.plan.check_node(node)
+        except ConfigError as exc:
+            raise OpsRefused(str(exc)) from None
 
 
 def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
@@ -363,9 +365,13 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
         raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
     if action != FAILOVER_NOW and not node:
         raise OpsRefused(f"{action} needs a node")
-    unknown = [s for s in shards if s not in plan.shards]
-    if unknown:
-        raise OpsRefused(f"unknown shard(s) {', '.join(unknown)} of plan {plan.name} (shards: {', '.join(plan.shards)})")
+    try:
+        for shard in shards:
+            plan.check_shard(shard)
+        if node:
+            plan.check_node(node)
+    except ConfigError as exc:
+        raise OpsRefused(str(exc)) from None
     reports = []
     with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files) as supervisor:
         for shard in shards:
