@@ -1,6 +1,7 @@
 """``tandem``: the command line of the bundle.
 
     tandem migrate                      apply the coordination schema migrations
+    tandem config check | schema [FILE] validate conf/ and say what it holds | print the files' JSON Schema
     tandem produce trades --rate 200 --duration 60 --shards 2
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
@@ -359,6 +360,33 @@ def airflow_connection_exports() -> list[str]:
     return lines
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and say what it holds."""
+    from tandem.config import json_schemas, load_plan
+    from tandem.errors import ConfigError
+
+    if args.action == "schema":
+        schemas = json_schemas()
+        print(json.dumps(schemas[args.file] if args.file else schemas, indent=2))
+        return 0
+    cluster = load_cluster()
+    print(f"{cluster.path}: ok: {len(cluster.nodes)} node(s) ({', '.join(cluster.nodes)}), storage root "
+          f"{cluster.storage_root}")
+    refused = 0
+    plan_files = sorted((cluster.conf_dir / "plans").glob("*.yaml"))
+    for path in plan_files:
+        try:
+            plan = load_plan(path.stem, cluster)
+        except ConfigError as exc:
+            print_error(exc)
+            refused += 1
+            continue
+        print(f"{plan.path}: ok: plan {plan.name}, shards {', '.join(plan.shards)}, nodes {', '.join(plan.nodes)}, "
+              f"{plan.ha.standby} standby, suites {plan.validation.suite} and {plan.snapshot.suite}")
+    print(f"{len(plan_files) - refused} of {len(plan_files)} plan file(s) valid")
+    return 2 if refused else 0
+
+
 def cmd_airflow_login(args: argparse.Namespace) -> int:
     """Where the local Airflow's login is; ``--ensure`` first gives ``admin`` a random password if it has none."""
     from tandem.airflow_rest import ensure_admin_password, login_hint, passwords_file
@@ -458,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)
+    config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
+    config.add_argument("action", choices=("check", "schema"))
+    config.add_argument("file", nargs="?", choices=("cluster.yaml", "plans/<name>.yaml"),
+                        help="with schema: one file's schema (default: both, by file)")
+    config.set_defaults(func=cmd_config)
     login = commands.add_parser("airflow-login", help="where the local Airflow's admin password is")
     login.add_argument("--ensure", action="store_true", help="generate a random password first if there is none")
     login.set_defaults(func=cmd_airflow_login)

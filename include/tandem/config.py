@@ -1,7 +1,14 @@
 """Load and validate ``conf/cluster.yaml`` and ``conf/plans/*.yaml``.
 
-Every problem is reported as a :class:`~tandem.errors.ConfigError` that names the file and the
-field. Environment variables override paths and URLs:
+The files are validated by pydantic models of their exact shape (``ClusterFile``, ``PlanFile``:
+unknown fields refused, strict types, finite numbers, unique lists, cron schedules, memory sizes,
+URLs, suites that exist); ``tandem config schema`` prints their JSON Schema. YAML itself is read
+strictly too: UTF-8 only, and a key given twice is an error (YAML would let the later one win).
+
+Every problem is one :class:`~tandem.errors.ConfigError` line that names the file and the dotted
+field (``conf/plans/trades.yaml: heartbeat.max_missed: must be a positive integer, got 0``); a
+value that came from an environment variable is reported as that variable's. Environment
+variables override paths and URLs:
 
 - ``TANDEM_HOME``: the project root, where ``jobs/`` and ``dist/`` are (default: the parent of
   the configuration folder; the configuration folder defaults to ``./conf``)
@@ -13,13 +20,27 @@ field. Environment variables override paths and URLs:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from tandem.errors import ConfigError
 from tandem.store.db import redact
@@ -27,6 +48,12 @@ from tandem.store.db import redact
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 """An Airflow connection id that makes a shell variable name (``AIRFLOW_CONN_<ID>``)."""
+SUITE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
+MODULE_PATTERN = re.compile(r"^tandem\.plans\.[a-z_][a-z0-9_]*$")
+MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmgt]?b?$", re.IGNORECASE)
+STANDBY_MODES = ("hot", "warm")
+SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
+                    "@midnight")
 _UNITS = {
     0.001: ("ms", "millis", "millisecond", "milliseconds"),
     1.0: ("s", "sec", "secs", "second", "seconds"),
@@ -61,6 +88,195 @@ def spark_interval(seconds: float) -> str:
     if millis % 1000:
         return f"{millis} milliseconds"
     return "1 second" if millis == 1000 else f"{millis // 1000} seconds"
+
+
+
+# --- value types: each validates one kind of YAML value and says what is wrong with it ------------------
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite duration, got {value!r}")
+    seconds = parse_duration(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite duration, got {value!r}")
+    return seconds
+
+
+def _matching(pattern: re.Pattern, what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value[:80]!r} must match {pattern.pattern} ({what})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _unique(values: list[str]) -> list[str]:
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"must be unique: {', '.join(twice)} listed more than once")
+    return values
+
+
+def _cron(value: str) -> str:
+    from croniter import croniter
+
+    if value not in SCHEDULE_PRESETS and not croniter.is_valid(value):
+        raise ValueError(f"{value[:80]!r} is neither a cron expression ('0 * * * *') nor one of "
+                         f"{', '.join(SCHEDULE_PRESETS)}")
+    return value
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s):// URL with a host, got {value[:80]!r}")
+    return value.rstrip("/")
+
+
+def _postgresql_url(value: str) -> str:
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"expected a postgresql:// URL, got {redact(value)}")
+    return value
+
+
+def _conn_id(value: str) -> str:
+    if not CONN_ID_PATTERN.match(value):
+        suggestion = re.sub(r"[^A-Za-z0-9_]", "_", value)[:64].lstrip("0123456789") or "tandem_node"
+        raise ValueError(f"{value[:80]!r} cannot name the variable AIRFLOW_CONN_{value.upper()[:80]} that "
+                         f".tandem/env.sh exports: use letters, digits and _ (e.g. {suggestion!r})")
+    return value
+
+
+def _storage_root(value: str) -> str:
+    if not value.strip() or "\0" in value or os.path.normpath(value) in ("/", "//"):
+        raise ValueError(f"{value!r} cannot be the storage root (Tandem creates and deletes folders under it)")
+    return value
+
+
+_DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 seconds", "1 minute", "1 day"]},
+                              {"type": "number", "exclusiveMinimum": 0}],
+                    "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
+Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema(_DURATION_SCHEMA)]
+Name = Annotated[StrictStr, _matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")]
+Names = Annotated[list[Name], Field(min_length=1), AfterValidator(_unique)]
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+SuiteName = Annotated[StrictStr, _matching(SUITE_PATTERN, "a file name in conf/expectations/, without .json")]
+
+
+class _Model(BaseModel):
+    """Strict, immutable, unknown fields refused; YAML names are the aliases, attributes may differ."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+
+# --- plan sections (used by the running code as they are) ------------------------------------------------
+
+
+class SourceConfig(_Model):
+    """Where a plan's events land: ``<storage_root>/landing/<stream>/<shard_id>/`` (stream default: the plan name)."""
+
+    stream: Name | None = None
+    format: Literal["jsonl"] = "jsonl"
+    max_files_per_trigger: PositiveInt = 1000
+
+
+class HeartbeatConfig(_Model):
+    """Liveness heartbeat cadence; a node is presumed dead after ``interval × max_missed``."""
+
+    interval_s: Duration = Field(1.0, alias="interval")
+    max_missed: PositiveInt = 3
+
+    @property
+    def timeout_s(self) -> float:
+        return self.interval_s * self.max_missed
+
+
+class ValidationConfig(_Model):
+    """The batch DAG that validates a plan's serving table with Great Expectations (suite default ``<plan>_aggregates``)."""
+
+    schedule: Annotated[StrictStr, AfterValidator(_cron)] = "@hourly"
+    lookback_s: Duration = Field(86400.0, alias="lookback")
+    suite: SuiteName = ""
+
+
+class HAConfig(_Model):
+    """High availability of a plan: how standbys wait, and when the supervisor calls an instance stuck.
+
+    ``standby: hot`` runs the passive node's plan all the time (it takes over by itself);
+    ``warm`` starts it only on failover, from a cut of the failed active's checkpoint.
+    ``stall_timeout``: an instance that made no progress for this long while input waits is STALLED.
+    ``launch_timeout``: how long a launched instance may take to send its first liveness beat.
+    ``max_launches`` within ``launch_window``: how often the supervisor launches one node's
+    instance before it gives up on it (a crash loop) until an operator restarts the node.
+    """
+
+    standby: Literal["hot", "warm"] = "hot"
+    stall_timeout_s: Duration = Field(30.0, alias="stall_timeout")
+    launch_timeout_s: Duration = Field(180.0, alias="launch_timeout")
+    max_launches: PositiveInt = 5
+    launch_window_s: Duration = Field(600.0, alias="launch_window")
+
+
+class SnapshotConfig(_Model):
+    """Scheduled persistence snapshots of a plan (the seeds' ``persistenceIntervalInMinutes``).
+
+    ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
+    ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
+    never deleted). ``suite``: the Great Expectations suite (``conf/expectations/<suite>.json``)
+    that validates a snapshot's exported state (default ``<plan>_state``).
+    """
+
+    interval_s: Duration = Field(900.0, alias="interval")
+    keep: PositiveInt = 3
+    suite: SuiteName = ""
+
+
+class PlanFile(_Model):
+    """The shape of ``conf/plans/<name>.yaml``."""
+
+    name: Name
+    description: StrictStr = ""
+    module: Annotated[StrictStr, _matching(MODULE_PATTERN, "a module of the tandem.plans package")] | None = None
+    source: SourceConfig = SourceConfig()
+    shards: Names
+    nodes: Names
+    trigger_interval: Duration = 1.0
+    watermark: Duration = 10.0
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+    validation: ValidationConfig = ValidationConfig()
+    ha: HAConfig = HAConfig()
+    snapshot: SnapshotConfig = SnapshotConfig()
+
+
+# --- cluster.yaml --------------------------------------------------------------------------------------------
+
+
+class NodeSection(_Model):
+    spark_master: Annotated[StrictStr, Field(min_length=1)]
+    airflow_conn_id: Annotated[StrictStr, AfterValidator(_conn_id)] | None = None
+    driver_memory: Annotated[StrictStr, _matching(MEMORY_PATTERN, "a Spark memory size such as 512m or 2g")] = "1g"
+
+
+class DatabaseSection(_Model):
+    url: Annotated[StrictStr, AfterValidator(_postgresql_url)] = "postgresql://postgres@127.0.0.1:5432/tandem"
+
+
+class AirflowSection(_Model):
+    api_url: Annotated[StrictStr, AfterValidator(_http_url)] = "http://127.0.0.1:8080"
+
+
+class ClusterFile(_Model):
+    """The shape of ``conf/cluster.yaml``."""
+
+    storage_root: Annotated[StrictStr, AfterValidator(_storage_root)] = ".tandem/data"
+    database: DatabaseSection = DatabaseSection()
+    airflow: AirflowSection = AirflowSection()
+    nodes: Annotated[dict[Name, NodeSection], Field(min_length=1)]
+
+
+# --- what the rest of Tandem uses ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -98,73 +314,6 @@ class ClusterConfig:
         except KeyError:
             known = ", ".join(sorted(self.nodes))
             raise ConfigError(str(self.path), "nodes", f"unknown node {name!r} (known: {known})") from None
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """Where a plan's events land: ``<storage_root>/landing/<stream>/<shard_id>/``."""
-
-    stream: str
-    format: str = "jsonl"
-    max_files_per_trigger: int = 1000
-
-
-@dataclass(frozen=True)
-class HeartbeatConfig:
-    """Liveness heartbeat cadence; a node is presumed dead after ``interval × max_missed``."""
-
-    interval_s: float = 1.0
-    max_missed: int = 3
-
-    @property
-    def timeout_s(self) -> float:
-        return self.interval_s * self.max_missed
-
-
-@dataclass(frozen=True)
-class ValidationConfig:
-    """The batch DAG that validates a plan's serving table with Great Expectations."""
-
-    schedule: str = "@hourly"
-    lookback_s: float = 86400.0
-    suite: str = ""
-
-
-STANDBY_MODES = ("hot", "warm")
-
-
-@dataclass(frozen=True)
-class HAConfig:
-    """High availability of a plan: how standbys wait, and when the supervisor calls an instance stuck.
-
-    ``standby: hot`` runs the passive node's plan all the time (it takes over by itself);
-    ``warm`` starts it only on failover, from a cut of the failed active's checkpoint.
-    ``stall_timeout``: an instance that made no progress for this long while input waits is STALLED.
-    ``launch_timeout``: how long a launched instance may take to send its first liveness beat.
-    ``max_launches`` within ``launch_window``: how often the supervisor launches one node's
-    instance before it gives up on it (a crash loop) until an operator restarts the node.
-    """
-
-    standby: str = "hot"
-    stall_timeout_s: float = 30.0
-    launch_timeout_s: float = 180.0
-    max_launches: int = 5
-    launch_window_s: float = 600.0
-
-
-@dataclass(frozen=True)
-class SnapshotConfig:
-    """Scheduled persistence snapshots of a plan (the seeds' ``persistenceIntervalInMinutes``).
-
-    ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
-    ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
-    never deleted). ``suite``: the Great Expectations suite (``conf/expectations/<suite>.json``)
-    that validates a snapshot's exported state.
-    """
-
-    interval_s: float = 900.0
-    keep: int = 3
-    suite: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,217 +358,234 @@ def conf_dir() -> Path:
     return Path(configured).resolve() if configured else project_root() / "conf"
 
 
-class _Fields:
-    """Typed access to one YAML mapping that reports problems as ``file: field: problem``."""
-
-    def __init__(self, path: Path, data: Any, prefix: str = "") -> None:
-        self.path = path
-        self.prefix = prefix
-        if not isinstance(data, dict):
-            raise ConfigError(str(path), prefix or "(top level)", f"expected a mapping, got {type(data).__name__}")
-        self.data = data
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def error(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(str(self.path), self.name(key), problem)
-
-    def reject_unknown(self, allowed: set[str]) -> None:
-        for key in self.data:
-            if key not in allowed:
-                raise self.error(str(key), f"unknown field (allowed: {', '.join(sorted(allowed))})")
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if default is ...:
-                raise self.error(key, "is required")
-            return default
-        value = self.data[key]
-        if isinstance(value, bool) and kind is not bool:
-            raise self.error(key, f"expected {_kind_name(kind)}, got {value!r}")
-        if not isinstance(value, kind):
-            raise self.error(key, f"expected {_kind_name(kind)}, got {value!r}")
-        return value
-
-    def identifier(self, key: str, default: Any = ...) -> str:
-        value = self.get(key, str, default)
-        if not NAME_PATTERN.match(value):
-            raise self.error(key, f"{value!r} must match {NAME_PATTERN.pattern}")
-        return value
-
-    def duration(self, key: str, default: Any = ...) -> float:
-        value = self.get(key, (str, int, float), default)
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            raise self.error(key, str(exc)) from None
-
-    def positive_int(self, key: str, default: Any = ...) -> int:
-        value = self.get(key, int, default)
-        if value <= 0:
-            raise self.error(key, f"must be a positive integer, got {value!r}")
-        return value
-
-    def section(self, key: str) -> "_Fields":
-        return _Fields(self.path, self.data.get(key) or {}, self.name(key))
+# --- reading files -------------------------------------------------------------------------------------------
 
 
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {str: "a string", int: "an integer", float: "a number", dict: "a mapping", list: "a list", bool: "true or false"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a mapping key given twice is an error (YAML lets the later one win)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise _DuplicateKey(key, line, seen[key])
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key, line, first_line)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
 def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(str(path), "", "file not found")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader) or {}
+    except _DuplicateKey as exc:
+        raise ConfigError(str(path), f"line {exc.line}",
+                          f"duplicate key {exc.key!r} (first at line {exc.first_line}; YAML would keep the later one)"
+                          ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(unknown position)"
-        raise ConfigError(str(path), where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(str(path), where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def _without_empty_values(data: Any) -> Any:
+    """An empty YAML value (``heartbeat:`` with nothing after it) means the default, as if the key were absent."""
+    if isinstance(data, dict):
+        return {key: _without_empty_values(value) for key, value in data.items() if value is not None}
+    return data
+
+
+def _field(loc: tuple) -> str:
+    """Pydantic's error location as a dotted field: ``nodes.node-a.driver_memory``, ``shards[1]``."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part == "[key]":
+            continue
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+_TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
+               bool: "true or false", type(None): "nothing"}
+
+
+def _problem(error: dict, model: type[BaseModel]) -> str:
+    """One error of pydantic's as the sentence Tandem shows (no pydantic jargon, the value quoted)."""
+    kind, value = error["type"], error.get("input")
+    got = _TYPE_NAMES.get(type(value), type(value).__name__) if kind.endswith("_type") else repr(value)[:80]
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return f"unknown field (allowed here: {_allowed(model, error['loc'][:-1])})"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping, got {type(value).__name__}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"expected an integer, got {repr(value)[:80]}"
+    if kind == "string_type":
+        return f"expected a string, got {repr(value)[:80]}"
+    if kind == "list_type":
+        return f"expected a list, got {got}"
+    if kind == "greater_than":
+        return f"must be a positive integer, got {repr(value)[:80]}"
+    if kind == "too_short":
+        return "must name at least one" if isinstance(value, (dict, list)) else f"must not be empty, got {value!r}"
+    if kind == "literal_error":
+        expected = error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
+        kind_of = "" if isinstance(value, str) else "a string, "
+        return f"expected {kind_of}one of {expected}, got {repr(value)[:80]}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {repr(value)[:80]}"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    return f"{error['msg']} (got {repr(value)[:80]})"
+
+
+def _allowed(model: type[BaseModel], loc: tuple) -> str:
+    for part in loc:
+        if isinstance(part, int) or part == "[key]":
+            continue
+        field_info = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        annotation = getattr(field_info, "annotation", None) if field_info else None
+        nested = next((a for a in getattr(annotation, "__args__", ()) + (annotation,)
+                       if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if nested is None:
+            break
+        model = nested
+    return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
+
+
+def _validated(model: type[_Model], data: Any, source: str) -> Any:
+    """``model`` validated from ``data``; the first problem as a :class:`ConfigError` naming ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "(top level)", f"expected a mapping, got {_TYPE_NAMES.get(type(data), type(data).__name__)}")
+    try:
+        return model.model_validate(_without_empty_values(data))
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        more = exc.error_count() - 1
+        problem = _problem(error, model) + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+        raise ConfigError(source, _field(error["loc"]), problem) from None
+
+
+def _from_environment(variable: str, model: type[_Model], key: str) -> Any | None:
+    """An override from an environment variable, validated as ``model.key`` is (an error names the variable)."""
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    info = model.model_fields[key]
+    try:
+        return TypeAdapter(Annotated[(info.annotation, *info.metadata)]).validate_python(value)
+    except ValidationError as exc:
+        raise ConfigError(f"{variable} (environment)", "", _problem(exc.errors(include_url=False)[0], model)) from None
+
+
+# --- loading -------------------------------------------------------------------------------------------------
 
 
 def load_cluster(path: Path | None = None) -> ClusterConfig:
     """Load ``cluster.yaml`` (default ``$TANDEM_CONF_DIR/cluster.yaml``) with env overrides applied."""
     path = (path or conf_dir() / "cluster.yaml").resolve()
-    top = _Fields(path, _read_yaml(path))
-    top.reject_unknown({"storage_root", "database", "airflow", "nodes"})
+    data = _read_yaml(path)
+    if isinstance(data, dict) and os.environ.get("TANDEM_DATABASE_URL") and isinstance(data.get("database"), dict):
+        data = {**data, "database": {k: v for k, v in data["database"].items() if k != "url"}}  # the env wins
+    file = _validated(ClusterFile, data, str(path))
     root = Path(os.environ["TANDEM_HOME"]).resolve() if os.environ.get("TANDEM_HOME") else path.parent.parent
-    storage = Path(os.environ.get("TANDEM_STORAGE_ROOT") or top.get("storage_root", str, ".tandem/data"))
-    database = top.section("database")
-    database.reject_unknown({"url"})
-    database_url = os.environ.get("TANDEM_DATABASE_URL") or database.get(
-        "url", str, "postgresql://postgres@127.0.0.1:5432/tandem"
-    )
-    if not database_url.startswith(("postgresql://", "postgres://")):
-        problem = f"expected a postgresql:// URL, got {redact(database_url)}"
-        if os.environ.get("TANDEM_DATABASE_URL"):
-            raise ConfigError("TANDEM_DATABASE_URL (environment)", "", problem)
-        raise database.error("url", problem)
-    airflow = top.section("airflow")
-    airflow.reject_unknown({"api_url"})
-    airflow_url = os.environ.get("TANDEM_AIRFLOW_URL") or airflow.get("api_url", str, "http://127.0.0.1:8080")
-
-    raw_nodes = top.get("nodes", dict)
-    if not raw_nodes:
-        raise top.error("nodes", "must name at least one node")
-    nodes: dict[str, NodeConfig] = {}
-    for name in raw_nodes:
-        if not isinstance(name, str) or not NAME_PATTERN.match(name):
-            raise top.error(f"nodes.{name}", f"node name must match {NAME_PATTERN.pattern}")
-        node = top.section("nodes").section(name)
-        node.reject_unknown({"spark_master", "airflow_conn_id", "driver_memory"})
-        conn_id = node.get("airflow_conn_id", str, "tandem_" + name.replace("-", "_"))
-        if not CONN_ID_PATTERN.match(conn_id):
-            raise node.error("airflow_conn_id", f"{conn_id!r} cannot name the variable AIRFLOW_CONN_{conn_id.upper()} "
-                                                "that .tandem/env.sh exports: use letters, digits and _ "
-                                                f"(e.g. {re.sub(r'[^A-Za-z0-9_]', '_', conn_id)[:64] or 'tandem_node'!r})")
-        nodes[name] = NodeConfig(
-            name=name,
-            spark_master=node.get("spark_master", str),
-            airflow_conn_id=conn_id,
-            driver_memory=node.get("driver_memory", str, "1g"),
-        )
+    storage = Path(_from_environment("TANDEM_STORAGE_ROOT", ClusterFile, "storage_root") or file.storage_root)
+    nodes = {
+        name: NodeConfig(name=name, spark_master=node.spark_master,
+                         airflow_conn_id=node.airflow_conn_id or "tandem_" + name.replace("-", "_"),
+                         driver_memory=node.driver_memory)
+        for name, node in file.nodes.items()
+    }
     return ClusterConfig(
         path=path,
         project_root=root,
         storage_root=storage if storage.is_absolute() else (root / storage).resolve(),
-        database_url=database_url,
-        airflow_url=airflow_url.rstrip("/"),
+        database_url=_from_environment("TANDEM_DATABASE_URL", DatabaseSection, "url") or file.database.url,
+        airflow_url=_from_environment("TANDEM_AIRFLOW_URL", AirflowSection, "api_url") or file.airflow.api_url,
         nodes=nodes,
     )
 
 
-def load_plan(name_or_path: str | Path, cluster: ClusterConfig | None = None) -> PlanConfig:
-    """Load one plan by name (``conf/plans/<name>.yaml``) or path, checked against the cluster."""
+def load_plan(name: str, cluster: ClusterConfig | None = None) -> PlanConfig:
+    """Load the plan ``name`` (``conf/plans/<name>.yaml``), checked against the cluster.
+
+    Only names are taken (``tandem status ../x/trades.yaml`` is refused): a plan is found in the
+    configuration folder, nowhere else.
+    """
     cluster = cluster or load_cluster()
-    candidate = Path(name_or_path)
-    path = candidate if candidate.suffix in (".yaml", ".yml") else cluster.conf_dir / "plans" / f"{name_or_path}.yaml"
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ConfigError(str(cluster.conf_dir / "plans"), "(plan name)",
+                          f"{str(name)[:80]!r} is not a plan name: plans are named {NAME_PATTERN.pattern} and found "
+                          f"in {cluster.conf_dir / 'plans'}")
+    return _load_plan_file(cluster.conf_dir / "plans" / f"{name}.yaml", cluster)
+
+
+def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     path = path.resolve()
-    top = _Fields(path, _read_yaml(path))
-    top.reject_unknown(
-        {"name", "description", "module", "source", "shards", "nodes", "trigger_interval", "watermark",
-         "heartbeat", "validation", "ha", "snapshot"}
-    )
-    name = top.identifier("name")
-    if path.stem != name:
-        raise top.error("name", f"{name!r} must equal the file name {path.stem!r}")
+    file = _validated(PlanFile, _read_yaml(path), str(path))
 
-    source = top.section("source")
-    source.reject_unknown({"stream", "format", "max_files_per_trigger"})
-    source_format = source.get("format", str, "jsonl")
-    if source_format != "jsonl":
-        raise source.error("format", f"only 'jsonl' is supported, got {source_format!r}")
+    def error(field_name: str, problem: str) -> ConfigError:
+        return ConfigError(str(path), field_name, problem)
 
-    shards = tuple(top.get("shards", list))
-    if not shards:
-        raise top.error("shards", "must list at least one shard id")
-    for index, shard in enumerate(shards):
-        if not isinstance(shard, str) or not NAME_PATTERN.match(shard):
-            raise top.error(f"shards[{index}]", f"{shard!r} must match {NAME_PATTERN.pattern}")
-    if len(set(shards)) != len(shards):
-        raise top.error("shards", "shard ids must be unique")
-
-    nodes = tuple(top.get("nodes", list))
-    for index, node in enumerate(nodes):
+    if file.name != path.stem:
+        raise error("name", f"{file.name!r} must equal the file name {path.stem!r}")
+    for index, node in enumerate(file.nodes):
         if node not in cluster.nodes:
-            raise top.error(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
-    if not nodes:
-        raise top.error("nodes", "must list at least one node")
-
-    heartbeat = top.section("heartbeat")
-    heartbeat.reject_unknown({"interval", "max_missed"})
-    validation = top.section("validation")
-    validation.reject_unknown({"schedule", "lookback", "suite"})
-    ha = top.section("ha")
-    ha.reject_unknown({"standby", "stall_timeout", "launch_timeout", "max_launches", "launch_window"})
-    standby = ha.get("standby", str, "hot")
-    if standby not in STANDBY_MODES:
-        raise ha.error("standby", f"expected one of {', '.join(STANDBY_MODES)}, got {standby!r}")
-    snapshot = top.section("snapshot")
-    snapshot.reject_unknown({"interval", "keep", "suite"})
+            raise error(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
+    validation = file.validation.model_copy(update={"suite": file.validation.suite or f"{file.name}_aggregates"})
+    snapshot = file.snapshot.model_copy(update={"suite": file.snapshot.suite or f"{file.name}_state"})
+    for field_name, suite in (("validation.suite", validation.suite), ("snapshot.suite", snapshot.suite)):
+        if not (cluster.conf_dir / "expectations" / f"{suite}.json").is_file():
+            raise error(field_name, f"no suite {suite!r}: {cluster.conf_dir / 'expectations' / f'{suite}.json'} "
+                                    "does not exist")
     return PlanConfig(
         path=path,
-        name=name,
-        description=top.get("description", str, ""),
-        module=top.get("module", str, f"tandem.plans.{name}"),
-        source=SourceConfig(
-            stream=source.identifier("stream", name),
-            format=source_format,
-            max_files_per_trigger=source.positive_int("max_files_per_trigger", 1000),
-        ),
-        shards=shards,
-        nodes=nodes,
-        trigger_interval_s=top.duration("trigger_interval", "1 second"),
-        watermark_s=top.duration("watermark", "10 seconds"),
-        heartbeat=HeartbeatConfig(
-            interval_s=heartbeat.duration("interval", "1 second"),
-            max_missed=heartbeat.positive_int("max_missed", 3),
-        ),
-        validation=ValidationConfig(
-            schedule=validation.get("schedule", str, "@hourly"),
-            lookback_s=validation.duration("lookback", "1 day"),
-            suite=validation.get("suite", str, f"{name}_aggregates"),
-        ),
-        ha=HAConfig(
-            standby=standby,
-            stall_timeout_s=ha.duration("stall_timeout", "30 seconds"),
-            launch_timeout_s=ha.duration("launch_timeout", "3 minutes"),
-            max_launches=ha.positive_int("max_launches", 5),
-            launch_window_s=ha.duration("launch_window", "10 minutes"),
-        ),
-        snapshot=SnapshotConfig(
-            interval_s=snapshot.duration("interval", "15 minutes"),
-            keep=snapshot.positive_int("keep", 3),
-            suite=snapshot.get("suite", str, f"{name}_state"),
-        ),
+        name=file.name,
+        description=file.description,
+        module=file.module or f"tandem.plans.{file.name}",
+        source=file.source.model_copy(update={"stream": file.source.stream or file.name}),
+        shards=tuple(file.shards),
+        nodes=tuple(file.nodes),
+        trigger_interval_s=file.trigger_interval,
+        watermark_s=file.watermark,
+        heartbeat=file.heartbeat,
+        validation=validation,
+        ha=file.ha,
+        snapshot=snapshot,
     )
 
 
 def load_plans(cluster: ClusterConfig | None = None) -> dict[str, PlanConfig]:
     """Every plan in ``conf/plans/``, by name."""
     cluster = cluster or load_cluster()
-    return {path.stem: load_plan(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+    return {path.stem: _load_plan_file(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each configuration file (editors validate YAML with them)."""
+    return {"cluster.yaml": ClusterFile.model_json_schema(by_alias=True),
+            "plans/<name>.yaml": PlanFile.model_json_schema(by_alias=True)}

@@ -12,6 +12,7 @@ import pytest
 CASES = {
     "plan name that is Rich markup": (["status", "[/x]"], "[/x]"),
     "plan name over the length limit": (["status", "a" * 300], "a" * 60),
+    "the name pattern is shown as written": (["status", "Trades"], "^[a-z0-9][a-z0-9_-]{0,62}$"),
     "bad --since": (["query", "trades", "--since", "lots"], "argument --since"),
     "bad --start": (["query", "trades", "--start", "2026-13-45T00:00:00"], "argument --start"),
     "bad --end": (["query", "trades", "--end", "yesterday"], "argument --end"),

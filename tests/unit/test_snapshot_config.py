@@ -40,6 +40,7 @@ def test_interval_takes_any_duration(conf: Path, interval, seconds: float) -> No
 
 
 def test_the_suite_defaults_to_plan_state_and_can_be_named(conf: Path) -> None:
+    (conf / "expectations" / "my_state_suite.json").write_text("{}")
     edit_plan(conf, lambda d: d.update(snapshot={"suite": "my_state_suite"}))
     assert load(conf).snapshot.suite == "my_state_suite"
 

@@ -1,0 +1,181 @@
+"""Every broken configuration is refused with one line that names the file (or variable) and the dotted field.
+
+Issue 9, item 5: the configurations accepted silently before (duplicate keys, .nan/.inf, duplicate
+nodes, bad memory sizes, URLs, storage roots, schedules, suites, modules, paths for plan names,
+non-UTF-8 files), the ones refused well before, and more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.config import load_cluster, load_plan
+from tandem.errors import ConfigError
+
+CLUSTER, PLAN = "cluster.yaml", "plans/trades.yaml"
+
+
+def data(change: Callable[[dict], object]) -> Callable[[str], str]:
+    """A change of the parsed YAML (the file is written back as YAML)."""
+    def edit(text: str) -> str:
+        loaded = yaml.safe_load(text)
+        change(loaded)
+        return yaml.safe_dump(loaded)
+    return edit
+
+
+def node_a(**fields) -> Callable[[str], str]:
+    return data(lambda d: d["nodes"]["node-a"].update(fields))
+
+
+def section(name: str, **fields) -> Callable[[str], str]:
+    return data(lambda d: d.setdefault(name, {}).update(fields))
+
+
+def top(**fields) -> Callable[[str], str]:
+    return data(lambda d: d.update(fields))
+
+
+def append(line: str) -> Callable[[str], str]:
+    return lambda text: text + line + "\n"
+
+
+CASES = {
+    # accepted silently before
+    "duplicate top-level key": (CLUSTER, append("storage_root: /srv/other"), "line", "duplicate key 'storage_root'"),
+    "duplicate node definition": (CLUSTER, lambda t: t.replace("  node-b:", "  node-a:"), "line",
+                                  "duplicate key 'node-a'"),
+    "duplicate plan key": (PLAN, append("watermark: 1 second"), "line", "duplicate key 'watermark'"),
+    "nan count": (PLAN, lambda t: t.replace("max_missed: 3", "max_missed: .nan"), "heartbeat.max_missed",
+                  "expected an integer"),
+    "inf duration": (PLAN, lambda t: t.replace("watermark: 10 seconds", "watermark: .inf"), "watermark", "finite"),
+    "inf snapshot interval": (PLAN, lambda t: t.replace("interval: 15 minutes", "interval: .inf"),
+                              "snapshot.interval", "finite"),
+    "node listed twice": (PLAN, top(nodes=["node-a", "node-a"]), "nodes", "must be unique: node-a"),
+    "driver memory": (CLUSTER, node_a(driver_memory="lots"), "nodes.node-a.driver_memory", "Spark memory size"),
+    "api url": (CLUSTER, section("airflow", api_url="not a url"), "airflow.api_url", "http(s):// URL"),
+    "api url scheme": (CLUSTER, section("airflow", api_url="ftp://host/x"), "airflow.api_url", "http(s):// URL"),
+    "storage root /": (CLUSTER, top(storage_root="/"), "storage_root", "cannot be the storage root"),
+    "storage root empty": (CLUSTER, top(storage_root=" "), "storage_root", "cannot be the storage root"),
+    "schedule": (PLAN, section("validation", schedule="every other tuesday"), "validation.schedule", "cron"),
+    "suite path": (PLAN, section("validation", suite="../../../../etc/passwd"), "validation.suite", "must match"),
+    "snapshot suite path": (PLAN, section("snapshot", suite="/etc/passwd"), "snapshot.suite", "must match"),
+    "missing suite": (PLAN, section("snapshot", suite="no_such_suite"), "snapshot.suite", "does not exist"),
+    "module os": (PLAN, top(module="os"), "module", "tandem.plans"),
+    "module outside plans": (PLAN, top(module="tandem.cli"), "module", "tandem.plans"),
+    "not utf-8": (PLAN, None, "", "not UTF-8 text"),
+    "conn id with a dash": (CLUSTER, node_a(airflow_conn_id="tandem-node-a"), "nodes.node-a.airflow_conn_id",
+                            "cannot name the variable"),
+    "conn id with a command": (CLUSTER, node_a(airflow_conn_id="x$(reboot)"), "nodes.node-a.airflow_conn_id",
+                               "cannot name the variable"),
+    # refused well before, still refused
+    "spark master missing": (CLUSTER, data(lambda d: d["nodes"]["node-a"].pop("spark_master")),
+                             "nodes.node-a.spark_master", "is required"),
+    "unknown node field": (CLUSTER, node_a(typo=1), "nodes.node-a.typo", "unknown field"),
+    "database url": (CLUSTER, section("database", url="mysql://u:pw@x/db"), "database.url", "postgresql://"),
+    "no nodes": (CLUSTER, top(nodes={}), "nodes", "at least one"),
+    "bad duration": (PLAN, top(watermark="soon"), "watermark", "duration"),
+    "shard twice": (PLAN, top(shards=["shard-1", "shard-1"]), "shards", "unique"),
+    "shard name": (PLAN, top(shards=["Shard 1"]), "shards[0]", "must match"),
+    "unknown node": (PLAN, top(nodes=["node-z"]), "nodes[0]", "unknown node"),
+    "zero missed beats": (PLAN, section("heartbeat", max_missed=0), "heartbeat.max_missed", "positive"),
+    "csv": (PLAN, section("source", format="csv"), "source.format", "jsonl"),
+    "name not the file": (PLAN, top(name="other"), "name", "file name"),
+    "boolean duration": (PLAN, top(trigger_interval=True), "trigger_interval", "expected"),
+    # more
+    "keep as text": (PLAN, section("snapshot", keep="3"), "snapshot.keep", "an integer"),
+    "keep as fraction": (PLAN, section("snapshot", keep=2.5), "snapshot.keep", "an integer"),
+    "launches as boolean": (PLAN, section("ha", max_launches=True), "ha.max_launches", "an integer"),
+    "standby cold": (PLAN, section("ha", standby="cold"), "ha.standby", "one of hot, warm"),
+    "negative timeout": (PLAN, section("ha", stall_timeout="-5 s"), "ha.stall_timeout", "duration"),
+    "zero interval": (PLAN, section("heartbeat", interval="0 s"), "heartbeat.interval", "positive"),
+    "negative files per trigger": (PLAN, section("source", max_files_per_trigger=-1), "source.max_files_per_trigger",
+                                   "positive"),
+    "stream path": (PLAN, section("source", stream="../x"), "source.stream", "must match"),
+    "description number": (PLAN, top(description=5), "description", "expected a string"),
+    "shards as text": (PLAN, top(shards="shard-1"), "shards", "expected a list"),
+    "no shards": (PLAN, top(shards=[]), "shards", "at least one"),
+    "section as list": (PLAN, top(snapshot=["15 minutes", 3]), "snapshot", "expected a mapping, got list"),
+    "database as text": (CLUSTER, top(database="postgresql://x"), "database", "expected a mapping"),
+    "unknown top-level field": (CLUSTER, top(replicas=3), "replicas", "unknown field"),
+    "node name": (CLUSTER, data(lambda d: d["nodes"].update({"Node A": {"spark_master": "local"}})),
+                  "nodes.Node A", "must match"),
+    "top level a list": (CLUSTER, lambda t: "- node-a\n- node-b\n", "(top level)", "expected a mapping, got a list"),
+    "invalid yaml": (CLUSTER, lambda t: "nodes: [unclosed\n", "line", "invalid YAML"),
+}
+
+
+@pytest.mark.parametrize(("file", "change", "field", "fragment"), CASES.values(), ids=CASES.keys())
+def test_a_broken_configuration_is_one_line_naming_file_and_field(conf: Path, file: str, change, field: str,
+                                                                 fragment: str) -> None:
+    path = conf / file
+    if change is None:
+        path.write_bytes(path.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+    else:
+        path.write_text(change(path.read_text()))
+    with pytest.raises(ConfigError) as caught:
+        load_plan("trades", load_cluster(conf / "cluster.yaml"))
+    error, text = caught.value, str(caught.value)
+    assert "\n" not in text
+    assert error.path == str(path.resolve())
+    assert error.field.startswith(field) if field == "line" else error.field == field, text
+    assert text.startswith(f"{path.resolve()}: ") and fragment in text, text
+    assert "pw@" not in text  # a URL in a message is redacted
+
+
+@pytest.mark.parametrize("name", ["../evil/trades.yaml", "/etc/passwd", "trades.yaml", "Trades", "a" * 64, ""])
+def test_plan_names_are_names_never_paths(conf: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match="is not a plan name"):
+        load_plan(name, load_cluster(conf / "cluster.yaml"))
+
+
+@pytest.mark.parametrize(("variable", "value", "fragment"), [
+    ("TANDEM_STORAGE_ROOT", "/", "cannot be the storage root"),
+    ("TANDEM_AIRFLOW_URL", "localhost:8080", "http(s):// URL"),
+    ("TANDEM_DATABASE_URL", "mysql://u:pw@db/x", "postgresql://"),
+])
+def test_a_bad_environment_override_names_the_variable(conf: Path, monkeypatch: pytest.MonkeyPatch, variable: str,
+                                                       value: str, fragment: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_cluster(conf / "cluster.yaml")
+    assert str(caught.value).startswith(f"{variable} (environment): ") and fragment in str(caught.value)
+    assert "pw@" not in str(caught.value) and "cluster.yaml" not in str(caught.value)
+
+
+def run_cli(conf: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TANDEM_CONF_DIR": str(conf)}
+    return subprocess.run([sys.executable, "-m", "tandem.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_config_check_says_what_it_found_and_exits_2_on_a_broken_plan(conf: Path) -> None:
+    good = run_cli(conf, "config", "check")
+    assert good.returncode == 0, good.stderr
+    assert "plan trades, shards shard-1, shard-2" in good.stdout and "1 of 1 plan file(s) valid" in good.stdout
+    plan = conf / "plans" / "trades.yaml"
+    lines = len(plan.read_text().splitlines())
+    plan.write_text(plan.read_text() + "keep: 1\nkeep: 2\n")
+    bad = run_cli(conf, "config", "check")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"error: {plan.resolve()}: line {lines + 2}: duplicate key 'keep' (first at line {lines + 1}; "
+        "YAML would keep the later one)"]
+
+
+def test_config_schema_describes_both_files(conf: Path) -> None:
+    done = run_cli(conf, "config", "schema")
+    assert done.returncode == 0
+    schemas = json.loads(done.stdout)
+    assert set(schemas) == {"cluster.yaml", "plans/<name>.yaml"}
+    plan = schemas["plans/<name>.yaml"]
+    assert plan["additionalProperties"] is False and {"name", "shards", "nodes", "ha", "snapshot"} <= set(plan["properties"])
+    assert set(plan["required"]) == {"name", "shards", "nodes"}
