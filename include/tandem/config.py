@@ -409,10 +409,17 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _without_empty_values(data: Any) -> Any:
-    """An empty YAML value (``heartbeat:`` with nothing after it) means the default, as if the key were absent."""
-    if isinstance(data, dict):
-        return {key: _without_empty_values(value) for key, value in data.items() if value is not None}
-    return data
+    """An empty YAML value (``heartbeat:`` with nothing after it) means the default, as if the key were absent.
+
+    A node given with nothing (``node-a:``) stays, as a node with no settings (its required ones are missing).
+    """
+    if not isinstance(data, dict):
+        return data
+    kept = {key: _without_empty_values(value) for key, value in data.items() if value is not None}
+    if isinstance(kept.get("nodes"), dict):
+        kept["nodes"] = {name: _without_empty_values(node) if node is not None else {}
+                         for name, node in data["nodes"].items()}
+    return kept
 
 
 def _field(loc: tuple) -> str:

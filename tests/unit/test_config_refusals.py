@@ -108,6 +108,9 @@ CASES = {
     "unknown top-level field": (CLUSTER, top(replicas=3), "replicas", "unknown field"),
     "node name": (CLUSTER, data(lambda d: d["nodes"].update({"Node A": {"spark_master": "local"}})),
                   "nodes.Node A", "must match"),
+    "node with nothing": (CLUSTER, lambda t: t.replace("  node-b:\n    spark_master: local[2]\n    airflow_conn_id: "
+                                                       "tandem_node_b\n    driver_memory: 1g", "  node-b:"),
+                          "nodes.node-b.spark_master", "is required"),
     "top level a list": (CLUSTER, lambda t: "- node-a\n- node-b\n", "(top level)", "expected a mapping, got a list"),
     "invalid yaml": (CLUSTER, lambda t: "nodes: [unclosed\n", "line", "invalid YAML"),
 }

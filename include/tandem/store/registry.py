@@ -40,7 +40,7 @@ def register_nodes(db: Database, cluster: ClusterConfig) -> None:
     db.run(work)
 
 
-def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_started_at: float, log_path: str,
+def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_started_at: float | None, log_path: str,
                   launched_by: str, trigger_interval_s: float, checkpoint_root: str) -> None:
     """Record that a launcher started ``spark-submit`` for an instance (status LAUNCHING).
 

@@ -305,7 +305,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
             log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
             process = _spawn(command.argv, log_path, child_environment(cluster), cwd=cluster.project_root)
             try:
-                record_launch(db, key, submit_pid=process.pid, submit_started_at=psutil.Process(process.pid).create_time(),
+                record_launch(db, key, submit_pid=process.pid, submit_started_at=_start_time(process.pid),
                               log_path=str(log_path), launched_by=launched_by,
                               trigger_interval_s=interval,
                               checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
@@ -349,6 +349,14 @@ def _process(pid: int | None) -> psutil.Process | None:
         process = psutil.Process(pid)
         return None if process.status() == psutil.STATUS_ZOMBIE else process
     except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _start_time(pid: int) -> float | None:
+    """When the process started (``None`` when it has already exited: nothing will ever be signalled then)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
         return None
 
 
