@@ -10,6 +10,7 @@ import psycopg2
 import pytest
 
 from tandem.config import load_cluster, load_plan
+from tandem.errors import ConfigError
 from tandem.quality import ValidationReport, validate_serving_table
 from tandem.quality.serving import ValidationError
 from tandem.store import Database, migrate
@@ -144,6 +145,9 @@ def test_an_empty_window_passes_and_writes_no_files(cluster, project):
 
 
 def test_missing_suite_is_a_clear_error(cluster, project):
+    plan = load_plan("trades", cluster)
     (project / "conf" / "expectations" / "trades_aggregates.json").unlink()
     with pytest.raises(ValidationError, match="trades_aggregates.json: expectation suite not found"):
+        validate_serving_table(cluster, plan)  # deleted after the plan was loaded
+    with pytest.raises(ConfigError, match="trades.yaml: validation.suite: no suite 'trades_aggregates'"):
         validate_serving_table(cluster, "trades")
