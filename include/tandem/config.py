@@ -51,7 +51,6 @@ CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SUITE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 MODULE_PATTERN = re.compile(r"^tandem\.plans\.[a-z_][a-z0-9_]*$")
 MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmgt]?b?$", re.IGNORECASE)
-STANDBY_MODES = ("hot", "warm")
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
                     "@midnight")
 _UNITS = {
