@@ -93,3 +93,24 @@ def test_ops_actions_refuse_a_shard_or_node_of_another_plan(project: Path) -> No
         run_ops_action(cluster, plan, "failover_now", None, ["shard-9"], launched_by="test")
     with pytest.raises(OpsRefused, match="'node-z' is not a node of plan trades"):
         run_ops_action(cluster, plan, "failover_now", "node-z", ["shard-1"], launched_by="test")
+
+
+def test_landing_retention_never_trusts_a_recorded_cut_outside_the_root(project: Path, tmp_path: Path) -> None:
+    """A GOOD row pointing outside the root (a forged source log there) must not decide what input is deleted."""
+    from tandem.snapshots.landing import clean_plan_landing
+
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    landing = landing_dir(cluster, "trades", "shard-1")
+    landing.mkdir(parents=True)
+    (landing / "events-1.jsonl").write_text("{}\n")
+    with Database(cluster.database_url) as db:
+        migrate(db)
+        db.run(lambda cursor: cursor.execute(
+            """INSERT INTO snapshots (id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at,
+                                      checkpoint_path, status, query_batches)
+               VALUES ('forged', 'trades', 'shard-1', 'trades/shard-1/node-a', 'node-a', 0, now(), now(), %s,
+                       'GOOD', '{"aggregates": 0}')""", (str(tmp_path / "forged"),)))
+        with pytest.raises(PathOutsideRoot, match="outside the storage root"):
+            clean_plan_landing(cluster, plan, shard_id="shard-1", db=db)
+    assert (landing / "events-1.jsonl").exists()

@@ -28,7 +28,7 @@ import logging
 from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.layout import checkpoint_dir, landing_dir
+from tandem.layout import checkpoint_dir, landing_dir, under_root
 from tandem.snapshots.retention import LandingDecision, decide_landing_retention
 from tandem.snapshots.source_log import processed_files
 from tandem.store import snapshots as catalog
@@ -51,6 +51,9 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     """Delete the files of ``landing/<stream>/<shard_id>`` that every reader has processed for good.
 
     ``plans``: every plan (the readers are those whose ``source.stream`` is ``stream``).
+
+    Raises:
+        PathOutsideRoot: a kept snapshot's recorded cut lies outside the storage root; nothing is deleted.
     """
     directory = landing_dir(cluster, stream, shard_id)
     files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
@@ -64,7 +67,8 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
                     processed_by[f"{plan.name}/{shard_id}/{node}/{query}"] = seen
         for snapshot in catalog.list_snapshots(db, plan.name, shard_id=shard_id, statuses=(catalog.GOOD,)):
             for query in snapshot.query_batches:
-                seen = _read(Path(snapshot.checkpoint_path) / query)
+                # a catalog row is data: a cut outside the root is refused (nothing of the shard is deleted)
+                seen = _read(under_root(cluster, snapshot.checkpoint_path) / query)
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
     decision = decide_landing_retention(files, processed_by, kept_cuts)
