@@ -182,3 +182,20 @@ def test_config_schema_describes_both_files(conf: Path) -> None:
     plan = schemas["plans/<name>.yaml"]
     assert plan["additionalProperties"] is False and {"name", "shards", "nodes", "ha", "snapshot"} <= set(plan["properties"])
     assert set(plan["required"]) == {"name", "shards", "nodes"}
+
+
+def test_the_schema_accepts_the_shipped_files_and_refuses_broken_ones(conf: Path) -> None:
+    """What editors would check with `tandem config schema` agrees with what Tandem loads."""
+    import jsonschema
+
+    from tandem.config import json_schemas
+
+    schemas = json_schemas()
+    cluster = yaml.safe_load((conf / "cluster.yaml").read_text())
+    plan = yaml.safe_load((conf / "plans" / "trades.yaml").read_text())
+    jsonschema.validate(cluster, schemas["cluster.yaml"])
+    jsonschema.validate(plan, schemas["plans/<name>.yaml"])
+    for broken, schema in (({**cluster, "replicas": 3}, "cluster.yaml"), ({**plan, "shards": "shard-1"}, "plans/<name>.yaml"),
+                           ({**plan, "ha": {"standby": "cold"}}, "plans/<name>.yaml")):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schemas[schema])
