@@ -76,6 +76,8 @@ def parse_duration(text: Any) -> float:
             raise ValueError(f"expected a duration such as '2 seconds', '500 ms' or '1 day', got {text!r}")
         number, unit = match.groups()
         seconds = float(number) * _UNIT_SECONDS.get(unit, 1.0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite duration, got {text!r}")
     if seconds <= 0:
         raise ValueError(f"must be positive, got {text!r}")
     return seconds
@@ -91,15 +93,6 @@ def spark_interval(seconds: float) -> str:
 
 
 # --- value types: each validates one kind of YAML value and says what is wrong with it ------------------
-
-
-def _duration(value: Any) -> float:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"must be a finite duration, got {value!r}")
-    seconds = parse_duration(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"must be a finite duration, got {value!r}")
-    return seconds
 
 
 def _matching(pattern: re.Pattern, what: str) -> AfterValidator:
@@ -157,7 +150,7 @@ def _storage_root(value: str) -> str:
 _DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 seconds", "1 minute", "1 day"]},
                               {"type": "number", "exclusiveMinimum": 0}],
                     "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
-Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema(_DURATION_SCHEMA)]
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
 Name = Annotated[StrictStr, _matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")]
 Names = Annotated[list[Name], Field(min_length=1), AfterValidator(_unique)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]

@@ -78,7 +78,7 @@ def test_parse_duration(text, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "0 s", "-1 s", "5 fortnights", True])
+@pytest.mark.parametrize("text", ["", "soon", "0 s", "-1 s", "5 fortnights", True, float("inf"), float("nan")])
 def test_parse_duration_rejects(text) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
