@@ -344,16 +344,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def airflow_connection_exports() -> list[str]:
     """``export AIRFLOW_CONN_<ID>='{json}'`` for every node's Spark connection (sourced by ``.tandem/env.sh``).
 
-    The variable name comes from a validated connection id (``CONN_ID_PATTERN``, checked again
-    here) and the value is shell-quoted: sourcing the lines runs nothing but the exports.
+    The variable name comes from a connection id ``load_cluster`` validated (``CONN_ID_PATTERN``)
+    and the value is shell-quoted: sourcing the lines runs nothing but the exports.
     """
-    from tandem.config import CONN_ID_PATTERN
-
     cluster = load_cluster()
     lines = []
     for node in cluster.nodes.values():
-        if not CONN_ID_PATTERN.match(node.airflow_conn_id):
-            raise TandemError(f"{cluster.path}: nodes.{node.name}.airflow_conn_id: not a shell-safe id")
         value = json.dumps({"conn_type": "spark", "host": node.spark_master,
                             "description": f"Tandem node {node.name}"})
         lines.append(f"export AIRFLOW_CONN_{node.airflow_conn_id.upper()}={shlex.quote(value)}")
