@@ -70,16 +70,20 @@ client() {
 # Connecting goes through Tandem's own store code (tandem.store.db): URLs reach Python in the
 # environment (TANDEM_PROVISION_URL), never on a command line that `ps` shows, and every message
 # about a URL comes from tandem.store.db.redact (no password in any output).
-py_store() {  # py_store URL PYTHON_CODE [ARGS...] -> runs PYTHON_CODE with the URL in the environment
-    local url="$1" code="$2" py
-    shift 2
+STORE_PY=""  # a Python with what tandem.store.db needs; found once by find_store_python (subshells inherit it)
+find_store_python() {
+    local py
     for py in "$ROOT/.venv/bin/python" python3; do
-        if PYTHONPATH="$ROOT/include" "$py" -c 'import psycopg2, tenacity' >/dev/null 2>&1; then
-            TANDEM_PROVISION_URL="$url" PYTHONPATH="$ROOT/include${PYTHONPATH:+:$PYTHONPATH}" "$py" -c "$code" "$@"
-            return
-        fi
+        if "$py" -c 'import psycopg2, tenacity' >/dev/null 2>&1; then STORE_PY="$py"; return; fi
     done
     die "no Python with psycopg2 and tenacity to reach PostgreSQL: run 'make setup' first"
+}
+
+py_store() {  # py_store URL PYTHON_CODE [ARGS...] -> runs PYTHON_CODE with the URL in the environment
+    local url="$1" code="$2"
+    shift 2
+    [[ -n "$STORE_PY" ]] || find_store_python
+    TANDEM_PROVISION_URL="$url" PYTHONPATH="$ROOT/include${PYTHONPATH:+:$PYTHONPATH}" "$STORE_PY" -c "$code" "$@"
 }
 
 # redacted URL -> the URL without its password, for messages
@@ -258,6 +262,7 @@ private_data_dir() {
 # --- commands -----------------------------------------------------------------------------------
 
 cmd_ensure() {
+    find_store_python
     if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
         try_connect "$TANDEM_DATABASE_URL" \
             || die "TANDEM_DATABASE_URL ($(redacted "$TANDEM_DATABASE_URL")) does not connect (reason above). Fix the URL or unset it to let Tandem provision PostgreSQL."
