@@ -130,12 +130,12 @@ def _arrays(spec: InputSpec) -> dict[str, np.ndarray]:
 
 
 def prepare_input(spec: InputSpec, root: Path, write_file, progress=None) -> InputSet:
-    """Write the input once into ``root/landing/trades/shard-1`` (reused when it already exists).
+    """Write the input once into ``root/landing/trades/0`` (reused when it already exists).
 
     ``write_file(directory, lines)`` writes one file atomically. File modification times are set
     one second apart in file order so every reader sees the same order.
     """
-    directory = root / "landing" / "trades" / "shard-1"
+    directory = root / "landing" / "trades" / "0"  # partition 0: what shard-1 reads
     manifest = root / "manifest.json"
     data = _arrays(spec)
     names = np.array(symbol_names(spec.symbols, spec.seed), dtype=object)

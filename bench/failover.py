@@ -159,7 +159,7 @@ def _poll(conn, sql: str, params) -> dict | None:
 
 
 def watch_takeover(conn, standby: str, epoch: int, timeout_s: float, poll_s: float,
-                   check: Callable[[], None] = lambda: None) -> tuple[dict | None, dict | None]:
+                   check: Callable[[], None] = lambda: None, instance: str | None = None) -> tuple[dict | None, dict | None]:
     """Poll for the standby's PROMOTED event at ``epoch`` and its first ``publish_log`` row at that epoch.
 
     Returns (promoted, first); ``first["seen_at"]`` is when the row was first visible to this reader.
@@ -171,11 +171,12 @@ def watch_takeover(conn, standby: str, epoch: int, timeout_s: float, poll_s: flo
         now = time.time()
         if promoted is None:
             promoted = _poll(conn, "SELECT happened_at, epoch, previous_node FROM failover_events WHERE kind = "
-                                   "'PROMOTED' AND node = %s AND epoch = %s", (standby, epoch))
+                                   "'PROMOTED' AND node = %s AND epoch = %s AND plan || '/' || shard_id || '/' || node = %s",
+                             (standby, epoch, instance or f"trades/shard-1/{standby}"))
         if first is None:
             first = _poll(conn, "SELECT min(published_at) AS published_at, min(batch_id) AS batch_id "
                                 "FROM publish_log WHERE instance_id = %s AND epoch = %s HAVING count(*) > 0",
-                          (f"trades/shard-1/{standby}", epoch))
+                          (instance or f"trades/shard-1/{standby}", epoch))
             if first is not None:
                 first["seen_at"] = now
         check()
@@ -202,25 +203,26 @@ def one_failover(pair: _ha.Pair, active: str, standby: str, timeout_s: float = 6
     conn = psycopg2.connect(url, options="-c search_path=tandem -c TimeZone=UTC")
     conn.autocommit = True
     try:
-        before = _ha.lease(url)
+        instance = f"{pair.plan.name}/{pair.shard}/{standby}"
+        before = _ha.lease(url, pair.plan.name, pair.shard)
         assert before["holder"] == active, before
         epoch = before["epoch"] + 1
         time.sleep(random.uniform(0, pair.plan.heartbeat.interval_s))
         killed_at = pair.kill(active, signal.SIGKILL)
-        at_kill = _ha.lease(url)  # the dead active cannot renew any more
+        at_kill = _ha.lease(url, pair.plan.name, pair.shard)  # the dead active cannot renew any more
         load_at_kill = os.getloadavg()[0]
         others_at_kill = len(other_spark_jvms(pair))
-        promoted, first = watch_takeover(conn, standby, epoch, timeout_s, poll_s=0.02)
+        promoted, first = watch_takeover(conn, standby, epoch, timeout_s, poll_s=0.02, instance=instance)
         if promoted is None or first is None:
-            raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url)}\n"
+            raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url, pair.plan.name, pair.shard)}\n"
                                f"{pair.log_tail(standby)}")
-        lease_after = _ha.lease(url)
+        lease_after = _ha.lease(url, pair.plan.name, pair.shard)
         live = None
         deadline = time.monotonic() + 30
         while live is None and time.monotonic() < deadline:  # the first live batch after the held outputs
             live = _poll(conn, "SELECT min(published_at) AS published_at FROM publish_log WHERE instance_id = %s "
                                "AND epoch = %s AND batch_id > %s HAVING count(*) > 0",
-                         (f"trades/shard-1/{standby}", epoch, first["batch_id"]))
+                         (instance, epoch, first["batch_id"]))
             time.sleep(0.1)
     finally:
         conn.close()
@@ -449,7 +451,7 @@ def ha_cost_run(template: Path, with_standby: bool, events: int, files_per_trigg
     label = "pair" if with_standby else "alone"
     with private_project(f"cost_{label}", {"source": {"max_files_per_trigger": files_per_trigger}}) as project:
         cluster = load_cluster()
-        landing = landing_dir(cluster, "trades", "shard-1")
+        landing = landing_dir(cluster, "trades", 0)
         landing.mkdir(parents=True)
         for path in sorted(template.iterdir()):
             os.link(path, landing / path.name)  # same inode: same content and modification time

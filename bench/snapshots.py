@@ -64,7 +64,7 @@ import tandem.snapshots.outputs as snap_outputs  # noqa: E402
 import tandem.snapshots.restore as snap_restore  # noqa: E402
 import tandem.snapshots.take as snap_take  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
-from tandem.layout import delta_table_dir, landing_dir  # noqa: E402
+from tandem.layout import delta_table_dir, instance_landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
 from tandem.producer import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
@@ -349,7 +349,7 @@ def private_project(label: str, args: argparse.Namespace):
     shutil.copytree(ROOT / "conf", root / "conf")
 
     def plan_change(plan: dict) -> None:
-        plan["shards"] = [SHARD]
+        plan["groups"]["shard"]["parallel"] = 1  # one instance, shard-1
         plan["ha"] = {**plan.get("ha", {}), "standby": "warm"}
 
     def cluster_change(cluster: dict) -> None:
@@ -575,7 +575,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         events = Events()
         build_files = 2 * args.build_batches  # two files per batch: both cores parse
         reload(project, source__max_files_per_trigger=2)
-        landing = landing_dir(project.cluster, PLAN, SHARD)
+        landing = instance_landing_dir(project.cluster, load_plan(PLAN, project.cluster), SHARD)
         progress.update(task, description=f"{label}: writing {size:,} build events")
         write_build_input(landing, size, args.seconds, build_files, names, events, rng)
 

@@ -465,8 +465,15 @@ def parse_microbenchmark(spark, inp: C.InputSet, files: int, progress: Progress,
     aggregation query sees them and the bad rows as the quarantine query sees them.
     """
     from pyspark.sql import functions as F
-    from tandem.plans.trades import TRADE_EVENT, good_trades
-    from tandem.runtime.records import parse_and_validate
+    from tandem.config import load_plan
+    from tandem.plans import good_events
+    from tandem.runtime.records import parse_and_validate, record_schema
+
+    plan = load_plan("trades")
+    trade_event = record_schema(plan.streams["trades"])
+
+    def good_trades(frame):
+        return good_events(frame, plan, "trades")
 
     paths = [str(p) for p in sorted(inp.directory.glob("*.jsonl"))[:files]]
     lines_count = 0
@@ -482,7 +489,7 @@ def parse_microbenchmark(spark, inp: C.InputSet, files: int, progress: Progress,
         return frame.where(F.col("reason").isNotNull()).select("raw", "source_file", "reason")
 
     variants = {
-        "tandem parse_and_validate": lambda: parse_and_validate(lines(), TRADE_EVENT),
+        "tandem parse_and_validate": lambda: parse_and_validate(lines(), trade_event),
         "plain parse_events": lambda: plain_trades.parse_events(lines()),
     }
     lines_count = lines().count()
@@ -524,7 +531,7 @@ def latency_run(bench: Bench, side: str, symbols: list[str], progress: Progress)
     args = bench.args
     root = bench.workdir / "latency" / side
     shutil.rmtree(root, ignore_errors=True)
-    landing = root / "landing" / "trades" / "shard-1"
+    landing = root / "landing" / "trades" / "0"  # shard-1 reads partition 0
     landing.mkdir(parents=True)
     database = bench.new_database(f"l{side[0]}")
     conditions = bench.settle()

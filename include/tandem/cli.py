@@ -2,7 +2,7 @@
 
     tandem migrate                      apply the coordination schema migrations
     tandem config check | schema [FILE] validate conf/ and say what it holds | print the files' JSON Schema
-    tandem produce trades --rate 200 --duration 60 --shards 2
+    tandem produce trades --rate 200 --duration 60
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
     tandem run --plan trades --node node-a --shard shard-1 [--available-now]
@@ -57,6 +57,17 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _ratio(text: str) -> float:
+    """A share between 0 and 1 (an argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
 def print_error(exc: BaseException) -> None:
     """``error: <message>`` on stderr, shown literally (never read as Rich markup); one line first.
 
@@ -79,50 +90,170 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from tandem.layout import landing_dir
     from tandem.producer import produce
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    if not 1 <= args.shards <= len(plan.shards):
-        raise TandemError(f"--shards must be between 1 and {len(plan.shards)} (the shards of {plan.path})")
-    shards = plan.shards[: args.shards]
-    total = int(args.rate * max(1, round(args.duration)))
-    files = 0
+    ticks = max(1, round(args.duration))
+    written = [0, 0]  # lines, files
+
+    def tick(lines: int) -> None:
+        written[0] += lines
+        progress.update(task, advance=1, lines=written[0])
+
     with Progress(TextColumn("[bold]producing {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("events"), TimeRemainingColumn(), console=console) as progress:
-        task = progress.add_task("produce", total=total, plan=plan.name)
-        for _ in produce(lambda shard: landing_dir(cluster, plan.source.stream, shard), shards, rate=args.rate,
-                         duration_s=args.duration, seed=args.seed, bad_ratio=args.bad_ratio,
-                         on_tick=lambda n: progress.advance(task, n)):
-            files += 1
-    console.print(f"wrote {total} lines in {files} files to {', '.join(shards)}")
+                  TextColumn("seconds, {task.fields[lines]} lines"), TimeRemainingColumn(), console=console) as progress:
+        task = progress.add_task("produce", total=ticks, plan=plan.name, lines=0)
+        for _ in produce(cluster, plan, rate=args.rate, duration_s=args.duration, seed=args.seed,
+                         bad_ratio=args.bad_ratio, on_tick=tick):
+            written[1] += 1
+    streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
+    console.print(f"wrote {written[0]} lines in {written[1]} files to {streams}")
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from tandem import aggregation
-
+    """One output of a plan, by its kind: merged aggregates, a merged table, or events in a time range."""
     cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    output = args.output or _only_output(plan)
+    if output not in plan.outputs or plan.outputs[output].kind == "quarantine":
+        readable = [name for name, o in plan.outputs.items() if o.kind != "quarantine"]
+        raise TandemError(f"plan {plan.name} has no output {output!r} to query (outputs: {', '.join(readable)})")
+    kind = plan.outputs[output].kind
     end = args.end or datetime.now(timezone.utc) + timedelta(seconds=1)
     start = args.start or end - timedelta(seconds=args.since)
-    rows = aggregation.query(cluster, args.aggregation, args.granularity, start, end,
-                             symbols=args.symbol or None, source=args.source)
+    if kind == "aggregation":
+        from tandem import aggregation
+
+        rows = aggregation.query(cluster, plan.name, args.granularity, start, end, output=output,
+                                 symbols=args.symbol or None, source=args.source)
+        if args.json:
+            print(json.dumps(rows, default=str, indent=2))
+        else:
+            from tandem.aggregation.spec import spec_for
+
+            console.print(render_aggregates(rows, f"{output} per {args.granularity} ({args.source})",
+                                            spec_for(plan, output)))
+        return 0
+    if kind == "table":
+        return _print_table(cluster, plan, output, dict(_key_filter(item) for item in args.key or []), args)
+    return _print_events(cluster, plan, output, start, end, args)
+
+
+def show_output(cluster, plan, output: str, *, limit: int | None = None) -> None:
+    """Print a table output merged, or an events output's first ``limit`` events (all time), from PostgreSQL."""
+    args = argparse.Namespace(source="postgres", json=False, follow=False, key=None, limit=limit)
+    if plan.outputs[output].kind == "aggregation":
+        from tandem import aggregation
+        from tandem.aggregation.spec import spec_for
+
+        end = datetime.now(timezone.utc) + timedelta(minutes=1)
+        rows = aggregation.query(cluster, plan.name, "minute", end - timedelta(days=1), end, output=output)
+        console.print(render_aggregates(rows[-(limit or len(rows)):], f"{plan.name} {output} per minute (PostgreSQL)",
+                                        spec_for(plan, output)))
+        return
+    if plan.outputs[output].kind == "table":
+        _print_table(cluster, plan, output, {}, args)
+        return
+    console.print(f"[bold]{plan.name} {output}[/] (events, first {limit or 'all'}):")
+    _print_events(cluster, plan, output, datetime(1970, 1, 1, tzinfo=timezone.utc),
+                  datetime(9999, 1, 1, tzinfo=timezone.utc), args)
+
+
+def _only_output(plan) -> str:
+    readable = [name for name, o in plan.outputs.items() if o.kind != "quarantine"]
+    if len(readable) != 1:
+        raise TandemError(f"plan {plan.name} has several outputs: name one ({', '.join(readable)})")
+    return readable[0]
+
+
+def _print_table(cluster, plan, output: str, key: dict[str, str], args: argparse.Namespace) -> int:
+    from tandem.layout import delta_table_dir
+    from tandem.runtime.sinks import read_table_lake
+    from tandem.store import Database
+    from tandem.store.outputs import read_table_rows
+
+    config = plan.outputs[output]
+    if args.source == "delta":
+        rows = [r for r in read_table_lake(delta_table_dir(cluster, plan.name, output), config)
+                if all(str(r.get(k)) == str(v) for k, v in key.items())]
+    else:
+        with Database(cluster.database_url, "tandem-query") as db:
+            found = db.run(lambda cursor: read_table_rows(cursor, plan.name, output, config.values, key or None))
+        rows = [{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
+                for r in found]
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return 0
-    console.print(render_aggregates(rows, f"{args.aggregation} per {args.granularity} ({args.source})"))
+    table = Table(title=f"{plan.name} {output} ({args.source}, merged over instances)", box=box.SIMPLE_HEAD)
+    for column in [*config.key, *config.values, "instances"]:
+        table.add_column(column, justify="left" if column in config.key else "right")
+    for row in rows:
+        table.add_row(*[f"{row[c]:g}" if isinstance(row[c], float) else str(row[c])
+                        for c in [*config.key, *config.values, "instances"]])
+    console.print(table)
     return 0
 
 
-def render_aggregates(rows: list[dict], title: str) -> Table:
+def _print_events(cluster, plan, output: str, start: datetime, end: datetime, args: argparse.Namespace) -> int:
+    import time
+
+    from tandem.store import Database
+    from tandem.store.outputs import count_events, read_events
+
+    if args.source == "delta":
+        from tandem.layout import delta_table_dir
+        from tandem.runtime.sinks import as_utc, read_events_lake
+
+        lake = read_events_lake(delta_table_dir(cluster, plan.name, output)).to_pylist()
+        time_field = plan.outputs[output].time
+        for event in sorted(lake, key=lambda e: (e[time_field], e["event_id"])):
+            if start <= as_utc(event[time_field]) < end:
+                print(json.dumps(event, default=str) if args.json else
+                      ", ".join(f"{k}={v}" for k, v in event.items()), flush=True)
+        return 0
+    after: tuple[datetime, str] | None = None
+    far = datetime(9999, 1, 1, tzinfo=timezone.utc)
+    limit = getattr(args, "limit", None)
+    page = limit or 1000
+    with Database(cluster.database_url, "tandem-query") as db:
+        while True:
+            rows = db.run(lambda cursor: read_events(cursor, plan.name, output, start, far if args.follow else end,
+                                                     after=after, limit=page))
+            for row in rows:
+                event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
+                         "shard_id": row["shard_id"], **row["payload"]}
+                if args.json:
+                    print(json.dumps(event, default=str), flush=True)
+                else:
+                    details = ", ".join(f"{k}={v}" for k, v in row["payload"].items())
+                    console.print(f"{event['event_time']}  {row['shard_id']}  {details}", highlight=False)
+                after = (row["event_time"], row["event_id"])
+            if limit is not None:
+                total = db.run(lambda cursor: count_events(cursor, plan.name, output))
+                console.print(f"({len(rows)} of {total} events shown)")
+                return 0
+            if len(rows) == page:
+                continue
+            if not args.follow:
+                return 0
+            time.sleep(1.0)
+
+
+def render_aggregates(rows: list[dict], title: str, spec) -> Table:
+    """Merged aggregates as a table: bucket, keys, derived ratios, measures, shards."""
+    columns = [*spec.keys, *(r.column for r in spec.ratios), *spec.measure_columns, "shards"]
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for column in ("bucket (UTC)", "symbol", "avg price", "Σ qty", "count", "min", "max", "shards"):
-        table.add_column(column, justify="left" if column in ("bucket (UTC)", "symbol") else "right", no_wrap=True)
+    table.add_column("bucket (UTC)", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="left" if column in spec.keys else "right", no_wrap=True)
+
+    def shown(value) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
     for row in rows:
-        table.add_row(row["bucket_start"].strftime("%Y-%m-%d %H:%M:%S"), row["symbol"], f"{row['avg_price']:.3f}",
-                      str(row["quantity_sum"]), str(row["trade_count"]), f"{row['price_min']:.2f}",
-                      f"{row['price_max']:.2f}", str(row["shards"]))
+        table.add_row(row["bucket_start"].strftime("%Y-%m-%d %H:%M:%S"), *[shown(row[c]) for c in columns])
     return table
 
 
@@ -257,9 +388,9 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
         for line in prune_snapshots(cluster, plan, shard_id=args.shard).describe():
             console.print(line, highlight=False)
-        for shard, decision in clean_plan_landing(cluster, plan, shard_id=args.shard).items():
+        for partition, decision in clean_plan_landing(cluster, plan, shard_id=args.shard).items():
             for line in decision.describe():
-                console.print(f"landing {shard}: {line}", highlight=False)
+                console.print(f"landing {partition}: {line}", highlight=False)
         return 0
     if args.state:
         key = dict(_key_filter(item) for item in args.key or [])
@@ -377,8 +508,11 @@ def cmd_config(args: argparse.Namespace) -> int:
             print_error(exc)
             refused += 1
             continue
-        print(f"{plan.path}: ok: plan {plan.name}, shards {', '.join(plan.shards)}, nodes {', '.join(plan.nodes)}, "
-              f"{plan.ha.standby} standby, suites {plan.validation.suite} and {plan.snapshot.suite}")
+        streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
+        outputs = ", ".join(f"{name} ({output.kind})" for name, output in plan.outputs.items())
+        print(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.shards)}, streams {streams}, "
+              f"outputs {outputs}, nodes {', '.join(plan.nodes)}, {plan.ha.standby} standby, "
+              f"suites {plan.validation.suite} and {plan.snapshot.suite}")
     print(f"{len(plan_files) - refused} of {len(plan_files)} plan file(s) valid")
     return 2 if refused else 0
 
@@ -421,20 +555,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     produce = commands.add_parser("produce", help="write events into the landing directories")
     produce.add_argument("plan")
-    produce.add_argument("--rate", type=int, default=100, help="events per second (all shards together)")
+    produce.add_argument("--rate", type=int, default=100, help="events per second (trades, orders or temperatures)")
     produce.add_argument("--duration", type=_duration, default=10.0, help="how long, e.g. '60 seconds'")
-    produce.add_argument("--shards", type=int, default=1, help="deal events round-robin over the first K shards")
     produce.add_argument("--seed", type=int, default=42)
-    produce.add_argument("--bad-ratio", type=float, default=0.0, help="share of deliberately bad lines")
+    produce.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of deliberately bad lines")
     produce.set_defaults(func=cmd_produce)
 
-    query = commands.add_parser("query", help="merged aggregates for a granularity and time range")
-    query.add_argument("aggregation")
-    query.add_argument("--granularity", default="hour", choices=("second", "minute", "hour", "day", "month", "year"))
-    query.add_argument("--symbol", action="append", help="restrict to a symbol (repeatable)")
+    query = commands.add_parser("query", help="read a plan's output: merged aggregates, a merged table, or events")
+    query.add_argument("plan")
+    query.add_argument("output", nargs="?", help="the output to read (default: the plan's only one)")
+    query.add_argument("--granularity", default="hour", choices=("second", "minute", "hour", "day", "month", "year"),
+                       help="aggregations: the bucket size")
+    query.add_argument("--symbol", action="append", help="aggregations: restrict to a symbol (repeatable)")
+    query.add_argument("--key", action="append", help="tables: restrict to key=value (repeatable)")
     query.add_argument("--since", type=_duration, default=86400.0, help="range length before --end (default 1 day)")
     query.add_argument("--start", type=_parse_time, help="ISO start time (UTC if no zone)")
     query.add_argument("--end", type=_parse_time, help="ISO end time (default now)")
+    query.add_argument("--follow", action="store_true", help="events: keep printing new events as they come")
     query.add_argument("--source", default="postgres", choices=("postgres", "delta"))
     query.add_argument("--json", action="store_true")
     query.set_defaults(func=cmd_query)

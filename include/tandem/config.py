@@ -33,7 +33,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     StrictInt,
     StrictStr,
@@ -42,6 +41,15 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from tandem.declarations import (
+    GroupConfig,
+    OutputConfig,
+    StreamConfig,
+    StrictModel,
+    instance_ids,
+    instance_partitions,
+    matching,
+)
 from tandem.errors import ConfigError
 from tandem.store.db import redact
 
@@ -95,15 +103,6 @@ def spark_interval(seconds: float) -> str:
 # --- value types: each validates one kind of YAML value and says what is wrong with it ------------------
 
 
-def _matching(pattern: re.Pattern, what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(f"{value[:80]!r} must match {pattern.pattern} ({what})")
-        return value
-
-    return AfterValidator(check)
-
-
 def _unique(values: list[str]) -> list[str]:
     twice = sorted({v for v in values if values.count(v) > 1})
     if twice:
@@ -151,30 +150,16 @@ _DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 secon
                               {"type": "number", "exclusiveMinimum": 0}],
                     "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
 Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
-Name = Annotated[StrictStr, _matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")]
+Name = Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")]
 Names = Annotated[list[Name], Field(min_length=1), AfterValidator(_unique)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
-SuiteName = Annotated[StrictStr, _matching(SUITE_PATTERN, "a file name in conf/expectations/, without .json")]
-
-
-class _Model(BaseModel):
-    """Strict, immutable, unknown fields refused; YAML names are the aliases, attributes may differ."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+SuiteName = Annotated[StrictStr, matching(SUITE_PATTERN, "a file name in conf/expectations/, without .json")]
 
 
 # --- plan sections (used by the running code as they are) ------------------------------------------------
 
 
-class SourceConfig(_Model):
-    """Where a plan's events land: ``<storage_root>/landing/<stream>/<shard_id>/`` (stream default: the plan name)."""
-
-    stream: Name | None = None
-    format: Literal["jsonl"] = "jsonl"
-    max_files_per_trigger: PositiveInt = 1000
-
-
-class HeartbeatConfig(_Model):
+class HeartbeatConfig(StrictModel):
     """Liveness heartbeat cadence; a node is presumed dead after ``interval × max_missed``."""
 
     interval_s: Duration = Field(1.0, alias="interval")
@@ -185,7 +170,7 @@ class HeartbeatConfig(_Model):
         return self.interval_s * self.max_missed
 
 
-class ValidationConfig(_Model):
+class ValidationConfig(StrictModel):
     """The batch DAG that validates a plan's serving table with Great Expectations (suite default ``<plan>_aggregates``)."""
 
     schedule: Annotated[StrictStr, AfterValidator(_cron)] = "@hourly"
@@ -193,7 +178,7 @@ class ValidationConfig(_Model):
     suite: SuiteName = ""
 
 
-class HAConfig(_Model):
+class HAConfig(StrictModel):
     """High availability of a plan: how standbys wait, and when the supervisor calls an instance stuck.
 
     ``standby: hot`` runs the passive node's plan all the time (it takes over by itself);
@@ -211,7 +196,7 @@ class HAConfig(_Model):
     launch_window_s: Duration = Field(600.0, alias="launch_window")
 
 
-class SnapshotConfig(_Model):
+class SnapshotConfig(StrictModel):
     """Scheduled persistence snapshots of a plan (the seeds' ``persistenceIntervalInMinutes``).
 
     ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
@@ -225,14 +210,15 @@ class SnapshotConfig(_Model):
     suite: SuiteName = ""
 
 
-class PlanFile(_Model):
+class PlanFile(StrictModel):
     """The shape of ``conf/plans/<name>.yaml``."""
 
     name: Name
     description: StrictStr = ""
-    module: Annotated[StrictStr, _matching(MODULE_PATTERN, "a module of the tandem.plans package")] | None = None
-    source: SourceConfig = SourceConfig()
-    shards: Names
+    module: Annotated[StrictStr, matching(MODULE_PATTERN, "a module of the tandem.plans package")] | None = None
+    streams: Annotated[dict[Name, StreamConfig], Field(min_length=1)]
+    groups: Annotated[dict[Name, GroupConfig], Field(min_length=1)]
+    outputs: Annotated[dict[Name, OutputConfig], Field(min_length=1)]
     nodes: Names
     trigger_interval: Duration = 1.0
     watermark: Duration = 10.0
@@ -245,21 +231,21 @@ class PlanFile(_Model):
 # --- cluster.yaml --------------------------------------------------------------------------------------------
 
 
-class NodeSection(_Model):
+class NodeSection(StrictModel):
     spark_master: Annotated[StrictStr, Field(min_length=1)]
     airflow_conn_id: Annotated[StrictStr, AfterValidator(_conn_id)] | None = None
-    driver_memory: Annotated[StrictStr, _matching(MEMORY_PATTERN, "a Spark memory size such as 512m or 2g")] = "1g"
+    driver_memory: Annotated[StrictStr, matching(MEMORY_PATTERN, "a Spark memory size such as 512m or 2g")] = "1g"
 
 
-class DatabaseSection(_Model):
+class DatabaseSection(StrictModel):
     url: Annotated[StrictStr, AfterValidator(_postgresql_url)] = "postgresql://postgres@127.0.0.1:5432/tandem"
 
 
-class AirflowSection(_Model):
+class AirflowSection(StrictModel):
     api_url: Annotated[StrictStr, AfterValidator(_http_url)] = "http://127.0.0.1:8080"
 
 
-class ClusterFile(_Model):
+class ClusterFile(StrictModel):
     """The shape of ``conf/cluster.yaml``."""
 
     storage_root: Annotated[StrictStr, AfterValidator(_storage_root)] = ".tandem/data"
@@ -316,8 +302,9 @@ class PlanConfig:
     name: str
     description: str
     module: str
-    source: SourceConfig
-    shards: tuple[str, ...]
+    streams: dict[str, StreamConfig]
+    groups: dict[str, GroupConfig]
+    outputs: dict[str, OutputConfig]
     nodes: tuple[str, ...]
     trigger_interval_s: float
     watermark_s: float
@@ -325,6 +312,22 @@ class PlanConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ha: HAConfig = field(default_factory=HAConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+
+    @property
+    def shards(self) -> tuple[str, ...]:
+        """Every HA unit of the plan: the instances ``<group>-<n>`` of every group, in order."""
+        return tuple(i for name, group in self.groups.items() for i in instance_ids(name, group.parallel))
+
+    def group_of(self, shard_id: str) -> tuple[str, int]:
+        """``(group, index)`` of an instance id ``<group>-<index>``."""
+        self.check_shard(shard_id)
+        group, _, index = shard_id.rpartition("-")
+        return group, int(index)
+
+    def partitions(self, shard_id: str, stream: str) -> list[int]:
+        """The partitions of ``stream`` the instance ``shard_id`` reads."""
+        group, index = self.group_of(shard_id)
+        return instance_partitions(index, self.groups[group].parallel, self.streams[stream].partitions)
 
     def check_shard(self, shard_id: str) -> str:
         """``shard_id`` if it is one of the plan's shards, else a :class:`ConfigError` naming the plan file."""
@@ -476,7 +479,7 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
     return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
 
 
-def _validated(model: type[_Model], data: Any, source: str) -> Any:
+def _validated(model: type[StrictModel], data: Any, source: str) -> Any:
     """``model`` validated from ``data``; the first problem as a :class:`ConfigError` naming ``source`` and the field."""
     if not isinstance(data, dict):
         raise ConfigError(source, "(top level)", f"expected a mapping, got {_TYPE_NAMES.get(type(data), type(data).__name__)}")
@@ -489,7 +492,7 @@ def _validated(model: type[_Model], data: Any, source: str) -> Any:
         raise ConfigError(source, _field(error["loc"]), problem) from None
 
 
-def _from_environment(variable: str, model: type[_Model], key: str) -> Any | None:
+def _from_environment(variable: str, model: type[StrictModel], key: str) -> Any | None:
     """An override from an environment variable, validated as ``model.key`` is (an error names the variable)."""
     value = os.environ.get(variable)
     if not value:
@@ -555,6 +558,12 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     for index, node in enumerate(file.nodes):
         if node not in cluster.nodes:
             raise error(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
+    queries = [q for group in file.groups.values() for q in group.queries]
+    for name, group in file.groups.items():
+        for index, query in enumerate(group.queries):
+            if queries.count(query) > 1:
+                raise error(f"groups.{name}.queries[{index}]", f"query {query!r} is listed in more than one group "
+                                                               "(a query runs in exactly one group)")
     validation = file.validation.model_copy(update={"suite": file.validation.suite or f"{file.name}_aggregates"})
     snapshot = file.snapshot.model_copy(update={"suite": file.snapshot.suite or f"{file.name}_state"})
     for field_name, suite in (("validation.suite", validation.suite), ("snapshot.suite", snapshot.suite)):
@@ -566,8 +575,9 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         name=file.name,
         description=file.description,
         module=file.module or f"tandem.plans.{file.name}",
-        source=file.source.model_copy(update={"stream": file.source.stream or file.name}),
-        shards=tuple(file.shards),
+        streams=dict(file.streams),
+        groups=dict(file.groups),
+        outputs=dict(file.outputs),
         nodes=tuple(file.nodes),
         trigger_interval_s=file.trigger_interval,
         watermark_s=file.watermark,

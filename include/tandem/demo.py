@@ -17,9 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
+from tandem.aggregation.spec import spec_for
 from tandem.cli import render_aggregates
 from tandem.config import load_cluster, load_plan
-from tandem.layout import delta_table_dir, landing_dir
+from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
 from tandem.producer import produce
 from tandem.store import Database, migrate
@@ -54,21 +55,27 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     console.print("both plan instances are RUNNING")
 
     started = datetime.now(timezone.utc)
-    total = int(rate * round(duration_s))
+    written = [0]
+
+    def tick(lines: int) -> None:
+        written[0] += lines
+        progress.advance(task, lines)
+
     with Progress(TextColumn("[bold]producing trades"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
-        task = progress.add_task("produce", total=total)
-        for _ in produce(lambda shard: landing_dir(cluster, plan.source.stream, shard), plan.shards[:2], rate=rate,
-                         duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=lambda n: progress.advance(task, n)):
+        task = progress.add_task("produce", total=int(rate * round(duration_s)))
+        for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
             pass
+    total = written[0]
 
     _wait_until_read(console, cluster, plan.name, started, lines=total)
     end = datetime.now(timezone.utc) + timedelta(minutes=1)
     hours = (aggregation.bucket_start(started, "hour"), end)
     hourly = aggregation.query(cluster, "trades", "hour", *hours)
     minutes = aggregation.query(cluster, "trades", "minute", aggregation.bucket_start(started, "minute"), end)
-    console.print(render_aggregates(hourly, "merged hourly aggregates (PostgreSQL)"))
-    console.print(render_aggregates(minutes, "merged per-minute aggregates (PostgreSQL)"))
+    spec = spec_for(plan, "trade_aggregates")
+    console.print(render_aggregates(hourly, "merged hourly aggregates (PostgreSQL)", spec))
+    console.print(render_aggregates(minutes, "merged per-minute aggregates (PostgreSQL)", spec))
     from_delta = aggregation.query(cluster, "trades", "hour", *hours, source="delta")
     same = [(r["symbol"], r["trade_count"]) for r in from_delta] == [(r["symbol"], r["trade_count"]) for r in hourly]
     console.print(f"Delta gives the same hourly counts: {'yes' if same else '[red]NO[/]'}")
@@ -80,9 +87,50 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
 
     if not keep_running:
         _stop_instances(console, cluster, plan, placements)
+    for name in ("pizza_shop", "temperatures"):
+        _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
+                        duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
     console.rule()
     console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
     return 0
+
+
+def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
+                    seed: int, keep_running: bool) -> None:
+    """Launch every instance of a plan through Airflow, feed it, let the watermark pass, show each output."""
+    from tandem.cli import show_output
+    from tandem.producer import advance_watermark
+
+    run_dag = f"tandem_{plan.name}_run"
+    console.rule(f"[bold]{plan.name}: {plan.description}")
+    placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
+    with console.status(f"waiting for the DAG processor to parse {run_dag}"):
+        client.wait_for_dag(run_dag)
+        client.unpause(run_dag)
+    runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
+            for shard, node in placements]
+    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.shards)})"):
+        for run_id in runs:
+            client.wait_for_run(run_dag, run_id, timeout_s=300)
+    groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
+    console.print(f"groups {groups}: every instance RUNNING")
+    with Progress(TextColumn(f"[bold]producing {plan.name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("produce", total=max(1, round(duration_s)))
+        for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01,
+                         on_tick=lambda lines: progress.advance(task, 1)):
+            pass
+    advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
+    console.print("wrote an event an hour ahead into every partition: every result becomes final")
+    with console.status("waiting for the outputs (results are emitted once the watermark makes them final)"):
+        time.sleep(45)
+    for output, config in plan.outputs.items():
+        if config.kind != "quarantine":
+            show_output(cluster, plan, output, limit=8)
+    counts = read_table(delta_table_dir(cluster, plan.name, "quarantine")).num_rows if "quarantine" in plan.outputs else 0
+    console.print(f"quarantined lines of {plan.name}: {counts} (Delta table delta/{plan.name}/quarantine)")
+    if not keep_running:
+        _stop_instances(console, cluster, plan, placements)
 
 
 def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tandem.config import ClusterConfig
+from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot
 
 
@@ -33,9 +33,25 @@ def under_root(cluster: ClusterConfig, path: Path | str) -> Path:
     return Path(path)
 
 
-def landing_dir(cluster: ClusterConfig, stream: str, shard_id: str) -> Path:
-    """Input files of one shard: ``landing/<stream>/<shard_id>/``."""
-    return _place(cluster, "landing", stream, shard_id)
+def landing_dir(cluster: ClusterConfig, stream: str, partition: int) -> Path:
+    """Input files of one partition of a stream: ``landing/<stream>/<partition>/`` (docs/partitions.md)."""
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise PathOutsideRoot(f"{partition!r} is not a partition number (0, 1, ...)")
+    return _place(cluster, "landing", stream, str(partition))
+
+
+def instance_landing_dirs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> dict[str, list[Path]]:
+    """The landing folders one instance reads, by stream: its share of every stream's partitions."""
+    return {stream: [landing_dir(cluster, stream, p) for p in plan.partitions(shard_id, stream)]
+            for stream in plan.streams}
+
+
+def instance_landing_dir(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str | None = None) -> Path:
+    """The first landing folder of an instance's share of ``stream`` (default: the plan's first stream).
+
+    Events written there reach that instance (and no other instance of its group).
+    """
+    return instance_landing_dirs(cluster, plan, shard_id)[stream or next(iter(plan.streams))][0]
 
 
 def checkpoint_dir(cluster: ClusterConfig, plan: str, shard_id: str, node: str, query: str = "") -> Path:

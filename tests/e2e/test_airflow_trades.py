@@ -18,7 +18,7 @@ import yaml
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster, load_plan
-from tandem.layout import checkpoint_dir, landing_dir
+from tandem.layout import checkpoint_dir, instance_landing_dir
 from tandem.producer import write_atomically
 from tandem.store import Database
 from tandem.store.heartbeats import input_rows_since
@@ -86,9 +86,9 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
         for shard, shard_events in events.items():
             for start in range(0, len(shard_events), 100):
                 chunk = shard_events[start:start + 100]
-                write_atomically(landing_dir(cluster, plan.source.stream, shard), [json.dumps(e) for e in chunk])
+                write_atomically(instance_landing_dir(cluster, plan, shard), [json.dumps(e) for e in chunk])
                 lines += len(chunk)
-            write_atomically(landing_dir(cluster, plan.source.stream, shard), ['{"symbol": "IBM", "price": -1}'])
+            write_atomically(instance_landing_dir(cluster, plan, shard), ['{"symbol": "IBM", "price": -1}'])
             lines += 1
 
         deadline = time.monotonic() + 240

@@ -20,8 +20,8 @@ from _ha import configure_one_shard, wait_for
 from _ha import instance_row as instance
 from _project import kill_groups
 from tandem.airflow_rest import AirflowClient
-from tandem.config import load_cluster
-from tandem.layout import landing_dir
+from tandem.config import load_cluster, load_plan
+from tandem.layout import instance_landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database, migrate
 from tandem.packaging import build_dist
@@ -93,7 +93,7 @@ def test_supervision_dag_brings_a_killed_passive_back_as_passive(stop_plan_after
     with Database(database_url) as db:
         migrate(db)
     generator, written = TradeGenerator(21), [0, 0]
-    directory = landing_dir(load_cluster(), "trades", SHARD)
+    directory = instance_landing_dir(load_cluster(), load_plan("trades"), SHARD)
 
     def feed(count: int = 80) -> None:
         now_ms = int(time.time() * 1000)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tandem.aggregation.spec import TRADES
+from _project import TRADES
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
 from tandem.runtime.publisher import AggregateSink, BatchInfo

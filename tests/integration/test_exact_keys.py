@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tandem import aggregation
-from tandem.aggregation.spec import TRADES
+from _project import TRADES
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
 from tandem.runtime.publisher import AggregateSink, BatchInfo
@@ -71,6 +71,8 @@ def test_a_standby_of_shard_1_keeps_what_the_active_of_shard_dash_1_published(ur
 
 def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, project: Path) -> None:
     """A second plan running the trades module writes the same table; reads and restores stay per plan."""
+    trades_yaml = project / "conf" / "plans" / "trades.yaml"
+    (project / "conf" / "plans" / "copy.yaml").write_text(trades_yaml.read_text().replace("name: trades", "name: copy"))
     cluster = load_cluster()
     publish(url, cluster.storage_root / "delta", InstanceKey("trades", "shard-1", "node-a"),
             seconds({0: [100.0, 102.0], 1: [101.0]}))
@@ -79,7 +81,7 @@ def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, proje
     window = (T0 - timedelta(days=1), T0 + timedelta(days=1))
 
     def minute_of(plan: str) -> tuple[int, float]:
-        [row] = aggregation.query(cluster, "trades", "minute", *window, plan=plan)
+        [row] = aggregation.query(cluster, plan, "minute", *window)
         return row["trade_count"], row["price_sum"]
 
     assert minute_of("trades") == (3, 303.0)
@@ -88,6 +90,6 @@ def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, proje
     # restoring the copy's shard-1 to an empty cut deletes the copy's rows, and only those
     with Database(url) as db:
         rebuild_postgres_shard(db, TRADES, "copy", "shard-1", seconds({0: [1.0]}).slice(0, 0))
-    assert aggregation.query(cluster, "trades", "minute", *window, plan="copy") == []
+    assert aggregation.query(cluster, "copy", "minute", *window) == []
     assert minute_of("trades") == (3, 303.0)
     assert (delta_table_dir(cluster, "copy", TRADES.table)).is_dir()

@@ -57,7 +57,7 @@ from _ha import (
 from _project import kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
-from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
 from tandem.packaging import build_dist
 from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
 from tandem.store.registry import InstanceKey
@@ -94,7 +94,7 @@ class HotPair:
     def start_load(self) -> None:
         """~200 events/s into shard-1's landing directory (a new writer, a new seed, for each test)."""
         self.load_started_at = db_now(self.url)
-        self.writer = TradeWriter(landing_dir(self.pair.cluster, "trades", SHARD), rate=200, seed=next(self.seeds))
+        self.writer = TradeWriter(instance_landing_dir(self.pair.cluster, load_plan("trades", self.pair.cluster), SHARD), rate=200, seed=next(self.seeds))
         self.writer.start()
 
     def stop_load(self) -> list[tuple[int, str, float, int]]:
@@ -411,7 +411,7 @@ def test_a_standby_does_not_trim_what_the_dead_active_never_appended_to_delta(pr
     """
     import pyarrow as pa
     from tandem.aggregation import delta as agg_delta
-    from tandem.aggregation.spec import TRADES
+    from _project import TRADES
     from tandem.runtime.publisher import AggregateSink
     from tandem.store import Database, migrate
     from tandem.store.leases import try_acquire

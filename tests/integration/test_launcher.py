@@ -13,7 +13,7 @@ import psycopg2
 import pytest
 
 from tandem.config import ClusterConfig, load_cluster, load_plan
-from tandem.layout import landing_dir
+from tandem.layout import instance_landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database
 from tandem.store.migrations import migrate
@@ -71,7 +71,7 @@ def write_trades(cluster: ClusterConfig, shard: str, count: int, files: int, see
     events = [json.dumps(generator.event(now_ms - 1000 + i)) for i in range(count)]
     per_file = count // files
     for start in range(0, count, per_file):
-        write_atomically(landing_dir(cluster, "trades", shard), events[start:start + per_file])
+        write_atomically(instance_landing_dir(cluster, load_plan("trades", cluster), shard), events[start:start + per_file])
 
 
 def published_trades(database_url: str, shard: str) -> int:

@@ -24,7 +24,7 @@ HOSTILE = "../../../../../x"
 @pytest.mark.parametrize("name", ["..", ".", "", "a/b", "/etc", HOSTILE, "x\\..\\y", "nul\0byte"])
 def test_no_place_is_built_from_a_name_that_is_not_one_folder(project: Path, name: str) -> None:
     cluster = load_cluster()
-    for build in (lambda: landing_dir(cluster, "trades", name), lambda: checkpoint_dir(cluster, "trades", name, "n"),
+    for build in (lambda: landing_dir(cluster, name, 0), lambda: checkpoint_dir(cluster, "trades", name, "n"),
                   lambda: snapshot_dir(cluster, "trades", name)):
         with pytest.raises(PathOutsideRoot, match="cannot name a folder under the storage root"):
             build()
@@ -101,7 +101,7 @@ def test_landing_retention_never_trusts_a_recorded_cut_outside_the_root(project:
 
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    landing = landing_dir(cluster, "trades", "shard-1")
+    landing = landing_dir(cluster, "trades", 0)
     landing.mkdir(parents=True)
     (landing / "events-1.jsonl").write_text("{}\n")
     with Database(cluster.database_url) as db:

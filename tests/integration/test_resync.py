@@ -228,7 +228,7 @@ def batches(database_url: str, node: str) -> list[dict]:
 def test_a_node_resumed_from_a_cut_counts_every_event_exactly_once(project: Path, database_url: str, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    landing = landing_dir(cluster, "trades", "shard-1")
+    landing = landing_dir(cluster, "trades", 0)
 
     # node-b runs first, alone, for a while: its batch ids (and its Delta transactions) run ahead
     early = []
@@ -272,7 +272,7 @@ def test_a_node_whose_checkpoint_swap_was_interrupted_resumes_from_its_old_check
         project: Path, database_url: str, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    landing = landing_dir(cluster, "trades", "shard-1")
+    landing = landing_dir(cluster, "trades", 0)
     first = make_events(1, 120, T0)
     write_events(landing, first, per_file=40)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
@@ -294,7 +294,7 @@ def test_a_node_whose_checkpoint_swap_was_interrupted_resumes_from_its_old_check
 def test_cuts_taken_while_the_query_runs_are_consistent(project: Path, database_url: str, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    landing = landing_dir(cluster, "trades", "shard-1")
+    landing = landing_dir(cluster, "trades", 0)
     source = checkpoint_dir(cluster, "trades", "shard-1", "node-a", "aggregates")
     target = checkpoint_dir(cluster, "trades", "shard-1", "node-b", "aggregates")
     stop = threading.Event()

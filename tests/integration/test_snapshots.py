@@ -31,10 +31,10 @@ from _ha import (
 import pyarrow.dataset as ds
 
 from tandem import cli
-from tandem.aggregation.spec import TRADES
+from _project import TRADES
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
-from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
 from tandem.lake.tables import read_table
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
@@ -106,7 +106,7 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
     live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
-    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=200)
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=200)
     stop = threading.Event()
     result: list = []
     runner = threading.Thread(target=lambda: result.append(run_instance(
@@ -161,7 +161,7 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     oldest_kept_cut = {landing_file_key(f)
                        for f in processed_files(Path(taken[1].record.checkpoint_path) / "aggregates")}
     at_cut = events_in(processed_files(Path(restored.checkpoint_path) / "aggregates"))
-    landing = landing_dir(cluster, PLAN, SHARD)
+    landing = instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD)
     before = {str(p) for p in landing.iterdir() if p.is_file()}
     assert oldest_kept_cut < before
     with Database(cluster.database_url, "test") as db:
@@ -204,7 +204,7 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
     dist = build_dist(project)
     pair = Pair(cluster, plan, dist, process_groups)
     live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
-    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=200)
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=200)
     try:
         pair.launch("node-a", "ACTIVE")
         pair.wait_running("node-a")

@@ -27,7 +27,7 @@ from _ha import configure_one_shard, fetch, mismatches, published_total, split_b
 from _project import create_database, drop_database, kill_groups, use_project
 
 from tandem.config import load_cluster, load_plan
-from tandem.layout import landing_dir
+from tandem.layout import instance_landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database
 from tandem.store.leases import read_lease
@@ -133,7 +133,7 @@ class Feed:
     """Trade events with current timestamps, one atomically renamed file per call, remembered."""
 
     def __init__(self, supervisor: Supervisor, seed: int = 5) -> None:
-        self.directory = landing_dir(supervisor.cluster, "trades", SHARD)
+        self.directory = instance_landing_dir(supervisor.cluster, load_plan("trades", supervisor.cluster), SHARD)
         self.generator = TradeGenerator(seed)
         self.count = self.quantity = 0
 

@@ -15,7 +15,7 @@ from _ha import expected_aggregates as expected_partials
 from deltalake import DeltaTable
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
-from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir
+from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir, landing_dir
 from tandem.lake.tables import read_table
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
@@ -73,7 +73,7 @@ def test_partials_per_shard_and_merged_values_match_the_events(project: Path, da
     plan = load_plan("trades", cluster)
     events = {"shard-1": make_events(1, 600, 25_000), "shard-2": make_events(2, 400, 25_000)}
     for shard, shard_events in events.items():
-        write_events(landing_dir(cluster, "trades", shard), shard_events, per_file=100)
+        write_events(instance_landing_dir(cluster, plan, shard), shard_events, per_file=100)
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
@@ -98,7 +98,7 @@ def test_replaying_a_batch_does_not_double_count(project: Path, database_url: st
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     events = make_events(3, 300, 8_000)
-    write_events(landing_dir(cluster, "trades", "shard-1"), events, per_file=60)
+    write_events(landing_dir(cluster, "trades", 0), events, per_file=60)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
     delta_path = delta_table_dir(cluster, "trades", "trade_aggregates")
     version_before = DeltaTable(str(delta_path)).version()
@@ -149,7 +149,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     plan = load_plan("trades", cluster)
     good = make_events(4, 20, 3_000)
     lines = [json.dumps(e) for e in good[:10]] + list(BAD_LINES) + [json.dumps(e) for e in good[10:]]
-    source = write_atomically(landing_dir(cluster, "trades", "shard-1"), lines)
+    source = write_atomically(landing_dir(cluster, "trades", 0), lines)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
 
     quarantine = read_table(delta_table_dir(cluster, "trades", "quarantine")).to_pylist()
@@ -171,7 +171,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
 def test_events_behind_the_watermark_are_counted_as_late(project: Path, database_url: str, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    directory = landing_dir(cluster, "trades", "shard-1")
+    directory = landing_dir(cluster, "trades", 0)
     on_time = make_events(5, 50, 2_000)
     write_events(directory, on_time, per_file=50)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"

@@ -1,7 +1,8 @@
 """Helpers of the HA tests (``test_failover.py``, ``test_supervise.py``, the e2e tests) and ``bench/failover.py``.
 
 - :class:`TradeWriter`: a thread writing trade events with current timestamps at a steady rate into
-  a landing directory (one atomically renamed file per tick), remembering every event.
+  a landing directory (one atomically renamed file per tick), remembering every event;
+  :class:`PlanWriter` the same for any plan, through its partition layout.
 - :func:`expected_aggregates` / :func:`mismatches`: the test's own aggregation of every event written
   (independent of ``tandem.aggregation``), compared with the merged numbers served from
   PostgreSQL and read from Delta, for all six granularities.
@@ -36,9 +37,9 @@ import psycopg2.extras
 import yaml
 
 from tandem import aggregation
-from tandem.config import ClusterConfig, PlanConfig
+from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.lake.tables import read_table
-from tandem.layout import delta_table_dir, landing_dir
+from tandem.layout import delta_table_dir, instance_landing_dir
 from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 
@@ -61,10 +62,15 @@ def configure_one_shard(project: Path, standby: str | None = None) -> None:
     cores with the test); ``standby`` sets the HA mode with launch and stall timeouts for a loaded machine."""
     plan_path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(plan_path.read_text())
-    plan["shards"] = [SHARD]
+    plan["groups"]["shard"]["parallel"] = 1  # one instance, shard-1
     if standby:
         plan["ha"] = {"standby": standby, "stall_timeout": "60 seconds", "launch_timeout": "4 minutes"}
     plan_path.write_text(yaml.safe_dump(plan))
+    one_core_nodes(project)
+
+
+def one_core_nodes(project: Path) -> None:
+    """Both nodes of the temp project on ``local[1]``: two JVMs share two cores with the test."""
     cluster_path = project / "conf" / "cluster.yaml"
     cluster = yaml.safe_load(cluster_path.read_text())
     for node in cluster["nodes"].values():
@@ -135,8 +141,51 @@ class TradeWriter(threading.Thread):
         return self.snapshot()
 
 
+class PlanWriter(threading.Thread):
+    """Events of any plan (its generator, at the wall clock) through the partition layout, every
+    ``period_s``, remembering every event by stream."""
+
+    def __init__(self, cluster: ClusterConfig, plan: PlanConfig, rate: int = 40, period_s: float = 0.5,
+                 seed: int = 11) -> None:
+        from tandem.producer import generator_for
+
+        super().__init__(name=f"{plan.name}-writer", daemon=True)
+        self.cluster, self.plan = cluster, plan
+        self.generator = generator_for(plan, seed)
+        self.per_tick = max(1, round(rate * period_s))
+        self.period_s = period_s
+        self.events: dict[str, list[dict]] = {stream: [] for stream in plan.streams}
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from tandem.layout import landing_dir
+        from tandem.producer import partitioned
+
+        try:
+            while not self.stopping.is_set():
+                events = self.generator.events(int(time.time() * 1000), self.per_tick)
+                lines = {stream: [(e, json.dumps(e)) for e in items] for stream, items in events.items()}
+                for (stream, partition), chunk in partitioned(self.plan, lines).items():
+                    write_atomically(landing_dir(self.cluster, stream, partition), chunk)
+                for stream, items in events.items():
+                    self.events[stream].extend(items)
+                self.stopping.wait(self.period_s)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
+            self.error = exc
+
+    def stop(self) -> dict[str, list[dict]]:
+        """Stop writing and return every event written, by stream; raise what the thread raised, if anything."""
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=30)
+        if self.error is not None:
+            raise AssertionError(f"the {self.plan.name} writer failed: {self.error!r}") from self.error
+        return self.events
+
+
 def start_writer(cluster: ClusterConfig, rate: int = 200, seed: int = 1) -> TradeWriter:
-    writer = TradeWriter(landing_dir(cluster, PLAN, SHARD), rate=rate, seed=seed)
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=rate, seed=seed)
     writer.start()
     return writer
 
@@ -258,9 +307,9 @@ def published_total(database_url: str) -> int:
     return int(rows[0]["n"])
 
 
-def lease(database_url: str) -> dict | None:
+def lease(database_url: str, plan: str = PLAN, shard: str = SHARD) -> dict | None:
     rows = fetch(database_url, "SELECT *, now() > expires_at AS expired FROM leases WHERE plan = %s AND shard_id = %s",
-                 (PLAN, SHARD))
+                 (plan, shard))
     return rows[0] if rows else None
 
 
@@ -268,21 +317,22 @@ ROLE_CHANGES = ("PROMOTED", "DEMOTED", "RELEASED")
 """Event kinds written by the instances themselves (the supervisor's decisions are other kinds)."""
 
 
-def failover_events(database_url: str, since: datetime | None = None, kinds: tuple[str, ...] | None = None) -> list[dict]:
+def failover_events(database_url: str, since: datetime | None = None, kinds: tuple[str, ...] | None = None,
+                    plan: str = PLAN, shard: str = SHARD) -> list[dict]:
     return fetch(database_url, "SELECT * FROM failover_events WHERE plan = %s AND shard_id = %s "
                                "AND (%s::timestamptz IS NULL OR happened_at >= %s) "
                                "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id",
-                 (PLAN, SHARD, since, since, list(kinds) if kinds else None, list(kinds) if kinds else None))
+                 (plan, shard, since, since, list(kinds) if kinds else None, list(kinds) if kinds else None))
 
 
-def publish_log(database_url: str, node: str | None = None) -> list[dict]:
+def publish_log(database_url: str, node: str | None = None, plan: str = PLAN, shard: str = SHARD) -> list[dict]:
     return fetch(database_url, "SELECT * FROM publish_log WHERE plan = %s AND shard_id = %s "
                                "AND (%s::text IS NULL OR node = %s) ORDER BY published_at, batch_id",
-                 (PLAN, SHARD, node, node))
+                 (plan, shard, node, node))
 
 
-def instance_row(database_url: str, node: str) -> dict | None:
-    rows = fetch(database_url, "SELECT * FROM plan_instances WHERE instance_id = %s", (f"{PLAN}/{SHARD}/{node}",))
+def instance_row(database_url: str, node: str, plan: str = PLAN, shard: str = SHARD) -> dict | None:
+    rows = fetch(database_url, "SELECT * FROM plan_instances WHERE instance_id = %s", (f"{plan}/{shard}/{node}",))
     return rows[0] if rows else None
 
 
@@ -340,6 +390,7 @@ class Pair:
     dist: Path
     groups: list[int]
     trigger: str = "1 second"
+    shard: str = SHARD
     pgids: dict[str, int] = field(default_factory=dict)
     launched_at: dict[str, datetime] = field(default_factory=dict)
 
@@ -354,7 +405,7 @@ class Pair:
         print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
 
     def launch(self, node: str, role: str) -> int:
-        job = launch_instance(self.cluster, self.plan, SHARD, node, self.trigger, role=role,
+        job = launch_instance(self.cluster, self.plan, self.shard, node, self.trigger, role=role,
                               launched_by="test_failover", py_files=self.dist)
         assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
         self.groups.append(job.submit_pid)
@@ -363,12 +414,12 @@ class Pair:
         return job.submit_pid
 
     def wait_running(self, node: str, timeout_s: float = 240) -> dict:
-        return wait_until_running(self.cluster, PLAN, SHARD, node, timeout_s=timeout_s)
+        return wait_until_running(self.cluster, self.plan.name, self.shard, node, timeout_s=timeout_s)
 
     def start_pair(self, active: str = "node-a", passive: str = "node-b", timeout_s: float = 240) -> None:
         """ACTIVE first (it takes the free lease at start), then the PASSIVE once the lease is taken."""
         self.launch(active, "ACTIVE")
-        wait_for(lambda: (lease(self.url) or {}).get("holder") == active, timeout_s, f"{active} to take the lease",
+        wait_for(lambda: (lease(self.url, self.plan.name, self.shard) or {}).get("holder") == active, timeout_s, f"{active} to take the lease",
                  detail=lambda: self.log_tail(active))
         self.launch(passive, "PASSIVE")
         self.wait_running(active, timeout_s)
@@ -398,19 +449,19 @@ class Pair:
                                 f"{self.log_tail(node)}")
 
     def promoted(self, node: str, above_epoch: int) -> dict | None:
-        for event in failover_events(self.url):
+        for event in failover_events(self.url, plan=self.plan.name, shard=self.shard):
             if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
                 return event
         return None
 
     def first_publish(self, node: str, epoch: int) -> dict | None:
-        rows = [r for r in publish_log(self.url, node) if r["epoch"] == epoch]
+        rows = [r for r in publish_log(self.url, node, self.plan.name, self.shard) if r["epoch"] == epoch]
         return min(rows, key=lambda r: r["published_at"]) if rows else None
 
     def log_tail(self, node: str, lines: int = 30) -> str:
         from tandem.supervisor.launcher import log_tail
 
-        row = instance_row(self.url, node)
+        row = instance_row(self.url, node, self.plan.name, self.shard)
         path = row and row["log_path"]
         return f"--- {path} ---\n{log_tail(path, lines)}" if path else f"(no log for {node})"
 
@@ -504,17 +555,17 @@ class PrivatePostgres:
         self._script("destroy")
 
 
-def split_brain(database_url: str) -> list[str]:
+def split_brain(database_url: str, plan: str = PLAN, shard: str = SHARD) -> list[str]:
     """Evidence of two publishers at once: an epoch published by two nodes, or a publish at an
     epoch after the next epoch was granted. [] when every epoch's publishes precede the next one's."""
     problems = []
     nodes_by_epoch: dict[int, set[str]] = defaultdict(set)
-    rows = publish_log(database_url)
+    rows = publish_log(database_url, plan=plan, shard=shard)
     for row in rows:
         nodes_by_epoch[row["epoch"]].add(row["instance_id"])
     problems += [f"epoch {epoch} published by {sorted(nodes)}" for epoch, nodes in nodes_by_epoch.items()
                  if len(nodes) > 1]
-    for promotion in failover_events(database_url):
+    for promotion in failover_events(database_url, plan=plan, shard=shard):
         if promotion["kind"] != "PROMOTED":
             continue
         stale = [r for r in rows if r["epoch"] < promotion["epoch"] and r["published_at"] > promotion["happened_at"]]

@@ -71,3 +71,14 @@ def kill_groups(groups: list[int]) -> None:
             pass
 
 
+
+
+def _trades_spec():
+    from tandem.aggregation.spec import spec_for
+    from tandem.config import load_cluster, load_plan
+
+    return spec_for(load_plan("trades", load_cluster(PROJECT / "conf" / "cluster.yaml")), "trade_aggregates")
+
+
+TRADES = _trades_spec()
+"""The trades plan's aggregation, as conf/plans/trades.yaml declares it."""

@@ -83,11 +83,11 @@ CASES = {
     "database url": (CLUSTER, section("database", url="mysql://u:pw@x/db"), "database.url", "postgresql://"),
     "no nodes": (CLUSTER, top(nodes={}), "nodes", "at least one"),
     "bad duration": (PLAN, top(watermark="soon"), "watermark", "duration"),
-    "shard twice": (PLAN, top(shards=["shard-1", "shard-1"]), "shards", "unique"),
-    "shard name": (PLAN, top(shards=["Shard 1"]), "shards[0]", "must match"),
+    "query in two groups": (PLAN, data(lambda d: d["groups"].update(more={"queries": ["aggregates"]})),
+                            "groups.more.queries[0]", "more than one group"),
     "unknown node": (PLAN, top(nodes=["node-z"]), "nodes[0]", "unknown node"),
     "zero missed beats": (PLAN, section("heartbeat", max_missed=0), "heartbeat.max_missed", "positive"),
-    "csv": (PLAN, section("source", format="csv"), "source.format", "jsonl"),
+    "csv": (PLAN, data(lambda d: d["streams"]["trades"].update(format="csv")), "streams.trades.format", "jsonl"),
     "name not the file": (PLAN, top(name="other"), "name", "file name"),
     "boolean duration": (PLAN, top(trigger_interval=True), "trigger_interval", "expected"),
     # more
@@ -97,12 +97,38 @@ CASES = {
     "standby cold": (PLAN, section("ha", standby="cold"), "ha.standby", "one of hot, warm"),
     "negative timeout": (PLAN, section("ha", stall_timeout="-5 s"), "ha.stall_timeout", "duration"),
     "zero interval": (PLAN, section("heartbeat", interval="0 s"), "heartbeat.interval", "positive"),
-    "negative files per trigger": (PLAN, section("source", max_files_per_trigger=-1), "source.max_files_per_trigger",
-                                   "positive"),
-    "stream path": (PLAN, section("source", stream="../x"), "source.stream", "must match"),
+    "negative files per trigger": (PLAN, data(lambda d: d["streams"]["trades"].update(max_files_per_trigger=-1)),
+                                   "streams.trades.max_files_per_trigger", "positive integer"),
+    "stream path": (PLAN, data(lambda d: d["streams"].update({"../x": d["streams"].pop("trades")})), "streams.../x",
+                    "must match"),
+    "partitions zero": (PLAN, data(lambda d: d["streams"]["trades"].update(partitions=0)), "streams.trades.partitions",
+                        "positive integer"),
+    "key not a field": (PLAN, data(lambda d: d["streams"]["trades"].update(key="isin")), "streams.trades",
+                        "key 'isin' is not one of the fields"),
+    "event time not epoch millis": (PLAN, data(lambda d: d["streams"]["trades"].update(event_time="price")),
+                                    "streams.trades", "must be a field of type epoch_millis"),
+    "unknown field type": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["price"].update(type="money")),
+                           "streams.trades.fields.price.type", "string"),
+    "bound on a string": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(greater_than=1)),
+                          "streams.trades.fields.symbol", "not numeric bounds"),
+    "events without time": (PLAN, data(lambda d: d["outputs"].update(alerts={"kind": "events", "key": ["symbol"]})),
+                            "outputs.alerts", "needs a time field"),
+    "table without id": (PLAN, data(lambda d: d["outputs"].update(t={"kind": "table", "key": ["symbol"],
+                                                                     "values": ["n"]})),
+                         "outputs.t", "needs values and the id"),
+    "measure with two functions": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
+        price_sum={"sum": "price", "max": "price"})), "outputs.trade_aggregates.measures.price_sum", "exactly one of"),
+    "aggregation without a count": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].pop("trade_count")),
+                                    "outputs.trade_aggregates", "needs a count measure"),
+    "ratio of an unknown measure": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["ratios"].update(
+        avg_price=["price_sum", "volume"])), "outputs.trade_aggregates", "'volume' is not a measure"),
+    "facts without a time": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"].update(id=["symbol"])),
+                             "outputs.trade_aggregates", "needs the time field"),
+    "unknown output kind": (PLAN, data(lambda d: d["outputs"].update(x={"kind": "kafka"})), "outputs.x.kind",
+                            "aggregation"),
     "description number": (PLAN, top(description=5), "description", "expected a string"),
-    "shards as text": (PLAN, top(shards="shard-1"), "shards", "expected a list"),
-    "no shards": (PLAN, top(shards=[]), "shards", "at least one"),
+    "groups as text": (PLAN, top(groups="shard-1"), "groups", "expected a mapping"),
+    "no groups": (PLAN, top(groups={}), "groups", "at least one"),
     "section as list": (PLAN, top(snapshot=["15 minutes", 3]), "snapshot", "expected a mapping, got list"),
     "database as text": (CLUSTER, top(database="postgresql://x"), "database", "expected a mapping"),
     "unknown top-level field": (CLUSTER, top(replicas=3), "replicas", "unknown field"),
@@ -163,7 +189,10 @@ def run_cli(conf: Path, *argv: str) -> subprocess.CompletedProcess:
 def test_config_check_says_what_it_found_and_exits_2_on_a_broken_plan(conf: Path) -> None:
     good = run_cli(conf, "config", "check")
     assert good.returncode == 0, good.stderr
-    assert "plan trades, shards shard-1, shard-2" in good.stdout and "1 of 1 plan file(s) valid" in good.stdout
+    assert "plan trades, instances shard-1, shard-2, streams trades (2 partitions)" in good.stdout
+    assert "plan temperatures, instances group-1-1, group-2-1, group-2-2" in good.stdout
+    assert "outputs delivered_orders (table), overdue_orders (events), order_stats (aggregation)" in good.stdout
+    assert "3 of 3 plan file(s) valid" in good.stdout
     plan = conf / "plans" / "trades.yaml"
     lines = len(plan.read_text().splitlines())
     plan.write_text(plan.read_text() + "keep: 1\nkeep: 2\n")
@@ -180,8 +209,8 @@ def test_config_schema_describes_both_files(conf: Path) -> None:
     schemas = json.loads(done.stdout)
     assert set(schemas) == {"cluster.yaml", "plans/<name>.yaml"}
     plan = schemas["plans/<name>.yaml"]
-    assert plan["additionalProperties"] is False and {"name", "shards", "nodes", "ha", "snapshot"} <= set(plan["properties"])
-    assert set(plan["required"]) == {"name", "shards", "nodes"}
+    assert plan["additionalProperties"] is False and {"name", "streams", "groups", "outputs", "nodes", "ha", "snapshot"} <= set(plan["properties"])
+    assert set(plan["required"]) == {"name", "streams", "groups", "outputs", "nodes"}
 
 
 def test_the_schema_accepts_the_shipped_files_and_refuses_broken_ones(conf: Path) -> None:
@@ -195,7 +224,7 @@ def test_the_schema_accepts_the_shipped_files_and_refuses_broken_ones(conf: Path
     plan = yaml.safe_load((conf / "plans" / "trades.yaml").read_text())
     jsonschema.validate(cluster, schemas["cluster.yaml"])
     jsonschema.validate(plan, schemas["plans/<name>.yaml"])
-    for broken, schema in (({**cluster, "replicas": 3}, "cluster.yaml"), ({**plan, "shards": "shard-1"}, "plans/<name>.yaml"),
+    for broken, schema in (({**cluster, "replicas": 3}, "cluster.yaml"), ({**plan, "groups": "shard-1"}, "plans/<name>.yaml"),
                            ({**plan, "ha": {"standby": "cold"}}, "plans/<name>.yaml")):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, schemas[schema])

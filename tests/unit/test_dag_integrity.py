@@ -101,7 +101,7 @@ def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(
 
     dag = dagbag.dags["tandem_restore"]
     assert dag.schedule is None
-    assert dag.params.validate() == {"plan": "trades", "shard_id": "", "snapshot_id": "", "node": "",
+    assert dag.params.validate() == {"plan": sorted(plans)[0], "shard_id": "", "snapshot_id": "", "node": "",
                                      "force": False}
     [task] = dag.tasks
     assert task.task_type == "RestoreSnapshotOperator"
@@ -141,7 +141,7 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 
     dag = dagbag.dags["tandem_ops"]
     assert dag.schedule is None
-    assert dag.params.validate() == {"action": "failover_now", "plan": "trades", "shard_id": "", "node": ""}
+    assert dag.params.validate() == {"action": "failover_now", "plan": sorted(plans)[0], "shard_id": "", "node": ""}
     params = copy.deepcopy(dag.params)
     params.update({"action": "drain_node", "plan": "trades", "shard_id": "shard-2", "node": "node-a"})
     assert params.validate()["action"] == "drain_node"

@@ -16,7 +16,7 @@ from tandem.store.registry import register_nodes
 def test_status_shows_roles_health_lease_and_events(project: Path, database_url: str, capsys) -> None:
     path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(path.read_text())
-    plan["shards"] = ["shard-1"]
+    plan["groups"]["shard"]["parallel"] = 1
     path.write_text(yaml.safe_dump(plan))
     with Database(database_url) as db:
         migrate(db)

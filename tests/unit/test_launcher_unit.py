@@ -42,39 +42,54 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.parametrize("status", ["LAUNCHING", "STARTING", "RUNNING"])
 def test_reuses_an_active_instance_whose_process_is_alive(status):
-    decision = decide_launch(status, process_alive=True, beat_age_s=None, heartbeat_timeout_s=3.0)
+    decision = decide_launch(status, process_alive=True, beat_age_s=None,
+                             heartbeat_timeout_s=3.0, recorded_here=True)
     assert decision.reuse and decision.action == "reuse"
     assert "alive" in decision.reason
 
 
 @pytest.mark.parametrize("status", ["STARTING", "RUNNING"])
-def test_reuses_an_active_instance_with_a_fresh_beat_even_without_a_visible_process(status):
-    decision = decide_launch(status, process_alive=False, beat_age_s=1.2, heartbeat_timeout_s=3.0)
+def test_reuses_an_instance_of_another_host_with_a_fresh_beat(status):
+    decision = decide_launch(status, process_alive=False, beat_age_s=1.2, heartbeat_timeout_s=3.0,
+                             recorded_here=False)
     assert decision.reuse
     assert "1.2s old" in decision.reason
 
 
+@pytest.mark.parametrize("status", ["STARTING", "RUNNING"])
+def test_launches_when_the_process_here_is_gone_even_with_a_fresh_beat(status):
+    # kill -9 a moment ago: the beat is recent, but this host sees that the job is dead
+    decision = decide_launch(status, process_alive=False, beat_age_s=1.2, heartbeat_timeout_s=3.0,
+                             recorded_here=True)
+    assert not decision.reuse
+    assert "process on this host is gone" in decision.reason and "1.2s old" in decision.reason
+
+
 def test_launches_when_nothing_was_recorded():
-    decision = decide_launch(None, process_alive=False, beat_age_s=None, heartbeat_timeout_s=3.0)
+    decision = decide_launch(None, process_alive=False, beat_age_s=None,
+                             heartbeat_timeout_s=3.0, recorded_here=True)
     assert not decision.reuse and decision.action == "launch"
     assert decision.reason == "no instance recorded yet"
 
 
 @pytest.mark.parametrize("status", ["STOPPED", "FAILED"])
 def test_launches_after_the_previous_run_ended_even_if_a_process_lingers(status):
-    decision = decide_launch(status, process_alive=True, beat_age_s=0.5, heartbeat_timeout_s=3.0)
+    decision = decide_launch(status, process_alive=True, beat_age_s=0.5,
+                             heartbeat_timeout_s=3.0, recorded_here=True)
     assert not decision.reuse
     assert status in decision.reason
 
 
 def test_launches_when_an_active_row_has_no_process_and_a_stale_beat():
-    decision = decide_launch("RUNNING", process_alive=False, beat_age_s=3.0, heartbeat_timeout_s=3.0)
+    decision = decide_launch("RUNNING", process_alive=False, beat_age_s=3.0, heartbeat_timeout_s=3.0,
+                             recorded_here=False)
     assert not decision.reuse
     assert "process is gone" in decision.reason and "3.0s old" in decision.reason
 
 
 def test_launches_when_a_launch_died_before_its_first_beat():
-    decision = decide_launch("LAUNCHING", process_alive=False, beat_age_s=None, heartbeat_timeout_s=3.0)
+    decision = decide_launch("LAUNCHING", process_alive=False, beat_age_s=None,
+                             heartbeat_timeout_s=3.0, recorded_here=True)
     assert not decision.reuse
     assert "never beat" in decision.reason
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from tandem.aggregation.merge import merge_partials
-from tandem.aggregation.spec import TRADES
+from _project import TRADES
 
 HOUR = datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
 

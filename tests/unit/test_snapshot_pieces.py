@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from tandem.aggregation.spec import TRADES
+from _project import TRADES
 from tandem.quality.serving import ExpectationOutcome
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.state_export import STATE_SCHEMA, StateOperator, _unique

@@ -23,7 +23,7 @@ def world(project: Path, database_url: str):
     """The temp project with a one-shard trades plan, and a helper that writes instance rows."""
     path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(path.read_text())
-    plan["shards"] = ["shard-1"]
+    plan["groups"]["shard"]["parallel"] = 1
     path.write_text(yaml.safe_dump(plan))
     cluster = load_cluster()
     db = Database(database_url)
@@ -110,7 +110,7 @@ def test_run_fires_on_a_stalled_instance_with_waiting_input(world):
     instance("node-a", role="ACTIVE", started_age_s=300.0)
     instance("node-b", started_age_s=300.0)
     lease("node-a")
-    landing = landing_dir(cluster, "trades", "shard-1")
+    landing = landing_dir(cluster, "trades", 0)
     landing.mkdir(parents=True)
     waiting = landing / "events-1.jsonl"
     waiting.write_text("{}\n")

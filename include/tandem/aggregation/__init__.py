@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import psycopg2.errors
+
 from tandem.aggregation import delta as _delta
 from tandem.aggregation import postgres as _postgres
 from tandem.aggregation.granularity import GRANULARITIES, bucket_end, bucket_start
 from tandem.aggregation.merge import MergedRow, merge_partials
-from tandem.aggregation.spec import TRADES, AggregationSpec, get_spec
-from tandem.config import ClusterConfig
+from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
+from tandem.config import ClusterConfig, load_plan
 from tandem.errors import QueryError
 from tandem.layout import delta_table_dir
 from tandem.store.db import Database
@@ -21,17 +23,21 @@ from tandem.store.db import Database
 SOURCES = ("postgres", "delta")
 
 
-def query(cluster: ClusterConfig, aggregation: str, granularity: str, start: datetime, end: datetime, *,
-          symbols: list[str] | None = None, source: str = "postgres", plan: str | None = None) -> list[MergedRow]:
-    """Merged aggregates of ``aggregation`` for buckets of ``granularity`` starting in ``[start, end)``.
+def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, end: datetime, *,
+          output: str | None = None, symbols: list[str] | None = None, source: str = "postgres") -> list[MergedRow]:
+    """Merged aggregates of a plan's aggregation output for buckets of ``granularity`` starting in ``[start, end)``.
 
-    avg = Σsum / Σcount across shards, min of mins, max of maxes. ``symbols`` restricts the key.
-    ``plan`` is the plan whose outputs are read (default: the plan named after the aggregation).
+    avg = Σsum / Σcount across shards, min of mins, max of maxes, distinct = the union's estimate.
+    ``output``: the aggregation (default: the plan's only one). ``symbols`` restricts the ``symbol`` key.
     """
-    try:
-        spec = get_spec(aggregation)
-    except ValueError as exc:
-        raise QueryError(str(exc)) from None
+    declared = load_plan(plan, cluster)
+    outputs = aggregation_outputs(declared)
+    if output is None and len(outputs) != 1:
+        raise QueryError(f"plan {plan} has {len(outputs)} aggregation outputs: name one ({', '.join(outputs)})")
+    output = output or outputs[0]
+    if output not in outputs:
+        raise QueryError(f"plan {plan} has no aggregation output {output!r} (aggregations: {', '.join(outputs)})")
+    spec = spec_for(declared, output)
     if granularity not in GRANULARITIES:
         raise QueryError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
     if start.tzinfo is None or end.tzinfo is None:
@@ -39,15 +45,18 @@ def query(cluster: ClusterConfig, aggregation: str, granularity: str, start: dat
     if end <= start:
         raise QueryError(f"empty range: end {end.isoformat()} is not after start {start.isoformat()}")
     keys = {"symbol": symbols} if symbols else None
-    plan = plan or spec.name
     if source == "postgres":
         with Database(cluster.database_url, "tandem-query") as db:
-            return db.run(lambda cursor: _postgres.query_merged(cursor, spec, plan, granularity, start, end, keys))
+            try:
+                return db.run(lambda cursor: _postgres.query_merged(cursor, spec, plan, granularity, start, end, keys))
+            except psycopg2.errors.UndefinedTable:
+                raise QueryError(f"table tandem.{spec.table} does not exist yet: no instance of plan {plan} has "
+                                 f"published {output} (or the database is not migrated: tandem migrate)") from None
     if source == "delta":
-        path = delta_table_dir(cluster, plan, spec.table)
+        path = delta_table_dir(cluster, plan, output)
         return _delta.query_merged(path, spec, granularity, start, end, keys)
     raise QueryError(f"unknown source {source!r} (expected one of {', '.join(SOURCES)})")
 
 
-__all__ = ["GRANULARITIES", "TRADES", "AggregationSpec", "MergedRow", "bucket_end", "bucket_start",
-           "get_spec", "merge_partials", "query"]
+__all__ = ["GRANULARITIES", "AggregationSpec", "MergedRow", "bucket_end", "bucket_start", "merge_partials", "query",
+           "spec_for"]

@@ -18,7 +18,7 @@ from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import AggregationSpec
 from tandem.lake.tables import append_once, read_table
 
-_ARROW_TYPES = {"double precision": pa.float64(), "bigint": pa.int64()}
+_ARROW_TYPES = {"double precision": pa.float64(), "bigint": pa.int64(), "bytea": pa.binary(), "text": pa.string()}
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
@@ -34,7 +34,9 @@ def arrow_schema(spec: AggregationSpec) -> pa.Schema:
 def append_rows(path: Path, spec: AggregationSpec, rows: list[dict[str, Any]], *, node: str,
                 published_at: datetime, app_id: str, batch_id: int) -> bool:
     """Append the rows written to PostgreSQL for one micro-batch, once."""
-    table = pa.Table.from_pylist([{**row, "node": node, "published_at": published_at} for row in rows],
+    binary = spec.distinct_columns
+    table = pa.Table.from_pylist([{**row, **{c: None if row[c] is None else bytes(row[c]) for c in binary},
+                                   "node": node, "published_at": published_at} for row in rows],
                                  schema=arrow_schema(spec))
     return append_once(path, table, app_id=app_id, version=batch_id, partition_by=["granularity"])
 

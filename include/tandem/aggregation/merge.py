@@ -1,4 +1,4 @@
-"""Merge partial aggregates across shards (pure): avg = Σsum / Σcount, min of mins, max of maxes."""
+"""Merge partial aggregates across shards (pure): avg = Σsum / Σcount, min of mins, max of maxes, union of sketches."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from tandem.aggregation import sketches
 from tandem.aggregation.spec import AggregationSpec
 
 MergedRow = dict[str, Any]
@@ -15,6 +16,7 @@ _COMBINE = {
     "count": lambda a, b: a + b,
     "min": min,
     "max": max,
+    "distinct": lambda a, b: sketches.union([a, b]),
 }
 
 
@@ -48,6 +50,8 @@ def merge_partials(spec: AggregationSpec, partials: Iterable[Mapping[str, Any]])
     rows = []
     for group in sorted(merged, key=_sort_key):
         row = merged[group]
+        for column in spec.distinct_columns:
+            row[column] = sketches.estimate(row[column])
         row["shards"] = len(shards[group])
         rows.append(with_ratios(spec, row))
     return rows

@@ -1,21 +1,28 @@
-"""The shape of a partial aggregate: its keys and its mergeable measures."""
+"""The shape of a partial aggregate: its keys and its mergeable measures, from a plan's declared output."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # How partial values of a measure combine across shards and from child buckets to parents.
+# A distinct measure is an HLL sketch (DataSketches format), unioned in Python.
 MERGE_SQL = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+KINDS = (*MERGE_SQL, "distinct")
+SQL_TYPES = {"double": "double precision", "long": "bigint", "string": "text", "epoch_millis": "bigint"}
+HLL_LG_K = 12
+"""log2 of the HLL sketches' buckets: relative standard error ≈ 1.04 / sqrt(2^12) = 1.6 %."""
 
 
 @dataclass(frozen=True)
 class Measure:
     column: str
-    kind: str  # sum | count | min | max
+    kind: str  # sum | count | min | max | distinct
     sql_type: str
+    source: str | None = None  # the input column (None for count)
 
     def __post_init__(self) -> None:
-        if self.kind not in MERGE_SQL:
+        if self.kind not in KINDS:
             raise ValueError(f"measure {self.column}: unknown kind {self.kind!r}")
 
 
@@ -43,30 +50,36 @@ class AggregationSpec:
         return [m.column for m in self.measures]
 
     @property
+    def distinct_columns(self) -> list[str]:
+        return [m.column for m in self.measures if m.kind == "distinct"]
+
+    @property
     def version_column(self) -> str:
         """The count measure: a partial covering more events is a newer version of the same key."""
         return next(m.column for m in self.measures if m.kind == "count")
 
 
-TRADES = AggregationSpec(
-    name="trades",
-    table="trade_aggregates",
-    keys=("symbol",),
-    measures=(
-        Measure("price_sum", "sum", "double precision"),
-        Measure("trade_count", "count", "bigint"),
-        Measure("quantity_sum", "sum", "bigint"),
-        Measure("price_min", "min", "double precision"),
-        Measure("price_max", "max", "double precision"),
-    ),
-    ratios=(Ratio("avg_price", "price_sum", "trade_count"),),
-)
+def spec_for(plan: Any, output: str) -> AggregationSpec:
+    """The aggregation a plan declares as ``output`` (a :class:`tandem.config.PlanConfig`)."""
+    declared = plan.outputs[output]
+    if declared.kind != "aggregation":
+        raise ValueError(f"{plan.path}: outputs.{output} is a {declared.kind} output, not an aggregation")
+    field_types = {name: f.type for stream in plan.streams.values() for name, f in stream.fields.items()}
+    measures = []
+    for column, measure in declared.measures.items():
+        kind, source = measure.function, measure.source
+        if kind == "distinct":
+            sql_type = "bytea"
+        elif kind == "count":
+            sql_type = "bigint"
+        else:
+            sql_type = SQL_TYPES[measure.type or field_types.get(source, "double")]
+        measures.append(Measure(column, kind, sql_type, source))
+    return AggregationSpec(name=output, table=declared.table or f"{plan.name}_{output}", keys=tuple(declared.key),
+                           measures=tuple(measures),
+                           ratios=tuple(Ratio(c, n, d) for c, (n, d) in declared.ratios.items()))
 
-SPECS = {TRADES.name: TRADES}
 
-
-def get_spec(name: str) -> AggregationSpec:
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise ValueError(f"unknown aggregation {name!r} (known: {', '.join(SPECS)})") from None
+def aggregation_outputs(plan: Any) -> list[str]:
+    """The names of a plan's aggregation outputs, in declaration order."""
+    return [name for name, output in plan.outputs.items() if output.kind == "aggregation"]

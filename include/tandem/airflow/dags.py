@@ -196,7 +196,7 @@ forced. The steps are in the task log and the run note.
 def maintenance_doc(plan: PlanConfig) -> str:
     return f"""### Maintenance of plan `{plan.name}`
 
-Hourly. **landing_retention** deletes input files of `landing/{plan.source.stream}/<shard>/` that
+Hourly. **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
 every node's checkpoint has processed (a committed batch read them) and that every kept GOOD
 snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
 and the task log says why per file group (e.g. "after the cut of snapshot …").

@@ -493,7 +493,7 @@ class CleanLandingOperator(BaseOperator):
 
         cluster = _cluster(self.cluster_config)
         decisions = clean_plan_landing(cluster, load_plan(self.plan, cluster))
-        for shard, decision in decisions.items():
+        for partition, decision in decisions.items():
             for line in decision.describe() or ["no landing files"]:
-                self.log.info("%s: %s", shard, line)
-        return {shard: len(decision.delete) for shard, decision in decisions.items()}
+                self.log.info("landing/%s: %s", partition, line)
+        return {partition: len(decision.delete) for partition, decision in decisions.items()}

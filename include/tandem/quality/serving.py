@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from tandem.aggregation.granularity import GRANULARITIES
-from tandem.aggregation.spec import AggregationSpec, get_spec
+from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import TandemError
 from tandem.store.db import Database
@@ -196,10 +196,11 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
         ValidationError: the suite is missing or invalid, or the arguments are.
     """
     plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
-    try:
-        spec = get_spec(plan.name)
-    except ValueError as exc:
-        raise ValidationError(f"plan {plan.name} has no serving table to validate: {exc}") from None
+    outputs = aggregation_outputs(plan)
+    if not outputs:
+        raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
+                              f"{', '.join(plan.outputs)})")
+    spec = spec_for(plan, outputs[0])
     if granularity is not None and granularity not in GRANULARITIES:
         raise ValidationError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
     now = datetime.now(timezone.utc)

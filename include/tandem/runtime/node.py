@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
-from tandem.plans import PlanContext, QueryDefinition, load_plan_module
+from tandem.plans import PlanContext, QueryDefinition, group_queries, load_plan_module
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.roles import ROLES, RoleController
@@ -31,6 +31,8 @@ from tandem.store.registry import InstanceKey, record_start, record_status, regi
 from tandem.supervisor.resync import recover_swaps
 
 log = logging.getLogger(__name__)
+STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,12 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
                   trigger_interval_s: float, available_now: bool) -> list[StreamingQuery]:
     """Start every query of the plan, each with its own checkpoint directory."""
     queries = []
+    default_provider = ctx.spark.conf.get(STATE_STORE_PROVIDER)
     for definition in definitions:
         checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.shard_id, ctx.instance.node, definition.name)
+        # a query copies the session's settings when it starts: set its state store provider just for it
+        ctx.spark.conf.set(STATE_STORE_PROVIDER,
+                           ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
         writer = (
             definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
             .outputMode(definition.output_mode)
@@ -54,6 +60,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=spark_interval(trigger_interval_s))
         queries.append(writer.start())
+    ctx.spark.conf.set(STATE_STORE_PROVIDER, default_provider)
     return queries
 
 
@@ -94,7 +101,8 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         queries: list[StreamingQuery] = []
         try:
             ctx = PlanContext(cluster, plan, key, spark)
-            queries = start_queries(ctx, load_plan_module(plan).build(ctx), roles, interval, available_now)
+            queries = start_queries(ctx, group_queries(ctx, load_plan_module(plan).build(ctx)), roles, interval,
+                                    available_now)
             record_status(db, key, "RUNNING")
             result = _wait(queries, stop, available_now)
         except Exception as exc:

@@ -106,6 +106,7 @@ class AggregateSink:
         self.newest_bucket: datetime | None = None
         self.held: dict[tuple, dict] = {}
         self.held_batch: int | None = None
+        self.table_ready = False
 
     def _see(self, rows: pa.Table) -> datetime | None:
         newest = pc.max(rows["bucket_start"]).as_py() if rows.num_rows else None
@@ -126,6 +127,8 @@ class AggregateSink:
 
         def write(cursor) -> list[dict]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            if not self.table_ready:
+                agg_postgres.ensure_table(cursor, self.spec)
             agg_postgres.stage_batch(cursor, self.spec, rows)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
                                                       batch.batch_id)
@@ -133,6 +136,7 @@ class AggregateSink:
             return written
 
         written = self.db.run(write)
+        self.table_ready = True
         fence(self.db, batch)
         agg_delta.append_rows(self.delta_path, self.spec, written, node=key.node, published_at=batch.published_at,
                               app_id=batch.app_id(self.output), batch_id=batch.batch_id)

@@ -14,6 +14,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DoubleType, LongType, MapType, StringType, StructField, StructType
 
+from tandem.declarations import FieldConfig, StreamConfig
+
 _TYPE_NAMES = {StringType(): "a string", DoubleType(): "a number", LongType(): "an integer"}
 
 
@@ -39,6 +41,35 @@ class RecordSchema:
     @property
     def struct(self) -> StructType:
         return StructType([StructField(f.name, f.spark_type) for f in self.fields])
+
+
+SPARK_TYPES: dict[str, DataType] = {"string": StringType(), "double": DoubleType(), "long": LongType(),
+                                     "epoch_millis": LongType()}
+
+
+def _predicate(operator: str, bound, numeric_nan: bool) -> Callable[[Column], Column]:
+    def holds(c: Column) -> Column:
+        if operator == "not_empty":
+            return F.length(F.trim(c)) > 0
+        if operator == "between":
+            low, high = bound
+            return (c >= low) & (c <= high)
+        compared = {">": c > bound, ">=": c >= bound, "<": c < bound, "<=": c <= bound}[operator]
+        return compared & ~F.isnan(c) if numeric_nan else compared
+
+    return holds
+
+
+def field_rule(name: str, config: FieldConfig) -> FieldRule:
+    """The parse-and-check rule of one declared field (a double's bounds also refuse NaN)."""
+    return FieldRule(name, SPARK_TYPES[config.type], tuple(
+        Check(_predicate(operator, bound, config.type == "double"), message)
+        for operator, bound, message in config.checks()))
+
+
+def record_schema(stream: StreamConfig) -> RecordSchema:
+    """The record schema of a declared stream, fields in declaration order."""
+    return RecordSchema(tuple(field_rule(name, config) for name, config in stream.fields.items()))
 
 
 def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:

@@ -8,7 +8,7 @@ Purpose
 How it works
     :func:`clean_landing` gathers the facts, for every plan that reads the stream, and acts on the
     pure decision
-    :func:`tandem.snapshots.retention.decide_landing_retention`: the files of the shard's landing
+    :func:`tandem.snapshots.retention.decide_landing_retention`: the files of the partition's landing
     directory; per query checkpoint of every node of the shard, the files its committed batches
     read (:func:`tandem.snapshots.source_log.processed_files`); per query cut of every kept GOOD
     snapshot, the same. A node whose checkpoint exists counts, running or not (it may resume from
@@ -46,20 +46,23 @@ def _read(query_dir: Path) -> frozenset[str] | None:
         return None
 
 
-def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, shard_id: str,
+def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, partition: int,
                   db: Database) -> LandingDecision:
-    """Delete the files of ``landing/<stream>/<shard_id>`` that every reader has processed for good.
+    """Delete the files of ``landing/<stream>/<partition>`` that every reader has processed for good.
 
-    ``plans``: every plan (the readers are those whose ``source.stream`` is ``stream``).
+    ``plans``: every plan (the readers are the instances of every plan whose share of ``stream``
+    includes the partition: several groups, and several plans, may read it).
 
     Raises:
         PathOutsideRoot: a kept snapshot's recorded cut lies outside the storage root; nothing is deleted.
     """
-    directory = landing_dir(cluster, stream, shard_id)
+    directory = landing_dir(cluster, stream, partition)
     files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
     processed_by: dict[str, frozenset[str]] = {}
     kept_cuts: dict[str, frozenset[str]] = {}
-    for plan in (p for p in plans if p.source.stream == stream and shard_id in p.shards):
+    readers = [(plan, shard_id) for plan in plans if stream in plan.streams
+               for shard_id in plan.shards if partition in plan.partitions(shard_id, stream)]
+    for plan, shard_id in readers:
         for node in plan.nodes:
             for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
                 seen = _read(query_dir)
@@ -81,15 +84,20 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
 
 def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: str | None = None,
                        db: Database | None = None) -> dict[str, LandingDecision]:
-    """:func:`clean_landing` for each shard of ``plan`` (or one), with every configured plan as a possible reader."""
+    """:func:`clean_landing` for each partition ``plan`` reads (or one instance reads), by ``<stream>/<partition>``.
+
+    Every configured plan is a possible reader.
+    """
     from tandem.config import load_plans
 
     plans = list({**load_plans(cluster), plan.name: plan}.values())
     owned = db is None
     db = db or Database(cluster.database_url, "tandem-maintenance")
     try:
-        return {shard: clean_landing(cluster, plans, plan.source.stream, shard, db)
-                for shard in ([shard_id] if shard_id else plan.shards)}
+        shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
+        partitions = sorted({(stream, p) for shard in shards for stream in plan.streams
+                             for p in plan.partitions(shard, stream)})
+        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db) for stream, p in partitions}
     finally:
         if owned:
             db.close()

@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
 
-from tandem.aggregation.spec import SPECS, AggregationSpec
+from tandem.aggregation.spec import AggregationSpec, spec_for
 from tandem.errors import SnapshotError
 from tandem.lake.tables import read_table, table_exists
 from tandem.store.db import Database
@@ -179,15 +179,20 @@ def restore_output(db: Database, path: Path, table: str, plan: str, shard_id: st
         return {**outcome, "delta_rows": 0, "new_version": DeltaTable(str(path)).version(), "postgres_rows": 0}
     at_cut, new_version = restore_shard_slice(path, shard_id, version)
     outcome.update(delta_rows=at_cut.num_rows if at_cut is not None else 0, new_version=new_version)
-    spec = postgres_spec(table)
+    spec = postgres_spec(plan, table)
     if spec is not None and at_cut is not None:
         outcome["postgres_rows"] = rebuild_postgres_shard(db, spec, plan, shard_id, at_cut, changed)
     return outcome
 
 
-def postgres_spec(table: str) -> AggregationSpec | None:
-    """The aggregation served from PostgreSQL table ``table`` (``None``: a Delta-only output)."""
-    return next((spec for spec in SPECS.values() if spec.table == table), None)
+def postgres_spec(plan: str, output: str) -> AggregationSpec | None:
+    """The aggregation a plan declares as ``output``, served from PostgreSQL (``None``: a Delta-only output)."""
+    from tandem.config import load_plan
+
+    declared = load_plan(plan)
+    if output not in declared.outputs or declared.outputs[output].kind != "aggregation":
+        return None
+    return spec_for(declared, output)
 
 
 def _quoted(value: str) -> str:

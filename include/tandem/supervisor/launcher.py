@@ -78,7 +78,7 @@ class LaunchDecision:
 
 
 def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | None,
-                  heartbeat_timeout_s: float) -> LaunchDecision:
+                  heartbeat_timeout_s: float, *, recorded_here: bool) -> LaunchDecision:
     """Reuse the recorded job when it is still alive, otherwise launch (pure).
 
     Args:
@@ -87,6 +87,8 @@ def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | N
             host (same PID, same start time, a command line that runs this instance).
         beat_age_s: seconds since the driver's last liveness beat, ``None`` when it never beat.
         heartbeat_timeout_s: the plan's heartbeat timeout (interval × max missed beats).
+        recorded_here: the job was recorded on this host, so ``process_alive`` is the whole truth; a
+            recent beat then only means the job died a moment ago (e.g. ``kill -9``), not that it lives.
     """
     if status is None:
         return LaunchDecision("launch", "no instance recorded yet")
@@ -94,10 +96,12 @@ def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | N
         return LaunchDecision("launch", f"previous run ended ({status})")
     if process_alive:
         return LaunchDecision("reuse", f"{status} and its process is alive")
+    beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
+    if recorded_here:
+        return LaunchDecision("launch", f"{status} but its process on this host is gone ({beat})")
     if beat_age_s is not None and beat_age_s < heartbeat_timeout_s:
         return LaunchDecision(
             "reuse", f"{status} and its liveness beat is {beat_age_s:.1f}s old (< {heartbeat_timeout_s:g}s timeout)")
-    beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
     return LaunchDecision("launch", f"{status} but its process is gone and {beat} (>= {heartbeat_timeout_s:g}s)")
 
 
@@ -288,6 +292,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                 bool(row) and instance_process_alive(row, key),
                 _float(row["beat_age_s"]) if row else None,
                 plan.heartbeat.timeout_s,
+                recorded_here=bool(row) and _recorded_here(row),
             )
             if decision.reuse:
                 reason = decision.reason

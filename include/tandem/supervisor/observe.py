@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.layout import landing_dir
+from tandem.layout import instance_landing_dirs
 from tandem.store.db import Database
 from tandem.store.supervision import ShardRows, read_shard
 from tandem.supervisor.decisions import LeaseView, ShardView
@@ -70,7 +70,8 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
         waiting = None
         if row["status"] == "RUNNING":
             if mtimes is None:
-                mtimes = input_files(landing_dir(cluster, plan.source.stream, shard_id))
+                mtimes = [m for directories in instance_landing_dirs(cluster, plan, shard_id).values()
+                          for directory in directories for m in input_files(directory)]
             since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
             waiting = oldest_after(mtimes, since, time.time())
         observations[node] = InstanceObservation(

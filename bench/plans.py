@@ -1,0 +1,300 @@
+#!/usr/bin/env python
+"""Plans benchmark: events/s of each plan through Tandem versus the same Spark queries through plain sinks.
+
+For each of the three plans (trades, pizza_shop, temperatures) the same pre-written input (the
+plan's own generator at simulated times, through the partition layout, ~0.5 % bad lines) is run
+to the end (available-now) in one Spark session, alternately:
+
+- **tandem**: ``run_instance`` for every instance of every group: registration, lease, fenced
+  PostgreSQL transactions with ids, Delta copies, publish_log, heartbeats;
+- **plain**: the very DataFrames the plan's ``build()`` returns for the same instances, each
+  ``foreachBatch`` writing its rows to a plain PostgreSQL table (``COPY`` of JSON rows, no fence,
+  no ids, no position) and appending them to a Delta table (no application transaction).
+
+events/s = events of the plan's primary stream (trades, orders, readings) ÷ wall seconds of the
+whole run (all instances); the ratio is tandem ÷ plain of the medians. Target ≥ 0.9.
+
+Then the hot failover time per plan: the first instance of the plan's first group (every group
+at parallel 1) on node-a ACTIVE and node-b hot PASSIVE, two real detached ``spark-submit``
+processes on ``local[1]``, the plan's generator writing at the wall clock; each run kills the
+active's process group with SIGKILL at a random point of the heartbeat and times the first
+``publish_log`` commit of the new active (``bench/failover.py``'s ``one_failover``), then the
+killed node rejoins as the standby. Target: median ≤ 5 s.
+
+    python bench/plans.py [--events 20000] [--repeats 2] [--failovers 3] [--plans trades,pizza_shop,temperatures]
+
+Results: ``bench/results/plans.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "include"))
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import _common as C  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
+PRIMARY = {"trades": "trades", "pizza_shop": "orders", "temperatures": "temps"}
+RESULTS = BENCH / "results" / "plans.json"
+START_MS = 1_750_000_000_000
+FINAL_MS = START_MS + 30 * 86_400_000
+
+
+@contextmanager
+def private_storage(label: str):
+    """A temp conf/ copy, storage root and database, selected through the environment for the run."""
+    root = Path(tempfile.mkdtemp(prefix=f"tandem-plans-{label}-"))
+    url = C.create_database(SERVER_URL, f"plans_{label}")
+    shutil.copytree(ROOT / "conf", root / "conf")
+    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT",
+                                            "TANDEM_DATABASE_URL")}
+    os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+    try:
+        yield root, url
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        C.drop_database(url)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def write_input(plan, events: int, seed: int, input_dir: Path) -> int:
+    """The plan's events at simulated times (100 per simulated second) in ``input_dir/<stream>/<partition>/``."""
+    from tandem.producer import bad_line, generator_for, partitioned, write_atomically
+
+    generator = generator_for(plan, seed)
+    start_ms, per_tick, written = START_MS, 100, 0
+    for tick in range(max(1, events // per_tick)):
+        by_stream = generator.events(start_ms + tick * 1000, per_tick)
+        lines = {stream: [(e, bad_line(plan.streams[stream], e, generator.random) if generator.random.random() < 0.005
+                           else json.dumps(e)) for e in items] for stream, items in by_stream.items()}
+        for (stream, partition), chunk in partitioned(plan, lines).items():
+            write_atomically(input_dir / stream / str(partition), chunk)
+        written += len(by_stream[PRIMARY[plan.name]])
+    return written
+
+
+def land(input_dir: Path, storage: Path) -> None:
+    shutil.copytree(input_dir, storage / "landing", dirs_exist_ok=True)
+
+
+class PlainSink:
+    """Rows to a plain PostgreSQL table (COPY of JSON) and appended to Delta: no fence, no ids, no position."""
+
+    def __init__(self, url: str, table: str, delta_path: Path) -> None:
+        import psycopg2
+
+        self.output = table
+        self.conn = psycopg2.connect(url)
+        self.delta_path = delta_path
+        with self.conn, self.conn.cursor() as cursor:
+            cursor.execute(f'CREATE TABLE IF NOT EXISTS "plain_{table}" (row jsonb NOT NULL)')
+
+    def __call__(self, frame, batch_id: int) -> None:
+        from deltalake import write_deltalake
+
+        rows = frame.toArrow()
+        if rows.num_rows == 0:
+            return
+        buffer = io.StringIO("".join(json.dumps(r, default=str).replace("\\", "\\\\") + "\n" for r in rows.to_pylist()))
+        with self.conn, self.conn.cursor() as cursor:
+            cursor.copy_expert(f'COPY "plain_{self.output}" (row) FROM STDIN', buffer)
+        write_deltalake(str(self.delta_path), rows, mode="append")
+
+
+def run_tandem(cluster, plan, spark) -> None:
+    from tandem.runtime.node import run_instance
+
+    for shard in plan.shards:
+        result = run_instance(cluster, plan, plan.nodes[0], shard, spark=spark, available_now=True)
+        if result.status != "STOPPED":
+            raise RuntimeError(f"{plan.name}/{shard}: {result.error}")
+
+
+def run_plain(cluster, plan, spark, url: str) -> None:
+    from tandem.layout import checkpoint_dir, delta_table_dir
+    from tandem.plans import PlanContext, group_queries, load_plan_module
+    from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
+    from tandem.store.registry import InstanceKey
+
+    class PlainContext(PlanContext):
+        def sink(self, output: str):
+            return PlainSink(url, output, delta_table_dir(self.cluster, "plain", output))
+
+        def routed(self, column: str, outputs: dict[str, str]):
+            sinks = {value: self.sink(output) for value, output in outputs.items()}
+
+            def route(frame, batch_id: int) -> None:
+                from pyspark.sql import functions as F
+
+                frame.persist()
+                for value, sink in sinks.items():
+                    sink(frame.where(F.col(column) == value), batch_id)
+                frame.unpersist()
+            route.output = "+".join(outputs.values())
+            return route
+
+    default = spark.conf.get(STATE_STORE_PROVIDER)
+    for shard in plan.shards:
+        ctx = PlainContext(cluster, plan, InstanceKey(plan.name, shard, "plain"), spark)
+        queries = []
+        for definition in group_queries(ctx, load_plan_module(plan).build(ctx)):
+            spark.conf.set(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default)
+            queries.append(definition.frame.writeStream.outputMode(definition.output_mode)
+                           .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", shard, "plain",
+                                                                            definition.name)))
+                           .foreachBatch(definition.sink).trigger(availableNow=True).start())
+        spark.conf.set(STATE_STORE_PROVIDER, default)
+        for query in queries:
+            query.awaitTermination()
+            if query.exception() is not None:
+                raise RuntimeError(f"plain {plan.name}/{shard}: {query.exception()}")
+
+
+def measure(name: str, events: int, repeats: int, spark, progress: Progress, task) -> dict:
+    from tandem.config import load_cluster, load_plan
+    from tandem.producer import advance_watermark
+    from tandem.store import Database, migrate
+
+    input_dir = Path(tempfile.mkdtemp(prefix=f"tandem-plans-input-{name}-"))
+    seconds: dict[str, list[float]] = {"tandem": [], "plain": []}
+    try:
+        plan = load_plan(name, load_cluster(ROOT / "conf" / "cluster.yaml"))
+        primary = write_input(plan, events, 7, input_dir)
+        for repeat in range(repeats):
+            for side in ("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain"):
+                with private_storage(f"{name}_{side}") as (root, url):
+                    cluster = load_cluster()
+                    plan = load_plan(name, cluster)
+                    land(input_dir, cluster.storage_root)
+                    advance_watermark(cluster, plan, FINAL_MS)  # every result final by the end of the run
+                    with Database(url) as db:
+                        migrate(db)
+                    started = time.perf_counter()
+                    run_tandem(cluster, plan, spark) if side == "tandem" else run_plain(cluster, plan, spark, url)
+                    seconds[side].append(round(time.perf_counter() - started, 2))
+                progress.advance(task)
+    finally:
+        shutil.rmtree(input_dir, ignore_errors=True)
+    tandem_rate = primary / statistics.median(seconds["tandem"])
+    plain_rate = primary / statistics.median(seconds["plain"])
+    return {"events": primary, "seconds": seconds, "tandem_events_per_s": round(tandem_rate, 1),
+            "plain_events_per_s": round(plain_rate, 1), "ratio": round(tandem_rate / plain_rate, 3),
+            "target_ratio": 0.9, "met": tandem_rate / plain_rate >= 0.9,
+            "failover": None}
+
+
+def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> dict:
+    """``runs`` kill -9 failovers of the plan's first instance under load; seconds to the new active's first output."""
+    import random
+    import signal
+
+    import _ha
+    import yaml
+    from failover import one_failover, summary
+    from tandem.config import load_cluster, load_plan
+    from tandem.packaging import build_dist
+
+    with private_storage(f"{name}_failover") as (root, url):
+        path = root / "conf" / "plans" / f"{name}.yaml"
+        declared = yaml.safe_load(path.read_text())
+        for group in declared["groups"].values():
+            group["parallel"] = 1
+        path.write_text(yaml.safe_dump(declared))
+        _ha.one_core_nodes(root)
+        build_dist(root)
+        cluster = load_cluster()
+        plan = load_plan(name, cluster)
+        groups: list[int] = []
+        pair = _ha.Pair(cluster, plan, root / "dist" / "tandem.zip", groups, shard=plan.shards[0])
+        writer = _ha.PlanWriter(cluster, plan, rate=rate, seed=random.randint(1, 1000))
+        writer.start()
+        results = []
+        try:
+            pair.start_pair("node-a", "node-b")
+            _ha.wait_for(lambda: pair.first_publish("node-a", 1), 240, "node-a to publish",
+                         detail=lambda: pair.log_tail("node-a"))
+            time.sleep(10)  # the standby catches up with the backlog
+            active, standby = "node-a", "node-b"
+            for run in range(1, runs + 1):
+                results.append(one_failover(pair, active, standby))
+                progress.console.log(f"{name} run {run}: kill -9 {active} → first output of {standby} "
+                                     f"{results[-1]['first_publish_s']:.2f}s")
+                progress.advance(task)
+                if run < runs:
+                    pair.launch(active, "PASSIVE")
+                    pair.wait_running(active)
+                    time.sleep(20)
+                active, standby = standby, active
+        finally:
+            writer.stopping.set()
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(2)
+    timed = summary([r["first_publish_s"] for r in results])
+    return {**timed, "detection_s": [r["detection_s"] for r in results], "target_median_s": 5.0,
+            "met": timed["median_s"] <= 5.0, "instance": plan.shards[0], "details": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000, help="events of each plan's primary stream")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side (alternating order)")
+    parser.add_argument("--failovers", type=int, default=3, help="hot failovers per plan (0: skip)")
+    parser.add_argument("--rate", type=int, default=40, help="events per second during the failovers")
+    parser.add_argument("--plans", default="trades,pizza_shop,temperatures")
+    args = parser.parse_args(argv)
+    from tandem.runtime.session import build_session
+
+    console = Console()
+    spark = build_session("tandem-bench-plans", "local[2]", ROOT / "conf" / "spark-defaults.conf")
+    spark.sparkContext.setLogLevel("ERROR")
+    names = args.plans.split(",")
+    results: dict = {"plans": {}, "input": {"events_per_plan": args.events, "bad_ratio": 0.005,
+                                            "repeats": args.repeats, "mode": "available-now, one Spark session"},
+                     "machine": C.machine_info(spark, SERVER_URL), "started_at": C.now_iso()}
+    RESULTS.parent.mkdir(exist_ok=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for name in names:
+            task = progress.add_task(name, total=2 * args.repeats + args.failovers)
+            results["plans"][name] = measure(name, args.events, args.repeats, spark, progress, task)
+            if args.failovers:
+                try:
+                    results["plans"][name]["failover"] = hot_failovers(name, args.failovers, args.rate, progress,
+                                                                       task)
+                except (RuntimeError, AssertionError) as exc:  # recorded, and the other plans still run
+                    results["plans"][name]["failover"] = {"error": str(exc).splitlines()[0]}
+            RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")  # what is measured so far
+            summary = {k: v for k, v in results["plans"][name].items() if k != "failover"}
+            console.print(f"{name}: {summary}, failover {(results['plans'][name]['failover'] or {}).get('runs')}")
+    results["finished_at"] = C.now_iso()
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    console.print(f"wrote {RESULTS}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

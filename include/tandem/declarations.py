@@ -1,0 +1,241 @@
+"""What a plan declares: its streams, its execution groups and its outputs (pure; no Spark).
+
+Streams
+    A stream is JSON-lines events with typed, checked fields, an event-time field and a
+    partition key. Producers write each event into one of the stream's fixed ``partitions``,
+    chosen by :func:`partition_of` on the key (the layout every client must follow: see
+    ``docs/partitions.md``), so everything about one key (a room, an order) reaches one instance.
+
+Execution groups
+    A group runs some of the plan's queries with ``parallel`` instances. Instance ``i`` (1-based)
+    of group ``g`` is the HA unit ``g-i`` (its own lease, ACTIVE / PASSIVE / BACKUP nodes) and
+    reads the partitions ``p`` with ``p % parallel == i - 1`` of every stream.
+
+Outputs
+    Every output has a kind: ``aggregation`` (sharded partial aggregates merged on read),
+    ``table`` (a value per key, merged across instances on read), ``events`` (append-only
+    notifications, exactly one row per deterministic event id) or ``quarantine`` (bad input with
+    the reason).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, \
+    model_validator
+
+FIELD_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+MAX_PARTITIONS = 1024
+MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
+FIELD_TYPES = ("string", "double", "long", "epoch_millis")
+OUTPUT_KINDS = ("aggregation", "table", "events", "quarantine")
+
+
+def matching(pattern: re.Pattern, what: str) -> AfterValidator:
+    """A pydantic check that a string matches ``pattern`` (``what`` says what it must be)."""
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value[:80]!r} must match {pattern.pattern} ({what})")
+        return value
+
+    return AfterValidator(check)
+
+
+FieldName = Annotated[StrictStr, matching(FIELD_PATTERN, "lower-case letters, digits and _")]
+Number = StrictInt | StrictFloat
+
+
+class StrictModel(BaseModel):
+    """Strict, immutable, unknown fields refused; YAML names are the aliases, attributes may differ."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+
+class FieldConfig(StrictModel):
+    """One field of a stream's events: its JSON type and the checks a good value passes.
+
+    ``epoch_millis`` is an integer of milliseconds since 1970 (between 1970 and 9999).
+    """
+
+    type: Literal["string", "double", "long", "epoch_millis"]
+    not_empty: StrictBool = False
+    greater_than: Number | None = None
+    at_least: Number | None = None
+    less_than: Number | None = None
+    at_most: Number | None = None
+
+    @model_validator(mode="after")
+    def _checks_fit_the_type(self) -> FieldConfig:
+        bounds = [self.greater_than, self.at_least, self.less_than, self.at_most]
+        if self.type == "string" and any(b is not None for b in bounds):
+            raise ValueError("a string field takes not_empty, not numeric bounds")
+        if self.type != "string" and self.not_empty:
+            raise ValueError("not_empty applies to string fields only")
+        return self
+
+    def checks(self) -> list[tuple[str, Any, str]]:
+        """``(operator, bound, message)`` for every check, in a fixed order."""
+        out: list[tuple[str, Any, str]] = []
+        if self.not_empty:
+            out.append(("not_empty", None, "must not be empty"))
+        for operator, bound in ((">", self.greater_than), (">=", self.at_least), ("<", self.less_than),
+                                ("<=", self.at_most)):
+            if bound is not None:
+                out.append((operator, bound, f"must be {operator} {bound:g}"))
+        if self.type == "epoch_millis":
+            out.append(("between", (0, MAX_EPOCH_MILLIS), "must be epoch milliseconds between 1970 and 9999"))
+        return out
+
+
+class StreamConfig(StrictModel):
+    """An input stream: JSON lines in ``landing/<stream>/<partition>/``, ``partitions`` of them."""
+
+    format: Literal["jsonl"] = "jsonl"
+    partitions: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)]
+    key: FieldName
+    event_time: FieldName
+    max_files_per_trigger: Annotated[StrictInt, Field(gt=0)] = 1000
+    fields: Annotated[dict[FieldName, FieldConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _named_fields_exist(self) -> StreamConfig:
+        if self.key not in self.fields:
+            raise ValueError(f"key {self.key!r} is not one of the fields ({', '.join(self.fields)})")
+        if self.event_time not in self.fields:
+            raise ValueError(f"event_time {self.event_time!r} is not one of the fields ({', '.join(self.fields)})")
+        if self.fields[self.event_time].type != "epoch_millis":
+            raise ValueError(f"event_time {self.event_time!r} must be a field of type epoch_millis")
+        return self
+
+
+class GroupConfig(StrictModel):
+    """An execution group: the queries it runs and how many instances (``parallel``) share the partitions."""
+
+    parallel: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)] = 1
+    queries: Annotated[list[FieldName], Field(min_length=1)]
+
+
+MEASURE_FUNCTIONS = ("sum", "count", "min", "max", "distinct")
+
+
+class MeasureConfig(StrictModel):
+    """One measure of an aggregation: exactly one of ``sum``/``min``/``max``/``distinct`` (the field) or
+    ``count: "*"``; ``type`` of a numeric measure (default: the field's declared type, else double)."""
+
+    sum: FieldName | None = None
+    count: Literal["*"] | None = None
+    min: FieldName | None = None
+    max: FieldName | None = None
+    distinct: FieldName | None = None
+    type: Literal["double", "long"] | None = None
+
+    @model_validator(mode="after")
+    def _one_function(self) -> MeasureConfig:
+        given = [f for f in MEASURE_FUNCTIONS if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a measure is exactly one of {', '.join(MEASURE_FUNCTIONS)} (got {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def function(self) -> str:
+        return next(f for f in MEASURE_FUNCTIONS if getattr(self, f) is not None)
+
+    @property
+    def source(self) -> str | None:
+        """The input field (``None`` for ``count``)."""
+        value = getattr(self, self.function)
+        return None if value == "*" else value
+
+
+class OutputConfig(StrictModel):
+    """An output of the plan's queries.
+
+    ``key``: the fields that identify a row: an aggregation's grouping keys, a table's key, or the
+    fields an event's id is computed from (the same inputs give the same id on every replica).
+    ``time``: an event's time field (events are read by time range), or the field that buckets the
+    facts of an aggregation that has an ``id``. ``values``: a table's
+    numeric value fields; ``merge: sum`` adds the instances' partial values on read. ``id``: the
+    fields that identify a row contributing to a table, or a fact of an aggregation computed by the
+    sink (``id`` given: each fact is added to its second's partial once, whoever publishes it; without
+    ``id`` the query itself emits per-second partials, as the trades plan does).
+    """
+
+    kind: Literal["aggregation", "table", "events", "quarantine"]
+    key: list[FieldName] = []
+    time: FieldName | None = None
+    values: list[FieldName] = []
+    merge: Literal["sum"] = "sum"
+    id: list[FieldName] = []
+    measures: dict[FieldName, MeasureConfig] = {}
+    ratios: dict[FieldName, Annotated[list[FieldName], Field(min_length=2, max_length=2)]] = {}
+    table: FieldName | None = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> OutputConfig:
+        if self.kind in ("table", "events") and not self.key:
+            raise ValueError(f"an {self.kind} output needs a key")
+        if self.kind in ("events",) and self.time is None:
+            raise ValueError("an events output needs a time field")
+        if self.kind == "table" and (not self.values or not self.id):
+            raise ValueError("a table output needs values and the id of a contributing row")
+        if self.kind not in ("table", "aggregation") and (self.values or self.id):
+            raise ValueError("values and id belong to table and aggregation outputs")
+        if self.kind == "aggregation" and (self.values or (self.id and self.time is None)):
+            raise ValueError("an aggregation of facts (id) needs the time field that buckets them; values "
+                             "belong to tables")
+        if self.kind == "aggregation":
+            if not any(m.function == "count" for m in self.measures.values()):
+                raise ValueError("an aggregation needs a count measure (a partial covering more events is newer)")
+            for name, (numerator, denominator) in self.ratios.items():
+                for part in (numerator, denominator):
+                    if part not in self.measures:
+                        raise ValueError(f"ratio {name}: {part!r} is not a measure ({', '.join(self.measures)})")
+        elif self.measures or self.ratios or self.table:
+            raise ValueError("measures, ratios and table belong to aggregation outputs")
+        return self
+
+
+# --- pure helpers -------------------------------------------------------------------------------------------
+
+
+def partition_of(key: Any, partitions: int) -> int:
+    """The partition of an event whose key is ``key``: CRC-32 of the key's text (UTF-8), modulo ``partitions``.
+
+    The text of a key is the JSON value as written: a string as is, a number as its decimal
+    (``101`` → ``"101"``). Any client writing events must place them the same way.
+    """
+    text = key if isinstance(key, str) else json.dumps(key)
+    return zlib.crc32(text.encode("utf-8")) % partitions
+
+
+def instance_ids(group: str, parallel: int) -> list[str]:
+    """The HA units of a group: ``<group>-1`` … ``<group>-<parallel>``."""
+    return [f"{group}-{index}" for index in range(1, parallel + 1)]
+
+
+def instance_partitions(index: int, parallel: int, partitions: int) -> list[int]:
+    """The partitions instance ``index`` (1-based) of a group of ``parallel`` reads: ``p % parallel == index - 1``."""
+    if not 1 <= index <= parallel:
+        raise ValueError(f"instance {index} of a group of {parallel}")
+    return [p for p in range(partitions) if p % parallel == index - 1]
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def event_id(plan: str, output: str, key_values: dict[str, Any]) -> str:
+    """A deterministic id of an event from its key fields (the same on every replica and every batching)."""
+    text = json.dumps({"plan": plan, "output": output, **{k: _canonical(v) for k, v in sorted(key_values.items())}},
+                      sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]

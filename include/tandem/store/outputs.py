@@ -1,0 +1,150 @@
+"""PostgreSQL rows of the ``events`` and ``table`` output kinds (see migration 005).
+
+Every function runs inside the caller's publishing transaction, after ``check_fence``: the
+PostgreSQL write is the record of truth, and a row's Delta copy is marked ``in_lake`` once it is
+committed there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg2.extras import Json, execute_values
+
+from tandem.store.registry import InstanceKey
+
+
+def to_json(value: Any) -> Any:
+    """A JSON-able copy of a row value (timestamps as ISO text)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def insert_events(cursor, instance: InstanceKey, output: str, events: dict[str, tuple[datetime, dict]],
+                  epoch: int, batch_id: int) -> list[str]:
+    """Insert events ``{event_id: (event_time, payload)}`` not yet published; return the ids not yet in the lake."""
+    if not events:
+        return []
+    execute_values(
+        cursor,
+        """INSERT INTO output_events (plan, output, event_id, shard_id, event_time, payload, node, epoch, batch_id)
+           VALUES %s ON CONFLICT (plan, output, event_id) DO NOTHING""",
+        [(instance.plan, output, event_id, instance.shard_id, time, Json(to_json(payload)), instance.node, epoch,
+          batch_id) for event_id, (time, payload) in events.items()],
+        page_size=1000,
+    )
+    return not_in_lake(cursor, "output_events", "event_id", instance.plan, output, list(events))
+
+
+def not_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> list[str]:
+    """Of ``ids``, those whose rows are in PostgreSQL but not yet in the Delta copy."""
+    cursor.execute(f"SELECT {id_column} AS id FROM {table} WHERE plan = %s AND output = %s "
+                   f"AND {id_column} = ANY(%s) AND NOT in_lake", (plan, output, list(ids)))
+    return [row["id"] for row in cursor.fetchall()]
+
+
+def in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> set[str]:
+    """Of ``ids``, those published for good: in PostgreSQL and in the Delta copy."""
+    cursor.execute(f"SELECT {id_column} AS id FROM {table} WHERE plan = %s AND output = %s "
+                   f"AND {id_column} = ANY(%s) AND in_lake", (plan, output, list(ids)))
+    return {row["id"] for row in cursor.fetchall()}
+
+
+def mark_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> None:
+    cursor.execute(f"UPDATE {table} SET in_lake = true WHERE plan = %s AND output = %s AND {id_column} = ANY(%s)",
+                   (plan, output, list(ids)))
+
+
+def canonical_key(values: dict[str, Any]) -> str:
+    return json.dumps(to_json(values), sort_keys=True, separators=(",", ":"))
+
+
+def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[str, dict]) -> set[str]:
+    """Record contributions ``{id: the key they add to}``; return the ids that were new (not applied before, by anyone)."""
+    if not keys:
+        return set()
+    inserted = execute_values(
+        cursor,
+        """INSERT INTO output_contributions (plan, output, contribution_id, shard_id, key) VALUES %s
+           ON CONFLICT (plan, output, contribution_id) DO NOTHING RETURNING contribution_id""",
+        [(instance.plan, output, cid, instance.shard_id, Json(to_json(key))) for cid, key in keys.items()],
+        page_size=1000, fetch=True)
+    return {row["contribution_id"] for row in inserted}
+
+
+def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequence[str],
+                        contributions: dict[str, tuple[dict, dict]], epoch: int, batch_id: int) -> list[dict]:
+    """Add each contribution ``{id: (key, values)}`` not applied yet to its key's partial value.
+
+    Returns the instance's current rows of every key with a contribution not yet in the lake
+    (``key``, ``value``, ``version`` and the contribution ids to mark), for the Delta copy.
+    """
+    if not contributions:
+        return []
+    new = insert_contributions(cursor, instance, output, {cid: key for cid, (key, _) in contributions.items()})
+    totals: dict[str, tuple[dict, dict[str, float], int]] = {}
+    for cid in new:
+        key, contributed = contributions[cid]
+        text = canonical_key(key)
+        _, sums, count = totals.get(text, (key, {v: 0 for v in values}, 0))
+        totals[text] = (key, {v: sums[v] + (contributed.get(v) or 0) for v in values}, count + 1)
+    if totals:
+        added = ", ".join(f"'{v}', (t.value->>'{v}')::numeric + (EXCLUDED.value->>'{v}')::numeric" for v in values)
+        execute_values(
+            cursor,
+            f"""INSERT INTO output_table_rows AS t (plan, output, key, shard_id, value, version, node, epoch, batch_id)
+                VALUES %s ON CONFLICT (plan, output, key, shard_id) DO UPDATE
+                SET value = jsonb_build_object({added}), version = t.version + EXCLUDED.version,
+                    node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, updated_at = now()""",
+            [(instance.plan, output, Json(to_json(key)), instance.shard_id, Json(sums), count, instance.node, epoch,
+              batch_id) for key, sums, count in totals.values()],
+            page_size=1000,
+        )
+    pending = not_in_lake(cursor, "output_contributions", "contribution_id", instance.plan, output, list(contributions))
+    if not pending:
+        return []
+    cursor.execute(
+        """SELECT r.key, r.value, r.version, array_agg(c.contribution_id) AS ids
+           FROM output_contributions c JOIN output_table_rows r
+             ON r.plan = c.plan AND r.output = c.output AND r.key = c.key AND r.shard_id = c.shard_id
+           WHERE c.plan = %s AND c.output = %s AND c.contribution_id = ANY(%s)
+           GROUP BY r.key, r.value, r.version""",
+        (instance.plan, output, pending))
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def read_events(cursor, plan: str, output: str, start: datetime, end: datetime, *, limit: int | None = None,
+                after: tuple[datetime, str] | None = None) -> list[dict]:
+    """Events with ``start <= event_time < end`` in time order (then id), optionally after a (time, id) position."""
+    filters = ["plan = %(plan)s", "output = %(output)s", "event_time >= %(start)s", "event_time < %(end)s"]
+    params: dict[str, Any] = {"plan": plan, "output": output, "start": start, "end": end, "limit": limit}
+    if after is not None:
+        filters.append("(event_time, event_id) > (%(after_time)s, %(after_id)s)")
+        params.update(after_time=after[0], after_id=after[1])
+    cursor.execute(f"""SELECT event_id, event_time, shard_id, payload FROM output_events WHERE {' AND '.join(filters)}
+                       ORDER BY event_time, event_id LIMIT %(limit)s""", params)
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
+                    key: dict[str, Any] | None = None) -> list[dict]:
+    """A table merged across instances: per key, the sum of the instances' partial values."""
+    sums = ", ".join(f"sum((value->>'{v}')::numeric) AS {v}" for v in values)
+    where = "plan = %s AND output = %s" + (" AND key @> %s" if key else "")
+    params: tuple = (plan, output, Json(to_json(key))) if key else (plan, output)
+    cursor.execute(f"""SELECT key, {sums}, count(*) AS instances, sum(version) AS version FROM output_table_rows
+                       WHERE {where} GROUP BY key ORDER BY key::text""", params)
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def count_events(cursor, plan: str, output: str) -> int:
+    cursor.execute("SELECT count(*) AS n FROM output_events WHERE plan = %s AND output = %s", (plan, output))
+    return int(cursor.fetchone()["n"])

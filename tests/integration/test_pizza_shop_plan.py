@@ -1,0 +1,144 @@
+"""The pizza-shop plan on real Spark and PostgreSQL: outputs equal the test's own reference.
+
+Orders and deliveries are written through the partition layout (deliveries on time, late, never,
+before the order, out of order within the watermark, bad lines), the two instances of group
+``shop`` run, and the test computes delivered-on-time counts per customer and the overdue orders
+with plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timezone
+
+import psycopg2
+import psycopg2.extras
+import pytest
+from tandem import aggregation
+from tandem.aggregation.granularity import bucket_start
+from tandem.config import load_cluster, load_plan
+from tandem.lake.tables import read_table
+from tandem.layout import delta_table_dir, landing_dir
+from tandem.producer import CUSTOMERS, advance_watermark, partitioned, write_atomically
+from tandem.runtime.node import run_instance
+from tandem.runtime.sinks import read_events_lake, read_table_lake
+from tandem.store import Database
+from tandem.store.outputs import read_table_rows
+
+pytestmark = pytest.mark.integration
+UTC = timezone.utc
+T0 = int(datetime(2025, 3, 1, 18, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+def make_orders(seed: int, count: int) -> tuple[list[dict], list[dict]]:
+    rng = random.Random(seed)
+    orders, deliveries = [], []
+    for i in range(count):
+        order = {"order_no": f"o-{i}", "customer_name": rng.choice(CUSTOMERS), "time": T0 + i * 700}
+        orders.append(order)
+        draw = rng.random()
+        if draw < 0.55:
+            offset = rng.choice([0, 30_000, rng.randint(1, 29_999)])  # both edges count as on time
+        elif draw < 0.8:
+            offset = rng.choice([30_001, rng.randint(30_001, 90_000), -rng.randint(1, 5_000)])  # late, or before
+        else:
+            continue  # never delivered
+        deliveries.append({"order_no": order["order_no"], "time": order["time"] + offset})
+    return orders, deliveries
+
+
+def reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[str, int], set[str]]:
+    delivered_by_order: dict[str, list[int]] = {}
+    for d in deliveries:
+        delivered_by_order.setdefault(d["order_no"], []).append(d["time"])
+    per_customer: dict[str, int] = {}
+    overdue = set()
+    for o in orders:
+        if any(o["time"] <= t <= o["time"] + 30_000 for t in delivered_by_order.get(o["order_no"], [])):
+            per_customer[o["customer_name"]] = per_customer.get(o["customer_name"], 0) + 1
+        else:
+            overdue.add(o["order_no"])
+    return per_customer, overdue
+
+
+def arrival_order(events: list[dict], rng: random.Random) -> list[dict]:
+    return sorted(events, key=lambda e: e["time"] + rng.randint(-3_000, 3_000))  # out of order within 3 s
+
+
+def test_delivered_counts_and_overdue_orders_equal_the_reference(project, database_url, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("pizza_shop", cluster)
+    orders, deliveries = make_orders(3, 400)
+    rng = random.Random(9)
+    streams = {"orders": [(e, json.dumps(e)) for e in arrival_order(orders, rng)],
+               "deliveries": [(e, json.dumps(e)) for e in arrival_order(deliveries, rng)]}
+    for start in range(0, 400, 100):
+        chunk = {name: lines[start:start + 100] for name, lines in streams.items()}
+        for (stream, partition), lines in partitioned(plan, chunk).items():
+            write_atomically(landing_dir(cluster, stream, partition), lines)
+    advance_watermark(cluster, plan, T0 + 3_600_000)  # an hour later in every partition: every order decided
+    write_atomically(landing_dir(cluster, "deliveries", 1), ['{"order_no": "o-1"}', '{"order_no": "", "time": 5}'])
+
+    for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
+        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+        assert result.status == "STOPPED", result.error
+
+    per_customer, overdue = reference(orders, deliveries)
+    assert overdue and len(per_customer) > 3, "the input must exercise both outcomes"
+    with Database(database_url) as db:
+        merged = db.run(lambda cursor: read_table_rows(cursor, "pizza_shop", "delivered_orders", ["delivered"]))
+    assert {row["key"]["customer_name"]: int(row["delivered"]) for row in merged} == per_customer
+    assert max(row["instances"] for row in merged) == 2, "a customer's orders are counted in both instances"
+    lake = {row["customer_name"]: int(row["delivered"])
+            for row in read_table_lake(delta_table_dir(cluster, plan.name, "delivered_orders"),
+                                       plan.outputs["delivered_orders"])}
+    assert lake == per_customer
+
+    with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("SELECT payload FROM tandem.output_events WHERE plan = 'pizza_shop' AND output = 'overdue_orders'")
+        published = [row["payload"] for row in cur.fetchall()]
+    assert sorted(p["order_no"] for p in published) == sorted(overdue)
+    by_order = {o["order_no"]: o for o in orders}
+    for p in published:
+        order = by_order[p["order_no"]]
+        assert (p["customer_name"], p["order_time"], p["expiry_time"]) == (
+            order["customer_name"], order["time"], order["time"] + 30_000)
+    lake_events = read_events_lake(delta_table_dir(cluster, plan.name, "overdue_orders"))
+    assert sorted(lake_events.column("order_no").to_pylist()) == sorted(overdue)
+
+    # order_stats: per minute of order time, orders, on time and distinct customers, from both stores
+    window = (datetime(2025, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC))
+    by_minute: dict[datetime, list[dict]] = {}
+    delivered = {o["order_no"] for o in orders} - overdue
+    for o in orders:
+        by_minute.setdefault(bucket_start(datetime.fromtimestamp(o["time"] / 1000, UTC), "minute"), []).append(o)
+    for source in ("postgres", "delta"):
+        stats = aggregation.query(cluster, "pizza_shop", "minute", *window, source=source)
+        assert {r["bucket_start"]: (r["orders"], r["on_time"], r["customers"]) for r in stats} == {
+            minute: (len(os), sum(o["order_no"] in delivered for o in os), len({o["customer_name"] for o in os}))
+            for minute, os in by_minute.items()}, source
+        assert {r["shards"] for r in stats} == {2}
+
+    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
+    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], reasons
+
+    # the CLI reads both kinds, from PostgreSQL and from Delta
+    for source in ("postgres", "delta"):
+        table = run_cli("query", "pizza_shop", "delivered_orders", "--json", "--source", source)
+        assert {row["customer_name"]: int(row["delivered"]) for row in table} == per_customer, source
+    events = run_cli("query", "pizza_shop", "overdue_orders", "--json", "--start", "2025-01-01T00:00:00")
+    assert sorted(e["order_no"] for e in events) == sorted(overdue)
+    one = sorted(overdue)[0]
+    assert [e["order_no"] for e in run_cli("query", "pizza_shop", "overdue_orders", "--json", "--source", "delta",
+                                           "--start", "2025-01-01T00:00:00") if e["order_no"] == one] == [one]
+
+
+def run_cli(*argv: str) -> list[dict]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tandem.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.strip()
+    return json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines() if line]

@@ -1,0 +1,114 @@
+"""The temperature plan on real Spark and PostgreSQL: every output equals the test's own reference.
+
+The test writes readings through the partition layout (out of order within the watermark, with
+bad lines), runs group-1 (one instance, stateful window and pattern) and both instances of
+group-2, and computes what each output must hold with plain Python: brute force over all
+readings, not the plan's functions.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timezone
+
+import psycopg2
+import psycopg2.extras
+import pytest
+from tandem.config import load_cluster, load_plan
+from tandem.lake.tables import read_table
+from tandem.layout import delta_table_dir, landing_dir
+from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.runtime.node import run_instance
+from tandem.runtime.sinks import read_events_lake
+
+pytestmark = pytest.mark.integration
+UTC = timezone.utc
+T0 = int(datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+def make_readings(seed: int, count: int) -> list[dict]:
+    """Readings every ~3 s across rooms 100-119, drifting with jumps; each within 4 s of the time order."""
+    rng = random.Random(seed)
+    temps = {room: 20.0 for room in range(100, 120)}
+    readings = []
+    for i in range(count):
+        room = rng.choice(list(temps))
+        temps[room] = round(temps[room] + (rng.uniform(5, 9) if rng.random() < 0.15 else rng.uniform(-1, 1)), 2)
+        if temps[room] > 48:
+            temps[room] = 21.0
+        readings.append({"room_no": room, "device_id": f"d{room}-{rng.randint(1, 2)}", "temp": temps[room],
+                         "time": T0 + i * 3000 + rng.randint(0, 999)})
+    shuffled = sorted(readings, key=lambda r: r["time"] + rng.randint(-4000, 4000))  # out of order within 4 s
+    return shuffled
+
+
+def reference(readings: list[dict]) -> dict[str, set[tuple]]:
+    """Each output's rows, from the plan's semantics, by brute force."""
+    by_room: dict[int, list[dict]] = {}
+    for r in readings:
+        by_room.setdefault(r["room_no"], []).append(r)
+    averages, alerts = set(), set()
+    for room, rows in by_room.items():
+        for e in rows:
+            window = [x["temp"] for x in rows if e["time"] - 120_000 < x["time"] <= e["time"]]
+            averages.add((room, e["device_id"], e["temp"], e["time"], round(sum(window) / len(window), 6), len(window)))
+        for e1 in rows:
+            later = sorted((x["time"], x["device_id"], x["temp"]) for x in rows
+                           if e1["time"] < x["time"] <= e1["time"] + 600_000 and x["temp"] >= e1["temp"] + 5)
+            if later:
+                t, device, temp = later[0]
+                alerts.add((room, e1["device_id"], e1["temp"], e1["time"], device, temp, t))
+    high = {(r["room_no"], r["device_id"], r["temp"], r["time"]) for r in readings
+            if 100 <= r["room_no"] < 110 and r["temp"] > 40}
+    return {"avg_temps": averages, "temp_alerts": alerts, "high_temps": high}
+
+
+def published(database_url: str, output: str) -> list[dict]:
+    with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("SELECT event_id, shard_id, payload FROM tandem.output_events WHERE plan = 'temperatures' "
+                    "AND output = %s", (output,))
+        return cur.fetchall()
+
+
+def as_tuple(output: str, p: dict) -> tuple:
+    if output == "avg_temps":
+        return (p["room_no"], p["device_id"], p["temp"], p["time"], round(p["avg_temp"], 6), p["readings"])
+    if output == "temp_alerts":
+        return (p["room_no"], p["initial_device_id"], p["initial_temp"], p["initial_time"], p["final_device_id"],
+                p["final_temp"], p["final_time"])
+    return (p["room_no"], p["device_id"], p["temp"], p["time"])
+
+
+def test_every_output_equals_the_reference_with_two_groups_and_three_instances(project, database_url, spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("temperatures", cluster)
+    readings = make_readings(7, 900)
+    bad = ['{"room_no": 101, "device_id": "x", "temp": "hot", "time": %d}' % T0, "{oops",
+           '{"room_no": -4, "device_id": "x", "temp": 20.0, "time": %d}' % T0]
+    lines = [(r, json.dumps(r)) for r in readings]
+    for start in range(0, len(lines), 150):
+        for (stream, partition), chunk in partitioned(plan, {"temps": lines[start:start + 150]}).items():
+            write_atomically(landing_dir(cluster, stream, partition), chunk)
+    write_atomically(landing_dir(cluster, "temps", 0), bad)
+    advance_watermark(cluster, plan, T0 + 3_600_000)  # a reading an hour later in every partition: all final
+
+    assert plan.shards == ("group-1-1", "group-2-1", "group-2-2")
+    for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
+        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+        assert result.status == "STOPPED", result.error
+
+    expected = reference(readings)
+    assert expected["temp_alerts"] and expected["high_temps"], "the input must exercise every output"
+    for output, rows in expected.items():
+        got = published(database_url, output)
+        payloads = [as_tuple(output, row["payload"]) for row in got]
+        assert len(payloads) == len(set(payloads)), f"{output}: a row published twice"
+        assert set(payloads) == rows, f"{output}: missing {sorted(rows - set(payloads))[:3]}, " \
+                                      f"extra {sorted(set(payloads) - rows)[:3]}"
+        lake = read_events_lake(delta_table_dir(cluster, plan.name, output))
+        assert sorted(lake.column("event_id").to_pylist()) == sorted(row["event_id"] for row in got), output
+    shards = {row["shard_id"] for row in published(database_url, "high_temps")}
+    assert shards == {"group-2-1", "group-2-2"}, "both parallel instances of group-2 publish their rooms"
+    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
+    assert len(reasons) == 3 and any("field 'temp' is not a number" in r for r in reasons), reasons
