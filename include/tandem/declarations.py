@@ -176,6 +176,11 @@ class OutputConfig(StrictModel):
     ratios: dict[FieldName, Annotated[list[FieldName], Field(min_length=2, max_length=2)]] = {}
     table: FieldName | None = None
 
+    @property
+    def published_by_id(self) -> bool:
+        """Rows are applied once by id (events, tables, aggregations of facts): a replay adds only what is missing."""
+        return self.kind in ("events", "table") or (self.kind == "aggregation" and bool(self.id))
+
     @model_validator(mode="after")
     def _kind_fields(self) -> OutputConfig:
         if self.kind in ("table", "events") and not self.key:

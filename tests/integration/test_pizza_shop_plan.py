@@ -84,6 +84,25 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
+    per_customer, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
+    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
+    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], reasons
+
+    # the CLI reads both kinds, from PostgreSQL and from Delta
+    for source in ("postgres", "delta"):
+        table = run_cli("query", "pizza_shop", "delivered_orders", "--json", "--source", source)
+        assert {row["customer_name"]: int(row["delivered"]) for row in table} == per_customer, source
+    events = run_cli("query", "pizza_shop", "overdue_orders", "--json", "--start", "2025-01-01T00:00:00")
+    assert sorted(e["order_no"] for e in events) == sorted(overdue)
+    one = sorted(overdue)[0]
+    assert [e["order_no"] for e in run_cli("query", "pizza_shop", "overdue_orders", "--json", "--source", "delta",
+                                           "--start", "2025-01-01T00:00:00") if e["order_no"] == one] == [one]
+
+
+def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders: list[dict],
+                                       deliveries: list[dict]) -> tuple[dict[str, int], set[str]]:
+    """Every output, in PostgreSQL and Delta, is the reference of the orders and deliveries, each row once;
+    returns the reference (on-time orders per customer, overdue order numbers)."""
     per_customer, overdue = reference(orders, deliveries)
     assert overdue and len(per_customer) > 3, "the input must exercise both outcomes"
     with Database(database_url) as db:
@@ -120,18 +139,7 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
             for minute, os in by_minute.items()}, source
         assert {r["shards"] for r in stats} == {2}
 
-    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], reasons
-
-    # the CLI reads both kinds, from PostgreSQL and from Delta
-    for source in ("postgres", "delta"):
-        table = run_cli("query", "pizza_shop", "delivered_orders", "--json", "--source", source)
-        assert {row["customer_name"]: int(row["delivered"]) for row in table} == per_customer, source
-    events = run_cli("query", "pizza_shop", "overdue_orders", "--json", "--start", "2025-01-01T00:00:00")
-    assert sorted(e["order_no"] for e in events) == sorted(overdue)
-    one = sorted(overdue)[0]
-    assert [e["order_no"] for e in run_cli("query", "pizza_shop", "overdue_orders", "--json", "--source", "delta",
-                                           "--start", "2025-01-01T00:00:00") if e["order_no"] == one] == [one]
+    return per_customer, overdue
 
 
 def run_cli(*argv: str) -> list[dict]:

@@ -98,6 +98,13 @@ def test_every_output_equals_the_reference_with_two_groups_and_three_instances(p
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
+    assert_outputs_equal_the_reference(cluster, plan, database_url, readings)
+    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
+    assert len(reasons) == 3 and any("field 'temp' is not a number" in r for r in reasons), reasons
+
+
+def assert_outputs_equal_the_reference(cluster, plan, database_url: str, readings: list[dict]) -> None:
+    """Every output, in PostgreSQL and Delta, is the reference of ``readings``, each row once."""
     expected = reference(readings)
     assert expected["temp_alerts"] and expected["high_temps"], "the input must exercise every output"
     for output, rows in expected.items():
@@ -110,5 +117,3 @@ def test_every_output_equals_the_reference_with_two_groups_and_three_instances(p
         assert sorted(lake.column("event_id").to_pylist()) == sorted(row["event_id"] for row in got), output
     shards = {row["shard_id"] for row in published(database_url, "high_temps")}
     assert shards == {"group-2-1", "group-2-2"}, "both parallel instances of group-2 publish their rooms"
-    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert len(reasons) == 3 and any("field 'temp' is not a number" in r for r in reasons), reasons

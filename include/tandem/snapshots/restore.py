@@ -20,7 +20,9 @@ How it works
     4. roll every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
        back to the snapshot's version for this shard only, and rebuild the shard's PostgreSQL rows
        from the restored Delta rows (:mod:`tandem.snapshots.outputs`); forget the shard's
-       published positions (``publish_log``), which lie after the cut;
+       published positions (``publish_log``), which lie after the cut. Outputs published by id
+       (events, tables, aggregations of facts) are kept as they are: every row the replay emits
+       again has the same id, and a row whose id is already published is not applied again;
     5. record a RESTORED event and launch the ACTIVE instance (on ``node``, default the node the
        snapshot was cut from).
 
@@ -177,6 +179,9 @@ def _put_cut(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
 def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, snapshot: catalog.SnapshotRecord,
                      db: Database, report: RestoreReport) -> None:
     for table, path in plan_output_tables(cluster, plan).items():
+        if table in plan.outputs and plan.outputs[table].published_by_id:
+            report.add(f"{table}: kept (published once by id: the replay after the cut adds only what is missing)")
+            continue
         version = snapshot.output_versions.get(table)
         outcome = restore_output(db, path, table, plan.name, shard_id, version)
         report.outputs[table] = outcome

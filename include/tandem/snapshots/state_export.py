@@ -15,7 +15,12 @@ How it works
     id, plan, shard, instance, query, operator, store, partition, batch id, and the key and value
     as JSON text (``{"window": {"start": ...}, "symbol": "IBM"}``). Spark names the value fields
     after the aggregate functions (``sum``, ``count``, ``sum``...); when the plan names them
-    (``QueryDefinition.state_value_names``) those names are used instead. The rows are appended to
+    (``QueryDefinition.state_value_names``) those names are used instead. A ``transformWithState``
+    operator has one store but several state variables (listed in the metadata's
+    ``operatorProperties``): each variable is read on its own (``stateVarName``, lists and maps
+    as one value per key) and exported with the variable's name in ``store_name``; its registered
+    timers are exported too, as store ``$timers`` with value ``{"expiration_timestamp_ms": …}``
+    (Spark's own ``$``-names are reserved, so no variable can be called that). The rows are appended to
     ``delta/<plan>/state_snapshots`` in one Delta commit per snapshot (idempotent: the commit
     carries the application transaction ``snapshot/<id>``, so a retried export appends nothing).
 
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
@@ -45,6 +51,8 @@ STATE_SCHEMA = pa.schema([
     ("key", pa.string()), ("value", pa.string()),
 ])
 STATE_TABLE = "state_snapshots"
+TIMERS = "$timers"
+"""The ``store_name`` of a ``transformWithState`` operator's registered timers in the export."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,14 @@ class StateOperator:
     partitions: int
     min_batch_id: int | None
     max_batch_id: int | None
+    state_variables: tuple[str, ...] = ()
+    """A ``transformWithState`` operator's state variables (Spark's internal ``$…`` ones left out)."""
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        """What to read and export: the store of a classic operator; each variable and the timers of a
+        ``transformWithState``."""
+        return (*self.state_variables, TIMERS) if self.state_variables else (self.store_name,)
 
 
 def state_operators(spark, query_dir: Path) -> list[StateOperator]:
@@ -65,7 +81,17 @@ def state_operators(spark, query_dir: Path) -> list[StateOperator]:
         return []
     rows = spark.read.format("state-metadata").load(str(query_dir)).collect()
     return [StateOperator(int(r["operatorId"]), r["operatorName"], r["stateStoreName"], int(r["numPartitions"]),
-                          r["minBatchId"], r["maxBatchId"]) for r in rows]
+                          r["minBatchId"], r["maxBatchId"], state_variables(r["operatorProperties"]))
+            for r in rows]
+
+
+def state_variables(operator_properties: str | None) -> tuple[str, ...]:
+    """The user state variables in Spark's ``operatorProperties`` JSON of a ``transformWithState`` operator (pure)."""
+    try:
+        listed = json.loads(operator_properties or "{}").get("stateVariables", [])
+    except (json.JSONDecodeError, AttributeError):
+        return ()
+    return tuple(v["stateName"] for v in listed if not v["stateName"].startswith("$"))
 
 
 @dataclass(frozen=True)
@@ -78,11 +104,34 @@ class StateExport:
     fields: pa.Table
     operators: list[StateOperator]
 
+    @property
+    def counted_rows(self) -> int:
+        """The rows Spark counts as state (``numRowsTotal``): every row but the timers."""
+        return self.rows.num_rows - self.timer_rows
 
-def read_operator_state(spark, query_dir: Path, batch_id: int, op: StateOperator):
-    """Spark's state data source over one operator's store of a checkpoint, after batch ``batch_id``."""
-    return (spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
-            .option("storeName", op.store_name).load(str(query_dir)))
+    @property
+    def timer_rows(self) -> int:
+        return int(pc.sum(pc.equal(self.rows["store_name"], TIMERS)).as_py() or 0)
+
+
+def read_operator_state(spark, query_dir: Path, batch_id: int, op: StateOperator, store: str | None = None):
+    """Spark's state data source over one store of an operator (default its first), after batch ``batch_id``.
+
+    The frame has ``key``, ``value`` and ``partition_id``: a ``transformWithState`` variable's list or map
+    comes as one value per key, its timers as ``value.expiration_timestamp_ms``.
+    """
+    from pyspark.sql import functions as F
+
+    store = store or op.stores[0]
+    reader = spark.read.format("statestore").option("batchId", batch_id).option("operatorId", op.operator_id)
+    if not op.state_variables:
+        return reader.option("storeName", store).load(str(query_dir))
+    if store == TIMERS:
+        frame = reader.option("readRegisteredTimers", "true").load(str(query_dir))
+        return frame.select("key", F.struct("expiration_timestamp_ms").alias("value"), "partition_id")
+    frame = reader.option("stateVarName", store).option("flattenCollectionTypes", "false").load(str(query_dir))
+    value = next(c for c in ("value", "list_value", "map_value") if c in frame.columns)
+    return frame.select("key", F.col(value).alias("value"), "partition_id")
 
 
 def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, plan: str, shard_id: str,
@@ -96,29 +145,49 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
     spark.streams.active
     operators = state_operators(spark, query_dir)
     parts, fields = [], []
-    for op in operators:
-        frame = read_operator_state(spark, query_dir, batch_id, op)
-        value_type = frame.schema["value"].dataType
-        names = list(value_names) if len(value_names) == len(value_type.fields) else _unique(value_type.fieldNames())
-        frame = frame.withColumn("value", F.col("value").cast(_renamed(value_type, names)))
-        leaves = _leaves(frame.schema["key"].dataType, "key") + _leaves(frame.schema["value"].dataType, "value")
+    for op, store in ((op, store) for op in operators for store in op.stores):
+        frame = read_operator_state(spark, query_dir, batch_id, op, store)
+        if not op.state_variables:
+            value_type = frame.schema["value"].dataType
+            names = list(value_names) if len(value_names) == len(value_type.fields) else _unique(value_type.fieldNames())
+            frame = frame.withColumn("value", F.col("value").cast(_renamed(value_type, names)))
+        leaves = [(_column(path), ".".join(path)) for path in _leaves(frame.schema["key"].dataType, "key")]
+        leaves += _value_leaves(frame.schema["value"].dataType, store if op.state_variables else None)
         arrow = frame.select(F.col("partition_id").cast("int").alias("partition_id"),
                              F.to_json("key").alias("key"), F.to_json("value").alias("value"),
-                             *[F.col(".".join(f"`{p}`" for p in path)).alias(".".join(path)) for path in leaves]
-                             ).toArrow()
-        fields.append(arrow.select([".".join(path) for path in leaves]))
+                             *[column.alias(name) for column, name in leaves]).toArrow()
+        fields.append(arrow.select([name for _, name in leaves]))
         n = arrow.num_rows
         parts.append(pa.table({
             "snapshot_id": pa.repeat(snapshot_id, n), "plan": pa.repeat(plan, n), "shard_id": pa.repeat(shard_id, n),
             "instance_id": pa.repeat(instance_id, n), "query": pa.repeat(query, n),
             "operator_id": pa.repeat(pa.scalar(op.operator_id, pa.int64()), n),
-            "operator_name": pa.repeat(op.operator_name, n), "store_name": pa.repeat(op.store_name, n),
+            "operator_name": pa.repeat(op.operator_name, n), "store_name": pa.repeat(store, n),
             "partition_id": arrow["partition_id"], "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), n),
             "key": arrow["key"], "value": arrow["value"],
         }, schema=STATE_SCHEMA))
     table = pa.concat_tables(parts) if parts else STATE_SCHEMA.empty_table()
     flat = pa.concat_tables(fields, promote_options="default") if fields else pa.table({})
     return StateExport(table, flat, operators)
+
+
+def _column(path: tuple[str, ...]):
+    from pyspark.sql import functions as F
+
+    return F.col(".".join(f"`{p}`" for p in path))
+
+
+def _value_leaves(data_type, variable: str | None) -> list[tuple[Any, str]]:
+    """Columns of the value's leaves for validation: ``value.<field>``; for a state variable
+    ``value.<variable>.<field>``, or ``value.<variable>.size`` for a list or map."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    if variable is None:
+        return [(_column(path), ".".join(path)) for path in _leaves(data_type, "value")]
+    if not isinstance(data_type, StructType):
+        return [(F.size("value"), f"value.{variable}.size")]
+    return [(_column(path), ".".join(("value", variable, *path[1:]))) for path in _leaves(data_type, "value")]
 
 
 def _leaves(data_type, name: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

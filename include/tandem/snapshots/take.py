@@ -46,7 +46,9 @@ from tandem.runtime.publisher import checkpoint_lineage
 from tandem.snapshots.outputs import version_at_batch
 from tandem.snapshots.retention import PRUNE, RetentionPlan, decide_retention
 from tandem.snapshots.state_export import (
+    STATE_SCHEMA,
     STATE_TABLE,
+    TIMERS,
     StateOperator,
     append_state,
     delete_state,
@@ -69,10 +71,9 @@ VACUUM_RETENTION_H = 1
 
 @dataclass(frozen=True)
 class QueryOutput:
-    """Where one query of a plan publishes (its Delta table) and what its state values are called."""
+    """Where one query of a plan publishes (its Delta tables by output) and what its state values are called."""
 
-    output: str
-    delta_path: Path
+    delta_paths: dict[str, Path]
     state_value_names: tuple[str, ...] = ()
 
 
@@ -111,8 +112,15 @@ def plan_outputs(spark, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
     from tandem.plans import PlanContext, load_plan_module
 
     ctx = PlanContext(cluster, plan, InstanceKey(plan.name, shard_id, node), spark)
-    return {d.name: QueryOutput(d.sink.output, Path(getattr(d.sink, "delta_path")), tuple(d.state_value_names))
+    return {d.name: QueryOutput(_delta_paths(d.sink), tuple(d.state_value_names))
             for d in load_plan_module(plan).build(ctx)}
+
+
+def _delta_paths(sink) -> dict[str, Path]:
+    routes = getattr(sink, "routes", None)  # a RoutedSink: every output it routes to
+    if routes:
+        return {output: path for each in routes.values() for output, path in _delta_paths(each).items()}
+    return {sink.output: Path(sink.delta_path)}
 
 
 def active_node(db: Database, plan: PlanConfig, shard_id: str) -> str:
@@ -223,17 +231,17 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
         batches[query] = cut.batch_id
         lineages[query] = cut.query_id or checkpoint_lineage(target / query)
         copied += cut.bytes
+    if not batches:
+        raise SnapshotError(f"{instance.id} has not committed a batch yet: nothing to snapshot")
+    # an instance of stateless queries (a filter) has no state: its snapshot is the input it has processed
     stateful = [q for q in batches if (target / q / "state").is_dir()]
-    if not stateful:
-        raise SnapshotError(f"{instance.id} has not committed a stateful batch yet: nothing to snapshot")
     versions = {}
     for query, batch in batches.items():
-        if query in outputs:
-            out = outputs[query]
-            version = version_at_batch(out.delta_path, f"{instance.id}/{out.output}/{lineages[query]}", batch)
+        for output, path in (outputs[query].delta_paths.items() if query in outputs else ()):
+            version = version_at_batch(path, f"{instance.id}/{output}/{lineages[query]}", batch)
             if version is not None:
-                versions[out.output] = version
-    catalog.record_contents(db, record.id, batch_id=batches[stateful[0]], query_batches=batches,
+                versions[output] = version
+    catalog.record_contents(db, record.id, batch_id=batches[(stateful or sorted(batches))[0]], query_batches=batches,
                             checkpoint_bytes=copied, output_versions=versions)
 
     exports, operators = [], {}
@@ -249,9 +257,9 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
             counted = _count_live_state(spark, live[query], batches[query], export.operators)
             log.warning("snapshot %s: no recorded state row count for %s batch %d; counted %d in the live "
                         "checkpoint", record.id, query, batches[query], counted)
-        expected += counted
-    state = pa.concat_tables([e.rows for e in exports])
-    fields = pa.concat_tables([e.fields for e in exports], promote_options="default")
+        expected += counted + export.timer_rows  # Spark does not count a transformWithState's timers as state rows
+    state = pa.concat_tables([e.rows for e in exports]) if exports else STATE_SCHEMA.empty_table()
+    fields = pa.concat_tables([e.fields for e in exports], promote_options="default") if exports else pa.table({})
     append_state(delta_table_dir(cluster, plan.name, STATE_TABLE), state, record.id)
     catalog.record_contents(db, record.id, state_rows=state.num_rows, state_bytes=state.nbytes)
 
@@ -265,7 +273,8 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
 
 
 def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[StateOperator]) -> int:
-    return sum(read_operator_state(spark, query_dir, batch_id, op).count() for op in operators)
+    return sum(read_operator_state(spark, query_dir, batch_id, op, store).count()
+               for op in operators for store in op.stores if store != TIMERS)
 
 
 def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
