@@ -11,7 +11,7 @@ import pytest
 from _project import TRADES
 from tandem.quality.serving import ExpectationOutcome
 from tandem.snapshots.outputs import newest_per_key
-from tandem.snapshots.state_export import STATE_SCHEMA, StateOperator, _unique
+from tandem.snapshots.state_export import STATE_SCHEMA, TIMERS, StateOperator, _unique, state_variables
 from tandem.snapshots.validation import SnapshotValidation, state_frame
 
 UTC = timezone.utc
@@ -90,3 +90,37 @@ def test_a_bad_verdict_names_the_broken_files_and_the_failed_expectations() -> N
                               "2 of 9 rows unexpected")
     assert "BAD" in verdict.summary() and "1/3 expectations on 9 state rows" in verdict.summary()
     assert SnapshotValidation("snap-2", True, [], [passed], "trades_state", 9).reason == ""
+
+
+TWS_PROPERTIES = json.dumps({"timeMode": "EventTime", "outputMode": "Append", "stateVariables": [
+    {"stateName": "readings", "stateVariableType": "ListState", "ttlEnabled": False},
+    {"stateName": "$eventTimers_keyToTimestamp", "stateVariableType": "TimerState", "ttlEnabled": False},
+    {"stateName": "progress", "stateVariableType": "ValueState", "ttlEnabled": False}]})
+
+
+def test_a_transform_with_state_operator_exports_each_user_variable_and_its_timers() -> None:
+    assert state_variables(TWS_PROPERTIES) == ("readings", "progress")  # Spark's own $-variables left out
+    tws = StateOperator(0, "transformWithStateInPandasExec", "default", 2, 0, 4, state_variables(TWS_PROPERTIES))
+    assert tws.stores == ("readings", "progress", TIMERS)
+    assert StateOperator(0, "stateStoreSave", "default", 2, 0, 7, state_variables(None)).stores == ("default",)
+    assert state_variables("not json") == () and state_variables("{}") == ()
+
+
+def test_the_cut_batch_of_every_store_of_a_transform_with_state_operator_is_known() -> None:
+    tws = StateOperator(0, "transformWithStateInPandasExec", "default", 2, 0, 4, ("order",))
+    rows = pa.Table.from_pylist([
+        {"snapshot_id": "s", "plan": "p", "shard_id": "g-1", "instance_id": "p/g-1/a", "query": "orders",
+         "operator_id": 0, "operator_name": tws.operator_name, "store_name": store, "partition_id": 0,
+         "batch_id": 4, "key": '{"order_no": "o-1"}', "value": "{}"} for store in ("order", TIMERS)],
+        schema=STATE_SCHEMA)
+    frame = state_frame(rows, pa.table({}), {"orders": 4}, {"orders": [tws]})
+    assert list(frame["metadata_max_batch_id"]) == [4, 4]
+
+
+def test_a_restore_keeps_exactly_the_outputs_published_by_id() -> None:
+    from tandem.config import load_plan
+
+    pizza, trades = load_plan("pizza_shop"), load_plan("trades")
+    assert {name for name, o in pizza.outputs.items() if o.published_by_id} == {
+        "delivered_orders", "overdue_orders", "order_stats"}  # table, events, aggregation of facts
+    assert not any(o.published_by_id for o in trades.outputs.values())  # Spark partials and quarantine roll back
