@@ -62,7 +62,7 @@ def test_launches_when_the_process_here_is_gone_even_with_a_fresh_beat(status):
     decision = decide_launch(status, process_alive=False, beat_age_s=1.2, heartbeat_timeout_s=3.0,
                              recorded_here=True)
     assert not decision.reuse
-    assert "process on this host is gone" in decision.reason and "1.2s old" in decision.reason
+    assert "process is gone from this host" in decision.reason and "1.2s old" in decision.reason
 
 
 def test_launches_when_nothing_was_recorded():

@@ -98,7 +98,7 @@ def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | N
         return LaunchDecision("reuse", f"{status} and its process is alive")
     beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
     if recorded_here:
-        return LaunchDecision("launch", f"{status} but its process on this host is gone ({beat})")
+        return LaunchDecision("launch", f"{status} but its process is gone from this host ({beat})")
     if beat_age_s is not None and beat_age_s < heartbeat_timeout_s:
         return LaunchDecision(
             "reuse", f"{status} and its liveness beat is {beat_age_s:.1f}s old (< {heartbeat_timeout_s:g}s timeout)")
