@@ -151,3 +151,56 @@ def test_missing_suite_is_a_clear_error(cluster, project):
         validate_serving_table(cluster, plan)  # deleted after the plan was loaded
     with pytest.raises(ConfigError, match="trades.yaml: validation.suite: no suite 'trades_aggregates'"):
         validate_serving_table(cluster, "trades")
+
+
+# --- events and tables (pizza_shop): generated expectations plus the plan's suite -----------------
+
+def publish_pizza(database_url: str, overdue: list[dict], delivered: dict[str, tuple[str, str]],
+                  shard: str = "shop-1") -> None:
+    """Overdue order events, and on-time orders ``{order_no: (customer, shard)}`` applied to the table."""
+    from tandem.declarations import event_id
+    from tandem.store.outputs import apply_contributions, insert_events
+    from tandem.store.registry import InstanceKey
+
+    with Database(database_url) as db:
+        def work(cursor) -> None:
+            instance = InstanceKey("pizza_shop", shard, "node-a")
+            insert_events(cursor, instance, "overdue_orders", {
+                event_id("pizza_shop", "overdue_orders", {"order_no": e["order_no"]}):
+                    (datetime.fromtimestamp(e["expiry_time"] / 1000, UTC), e) for e in overdue}, 1, 0)
+            for order_no, (customer, on) in delivered.items():
+                apply_contributions(cursor, InstanceKey("pizza_shop", on, "node-a"), "delivered_orders", ["delivered"],
+                                    {order_no: ({"customer_name": customer}, {"delivered": 1})}, 1, 0)
+        db.run(work)
+
+
+def overdue(order_no: str, customer: str | None, order_time: int, expiry_time: int) -> dict:
+    return {"order_no": order_no, "customer_name": customer, "order_time": order_time, "expiry_time": expiry_time}
+
+
+def test_events_and_tables_are_validated_by_the_plan_and_its_suite(cluster, database_url):
+    from tandem.quality.outputs import validate_plan_outputs
+
+    plan = load_plan("pizza_shop", cluster)
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    publish_pizza(database_url, [overdue("o-1", "alice", now_ms - 90_000, now_ms - 60_000),
+                                 overdue("o-2", "bob", now_ms - 80_000, now_ms - 50_000)],
+                  {"o-3": ("alice", "shop-1"), "o-4": ("alice", "shop-2"), "o-5": ("carol", "shop-1")})
+    since = datetime.now(UTC) - timedelta(hours=1)
+    reports = {r.suite: r for r in validate_plan_outputs(cluster, plan, since)}
+    assert set(reports) == {"pizza_shop_outputs:overdue_orders", "pizza_shop_outputs:delivered_orders",
+                            "pizza_shop_outputs:order_stats"}
+    assert reports["pizza_shop_outputs:order_stats"].row_count == 0  # nothing aggregated yet: its table is not there
+    events, table = reports["pizza_shop_outputs:overdue_orders"], reports["pizza_shop_outputs:delivered_orders"]
+    assert events.success and events.row_count == 2, events.summary()
+    assert table.success and table.row_count == 3, table.summary()  # alice in two instances, carol in one
+
+    # an event without its customer, expiring before it was placed; a table row of an unknown instance
+    publish_pizza(database_url, [overdue("o-9", None, now_ms - 10_000, now_ms - 20_000)], {"o-8": ("dave", "shop-7")})
+    reports = {r.suite: r for r in validate_plan_outputs(cluster, plan, since)}
+    events, table = reports["pizza_shop_outputs:overdue_orders"], reports["pizza_shop_outputs:delivered_orders"]
+    failed = {(o.expectation, o.kwargs.get("column") or o.kwargs.get("column_A")) for o in events.failures}
+    assert failed == {("expect_column_values_to_not_be_null", "customer_name"),
+                      ("expect_column_pair_values_a_to_be_greater_than_b", "expiry_time")}, events.summary()
+    bad = table.failure("expect_column_values_to_be_in_set", column="shard_id")
+    assert bad is not None and bad.unexpected_count == 1, table.summary()

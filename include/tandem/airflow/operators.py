@@ -110,12 +110,13 @@ class LaunchPlanInstanceOperator(BaseOperator):
 
 
 class ValidateServingTableOperator(BaseOperator):
-    """Validate a plan's serving table with its Great Expectations suite and log the merged hourly result.
+    """Validate every output of a plan with Great Expectations and log the merged hourly aggregates.
 
+    Aggregations as serving tables, events by event time, tables whole (:mod:`tandem.quality.outputs`).
     The window is ``lookback`` (default: the plan's ``validation.lookback``) up to the run's
     ``data_interval_end`` (now for runs without one). Fails the task (no retry) when an
     expectation fails; the log and the exception name each failed expectation with sample rows.
-    Returns the report as a JSON-able dict.
+    Returns the reports as a JSON-able dict.
 
     :param plan: plan name. Templated.
     :param lookback: window length such as ``"1 day"``.
@@ -137,7 +138,8 @@ class ValidateServingTableOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from tandem import aggregation
-        from tandem.quality import validate_serving_table
+        from tandem.aggregation.spec import aggregation_outputs
+        from tandem.quality.outputs import validate_plan_outputs
 
         cluster = _cluster(self.cluster_config)
         plan = load_plan(self.plan, cluster)
@@ -146,29 +148,34 @@ class ValidateServingTableOperator(BaseOperator):
         end = datetime.fromtimestamp(interval_end.timestamp(), timezone.utc) if interval_end else datetime.now(timezone.utc)
         since = end - timedelta(seconds=lookback_s)
 
-        report = validate_serving_table(cluster, plan, self.granularity, since, until=end)
-        hourly = aggregation.query(cluster, plan.name, "hour", aggregation.bucket_start(since, "hour"), end)
-        self.log.info("merged hourly %s aggregates %s .. %s: %d rows", plan.name, since.isoformat(),
-                      end.isoformat(), len(hourly))
-        for line in format_hourly(hourly, self.log_rows):
-            self.log.info("%s", line)
-        self.log.info("%s", report.summary())
-        if report.row_count == 0:
-            self.log.warning("no partial aggregates in the window: nothing was validated")
-        if not report.success:
-            raise AirflowFailException(report.summary())
-        return {**report.to_dict(), "hourly_rows": len(hourly)}
+        reports = validate_plan_outputs(cluster, plan, since, end, granularity=self.granularity)
+        hourly_rows = 0
+        for output in aggregation_outputs(plan):
+            hourly = aggregation.query(cluster, plan.name, "hour", aggregation.bucket_start(since, "hour"), end,
+                                       output=output)
+            hourly_rows += len(hourly)
+            self.log.info("merged hourly %s %s %s .. %s: %d rows", plan.name, output, since.isoformat(),
+                          end.isoformat(), len(hourly))
+            for line in format_rows(hourly, self.log_rows):
+                self.log.info("%s", line)
+        for report in reports:
+            self.log.info("%s", report.summary())
+            if report.row_count == 0:
+                self.log.warning("%s: no rows in the window: nothing was validated", report.suite)
+        failed = [r for r in reports if not r.success]
+        if failed:
+            raise AirflowFailException("\n".join(r.summary() for r in failed))
+        return {"plan": plan.name, "reports": [r.to_dict() for r in reports], "hourly_rows": hourly_rows}
 
 
-def format_hourly(rows: list[dict[str, Any]], limit: int) -> list[str]:
-    """Merged rows as aligned text lines: bucket, symbol, avg, sum quantity, count, min, max (pure)."""
-    lines = [f"{'bucket':<20} {'symbol':<10} {'avg price':>12} {'sum qty':>10} {'count':>8} "
-             f"{'min':>10} {'max':>10} {'shards':>6}"]
-    for row in rows[:limit]:
-        avg = "n/a" if row["avg_price"] is None else f"{row['avg_price']:.4f}"
-        lines.append(f"{row['bucket_start']:%Y-%m-%d %H:%M:%S} {row['symbol']:<10} {avg:>12} "
-                     f"{row['quantity_sum']:>10} {row['trade_count']:>8} {row['price_min']:>10.2f} "
-                     f"{row['price_max']:>10.2f} {row['shards']:>6}")
+def format_rows(rows: list[dict[str, Any]], limit: int) -> list[str]:
+    """Merged aggregate rows as text lines, one ``column=value`` pair per column (pure)."""
+    def shown(value: Any) -> str:
+        if isinstance(value, datetime):
+            return f"{value:%Y-%m-%d %H:%M:%S}"
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = [" ".join(f"{column}={shown(value)}" for column, value in row.items()) for row in rows[:limit]]
     if len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more rows")
     return lines

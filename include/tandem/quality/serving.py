@@ -125,6 +125,17 @@ def load_suite_definition(path: Path) -> dict[str, Any]:
     return data
 
 
+def suite_for_output(definition: dict[str, Any], plan: PlanConfig, output: str) -> dict[str, Any]:
+    """The suite file's expectations that apply to ``output`` (``meta.output``; none: the aggregations)."""
+    kind = plan.outputs[output].kind
+
+    def applies(expectation: dict[str, Any]) -> bool:
+        named = (expectation.get("meta") or {}).get("output")
+        return named == output if named is not None else kind == "aggregation"
+
+    return {**definition, "expectations": [e for e in definition["expectations"] if applies(e)]}
+
+
 def _with_shard_expectation(definition: dict[str, Any]) -> dict[str, Any]:
     """The suite, plus the shard-set expectation when the file does not declare one."""
     for expectation in definition["expectations"]:
@@ -173,6 +184,9 @@ def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, plan: str, 
     params = {"plan": plan, "since": since, "until": until, "granularity": granularity, "limit": max_rows + 1}
 
     def work(cursor) -> list[dict[str, Any]]:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (spec.table,))
+        if not cursor.fetchone()["present"]:  # an aggregation's table is created with its first rows
+            return []
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -182,7 +196,7 @@ def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, plan: str, 
 
 def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granularity: str | None = None,
                            since: datetime | None = None, *, until: datetime | None = None,
-                           max_rows: int = DEFAULT_MAX_ROWS) -> ValidationReport:
+                           max_rows: int = DEFAULT_MAX_ROWS, output: str | None = None) -> ValidationReport:
     """Validate the partial aggregates of ``plan``'s serving table with the plan's suite.
 
     Args:
@@ -191,6 +205,7 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
         since: rows whose bucket ends after this moment (default: ``validation.lookback`` ago).
         until: rows whose bucket starts before this moment (default: no upper bound).
         max_rows: read at most this many rows (the report says ``truncated`` when there were more).
+        output: the aggregation output (default: the plan's first).
 
     Raises:
         ValidationError: the suite is missing or invalid, or the arguments are.
@@ -200,7 +215,10 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
     if not outputs:
         raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
                               f"{', '.join(plan.outputs)})")
-    spec = spec_for(plan, outputs[0])
+    if output is not None and output not in outputs:
+        raise ValidationError(f"plan {plan.name}: {output!r} is not an aggregation output ({', '.join(outputs)})")
+    output = output or outputs[0]
+    spec = spec_for(plan, output)
     if granularity is not None and granularity not in GRANULARITIES:
         raise ValidationError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
     now = datetime.now(timezone.utc)
@@ -208,7 +226,7 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
     if since.tzinfo is None or (until is not None and until.tzinfo is None):
         raise ValidationError("since and until must be timezone-aware")
     path = suite_path(cluster, plan)
-    definition = _with_shard_expectation(load_suite_definition(path))
+    definition = _with_shard_expectation(suite_for_output(load_suite_definition(path), plan, output))
 
     rows = load_serving_rows(cluster, spec, plan.name, since, until, granularity, max_rows)
     truncated = len(rows) > max_rows

@@ -143,8 +143,8 @@ def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard
         if touched is None:
             cursor.execute(f"DELETE FROM {spec.table} WHERE plan = %s AND shard_id = %s", (plan, shard_id))
         else:
-            columns = ", ".join(["granularity text", "bucket_start timestamptz", *(f"{k} text" for k in spec.keys)])
-            cursor.execute(f"CREATE TEMP TABLE _touched ({columns}) ON COMMIT DROP")  # an aggregation may have no keys
+            declared = ", ".join(["granularity text", "bucket_start timestamptz", *(f"{k} text" for k in spec.keys)])
+            cursor.execute(f"CREATE TEMP TABLE _touched ({declared}) ON COMMIT DROP")  # an aggregation may have no keys
             _copy(cursor, "_touched", keys.select(identity))
             match = " AND ".join(f"t.{c} = k.{c}" for c in identity)
             cursor.execute(f"DELETE FROM {spec.table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s "
