@@ -175,6 +175,9 @@ class OutputConfig(StrictModel):
     measures: dict[FieldName, MeasureConfig] = {}
     ratios: dict[FieldName, Annotated[list[FieldName], Field(min_length=2, max_length=2)]] = {}
     table: FieldName | None = None
+    granularities: list[Literal["second", "minute", "hour", "day", "month", "year"]] = []
+    """The buckets an aggregation keeps and serves (default: every one, second to year). Per-second
+    partials are always kept: every coarser bucket is rolled up from them."""
 
     @property
     def published_by_id(self) -> bool:
@@ -201,8 +204,10 @@ class OutputConfig(StrictModel):
                 for part in (numerator, denominator):
                     if part not in self.measures:
                         raise ValueError(f"ratio {name}: {part!r} is not a measure ({', '.join(self.measures)})")
-        elif self.measures or self.ratios or self.table:
-            raise ValueError("measures, ratios and table belong to aggregation outputs")
+            if len(set(self.granularities)) != len(self.granularities):
+                raise ValueError("granularities: each granularity once")
+        elif self.measures or self.ratios or self.table or self.granularities:
+            raise ValueError("measures, ratios, table and granularities belong to aggregation outputs")
         return self
 
 

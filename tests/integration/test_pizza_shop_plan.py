@@ -138,6 +138,9 @@ def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders:
             minute: (len(os), sum(o["order_no"] in delivered for o in os), len({o["customer_name"] for o in os}))
             for minute, os in by_minute.items()}, source
         assert {r["shards"] for r in stats} == {2}
+        by_day = aggregation.query(cluster, "pizza_shop", "day", *window, source=source)  # rolled up from minutes
+        assert [(r["orders"], r["on_time"], r["customers"]) for r in by_day] == [
+            (len(orders), len(delivered), len({o["customer_name"] for o in orders}))], source
 
     return per_customer, overdue
 

@@ -124,6 +124,13 @@ CASES = {
         avg_price=["price_sum", "volume"])), "outputs.trade_aggregates", "'volume' is not a measure"),
     "facts without a time": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"].update(id=["symbol"])),
                              "outputs.trade_aggregates", "needs the time field"),
+    "unknown granularity": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"].update(granularities=["week"])),
+                            "outputs.trade_aggregates.granularities[0]", "expected one of second"),
+    "granularity twice": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"].update(granularities=["hour", "hour"])),
+                          "outputs.trade_aggregates", "each granularity once"),
+    "granularities of events": (PLAN, data(lambda d: d["outputs"].update(alerts={
+        "kind": "events", "key": ["symbol"], "time": "timestamp", "granularities": ["hour"]})),
+        "outputs.alerts", "granularities belong to aggregation outputs"),
     "unknown output kind": (PLAN, data(lambda d: d["outputs"].update(x={"kind": "kafka"})), "outputs.x.kind",
                             "aggregation"),
     "description number": (PLAN, top(description=5), "description", "expected a string"),

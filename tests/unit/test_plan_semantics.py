@@ -102,3 +102,16 @@ def test_every_generator_writes_events_of_its_plan_and_bad_lines_that_break_a_de
                     line = bad_line(plan.streams[stream], event, generator.random)
                     assert line != json.dumps(event)
         assert seen == set(plan.streams), f"{plan.name}: some stream got no events"
+
+
+def test_an_aggregation_keeps_the_granularities_it_declares_and_always_seconds() -> None:
+    from tandem.aggregation.spec import spec_for
+    from tandem.config import load_plan
+
+    stats = spec_for(load_plan("pizza_shop"), "order_stats")
+    assert stats.granularities == ("second", "minute", "hour", "day")
+    assert stats.child_of("hour") == "minute" and stats.child_of("minute") == "second"
+    with pytest.raises(ValueError, match="keeps second, minute, hour, day"):
+        stats.check_granularity("month")
+    trades = load_plan("trades")
+    assert spec_for(trades, "trade_aggregates").granularities == ("second", "minute", "hour", "day", "month", "year")

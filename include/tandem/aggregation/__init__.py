@@ -38,8 +38,9 @@ def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, 
     if output not in outputs:
         raise QueryError(f"plan {plan} has no aggregation output {output!r} (aggregations: {', '.join(outputs)})")
     spec = spec_for(declared, output)
-    if granularity not in GRANULARITIES:
-        raise QueryError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
+    if granularity not in spec.granularities:
+        raise QueryError(f"unknown granularity {granularity!r}: plan {plan} keeps {output} by "
+                         f"{', '.join(spec.granularities)}")
     if start.tzinfo is None or end.tzinfo is None:
         raise QueryError("start and end must be timezone-aware")
     if end <= start:

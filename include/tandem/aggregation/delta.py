@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from tandem.aggregation.granularity import check_granularity
 from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import AggregationSpec
 from tandem.lake.tables import append_once, read_table
@@ -44,7 +43,7 @@ def append_rows(path: Path, spec: AggregationSpec, rows: list[dict[str, Any]], *
 def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,
                   keys: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """The newest version of every partial row in ``[start, end)`` (one per shard and key)."""
-    check_granularity(granularity)
+    spec.check_granularity(granularity)
     condition = (ds.field("granularity") == granularity) & (ds.field("bucket_start") >= pa.scalar(start, UTC_MICROS)) \
         & (ds.field("bucket_start") < pa.scalar(end, UTC_MICROS))
     for key, values in (keys or {}).items():

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from tandem.aggregation import sketches
-from tandem.aggregation.granularity import GRANULARITIES, bucket_start, check_granularity, child_of
+from tandem.aggregation.granularity import bucket_start
 from tandem.aggregation.merge import MergedRow, with_ratios
 from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
 
@@ -88,7 +88,7 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, 
     written = cursor.fetchall()
     merged = ", ".join(_merged(m) for m in spec.measures)
     key_join = "".join(f" AND c.{k} = p.{k}" for k in spec.keys)
-    for granularity in GRANULARITIES[1:]:
+    for granularity in spec.granularities[1:]:
         cursor.execute(
             f"""INSERT INTO {spec.table} (plan, granularity, bucket_start, {keys}shard_id, {', '.join(spec.measure_columns)}, epoch, batch_id)
                 SELECT %(plan)s, %(granularity)s, p.bucket, {''.join(f'p.{k}, ' for k in spec.keys)}%(shard_id)s, {merged},
@@ -101,7 +101,7 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, 
                 GROUP BY p.bucket{''.join(f', p.{k}' for k in spec.keys)}
                 {_conflict_update(spec)}
                 RETURNING {_returning(spec)}""",
-            {**params, "granularity": granularity, "child": child_of(granularity)},
+            {**params, "granularity": granularity, "child": spec.child_of(granularity)},
         )
         rows = cursor.fetchall()
         if spec.distinct_columns:
@@ -113,7 +113,7 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, 
 def _union_children(cursor, spec: AggregationSpec, plan: str, shard_id: str, granularity: str,
                     rows: list[dict[str, Any]]) -> None:
     """Set each rolled-up row's sketches to the union of its children's (the rows returned are updated too)."""
-    child = child_of(granularity)
+    child = spec.child_of(granularity)
     keys = "".join(f" AND {k} = %({k})s" for k in spec.keys)
     for row in rows:
         cursor.execute(
@@ -134,11 +134,13 @@ def _union_children(cursor, spec: AggregationSpec, plan: str, shard_id: str, gra
 
 
 def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: set[tuple],
-                    granularities: tuple[str, ...] = GRANULARITIES) -> list[dict[str, Any]]:
-    """A shard's rows of every bucket (of ``granularities``) containing one of ``seconds`` (``(second, *keys)``)."""
+                    granularities: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """A shard's rows of every bucket (of ``granularities``, default the spec's) containing one of ``seconds``
+    (``(second, *keys)``)."""
     if not seconds:
         return []
-    wanted = sorted({(g, bucket_start(second[0], g), *second[1:]) for second in seconds for g in granularities},
+    wanted = sorted({(g, bucket_start(second[0], g), *second[1:]) for second in seconds
+                     for g in granularities or spec.granularities},
                     key=str)
     columns = ["granularity", "bucket_start", *spec.keys]
     cursor.execute(
@@ -151,7 +153,7 @@ def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, shard_id: str, sec
 def query_merged(cursor, spec: AggregationSpec, plan: str, granularity: str, start: datetime, end: datetime,
                  keys: dict[str, list[str]] | None = None) -> list[MergedRow]:
     """One plan's merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values."""
-    check_granularity(granularity)
+    spec.check_granularity(granularity)
     filters = ["plan = %(plan)s", "granularity = %(granularity)s", "bucket_start >= %(start)s",
                "bucket_start < %(end)s"]
     params = {"plan": plan, "granularity": granularity, "start": start, "end": end}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.aggregation.granularity import GRANULARITIES
+
 # How partial values of a measure combine across shards and from child buckets to parents.
 # A distinct measure is an HLL sketch (DataSketches format), unioned in Python.
 MERGE_SQL = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
@@ -44,6 +46,17 @@ class AggregationSpec:
     keys: tuple[str, ...]
     measures: tuple[Measure, ...]
     ratios: tuple[Ratio, ...] = ()
+    granularities: tuple[str, ...] = GRANULARITIES
+    """The buckets kept, finest first; always ``second``, from which the others are rolled up."""
+
+    def child_of(self, granularity: str) -> str:
+        """The next finer kept granularity, from which ``granularity``'s buckets are rolled up."""
+        return self.granularities[self.granularities.index(granularity) - 1]
+
+    def check_granularity(self, granularity: str) -> str:
+        if granularity not in self.granularities:
+            raise ValueError(f"unknown granularity {granularity!r}: {self.name} keeps {', '.join(self.granularities)}")
+        return granularity
 
     @property
     def measure_columns(self) -> list[str]:
@@ -77,7 +90,9 @@ def spec_for(plan: Any, output: str) -> AggregationSpec:
         measures.append(Measure(column, kind, sql_type, source))
     return AggregationSpec(name=output, table=declared.table or f"{plan.name}_{output}", keys=tuple(declared.key),
                            measures=tuple(measures),
-                           ratios=tuple(Ratio(c, n, d) for c, (n, d) in declared.ratios.items()))
+                           ratios=tuple(Ratio(c, n, d) for c, (n, d) in declared.ratios.items()),
+                           granularities=tuple(g for g in GRANULARITIES
+                                               if g == "second" or g in (declared.granularities or GRANULARITIES)))
 
 
 def aggregation_outputs(plan: Any) -> list[str]:
