@@ -154,8 +154,8 @@ class ValidateServingTableOperator(BaseOperator):
             hourly = aggregation.query(cluster, plan.name, "hour", aggregation.bucket_start(since, "hour"), end,
                                        output=output)
             hourly_rows += len(hourly)
-            self.log.info("merged hourly %s %s %s .. %s: %d rows", plan.name, output, since.isoformat(),
-                          end.isoformat(), len(hourly))
+            self.log.info("merged hourly %s aggregates of %s, %s .. %s: %d rows", plan.name, output,
+                          since.isoformat(), end.isoformat(), len(hourly))
             for line in format_rows(hourly, self.log_rows):
                 self.log.info("%s", line)
         for report in reports:
@@ -165,7 +165,8 @@ class ValidateServingTableOperator(BaseOperator):
         failed = [r for r in reports if not r.success]
         if failed:
             raise AirflowFailException("\n".join(r.summary() for r in failed))
-        return {"plan": plan.name, "reports": [r.to_dict() for r in reports], "hourly_rows": hourly_rows}
+        return {"plan": plan.name, "success": True, "row_count": sum(r.row_count for r in reports),
+                "hourly_rows": hourly_rows, "reports": [r.to_dict() for r in reports]}
 
 
 def format_rows(rows: list[dict[str, Any]], limit: int) -> list[str]:
