@@ -1,4 +1,8 @@
-"""``make demo``: the trades plan on two shards, launched by Airflow, fed for a minute, merged on read.
+"""``make demo``: the three plans launched by Airflow, fed, and their outputs shown.
+
+The trades plan on two shards, fed for a minute and merged on read; then the pizza shop (two
+instances) and the temperature plan (three instances in two execution groups), each fed, its
+watermark moved past the input, and every output shown.
 
 Expects the environment of ``.tandem/env.sh`` (``make demo`` sources it): Airflow's home, the
 Tandem database and the nodes' Airflow connections.
