@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from tandem.config import load_cluster, load_plan
@@ -20,6 +21,7 @@ from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
+from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
@@ -81,6 +83,7 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
     write(cluster, plan, parts[0])
     run_all(cluster, plan, spark)
     taken = snapshot_all(cluster, plan, spark)
+    before_the_cut = landing_files(cluster, plan)
 
     # the export: every pending order of an instance with its customer, time and expiry timer
     by_order = {o["order_no"]: o for o in orders}
@@ -117,6 +120,17 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
     reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
     assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], \
         "the quarantine of part 2 is rolled back by the restore and written again once"
+
+    # landing retention: the files of both streams behind the snapshots' cuts go, nothing after them
+    deleted = {path for decision in clean_plan_landing(cluster, plan).values() for path in decision.delete}
+    assert deleted == before_the_cut, (len(deleted), len(before_the_cut))
+    assert {Path(p).parent.parent.name for p in deleted} == {"orders", "deliveries"}
+    assert landing_files(cluster, plan) and not landing_files(cluster, plan) & before_the_cut
+
+
+def landing_files(cluster, plan) -> set[str]:
+    return {str(path) for stream in plan.streams for p in range(plan.streams[stream].partitions)
+            for path in landing_dir(cluster, stream, p).glob("*") if path.is_file()}
 
 
 def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(project, database_url, spark) -> None:

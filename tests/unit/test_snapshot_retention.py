@@ -308,3 +308,28 @@ def test_latest_good_is_per_shard_but_an_id_may_come_from_any_shard() -> None:
 def test_an_id_and_latest_good_together_are_an_error() -> None:
     with pytest.raises(ValueError, match="not both"):
         choose_snapshot(ROWS, snapshot_id="shard-1-good@0", latest_good=True)
+
+
+# --- files_of_stream: which sources of a query read a stream -------------------------------------
+
+ORDERS, DELIVERIES = "/data/landing/orders", "/data/landing/deliveries"
+
+
+def test_a_query_of_two_streams_counts_for_each_stream_with_the_files_of_that_stream_only() -> None:
+    from tandem.snapshots.retention import files_of_stream
+
+    by_source = [frozenset({"file:///data/landing/orders/0/a.jsonl"}),
+                 frozenset({"file:///data/landing/deliveries/0/b.jsonl", "/data/landing/deliveries/2/c.jsonl"})]
+    assert files_of_stream(by_source, ORDERS) == {"/data/landing/orders/0/a.jsonl"}
+    assert files_of_stream(by_source, DELIVERIES) == {"/data/landing/deliveries/0/b.jsonl",
+                                                      "/data/landing/deliveries/2/c.jsonl"}
+    assert files_of_stream(by_source, "/data/landing/temps") is None  # not a reader of that stream
+    assert files_of_stream([by_source[0]], "/data/landing/orders_archive") is None  # a prefix is not the stream
+
+
+def test_a_query_that_has_read_nothing_yet_may_read_any_stream() -> None:
+    from tandem.snapshots.retention import files_of_stream
+
+    assert files_of_stream([], ORDERS) == frozenset()  # nothing committed: it has processed nothing
+    assert files_of_stream([frozenset({"/data/landing/orders/1/a"}), frozenset()], DELIVERIES) == frozenset()
+    assert files_of_stream([None], ORDERS) is None  # not a file source: it guards nothing

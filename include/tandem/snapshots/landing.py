@@ -10,9 +10,11 @@ How it works
     pure decision
     :func:`tandem.snapshots.retention.decide_landing_retention`: the files of the partition's landing
     directory; per query checkpoint of every node of the shard, the files its committed batches
-    read (:func:`tandem.snapshots.source_log.processed_files`); per query cut of every kept GOOD
+    read of this stream (:func:`tandem.snapshots.retention.files_of_stream` over every source of
+    the query: a pizza-shop query reads orders and deliveries); per query cut of every kept GOOD
     snapshot, the same. A node whose checkpoint exists counts, running or not (it may resume from
-    it); a query cut that reads no files (not a file source) is left out of both.
+    it); a query (or cut) that does not read the stream, or reads no files (not a file source), is
+    left out of both.
 
     The maintenance DAG (``tandem_<plan>_maintenance``) runs it hourly; ``tandem snapshots <plan>
     --prune`` runs it after pruning.
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import checkpoint_dir, landing_dir, under_root
-from tandem.snapshots.retention import LandingDecision, decide_landing_retention
-from tandem.snapshots.source_log import processed_files
+from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream
+from tandem.snapshots.source_log import processed_files_by_source
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.supervisor.resync import CheckpointError, query_dirs
@@ -38,10 +40,11 @@ from tandem.supervisor.resync import CheckpointError, query_dirs
 log = logging.getLogger(__name__)
 
 
-def _read(query_dir: Path) -> frozenset[str] | None:
+def _read(query_dir: Path, stream_dir: Path) -> frozenset[str] | None:
+    """What the query (or cut) at ``query_dir`` processed of the stream; ``None``: it does not read it."""
     try:
-        return processed_files(query_dir)
-    except CheckpointError as exc:  # not a file source: it guards nothing here
+        return files_of_stream(processed_files_by_source(query_dir), str(stream_dir))
+    except CheckpointError as exc:  # not a readable file-source log: it guards nothing here
         log.info("landing retention: %s: %s", query_dir, exc)
         return None
 
@@ -65,13 +68,13 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     for plan, shard_id in readers:
         for node in plan.nodes:
             for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
-                seen = _read(query_dir)
+                seen = _read(query_dir, directory.parent)
                 if seen is not None:
                     processed_by[f"{plan.name}/{shard_id}/{node}/{query}"] = seen
         for snapshot in catalog.list_snapshots(db, plan.name, shard_id=shard_id, statuses=(catalog.GOOD,)):
             for query in snapshot.query_batches:
                 # a catalog row is data: a cut outside the root is refused (nothing of the shard is deleted)
-                seen = _read(under_root(cluster, snapshot.checkpoint_path) / query)
+                seen = _read(under_root(cluster, snapshot.checkpoint_path) / query, directory.parent)
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
     decision = decide_landing_retention(files, processed_by, kept_cuts)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import unquote, urlsplit
@@ -215,6 +215,25 @@ def landing_file_key(path: str) -> str:
     if path.startswith("file:"):
         path = unquote(urlsplit(path).path)
     return os.path.normpath(path)
+
+
+def files_of_stream(by_source: Sequence[Collection[str] | None], stream_dir: str) -> frozenset[str] | None:
+    """What a query processed of one stream's landing files, given what each of its sources processed (pure).
+
+    ``by_source``: per source of the query, the files it processed (``None``: not a file source).
+    A source reads the stream when one of its files lies under ``stream_dir``
+    (``landing/<stream>``). Returns the union of those sources' files; an empty set when no source
+    is known to read the stream but one has read nothing yet (it may read this stream: nothing of
+    it counts as processed); ``None`` when the query does not read the stream (it is no reader).
+    """
+    if not by_source:
+        return frozenset()  # nothing committed yet: a reader that has processed nothing
+    prefix = landing_file_key(stream_dir) + os.sep
+    files = [frozenset(landing_file_key(f) for f in listed) for listed in by_source if listed is not None]
+    reading = [listed for listed in files if any(f.startswith(prefix) for f in listed)]
+    if reading:
+        return frozenset().union(*reading)
+    return frozenset() if any(not listed for listed in files) else None
 
 
 def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Collection[str]],

@@ -58,6 +58,17 @@ def processed_files(query_dir: Path | str, source_index: int = 0) -> frozenset[s
     return frozenset(paths)
 
 
+def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | None]:
+    """:func:`processed_files` of every source of the query (``None`` for a source that is not a file
+    source); empty when nothing was committed yet."""
+    query_dir = Path(query_dir)
+    batch = committed_batch(query_dir)
+    if batch is None or not (query_dir / "offsets" / str(batch)).is_file():
+        return []
+    reached = source_log_offsets(query_dir / "offsets" / str(batch))
+    return [None if limit is None else processed_files(query_dir, index) for index, limit in enumerate(reached)]
+
+
 def _logged_paths(entry: Path) -> list[str]:
     lines = entry.read_text().splitlines()
     if not lines or not lines[0].startswith("v"):
