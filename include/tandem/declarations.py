@@ -181,8 +181,9 @@ class OutputConfig(StrictModel):
 
     @property
     def published_by_id(self) -> bool:
-        """Rows are applied once by id (events, tables, aggregations of facts): a replay adds only what is missing."""
-        return self.kind in ("events", "table") or (self.kind == "aggregation" and bool(self.id))
+        """Rows are applied once by id (events, tables, aggregations of facts; the quarantine by source
+        file): a replay adds only what is missing."""
+        return self.kind in ("events", "table", "quarantine") or (self.kind == "aggregation" and bool(self.id))
 
     @model_validator(mode="after")
     def _kind_fields(self) -> OutputConfig:

@@ -144,3 +144,30 @@ def test_table_contributions_count_once_whoever_publishes_them_and_merge_across_
     assert {r["key"]["customer_name"]: r["instances"] for r in merged} == {"c0": 2, "c1": 2, "c2": 2}
     lake = {r["customer_name"]: int(r["delivered"]) for r in read_table_lake(path, COUNTS)}
     assert lake == expected
+
+
+def test_a_source_files_bad_lines_are_quarantined_once_per_shard_whoever_publishes_them(db, database_url,
+                                                                                        tmp_path: Path) -> None:
+    from tandem.runtime.publisher import QuarantineSink
+
+    path = tmp_path / "quarantine"
+    epoch = take(db, ACTIVE)
+
+    def bad(files: list[str]) -> pa.Table:
+        return pa.table({"raw": [f"{f}:{i}" for f in files for i in range(2)],
+                         "source_file": [f for f in files for _ in range(2)],
+                         "reason": ["missing field 'time'"] * (2 * len(files))})
+
+    sink = QuarantineSink(ACTIVE, database_url, path)
+    assert sink.publish(bad(["a.jsonl", "b.jsonl"]), BatchInfo(ACTIVE, 3, epoch, T0, "lineage-1")) == 4
+    # a replay after a restore (a new lineage, other batch ids) reads a.jsonl again, with a new file c.jsonl
+    assert sink.publish(bad(["a.jsonl", "c.jsonl"]), BatchInfo(ACTIVE, 1, epoch, T0, "lineage-2")) == 2
+    # another shard's file of the same name is its own
+    other = InstanceKey("p", "g-2", "node-a")
+    other_epoch = take(db, other)
+    assert QuarantineSink(other, database_url, path).publish(bad(["a.jsonl"]),
+                                                             BatchInfo(other, 1, other_epoch, T0, "x")) == 2
+    rows = tables.read_table(path).to_pylist()
+    assert sorted((r["shard_id"], r["raw"]) for r in rows) == sorted(
+        [("g-1", f"{f}:{i}") for f in ("a.jsonl", "b.jsonl", "c.jsonl") for i in range(2)]
+        + [("g-2", f"a.jsonl:{i}") for i in range(2)])

@@ -182,8 +182,10 @@ QUARANTINE_SCHEMA = pa.schema([
 class QuarantineSink:
     """Bad input lines, with the raw text, the source file and the reason, appended to Delta.
 
-    A standby holds bad lines by source file; a file the active has already quarantined (it is
-    in the table for this shard) is dropped from what is held.
+    A source file's bad lines are quarantined once per shard: a file already in the table for
+    this shard is skipped when published (a replay after a restore, an old active's late batch)
+    and dropped from what a standby holds. The file source reads a file whole in one batch, so
+    the file is the id of its bad lines.
     """
 
     output = "quarantine"
@@ -195,9 +197,20 @@ class QuarantineSink:
         self.held: dict[str, pa.Table] = {}
         self.held_batch: int | None = None
 
+    def quarantined(self, source_files: list[str]) -> set[str]:
+        """Of ``source_files``, those whose bad lines are already in the table for this shard."""
+        done = read_table(self.delta_path, (ds.field("shard_id") == self.instance.shard_id)
+                          & ds.field("source_file").isin(source_files), columns=["source_file"])
+        return set(done.column("source_file").to_pylist()) if done.num_rows else set()
+
     def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
         if rows.num_rows == 0:
             return 0
+        done = self.quarantined(pc.unique(rows["source_file"]).to_pylist())
+        if done:
+            rows = rows.filter(pc.invert(pc.is_in(rows["source_file"], pa.array(sorted(done), pa.string()))))
+            if rows.num_rows == 0:
+                return 0
         n = rows.num_rows
         table = pa.table({
             "raw": rows["raw"], "source_file": rows["source_file"], "reason": rows["reason"],
@@ -217,9 +230,7 @@ class QuarantineSink:
     def trim(self) -> None:
         if not self.held:
             return
-        done = read_table(self.delta_path, (ds.field("shard_id") == self.instance.shard_id)
-                          & ds.field("source_file").isin(list(self.held)), columns=["source_file"])
-        for source_file in set(done.column("source_file").to_pylist()) if done.num_rows else ():
+        for source_file in self.quarantined(list(self.held)):
             self.held.pop(source_file, None)
 
     def flush(self, batch: BatchInfo) -> int:

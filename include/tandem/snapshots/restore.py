@@ -21,8 +21,9 @@ How it works
        back to the snapshot's version for this shard only, and rebuild the shard's PostgreSQL rows
        from the restored Delta rows (:mod:`tandem.snapshots.outputs`); forget the shard's
        published positions (``publish_log``), which lie after the cut. Outputs published by id
-       (events, tables, aggregations of facts) are kept as they are: every row the replay emits
-       again has the same id, and a row whose id is already published is not applied again;
+       (events, tables, aggregations of facts, the quarantine by source file) are kept as they
+       are: every row the replay emits again has the same id, and one already published is not
+       applied again;
     5. record a RESTORED event and launch the ACTIVE instance (on ``node``, default the node the
        snapshot was cut from).
 
