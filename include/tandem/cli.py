@@ -628,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_argument("--ensure", action="store_true", help="generate a random password first if there is none")
     login.set_defaults(func=cmd_airflow_login)
 
-    demo = commands.add_parser("demo", help="bring the stack up, run the trades plan on two shards, show results")
+    demo = commands.add_parser("demo", help="bring the stack up, run the three plans through Airflow, show their outputs")
     demo.add_argument("--rate", type=int, default=200)
     demo.add_argument("--duration", type=_duration, default=60.0)
     demo.add_argument("--seed", type=int, default=42)

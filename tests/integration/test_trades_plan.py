@@ -140,6 +140,11 @@ BAD_LINES = {
     json.dumps({"symbol": "IBM", "price": 10.0, "quantity": -4, "timestamp": T0}): "field 'quantity' must be > 0 (got -4)",
     json.dumps({"symbol": "IBM", "price": -2.5, "quantity": 4, "timestamp": T0}): "field 'price' must be > 0 (got -2.5)",
     json.dumps({"symbol": "", "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' must not be empty",
+    # Spark's from_json would take these as the strings '{"nested":true}', '5' and 'true'
+    json.dumps({"symbol": {"nested": True}, "price": 2.5, "quantity": 4, "timestamp": T0}):
+        "field 'symbol' is not a string",
+    json.dumps({"symbol": 5, "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' is not a string",
+    json.dumps({"symbol": True, "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' is not a string",
     json.dumps({"symbol": "IBM", "price": 2.5, "quantity": 4, "timestamp": -1}): "field 'timestamp' must be epoch",
 }
 
@@ -148,6 +153,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     good = make_events(4, 20, 3_000)
+    good += [{**good[0], "symbol": symbol} for symbol in ("3M", "-X", "[A]", "true")]  # strings that look like JSON
     lines = [json.dumps(e) for e in good[:10]] + list(BAD_LINES) + [json.dumps(e) for e in good[10:]]
     source = write_atomically(landing_dir(cluster, "trades", 0), lines)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"

@@ -86,10 +86,25 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     good: Column | None = None
     for rule in schema.fields:
         holds = F.col(rule.name).isNotNull()
+        if rule.spark_type == StringType():
+            holds = holds & _json_string(rule.name, F.col(rule.name))
         for check in rule.checks:
             holds = holds & check.predicate(F.col(rule.name))
         good = holds if good is None else good & holds
     return fields.withColumn("reason", F.when(good, F.lit(None).cast("string")).otherwise(_explain(schema)))
+
+
+def _json_string(name: str, value: Column) -> Column:
+    """Whether the line's field ``name`` holds a JSON string.
+
+    Spark's ``from_json`` turns an object, array, number or boolean into its JSON text when the
+    field is declared a string (``{"symbol": {"nested": true}}`` gives ``'{"nested":true}'``). Only
+    a value that could be such a text (it starts with ``{``, ``[``, a digit or ``-``, or is
+    ``true``/``false``) is looked at again, as a Variant, to learn its JSON type.
+    """
+    could_be_other = value.rlike(r"^[\[{0-9-]|^(true|false)$")
+    json_type = F.schema_of_variant(F.variant_get(F.try_parse_json("raw"), f"$.{name}", "variant"))
+    return F.when(value.isNotNull() & could_be_other, json_type == "STRING").otherwise(F.lit(True))
 
 
 def _explain(schema: RecordSchema) -> Column:
@@ -101,7 +116,9 @@ def _explain(schema: RecordSchema) -> Column:
         value = F.col(rule.name)
         missing = ~F.map_contains_key(text, F.lit(rule.name)) | raw_value.isNull()
         problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
-        problems.append(F.when(~missing & value.isNull(), F.concat(
+        wrong_type = value.isNull() | ~_json_string(rule.name, value) if rule.spark_type == StringType() \
+            else value.isNull()
+        problems.append(F.when(~missing & wrong_type, F.concat(
             F.lit(f"field '{rule.name}' is not {_TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())}: "),
             raw_value)))
         for check in rule.checks:
