@@ -24,11 +24,12 @@ from tandem.airflow_rest import AirflowClient, login_hint
 from tandem.aggregation.spec import spec_for
 from tandem.cli import render_aggregates
 from tandem.config import load_cluster, load_plan
+from tandem.errors import TandemError
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
 from tandem.producer import produce
 from tandem.store import Database, migrate
-from tandem.store.heartbeats import input_rows_since, quarantine_totals
+from tandem.store.heartbeats import input_rows_since, latest_watermarks, quarantine_totals
 
 RUN_DAG = "tandem_trades_run"
 
@@ -111,6 +112,7 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     with console.status(f"waiting for the DAG processor to parse {run_dag}"):
         client.wait_for_dag(run_dag)
         client.unpause(run_dag)
+    launched = datetime.now(timezone.utc)
     runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
             for shard, node in placements]
     with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.shards)})"):
@@ -124,13 +126,17 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01,
                          on_tick=lambda lines: progress.advance(task, 1)):
             pass
-    advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
+    ahead_ms = int(time.time() * 1000) + 3_600_000
+    advance_watermark(cluster, plan, ahead_ms)
     console.print("wrote an event an hour ahead into every partition: every result becomes final")
-    with console.status("waiting for the outputs (results are emitted once the watermark makes them final)"):
-        time.sleep(45)
+    final_at = datetime.fromtimestamp(ahead_ms / 1000 - plan.watermark_s - 1, timezone.utc)  # 1 s: rounding
+    _wait_for_watermarks(console, cluster, plan, launched, final_at)
     for output, config in plan.outputs.items():
         if config.kind != "quarantine":
-            show_output(cluster, plan, output, limit=8)
+            try:
+                show_output(cluster, plan, output, limit=8)
+            except TandemError as exc:
+                console.print(f"[yellow]{plan.name} {output}: {escape(str(exc))}[/]")
     counts = read_table(delta_table_dir(cluster, plan.name, "quarantine")).num_rows if "quarantine" in plan.outputs else 0
     console.print(f"quarantined lines of {plan.name}: {counts} (Delta table delta/{plan.name}/quarantine)")
     if not keep_running:
@@ -160,6 +166,26 @@ def _wait_until_read(console: Console, cluster, plan: str, since: datetime, line
                 return
             time.sleep(1)
     console.print("[yellow]the plan has not caught up yet; showing what is there[/]")
+
+
+def _wait_for_watermarks(console: Console, cluster, plan, since: datetime, final_at: datetime,
+                         timeout_s: float = 300.0) -> None:
+    """Wait until every query with a watermark, of every instance launched ``since``, has run a batch with its
+    watermark at ``final_at``: that batch fired every timer before it, so every result is published."""
+    deadline = time.monotonic() + timeout_s
+    with Database(cluster.database_url, "tandem-demo") as db, Progress(
+            SpinnerColumn(), TextColumn("[bold]waiting for the watermark of every stateful query"), BarColumn(),
+            MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("watermarks", total=None)
+        while time.monotonic() < deadline:
+            watermarks = latest_watermarks(db, plan.name, since)
+            done = sum(w >= final_at for w in watermarks.values())
+            progress.update(task, total=max(len(watermarks), 1), completed=done)
+            if watermarks and done == len(watermarks):
+                return
+            time.sleep(1)
+    console.print(f"[yellow]not every query reached the final watermark within {timeout_s:g}s "
+                  "(a busy machine): showing what is published so far[/]")
 
 
 def _stop_instances(console: Console, cluster, plan, placements) -> None:

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -39,6 +40,18 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 class RunResult:
     status: str  # STOPPED | FAILED
     error: str | None = None
+
+
+TRANSIENT_START_ERRORS = ("Python worker failed to connect back",
+                          "Timed out while waiting for the Python worker to connect back")
+"""Query failures that say nothing about the query: Spark waits a fixed 10 s for a new Python worker
+(``transformWithStateInPandas``) to connect back, which a busy machine can miss."""
+MAX_QUERY_RESTARTS = 3
+
+
+def restartable(error: str, restarts: int) -> bool:
+    """Whether a query that failed with ``error`` is started again from its checkpoint (pure)."""
+    return restarts < MAX_QUERY_RESTARTS and any(text in error for text in TRANSIENT_START_ERRORS)
 
 
 def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: RoleController,
@@ -101,10 +114,11 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         queries: list[StreamingQuery] = []
         try:
             ctx = PlanContext(cluster, plan, key, spark)
-            queries = start_queries(ctx, group_queries(ctx, load_plan_module(plan).build(ctx)), roles, interval,
-                                    available_now)
+            definitions = group_queries(ctx, load_plan_module(plan).build(ctx))
+            queries = start_queries(ctx, definitions, roles, interval, available_now)
             record_status(db, key, "RUNNING")
-            result = _wait(queries, stop, available_now)
+            result = _wait(queries, stop, available_now,
+                           lambda i: start_queries(ctx, [definitions[i]], roles, interval, available_now)[0])
         except Exception as exc:
             result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
@@ -119,12 +133,24 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         return result
 
 
-def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: bool) -> RunResult:
+def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: bool,
+          restart: Callable[[int], StreamingQuery]) -> RunResult:
+    """Wait for the queries to end; a query that failed transiently (:func:`restartable`) is started again
+    (``restart(i)``, from its checkpoint: nothing it published is lost or repeated)."""
+    restarts = [0] * len(queries)
     while not stop.is_set():
-        for query in queries:
+        for i, query in enumerate(queries):
             error = query.exception()
-            if error is not None:
-                return RunResult("FAILED", f"query {query.name} failed: {error.desc if hasattr(error, 'desc') else error}")
+            if error is None:
+                continue
+            text = str(error.desc if hasattr(error, "desc") else error)
+            if not restartable(text, restarts[i]):
+                return RunResult("FAILED", f"query {query.name} failed: {text}")
+            restarts[i] += 1
+            log.warning("query %s failed at a transient step (%s); starting it again (%d of %d)", query.name,
+                        text.splitlines()[0][:200], restarts[i], MAX_QUERY_RESTARTS)
+            stop.wait(2.0 * restarts[i])
+            queries[i] = restart(i)
         if available_now and not any(q.isActive for q in queries):
             return RunResult("STOPPED")
         stop.wait(0.5)

@@ -76,3 +76,16 @@ def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) 
         return int(cursor.fetchone()["rows"])
 
     return db.run(work)
+
+
+def latest_watermarks(db: Database, plan: str, since: datetime) -> dict[tuple[str, str], datetime]:
+    """Per (instance, query) of ``plan`` with an event-time watermark: the newest one recorded since ``since``."""
+
+    def work(cursor):
+        cursor.execute(
+            """SELECT instance_id, query_name, max(watermark) AS watermark FROM heartbeats
+               WHERE plan = %s AND recorded_at >= %s AND watermark IS NOT NULL
+               GROUP BY instance_id, query_name""", (plan, since))
+        return {(row["instance_id"], row["query_name"]): row["watermark"] for row in cursor.fetchall()}
+
+    return db.run(work)
