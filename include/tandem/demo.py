@@ -29,7 +29,7 @@ from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
 from tandem.producer import produce
 from tandem.store import Database, migrate
-from tandem.store.heartbeats import input_rows_since, latest_watermarks, quarantine_totals
+from tandem.store.heartbeats import input_rows_since, quarantine_totals, query_positions
 
 RUN_DAG = "tandem_trades_run"
 
@@ -120,17 +120,27 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
             client.wait_for_run(run_dag, run_id, timeout_s=300)
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
     console.print(f"groups {groups}: every instance RUNNING")
+    # an earlier demo moved this plan's watermark an hour ahead: this run's events come after it, or they are late
+    with Database(cluster.database_url, "tandem-demo") as db:
+        earlier = [w for w, _ in query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).values()
+                   if w is not None]
+    offset_s = max(0.0, max(earlier).timestamp() + plan.watermark_s + 1 - time.time()) if earlier else 0.0
+    if offset_s:
+        console.print(f"an earlier run moved the watermark to {max(earlier):%Y-%m-%d %H:%M:%S}: "
+                      f"this run's event times start {offset_s / 60:.0f} minutes ahead of the clock")
     with Progress(TextColumn(f"[bold]producing {plan.name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("produce", total=max(1, round(duration_s)))
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01,
-                         on_tick=lambda lines: progress.advance(task, 1)):
+                         clock=lambda: time.time() + offset_s, on_tick=lambda lines: progress.advance(task, 1)):
             pass
-    ahead_ms = int(time.time() * 1000) + 3_600_000
+    ahead_ms = int((time.time() + offset_s) * 1000) + 3_600_000
+    sentinel_written = datetime.now(timezone.utc)
     advance_watermark(cluster, plan, ahead_ms)
     console.print("wrote an event an hour ahead into every partition: every result becomes final")
     final_at = datetime.fromtimestamp(ahead_ms / 1000 - plan.watermark_s - 1, timezone.utc)  # 1 s: rounding
-    _wait_for_watermarks(console, cluster, plan, launched, final_at)
+    _wait_until_final(console, cluster, plan, [f"{plan.name}/{shard}/{node}" for shard, node in placements],
+                      launched, sentinel_written, final_at)
     for output, config in plan.outputs.items():
         if config.kind != "quarantine":
             try:
@@ -168,24 +178,27 @@ def _wait_until_read(console: Console, cluster, plan: str, since: datetime, line
     console.print("[yellow]the plan has not caught up yet; showing what is there[/]")
 
 
-def _wait_for_watermarks(console: Console, cluster, plan, since: datetime, final_at: datetime,
-                         timeout_s: float = 300.0) -> None:
-    """Wait until every query with a watermark, of every instance launched ``since``, has run a batch with its
-    watermark at ``final_at``: that batch fired every timer before it, so every result is published."""
+def _wait_until_final(console: Console, cluster, plan, instances: list[str], since: datetime,
+                      sentinel_written: datetime, final_at: datetime, timeout_s: float = 300.0) -> None:
+    """Wait until every query of every instance has read the events an hour ahead: a query with a
+    watermark has run a batch at ``final_at`` (that batch fired every timer before it), one without has
+    run a batch since they were written. Then every result of the input is published."""
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-demo") as db, Progress(
-            SpinnerColumn(), TextColumn("[bold]waiting for the watermark of every stateful query"), BarColumn(),
+            SpinnerColumn(), TextColumn("[bold]waiting for every query to pass the input"), BarColumn(),
             MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("watermarks", total=None)
+        task = progress.add_task("final", total=None)
         while time.monotonic() < deadline:
-            watermarks = latest_watermarks(db, plan.name, since)
-            done = sum(w >= final_at for w in watermarks.values())
-            progress.update(task, total=max(len(watermarks), 1), completed=done)
-            if watermarks and done == len(watermarks):
+            positions = query_positions(db, plan.name, since)
+            done = sum(recorded > sentinel_written and (watermark is None or watermark >= final_at)
+                       for watermark, recorded in positions.values())
+            seen = {instance for instance, _ in positions}
+            progress.update(task, total=max(len(positions), 1), completed=done)
+            if set(instances) <= seen and done == len(positions):
                 return
             time.sleep(1)
-    console.print(f"[yellow]not every query reached the final watermark within {timeout_s:g}s "
-                  "(a busy machine): showing what is published so far[/]")
+    console.print(f"[yellow]not every query passed the input within {timeout_s:g}s (a busy machine): "
+                  "showing what is published so far[/]")
 
 
 def _stop_instances(console: Console, cluster, plan, placements) -> None:

@@ -78,14 +78,17 @@ def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) 
     return db.run(work)
 
 
-def latest_watermarks(db: Database, plan: str, since: datetime) -> dict[tuple[str, str], datetime]:
-    """Per (instance, query) of ``plan`` with an event-time watermark: the newest one recorded since ``since``."""
+
+def query_positions(db: Database, plan: str, since: datetime) -> dict[tuple[str, str], tuple[datetime | None, datetime]]:
+    """Per (instance, query) of ``plan`` with batches recorded since ``since``: the newest event-time watermark
+    (``None`` for a query without one) and when its last batch was recorded."""
 
     def work(cursor):
         cursor.execute(
-            """SELECT instance_id, query_name, max(watermark) AS watermark FROM heartbeats
-               WHERE plan = %s AND recorded_at >= %s AND watermark IS NOT NULL
-               GROUP BY instance_id, query_name""", (plan, since))
-        return {(row["instance_id"], row["query_name"]): row["watermark"] for row in cursor.fetchall()}
+            """SELECT instance_id, query_name, max(watermark) AS watermark, max(recorded_at) AS recorded_at
+               FROM heartbeats WHERE plan = %s AND recorded_at >= %s GROUP BY instance_id, query_name""",
+            (plan, since))
+        return {(row["instance_id"], row["query_name"]): (row["watermark"], row["recorded_at"])
+                for row in cursor.fetchall()}
 
     return db.run(work)
