@@ -148,8 +148,9 @@ def show_output(cluster, plan, output: str, *, limit: int | None = None) -> None
         from tandem import aggregation
         from tandem.aggregation.spec import spec_for
 
-        end = datetime.now(timezone.utc) + timedelta(minutes=1)
-        rows = aggregation.query(cluster, plan.name, "minute", end - timedelta(days=1), end, output=output)
+        now = datetime.now(timezone.utc)  # a day either side: a demo rerun writes events after an earlier watermark
+        rows = aggregation.query(cluster, plan.name, "minute", now - timedelta(days=1), now + timedelta(days=1),
+                                 output=output)
         console.print(render_aggregates(rows[-(limit or len(rows)):], f"{plan.name} {output} per minute (PostgreSQL)",
                                         spec_for(plan, output)))
         return
