@@ -139,8 +139,9 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     advance_watermark(cluster, plan, ahead_ms)
     console.print("wrote an event an hour ahead into every partition: every result becomes final")
     final_at = datetime.fromtimestamp(ahead_ms / 1000 - plan.watermark_s - 1, timezone.utc)  # 1 s: rounding
-    _wait_until_final(console, cluster, plan, [f"{plan.name}/{shard}/{node}" for shard, node in placements],
-                      launched, sentinel_written, final_at)
+    expected = {(f"{plan.name}/{shard}/{node}", query) for shard, node in placements
+                for query in plan.groups[plan.group_of(shard)[0]].queries}
+    _wait_until_final(console, cluster, plan, expected, launched, sentinel_written, final_at)
     for output, config in plan.outputs.items():
         if config.kind != "quarantine":
             try:
@@ -178,11 +179,11 @@ def _wait_until_read(console: Console, cluster, plan: str, since: datetime, line
     console.print("[yellow]the plan has not caught up yet; showing what is there[/]")
 
 
-def _wait_until_final(console: Console, cluster, plan, instances: list[str], since: datetime,
+def _wait_until_final(console: Console, cluster, plan, expected: set[tuple[str, str]], since: datetime,
                       sentinel_written: datetime, final_at: datetime, timeout_s: float = 300.0) -> None:
-    """Wait until every query of every instance has read the events an hour ahead: a query with a
-    watermark has run a batch at ``final_at`` (that batch fired every timer before it), one without has
-    run a batch since they were written. Then every result of the input is published."""
+    """Wait until every ``(instance, query)`` has read the events an hour ahead: a query with a watermark
+    has run a batch at ``final_at`` (that batch fired every timer before it), one without has run a batch
+    since they were written. Then every result of the input is published."""
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-demo") as db, Progress(
             SpinnerColumn(), TextColumn("[bold]waiting for every query to pass the input"), BarColumn(),
@@ -190,11 +191,10 @@ def _wait_until_final(console: Console, cluster, plan, instances: list[str], sin
         task = progress.add_task("final", total=None)
         while time.monotonic() < deadline:
             positions = query_positions(db, plan.name, since)
-            done = sum(recorded > sentinel_written and (watermark is None or watermark >= final_at)
-                       for watermark, recorded in positions.values())
-            seen = {instance for instance, _ in positions}
-            progress.update(task, total=max(len(positions), 1), completed=done)
-            if set(instances) <= seen and done == len(positions):
+            done = sum(pair in positions and positions[pair][1] > sentinel_written
+                       and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
+            progress.update(task, total=len(expected), completed=done)
+            if done == len(expected):
                 return
             time.sleep(1)
     console.print(f"[yellow]not every query passed the input within {timeout_s:g}s (a busy machine): "
