@@ -82,12 +82,14 @@ class PizzaGenerator:
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
         self.counter = 0
+        self.run_ms: int | None = None  # order numbers of two runs (two `tandem produce`, two demos) never meet
 
     def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
         orders = []
         for _ in range(count):
             self.counter += 1
-            order = {"order_no": f"o{self.seed}-{self.counter}", "customer_name": self.random.choice(CUSTOMERS),
+            self.run_ms = self.run_ms or now_ms
+            order = {"order_no": f"o{self.run_ms}-{self.counter}", "customer_name": self.random.choice(CUSTOMERS),
                      "time": now_ms - self.random.randint(0, 2000)}
             orders.append(order)
             draw = self.random.random()
