@@ -46,7 +46,7 @@ TRANSIENT_START_ERRORS = ("Python worker failed to connect back",
                           "Timed out while waiting for the Python worker to connect back")
 """Query failures that say nothing about the query: Spark waits a fixed 10 s for a new Python worker
 (``transformWithStateInPandas``) to connect back, which a busy machine can miss."""
-MAX_QUERY_RESTARTS = 3
+MAX_QUERY_RESTARTS = 5
 
 
 def restartable(error: str, restarts: int) -> bool:
