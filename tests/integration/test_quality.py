@@ -191,6 +191,8 @@ def test_events_and_tables_are_validated_by_the_plan_and_its_suite(cluster, data
     assert set(reports) == {"pizza_shop_outputs:overdue_orders", "pizza_shop_outputs:delivered_orders",
                             "pizza_shop_outputs:order_stats"}
     assert reports["pizza_shop_outputs:order_stats"].row_count == 0  # nothing aggregated yet: its table is not there
+    with pytest.raises(ValidationError, match="order_stats keeps second, minute, hour, day"):
+        validate_plan_outputs(cluster, plan, since, granularity="year")  # a bucket the output does not keep
     events, table = reports["pizza_shop_outputs:overdue_orders"], reports["pizza_shop_outputs:delivered_orders"]
     assert events.success and events.row_count == 2, events.summary()
     assert table.success and table.row_count == 3, table.summary()  # alice in two instances, carol in one

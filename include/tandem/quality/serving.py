@@ -19,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 
-from tandem.aggregation.granularity import GRANULARITIES
 from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import TandemError
@@ -219,8 +218,8 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
         raise ValidationError(f"plan {plan.name}: {output!r} is not an aggregation output ({', '.join(outputs)})")
     output = output or outputs[0]
     spec = spec_for(plan, output)
-    if granularity is not None and granularity not in GRANULARITIES:
-        raise ValidationError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
+    if granularity is not None and granularity not in spec.granularities:
+        raise ValidationError(f"unknown granularity {granularity!r}: {output} keeps {', '.join(spec.granularities)}")
     now = datetime.now(timezone.utc)
     since = since or datetime.fromtimestamp(now.timestamp() - plan.validation.lookback_s, timezone.utc)
     if since.tzinfo is None or (until is not None and until.tzinfo is None):

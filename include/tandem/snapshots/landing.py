@@ -40,17 +40,28 @@ from tandem.supervisor.resync import CheckpointError, query_dirs
 log = logging.getLogger(__name__)
 
 
-def _read(query_dir: Path, stream_dir: Path) -> frozenset[str] | None:
-    """What the query (or cut) at ``query_dir`` processed of the stream; ``None``: it does not read it."""
-    try:
-        return files_of_stream(processed_files_by_source(query_dir), str(stream_dir))
-    except CheckpointError as exc:  # not a readable file-source log: it guards nothing here
-        log.info("landing retention: %s: %s", query_dir, exc)
-        return None
+SourceLogs = dict[Path, list[frozenset[str] | None] | None]
+"""Per query checkpoint (or cut) read in one retention run: what each of its sources processed."""
+
+
+def _read(query_dir: Path, stream_dir: Path, logs: SourceLogs) -> frozenset[str] | None:
+    """What the query (or cut) at ``query_dir`` processed of the stream; ``None``: it does not read it.
+
+    ``logs`` keeps each checkpoint's source logs once per run: a query is a possible reader of every
+    partition of every stream its instance reads.
+    """
+    if query_dir not in logs:
+        try:
+            logs[query_dir] = processed_files_by_source(query_dir)
+        except CheckpointError as exc:  # not a readable file-source log: it guards nothing here
+            log.info("landing retention: %s: %s", query_dir, exc)
+            logs[query_dir] = None
+    by_source = logs[query_dir]
+    return None if by_source is None else files_of_stream(by_source, str(stream_dir))
 
 
 def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, partition: int,
-                  db: Database) -> LandingDecision:
+                  db: Database, logs: SourceLogs | None = None) -> LandingDecision:
     """Delete the files of ``landing/<stream>/<partition>`` that every reader has processed for good.
 
     ``plans``: every plan (the readers are the instances of every plan whose share of ``stream``
@@ -59,6 +70,7 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     Raises:
         PathOutsideRoot: a kept snapshot's recorded cut lies outside the storage root; nothing is deleted.
     """
+    logs = {} if logs is None else logs
     directory = landing_dir(cluster, stream, partition)
     files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
     processed_by: dict[str, frozenset[str]] = {}
@@ -68,13 +80,13 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     for plan, shard_id in readers:
         for node in plan.nodes:
             for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
-                seen = _read(query_dir, directory.parent)
+                seen = _read(query_dir, directory.parent, logs)
                 if seen is not None:
                     processed_by[f"{plan.name}/{shard_id}/{node}/{query}"] = seen
         for snapshot in catalog.list_snapshots(db, plan.name, shard_id=shard_id, statuses=(catalog.GOOD,)):
             for query in snapshot.query_batches:
                 # a catalog row is data: a cut outside the root is refused (nothing of the shard is deleted)
-                seen = _read(under_root(cluster, snapshot.checkpoint_path) / query, directory.parent)
+                seen = _read(under_root(cluster, snapshot.checkpoint_path) / query, directory.parent, logs)
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
     decision = decide_landing_retention(files, processed_by, kept_cuts)
@@ -100,7 +112,8 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: st
         shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
         partitions = sorted({(stream, p) for shard in shards for stream in plan.streams
                              for p in plan.partitions(shard, stream)})
-        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db) for stream, p in partitions}
+        logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
+        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs) for stream, p in partitions}
     finally:
         if owned:
             db.close()

@@ -49,7 +49,11 @@ def processed_files(query_dir: Path | str, source_index: int = 0) -> frozenset[s
     limit = reached[source_index]
     if limit is None:
         raise CheckpointError(f"{offsets_file}: source {source_index} is not a file source")
-    log_dir = query_dir / "sources" / str(source_index)
+    return _logged_up_to(query_dir / "sources" / str(source_index), limit)
+
+
+def _logged_up_to(log_dir: Path, limit: int) -> frozenset[str]:
+    """The paths a file-source log lists in its entries up to ``limit`` (compacted ones included)."""
     paths: set[str] = set()
     for entry in sorted(log_dir.iterdir()) if log_dir.is_dir() else []:
         match = _LOG_ENTRY.match(entry.name)
@@ -66,7 +70,8 @@ def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | No
     if batch is None or not (query_dir / "offsets" / str(batch)).is_file():
         return []
     reached = source_log_offsets(query_dir / "offsets" / str(batch))
-    return [None if limit is None else processed_files(query_dir, index) for index, limit in enumerate(reached)]
+    return [None if limit is None else _logged_up_to(query_dir / "sources" / str(index), limit)
+            for index, limit in enumerate(reached)]
 
 
 def _logged_paths(entry: Path) -> list[str]:
