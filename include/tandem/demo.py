@@ -162,43 +162,41 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=os.environ.copy())
 
 
-def _wait_until_read(console: Console, cluster, plan: str, since: datetime, lines: int,
-                     timeout_s: float = 180.0) -> None:
+def _wait_until_read(console: Console, cluster, plan: str, since: datetime, lines: int) -> None:
     """Wait until the plan's aggregate queries have read and published every produced line."""
-    deadline = time.monotonic() + timeout_s
-    with Database(cluster.database_url, "tandem-demo") as db, Progress(
-            SpinnerColumn(), TextColumn("[bold]waiting for the plan to publish"), BarColumn(), MofNCompleteColumn(),
-            console=console) as progress:
-        task = progress.add_task("catch up", total=lines)
-        while time.monotonic() < deadline:
-            read = input_rows_since(db, plan, "aggregates", since)
-            progress.update(task, completed=min(read, lines))
-            if read >= lines:
-                return
-            time.sleep(1)
-    console.print("[yellow]the plan has not caught up yet; showing what is there[/]")
+    _poll(console, cluster, "waiting for the plan to publish", 180.0,
+          lambda db: (min(input_rows_since(db, plan, "aggregates", since), lines), lines))
 
 
 def _wait_until_final(console: Console, cluster, plan, expected: set[tuple[str, str]], since: datetime,
-                      sentinel_written: datetime, final_at: datetime, timeout_s: float = 300.0) -> None:
+                      sentinel_written: datetime, final_at: datetime) -> None:
     """Wait until every ``(instance, query)`` has read the events an hour ahead: a query with a watermark
     has run a batch at ``final_at`` (that batch fired every timer before it), one without has run a batch
     since they were written. Then every result of the input is published."""
+
+    def progress(db: Database) -> tuple[int, int]:
+        positions = query_positions(db, plan.name, since)
+        done = sum(pair in positions and positions[pair][1] > sentinel_written
+                   and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
+        return done, len(expected)
+
+    _poll(console, cluster, "waiting for every query to pass the input", 300.0, progress)
+
+
+def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of) -> None:
+    """Show ``progress_of(db)`` (done, total) every second until done == total or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-demo") as db, Progress(
-            SpinnerColumn(), TextColumn("[bold]waiting for every query to pass the input"), BarColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("final", total=None)
+            SpinnerColumn(), TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console) as progress:
+        task = progress.add_task(label, total=None)
         while time.monotonic() < deadline:
-            positions = query_positions(db, plan.name, since)
-            done = sum(pair in positions and positions[pair][1] > sentinel_written
-                       and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
-            progress.update(task, total=len(expected), completed=done)
-            if done == len(expected):
+            done, total = progress_of(db)
+            progress.update(task, total=total, completed=done)
+            if done >= total:
                 return
             time.sleep(1)
-    console.print(f"[yellow]not every query passed the input within {timeout_s:g}s (a busy machine): "
-                  "showing what is published so far[/]")
+    console.print(f"[yellow]{label}: not done within {timeout_s:g}s (a busy machine); showing what is there[/]")
 
 
 def _stop_instances(console: Console, cluster, plan, placements) -> None:
