@@ -16,12 +16,14 @@ whole run (all instances); the ratio is tandem ÷ plain of the medians. Target �
 
 Then the hot failover time per plan: the first instance of the plan's first group (every group
 at parallel 1) on node-a ACTIVE and node-b hot PASSIVE, two real detached ``spark-submit``
-processes on ``local[1]``, the plan's generator writing at the wall clock; each run kills the
-active's process group with SIGKILL at a random point of the heartbeat and times the first
-``publish_log`` commit of the new active (``bench/failover.py``'s ``one_failover``), then the
-killed node rejoins as the standby. Target: median ≤ 5 s.
+processes (the master of the nodes' Airflow connections, ``local[2]`` here), the plan's generator
+writing ``--rate`` events per second at the wall clock. Each run waits until the standby has caught
+up (its slowest query's watermark within 10 s of the declared delay), kills the active's process
+group with SIGKILL at a random point of the heartbeat and times the first ``publish_log`` commit
+of the new active (``bench/failover.py``'s ``one_failover``); the killed node then rejoins as the
+standby and catches up before the next run. Target: median ≤ 5 s.
 
-    python bench/plans.py [--events 20000] [--repeats 2] [--failovers 3] [--plans trades,pizza_shop,temperatures]
+    python bench/plans.py [--events 20000] [--repeats 2] [--failovers 3] [--rate 10] [--plans trades,pizza_shop,temperatures] [--merge]
 
 Results: ``bench/results/plans.json``.
 """
@@ -179,19 +181,23 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
     try:
         plan = load_plan(name, load_cluster(ROOT / "conf" / "cluster.yaml"))
         primary = write_input(plan, events, 7, input_dir)
-        for repeat in range(repeats):
-            for side in ("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain"):
-                with private_storage(f"{name}_{side}") as (root, url):
-                    cluster = load_cluster()
-                    plan = load_plan(name, cluster)
-                    land(input_dir, cluster.storage_root)
-                    advance_watermark(cluster, plan, FINAL_MS)  # every result final by the end of the run
-                    with Database(url) as db:
-                        migrate(db)
-                    started = time.perf_counter()
-                    run_tandem(cluster, plan, spark) if side == "tandem" else run_plain(cluster, plan, spark, url)
+        # one untimed run of each side first: the JVM's JIT and the Python workers warm up on whichever runs first
+        runs = [(side, False) for side in ("plain", "tandem")] + [
+            (side, True) for repeat in range(repeats)
+            for side in (("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain"))]
+        for side, timed in runs:
+            with private_storage(f"{name}_{side}") as (root, url):
+                cluster = load_cluster()
+                plan = load_plan(name, cluster)
+                land(input_dir, cluster.storage_root)
+                advance_watermark(cluster, plan, FINAL_MS)  # every result final by the end of the run
+                with Database(url) as db:
+                    migrate(db)
+                started = time.perf_counter()
+                run_tandem(cluster, plan, spark) if side == "tandem" else run_plain(cluster, plan, spark, url)
+                if timed:
                     seconds[side].append(round(time.perf_counter() - started, 2))
-                progress.advance(task)
+            progress.advance(task)
     finally:
         shutil.rmtree(input_dir, ignore_errors=True)
     tandem_rate = primary / statistics.median(seconds["tandem"])
@@ -227,16 +233,17 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
         pair = _ha.Pair(cluster, plan, root / "dist" / "tandem.zip", groups, shard=plan.shards[0])
         writer = _ha.PlanWriter(cluster, plan, rate=rate, seed=random.randint(1, 1000))
         writer.start()
-        results = []
+        results: list[dict] = []
+        relaunched: list[str] = []
+        error = None
         try:
             pair.start_pair("node-a", "node-b")
             _ha.wait_for(lambda: pair.first_publish("node-a", 1), 240, "node-a to publish",
                          detail=lambda: pair.log_tail("node-a"))
-            time.sleep(10)  # the standby catches up with the backlog
+            wait_level(pair, "node-b", "node-a")
             active, standby = "node-a", "node-b"
-            relaunched: list[str] = []
             for run in range(1, runs + 1):
-                relaunch_failed_standby(pair, standby, relaunched)
+                relaunch_failed_standby(pair, standby, active, relaunched)
                 results.append(one_failover(pair, active, standby))
                 progress.console.log(f"{name} run {run}: kill -9 {active} → first output of {standby} "
                                      f"{results[-1]['first_publish_s']:.2f}s")
@@ -244,8 +251,12 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
                 if run < runs:
                     pair.launch(active, "PASSIVE")
                     pair.wait_running(active)
-                    time.sleep(20)
+                    wait_level(pair, active, standby)
                 active, standby = standby, active
+        except (RuntimeError, AssertionError) as exc:  # the runs measured so far are kept
+            if not results:
+                raise
+            error = str(exc).splitlines()[0]
         finally:
             writer.stopping.set()
             for pgid in groups:
@@ -257,10 +268,10 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
     timed = summary([r["first_publish_s"] for r in results])
     return {**timed, "detection_s": [r["detection_s"] for r in results], "target_median_s": 5.0,
             "met": timed["median_s"] <= 5.0, "instance": plan.shards[0], "standby_relaunches": relaunched,
-            "details": results}
+            "details": results, **({"error_after_last_run": error} if error else {})}
 
 
-def relaunch_failed_standby(pair, node: str, relaunched: list[str]) -> None:
+def relaunch_failed_standby(pair, node: str, active: str, relaunched: list[str]) -> None:
     """Relaunch the standby when it is not RUNNING (what the supervision DAG does), and note why.
 
     Under CPU pressure a ``transformWithStateInPandas`` query can fail at start: Spark waits a fixed
@@ -274,7 +285,19 @@ def relaunch_failed_standby(pair, node: str, relaunched: list[str]) -> None:
     relaunched.append(f"{node}: {row['status'] if row else 'no instance'}: {(row or {}).get('error') or ''}"[:300])
     pair.launch(node, "PASSIVE")
     pair.wait_running(node)
-    time.sleep(20)  # it catches up with the backlog
+    wait_level(pair, node, active)
+
+
+def wait_level(pair, standby: str, active: str, slack_s: float = 5.0, timeout_s: float = 600) -> None:
+    """Wait until the standby is hot: its slowest query's watermark within ``slack_s`` of the active's."""
+    import _ha
+
+    def level() -> bool:
+        marks = [_ha.latest_watermark(pair.url, node, pair.launched_at.get(node), pair.plan.name, pair.shard)
+                 for node in (standby, active)]
+        return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
+
+    _ha.wait_for(level, timeout_s, f"{standby} to process what {active} has", detail=lambda: pair.log_tail(standby))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,8 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="events of each plan's primary stream")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (alternating order)")
     parser.add_argument("--failovers", type=int, default=3, help="hot failovers per plan (0: skip)")
-    parser.add_argument("--rate", type=int, default=40, help="events per second during the failovers")
+    parser.add_argument("--rate", type=int, default=10,
+                        help="events per second during the failovers (10: on 2 cores both nodes of every plan keep up)")
     parser.add_argument("--plans", default="trades,pizza_shop,temperatures")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other plans' entries of results/plans.json (each names its own run)")
     args = parser.parse_args(argv)
     from tandem.runtime.session import build_session
 
@@ -291,15 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session("tandem-bench-plans", "local[2]", ROOT / "conf" / "spark-defaults.conf")
     spark.sparkContext.setLogLevel("ERROR")
     names = args.plans.split(",")
-    results: dict = {"plans": {}, "input": {"events_per_plan": args.events, "bad_ratio": 0.005,
-                                            "repeats": args.repeats, "mode": "available-now, one Spark session"},
+    kept = json.loads(RESULTS.read_text())["plans"] if args.merge and RESULTS.exists() else {}
+    results: dict = {"plans": {k: v for k, v in kept.items() if k not in names},
+                     "input": {"bad_ratio": 0.005, "mode": "available-now, one Spark session"},
                      "machine": C.machine_info(spark, SERVER_URL), "started_at": C.now_iso()}
+    run = {"started_at": results["started_at"], "git_commit": C.git_commit(ROOT), "events_per_plan": args.events,
+           "repeats": args.repeats, "warmup_runs_per_side": 1, "failover_events_per_s": args.rate}
     RESULTS.parent.mkdir(exist_ok=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for name in names:
-            task = progress.add_task(name, total=2 * args.repeats + args.failovers)
-            results["plans"][name] = measure(name, args.events, args.repeats, spark, progress, task)
+            task = progress.add_task(name, total=2 * args.repeats + 2 + args.failovers)
+            results["plans"][name] = {"run": run, **measure(name, args.events, args.repeats, spark, progress, task)}
             if args.failovers:
                 try:
                     results["plans"][name]["failover"] = hot_failovers(name, args.failovers, args.rate, progress,
@@ -307,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 except (RuntimeError, AssertionError) as exc:  # recorded, and the other plans still run
                     results["plans"][name]["failover"] = {"error": str(exc).splitlines()[0]}
             RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")  # what is measured so far
-            summary = {k: v for k, v in results["plans"][name].items() if k != "failover"}
+            summary = {k: v for k, v in results["plans"][name].items() if k not in ("failover", "run")}
             console.print(f"{name}: {summary}, failover {(results['plans'][name]['failover'] or {}).get('runs')}")
     results["finished_at"] = C.now_iso()
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")

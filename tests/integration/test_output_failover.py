@@ -1,59 +1,104 @@
 """Every output kind exactly once across failovers, with real spark-submit processes under load.
 
-The pizza-shop plan writes an ``events`` output (overdue orders) and a ``table`` output (orders
-delivered on time per customer). One instance (``shop-1``) runs ACTIVE on node-a and hot PASSIVE
-on node-b while orders and deliveries stream in. node-a is killed with SIGKILL (node-b takes
-over), relaunched as PASSIVE, then node-b is frozen with SIGSTOP past its lease (node-a takes
-over) and resumed with SIGCONT (it must fence itself). At the end PostgreSQL and Delta hold every
-overdue order exactly once and the table equals the test's reference; no epoch was published by
-two nodes and nothing was published under an epoch after the next one was granted. The
-``aggregation`` output (order stats, computed from each order's outcome) counts every order once.
+One instance runs ACTIVE on node-a and hot PASSIVE on node-b while its plan's events stream in.
+node-a is killed with SIGKILL (node-b takes over), relaunched as PASSIVE, then node-b is frozen
+with SIGSTOP past its lease (node-a takes over) and resumed with SIGCONT (it must fence itself).
+At the end PostgreSQL and Delta hold every expected row exactly once, as the test computes it with
+plain Python from the events it wrote; no epoch was published by two nodes and nothing was
+published under an epoch after the next one was granted.
+
+- The pizza shop (``shop-1``): an ``events`` output (overdue orders), a ``table`` output (orders
+  delivered on time per customer) and an ``aggregation`` of facts (order stats, every order once).
+- The temperatures (``group-1-1``): two ``events`` outputs from windows and patterns over event
+  time (2-minute room averages, rising-temperature alerts), whose ids and values must come out
+  the same on both replicas whatever their micro-batch boundaries.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from _ha import Pair, PlanWriter, failover_events, fetch, lease, one_core_nodes, split_brain, wait_for
+from _references import pizza_reference, temperature_reference, temperature_row
 from tandem import aggregation
-from tandem.config import load_cluster, load_plan
+from tandem.config import PlanConfig, load_cluster, load_plan
 from tandem.layout import delta_table_dir
 from tandem.packaging import build_dist
 from tandem.producer import advance_watermark
 from tandem.runtime.sinks import read_events_lake, read_table_lake
 
 pytestmark = pytest.mark.integration
-PLAN, SHARD = "pizza_shop", "shop-1"
 TAKEOVER_TIMEOUT_S = 20
 
 
-def reference(events: dict[str, list[dict]]) -> tuple[dict[str, int], set[str]]:
-    """Delivered-on-time counts per customer and the overdue order numbers (plain Python)."""
-    deliveries: dict[str, list[int]] = {}
-    for d in events["deliveries"]:
-        deliveries.setdefault(d["order_no"], []).append(d["time"])
-    per_customer: dict[str, int] = {}
-    overdue = set()
-    for order in events["orders"]:
-        if any(order["time"] <= t <= order["time"] + 30_000 for t in deliveries.get(order["order_no"], [])):
-            per_customer[order["customer_name"]] = per_customer.get(order["customer_name"], 0) + 1
-        else:
-            overdue.add(order["order_no"])
-    return per_customer, overdue
-
-
-def configure(project: Path) -> None:
-    """One instance of group shop reading all four partitions; both nodes on local[1]."""
-    path = project / "conf" / "plans" / f"{PLAN}.yaml"
+def configure(project: Path, plan_name: str) -> None:
+    """Every group of the plan at one instance (reading all four partitions)."""
+    path = project / "conf" / "plans" / f"{plan_name}.yaml"
     plan = yaml.safe_load(path.read_text())
-    plan["groups"]["shop"]["parallel"] = 1
+    for group in plan["groups"].values():
+        group["parallel"] = 1
     path.write_text(yaml.safe_dump(plan))
     one_core_nodes(project)
+
+
+def kill_then_pause(pair: Pair, plan: PlanConfig, shard: str) -> None:
+    """kill -9 of ACTIVE node-a (node-b takes over), node-a back as PASSIVE, SIGSTOP of node-b past its
+    lease (node-a takes over), SIGCONT: node-b fences itself."""
+    url = pair.url
+    before = lease(url, plan.name, shard)
+    pair.kill("node-a", signal.SIGKILL)
+    promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
+                        "node-b to take over from the killed node-a", detail=lambda: pair.log_tail("node-b"))
+    pair.note(f"SIGKILL node-a -> node-b PROMOTED at epoch {promoted['epoch']}")
+    pair.wait_group_gone("node-a")
+    pair.launch("node-a", "PASSIVE")
+    pair.wait_running("node-a")
+    time.sleep(15)  # node-a processes the backlog as a standby, holding what it would publish
+
+    before = lease(url, plan.name, shard)
+    pair.kill("node-b", signal.SIGSTOP)
+    try:
+        promoted = wait_for(lambda: pair.promoted("node-a", before["epoch"]), TAKEOVER_TIMEOUT_S,
+                            "node-a to take over from the paused node-b", detail=lambda: pair.log_tail("node-a"))
+        pair.note(f"SIGSTOP node-b -> node-a PROMOTED at epoch {promoted['epoch']}")
+        time.sleep(5)
+    finally:
+        pair.kill("node-b", signal.SIGCONT)
+    wait_for(lambda: [e for e in failover_events(url, plan=plan.name, shard=shard)
+                      if e["kind"] == "DEMOTED" and e["node"] == "node-b"], 30,
+             "the resumed node-b to fence itself", detail=lambda: pair.log_tail("node-b"))
+    time.sleep(5)
+
+
+def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, shard: str, rate: int,
+                         first_output: Callable[[str], object], what: str) -> tuple[PlanConfig, Pair, dict[str, list[dict]]]:
+    """The instance as a hot pair while ``rate`` events/s stream in, through :func:`kill_then_pause`; then an
+    event an hour later in every partition, so every result becomes final. Returns the events written."""
+    configure(project, plan_name)
+    cluster = load_cluster()
+    plan = load_plan(plan_name, cluster)
+    pair = Pair(cluster, plan, build_dist(project), process_groups, shard=shard)
+    writer = PlanWriter(cluster, plan, rate=rate)
+    try:
+        pair.start_pair("node-a", "node-b")
+        writer.start()  # after the start: the first batches are not a backlog of the launch time
+        wait_for(lambda: first_output(pair.url), 240, what, detail=lambda: pair.log_tail("node-a"))
+        kill_then_pause(pair, plan, shard)
+    finally:
+        events = writer.stop()
+    advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
+    return plan, pair, events
+
+
+# --- the pizza shop ---------------------------------------------------------------------------------------------
+
+PLAN, SHARD = "pizza_shop", "shop-1"
 
 
 def published(url: str) -> tuple[list[str], dict[str, int]]:
@@ -67,46 +112,11 @@ def published(url: str) -> tuple[list[str], dict[str, int]]:
 
 def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Path, database_url: str,
                                                                      process_groups: list[int]) -> None:
-    configure(project)
-    cluster = load_cluster()
-    plan = load_plan(PLAN, cluster)
-    pair = Pair(cluster, plan, build_dist(project), process_groups, shard=SHARD)
-    url = cluster.database_url
-    writer = PlanWriter(cluster, plan, rate=20)
-    try:
-        pair.start_pair("node-a", "node-b")
-        writer.start()  # after the start: the first batches are not a backlog of the launch time
-        wait_for(lambda: published(url)[0], 240, "the first overdue orders", detail=lambda: pair.log_tail("node-a"))
+    plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0],
+                                              "the first overdue orders")
+    cluster, url = load_cluster(), pair.url
 
-        before = lease(url, PLAN, SHARD)
-        pair.kill("node-a", signal.SIGKILL)
-        promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                            "node-b to take over from the killed node-a", detail=lambda: pair.log_tail("node-b"))
-        pair.note(f"SIGKILL node-a -> node-b PROMOTED at epoch {promoted['epoch']}")
-        pair.wait_group_gone("node-a")
-        pair.launch("node-a", "PASSIVE")
-        pair.wait_running("node-a")
-        time.sleep(15)  # node-a processes the backlog as a standby, holding what it would publish
-
-        before = lease(url, PLAN, SHARD)
-        pair.kill("node-b", signal.SIGSTOP)
-        try:
-            promoted = wait_for(lambda: pair.promoted("node-a", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                                "node-a to take over from the paused node-b", detail=lambda: pair.log_tail("node-a"))
-            pair.note(f"SIGSTOP node-b -> node-a PROMOTED at epoch {promoted['epoch']}")
-            time.sleep(5)
-        finally:
-            pair.kill("node-b", signal.SIGCONT)
-        wait_for(lambda: [e for e in failover_events(url, plan=PLAN, shard=SHARD)
-                          if e["kind"] == "DEMOTED" and e["node"] == "node-b"], 30,
-                 "the resumed node-b to fence itself", detail=lambda: pair.log_tail("node-b"))
-        time.sleep(5)
-    finally:
-        events = writer.stop()
-    # an event an hour later in every partition: the watermark passes every real order's expiry
-    advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
-
-    per_customer, overdue = reference(events)
+    per_customer, overdue = pizza_reference(events["orders"], events["deliveries"])
     assert overdue and per_customer
     wait_for(lambda: (lambda got: sorted(got[0]) == sorted(overdue) and got[1] == per_customer)(published(url)),
              240, "every order decided", detail=lambda: f"{len(published(url)[0])} of {len(overdue)} overdue\n"
@@ -126,3 +136,40 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
         assert sum(r["on_time"] for r in days) == sum(per_customer.values()), source
     assert split_brain(url, PLAN, SHARD) == []
     assert lease(url, PLAN, SHARD)["holder"] == "node-a"
+
+
+# --- the temperatures --------------------------------------------------------------------------------------------
+
+TEMPERATURES, GROUP_1 = "temperatures", "group-1-1"
+WINDOWED = ("avg_temps", "temp_alerts")
+
+
+def temperature_events(url: str, output: str) -> list[dict]:
+    return fetch(url, "SELECT event_id, payload FROM output_events WHERE plan = %s AND output = %s",
+                 (TEMPERATURES, output))
+
+
+def test_windowed_and_pattern_events_exactly_once_across_kill_and_pause(project: Path, database_url: str,
+                                                                         process_groups: list[int]) -> None:
+    plan, pair, events = failovers_under_load(project, process_groups, TEMPERATURES, GROUP_1, 10,
+                                              lambda url: temperature_events(url, "avg_temps"), "the first room averages")
+    cluster, url, readings = load_cluster(), pair.url, events["temps"]
+
+    expected = temperature_reference(readings)
+    assert expected["temp_alerts"], "the input must raise alerts"
+
+    def rows(output: str) -> list[tuple]:
+        return [temperature_row(output, r["payload"]) for r in temperature_events(url, output)]
+
+    wait_for(lambda: all(set(rows(output)) == expected[output] for output in WINDOWED), 240,
+             "every reading's average and alert",
+             detail=lambda: ", ".join(f"{o}: {len(rows(o))} of {len(expected[o])}, missing "
+                                      f"{sorted(expected[o] - set(rows(o)))[:2]}, extra {sorted(set(rows(o)) - expected[o])[:2]}"
+                                      for o in WINDOWED))
+    for output in WINDOWED:
+        got = temperature_events(url, output)
+        assert len(got) == len({temperature_row(output, r["payload"]) for r in got}), f"{output}: a row twice"
+        lake = read_events_lake(delta_table_dir(cluster, TEMPERATURES, output))
+        assert sorted(lake.column("event_id").to_pylist()) == sorted(r["event_id"] for r in got), output
+    assert split_brain(url, TEMPERATURES, GROUP_1) == []
+    assert lease(url, TEMPERATURES, GROUP_1)["holder"] == "node-a"

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import psycopg2
 import psycopg2.extras
 import pytest
+from _references import pizza_reference
 from tandem import aggregation
 from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
@@ -48,20 +49,6 @@ def make_orders(seed: int, count: int) -> tuple[list[dict], list[dict]]:
     return orders, deliveries
 
 
-def reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[str, int], set[str]]:
-    delivered_by_order: dict[str, list[int]] = {}
-    for d in deliveries:
-        delivered_by_order.setdefault(d["order_no"], []).append(d["time"])
-    per_customer: dict[str, int] = {}
-    overdue = set()
-    for o in orders:
-        if any(o["time"] <= t <= o["time"] + 30_000 for t in delivered_by_order.get(o["order_no"], [])):
-            per_customer[o["customer_name"]] = per_customer.get(o["customer_name"], 0) + 1
-        else:
-            overdue.add(o["order_no"])
-    return per_customer, overdue
-
-
 def arrival_order(events: list[dict], rng: random.Random) -> list[dict]:
     return sorted(events, key=lambda e: e["time"] + rng.randint(-3_000, 3_000))  # out of order within 3 s
 
@@ -79,6 +66,7 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
             write_atomically(landing_dir(cluster, stream, partition), lines)
     advance_watermark(cluster, plan, T0 + 3_600_000)  # an hour later in every partition: every order decided
     write_atomically(landing_dir(cluster, "deliveries", 1), ['{"order_no": "o-1"}', '{"order_no": "", "time": 5}'])
+    write_atomically(landing_dir(cluster, "orders", 2), ['{"order_no": "o-x", "time": 5}'])  # one query, both streams
 
     for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
@@ -86,7 +74,8 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
 
     per_customer, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
     reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], reasons
+    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'customer_name'",
+                               "missing field 'time'"], reasons
 
     # the CLI reads both kinds, from PostgreSQL and from Delta
     for source in ("postgres", "delta"):
@@ -103,7 +92,7 @@ def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders:
                                        deliveries: list[dict]) -> tuple[dict[str, int], set[str]]:
     """Every output, in PostgreSQL and Delta, is the reference of the orders and deliveries, each row once;
     returns the reference (on-time orders per customer, overdue order numbers)."""
-    per_customer, overdue = reference(orders, deliveries)
+    per_customer, overdue = pizza_reference(orders, deliveries)
     assert overdue and len(per_customer) > 3, "the input must exercise both outcomes"
     with Database(database_url) as db:
         merged = db.run(lambda cursor: read_table_rows(cursor, "pizza_shop", "delivered_orders", ["delivered"]))

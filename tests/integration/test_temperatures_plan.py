@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import psycopg2
 import psycopg2.extras
 import pytest
+from _references import temperature_reference, temperature_row
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
@@ -43,41 +44,11 @@ def make_readings(seed: int, count: int) -> list[dict]:
     return shuffled
 
 
-def reference(readings: list[dict]) -> dict[str, set[tuple]]:
-    """Each output's rows, from the plan's semantics, by brute force."""
-    by_room: dict[int, list[dict]] = {}
-    for r in readings:
-        by_room.setdefault(r["room_no"], []).append(r)
-    averages, alerts = set(), set()
-    for room, rows in by_room.items():
-        for e in rows:
-            window = [x["temp"] for x in rows if e["time"] - 120_000 < x["time"] <= e["time"]]
-            averages.add((room, e["device_id"], e["temp"], e["time"], round(sum(window) / len(window), 6), len(window)))
-        for e1 in rows:
-            later = sorted((x["time"], x["device_id"], x["temp"]) for x in rows
-                           if e1["time"] < x["time"] <= e1["time"] + 600_000 and x["temp"] >= e1["temp"] + 5)
-            if later:
-                t, device, temp = later[0]
-                alerts.add((room, e1["device_id"], e1["temp"], e1["time"], device, temp, t))
-    high = {(r["room_no"], r["device_id"], r["temp"], r["time"]) for r in readings
-            if 100 <= r["room_no"] < 110 and r["temp"] > 40}
-    return {"avg_temps": averages, "temp_alerts": alerts, "high_temps": high}
-
-
 def published(database_url: str, output: str) -> list[dict]:
     with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
         cur.execute("SELECT event_id, shard_id, payload FROM tandem.output_events WHERE plan = 'temperatures' "
                     "AND output = %s", (output,))
         return cur.fetchall()
-
-
-def as_tuple(output: str, p: dict) -> tuple:
-    if output == "avg_temps":
-        return (p["room_no"], p["device_id"], p["temp"], p["time"], round(p["avg_temp"], 6), p["readings"])
-    if output == "temp_alerts":
-        return (p["room_no"], p["initial_device_id"], p["initial_temp"], p["initial_time"], p["final_device_id"],
-                p["final_temp"], p["final_time"])
-    return (p["room_no"], p["device_id"], p["temp"], p["time"])
 
 
 def test_every_output_equals_the_reference_with_two_groups_and_three_instances(project, database_url, spark) -> None:
@@ -105,11 +76,11 @@ def test_every_output_equals_the_reference_with_two_groups_and_three_instances(p
 
 def assert_outputs_equal_the_reference(cluster, plan, database_url: str, readings: list[dict]) -> None:
     """Every output, in PostgreSQL and Delta, is the reference of ``readings``, each row once."""
-    expected = reference(readings)
+    expected = temperature_reference(readings)
     assert expected["temp_alerts"] and expected["high_temps"], "the input must exercise every output"
     for output, rows in expected.items():
         got = published(database_url, output)
-        payloads = [as_tuple(output, row["payload"]) for row in got]
+        payloads = [temperature_row(output, row["payload"]) for row in got]
         assert len(payloads) == len(set(payloads)), f"{output}: a row published twice"
         assert set(payloads) == rows, f"{output}: missing {sorted(rows - set(payloads))[:3]}, " \
                                       f"extra {sorted(set(payloads) - rows)[:3]}"

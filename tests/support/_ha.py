@@ -58,8 +58,8 @@ SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA")
 
 
 def configure_one_shard(project: Path, standby: str | None = None) -> None:
-    """The temp project's trades plan on shard-1 only, both nodes on local[1] (two JVMs share two
-    cores with the test); ``standby`` sets the HA mode with launch and stall timeouts for a loaded machine."""
+    """The temp project's trades plan on shard-1 only (see :func:`one_core_nodes` for the masters);
+    ``standby`` sets the HA mode with launch and stall timeouts for a loaded machine."""
     plan_path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(plan_path.read_text())
     plan["groups"]["shard"]["parallel"] = 1  # one instance, shard-1
@@ -70,7 +70,11 @@ def configure_one_shard(project: Path, standby: str | None = None) -> None:
 
 
 def one_core_nodes(project: Path) -> None:
-    """Both nodes of the temp project on ``local[1]``: two JVMs share two cores with the test."""
+    """``spark_master: local[1]`` for both nodes in the temp project's ``cluster.yaml``.
+
+    The launcher takes a node's master from its Airflow connection first: ``.tandem/env.sh``
+    defines ``tandem_node_a``/``tandem_node_b`` with ``local[2]``, so under ``make test`` the nodes
+    run on ``local[2]`` and this setting is the fallback (no connection defined)."""
     cluster_path = project / "conf" / "cluster.yaml"
     cluster = yaml.safe_load(cluster_path.read_text())
     for node in cluster["nodes"].values():
@@ -336,11 +340,14 @@ def instance_row(database_url: str, node: str, plan: str = PLAN, shard: str = SH
     return rows[0] if rows else None
 
 
-def latest_watermark(database_url: str, node: str, since: datetime | None = None) -> datetime | None:
-    """The event-time watermark of the node's newest completed aggregates batch (since ``since``)."""
-    rows = fetch(database_url, "SELECT max(watermark) AS w FROM heartbeats WHERE instance_id = %s "
-                               "AND query_name = 'aggregates' AND (%s::timestamptz IS NULL OR recorded_at >= %s)",
-                 (f"{PLAN}/{SHARD}/{node}", since, since))
+def latest_watermark(database_url: str, node: str, since: datetime | None = None, plan: str = PLAN,
+                     shard: str = SHARD) -> datetime | None:
+    """How far the node's instance has read: the event-time watermark of its slowest query that has one
+    (its newest batch since ``since``; trades: ``aggregates``)."""
+    rows = fetch(database_url, "SELECT min(w) AS w FROM (SELECT max(watermark) AS w FROM heartbeats "
+                               "WHERE instance_id = %s AND watermark IS NOT NULL "
+                               "AND (%s::timestamptz IS NULL OR recorded_at >= %s) GROUP BY query_name) AS q",
+                 (f"{plan}/{shard}/{node}", since, since))
     return rows[0]["w"]
 
 
@@ -437,7 +444,7 @@ class Pair:
 
     def caught_up(self, node: str, slack_s: float = 10.0) -> bool:
         """The node's watermark is within ``slack_s`` of now − 10 s watermark delay: it has read what was written."""
-        watermark = latest_watermark(self.url, node, self.launched_at.get(node))
+        watermark = latest_watermark(self.url, node, self.launched_at.get(node), self.plan.name, self.shard)
         if watermark is None:
             return False
         behind = time.time() - watermark.timestamp() - self.plan.watermark_s
@@ -445,7 +452,8 @@ class Pair:
 
     def wait_caught_up(self, node: str, timeout_s: float = 300) -> None:
         wait_for(lambda: self.caught_up(node), timeout_s, f"{node} to catch up with the input",
-                 detail=lambda: f"watermark {latest_watermark(self.url, node)}, now {datetime.now(UTC)}\n"
+                 detail=lambda: f"watermark {latest_watermark(self.url, node, None, self.plan.name, self.shard)}, "
+                                f"now {datetime.now(UTC)}\n"
                                 f"{self.log_tail(node)}")
 
     def promoted(self, node: str, above_epoch: int) -> dict | None:

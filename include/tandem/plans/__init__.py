@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import reduce
 from types import ModuleType
 
 from pyspark.sql import DataFrame, SparkSession
@@ -74,10 +75,23 @@ def good_events(validated: DataFrame, plan: PlanConfig, stream: str) -> DataFram
         *declared.fields, F.timestamp_millis(declared.event_time).alias("event_time"))
 
 
-def quarantined(validated: DataFrame) -> DataFrame:
-    """Bad lines with the reason, counted as an observed metric for the heartbeats."""
-    bad = validated.where(F.col("reason").isNotNull()).select("raw", "source_file", "reason")
-    return bad.observe(QUALITY_METRICS, F.count(F.lit(1)).alias("quarantined_rows"))
+QUARANTINE_TRIGGER_S = 5.0
+
+
+def quarantine_query(ctx: PlanContext, *validated: DataFrame) -> QueryDefinition:
+    """The plan's ``quarantine`` query: the bad lines of all its streams, at most every 5 seconds."""
+    return QueryDefinition("quarantine", quarantined(*validated), "append", ctx.sink("quarantine"),
+                           min_trigger_interval_s=QUARANTINE_TRIGGER_S)
+
+
+def quarantined(*validated: DataFrame) -> DataFrame:
+    """Bad lines of one or more streams with the reason, counted as an observed metric for the heartbeats.
+
+    A plan with several streams quarantines them all in one query: every streaming query costs a
+    micro-batch every trigger (planning, listing, commit), and a node runs all of its queries.
+    """
+    bad = [frame.where(F.col("reason").isNotNull()).select("raw", "source_file", "reason") for frame in validated]
+    return reduce(DataFrame.unionByName, bad).observe(QUALITY_METRICS, F.count(F.lit(1)).alias("quarantined_rows"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,9 @@ class QueryDefinition:
     state_store: str = "default"
     """``rocksdb`` for queries whose operators need it (``transformWithStateInPandas``); the
     provider is fixed in the query's checkpoint when it first starts."""
+    min_trigger_interval_s: float = 0.0
+    """The query starts a micro-batch at most this often, even when the plan's trigger interval
+    is shorter (outputs that need no low latency, like the quarantine, leave the cores to the rest)."""
 
 
 def load_plan_module(plan: PlanConfig) -> ModuleType:

@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from tandem.config import spark_interval
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantined
+from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
 
 EXPIRY_MS = 30_000
 ORDER = StructType([StructField("customer_name", StringType()), StructField("time", LongType()),
@@ -119,6 +119,5 @@ def build(ctx: PlanContext) -> list[QueryDefinition]:
         QueryDefinition("orders", outcomes, "append", ctx.routed(
             "outcome", {"delivered": "delivered_orders", "overdue": "overdue_orders", "*": "order_stats"}),
             state_store="rocksdb"),
-        QueryDefinition("quarantine_orders", quarantined(orders), "append", ctx.sink("quarantine")),
-        QueryDefinition("quarantine_deliveries", quarantined(deliveries), "append", ctx.sink("quarantine")),
+        quarantine_query(ctx, orders, deliveries),
     ]

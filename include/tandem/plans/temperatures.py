@@ -27,7 +27,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 from tandem.config import spark_interval
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantined
+from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
 
 STREAM = "temps"
 AVERAGE_WINDOW_MS = 2 * 60 * 1000
@@ -87,7 +87,13 @@ def rises_at(readings: list[Reading], alerted: set[Reading], t: int) -> list[tup
 
 
 class _RoomProcessor(StatefulProcessor):
-    """Readings of one room in a list state; a timer at every reading time; ``done_until`` = last time handled."""
+    """Readings of one room in a list state; a timer at every reading time; ``done_until`` = last time handled.
+
+    The first timer of a room to fire in a micro-batch handles every reading up to the batch's
+    watermark (all of them are final: a reading at or before the watermark can no longer arrive);
+    the room's other timers of that batch then cost nothing. Every state call is a round trip
+    between the Python worker and the JVM, so each one is made once.
+    """
 
     keep_ms = 0
 
@@ -95,6 +101,8 @@ class _RoomProcessor(StatefulProcessor):
         self.handle = handle
         self.readings = handle.getListState("readings", READING)
         self.progress = handle.getValueState("progress", PROGRESS)
+        self.handled_rooms: set[Any] = set()
+        self.handled_watermark: int | None = None
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         done_until = self._done_until()
@@ -108,9 +116,14 @@ class _RoomProcessor(StatefulProcessor):
         return iter([])
 
     def handleExpiredTimer(self, key: Any, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
-        now = expiredTimerInfo.getExpiryTimeInMs()
+        now = max(expiredTimerInfo.getExpiryTimeInMs(), timerValues.getCurrentWatermarkInMs())
+        if self.handled_watermark != now:
+            self.handled_rooms, self.handled_watermark = set(), now
+        if key in self.handled_rooms:
+            return
+        self.handled_rooms.add(key)
         done_until = self._done_until()
-        readings = [(int(t), str(d), float(v)) for t, d, v in self.readings.get()] if self.readings.exists() else []
+        readings = [(int(t), str(d), float(v)) for t, d, v in self.readings.get()]
         times = sorted({r[0] for r in readings if r[0] <= now and (done_until is None or r[0] > done_until)})
         rows = self.emit(int(key[0]), readings, times)
         self.progress.update((now,))
@@ -122,9 +135,8 @@ class _RoomProcessor(StatefulProcessor):
             yield pd.DataFrame(rows, columns=[f.name for f in self.output.fields])
 
     def _done_until(self) -> int | None:
-        if not self.progress.exists():
-            return None
-        return int(self.progress.get()[0])
+        stored = self.progress.get()
+        return None if stored is None else int(stored[0])
 
     def emit(self, room: int, readings: list[Reading], times: list[int]) -> list[tuple]:
         raise NotImplementedError
@@ -153,8 +165,8 @@ class RiseProcessor(_RoomProcessor):
         self.alerted_state = handle.getListState("alerted", ALERTED)
 
     def emit(self, room: int, readings: list[Reading], times: list[int]) -> list[tuple]:
-        alerted = ({(int(t), str(d), float(v)) for t, d, v in self.alerted_state.get()}
-                   if self.alerted_state.exists() else set())
+        alerted = {(int(t), str(d), float(v)) for t, d, v in self.alerted_state.get()}
+        self.alerted_stored = frozenset(alerted)
         rows = []
         for time in times:
             for e1, e2 in rises_at(readings, alerted, time):
@@ -165,7 +177,8 @@ class RiseProcessor(_RoomProcessor):
 
     def after(self, now: int) -> None:
         keep = sorted(r for r in self.alerted if r[0] > now - ALERT_WITHIN_MS)
-        self.alerted_state.put(keep) if keep else self.alerted_state.clear()
+        if set(keep) != self.alerted_stored:
+            self.alerted_state.put(keep) if keep else self.alerted_state.clear()
 
 
 def _per_room(readings: DataFrame, processor: StatefulProcessor, output: StructType, watermark_s: float) -> DataFrame:
@@ -202,5 +215,5 @@ def build(ctx: PlanContext) -> list[QueryDefinition]:
         QueryDefinition("temp_alerts", rising_temperatures(readings, watermark), "append", ctx.sink("temp_alerts"),
                         state_store="rocksdb"),
         QueryDefinition("high_temps", high_temperatures(readings), "append", ctx.sink("high_temps")),
-        QueryDefinition("quarantine", quarantined(validated), "append", ctx.sink("quarantine")),
+        quarantine_query(ctx, validated),
     ]

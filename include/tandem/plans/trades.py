@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tandem.aggregation.spark import second_partials
 from tandem.aggregation.spec import spec_for
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantined
+from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
 
 STREAM = "trades"
 OUTPUT = "trade_aggregates"
@@ -28,6 +28,5 @@ def build(ctx: PlanContext) -> list[QueryDefinition]:
             sink=ctx.sink(OUTPUT),
             state_value_names=tuple(spec.measure_columns),  # the .agg() order of second_partials
         ),
-        QueryDefinition(name="quarantine", frame=quarantined(validated), output_mode="append",
-                        sink=ctx.sink("quarantine")),
+        quarantine_query(ctx, validated),
     ]

@@ -71,7 +71,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
             .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint))
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
-            processingTime=spark_interval(trigger_interval_s))
+            processingTime=spark_interval(max(trigger_interval_s, definition.min_trigger_interval_s)))
         queries.append(writer.start())
     ctx.spark.conf.set(STATE_STORE_PROVIDER, default_provider)
     return queries
