@@ -17,11 +17,11 @@ whole run (all instances); the ratio is tandem ÷ plain of the medians. Target �
 Then the hot failover time per plan: the first instance of the plan's first group (every group
 at parallel 1) on node-a ACTIVE and node-b hot PASSIVE, two real detached ``spark-submit``
 processes (the master of the nodes' Airflow connections, ``local[2]`` here), the plan's generator
-writing ``--rate`` events per second at the wall clock. Each run waits until the standby has caught
-up (its slowest query's watermark within 10 s of the declared delay), kills the active's process
-group with SIGKILL at a random point of the heartbeat and times the first ``publish_log`` commit
-of the new active (``bench/failover.py``'s ``one_failover``); the killed node then rejoins as the
-standby and catches up before the next run. Target: median ≤ 5 s.
+writing ``--rate`` events per second at the wall clock. Each run waits until the standby is hot
+(its slowest query's watermark within 5 s of the active's: ``Pair.wait_level``), kills the active's
+process group with SIGKILL at a random point of the heartbeat and times the first ``publish_log``
+commit of the new active (``bench/failover.py``'s ``one_failover``); the killed node then rejoins
+as the standby and gets level again before the next run. Target: median ≤ 5 s.
 
     python bench/plans.py [--events 20000] [--repeats 2] [--failovers 3] [--rate 10] [--plans trades,pizza_shop,temperatures] [--merge]
 
@@ -240,7 +240,7 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
             pair.start_pair("node-a", "node-b")
             _ha.wait_for(lambda: pair.first_publish("node-a", 1), 240, "node-a to publish",
                          detail=lambda: pair.log_tail("node-a"))
-            wait_level(pair, "node-b", "node-a")
+            pair.wait_level("node-b", "node-a")
             active, standby = "node-a", "node-b"
             for run in range(1, runs + 1):
                 relaunch_failed_standby(pair, standby, active, relaunched)
@@ -251,7 +251,7 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
                 if run < runs:
                     pair.launch(active, "PASSIVE")
                     pair.wait_running(active)
-                    wait_level(pair, active, standby)
+                    pair.wait_level(active, standby)
                 active, standby = standby, active
         except (RuntimeError, AssertionError) as exc:  # the runs measured so far are kept
             if not results:
@@ -285,19 +285,7 @@ def relaunch_failed_standby(pair, node: str, active: str, relaunched: list[str])
     relaunched.append(f"{node}: {row['status'] if row else 'no instance'}: {(row or {}).get('error') or ''}"[:300])
     pair.launch(node, "PASSIVE")
     pair.wait_running(node)
-    wait_level(pair, node, active)
-
-
-def wait_level(pair, standby: str, active: str, slack_s: float = 5.0, timeout_s: float = 600) -> None:
-    """Wait until the standby is hot: its slowest query's watermark within ``slack_s`` of the active's."""
-    import _ha
-
-    def level() -> bool:
-        marks = [_ha.latest_watermark(pair.url, node, pair.launched_at.get(node), pair.plan.name, pair.shard)
-                 for node in (standby, active)]
-        return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
-
-    _ha.wait_for(level, timeout_s, f"{standby} to process what {active} has", detail=lambda: pair.log_tail(standby))
+    pair.wait_level(node, active)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,7 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
                                                                      process_groups: list[int]) -> None:
     plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0],
                                               "the first overdue orders")
-    cluster, url = load_cluster(), pair.url
+    cluster, url = pair.cluster, pair.url
 
     per_customer, overdue = pizza_reference(events["orders"], events["deliveries"])
     assert overdue and per_customer
@@ -153,7 +153,7 @@ def test_windowed_and_pattern_events_exactly_once_across_kill_and_pause(project:
                                                                          process_groups: list[int]) -> None:
     plan, pair, events = failovers_under_load(project, process_groups, TEMPERATURES, GROUP_1, 10,
                                               lambda url: temperature_events(url, "avg_temps"), "the first room averages")
-    cluster, url, readings = load_cluster(), pair.url, events["temps"]
+    cluster, url, readings = pair.cluster, pair.url, events["temps"]
 
     expected = temperature_reference(readings)
     assert expected["temp_alerts"], "the input must raise alerts"

@@ -456,6 +456,16 @@ class Pair:
                                 f"now {datetime.now(UTC)}\n"
                                 f"{self.log_tail(node)}")
 
+    def wait_level(self, standby: str, active: str, slack_s: float = 5.0, timeout_s: float = 600) -> None:
+        """Wait until the standby is hot: its slowest query's watermark within ``slack_s`` of the active's."""
+
+        def level() -> bool:
+            marks = [latest_watermark(self.url, node, self.launched_at.get(node), self.plan.name, self.shard)
+                     for node in (standby, active)]
+            return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
+
+        wait_for(level, timeout_s, f"{standby} to process what {active} has", detail=lambda: self.log_tail(standby))
+
     def promoted(self, node: str, above_epoch: int) -> dict | None:
         for event in failover_events(self.url, plan=self.plan.name, shard=self.shard):
             if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
