@@ -6,7 +6,8 @@
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
 #   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
-#   make test     setup + dist + pytest          (PYTEST_ARGS="-x -q tests" by default)
+#   make test     setup + browser + dist + pytest (PYTEST_ARGS="-x -q tests" by default)
+#   make browser  Debian's chromium for the browser tests (apt-get, only when it is missing)
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
@@ -14,14 +15,14 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup up down status dist test demo clean lint pg-stop
+.PHONY: help setup browser up down status dist test demo clean lint pg-stop
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
 PYTEST_ARGS ?= -x -q tests
 
 help:
-	@sed -n '1,13s/^# \{0,1\}//p' "$(ROOT)/Makefile"
+	@sed -n '1,14s/^# \{0,1\}//p' "$(ROOT)/Makefile"
 
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
@@ -48,7 +49,10 @@ dist: setup $(DIST)
 $(DIST): $(PACKAGE_FILES) | setup
 	@$(ENV) && python -m tandem.packaging "$(ROOT)"
 
-test: setup dist
+browser:
+	@bash "$(ROOT)/scripts/install_browser.sh"
+
+test: setup browser dist
 	@$(ENV) && python -m pytest $(PYTEST_ARGS)
 
 demo: setup dist

@@ -15,6 +15,7 @@ with DAG(
     schedule=None,
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,  # on demand only (no schedule): a trigger from the Tandem page must run
     params=restore_params(cluster, plans),
     default_args=RESTORE_DEFAULT_ARGS,
     tags=["tandem", "ops", "snapshots"],

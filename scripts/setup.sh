@@ -219,7 +219,8 @@ export AIRFLOW__CORE__PLUGINS_FOLDER="\$TANDEM_HOME/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+# users:roles of SimpleAuthManager (roles: viewer, user, op, admin); each gets a random password in the file below
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="\${TANDEM_AIRFLOW_USERS:-admin:admin}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="\$AIRFLOW_HOME/simple_auth_manager_passwords.json"
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT="\$TANDEM_AIRFLOW_PORT"

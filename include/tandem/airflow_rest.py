@@ -141,10 +141,11 @@ class AirflowClient:
         detail = "; ".join(f"{e.get('filename')}: {e.get('stack_trace', '')[-300:]}" for e in errors) or "none"
         raise AirflowError(f"DAG {dag_id} did not appear within {timeout_s:.0f} s (import errors: {detail})")
 
-    def unpause(self, dag_id: str) -> None:
-        response = self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    def set_paused(self, dag_id: str, paused: bool) -> None:
+        response = self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": paused})
         if not response.ok:
-            raise AirflowError(f"cannot unpause {dag_id}: {response.status_code} {response.text[:200]}")
+            raise AirflowError(f"cannot {'pause' if paused else 'unpause'} {dag_id}: "
+                               f"{response.status_code} {response.text[:200]}")
 
     def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str | None = None) -> str:
         """Trigger a run with ``conf`` (the DAG's Params); return its run id."""

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -97,8 +98,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     ticks = max(1, round(args.duration))
     written = [0, 0]  # lines, files
 
-    def tick(lines: int) -> None:
-        written[0] += lines
+    def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
+        written[0] += sum(len(lines) for lines in batch.values())
         progress.update(task, advance=1, lines=written[0])
 
     with Progress(TextColumn("[bold]producing {task.fields[plan]}"), BarColumn(), MofNCompleteColumn(),
@@ -127,7 +128,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         from tandem import aggregation
 
         rows = aggregation.query(cluster, plan.name, args.granularity, start, end, output=output,
-                                 symbols=args.symbol or None, source=args.source)
+                                 keys={"symbol": args.symbol} if args.symbol else None, source=args.source)
         if args.json:
             print(json.dumps(rows, default=str, indent=2))
         else:
@@ -259,15 +260,13 @@ def render_aggregates(rows: list[dict], title: str, spec) -> Table:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Per plan and shard: each node's role, epoch, status, health, beat age and lag; the lease; recent events."""
+    """Per plan and group instance: each node's role, epoch, status, health, beat age and lag; the lease; recent
+    events. The same view as the Tandem page in the Airflow UI (:mod:`tandem.presenter.views`)."""
     import psycopg2.errors
 
     from tandem.config import load_plans
+    from tandem.presenter.views import plan_status, timeline
     from tandem.store import Database
-    from tandem.store.leases import recent_events
-    from tandem.store.supervision import latest_progress
-    from tandem.supervisor.decisions import decide
-    from tandem.supervisor.observe import observe_shard
 
     def age(seconds: float | None) -> str:
         if seconds is None:
@@ -284,49 +283,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with Database(cluster.database_url, "tandem-cli") as db:
             for plan in plans.values():
-                progress = latest_progress(db, plan.name)
-                for shard in plan.shards:
-                    observed = observe_shard(db, cluster, plan, shard)
-                    view, lease = observed.view, observed.view.lease
+                for instance in plan_status(db, cluster, plan).instances:
+                    lease = instance.lease
                     if lease is None:
                         lease_text = "lease: never taken"
                     else:
-                        expired_for = float(observed.rows.lease["expired_for_s"])
-                        expiry = f"expires in {-expired_for:.1f}s" if lease.valid else f"expired {age(expired_for)} ago"
+                        expiry = f"expires in {lease.expires_in_s:.1f}s" if lease.valid \
+                            else f"expired {age(-lease.expires_in_s)} ago"
                         lease_text = f"lease: {lease.holder or 'nobody'} at epoch {lease.epoch}, {expiry}"
-                    table = Table(title=f"{plan.name} / {shard} ({plan.ha.standby} standby) - {lease_text}",
+                    table = Table(title=f"{plan.name} / {instance.shard_id} ({instance.standby} standby) - {lease_text}",
                                   box=box.SIMPLE_HEAD, title_justify="left")
                     for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
                                    "lag", "input waiting", "pid"):
                         table.add_column(column, no_wrap=True)
                     notes = []
-                    for node in plan.nodes:
-                        health, obs = view.health(node), observed.observations[node]
-                        row = observed.rows.instances.get(node) or {}
-                        latest = progress.get(f"{plan.name}/{shard}/{node}", {})
-                        role = ("ACTIVE" if view.active == node else obs.role or "-") if row else "-"
-                        drained = " (drained)" if node in view.drained else ""
-                        table.add_row(node + drained, role, str(obs.epoch if row else "-"), obs.status or "-",
-                                      f"[{styles.get(health.state, '')}]{health.state}[/]", age(obs.beat_age_s),
-                                      f"#{latest['batch_id']} {age(latest['batch_age_s'])} ago" if latest else "-",
-                                      age(latest.get("lag_s")), age(obs.waiting_input_age_s),
-                                      str(row.get("pid") or "-"))
-                        if health.state != "HEALTHY":
-                            notes.append(f"  {node} {health.state}: {health.evidence}")
+                    for node in instance.nodes:
+                        table.add_row(node.node + (" (drained)" if node.drained else ""), node.role or "-",
+                                      str(node.epoch if node.epoch is not None else "-"), node.status or "-",
+                                      f"[{styles.get(node.health, '')}]{node.health}[/]", age(node.beat_age_s),
+                                      "-" if node.last_batch_id is None
+                                      else f"#{node.last_batch_id} {age(node.last_batch_age_s)} ago",
+                                      age(node.lag_s), age(node.waiting_input_s), str(node.pid or "-"))
+                        if node.health != "HEALTHY":
+                            notes.append(f"  {node.node} {node.health}: {node.evidence}")
                     console.print(table)
                     for note in notes:
                         console.print(note, highlight=False)
-                    for action in decide(view):
-                        console.print(f"  [yellow]due:[/] {action.describe()}")
-                events = recent_events(db, plan.name, limit=10)
+                    for action in instance.due:
+                        console.print(f"  [yellow]due:[/] {escape(action)}")
+                events = timeline(db, plan, limit=10).events
                 if events:
                     table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
                     for column in ("time (UTC)", "shard", "kind", "node", "from", "epoch", "reason"):
                         table.add_column(column, no_wrap=True, overflow="ellipsis")
                     for event in events:
-                        table.add_row(event["happened_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-                                      event["shard_id"], event["kind"], event["node"] or "",
-                                      event["previous_node"] or "", str(event["epoch"] or ""), event["reason"])
+                        table.add_row(event.happened_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                                      event.shard_id, event.kind, event.node or "", event.previous_node or "",
+                                      str(event.epoch or ""), event.reason)
                     console.print(table)
     except psycopg2.errors.UndefinedTable:
         raise TandemError("the coordination schema is missing: run `tandem migrate`") from None

@@ -48,7 +48,7 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
 
     with console.status("waiting for the DAG processor to parse the run DAG"):
         client.wait_for_dag(RUN_DAG)
-        client.unpause(RUN_DAG)
+        client.set_paused(RUN_DAG, False)
     runs = []
     for shard, node in placements:
         run_id = client.trigger(RUN_DAG, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
@@ -111,7 +111,7 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
     with console.status(f"waiting for the DAG processor to parse {run_dag}"):
         client.wait_for_dag(run_dag)
-        client.unpause(run_dag)
+        client.set_paused(run_dag, False)
     launched = datetime.now(timezone.utc)
     runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
             for shard, node in placements]

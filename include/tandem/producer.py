@@ -203,12 +203,12 @@ def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed
 
 def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: float, seed: int = 42,
             bad_ratio: float = 0.0, clock: Callable[[], float] = time.time,
-            on_tick: Callable[[int], None] | None = None) -> Iterator[Path]:
+            on_tick: Callable[[dict[str, list[tuple[dict, str]]]], None] | None = None) -> Iterator[Path]:
     """Write about ``rate`` events per second for ``duration_s`` seconds, one file per partition per tick.
 
     Event times are about the wall clock at the tick. A ``bad_ratio`` share of lines are
     deliberately bad, to exercise the quarantine. Yields every file written; ``on_tick`` receives
-    the number of lines written at each tick.
+    each tick's ``{stream: [(event, line written)]}`` (a bad line differs from ``json.dumps(event)``).
     """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
@@ -223,12 +223,10 @@ def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: 
             stream: [(event, bad_line(plan.streams[stream], event, generator.random)
                       if generator.random.random() < bad_ratio else json.dumps(event)) for event in events]
             for stream, events in generator.events(now_ms, rate).items()}
-        written = 0
         for (stream, partition), lines in sorted(partitioned(plan, by_stream).items()):
             yield write_atomically(landing_dir(cluster, stream, partition), lines)
-            written += len(lines)
         if on_tick:
-            on_tick(written)
+            on_tick(by_stream)
         delay = started + tick + 1 - clock()
         if delay > 0:
             time.sleep(delay)

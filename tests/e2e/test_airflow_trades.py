@@ -65,7 +65,7 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
     launched: list[int] = []
     try:
         airflow.wait_for_dag("tandem_trades_run")
-        airflow.unpause("tandem_trades_run")
+        airflow.set_paused("tandem_trades_run", False)
         runs = [airflow.trigger("tandem_trades_run", {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
                 for shard, node in PLACEMENTS]
         for run_id in runs:
@@ -111,7 +111,7 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
 
         # the snapshot DAG runs on its schedule (every minute here): one GOOD snapshot per shard's ACTIVE instance
         airflow.wait_for_dag("tandem_trades_snapshot")
-        airflow.unpause("tandem_trades_snapshot")
+        airflow.set_paused("tandem_trades_snapshot", False)
         deadline = time.monotonic() + 300
         while not airflow.runs("tandem_trades_snapshot", "scheduled") and time.monotonic() < deadline:
             time.sleep(2)

@@ -111,7 +111,7 @@ def test_supervision_dag_brings_a_killed_passive_back_as_passive(stop_plan_after
     with airflow_stack(tmp_path / "airflow", {"TANDEM_ENV_FILE": str(env_file)}) as airflow:
         try:
             airflow.wait_for_dag(DAG)
-            airflow.unpause(DAG)
+            airflow.set_paused(DAG, False)
             wait_for(lambda: all((row := instance(database_url, n)) and row["status"] == "RUNNING"
                                  for n in ("node-a", "node-b")), 420, "ensure to launch node-a and node-b")
             wait_for(lambda: instance(database_url, "node-b")["role"] == "PASSIVE"

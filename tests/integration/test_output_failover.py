@@ -17,6 +17,7 @@ published under an epoch after the next one was granted.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -30,8 +31,10 @@ from tandem import aggregation
 from tandem.config import PlanConfig, load_cluster, load_plan
 from tandem.layout import delta_table_dir
 from tandem.packaging import build_dist
+from tandem.presenter.views import event_page
 from tandem.producer import advance_watermark
 from tandem.runtime.sinks import read_events_lake, read_table_lake
+from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.integration
 TAKEOVER_TIMEOUT_S = 20
@@ -110,10 +113,47 @@ def published(url: str) -> tuple[list[str], dict[str, int]]:
     return overdue, table
 
 
+class EventPoller(threading.Thread):
+    """A client of the presenter's events endpoint: polls ``output`` after its cursor every half second and
+    keeps every event id it is given, in order (the endpoint's function, on its own connection)."""
+
+    def __init__(self, url: str, plan: PlanConfig, output: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.plan, self.output = url, plan, output
+        self.received: list[str] = []
+        self.cursor: str | None = None
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def poll(self, db: Database) -> int:
+        page = event_page(db, self.plan, self.output, cursor=self.cursor, limit=7)  # small pages: many cursors
+        self.received += [e.event_id for e in page.events]
+        self.cursor = page.next_cursor
+        return len(page.events)
+
+    def run(self) -> None:
+        try:
+            with Database(self.url, "test-poller") as db:
+                while not self.stopped.wait(0.5):
+                    while self.poll(db):
+                        pass
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
 def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Path, database_url: str,
                                                                      process_groups: list[int]) -> None:
-    plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0],
-                                              "the first overdue orders")
+    with Database(database_url) as db:
+        migrate(db)
+    poller = EventPoller(database_url, load_plan(PLAN), "overdue_orders")
+    poller.start()
+    try:
+        plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20,
+                                                  lambda url: published(url)[0], "the first overdue orders")
+        polled_by_the_failovers = len(poller.received)
+    except BaseException:
+        poller.stopped.set()
+        raise
     cluster, url = pair.cluster, pair.url
 
     per_customer, overdue = pizza_reference(events["orders"], events["deliveries"])
@@ -121,6 +161,7 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
     wait_for(lambda: (lambda got: sorted(got[0]) == sorted(overdue) and got[1] == per_customer)(published(url)),
              240, "every order decided", detail=lambda: f"{len(published(url)[0])} of {len(overdue)} overdue\n"
                                                          f"{pair.log_tail('node-a')}")
+    poller.stopped.set()
     got_overdue, got_table = published(url)
     assert len(got_overdue) == len(set(got_overdue)) == len(overdue)
     assert got_table == per_customer
@@ -136,6 +177,17 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
         assert sum(r["on_time"] for r in days) == sum(per_customer.values()), source
     assert split_brain(url, PLAN, SHARD) == []
     assert lease(url, PLAN, SHARD)["holder"] == "node-a"
+
+    # a client that polled the events endpoint through both failovers got every overdue order exactly once
+    poller.join(10)
+    assert poller.error is None, repr(poller.error)
+    with Database(url) as db:
+        while poller.poll(db):
+            pass
+    assert polled_by_the_failovers > 0, "the poller must have read events before and across the failovers"
+    assert len(poller.received) == len(set(poller.received)), "an event polled twice"
+    assert sorted(poller.received) == sorted(r["event_id"] for r in fetch(
+        url, "SELECT event_id FROM output_events WHERE plan = %s AND output = 'overdue_orders'", (PLAN,)))
 
 
 # --- the temperatures --------------------------------------------------------------------------------------------

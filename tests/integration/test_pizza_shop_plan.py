@@ -15,13 +15,14 @@ from datetime import datetime, timezone
 import psycopg2
 import psycopg2.extras
 import pytest
-from _references import pizza_reference
+from _references import PIZZA_T0 as T0
+from _references import arrival_order, make_orders, pizza_reference
 from tandem import aggregation
 from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
-from tandem.producer import CUSTOMERS, advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.runtime.sinks import read_events_lake, read_table_lake
 from tandem.store import Database
@@ -29,28 +30,6 @@ from tandem.store.outputs import read_table_rows
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
-T0 = int(datetime(2025, 3, 1, 18, 0, tzinfo=UTC).timestamp() * 1000)
-
-
-def make_orders(seed: int, count: int) -> tuple[list[dict], list[dict]]:
-    rng = random.Random(seed)
-    orders, deliveries = [], []
-    for i in range(count):
-        order = {"order_no": f"o-{i}", "customer_name": rng.choice(CUSTOMERS), "time": T0 + i * 700}
-        orders.append(order)
-        draw = rng.random()
-        if draw < 0.55:
-            offset = rng.choice([0, 30_000, rng.randint(1, 29_999)])  # both edges count as on time
-        elif draw < 0.8:
-            offset = rng.choice([30_001, rng.randint(30_001, 90_000), -rng.randint(1, 5_000)])  # late, or before
-        else:
-            continue  # never delivered
-        deliveries.append({"order_no": order["order_no"], "time": order["time"] + offset})
-    return orders, deliveries
-
-
-def arrival_order(events: list[dict], rng: random.Random) -> list[dict]:
-    return sorted(events, key=lambda e: e["time"] + rng.randint(-3_000, 3_000))  # out of order within 3 s
 
 
 def test_delivered_counts_and_overdue_orders_equal_the_reference(project, database_url, spark) -> None:

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import pytest
+from _references import PIZZA_T0, arrival_order, make_orders
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
 from tandem.lake.tables import read_table
@@ -25,8 +26,6 @@ from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
-from test_pizza_shop_plan import T0 as PIZZA_T0
-from test_pizza_shop_plan import arrival_order, make_orders
 from test_pizza_shop_plan import assert_outputs_equal_the_reference as assert_pizza_outputs
 from test_temperatures_plan import T0 as TEMPS_T0
 from test_temperatures_plan import assert_outputs_equal_the_reference as assert_temperature_outputs

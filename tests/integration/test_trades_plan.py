@@ -88,7 +88,7 @@ def test_partials_per_shard_and_merged_values_match_the_events(project: Path, da
         assert_matches(from_postgres, expected, f"merged postgres {granularity}")
         assert_matches(from_delta, expected, f"merged delta {granularity}")
     [year_2025] = aggregation.query(cluster, "trades", "year", datetime(2025, 1, 1, tzinfo=UTC),
-                                    datetime(2026, 1, 1, tzinfo=UTC), symbols=["IBM"])
+                                    datetime(2026, 1, 1, tzinfo=UTC), keys={"symbol": ["IBM"]})
     expected_2025 = expected_aggregates([e for e in everything if e["symbol"] == "IBM"], "year")
     assert year_2025["trade_count"] == expected_2025[(datetime(2025, 1, 1, tzinfo=UTC), "IBM")]["trade_count"]
     assert year_2025["shards"] == 2

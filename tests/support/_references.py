@@ -6,9 +6,40 @@ compares Tandem's outputs with these fails when the plan, the runtime or a failo
 
 from __future__ import annotations
 
+import random
+from datetime import datetime, timezone
+
+from tandem.producer import CUSTOMERS
+
 ORDER_EXPIRY_MS = 30_000
 AVERAGE_WINDOW_MS = 120_000
 ALERT_WITHIN_MS = 600_000
+
+
+PIZZA_T0 = int(datetime(2025, 3, 1, 18, 0, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def make_orders(seed: int, count: int) -> tuple[list[dict], list[dict]]:
+    """Orders 0.7 s apart from PIZZA_T0 and their deliveries: on time (both edges), late, before the order, or never."""
+    rng = random.Random(seed)
+    orders, deliveries = [], []
+    for i in range(count):
+        order = {"order_no": f"o-{i}", "customer_name": rng.choice(CUSTOMERS), "time": PIZZA_T0 + i * 700}
+        orders.append(order)
+        draw = rng.random()
+        if draw < 0.55:
+            offset = rng.choice([0, 30_000, rng.randint(1, 29_999)])  # both edges count as on time
+        elif draw < 0.8:
+            offset = rng.choice([30_001, rng.randint(30_001, 90_000), -rng.randint(1, 5_000)])  # late, or before
+        else:
+            continue  # never delivered
+        deliveries.append({"order_no": order["order_no"], "time": order["time"] + offset})
+    return orders, deliveries
+
+
+def arrival_order(events: list[dict], rng: random.Random) -> list[dict]:
+    """The events in the order a producer sends them: by time, out of order within 3 s."""
+    return sorted(events, key=lambda e: e["time"] + rng.randint(-3_000, 3_000))  # out of order within 3 s
 
 
 def pizza_reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[str, int], set[str]]:

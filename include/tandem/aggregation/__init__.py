@@ -24,11 +24,13 @@ SOURCES = ("postgres", "delta")
 
 
 def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, end: datetime, *,
-          output: str | None = None, symbols: list[str] | None = None, source: str = "postgres") -> list[MergedRow]:
+          output: str | None = None, keys: dict[str, list[str]] | None = None,
+          source: str = "postgres") -> list[MergedRow]:
     """Merged aggregates of a plan's aggregation output for buckets of ``granularity`` starting in ``[start, end)``.
 
     avg = Σsum / Σcount across shards, min of mins, max of maxes, distinct = the union's estimate.
-    ``output``: the aggregation (default: the plan's only one). ``symbols`` restricts the ``symbol`` key.
+    ``output``: the aggregation (default: the plan's only one). ``keys`` restricts key fields to some values,
+    e.g. ``{"symbol": ["IBM"]}``.
     """
     declared = load_plan(plan, cluster)
     outputs = aggregation_outputs(declared)
@@ -45,7 +47,9 @@ def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, 
         raise QueryError("start and end must be timezone-aware")
     if end <= start:
         raise QueryError(f"empty range: end {end.isoformat()} is not after start {start.isoformat()}")
-    keys = {"symbol": symbols} if symbols else None
+    unknown = sorted(set(keys or {}) - set(spec.keys))
+    if unknown:
+        raise QueryError(f"{output} of plan {plan} has no key {', '.join(unknown)} (keys: {', '.join(spec.keys)})")
     if source == "postgres":
         with Database(cluster.database_url, "tandem-query") as db:
             try:

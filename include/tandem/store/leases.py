@@ -142,15 +142,3 @@ def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
         return None if row is None else LeaseState(**{**row, "expired_for_s": float(row["expired_for_s"])})
 
     return db.run(work)
-
-
-def recent_events(db: Database, plan: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    def work(cursor):
-        cursor.execute(
-            """SELECT * FROM failover_events WHERE %s::text IS NULL OR plan = %s
-               ORDER BY happened_at DESC, id DESC LIMIT %s""",
-            (plan, plan, limit),
-        )
-        return cursor.fetchall()
-
-    return db.run(work)

@@ -145,6 +145,39 @@ def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
     return [dict(row) for row in cursor.fetchall()]
 
 
+EventPosition = tuple[int, str]
+"""Where a poller of an events output is: (inserting transaction id, event id) of the last event it got."""
+
+
+def events_after(cursor, plan: str, output: str, after: EventPosition | None, limit: int) -> list[dict]:
+    """Up to ``limit`` events after ``after`` (all from the start when ``None``) in (xid, event_id) order.
+
+    Only events of transactions below this statement's snapshot xmin are returned: those
+    transactions have all ended, so a later poll from the last position sees no event it missed
+    (migration 006). Rows carry their position as ``xid`` (int) and ``event_id``.
+    """
+    position = after if after is not None else (0, "")
+    cursor.execute(
+        """SELECT xid::text::bigint AS xid, event_id, event_time, shard_id, payload FROM output_events
+           WHERE plan = %s AND output = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
+             AND (xid, event_id) > (%s::text::xid8, %s)
+           ORDER BY xid, event_id LIMIT %s""",
+        (plan, output, str(position[0]), position[1], limit))
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def newest_events(cursor, plan: str, output: str, count: int) -> list[dict]:
+    """The last ``count`` events in (xid, event_id) order (a feed's start), with their positions as in :func:`events_after`."""
+    cursor.execute(
+        """SELECT * FROM (
+               SELECT xid::text::bigint AS xid, event_id, event_time, shard_id, payload FROM output_events
+               WHERE plan = %s AND output = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
+               ORDER BY xid DESC, event_id DESC LIMIT %s) newest
+           ORDER BY xid, event_id""",
+        (plan, output, count))
+    return [dict(row) for row in cursor.fetchall()]
+
+
 def count_events(cursor, plan: str, output: str) -> int:
     cursor.execute("SELECT count(*) AS n FROM output_events WHERE plan = %s AND output = %s", (plan, output))
     return int(cursor.fetchone()["n"])

@@ -55,3 +55,16 @@ def forget_shard(db: Database, plan: str, shard_id: str) -> int:
         return cursor.rowcount
 
     return db.run(work)
+
+
+def first_publish_after(db: Database, plan: str, shard_id: str, epoch: int) -> dict | None:
+    """The first batch published in ``(plan, shard_id)`` at an epoch above ``epoch``: node, epoch, published_at."""
+
+    def work(cursor):
+        cursor.execute("""SELECT node, epoch, published_at FROM publish_log
+                          WHERE plan = %s AND shard_id = %s AND epoch > %s
+                          ORDER BY published_at, batch_id LIMIT 1""", (plan, shard_id, epoch))
+        row = cursor.fetchone()
+        return dict(row) if row else None
+
+    return db.run(work, attempts=3)

@@ -65,7 +65,7 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
                JOIN plan_instances p USING (instance_id) GROUP BY p.node""", params)
         batch_starts = {row["node"]: row["batch_start"] for row in cursor.fetchall()}
         cursor.execute(
-            """SELECT holder, epoch, ttl_s, expires_at, expires_at > now() AS valid,
+            """SELECT holder, epoch, ttl_s, expires_at, acquired_at, expires_at > now() AS valid,
                       EXTRACT(EPOCH FROM now() - expires_at)::float8 AS expired_for_s
                FROM leases WHERE plan = %(plan)s AND shard_id = %(shard)s""", params)
         lease = cursor.fetchone()

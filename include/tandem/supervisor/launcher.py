@@ -548,6 +548,23 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         return StopResult(key.id, row["status"], graceful, detail)
 
 
+def kill_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+                  node: str | None = None, sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to every verified process of an instance at once (a crash, for demonstrations and drills).
+
+    Returns how many processes were signalled. Nothing is recorded: the supervisor must find out.
+    """
+    key = instance_key(plan, shard_id, node)
+    with Database(cluster.database_url, "tandem-launcher") as db:
+        row = get_instance(db, key.id)
+    if row is None:
+        return 0
+    processes = instance_processes(row, key)
+    _signal_group_or_processes(processes.submit.pid if processes.submit is not None else None,
+                               list(processes.members), sig)
+    return len(processes.members)
+
+
 def _terminate(key: InstanceKey, processes: InstanceProcesses, timeout_s: float, poll_s: float) -> bool:
     """SIGTERM the driver, then the group; SIGKILL what is left at the deadline. True if nothing was killed.
 

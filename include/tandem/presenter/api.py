@@ -1,0 +1,261 @@
+"""The presenter's FastAPI app: Tandem's page and its versioned REST endpoints, inside Airflow's API server.
+
+Mounted by the ``tandem_ui`` plugin under ``/tandem``. Airflow does not protect a plugin's app:
+every endpoint here takes Airflow's JWT (``Authorization: Bearer`` from ``POST /auth/token``, or the
+UI's ``_token`` cookie) through Airflow's own ``get_user`` dependency — no token: 401, an expired
+one: 401, an invalid one: 403. Reading needs a logged-in user; an action needs the right to trigger
+the DAG that carries it out, checked with Airflow's auth manager, and then the DAG is triggered
+through Airflow's REST API with the caller's own token, so Airflow's permissions and audit log
+apply to the user, not to Tandem.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from typing import Annotated
+
+import requests
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from airflow.api_fastapi.core_api.security import GetUserDep, get_user
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from tandem.config import ClusterConfig, ConfigError, PlanConfig, load_cluster, load_plans
+from tandem.errors import TandemError
+from tandem.presenter import views
+from tandem.presenter.models import (
+    ActionRequest, ActionRun, AggregateRows, EventPage, PlanStatus, PlanSummary, Problem, QuarantineReport,
+    SnapshotCatalog, TableRows, Timeline,
+)
+from tandem.store.db import Database
+from tandem.store.snapshots import STATUSES
+
+API_VERSION = "v1"
+ACTION_DAGS = {"failover_now": "tandem_ops", "drain_node": "tandem_ops", "restart_node": "tandem_ops",
+               "snapshot_now": "tandem_ops", "restore": "tandem_restore"}
+NEEDS_NODE = {"drain_node", "restart_node"}
+ERRORS = {400: {"model": Problem, "description": "a parameter the presenter cannot serve"},
+          401: {"model": Problem, "description": "no token, or an expired one"},
+          403: {"model": Problem, "description": "an invalid token, or a user without the right"},
+          404: {"model": Problem, "description": "no such plan or output"}}
+
+
+User = GetUserDep
+"""The logged-in Airflow user: Airflow's own dependency (401 without a token or with an expired one, 403 with an
+invalid one), which also puts Airflow's security schemes into the OpenAPI description."""
+
+
+def cluster_config() -> ClusterConfig:
+    return load_cluster()
+
+
+def database(cluster: Annotated[ClusterConfig, Depends(cluster_config)]) -> Iterator[Database]:
+    with Database(cluster.database_url, "tandem-presenter") as db:
+        yield db
+
+
+Cluster = Annotated[ClusterConfig, Depends(cluster_config)]
+Db = Annotated[Database, Depends(database)]
+
+
+def find_plan(cluster: ClusterConfig, name: str) -> PlanConfig:
+    plans = load_plans(cluster)
+    if name not in plans:
+        raise views.NotFound(f"no plan {name!r} (plans: {', '.join(plans)})")
+    return plans[name]
+
+
+router = APIRouter(dependencies=[Depends(get_user)], responses=ERRORS)
+
+
+@router.get("/plans", response_model=list[PlanSummary], summary="Every plan: nodes, groups, outputs")
+def list_plans(cluster: Cluster) -> list[PlanSummary]:
+    return [views.plan_summary(plan) for plan in load_plans(cluster).values()]
+
+
+@router.get("/plans/{plan}", response_model=PlanSummary, summary="One plan's declaration")
+def get_plan(plan: str, cluster: Cluster) -> PlanSummary:
+    return views.plan_summary(find_plan(cluster, plan))
+
+
+@router.get("/plans/{plan}/status", response_model=PlanStatus,
+            summary="Who is ACTIVE at which epoch since when, each node's health and lag, the last failover and snapshot")
+def get_status(plan: str, cluster: Cluster, db: Db) -> PlanStatus:
+    return views.plan_status(db, cluster, find_plan(cluster, plan))
+
+
+@router.get("/plans/{plan}/timeline", response_model=Timeline, summary="Failover and supervision events, newest first")
+def get_timeline(plan: str, cluster: Cluster, db: Db, shard_id: str | None = None,
+                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Timeline:
+    return views.timeline(db, find_plan(cluster, plan), shard_id=shard_id or None, limit=limit)
+
+
+@router.get("/plans/{plan}/snapshots", response_model=SnapshotCatalog, summary="The snapshot catalog, newest first")
+def get_snapshots(plan: str, cluster: Cluster, db: Db, shard_id: str | None = None,
+                  status: Annotated[list[str] | None, Query(description=f"any of {', '.join(STATUSES)}")] = None,
+                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SnapshotCatalog:
+    unknown = sorted(set(status or ()) - set(STATUSES))
+    if unknown:
+        raise views.BadRequest(f"unknown snapshot status {', '.join(unknown)} (known: {', '.join(STATUSES)})")
+    return views.snapshot_catalog(db, find_plan(cluster, plan), shard_id=shard_id or None,
+                                  statuses=tuple(status) if status else None, limit=limit)
+
+
+@router.get("/plans/{plan}/quarantine", response_model=QuarantineReport,
+            summary="Quarantined input lines: counts by reason and instance, and the newest ones")
+def get_quarantine(plan: str, cluster: Cluster, samples: Annotated[int, Query(ge=0, le=100)] = 10) -> QuarantineReport:
+    return views.quarantine_report(cluster, find_plan(cluster, plan), samples=samples)
+
+
+def _key_filter(key: list[str] | None) -> dict[str, list[str]]:
+    """``field:value`` items (repeatable) as ``{field: [values]}``."""
+    filters: dict[str, list[str]] = {}
+    for item in key or []:
+        field, separator, value = item.partition(":")
+        if not separator or not field:
+            raise views.BadRequest(f"key {item[:80]!r}: expected field:value, e.g. symbol:IBM")
+        filters.setdefault(field, []).append(value)
+    return filters
+
+
+KeyQuery = Annotated[list[str] | None, Query(description="field:value (repeatable), e.g. symbol:IBM")]
+
+
+@router.get("/plans/{plan}/outputs/{output}/aggregates", response_model=AggregateRows,
+            summary="An aggregation merged over every instance, by granularity and time range")
+def get_aggregates(plan: str, output: str, cluster: Cluster, granularity: str = "minute",
+                   start: datetime | None = None, end: datetime | None = None, key: KeyQuery = None) -> AggregateRows:
+    """Buckets starting in ``[start, end)`` (default: the last hour). avg = Σsum / Σcount over instances,
+    distinct counts from unioned sketches: the same as one node that saw every event."""
+    end = _aware(end) if end else datetime.now(timezone.utc) + timedelta(seconds=1)
+    start = _aware(start) if start else end - timedelta(hours=1)
+    if not datetime(1970, 1, 1, tzinfo=timezone.utc) <= start < end <= datetime(9999, 1, 1, tzinfo=timezone.utc):
+        raise views.BadRequest(f"empty or unreadable range: start {start.isoformat()}, end {end.isoformat()}")
+    return views.aggregate_rows(cluster, find_plan(cluster, plan), output, granularity, start, end, _key_filter(key))
+
+
+@router.get("/plans/{plan}/outputs/{output}/rows", response_model=TableRows,
+            summary="A table output (latest value per key), merged over instances")
+def get_table(plan: str, output: str, cluster: Cluster, db: Db, key: KeyQuery = None) -> TableRows:
+    filters = _key_filter(key)
+    several = [field for field, values in filters.items() if len(values) > 1]
+    if several:
+        raise views.BadRequest(f"one value per key field for a table ({', '.join(several)} given several)")
+    return views.table_rows(db, find_plan(cluster, plan), output, {f: v[0] for f, v in filters.items()})
+
+
+@router.get("/plans/{plan}/outputs/{output}/events", response_model=EventPage,
+            summary="Events after a cursor: poll with next_cursor to get each new event exactly once")
+def get_events(plan: str, output: str, cluster: Cluster, db: Db, cursor: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               tail: Annotated[int | None, Query(ge=1, le=1000, description="without a cursor: start with the "
+                                                                           "newest `tail` events")] = None) -> EventPage:
+    return views.event_page(db, find_plan(cluster, plan), output, cursor=cursor, tail=tail, limit=limit)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _caller_token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+    return request.cookies.get(COOKIE_NAME_JWT_TOKEN, "")
+
+
+def _airflow_base_url(request: Request) -> str:
+    from airflow.configuration import conf
+
+    return (conf.get("api", "base_url", fallback="") or str(request.base_url)).rstrip("/")
+
+
+def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
+    """The Params of the DAG run that carries out ``body`` (a :class:`BadRequest` for what the DAG would refuse)."""
+    if body.shard_id:
+        plan.check_shard(body.shard_id)
+    if body.node:
+        plan.check_node(body.node)
+    if body.action in NEEDS_NODE and not body.node:
+        raise views.BadRequest(f"{body.action} needs a node (nodes of {plan.name}: {', '.join(plan.nodes)})")
+    if body.action == "restore":
+        if not body.confirm:
+            raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
+        return {"plan": plan.name, "shard_id": body.shard_id, "snapshot_id": body.snapshot_id, "node": body.node,
+                "force": body.force}
+    return {"action": body.action, "plan": plan.name, "shard_id": body.shard_id, "node": body.node}
+
+
+@router.post("/plans/{plan}/actions", response_model=ActionRun, status_code=201,
+             summary="Fail over, drain, restart, snapshot or restore: triggers tandem_ops / tandem_restore as you",
+             responses={502: {"model": Problem, "description": "Airflow's API refused or did not answer"}})
+def act(plan: str, body: ActionRequest, request: Request, cluster: Cluster, user: User) -> ActionRun:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    declared = find_plan(cluster, plan)
+    dag_id = ACTION_DAGS[body.action]
+    if not get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
+                                                details=DagDetails(id=dag_id), user=user):
+        raise HTTPException(403, f"{user.get_name()} may not trigger {dag_id} (read-only user)")
+    conf = action_conf(declared, body)
+    base = _airflow_base_url(request)
+    run_id = f"tandem_page__{body.action}__{uuid.uuid4().hex[:10]}"
+    note = f"{body.action} of {plan} from the Tandem page by {user.get_name()}"
+    try:
+        response = requests.post(f"{base}/api/v2/dags/{dag_id}/dagRuns", timeout=30,
+                                 headers={"Authorization": f"Bearer {_caller_token(request)}"},
+                                 json={"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": note})
+    except requests.RequestException as exc:
+        raise HTTPException(502, f"Airflow's API at {base} did not answer: {type(exc).__name__}") from None
+    if response.status_code in (401, 403, 404, 409):
+        raise HTTPException(response.status_code, f"Airflow refused to trigger {dag_id}: {response.text[:300]}")
+    if not response.ok:
+        raise HTTPException(502, f"Airflow refused to trigger {dag_id}: {response.status_code} {response.text[:300]}")
+    run = response.json()
+    return ActionRun(action=body.action, dag_id=dag_id, dag_run_id=run["dag_run_id"], state=run["state"],
+                     url=f"{base}/dags/{dag_id}/runs/{run['dag_run_id']}")
+
+
+def _problem(status: int):
+    def handler(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    return handler
+
+
+def page_html() -> str:
+    return resources.files("tandem.presenter").joinpath("page.html").read_text()
+
+
+def create_app() -> FastAPI:
+    """The app the ``tandem_ui`` plugin mounts (``/tandem``): the page at ``/``, the API at ``/api/v1``."""
+    app = FastAPI(
+        title="Tandem presenter", version=API_VERSION,
+        description="Pollable endpoints of Tandem's plans: status, failover timeline, snapshots, quarantine and "
+                    "outputs; actions that trigger Tandem's DAGs as the caller. Authenticate with Airflow's JWT "
+                    "(`POST /auth/token`) as a Bearer token, or the Airflow UI's session cookie.",
+    )
+    app.include_router(router, prefix=f"/api/{API_VERSION}")
+    app.add_exception_handler(views.NotFound, _problem(404))
+    app.add_exception_handler(views.BadRequest, _problem(400))
+    app.add_exception_handler(ConfigError, _problem(400))
+    app.add_exception_handler(TandemError, _problem(400))
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
+
+    @app.get("/icon.svg", include_in_schema=False)
+    def icon() -> Response:
+        return Response(ICON, media_type="image/svg+xml")
+
+    return app
+
+
+ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none" stroke="currentColor" '
+        'stroke-width="2"><circle cx="8" cy="12" r="5"/><circle cx="16" cy="12" r="5"/></svg>')

@@ -1,0 +1,192 @@
+"""What the presenter serves: the JSON shapes of its REST endpoints (and so of its OpenAPI description)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["ACTIVE", "PASSIVE", "BACKUP"]
+Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore"]
+
+
+class GroupSummary(BaseModel):
+    name: str
+    parallel: int
+    queries: list[str]
+    instances: list[str]
+
+
+class OutputSummary(BaseModel):
+    name: str
+    kind: Literal["aggregation", "table", "events", "quarantine"]
+    key: list[str]
+    granularities: list[str] = Field(description="aggregations: the bucket sizes kept (finest first)")
+    measures: list[str] = Field(description="aggregations: measure and ratio columns; tables: value columns")
+    time: str | None = Field(None, description="events: the event-time field")
+
+
+class PlanSummary(BaseModel):
+    name: str
+    description: str
+    nodes: list[str]
+    standby: Literal["hot", "warm"]
+    groups: list[GroupSummary]
+    outputs: list[OutputSummary]
+
+
+class NodeState(BaseModel):
+    """One node's instance of a group instance, as the supervisor sees it."""
+
+    node: str
+    role: Role | None = Field(description="the role the instance last recorded (ACTIVE: holds the lease)")
+    epoch: int | None
+    status: str | None = Field(description="LAUNCHING, STARTING, RUNNING, STOPPED or FAILED; null: never launched")
+    health: str = Field(description="HEALTHY, STARTING, DEAD, FAILED, STALLED, STOPPED or MISSING")
+    evidence: str = Field(description="why the health is what it is")
+    drained: bool
+    host: str | None
+    pid: int | None
+    beat_age_s: float | None = Field(description="seconds since the driver's last liveness beat")
+    last_batch_id: int | None
+    last_batch_age_s: float | None
+    lag_s: float | None = Field(description="seconds the newest event-time watermark is behind the clock")
+    waiting_input_s: float | None = Field(description="age of the oldest input file no batch has read yet")
+
+
+class LeaseState(BaseModel):
+    holder: str | None
+    epoch: int
+    valid: bool
+    expires_in_s: float = Field(description="negative: expired that many seconds ago")
+    acquired_at: datetime | None = Field(description="when the holder took the lease (the active's 'since')")
+
+
+class TimelineEvent(BaseModel):
+    """A failover or supervision event (``tandem.failover_events``)."""
+
+    id: int
+    happened_at: datetime
+    shard_id: str
+    kind: str
+    node: str | None
+    previous_node: str | None
+    epoch: int | None
+    reason: str
+
+
+class SnapshotInfo(BaseModel):
+    id: str
+    shard_id: str
+    node: str
+    status: Literal["TAKING", "GOOD", "BAD", "PRUNED"]
+    batch_id: int | None
+    taken_at: datetime
+    completed_at: datetime | None
+    state_rows: int | None
+    checkpoint_bytes: int | None
+    state_bytes: int | None
+    reason: str | None
+    validation: dict[str, Any] | None
+
+
+class InstanceStatus(BaseModel):
+    """One group instance (one HA unit): its lease, its nodes, and what the supervisor would do now."""
+
+    shard_id: str
+    group: str
+    standby: Literal["hot", "warm"]
+    lease: LeaseState | None
+    nodes: list[NodeState]
+    due: list[str] = Field(description="what the supervisor's next decision would do (empty: nothing)")
+    last_failover: TimelineEvent | None = Field(description="the newest change of the ACTIVE role, with its reason")
+    last_good_snapshot: SnapshotInfo | None
+
+
+class PlanStatus(BaseModel):
+    plan: str
+    observed_at: datetime
+    instances: list[InstanceStatus]
+
+
+class Timeline(BaseModel):
+    plan: str
+    events: list[TimelineEvent]
+
+
+class SnapshotCatalog(BaseModel):
+    plan: str
+    snapshots: list[SnapshotInfo]
+
+
+class QuarantineSample(BaseModel):
+    quarantined_at: datetime
+    shard_id: str
+    node: str
+    source_file: str
+    reason: str
+    raw: str
+
+
+class QuarantineReport(BaseModel):
+    plan: str
+    total: int = Field(description="quarantined lines in the Delta table")
+    by_reason: dict[str, int]
+    by_instance: dict[str, int] = Field(description="per group instance (shard)")
+    samples: list[QuarantineSample] = Field(description="the newest quarantined lines")
+
+
+class AggregateRows(BaseModel):
+    plan: str
+    output: str
+    granularity: str
+    start: datetime
+    end: datetime
+    rows: list[dict[str, Any]] = Field(
+        description="per bucket and key: bucket_start, the keys, measures and ratios merged over every instance, "
+                    "and shards (how many instances contributed)")
+
+
+class TableRows(BaseModel):
+    plan: str
+    output: str
+    rows: list[dict[str, Any]] = Field(description="per key: the key fields, the values summed over instances, "
+                                                   "instances (how many hold a part)")
+
+
+class Event(BaseModel):
+    event_id: str
+    event_time: datetime
+    shard_id: str
+    payload: dict[str, Any]
+
+
+class EventPage(BaseModel):
+    plan: str
+    output: str
+    events: list[Event]
+    next_cursor: str = Field(description="pass it as `cursor` to get the events after these (none are skipped "
+                                         "or repeated, across failovers too)")
+
+
+class ActionRequest(BaseModel):
+    action: Action
+    shard_id: str = Field("", description="one group instance, or empty for every one of the plan")
+    node: str = Field("", description="drain_node / restart_node: the node; failover_now: the preferred standby; "
+                                      "restore: the node to start ACTIVE")
+    snapshot_id: str = Field("", description="restore: the snapshot (empty: each instance's newest GOOD one)")
+    force: bool = Field(False, description="restore: accept a snapshot marked BAD")
+    confirm: bool = Field(False, description="restore rewinds the plan's outputs: it must be confirmed")
+
+
+class ActionRun(BaseModel):
+    action: Action
+    dag_id: str
+    dag_run_id: str
+    state: str
+    url: str = Field(description="the run in the Airflow UI")
+
+
+class Problem(BaseModel):
+    detail: str
