@@ -234,7 +234,8 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
              f"{base}/tandem/openapi.json", "--checks", "not_a_server_error,response_schema_conformance,"
              "content_type_conformance,status_code_conformance", "--max-examples", "25", "--workers", "1",
              "--seed", "11", "--report", "junit", "--report-dir", str(tmp_path / "schemathesis")],
-            env={**os.environ, "TANDEM_TEST_TOKEN": viewer.token}, capture_output=True, text=True, timeout=900)
+            env={**os.environ, "TANDEM_TEST_TOKEN": viewer.token}, cwd=tmp_path,  # its cache: .schemathesis/ in cwd
+            capture_output=True, text=True, timeout=900)
         assert fuzz.returncode == 0, fuzz.stdout[-6000:] + fuzz.stderr[-2000:]
         assert viewer.token not in fuzz.stdout + fuzz.stderr
 
