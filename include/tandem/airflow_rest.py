@@ -166,6 +166,13 @@ class AirflowClient:
             raise AirflowError(f"cannot list runs of {dag_id}: {response.status_code} {response.text[:200]}")
         return response.json()["dag_runs"]
 
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
+        """Mark a run ``success`` or ``failed`` (its unfinished tasks end with it)."""
+        response = self.request("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": state})
+        if not response.ok:
+            raise AirflowError(f"cannot mark run {run_id} of {dag_id} {state}: {response.status_code} "
+                               f"{response.text[:200]}")
+
     def run_state(self, dag_id: str, run_id: str) -> str:
         response = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
         if not response.ok:

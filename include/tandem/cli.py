@@ -11,7 +11,7 @@
     tandem restore trades [--snapshot ID | --latest-good] [--shard shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
-    tandem demo                         the end-to-end demonstration (make demo)
+    tandem demo [--no-failover]         the end-to-end demonstration (make demo), with a kill -9 failover
 """
 
 from __future__ import annotations
@@ -530,7 +530,7 @@ def cmd_airflow_env(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tandem.demo import run_demo
 
-    return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed)
+    return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed, failover=not args.no_failover)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -626,6 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=int, default=200)
     demo.add_argument("--duration", type=_duration, default=60.0)
     demo.add_argument("--seed", type=int, default=42)
+    demo.add_argument("--no-failover", action="store_true",
+                      help="the short path: each trades shard once, no standby and no kill -9")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,7 +1,11 @@
-"""``make demo``: the three plans launched by Airflow, fed, and their outputs shown.
+"""``make demo``: the three plans launched by Airflow, fed, and their outputs shown; a failover on the way.
 
-The trades plan on two shards, fed for a minute and merged on read; then the pizza shop (two
-instances) and the temperature plan (three instances in two execution groups), each fed, its
+The trades plan on two shards, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for
+a minute; mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over
+time (from the kill to the new active's first output), waits for the supervisor to bring the killed
+node back as PASSIVE, and checks every second of every symbol against what it produced (nothing
+lost, nothing twice). ``--no-failover`` runs each shard once, without standby. Then the pizza shop
+(two instances) and the temperature plan (three instances in two execution groups), each fed, its
 watermark moved past the input, and every output shown.
 
 Expects the environment of ``.tandem/env.sh`` (``make demo`` sources it): Airflow's home, the
@@ -10,14 +14,17 @@ Tandem database and the nodes' Airflow connections.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from datetime import datetime, timedelta, timezone
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
@@ -29,23 +36,42 @@ from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
 from tandem.producer import produce
 from tandem.store import Database, migrate
-from tandem.store.heartbeats import input_rows_since, quarantine_totals, query_positions
+from tandem.store.heartbeats import input_rows_since, query_positions
 
 RUN_DAG = "tandem_trades_run"
+SUPERVISE_DAG = "tandem_trades_supervise"
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: int = 42,
-             keep_running: bool = False) -> int:
+             keep_running: bool = False, failover: bool = True) -> int:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    placements = list(zip(plan.shards[:2], plan.nodes * 2))  # shard-1 on node-a, shard-2 on node-b
     client = AirflowClient.as_admin(cluster.airflow_url)
 
-    console.rule("[bold]Tandem demo: trades plan on two shards")
+    console.rule("[bold]Tandem demo: trades plan on two shards" + (", a kill -9 of an ACTIVE on the way" if failover else ""))
     with Database(cluster.database_url, "tandem-demo") as db:
         migrate(db)
     _bring_up_airflow(console, cluster.project_root, client)
+    if failover:
+        _run_trades_with_failover(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
+                                  keep_running=keep_running)
+    else:
+        _run_trades(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
+                    keep_running=keep_running)
+    for name in ("pizza_shop", "temperatures"):
+        _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
+                        duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
+    console.rule()
+    console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
+    console.print(f"Tandem page: [bold]{cluster.airflow_url}/plugin/tandem[/] (in Airflow's navigation: Tandem); "
+                  f"REST API: {cluster.airflow_url}/tandem/api/v1 (OpenAPI: {cluster.airflow_url}/tandem/docs)")
+    return 0
 
+
+def _run_trades(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float, seed: int,
+                keep_running: bool) -> None:
+    """Each shard once (no standby), launched by the run DAG: shard-1 on node-a, shard-2 on node-b."""
+    placements = list(zip(plan.shards[:2], plan.nodes * 2))
     with console.status("waiting for the DAG processor to parse the run DAG"):
         client.wait_for_dag(RUN_DAG)
         client.set_paused(RUN_DAG, False)
@@ -60,10 +86,12 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     console.print("both plan instances are RUNNING")
 
     started = datetime.now(timezone.utc)
-    written = [0]
+    written = [0, 0]  # lines, bad lines
 
-    def tick(lines: int) -> None:
+    def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
+        lines = sum(len(pairs) for pairs in batch.values())
         written[0] += lines
+        written[1] += sum(line != json.dumps(event) for pairs in batch.values() for event, line in pairs)
         progress.advance(task, lines)
 
     with Progress(TextColumn("[bold]producing trades"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -74,6 +102,175 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     total = written[0]
 
     _wait_until_read(console, cluster, plan.name, started, lines=total)
+    _show_trades(console, cluster, plan, started, written[1])
+    if not keep_running:
+        _stop_instances(console, cluster, plan, placements)
+
+
+def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
+                              seed: int, keep_running: bool) -> None:
+    """Both shards as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
+    from tandem.presenter.views import plan_status, timeline
+    from tandem.store.publish_log import first_publish_after
+    from tandem.store.snapshots import database_now
+    from tandem.supervisor.launcher import kill_instance
+
+    victim_shard = plan.shards[0]
+    with console.status(f"waiting for the DAG processor to parse {SUPERVISE_DAG}"):
+        client.wait_for_dag(SUPERVISE_DAG)
+        client.set_paused(SUPERVISE_DAG, False)
+    console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each shard's ACTIVE and PASSIVE")
+    _poll(console, cluster, "the supervisor launches the pairs", 480.0,
+          lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.shards)))
+    with Database(cluster.database_url, "tandem-demo") as db:
+        for instance in plan_status(db, cluster, plan).instances:
+            roles = ", ".join(f"{n.node} {n.role or '-'}" for n in instance.nodes)
+            console.print(f"  {plan.name}/{instance.shard_id}: {roles} (epoch {instance.lease.epoch if instance.lease else '-'})")
+
+    good: list[dict] = []
+    bad_lines = [0]
+    kill: dict = {}
+    started = datetime.now(timezone.utc)
+
+    def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
+        for event, line in batch["trades"]:
+            if line == json.dumps(event):
+                good.append(event)
+            else:
+                bad_lines[0] += 1
+        progress.advance(task, 1)
+
+    with Database(cluster.database_url, "tandem-demo") as db, Progress(
+            TextColumn("[bold]producing trades"), BarColumn(), MofNCompleteColumn(), TextColumn("s"),
+            TimeElapsedColumn(), console=console) as progress:
+        ticks = max(1, round(duration_s))
+        task = progress.add_task("produce", total=ticks)
+        for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
+            done = progress.tasks[0].completed
+            if not kill and done >= ticks // 2:
+                kill.update(_kill_active(console, cluster, plan, victim_shard, db, database_now, kill_instance))
+            if kill and "first" not in kill and (first := first_publish_after(db, plan.name, victim_shard, kill["epoch"])):
+                kill["first"] = first
+                _print_takeover(console, kill)
+    if not kill:
+        raise TandemError("the demo did not kill the ACTIVE (no lease holder mid-stream)")
+    if "first" not in kill:
+        def taken_over(db: Database) -> tuple[int, int]:
+            kill["first"] = first_publish_after(db, plan.name, victim_shard, kill["epoch"])
+            return int(kill["first"] is not None), 1
+
+        _poll(console, cluster, "the standby takes over", 60.0, taken_over)
+        if kill["first"] is None:
+            raise TandemError(f"no node published for {plan.name}/{victim_shard} within 60 s of the kill")
+        _print_takeover(console, kill)
+
+    def back_as_passive(db: Database) -> tuple[int, int]:
+        [instance] = [i for i in plan_status(db, cluster, plan).instances if i.shard_id == victim_shard]
+        [node] = [n for n in instance.nodes if n.node == kill["node"]]
+        return int(node.role == "PASSIVE" and node.status == "RUNNING" and node.health == "HEALTHY"), 1
+
+    _poll(console, cluster, f"the supervisor brings {kill['node']} back as PASSIVE (re-synced from the active)",
+          480.0, back_as_passive)
+    with Database(cluster.database_url, "tandem-demo") as db:
+        events = [e for e in timeline(db, plan, shard_id=victim_shard, limit=50).events if e.happened_at >= kill["at"]]
+        if not back_as_passive(db)[0]:
+            raise TandemError(f"the supervisor did not bring {kill['node']} back as PASSIVE within 8 minutes")
+    table = Table(title=f"{plan.name}/{victim_shard} since the kill (tandem.failover_events)", box=box.SIMPLE_HEAD,
+                  title_justify="left")
+    for column in ("+s", "kind", "node", "epoch", "reason"):
+        table.add_column(column, overflow="fold")
+    for event in reversed(events):
+        table.add_row(f"{(event.happened_at - kill['at']).total_seconds():.1f}", event.kind, event.node or "",
+                      str(event.epoch or ""), event.reason)
+    console.print(table)
+
+    expected = expected_trade_seconds(good)
+    first_second = min(second for second, _ in expected)
+    window = (first_second, max(second for second, _ in expected) + timedelta(seconds=1))
+    compared = {}
+
+    def matching(db: Database) -> tuple[int, int]:
+        rows = aggregation.query(cluster, plan.name, "second", *window)
+        compared["differences"] = compare_trade_seconds(expected, rows)
+        return len(expected) - len({key for key, _ in compared["differences"] if key in expected}), len(expected)
+
+    _poll(console, cluster, "every second of every symbol published", 240.0, matching)
+    differences = compared["differences"]
+    if differences:
+        shown = "; ".join(f"{key[1]} at {key[0]:%H:%M:%S}: {problem}" for key, problem in differences[:5])
+        raise TandemError(f"the published trade aggregates differ from what the demo produced in "
+                          f"{len(differences)} (second, symbol) buckets: {shown}")
+    console.print(f"[green]checked[/] {len(good)} trades in {len(expected)} (second, symbol) buckets of both shards "
+                  f"against what the demo produced: nothing lost, nothing twice, across the kill -9")
+    _show_trades(console, cluster, plan, started, bad_lines[0])
+    if not keep_running:
+        _stop_supervision(console, client)
+        _stop_instances(console, cluster, plan, [(shard, node) for shard in plan.shards for node in plan.nodes])
+
+
+def _stop_supervision(console: Console, client: AirflowClient) -> None:
+    """Pause the supervision DAG and end its running run, so that nothing relaunches the instances the demo stops."""
+    client.set_paused(SUPERVISE_DAG, True)
+    for run in client.runs(SUPERVISE_DAG):
+        if run["state"] in ("running", "queued"):
+            client.set_run_state(SUPERVISE_DAG, run["dag_run_id"], "success")
+    console.print(f"paused {SUPERVISE_DAG} and ended its run")
+
+
+def _pair_ready(instance) -> bool:
+    """An ACTIVE holding the lease and every other node RUNNING as its standby, all healthy."""
+    return bool(instance.lease and instance.lease.valid) and all(
+        n.status == "RUNNING" and n.health == "HEALTHY" and n.role in ("ACTIVE", "PASSIVE", "BACKUP")
+        for n in instance.nodes)
+
+
+def _kill_active(console: Console, cluster, plan, shard: str, db: Database, database_now, kill_instance) -> dict:
+    from tandem.store.leases import read_lease
+
+    lease = read_lease(db, plan.name, shard)
+    if lease is None or not lease.holder:
+        return {}
+    at = database_now(db)
+    killed = kill_instance(cluster, plan, shard, lease.holder)
+    console.print(f"[bold red]kill -9[/] of {lease.holder}, the ACTIVE of {plan.name}/{shard} at epoch {lease.epoch} "
+                  f"({killed} processes)")
+    return {"node": lease.holder, "epoch": lease.epoch, "at": at}
+
+
+def _print_takeover(console: Console, kill: dict) -> None:
+    first = kill["first"]
+    seconds = (first["published_at"] - kill["at"]).total_seconds()
+    console.print(f"[bold green]take-over:[/] {first['node']} published its first output at epoch {first['epoch']} "
+                  f"[bold]{seconds:.1f} s[/] after the kill")
+
+
+def expected_trade_seconds(events: list[dict]) -> dict[tuple[datetime, str], tuple[int, int]]:
+    """Per (second, symbol) of the produced trades: how many and their total quantity."""
+    expected: dict[tuple[datetime, str], tuple[int, int]] = {}
+    for event in events:
+        second = datetime.fromtimestamp(event["timestamp"] // 1000, timezone.utc)
+        count, quantity = expected.get((second, event["symbol"]), (0, 0))
+        expected[(second, event["symbol"])] = (count + 1, quantity + event["quantity"])
+    return expected
+
+
+def compare_trade_seconds(expected: dict[tuple[datetime, str], tuple[int, int]],
+                          rows: list[dict]) -> list[tuple[tuple[datetime, str], str]]:
+    """The (second, symbol) buckets whose merged count or quantity differs from ``expected``, with the difference."""
+    published = {(row["bucket_start"], row["symbol"]): (int(row["trade_count"]), int(row["quantity_sum"]))
+                 for row in rows}
+    differences = []
+    for key in sorted(set(expected) | set(published)):
+        want, got = expected.get(key), published.get(key)
+        if want != got:
+            differences.append((key, "missing" if got is None else "not produced" if want is None
+                                else f"{got[0]} trades / quantity {got[1]}, produced {want[0]} / {want[1]}"))
+    return differences
+
+
+def _show_trades(console: Console, cluster, plan, started: datetime, bad_lines: int) -> None:
+    """Merged hourly and per-minute aggregates since ``started``, the same from Delta, and the quarantine
+    against the ``bad_lines`` the demo wrote."""
     end = datetime.now(timezone.utc) + timedelta(minutes=1)
     hours = (aggregation.bucket_start(started, "hour"), end)
     hourly = aggregation.query(cluster, "trades", "hour", *hours)
@@ -85,19 +282,11 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     same = [(r["symbol"], r["trade_count"]) for r in from_delta] == [(r["symbol"], r["trade_count"]) for r in hourly]
     console.print(f"Delta gives the same hourly counts: {'yes' if same else '[red]NO[/]'}")
 
-    quarantined = read_table(delta_table_dir(cluster, plan.name, "quarantine")).num_rows
-    with Database(cluster.database_url, "tandem-demo") as db:
-        counted = sum(quarantine_totals(db, plan.name).values())
-    console.print(f"quarantined lines: {quarantined} in the Delta table, {counted} counted in heartbeats")
-
-    if not keep_running:
-        _stop_instances(console, cluster, plan, placements)
-    for name in ("pizza_shop", "temperatures"):
-        _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
-                        duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
-    console.rule()
-    console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
-    return 0
+    quarantine = read_table(delta_table_dir(cluster, plan.name, "quarantine"), columns=["quarantined_at"])
+    quarantined = sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= started) \
+        if quarantine.num_rows else 0
+    verdict = "[green]each once[/]" if quarantined == bad_lines else "[red]they differ[/]"
+    console.print(f"bad lines: the demo wrote {bad_lines}, the quarantine table holds {quarantined} of this run: {verdict}")
 
 
 def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
@@ -132,7 +321,7 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
                   console=console) as progress:
         task = progress.add_task("produce", total=max(1, round(duration_s)))
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01,
-                         clock=lambda: time.time() + offset_s, on_tick=lambda lines: progress.advance(task, 1)):
+                         clock=lambda: time.time() + offset_s, on_tick=lambda batch: progress.advance(task, 1)):
             pass
     ahead_ms = int((time.time() + offset_s) * 1000) + 3_600_000
     sentinel_written = datetime.now(timezone.utc)

@@ -50,20 +50,6 @@ def beat(db: Database, instance_id: str, host: str, pid: int, started_at: dateti
     ), attempts=1)
 
 
-def quarantine_totals(db: Database, plan: str) -> dict[str, int]:
-    """Quarantined rows per instance, summed over the quarantine query's batches."""
-
-    def work(cursor):
-        cursor.execute(
-            """SELECT instance_id, COALESCE(SUM(quarantined_rows), 0) AS rows FROM heartbeats
-               WHERE plan = %s AND query_name = 'quarantine' GROUP BY instance_id""",
-            (plan,),
-        )
-        return {row["instance_id"]: int(row["rows"]) for row in cursor.fetchall()}
-
-    return db.run(work)
-
-
 def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) -> int:
     """Input lines read by ``query_name`` of every instance of ``plan`` in batches recorded since ``since``."""
 
