@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import pyarrow.compute as pc
@@ -27,7 +27,7 @@ from tandem.presenter.models import (
 )
 from tandem.store.db import Database
 from tandem.store.outputs import EventPosition, events_after, newest_events, read_table_rows
-from tandem.store.snapshots import SnapshotRecord, latest_good, list_snapshots
+from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
 from tandem.supervisor.decisions import decide
 from tandem.supervisor.observe import observe_shard
@@ -115,8 +115,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             shard_id=shard, group=plan.group_of(shard)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
             due=[action.describe() for action in decide(view)], last_failover=changes.get(shard),
             last_good_snapshot=_snapshot(good) if good else None))
-    return PlanStatus(plan=plan.name, observed_at=datetime.fromtimestamp(observed.rows.now_epoch, timezone.utc)
-                      if plan.shards else datetime.now(timezone.utc), instances=instances)
+    return PlanStatus(plan=plan.name, observed_at=database_now(db), instances=instances)
 
 
 def timeline(db: Database, plan: PlanConfig, *, shard_id: str | None = None, limit: int = 50) -> Timeline:
