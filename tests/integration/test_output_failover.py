@@ -158,9 +158,17 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
 
     per_customer, overdue = pizza_reference(events["orders"], events["deliveries"])
     assert overdue and per_customer
-    wait_for(lambda: (lambda got: sorted(got[0]) == sorted(overdue) and got[1] == per_customer)(published(url)),
-             240, "every order decided", detail=lambda: f"{len(published(url)[0])} of {len(overdue)} overdue\n"
-                                                         f"{pair.log_tail('node-a')}")
+    def days(source: str) -> list[dict]:  # the aggregation of facts at its coarsest bucket
+        return aggregation.query(cluster, PLAN, "day", datetime(2000, 1, 1, tzinfo=timezone.utc),
+                                 datetime(2100, 1, 1, tzinfo=timezone.utc), source=source)
+
+    # the last batch decides ~1000 orders at once: its events, table rows and facts are three transactions
+    # (and three Delta appends), so wait for all of them before comparing
+    wait_for(lambda: (lambda got: sorted(got[0]) == sorted(overdue) and got[1] == per_customer)(published(url))
+             and all(sum(r["orders"] for r in days(source)) >= len(events["orders"]) for source in ("postgres", "delta")),
+             240, "every order decided and counted", detail=lambda: f"{len(published(url)[0])} of {len(overdue)} overdue, "
+             f"{[sum(r['orders'] for r in days(s)) for s in ('postgres', 'delta')]} of {len(events['orders'])} orders "
+             f"counted\n{pair.log_tail('node-a')}")
     poller.stopped.set()
     got_overdue, got_table = published(url)
     assert len(got_overdue) == len(set(got_overdue)) == len(overdue)
@@ -171,10 +179,8 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
         delta_table_dir(cluster, PLAN, "delivered_orders"), plan.outputs["delivered_orders"])}
     assert lake_table == per_customer
     for source in ("postgres", "delta"):  # the aggregation of facts: every order counted once
-        days = aggregation.query(cluster, PLAN, "day", datetime(2000, 1, 1, tzinfo=timezone.utc),
-                                 datetime(2100, 1, 1, tzinfo=timezone.utc), source=source)  # its coarsest bucket
-        assert sum(r["orders"] for r in days) == len(events["orders"]), source
-        assert sum(r["on_time"] for r in days) == sum(per_customer.values()), source
+        assert sum(r["orders"] for r in days(source)) == len(events["orders"]), source
+        assert sum(r["on_time"] for r in days(source)) == sum(per_customer.values()), source
     assert split_brain(url, PLAN, SHARD) == []
     assert lease(url, PLAN, SHARD)["holder"] == "node-a"
 
