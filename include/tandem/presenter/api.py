@@ -18,8 +18,12 @@ from importlib import resources
 from typing import Annotated
 
 import requests
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
+from airflow.configuration import conf
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from tandem.config import ClusterConfig, ConfigError, PlanConfig, load_cluster, load_plans
@@ -163,14 +167,10 @@ def _caller_token(request: Request) -> str:
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
-    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
-
     return request.cookies.get(COOKIE_NAME_JWT_TOKEN, "")
 
 
 def _airflow_base_url(request: Request) -> str:
-    from airflow.configuration import conf
-
     return (conf.get("api", "base_url", fallback="") or str(request.base_url)).rstrip("/")
 
 
@@ -194,22 +194,19 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
              summary="Fail over, drain, restart, snapshot or restore: triggers tandem_ops / tandem_restore as you",
              responses={502: {"model": Problem, "description": "Airflow's API refused or did not answer"}})
 def act(plan: str, body: ActionRequest, request: Request, cluster: Cluster, user: User) -> ActionRun:
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
-
     declared = find_plan(cluster, plan)
     dag_id = ACTION_DAGS[body.action]
     if not get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
                                                 details=DagDetails(id=dag_id), user=user):
         raise HTTPException(403, f"{user.get_name()} may not trigger {dag_id} (read-only user)")
-    conf = action_conf(declared, body)
+    params = action_conf(declared, body)
     base = _airflow_base_url(request)
     run_id = f"tandem_page__{body.action}__{uuid.uuid4().hex[:10]}"
     note = f"{body.action} of {plan} from the Tandem page by {user.get_name()}"
     try:
         response = requests.post(f"{base}/api/v2/dags/{dag_id}/dagRuns", timeout=30,
                                  headers={"Authorization": f"Bearer {_caller_token(request)}"},
-                                 json={"dag_run_id": run_id, "logical_date": None, "conf": conf, "note": note})
+                                 json={"dag_run_id": run_id, "logical_date": None, "conf": params, "note": note})
     except requests.RequestException as exc:
         raise HTTPException(502, f"Airflow's API at {base} did not answer: {type(exc).__name__}") from None
     if response.status_code in (401, 403, 404, 409):

@@ -126,10 +126,13 @@ class AggregateSink:
         position = self.position()
 
         def write(cursor) -> list[dict]:
+            # COPY first: a publisher frozen in the middle of a COPY (SIGSTOP, a stalled VM) is "active", not
+            # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
+            # the lease's FOR SHARE lock then, or the take-over would wait for as long as it is frozen.
+            agg_postgres.stage_batch(cursor, self.spec, rows)
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
                 agg_postgres.ensure_table(cursor, self.spec)
-            agg_postgres.stage_batch(cursor, self.spec, rows)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
                                                       batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), newest, None)

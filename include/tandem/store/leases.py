@@ -118,7 +118,9 @@ def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None
     frozen inside it (SIGSTOP, a stalled VM) cannot block the take-over for as long as it is
     frozen, the transaction also sets ``idle_in_transaction_session_timeout`` to the lease ttl:
     PostgreSQL ends a session that sits idle in this transaction longer than that, which rolls it
-    back and releases the lock; a live publisher's retry then finds itself fenced.
+    back and releases the lock; a live publisher's retry then finds itself fenced. A session frozen in
+    the middle of a ``COPY … FROM STDIN`` is not idle but "active" and is never ended that way: stream
+    data to the server (e.g. the aggregates' ``COPY`` into a temporary table) before this check.
     """
     cursor.execute(
         """SELECT holder, epoch,
