@@ -34,9 +34,14 @@ from tandem.config import load_cluster, load_plan
 from tandem.errors import TandemError
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
+from tandem.presenter.views import plan_status, timeline
 from tandem.producer import produce
 from tandem.store import Database, migrate
 from tandem.store.heartbeats import input_rows_since, query_positions
+from tandem.store.leases import read_lease
+from tandem.store.publish_log import first_publish_after
+from tandem.store.snapshots import database_now
+from tandem.supervisor.launcher import kill_instance
 
 RUN_DAG = "tandem_trades_run"
 SUPERVISE_DAG = "tandem_trades_supervise"
@@ -110,11 +115,6 @@ def _run_trades(console: Console, cluster, client: AirflowClient, plan, *, rate:
 def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
                               seed: int, keep_running: bool) -> None:
     """Both shards as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
-    from tandem.presenter.views import plan_status, timeline
-    from tandem.store.publish_log import first_publish_after
-    from tandem.store.snapshots import database_now
-    from tandem.supervisor.launcher import kill_instance
-
     victim_shard = plan.shards[0]
     with console.status(f"waiting for the DAG processor to parse {SUPERVISE_DAG}"):
         client.wait_for_dag(SUPERVISE_DAG)
@@ -146,23 +146,19 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
         ticks = max(1, round(duration_s))
         task = progress.add_task("produce", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
-            done = progress.tasks[0].completed
-            if not kill and done >= ticks // 2:
-                kill.update(_kill_active(console, cluster, plan, victim_shard, db, database_now, kill_instance))
-            if kill and "first" not in kill and (first := first_publish_after(db, plan.name, victim_shard, kill["epoch"])):
-                kill["first"] = first
-                _print_takeover(console, kill)
+            if not kill and progress.tasks[0].completed >= ticks // 2:
+                kill.update(_kill_active(console, cluster, plan, victim_shard, db))
     if not kill:
         raise TandemError("the demo did not kill the ACTIVE (no lease holder mid-stream)")
-    if "first" not in kill:
-        def taken_over(db: Database) -> tuple[int, int]:
-            kill["first"] = first_publish_after(db, plan.name, victim_shard, kill["epoch"])
-            return int(kill["first"] is not None), 1
 
-        _poll(console, cluster, "the standby takes over", 60.0, taken_over)
-        if kill["first"] is None:
-            raise TandemError(f"no node published for {plan.name}/{victim_shard} within 60 s of the kill")
-        _print_takeover(console, kill)
+    def taken_over(db: Database) -> tuple[int, int]:  # at once when it already happened during production
+        kill["first"] = first_publish_after(db, plan.name, victim_shard, kill["epoch"])
+        return int(kill["first"] is not None), 1
+
+    _poll(console, cluster, "the standby takes over", 60.0, taken_over)
+    if kill["first"] is None:
+        raise TandemError(f"no node published for {plan.name}/{victim_shard} within 60 s of the kill")
+    _print_takeover(console, kill)
 
     def back_as_passive(db: Database) -> tuple[int, int]:
         [instance] = [i for i in plan_status(db, cluster, plan).instances if i.shard_id == victim_shard]
@@ -224,9 +220,8 @@ def _pair_ready(instance) -> bool:
         for n in instance.nodes)
 
 
-def _kill_active(console: Console, cluster, plan, shard: str, db: Database, database_now, kill_instance) -> dict:
-    from tandem.store.leases import read_lease
-
+def _kill_active(console: Console, cluster, plan, shard: str, db: Database) -> dict:
+    """kill -9 of the shard's lease holder: its node, the epoch and the database's time of the kill ({} if none)."""
     lease = read_lease(db, plan.name, shard)
     if lease is None or not lease.holder:
         return {}

@@ -36,6 +36,10 @@ class QueryError(TandemError):
     """A merged-aggregate query was asked with invalid arguments."""
 
 
+class NothingPublished(QueryError):
+    """An aggregation's serving table does not exist yet: no instance has published it."""
+
+
 class FencedError(TandemError):
     """A write carried a stale fencing epoch: another node holds the ACTIVE lease now."""
 

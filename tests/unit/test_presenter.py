@@ -6,7 +6,8 @@ import pytest
 from tandem.config import ConfigError, load_cluster, load_plan
 from tandem.presenter.api import _key_filter, action_conf
 from tandem.presenter.models import ActionRequest
-from tandem.presenter.views import START, BadRequest, decode_cursor, encode_cursor, plan_summary
+from tandem.presenter.views import BadRequest, decode_cursor, encode_cursor, plan_summary
+from tandem.store.outputs import START
 
 
 @pytest.mark.parametrize("position", [START, (1, "a"), (2**63 - 1, "ev:with:colons and spaces/ü"), (42, "")])

@@ -16,7 +16,7 @@ from tandem.aggregation.granularity import GRANULARITIES, bucket_end, bucket_sta
 from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, load_plan
-from tandem.errors import QueryError
+from tandem.errors import NothingPublished, QueryError
 from tandem.layout import delta_table_dir
 from tandem.store.db import Database
 
@@ -55,7 +55,7 @@ def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, 
             try:
                 return db.run(lambda cursor: _postgres.query_merged(cursor, spec, plan, granularity, start, end, keys))
             except psycopg2.errors.UndefinedTable:
-                raise QueryError(f"table tandem.{spec.table} does not exist yet: no instance of plan {plan} has "
+                raise NothingPublished(f"table tandem.{spec.table} does not exist yet: no instance of plan {plan} has "
                                  f"published {output} (or the database is not migrated: tandem migrate)") from None
     if source == "delta":
         path = delta_table_dir(cluster, plan, output)

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from tandem import aggregation
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import TandemError
+from tandem.errors import NothingPublished, QueryError, TandemError
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.presenter.models import (
@@ -26,7 +26,7 @@ from tandem.presenter.models import (
     TimelineEvent,
 )
 from tandem.store.db import Database
-from tandem.store.outputs import EventPosition, events_after, newest_events, read_table_rows
+from tandem.store.outputs import START, EventPosition, events_after, newest_events, read_table_rows
 from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
 from tandem.supervisor.decisions import decide
@@ -169,11 +169,10 @@ def aggregate_rows(cluster: ClusterConfig, plan: PlanConfig, output: str, granul
     output_kind(plan, output, "aggregation")
     try:
         rows = aggregation.query(cluster, plan.name, granularity, start, end, output=output, keys=keys)
-    except aggregation.QueryError as exc:
-        if "does not exist yet" in str(exc):  # nothing published yet: no rows
-            rows = []
-        else:
-            raise BadRequest(str(exc)) from None
+    except NothingPublished:
+        rows = []
+    except QueryError as exc:
+        raise BadRequest(str(exc)) from None
     return AggregateRows(plan=plan.name, output=output, granularity=granularity, start=start, end=end,
                          rows=[dict(r) for r in rows])
 
@@ -207,10 +206,6 @@ def decode_cursor(cursor: str) -> EventPosition:
     if not separator or not 0 <= position[0] < 2 ** 63:
         raise BadRequest(f"not a cursor of this API: {cursor[:40]!r}")
     return position
-
-
-START = (0, "")
-"""The position before every event."""
 
 
 def event_page(db: Database, plan: PlanConfig, output: str, *, cursor: str | None = None, tail: int | None = None,

@@ -147,22 +147,23 @@ def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
 
 EventPosition = tuple[int, str]
 """Where a poller of an events output is: (inserting transaction id, event id) of the last event it got."""
+START: EventPosition = (0, "")
+"""The position before every event."""
 
 
-def events_after(cursor, plan: str, output: str, after: EventPosition | None, limit: int) -> list[dict]:
-    """Up to ``limit`` events after ``after`` (all from the start when ``None``) in (xid, event_id) order.
+def events_after(cursor, plan: str, output: str, after: EventPosition, limit: int) -> list[dict]:
+    """Up to ``limit`` events after ``after`` (:data:`START`: from the first one) in (xid, event_id) order.
 
     Only events of transactions below this statement's snapshot xmin are returned: those
     transactions have all ended, so a later poll from the last position sees no event it missed
     (migration 006). Rows carry their position as ``xid`` (int) and ``event_id``.
     """
-    position = after if after is not None else (0, "")
     cursor.execute(
         """SELECT xid::text::bigint AS xid, event_id, event_time, shard_id, payload FROM output_events
            WHERE plan = %s AND output = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
              AND (xid, event_id) > (%s::text::xid8, %s)
            ORDER BY xid, event_id LIMIT %s""",
-        (plan, output, str(position[0]), position[1], limit))
+        (plan, output, str(after[0]), after[1], limit))
     return [dict(row) for row in cursor.fetchall()]
 
 
