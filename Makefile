@@ -6,8 +6,8 @@
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
 #   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
-#   make test     setup + browser + dist + pytest (PYTEST_ARGS="-x -q tests" by default)
-#   make browser  Debian's chromium for the browser tests (apt-get, only when it is missing)
+#   make test     setup + test-tools + dist + pytest (PYTEST_ARGS="-x -q tests" by default)
+#   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux (apt-get, only what is missing)
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
@@ -15,7 +15,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up down status dist test demo clean lint pg-stop
+.PHONY: help setup test-tools up down status dist test demo clean lint pg-stop
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
@@ -49,10 +49,10 @@ dist: setup $(DIST)
 $(DIST): $(PACKAGE_FILES) | setup
 	@$(ENV) && python -m tandem.packaging "$(ROOT)"
 
-browser:
-	@bash "$(ROOT)/scripts/install_browser.sh"
+test-tools:
+	@bash "$(ROOT)/scripts/install_test_tools.sh"
 
-test: setup browser dist
+test: setup test-tools dist
 	@$(ENV) && python -m pytest $(PYTEST_ARGS)
 
 demo: setup dist

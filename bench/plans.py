@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="events per second during the failovers (10: on 2 cores both nodes of every plan keep up)")
     parser.add_argument("--plans", default="trades,pizza_shop,temperatures")
     parser.add_argument("--merge", action="store_true",
-                        help="keep the other plans' entries of results/plans.json (each names its own run)")
+                        help="keep the other plans' entries of results/plans.json (each names its own run), and with "
+                             "--failovers 0 each plan's earlier failover figures (marked with their run)")
     args = parser.parse_args(argv)
     from tandem.runtime.session import build_session
 
@@ -317,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             task = progress.add_task(name, total=2 * args.repeats + 2 + args.failovers)
             results["plans"][name] = {"run": run, **measure(name, args.events, args.repeats, spark, progress, task)}
-            if args.failovers:
+            if not args.failovers and name in kept and kept[name].get("failover"):
+                results["plans"][name]["failover"] = {**kept[name]["failover"],
+                                                      "from_run": kept[name].get("run", {}).get("started_at")}
+            elif args.failovers:
                 try:
                     results["plans"][name]["failover"] = hot_failovers(name, args.failovers, args.rate, progress,
                                                                        task)

@@ -25,6 +25,9 @@
 #   TANDEM_PG_BINDIR      directory holding initdb/pg_ctl/postgres (default: pg_config --bindir,
 #                         else the newest /usr/lib/postgresql/*/bin, else initdb on PATH)
 #   TANDEM_PG_SKIP_LOCAL  =1 ignores a server on 127.0.0.1:5432 (forces the private cluster)
+#   TANDEM_PG_LISTEN      address the private cluster listens on (default 127.0.0.1); any other
+#                         address also trusts clients on its own subnets (the multi-host tests'
+#                         bridge; never a real network)
 #   TANDEM_PG_USER        OS user that owns the private cluster when run as root (default tandem)
 set -euo pipefail
 
@@ -32,6 +35,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_PORT="${TANDEM_PG_PORT:-55432}"
 PG_DIR="${TANDEM_PG_DIR:-$ROOT/.tandem/pg}"
 PG_OS_USER="${TANDEM_PG_USER:-tandem}"
+PG_LISTEN="${TANDEM_PG_LISTEN:-127.0.0.1}"
 DB_NAME=tandem
 
 log() { printf '[provision_postgres] %s\n' "$*" >&2; }
@@ -224,10 +228,13 @@ start_private() {
         cat >>"$data/postgresql.conf" <<EOF
 
 # --- Tandem private cluster ---
-listen_addresses = '127.0.0.1'
+listen_addresses = '$PG_LISTEN'
 unix_socket_directories = ''
 max_connections = 200
 EOF
+        if [[ "$PG_LISTEN" != "127.0.0.1" ]]; then
+            echo "host all all samenet trust" >>"$data/pg_hba.conf"
+        fi
     fi
 
     if port="$(private_running_port "$data")" && [[ -n "$port" ]]; then
@@ -236,7 +243,7 @@ EOF
         # keep the port the cluster was created with unless TANDEM_PG_PORT says otherwise
         port="$PG_PORT"
         if [[ -z "${TANDEM_PG_PORT:-}" && -s "$dir/port" ]]; then port="$(cat "$dir/port")"; fi
-        log "starting the private PostgreSQL cluster on 127.0.0.1:$port"
+        log "starting the private PostgreSQL cluster on $PG_LISTEN:$port"
         if ! as_owner "$BINDIR/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
                 -o "-p $port" start >/dev/null 2>&1; then
             tail -n 20 "$dir/postgres.log" >&2 || true
@@ -248,11 +255,11 @@ EOF
     isready="$(client pg_isready)" || isready="$BINDIR/pg_isready"
     local i
     for i in $(seq 1 30); do
-        "$isready" -q -h 127.0.0.1 -p "$port" && break
+        "$isready" -q -h "$PG_LISTEN" -p "$port" && break
         sleep 1
     done
-    ensure_db "postgresql://postgres@127.0.0.1:$port"
-    echo "postgresql://postgres@127.0.0.1:$port/$DB_NAME"
+    ensure_db "postgresql://postgres@$PG_LISTEN:$port"
+    echo "postgresql://postgres@$PG_LISTEN:$port/$DB_NAME"
 }
 
 private_data_dir() {
@@ -290,7 +297,7 @@ cmd_status() {
     data="$(private_data_dir)"
     if [[ ! -f "$data/PG_VERSION" ]]; then echo "no private cluster ($data)"; return 0; fi
     if port="$(private_running_port "$data")"; then
-        echo "private cluster $data: running on 127.0.0.1:$port"
+        echo "private cluster $data: running on $PG_LISTEN:$port"
     else
         echo "private cluster $data: stopped"
     fi

@@ -6,6 +6,8 @@
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
     tandem run --plan trades --node node-a --shard shard-1 [--available-now]
+    tandem launch trades shard-1 node-a [--role PASSIVE] [--json]   start it detached with spark-submit, on this host
+    tandem stop trades shard-1 node-a   stop it wherever it runs (a stop request its driver obeys)
     tandem snapshot trades [--shard shard-1] [--node node-a]     take a snapshot of the ACTIVE instance now
     tandem snapshots trades [--state ID [--key symbol=IBM]] [--prune]
     tandem restore trades [--snapshot ID | --latest-good] [--shard shard-1] [--node node-a] [--force]
@@ -341,6 +343,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "STOPPED" else 1
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from tandem.supervisor import launch_instance
+
+    job = launch_instance(load_cluster(), args.plan, args.shard, args.node, args.trigger_interval, role=args.role)
+    if args.json:
+        print(json.dumps({"instance_id": job.instance_id, "reused": job.reused, "reason": job.reason,
+                          "status": job.status, "submit_pid": job.submit_pid, "log_path": job.log_path}))
+    else:
+        console.print(f"{job.instance_id}: {'reused' if job.reused else 'launched'} ({job.reason}); "
+                      f"spark-submit pid {job.submit_pid}, log {job.log_path}", markup=False, highlight=False)
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from tandem.supervisor import stop_instance
+
+    result = stop_instance(load_cluster(), args.plan, args.shard, args.node, timeout_s=args.timeout)
+    console.print(f"{result.instance_id}: {result.status or 'not recorded'} ({result.detail})",
+                  markup=False, highlight=False)
+    return 0
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Take a snapshot of each shard's ACTIVE instance now (or ``--node``'s), validate it, show the result."""
     from tandem.snapshots.take import snapshot_session, take_snapshot
@@ -581,6 +605,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trigger-interval", type=_duration)
     run.add_argument("--available-now", action="store_true")
     run.set_defaults(func=cmd_run)
+
+    launch = commands.add_parser("launch", help="start a plan instance detached with spark-submit on this host")
+    launch.add_argument("plan")
+    launch.add_argument("shard")
+    launch.add_argument("node")
+    launch.add_argument("--role", choices=("ACTIVE", "PASSIVE", "BACKUP"), default="ACTIVE")
+    launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
+    launch.add_argument("--json", action="store_true", help="print the launched job as one JSON line")
+    launch.set_defaults(func=cmd_launch)
+
+    stop = commands.add_parser("stop", help="stop a plan instance wherever it runs")
+    stop.add_argument("plan")
+    stop.add_argument("shard")
+    stop.add_argument("node")
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to end")
+    stop.set_defaults(func=cmd_stop)
 
     snapshot = commands.add_parser("snapshot", help="take a snapshot of each shard's ACTIVE instance now")
     snapshot.add_argument("plan")

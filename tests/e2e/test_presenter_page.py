@@ -28,7 +28,7 @@ PAGE_UPDATE_S = 10
 @pytest.fixture
 def browser():
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+        pytest.fail(f"{CHROMIUM} is missing: `make test-tools` installs Debian's chromium")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

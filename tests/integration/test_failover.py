@@ -23,21 +23,19 @@ are generous because the machine is shared (the benchmark, bench/failover.py, me
 
 from __future__ import annotations
 
-import itertools
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from _ha import (
+    HotPair,
     ROLE_CHANGES,
     SHARD,
     Pair,
     PrivatePostgres,
-    TradeWriter,
     configure_one_shard,
     db_now,
     failover_events,
@@ -50,14 +48,14 @@ from _ha import (
     mismatches,
     pause_inside_publish,
     publish_log,
-    published_total,
     split_brain,
+    under_load,
     wait_for,
 )
 from _project import kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
-from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
+from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.packaging import build_dist
 from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
 from tandem.store.registry import InstanceKey
@@ -74,79 +72,6 @@ def one_shard_pair(project: Path, process_groups: list[int]) -> Pair:
     configure_one_shard(project)
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
-
-
-@dataclass
-class HotPair:
-    """The pair shared by the tests of ``TestOneHotPairUnderLoad``, its PostgreSQL server and its load."""
-
-    pair: Pair
-    server: PrivatePostgres
-    events: list[tuple[int, str, float, int]] = field(default_factory=list)  # every event landed so far
-    writer: TradeWriter | None = None
-    load_started_at: datetime | None = None  # database time
-    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-    @property
-    def url(self) -> str:
-        return self.pair.url
-
-    def start_load(self) -> None:
-        """~200 events/s into shard-1's landing directory (a new writer, a new seed, for each test)."""
-        self.load_started_at = db_now(self.url)
-        self.writer = TradeWriter(instance_landing_dir(self.pair.cluster, load_plan("trades", self.pair.cluster), SHARD), rate=200, seed=next(self.seeds))
-        self.writer.start()
-
-    def stop_load(self) -> list[tuple[int, str, float, int]]:
-        """Stop the writer (if one runs) and return every event written so far, by every test."""
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            writer.stopping.set()
-            writer.join(timeout=30)
-            self.events += writer.snapshot()  # kept even if the writer failed, since they may have landed
-            writer.stop()  # raises what the thread raised
-        return self.events
-
-    def roles(self) -> tuple[str, str]:
-        """(the lease holder, the other node)."""
-        holder = lease(self.url)["holder"]
-        return holder, ({"node-a", "node-b"} - {holder}).pop()
-
-    def relaunch(self, node: str) -> None:
-        """Launch ``node`` again as PASSIVE, once its last liveness beat is older than the heartbeat
-        timeout (before that the launcher would take it for a live job and reuse it)."""
-        timeout_s = self.pair.plan.heartbeat.timeout_s
-        wait_for(lambda: not fetch(self.url, "SELECT 1 FROM liveness WHERE instance_id = %s AND "
-                                             "beat_at > now() - make_interval(secs => %s)",
-                                   (f"trades/{SHARD}/{node}", timeout_s)),
-                 30, f"{node}'s last liveness beat to age past {timeout_s:g}s")
-        self.pair.launch(node, "PASSIVE")
-        self.pair.wait_running(node)
-        self.pair.note(f"{node} relaunched as PASSIVE")
-
-    def running(self, node: str) -> bool:
-        row = instance_row(self.url, node)
-        return (node in self.pair.pgids and group_alive(self.pair.pgids[node])
-                and row is not None and row["status"] == "RUNNING")
-
-    def publishes(self, node: str, epoch: int | None = None, since: datetime | None = None) -> list[dict]:
-        return [r for r in publish_log(self.url, node)
-                if (epoch is None or r["epoch"] == epoch) and (since is None or r["published_at"] >= since)]
-
-    def finish_and_compare(self) -> int:
-        """Stop the writer, wait until every event written so far is published, compare every output."""
-        pair, events = self.pair, self.stop_load()
-        pair.note(f"writer stopped after {len(events)} events (all tests so far)")
-        wait_for(lambda: published_total(pair.url) >= len(events), 120,
-                 f"all {len(events)} events to be published",
-                 detail=lambda: f"published {published_total(pair.url)}; lease {lease(pair.url)}")
-        pair.note("every event is published")
-        deadline = time.monotonic() + 30  # Delta is appended right after the PostgreSQL commit
-        while (problems := mismatches(pair.cluster, events)) and time.monotonic() < deadline:
-            time.sleep(2)
-        assert not problems, "\n".join(problems)
-        pair.note("outputs compared")
-        return len(events)
 
 
 @pytest.fixture(scope="class")
@@ -173,29 +98,10 @@ def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
 
 @pytest.fixture
 def live(hot: HotPair) -> Iterator[HotPair]:
-    """The shared pair ready for a test: PostgreSQL up, both nodes RUNNING as ACTIVE / PASSIVE (a
-    node an earlier test left down relaunched as PASSIVE), the load on, the standby caught up with
-    it and the active publishing it. Afterwards the load is stopped and its events kept."""
-    pair, url = hot.pair, hot.url
+    """The shared pair ready for a test (:func:`under_load`); afterwards the load is stopped and its events kept."""
     hot.server.start()  # a no-op unless an earlier test failed while it was stopped
-    for node in NODES:
-        if not hot.running(node):
-            hot.relaunch(node)
-    wait_for(lambda: (holder := (lease(url) or {}).get("holder")) in NODES and not lease(url)["expired"]
-             and {n: instance_row(url, n)["role"] for n in NODES} == {
-                 holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"},
-             60, "one ACTIVE lease holder and one PASSIVE",
-             detail=lambda: f"lease {lease(url)}; {[instance_row(url, n) for n in NODES]}")
-    hot.start_load()
-    try:
-        active, standby = hot.roles()
-        pair.wait_caught_up(standby)
-        wait_for(lambda: hot.publishes(active, lease(url)["epoch"], hot.load_started_at), 90,
-                 f"{active} to publish", detail=lambda: pair.log_tail(active))
-        pair.note(f"{standby} has caught up, {active} publishes")
+    with under_load(hot):
         yield hot
-    finally:
-        hot.stop_load()
 
 
 class TestOneHotPairUnderLoad:

@@ -231,3 +231,30 @@ def test_stopping_a_hand_started_driver_never_signals_the_process_that_took_an_o
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_node_that_cannot_see_the_shared_storage_root_is_refused(launch_project, database_url, tmp_path,
+                                                                    monkeypatch):
+    """node-a's host set the storage root up; node-b's host mounted something else there (issue 12, item 2)."""
+    from tandem.supervisor import LaunchRejected
+    from tandem.supervisor.storage import MARKER_NAME, check_storage
+
+    cluster = load_cluster()
+    with Database(cluster.database_url) as db:
+        migrate(db)
+        assert check_storage(db, cluster, "node-a").action == "initialise"
+    assert (cluster.storage_root / MARKER_NAME).is_file()
+
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "not-the-shared-storage"))
+    elsewhere = load_cluster()
+    with pytest.raises(LaunchRejected) as refused:
+        launch_instance(elsewhere, "trades", "shard-1", "node-b", py_files=dist(launch_project))
+    message = str(refused.value)
+    assert "node node-b" in message and "not-the-shared-storage" in message and "missing on this host" in message
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(cluster.storage_root))
+    # Until node-b's host sees the storage, the plan starts nowhere: node-a is refused too, naming node-b.
+    with pytest.raises(LaunchRejected, match=r"plan trades is not started: .*node-b \(host "):
+        launch_instance(load_cluster(), "trades", "shard-1", "node-a", py_files=dist(launch_project))
+    with Database(cluster.database_url) as db:
+        assert get_instance(db, "trades/shard-1/node-a") is None and get_instance(db, "trades/shard-1/node-b") is None
+        assert check_storage(db, cluster, "node-b").ok  # node-b's host fixed its mount

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -24,7 +25,8 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -549,14 +551,18 @@ class PrivatePostgres:
     """A private cluster made and run by ``scripts/provision_postgres.sh`` (as the unprivileged
     ``tandem`` user when the tests run as root), on its own port, removed by :meth:`destroy`."""
 
-    def __init__(self, directory: Path, port: int) -> None:
+    def __init__(self, directory: Path, port: int, listen: str = "127.0.0.1",
+                 on_host: Callable[[list[str]], list[str]] = lambda argv: argv) -> None:
+        """``listen``: the address to listen on; ``on_host``: turns a command into the same command run
+        on the server's host (a network namespace of ``_hosts.HostNetwork``; here by default)."""
         self.env = {**os.environ, "TANDEM_PG_DIR": str(directory), "TANDEM_PG_PORT": str(port),
-                    "TANDEM_PG_SKIP_LOCAL": "1"}
+                    "TANDEM_PG_SKIP_LOCAL": "1", "TANDEM_PG_LISTEN": listen}
         self.env.pop("TANDEM_DATABASE_URL", None)
+        self.on_host = on_host
 
     def _script(self, command: str) -> str:
-        done = subprocess.run(["bash", str(REPO / "scripts" / "provision_postgres.sh"), command], env=self.env,
-                              capture_output=True, text=True, timeout=180)
+        argv = self.on_host(["bash", str(REPO / "scripts" / "provision_postgres.sh"), command])
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             raise AssertionError(f"provision_postgres.sh {command} failed:\n{done.stderr}")
         return done.stdout.strip()
@@ -590,3 +596,107 @@ def split_brain(database_url: str, plan: str = PLAN, shard: str = SHARD) -> list
         problems += [f"{r['instance_id']} published batch {r['batch_id']} at epoch {r['epoch']} "
                      f"after epoch {promotion['epoch']} was granted" for r in stale]
     return problems
+
+
+# ------------------------------------------------------------------------------------------------
+# One hot pair shared by several tests, under load
+
+
+@dataclass
+class HotPair:
+    """The pair shared by the tests of ``TestOneHotPairUnderLoad``, its PostgreSQL server and its load."""
+
+    pair: Pair
+    server: PrivatePostgres
+    events: list[tuple[int, str, float, int]] = field(default_factory=list)  # every event landed so far
+    writer: TradeWriter | None = None
+    load_started_at: datetime | None = None  # database time
+    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def url(self) -> str:
+        return self.pair.url
+
+    def start_load(self) -> None:
+        """~200 events/s into shard-1's landing directory (a new writer, a new seed, for each test)."""
+        self.load_started_at = db_now(self.url)
+        self.writer = TradeWriter(instance_landing_dir(self.pair.cluster, load_plan("trades", self.pair.cluster), SHARD), rate=200, seed=next(self.seeds))
+        self.writer.start()
+
+    def stop_load(self) -> list[tuple[int, str, float, int]]:
+        """Stop the writer (if one runs) and return every event written so far, by every test."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.stopping.set()
+            writer.join(timeout=30)
+            self.events += writer.snapshot()  # kept even if the writer failed, since they may have landed
+            writer.stop()  # raises what the thread raised
+        return self.events
+
+    def roles(self) -> tuple[str, str]:
+        """(the lease holder, the other node)."""
+        holder = lease(self.url)["holder"]
+        return holder, ({"node-a", "node-b"} - {holder}).pop()
+
+    def relaunch(self, node: str) -> None:
+        """Launch ``node`` again as PASSIVE, once its last liveness beat is older than the heartbeat
+        timeout (before that the launcher would take it for a live job and reuse it)."""
+        timeout_s = self.pair.plan.heartbeat.timeout_s
+        wait_for(lambda: not fetch(self.url, "SELECT 1 FROM liveness WHERE instance_id = %s AND "
+                                             "beat_at > now() - make_interval(secs => %s)",
+                                   (f"trades/{SHARD}/{node}", timeout_s)),
+                 30, f"{node}'s last liveness beat to age past {timeout_s:g}s")
+        self.pair.launch(node, "PASSIVE")
+        self.pair.wait_running(node)
+        self.pair.note(f"{node} relaunched as PASSIVE")
+
+    def running(self, node: str) -> bool:
+        row = instance_row(self.url, node)
+        return (node in self.pair.pgids and group_alive(self.pair.pgids[node])
+                and row is not None and row["status"] == "RUNNING")
+
+    def publishes(self, node: str, epoch: int | None = None, since: datetime | None = None) -> list[dict]:
+        return [r for r in publish_log(self.url, node)
+                if (epoch is None or r["epoch"] == epoch) and (since is None or r["published_at"] >= since)]
+
+    def finish_and_compare(self) -> int:
+        """Stop the writer, wait until every event written so far is published, compare every output."""
+        pair, events = self.pair, self.stop_load()
+        pair.note(f"writer stopped after {len(events)} events (all tests so far)")
+        wait_for(lambda: published_total(pair.url) >= len(events), 120,
+                 f"all {len(events)} events to be published",
+                 detail=lambda: f"published {published_total(pair.url)}; lease {lease(pair.url)}")
+        pair.note("every event is published")
+        deadline = time.monotonic() + 30  # Delta is appended right after the PostgreSQL commit
+        while (problems := mismatches(pair.cluster, events)) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not problems, "\n".join(problems)
+        pair.note("outputs compared")
+        return len(events)
+
+
+@contextmanager
+def under_load(hot: "HotPair") -> Iterator["HotPair"]:
+    """The shared pair ready for a test: both nodes RUNNING as ACTIVE / PASSIVE (a node an earlier
+    test left down relaunched as PASSIVE), the load on, the standby caught up with it and the active
+    publishing it. Afterwards the load is stopped and its events kept."""
+    pair, url = hot.pair, hot.url
+    nodes = ("node-a", "node-b")
+    for node in nodes:
+        if not hot.running(node):
+            hot.relaunch(node)
+    wait_for(lambda: (holder := (lease(url) or {}).get("holder")) in nodes and not lease(url)["expired"]
+             and {n: instance_row(url, n)["role"] for n in nodes} == {
+                 holder: "ACTIVE", ({"node-a", "node-b"} - {holder}).pop(): "PASSIVE"},
+             60, "one ACTIVE lease holder and one PASSIVE",
+             detail=lambda: f"lease {lease(url)}; {[instance_row(url, n) for n in nodes]}")
+    hot.start_load()
+    try:
+        active, standby = hot.roles()
+        pair.wait_caught_up(standby)
+        wait_for(lambda: hot.publishes(active, lease(url)["epoch"], hot.load_started_at), 90,
+                 f"{active} to publish", detail=lambda: pair.log_tail(active))
+        pair.note(f"{standby} has caught up, {active} publishes")
+        yield hot
+    finally:
+        hot.stop_load()

@@ -92,10 +92,15 @@ def _finite(value: float | None) -> float | None:
 
 class LivenessBeat(threading.Thread):
     """A daemon thread that records a liveness beat every ``interval_s``, batches or not, and then
-    runs ``on_beat`` (the role controller's lease renewal or take-over)."""
+    runs ``on_beat`` (the role controller's lease renewal or take-over).
+
+    A beat also reads the instance's stop request: when someone asked it to stop (from any host),
+    ``on_stop_request`` is called with who asked, once.
+    """
 
     def __init__(self, instance: InstanceKey, database_url: str, interval_s: float,
-                 on_beat: Callable[[], None] = lambda: None) -> None:
+                 on_beat: Callable[[], None] = lambda: None,
+                 on_stop_request: Callable[[str], None] = lambda requested_by: None) -> None:
         super().__init__(name="tandem-liveness", daemon=True)
         self.instance = instance
         self.interval_s = interval_s
@@ -103,14 +108,21 @@ class LivenessBeat(threading.Thread):
         self.started_at = datetime.now(timezone.utc)
         self.host = socket.gethostname()
         self.on_beat = on_beat
+        self.on_stop_request = on_stop_request
+        self.stop_requested_by: str | None = None
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at)
+                requested_by = beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at)
             except Exception as exc:  # PostgreSQL may be restarting; keep beating
                 log.warning("liveness beat failed: %s", exc)
+            else:
+                if requested_by is not None and self.stop_requested_by is None:
+                    self.stop_requested_by = requested_by
+                    log.info("stop requested by %s", requested_by)
+                    self.on_stop_request(requested_by)
             try:
                 self.on_beat()
             except Exception:  # the next beat tries again

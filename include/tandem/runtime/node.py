@@ -30,6 +30,7 @@ from tandem.store.db import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
 from tandem.supervisor.resync import recover_swaps
+from tandem.supervisor.storage import StorageNotShared, require_shared_storage
 
 log = logging.getLogger(__name__)
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
@@ -104,10 +105,16 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
+        try:
+            require_shared_storage(db, cluster, plan, node)
+        except StorageNotShared as exc:
+            record_status(db, key, "FAILED", str(exc))
+            raise
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
                                standby_role="BACKUP" if role == "BACKUP" else "PASSIVE")
         roles.start(wants_active=role == "ACTIVE")
-        liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick)
+        liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick,
+                                on_stop_request=lambda _by: stop.set())
         liveness.start()
         recorder = ProgressRecorder(key, cluster.database_url)
         spark.streams.addListener(recorder)
@@ -128,6 +135,8 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             liveness.stop()
             liveness.join(timeout=5)
             roles.stop()
+        if result.status == "STOPPED" and liveness.stop_requested_by is not None:
+            result = RunResult("STOPPED", f"stopped at the request of {liveness.stop_requested_by}")
         record_status(db, key, result.status, result.error)
         log.info("instance %s ended: %s %s", key.id, result.status, result.error or "")
         return result

@@ -37,17 +37,28 @@ def record_progress(db: Database, progress: BatchProgress) -> None:
     db.run(lambda cursor: cursor.execute(f"INSERT INTO heartbeats ({columns}) VALUES ({placeholders})", row))
 
 
-def beat(db: Database, instance_id: str, host: str, pid: int, started_at: datetime) -> None:
-    """Record one liveness beat (independent of micro-batches)."""
-    db.run(lambda cursor: cursor.execute(
-        """INSERT INTO liveness (instance_id, host, pid, beat_at, beats, started_at)
-           VALUES (%s, %s, %s, now(), 1, %s)
-           ON CONFLICT (instance_id) DO UPDATE
-           SET host = EXCLUDED.host, pid = EXCLUDED.pid, beat_at = now(),
-               beats = CASE WHEN liveness.started_at = EXCLUDED.started_at THEN liveness.beats + 1 ELSE 1 END,
-               started_at = EXCLUDED.started_at""",
-        (instance_id, host, pid, started_at),
-    ), attempts=1)
+def beat(db: Database, instance_id: str, host: str, pid: int, started_at: datetime) -> str | None:
+    """Record one liveness beat (independent of micro-batches).
+
+    Returns who asked this instance to stop (:func:`tandem.store.registry.request_stop`), ``None``
+    when nobody did.
+    """
+    def work(cursor) -> str | None:
+        cursor.execute(
+            """INSERT INTO liveness (instance_id, host, pid, beat_at, beats, started_at)
+               VALUES (%s, %s, %s, now(), 1, %s)
+               ON CONFLICT (instance_id) DO UPDATE
+               SET host = EXCLUDED.host, pid = EXCLUDED.pid, beat_at = now(),
+                   beats = CASE WHEN liveness.started_at = EXCLUDED.started_at THEN liveness.beats + 1 ELSE 1 END,
+                   started_at = EXCLUDED.started_at""",
+            (instance_id, host, pid, started_at))
+        cursor.execute(
+            """SELECT stop_requested_by FROM plan_instances
+               WHERE instance_id = %s AND stop_requested_at IS NOT NULL""", (instance_id,))
+        row = cursor.fetchone()
+        return row["stop_requested_by"] if row else None
+
+    return db.run(work, attempts=1)
 
 
 def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) -> int:

@@ -57,7 +57,8 @@ def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_sta
                pid = NULL, pid_started_at = NULL, log_path = EXCLUDED.log_path,
                launched_by = EXCLUDED.launched_by, launched_at = now(),
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
-               error = NULL, stopped_at = NULL, started_at = NULL, spark_app_id = NULL, updated_at = now()""",
+               error = NULL, stopped_at = NULL, started_at = NULL, spark_app_id = NULL,
+               stop_requested_at = NULL, stop_requested_by = NULL, updated_at = now()""",
         (key.id, key.plan, key.shard_id, key.node, submit_pid, submit_started_at, log_path, launched_by,
          trigger_interval_s, checkpoint_root),
     ))
@@ -99,6 +100,23 @@ def record_status(db: Database, key: InstanceKey, status: str, error: str | None
            WHERE instance_id = %s""",
         (status, error, stopped, key.id),
     ))
+
+
+def request_stop(db: Database, key: InstanceKey, requested_by: str) -> bool:
+    """Ask the instance's driver, wherever it runs, to stop (it reads the request with its next beat).
+
+    Returns whether there was a run to ask (status LAUNCHING, STARTING or RUNNING). A request made
+    again keeps its first time; a new launch clears it.
+    """
+    def work(cursor) -> bool:
+        cursor.execute(
+            """UPDATE plan_instances SET stop_requested_at = COALESCE(stop_requested_at, now()),
+                      stop_requested_by = COALESCE(stop_requested_by, %s), updated_at = now()
+               WHERE instance_id = %s AND status IN ('LAUNCHING', 'STARTING', 'RUNNING')""",
+            (requested_by, key.id))
+        return cursor.rowcount == 1
+
+    return db.run(work)
 
 
 def get_instance(db: Database, instance: str) -> dict[str, Any] | None:

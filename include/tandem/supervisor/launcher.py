@@ -47,7 +47,9 @@ from tandem.layout import checkpoint_dir, logs_dir
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
-from tandem.store.registry import InstanceKey, get_instance, record_launch, record_status, register_nodes
+from tandem.store.registry import (InstanceKey, get_instance, record_launch, record_status, register_nodes,
+                                   request_stop)
+from tandem.supervisor.storage import StorageNotShared, require_shared_storage
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +287,10 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
     with Database(cluster.database_url, "tandem-launcher") as db:
         migrate(db)
         register_nodes(db, cluster)
+        try:
+            require_shared_storage(db, cluster, plan, node)
+        except StorageNotShared as exc:
+            raise LaunchRejected(str(exc)) from None
         with AdvisoryLock(cluster.database_url, "launch", key.id) as lock:
             row = get_instance(db, key.id)
             decision = decide_launch(
@@ -515,37 +521,65 @@ def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | 
 
 
 def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
-                  node: str | None = None, *, timeout_s: float = 30.0, poll_s: float = 0.5) -> StopResult:
-    """Stop an instance: SIGTERM, wait up to ``timeout_s`` for it to end, then SIGKILL.
+                  node: str | None = None, *, timeout_s: float = 30.0, poll_s: float = 0.5,
+                  requested_by: str | None = None) -> StopResult:
+    """Stop an instance wherever it runs: a stop request in PostgreSQL, and signals when it runs here.
 
     The instance is ``(plan, shard_id, node)``, an ``InstanceKey`` or an instance id.
 
-    SIGTERM goes to the Python driver first: it stops its queries and records STOPPED, and the
-    ``spark-submit`` JVM exits after it. (A SIGTERM to the whole group at once kills the JVM
-    under the driver, which then cannot stop its queries cleanly.) The group gets SIGTERM when the
-    driver is gone, unknown, or has not ended after a third of the timeout. When the processes
-    had to be killed, or ended without recording a final status, the row is set to STOPPED with
-    the reason in ``error``.
+    The stop request is read by the driver with its next liveness beat, on any host: it stops its
+    queries and records STOPPED. On the host that recorded the instance its processes are also
+    signalled at once (see :func:`_terminate`: SIGTERM to the driver, then the group, SIGKILL at
+    the deadline), so a driver too busy to beat still ends. An instance on another host that has
+    not ended within ``timeout_s`` raises, unless its beat is older than the heartbeat timeout: its
+    host is then down or cut off, the row is set to STOPPED with that reason, and the request stays
+    for the driver to obey if it ever comes back (its lease has expired: it cannot publish).
     """
     key = instance_key(plan, shard_id, node)
+    requested_by = requested_by or f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
     with Database(cluster.database_url, "tandem-launcher") as db:
         row = get_instance(db, key.id)
         if row is None:
             return StopResult(key.id, None, True, "not recorded: nothing to stop")
-        if not _recorded_here(row):
-            raise LaunchError(f"instance {key.id} runs on host {row['host']}: stop it there")
-        processes = instance_processes(row, key)
-        graceful = _terminate(key, processes, timeout_s, poll_s) if processes else True
+        asked = request_stop(db, key, requested_by)
+        if _recorded_here(row):
+            processes = instance_processes(row, key)
+            graceful = _terminate(key, processes, timeout_s, poll_s) if processes else True
+            detail = ("no live process" if not processes else "stopped gracefully" if graceful
+                      else f"killed after {timeout_s:g}s")
+        else:
+            graceful, detail = _await_remote_stop(db, cluster, key, row["host"], timeout_s, poll_s) if asked \
+                else (True, f"not running ({row['status']})")
         row = get_instance(db, key.id)
         if row["status"] in ACTIVE_STATUSES:
             reason = (f"killed with SIGKILL: still running {timeout_s:g}s after SIGTERM" if not graceful
+                      else detail if not _recorded_here(row)
                       else f"its processes ended while {row['status']} without recording a final status")
             record_status(db, key, "STOPPED", f"stop_instance: {reason}")
             row = get_instance(db, key.id)
-        detail = ("no live process" if not processes else "stopped gracefully" if graceful
-                  else f"killed after {timeout_s:g}s")
         log.info("instance %s: %s (%s)", key.id, detail, row["status"])
         return StopResult(key.id, row["status"], graceful, detail)
+
+
+def _await_remote_stop(db: Database, cluster: ClusterConfig, key: InstanceKey, host: str, timeout_s: float,
+                       poll_s: float) -> tuple[bool, str]:
+    """Wait for a driver on another host to obey its stop request; see :func:`stop_instance`."""
+    heartbeat_timeout_s = load_plan(key.plan, cluster).heartbeat.timeout_s
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = get_instance(db, key.id)
+        if row["status"] not in ACTIVE_STATUSES:
+            return True, f"stopped on host {host} at the stop request"
+        beat_age_s = _float(row["beat_age_s"])
+        if beat_age_s is None or beat_age_s >= heartbeat_timeout_s:
+            beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
+            return True, (f"host {host} is down or cut off ({beat}); the stop request stays for its driver "
+                          "if it comes back")
+        if time.monotonic() >= deadline:
+            raise LaunchError(
+                f"instance {key.id} on host {host} still {row['status']} {timeout_s:g}s after its stop request "
+                f"(last beat {beat_age_s:.1f}s ago): stop it on that host (its node's worker queue)")
+        time.sleep(poll_s)
 
 
 def kill_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,

@@ -1,0 +1,136 @@
+"""Check that every node of a plan sees the same storage root (checkpoints, Delta tables, snapshots).
+
+Nodes on separate hosts share one POSIX storage root (NFS or similar): a standby resumes from the
+failed active's checkpoint, a re-sync copies one node's checkpoint over another's, a snapshot cut
+on one host is restored on another. A host that mounted the wrong thing, or nothing, would start
+from empty state and publish wrong outputs, so Tandem refuses to start there.
+
+How it works
+    The first node to start writes a random token into ``<storage_root>/.tandem-storage`` and
+    records the same token in PostgreSQL (``storage_marker``). Every node, on its own host, reads
+    the file and compares (:func:`storage_verdict`, pure), and records the result per node
+    (``storage_checks``). A launch refuses a node whose own check fails, and a plan any of whose
+    other nodes last failed its check (:func:`plan_storage_problems`, pure).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import TandemError
+from tandem.store.db import Database
+
+MARKER_NAME = ".tandem-storage"
+GUIDE = "every node must mount the same storage root (NFS or similar): README, 'Deploying on several hosts'"
+
+
+class StorageNotShared(TandemError):
+    """A node cannot see the plan's shared storage root."""
+
+
+@dataclass(frozen=True)
+class StorageVerdict:
+    """What :func:`storage_verdict` decided: ``ok``, ``initialise`` (first node) or ``refuse``, and why."""
+
+    action: str
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.action != "refuse"
+
+
+def storage_verdict(recorded: str | None, on_disk: str | None, marker: Path, recorded_root: str | None) -> StorageVerdict:
+    """Compare the token PostgreSQL recorded with the one this host reads from the marker file (pure)."""
+    if recorded is None and on_disk is None:
+        return StorageVerdict("initialise", f"no marker yet: writing {marker}")
+    if recorded is None:
+        return StorageVerdict("initialise", f"{marker} exists but this database has no marker: recording it")
+    if on_disk is None:
+        return StorageVerdict("refuse", f"{marker} is missing on this host, but the storage root "
+                                        f"{recorded_root} was already set up by another node: {GUIDE}")
+    if on_disk != recorded:
+        return StorageVerdict("refuse", f"{marker} on this host belongs to another storage (its token differs "
+                                        f"from the one recorded for {recorded_root}): {GUIDE}")
+    return StorageVerdict("ok", f"{marker} matches")
+
+
+def plan_storage_problems(plan_nodes: Iterable[str], checks: Mapping[str, Mapping]) -> list[str]:
+    """The plan's nodes whose latest check failed, each with its host and reason (pure)."""
+    return [f"{node} (host {checks[node]['host']}): {checks[node]['detail']}"
+            for node in plan_nodes if node in checks and not checks[node]["ok"]]
+
+
+def _read_token(marker: Path) -> str | None:
+    try:
+        return marker.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageNotShared(f"cannot read {marker}: {exc}") from None
+
+
+def _write_token(marker: Path, token: str) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    partial = marker.with_name(f"{marker.name}.{os.getpid()}.partial")
+    partial.write_text(token + "\n")
+    os.replace(partial, marker)
+
+
+def check_storage(db: Database, cluster: ClusterConfig, node: str, host: str | None = None) -> StorageVerdict:
+    """Check (on this host) that ``node`` sees the shared storage root; record the result.
+
+    Raises:
+        StorageNotShared: this host cannot see the storage root the other nodes use.
+    """
+    host = host or socket.gethostname()
+    marker = cluster.storage_root / MARKER_NAME
+
+    def work(cursor) -> StorageVerdict:
+        cursor.execute("SELECT token, storage_root FROM storage_marker FOR UPDATE")
+        row = cursor.fetchone()
+        on_disk = _read_token(marker)
+        verdict = storage_verdict(row["token"] if row else None, on_disk, marker, row and row["storage_root"])
+        if verdict.action == "initialise":
+            token = on_disk or secrets.token_hex(16)
+            if on_disk is None:
+                _write_token(marker, token)
+            cursor.execute(
+                "INSERT INTO storage_marker (token, storage_root, created_by) VALUES (%s, %s, %s)",
+                (token, str(cluster.storage_root), f"{node}@{host}"))
+        cursor.execute(
+            """INSERT INTO storage_checks (node, host, ok, detail) VALUES (%s, %s, %s, %s)
+               ON CONFLICT (node) DO UPDATE SET host = EXCLUDED.host, ok = EXCLUDED.ok,
+                   detail = EXCLUDED.detail, checked_at = now()""",
+            (node, host, verdict.ok, verdict.detail))
+        return verdict
+
+    verdict = db.run(work)
+    if not verdict.ok:
+        raise StorageNotShared(f"node {node} on host {host} cannot see the shared storage root "
+                               f"{cluster.storage_root}: {verdict.detail}")
+    return verdict
+
+
+def require_shared_storage(db: Database, cluster: ClusterConfig, plan: PlanConfig, node: str) -> None:
+    """Check ``node`` here, then refuse if any other node of the plan last failed its own check.
+
+    Raises:
+        StorageNotShared: naming every node that cannot see the storage root, with its host.
+    """
+    check_storage(db, cluster, node)
+
+    def work(cursor) -> dict[str, dict]:
+        cursor.execute("SELECT node, host, ok, detail FROM storage_checks WHERE node = ANY(%s)", (list(plan.nodes),))
+        return {row["node"]: row for row in cursor.fetchall()}
+
+    problems = plan_storage_problems(plan.nodes, db.run(work))
+    if problems:
+        raise StorageNotShared(f"plan {plan.name} is not started: not every node sees the shared storage root "
+                               f"{cluster.storage_root}: " + "; ".join(problems))

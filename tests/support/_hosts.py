@@ -1,0 +1,181 @@
+"""Hosts made of Linux network namespaces on this one machine, for the multi-host tests (run as root).
+
+Each host is a network namespace (``ip netns``) with its own loopback and one veth link into a
+bridge in the root namespace; the test process reaches every host through the bridge's own
+address. Processes started on a host run inside its namespace and under its own host name (a
+UTS namespace made by ``unshare --uts``), so Tandem records them as running on that host and never
+signals them from another one. The filesystem is shared: it plays the part of the NFS mount that a
+real deployment shares between hosts (README, "Deploying on several hosts").
+
+Failures, with real kernel mechanisms:
+
+- :meth:`HostNetwork.crash`: every process of the host killed at once (``SIGKILL``), as a power cut;
+- :meth:`HostNetwork.isolate` / :meth:`HostNetwork.reconnect`: the host's link to the bridge down
+  (its processes keep running, nothing reaches them, they reach nothing);
+- :meth:`HostNetwork.cut` / :meth:`HostNetwork.mend`: blackhole routes between two hosts only.
+
+:meth:`HostNetwork.down` kills every process left in the namespaces and removes the namespaces and
+the bridge (the veth pairs go with them); it is safe to call more than once and after a failed
+:meth:`HostNetwork.up`. Addresses come from 10.213.N.0/24 and names from ``tdm<N>``, with N the
+first bridge number free on this machine, so parallel runs do not meet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBNET_PREFIX = "10.213"
+BRIDGE_OCTET = 254
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+    return done
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # the host name its processes see (socket.gethostname())
+    namespace: str
+    address: str
+    link: str  # the veth end in the root namespace, plugged into the bridge
+
+
+class HostNetwork:
+    """Named hosts joined by one bridge; see the module docstring."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        self.number: int | None = None
+        self.hosts: dict[str, Host] = {}
+        self.cuts: set[tuple[str, str]] = set()
+
+    @property
+    def bridge(self) -> str:
+        return f"tdm{self.number}br"
+
+    @property
+    def bridge_address(self) -> str:
+        return f"{SUBNET_PREFIX}.{self.number}.{BRIDGE_OCTET}"
+
+    def _claim_bridge(self) -> None:
+        for number in range(1, 200):
+            if _ip("link", "add", f"tdm{number}br", "type", "bridge", check=False).returncode == 0:
+                self.number = number
+                return
+        raise RuntimeError("no free tdm<N>br bridge name between 1 and 199")
+
+    def up(self) -> "HostNetwork":
+        """Create the bridge and one namespace per host, each with its address and loopback up."""
+        self._claim_bridge()
+        _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for index, name in enumerate(self.names, start=1):
+            host = Host(name, f"tdm{self.number}-{name}", f"{SUBNET_PREFIX}.{self.number}.{index}",
+                        f"tdm{self.number}v{index}")
+            self.hosts[name] = host
+            _ip("netns", "add", host.namespace)
+            _ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+            _ip("link", "set", host.link, "master", self.bridge, "up")
+            _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _ip("-n", host.namespace, "link", "set", "eth0", "up")
+            _ip("-n", host.namespace, "link", "set", "lo", "up")
+        self.hosts_file.write_text("127.0.0.1 localhost\n" + "".join(
+            f"{host.address} {host.name}\n" for host in self.hosts.values()))
+        return self
+
+    def address(self, name: str) -> str:
+        return self.hosts[name].address
+
+    @property
+    def hosts_file(self) -> Path:
+        return Path(f"/tmp/tdm{self.number}-hosts")
+
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """``argv`` as run on host ``name``: inside its namespace, under its host name, with an
+        ``/etc/hosts`` that names every host (bind-mounted in a private mount namespace)."""
+        host = self.hosts[name]
+        return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount", "--",
+                "sh", "-c", 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"',
+                host.name, str(self.hosts_file), *argv]
+
+    def popen(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
+        """Start ``argv`` on host ``name`` in its own session, output appended to ``log``."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as output:
+            return subprocess.Popen(self.command(name, argv), stdin=subprocess.DEVNULL, stdout=output,
+                                    stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+
+    def run(self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout_s: float = 300) -> subprocess.CompletedProcess:
+        """Run ``argv`` on host ``name`` to its end (its detached children stay on the host)."""
+        return subprocess.run(self.command(name, argv), capture_output=True, text=True, env=env, cwd=cwd,
+                              timeout=timeout_s)
+
+    def pids(self, name: str) -> list[int]:
+        """Every process running on host ``name`` (in its network namespace)."""
+        done = _ip("netns", "pids", self.hosts[name].namespace, check=False)
+        return [int(pid) for pid in done.stdout.split()]
+
+    def crash(self, name: str) -> int:
+        """Kill every process of host ``name`` at once with SIGKILL (a power cut); return how many there were."""
+        pids = self.pids(name)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while self.pids(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return len(pids)
+
+    def isolate(self, name: str) -> None:
+        """Partition host ``name`` from every other host (its link down; its processes keep running)."""
+        _ip("link", "set", self.hosts[name].link, "down")
+
+    def reconnect(self, name: str) -> None:
+        _ip("link", "set", self.hosts[name].link, "up")
+
+    def cut(self, a: str, b: str) -> None:
+        """Partition hosts ``a`` and ``b`` from each other only (both still reach every other host)."""
+        for here, there in ((a, b), (b, a)):
+            _ip("-n", self.hosts[here].namespace, "route", "add", "blackhole", f"{self.address(there)}/32")
+        self.cuts.add((a, b))
+
+    def mend(self, a: str, b: str) -> None:
+        for here, there in ((a, b), (b, a)):
+            _ip("-n", self.hosts[here].namespace, "route", "del", "blackhole", f"{self.address(there)}/32",
+                check=False)
+        self.cuts.discard((a, b))
+
+    def down(self) -> None:
+        """Kill what runs on the hosts, remove the namespaces and the bridge (idempotent)."""
+        for name, host in self.hosts.items():
+            if _ip("netns", "pids", host.namespace, check=False).returncode == 0:
+                self.crash(name)
+                _ip("netns", "del", host.namespace, check=False)
+            _ip("link", "del", host.link, check=False)  # normally gone with its namespace
+        if self.number is not None:
+            _ip("link", "del", self.bridge, check=False)
+            self.hosts_file.unlink(missing_ok=True)
+        self.hosts.clear()
+        self.cuts.clear()
+
+    def __enter__(self) -> "HostNetwork":
+        try:
+            return self.up()
+        except BaseException:
+            self.down()
+            raise
+
+    def __exit__(self, *exc_info) -> None:
+        self.down()
