@@ -15,21 +15,16 @@ failure, compare every output with the test's own aggregation of every event wri
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 from _ha import (
     REPO,
     SHARD,
     HotPair,
-    Pair,
-    PrivatePostgres,
     configure_one_shard,
     db_now,
     failover_events,
@@ -41,7 +36,7 @@ from _ha import (
     under_load,
     wait_for,
 )
-from _hosts import HostNetwork
+from _hosts import HOST_OF, HostPair, hosts_with_postgres
 from _project import kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.packaging import build_dist
@@ -50,28 +45,17 @@ from tandem.supervisor import stop_instance
 pytestmark = [pytest.mark.integration, pytest.mark.hosts]
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
 PARTITION_S = 20
-HOST_OF = {"node-a": "host-a", "node-b": "host-b"}
 
 
-@dataclass
-class HostPair(Pair):
-    """A :class:`Pair` whose nodes are launched on their own hosts (``tandem launch`` run there)."""
-
-    network: HostNetwork | None = None
-    host_of: dict[str, str] = field(default_factory=lambda: dict(HOST_OF))
-
-    def launch(self, node: str, role: str) -> int:
-        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-        done = self.network.run(self.host_of[node], [
-            sys.executable, "-m", "tandem.cli", "launch", self.plan.name, self.shard, node, "--role", role,
-            "--trigger-interval", self.trigger, "--json"], env=env, cwd=REPO)
-        assert done.returncode == 0, f"tandem launch on {self.host_of[node]} failed:\n{done.stdout}\n{done.stderr}"
-        job = json.loads(done.stdout.strip().splitlines()[-1])
-        assert not job["reused"], f"{node}: the launcher reused a job instead of launching: {job['reason']}"
-        self.groups.append(job["submit_pid"])
-        self.pgids[node] = job["submit_pid"]
-        self.launched_at[node] = db_now(self.url)
-        return job["submit_pid"]
+def take_over(pair: HostPair, standby: str, epoch: int, failed_at: float, what: str) -> dict:
+    """Wait for ``standby`` to be PROMOTED above ``epoch`` and publish; print both times since ``failed_at``."""
+    promoted = wait_for(lambda: pair.promoted(standby, epoch), TAKEOVER_TIMEOUT_S, f"{standby} to take over",
+                        detail=lambda: f"lease {lease(pair.url)}\n{pair.log_tail(standby)}")
+    first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
+                     f"{standby} to publish", detail=lambda: pair.log_tail(standby))
+    pair.note(f"{what} -> PROMOTED {standby} {promoted['happened_at'].timestamp() - failed_at:.2f}s, "
+              f"first publish {first['published_at'].timestamp() - failed_at:.2f}s")
+    return promoted
 
 
 @pytest.fixture(scope="class")
@@ -81,15 +65,11 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
         pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
     root = tmp_path_factory.mktemp("hosts")
     groups: list[int] = []
-    network = HostNetwork(["control", *HOST_OF.values()])
-    server: PrivatePostgres | None = None
     shared: HotPair | None = None
-    with pytest.MonkeyPatch.context() as monkeypatch:
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            hosts_with_postgres(root, list(HOST_OF.values())) as (network, server, url):
         try:
-            network.up()
-            server = PrivatePostgres(root / "pg", 5432, listen=network.address("control"),
-                                     on_host=lambda argv: network.command("control", argv))
-            use_project(root / "project", server.start(), monkeypatch)
+            use_project(root / "project", url, monkeypatch)
             configure_one_shard(root / "project")
             cluster = load_cluster()
             pair = HostPair(cluster, load_plan("trades", cluster), build_dist(REPO), groups, network=network)
@@ -102,9 +82,6 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
             if shared is not None and shared.writer is not None:
                 shared.writer.stopping.set()
             kill_groups(groups)
-            if server is not None:
-                server.destroy()
-            network.down()
 
 
 @pytest.fixture
@@ -145,14 +122,7 @@ class TestTwoHostsUnderLoad:
         isolated_at = time.time()
         network.isolate(pair.host_of[active])
         try:
-            promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
-                                f"{standby} to take over from the cut-off {active}",
-                                detail=lambda: f"lease {lease(url)}\n{pair.log_tail(standby)}")
-            first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
-                             f"{standby} to publish", detail=lambda: pair.log_tail(standby))
-            pair.note(f"{active}'s host cut off -> PROMOTED {standby} "
-                      f"{promoted['happened_at'].timestamp() - isolated_at:.2f}s, first publish "
-                      f"{first['published_at'].timestamp() - isolated_at:.2f}s")
+            promoted = take_over(pair, standby, before["epoch"], isolated_at, f"{active}'s host cut off")
             assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active
             time.sleep(max(0.0, PARTITION_S - (time.time() - isolated_at)))
             assert group_alive(pair.pgids[active]), f"{active} should still run while it is cut off"
@@ -183,14 +153,8 @@ class TestTwoHostsUnderLoad:
         crashed_at = time.time()
         killed = network.crash(pair.host_of[active])
         assert killed >= 2, f"expected spark-submit and its driver on {pair.host_of[active]}, killed {killed}"
-        promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
-                            f"{standby} to take over from the crashed host of {active}",
-                            detail=lambda: f"lease {lease(url)}\n{pair.log_tail(standby)}")
-        first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
-                         f"{standby} to publish", detail=lambda: pair.log_tail(standby))
-        pair.note(f"{pair.host_of[active]} crashed ({killed} processes) -> PROMOTED {standby} "
-                  f"{promoted['happened_at'].timestamp() - crashed_at:.2f}s, first publish "
-                  f"{first['published_at'].timestamp() - crashed_at:.2f}s")
+        promoted = take_over(pair, standby, before["epoch"], crashed_at,
+                             f"{pair.host_of[active]} crashed ({killed} processes)")
         assert promoted["happened_at"] >= before["expires_at"], "the standby took a lease that had not expired"
 
         live.relaunch(active)  # the host is back: its node starts there again, from its own checkpoint

@@ -258,3 +258,38 @@ def test_a_node_that_cannot_see_the_shared_storage_root_is_refused(launch_projec
     with Database(cluster.database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None and get_instance(db, "trades/shard-1/node-b") is None
         assert check_storage(db, cluster, "node-b").ok  # node-b's host fixed its mount
+
+
+def test_a_stop_request_is_for_the_run_it_was_made_against(project, database_url):
+    """A request made while a launch is starting reaches its driver; one left from an ended run never
+    stops the next run, launched or started by hand (issue 12, item 1)."""
+    from datetime import datetime, timezone
+
+    from tandem.store.heartbeats import beat
+    from tandem.store.registry import record_start, record_status, request_stop
+
+    cluster = load_cluster()
+    started = datetime.now(timezone.utc)
+
+    def start(db) -> None:
+        record_start(db, KEY, host="h1", pid=4242, pid_started_at=1.0, ancestors=[], spark_app_id="app",
+                     trigger_interval_s=1.0, checkpoint_root="/c")
+
+    with Database(cluster.database_url) as db:
+        migrate(db)
+        register_nodes(db, cluster)
+        assert not request_stop(db, KEY, "ops@h0")  # nothing recorded, nothing to ask
+        record_launch(db, KEY, submit_pid=1, submit_started_at=1.0, log_path="/l", launched_by="t",
+                      trigger_interval_s=1.0, checkpoint_root="/c")
+        assert request_stop(db, KEY, "ops@h0")  # asked while LAUNCHING ...
+        start(db)
+        assert beat(db, KEY.id, "h1", 4242, started) == "ops@h0"  # ... the driver reads it with its first beat
+        record_status(db, KEY, "STOPPED", "stopped at the request of ops@h0")
+        start(db)  # started again by hand after that run ended
+        assert beat(db, KEY.id, "h1", 4242, started) is None
+        assert request_stop(db, KEY, "ops@h2")
+        record_status(db, KEY, "STOPPED")
+        record_launch(db, KEY, submit_pid=2, submit_started_at=2.0, log_path="/l", launched_by="t",
+                      trigger_interval_s=1.0, checkpoint_root="/c")
+        start(db)
+        assert beat(db, KEY.id, "h1", 4242, started) is None  # a new launch starts without the old request

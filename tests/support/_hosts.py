@@ -14,6 +14,9 @@ Failures, with real kernel mechanisms:
   (its processes keep running, nothing reaches them, they reach nothing);
 - :meth:`HostNetwork.cut` / :meth:`HostNetwork.mend`: blackhole routes between two hosts only.
 
+A host may be pinned to its own CPUs (``cpus``, ``taskset``), so that a benchmark measures hosts
+that do not share cores.
+
 :meth:`HostNetwork.down` kills every process left in the namespaces and removes the namespaces and
 the bridge (the veth pairs go with them); it is safe to call more than once and after a failed
 :meth:`HostNetwork.up`. Addresses come from 10.213.N.0/24 and names from ``tdm<N>``, with N the
@@ -22,12 +25,19 @@ first bridge number free on this machine, so parallel runs do not meet.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from _ha import REPO, Pair, PrivatePostgres, db_now
+from tandem.supervisor import LaunchedJob
 
 SUBNET_PREFIX = "10.213"
 BRIDGE_OCTET = 254
@@ -51,8 +61,10 @@ class Host:
 class HostNetwork:
     """Named hosts joined by one bridge; see the module docstring."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], cpus: dict[str, str] | None = None) -> None:
+        """``cpus``: per host, the CPUs its processes may use (``taskset -c`` list, e.g. ``"0"``)."""
         self.names = list(names)
+        self.cpus = dict(cpus or {})
         self.number: int | None = None
         self.hosts: dict[str, Host] = {}
         self.cuts: set[tuple[str, str]] = set()
@@ -102,7 +114,8 @@ class HostNetwork:
         """``argv`` as run on host ``name``: inside its namespace, under its host name, with an
         ``/etc/hosts`` that names every host (bind-mounted in a private mount namespace)."""
         host = self.hosts[name]
-        return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount", "--",
+        pinned = ["taskset", "-c", self.cpus[name]] if name in self.cpus else []
+        return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount", "--", *pinned,
                 "sh", "-c", 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"',
                 host.name, str(self.hosts_file), *argv]
 
@@ -179,3 +192,55 @@ class HostNetwork:
 
     def __exit__(self, *exc_info) -> None:
         self.down()
+
+
+HOST_OF = {"node-a": "host-a", "node-b": "host-b"}
+"""Where each node of the trades plan runs in the multi-host tests and benchmark."""
+
+
+def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node: str, role: str,
+                   trigger: str | None = None) -> LaunchedJob:
+    """``tandem launch`` run on ``host``: the instance's ``spark-submit`` lives there, detached."""
+    argv = [sys.executable, "-m", "tandem.cli", "launch", plan, shard, node, "--role", role, "--json"]
+    done = network.run(host, argv + (["--trigger-interval", trigger] if trigger else []),
+                       env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"tandem launch on {host} failed:\n{done.stdout}\n{done.stderr}")
+    job = json.loads(done.stdout.strip().splitlines()[-1])
+    return LaunchedJob(job["instance_id"], job["reused"], job["reason"], job["status"], job["submit_pid"], None, None,
+                       job["log_path"])
+
+
+@dataclass
+class HostPair(Pair):
+    """A :class:`Pair` whose nodes are launched on their own hosts (:func:`launch_on_host`)."""
+
+    network: HostNetwork | None = None
+    host_of: dict[str, str] = field(default_factory=lambda: dict(HOST_OF))
+
+    def launch(self, node: str, role: str) -> int:
+        job = launch_on_host(self.network, self.host_of[node], self.plan.name, self.shard, node, role, self.trigger)
+        assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
+        self.groups.append(job.submit_pid)
+        self.pgids[node] = job.submit_pid
+        self.launched_at[node] = db_now(self.url)
+        return job.submit_pid
+
+
+@contextmanager
+def hosts_with_postgres(root: Path, names: list[str], cpus: dict[str, str] | None = None
+                        ) -> Iterator[tuple[HostNetwork, PrivatePostgres, str]]:
+    """The hosts ``control`` + ``names`` up, a private PostgreSQL on the control host's address (port
+    5432 of that namespace); yields the network, the server and its ``tandem`` database URL. The
+    server is removed and the hosts taken down afterwards, whatever happened."""
+    network = HostNetwork(["control", *names], cpus)
+    server: PrivatePostgres | None = None
+    try:
+        network.up()
+        server = PrivatePostgres(root / "pg", 5432, listen=network.address("control"),
+                                 on_host=lambda argv: network.command("control", argv))
+        yield network, server, server.start()
+    finally:
+        if server is not None:
+            server.destroy()
+        network.down()

@@ -70,7 +70,9 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
 
     The recorded ``submit_pid`` is kept only when it is one of the driver's ``ancestors`` (the
     launcher's ``spark-submit`` is the driver's parent JVM). A driver started by hand clears it:
-    the PID of an earlier launch may belong to any process by now.
+    the PID of an earlier launch may belong to any process by now. A stop request is kept while
+    the run it was made against may still be starting (LAUNCHING); one left over from an ended run
+    is cleared.
     """
     db.run(lambda cursor: cursor.execute(
         """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, host, pid, pid_started_at,
@@ -84,6 +86,10 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                                         THEN plan_instances.submit_started_at END,
                spark_app_id = EXCLUDED.spark_app_id,
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
+               stop_requested_at = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED') THEN NULL
+                                        ELSE plan_instances.stop_requested_at END,
+               stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED') THEN NULL
+                                        ELSE plan_instances.stop_requested_by END,
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
         {"id": key.id, "plan": key.plan, "shard": key.shard_id, "node": key.node, "host": host, "pid": pid,
          "pid_started_at": pid_started_at, "ancestors": list(ancestors), "app": spark_app_id,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +51,7 @@ from tandem.supervisor.decisions import (
     decide,
     takeover_deadline_s,
 )
-from tandem.supervisor.launcher import LaunchError, launch_instance, stop_instance, wait_until_running
+from tandem.supervisor.launcher import LaunchedJob, LaunchError, launch_instance, stop_instance, wait_until_running
 from tandem.supervisor.observe import ShardObservation, observe_shard
 from tandem.supervisor.resync import CheckpointError, resync_instance
 
@@ -111,11 +111,15 @@ class Supervisor:
         log: where decisions and outcomes are written (an Airflow task's logger, or this module's).
         py_files: the ``tandem`` package for ``spark-submit`` (default ``<project>/dist/tandem.zip``).
         running_timeout_s: how long a launch may take to reach RUNNING.
+        launch_on_node: starts ``(shard, node, role)`` on the node's own host and returns the job;
+            by default :func:`~tandem.supervisor.launcher.launch_instance` on this host.
     """
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, *, launched_by: str = "tandem supervisor",
                  log: logging.Logger | logging.LoggerAdapter | None = None, py_files: Path | None = None,
-                 running_timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+                 running_timeout_s: float = 300.0, poll_s: float = 0.5,
+                 launch_on_node: Callable[[str, str, str], LaunchedJob] | None = None) -> None:
+        self.launch_on_node = launch_on_node or self._launch_here
         self.cluster = cluster
         self.plan = plan
         self.launched_by = launched_by
@@ -259,12 +263,15 @@ class Supervisor:
                      f"checkpoint cut of {action.resync_from} copied to {action.node}: {summary or 'no checkpoint'}",
                      node=action.node, previous_node=action.resync_from, detail=data["cut"])
                 self.log.info("re-synced %s from %s: %s", action.node, action.resync_from, summary or "no checkpoint")
-        job = launch_instance(self.cluster, self.plan, shard_id, action.node, role=action.role,
-                              launched_by=self.launched_by, py_files=self.py_files)
+        job = self.launch_on_node(shard_id, action.node, action.role)
         data.update(submit_pid=job.submit_pid, log_path=job.log_path, reused=job.reused)
         row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
         data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
         return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
+
+    def _launch_here(self, shard_id: str, node: str, role: str) -> LaunchedJob:
+        return launch_instance(self.cluster, self.plan, shard_id, node, role=role, launched_by=self.launched_by,
+                               py_files=self.py_files)
 
     def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
         epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
