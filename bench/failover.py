@@ -98,6 +98,15 @@ class Project:
     groups: list[int]  # process groups started in it, killed when it is left
 
 
+def _merge(into: dict, changes: dict) -> None:
+    """Apply ``changes`` to ``into`` key by key, nested mappings merged rather than replaced."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 @contextmanager
 def private_project(label: str, plan_overrides: dict | None = None, server_url: str = SERVER_URL):
     """A temp project (conf/ copy, storage, dist/tandem.zip) and database on ``server_url``; everything
@@ -110,11 +119,7 @@ def private_project(label: str, plan_overrides: dict | None = None, server_url: 
     if plan_overrides:
         path = root / "conf" / "plans" / "trades.yaml"
         plan = yaml.safe_load(path.read_text())
-        for key, value in plan_overrides.items():
-            if isinstance(value, dict):
-                plan.setdefault(key, {}).update(value)
-            else:
-                plan[key] = value
+        _merge(plan, plan_overrides)
         path.write_text(yaml.safe_dump(plan, sort_keys=False))
     saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL")}
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
@@ -474,7 +479,7 @@ def _throughput(url: str, node: str) -> dict:
 def ha_cost_run(template: Path, with_standby: bool, events: int, files_per_trigger: int,
                 network: HostNetwork | None = None, server_url: str = SERVER_URL) -> dict:
     label = "pair" if with_standby else "alone"
-    with private_project(f"cost_{label}", {"source": {"max_files_per_trigger": files_per_trigger}},
+    with private_project(f"cost_{label}", {"streams": {"trades": {"max_files_per_trigger": files_per_trigger}}},
                          server_url) as project:
         cluster = load_cluster()
         landing = landing_dir(cluster, "trades", 0)
