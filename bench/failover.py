@@ -21,6 +21,13 @@ the ACTIVE alone and by the ACTIVE while a hot PASSIVE processes the same input 
 (``--available-now`` runs, fresh storage and database each), events/s of the ACTIVE from its
 progress heartbeats, as a ratio.
 
+With ``--multi-host`` (as root) every node runs on its own host, a network namespace pinned to its
+own CPU (``taskset``), with PostgreSQL on a control host (``tests/support/_hosts.py``): hot
+failovers after a crash of the active's host (every process killed at once) and after a partition
+of it (its link down, its processes running on), warm failovers after a host crash with the
+supervisor launching on the other node's host, and the HA cost with each node on its own CPU. They
+are written under the ``multi_host`` key, the other keys kept.
+
 Results: ``bench/results/failover.json``; see the "Failover benchmark" section of bench/README.md.
 """
 

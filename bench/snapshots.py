@@ -383,11 +383,16 @@ def private_project(label: str, args: argparse.Namespace):
 
 
 def reload(project: Project, **plan_changes) -> None:
+    """Apply ``plan_changes`` (``section__key=value``, any depth: ``streams__trades__max_files_per_trigger=2``)
+    to the project's trades plan and load the configuration again."""
     if plan_changes:
         def change(plan: dict) -> None:
             for dotted, value in plan_changes.items():
-                section, key = dotted.split("__")
-                plan.setdefault(section, {})[key] = value
+                *sections, key = dotted.split("__")
+                place = plan
+                for section in sections:
+                    place = place.setdefault(section, {})
+                place[key] = value
         edit_yaml(project.root / "conf" / "plans" / "trades.yaml", change)
     project.cluster = load_cluster()
     project.plan = load_plan(PLAN, project.cluster)
@@ -574,7 +579,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         names = symbol_names(symbols)
         events = Events()
         build_files = 2 * args.build_batches  # two files per batch: both cores parse
-        reload(project, source__max_files_per_trigger=2)
+        reload(project, streams__trades__max_files_per_trigger=2)
         landing = instance_landing_dir(project.cluster, load_plan(PLAN, project.cluster), SHARD)
         progress.update(task, description=f"{label}: writing {size:,} build events")
         write_build_input(landing, size, args.seconds, build_files, names, events, rng)
@@ -595,10 +600,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         progress.console.log(f"{label}: state built in {out['build_s']} s: {state_now:,} state rows")
 
         # 2. the ACTIVE instance under load, launched with spark-submit
-        edit_yaml(project.root / "conf" / "plans" / "trades.yaml",
-                  lambda p: p.update({"trigger_interval": args.trigger,
-                                      "source": {**p["source"], "max_files_per_trigger": args.files_per_trigger}}))
-        reload(project)
+        reload(project, trigger_interval=args.trigger, streams__trades__max_files_per_trigger=args.files_per_trigger)
         dist = project.root / "dist" / "tandem.zip"
         progress.update(task, description=f"{label}: launching the ACTIVE instance (spark-submit)")
         launched_at = time.time()

@@ -189,7 +189,7 @@ class Bench:
         shutil.copytree(ROOT / "conf", self.project / "conf")
         plan_file = self.project / "conf" / "plans" / "trades.yaml"
         plan = yaml.safe_load(plan_file.read_text())
-        plan["source"]["max_files_per_trigger"] = self.args.max_files_per_trigger
+        plan["streams"]["trades"]["max_files_per_trigger"] = self.args.max_files_per_trigger
         plan_file.write_text(yaml.safe_dump(plan, sort_keys=False))
 
     def use_tandem_project(self, storage_root: Path, database_url: str):

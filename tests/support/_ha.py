@@ -11,6 +11,8 @@
 - :class:`PrivatePostgres`: a PostgreSQL cluster of the test's own (``scripts/provision_postgres.sh``),
   so a test can stop and restart it without touching the shared server.
 - :func:`split_brain`: publishes that overlap another epoch's (must be none).
+- :class:`HotPair` / :func:`under_load`: one running pair shared by the tests of a class, with the
+  load, the events written so far and the final comparison.
 """
 
 from __future__ import annotations

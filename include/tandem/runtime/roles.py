@@ -39,7 +39,13 @@ def takeover_grace_s(standby_role: str, ttl_s: float) -> float:
 
 
 class RoleController:
-    """Holds the role and epoch of one instance; ``lock`` serialises publishing and role changes."""
+    """Holds the role and epoch of one instance; ``lock`` serialises publishing and role changes.
+
+    Its one connection is used from the liveness thread (renewals, take-overs) and from the query
+    threads (a fenced publish demotes): ``_db_lock`` lets one thread at a time use it. (Without it a
+    demotion during a renewal that hangs on a cut-off network raised "connection cannot be
+    re-entered recursively" and failed the query.) Lock order: ``lock`` before ``_db_lock``.
+    """
 
     def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = "PASSIVE") -> None:
         if standby_role not in ("PASSIVE", "BACKUP"):
@@ -49,6 +55,7 @@ class RoleController:
         self.standby_role = standby_role
         self.epoch: int | None = None
         self.lock = threading.RLock()
+        self._db_lock = threading.Lock()
         self.db = Database(database_url, "tandem-roles")
         self._on_promote: list[Callable[[int], None]] = []
         self._on_tick: list[Callable[[], None]] = []
@@ -74,9 +81,12 @@ class RoleController:
     def tick(self) -> None:
         """One heartbeat: renew, or take an expired lease; then the periodic work."""
         try:
-            if self.epoch is not None:
-                if not renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch,
-                             self.ttl_s):
+            epoch = self.epoch
+            if epoch is not None:
+                with self._db_lock:
+                    renewed = renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
+                                    self.ttl_s)
+                if not renewed:
                     self.demote("lease renewal refused: another node holds the lease")
             else:
                 # same_node: a lease that names this node was handed over to it (drain, failover now)
@@ -90,8 +100,9 @@ class RoleController:
             log.warning("role tick skipped: %s", exc)
 
     def _try_take(self, grace_s: float, reason: str, same_node: bool = False) -> None:
-        epoch = try_acquire(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.ttl_s,
-                            grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
+        with self._db_lock:
+            epoch = try_acquire(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.ttl_s,
+                                grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
         if epoch is None:
             return
         with self.lock:
@@ -119,11 +130,14 @@ class RoleController:
         with self.lock:
             if self.epoch is not None:
                 try:
-                    release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch, reason)
+                    with self._db_lock:
+                        release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch,
+                                reason)
                 except StoreError as exc:
                     log.warning("could not release the lease: %s", exc)
                 self.epoch = None
-        self.db.close()
+        with self._db_lock:
+            self.db.close()
 
     def _record_role(self, event: tuple[str, str, int] | None = None) -> None:
         key = self.instance
@@ -136,6 +150,7 @@ class RoleController:
                 record_event(cursor, key.plan, key.shard_id, kind, reason, node=key.node, epoch=epoch)
 
         try:
-            self.db.run(work, attempts=3)
+            with self._db_lock:
+                self.db.run(work, attempts=3)
         except StoreError as exc:
             log.warning("could not record role %s: %s", self.role, exc)
