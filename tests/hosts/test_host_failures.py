@@ -49,8 +49,11 @@ PARTITION_S = 20
 
 def take_over(pair: HostPair, standby: str, epoch: int, failed_at: float, what: str) -> dict:
     """Wait for ``standby`` to be PROMOTED above ``epoch`` and publish; print both times since ``failed_at``."""
+    failed = ({"node-a", "node-b"} - {standby}).pop()
     promoted = wait_for(lambda: pair.promoted(standby, epoch), TAKEOVER_TIMEOUT_S, f"{standby} to take over",
-                        detail=lambda: f"lease {lease(pair.url)}\n{pair.log_tail(standby)}")
+                        detail=lambda: f"lease {lease(pair.url)} (failed at {failed_at:.3f})\n"
+                                       f"links of {pair.host_of[failed]}: {pair.network.link_state(pair.host_of[failed])}"
+                                       f"\n{pair.log_tail(failed, 60)}\n{pair.log_tail(standby)}")
     first = wait_for(lambda: pair.first_publish(standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
                      f"{standby} to publish", detail=lambda: pair.log_tail(standby))
     pair.note(f"{what} -> PROMOTED {standby} {promoted['happened_at'].timestamp() - failed_at:.2f}s, "
@@ -119,8 +122,8 @@ class TestTwoHostsUnderLoad:
         pair, url, network = live.pair, live.url, live.pair.network
         active, standby = live.roles()
         before, since = lease(url), db_now(url)
-        isolated_at = time.time()
         network.isolate(pair.host_of[active])
+        isolated_at = time.time()
         try:
             promoted = take_over(pair, standby, before["epoch"], isolated_at, f"{active}'s host cut off")
             assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active

@@ -152,11 +152,31 @@ class HostNetwork:
         return len(pids)
 
     def isolate(self, name: str) -> None:
-        """Partition host ``name`` from every other host (its link down; its processes keep running)."""
-        _ip("link", "set", self.hosts[name].link, "down")
+        """Partition host ``name`` from every other host (both ends of its link down; its processes keep
+        running, loopback included); returns once the host's own end reports no link."""
+        host = self.hosts[name]
+        _ip("link", "set", host.link, "down")
+        _ip("-n", host.namespace, "link", "set", "eth0", "down")
+        if not self.isolated(name):
+            raise RuntimeError(f"{name} still has a link after isolating it: {self.link_state(name)}")
 
     def reconnect(self, name: str) -> None:
-        _ip("link", "set", self.hosts[name].link, "up")
+        host = self.hosts[name]
+        _ip("-n", host.namespace, "link", "set", "eth0", "up")
+        _ip("link", "set", host.link, "up")
+
+    def link_state(self, name: str) -> str:
+        """Both ends of the host's link, as ``ip -brief`` shows them (for messages)."""
+        host = self.hosts[name]
+        inside = _ip("-n", host.namespace, "-brief", "link", "show", "eth0", check=False).stdout.strip()
+        outside = _ip("-brief", "link", "show", host.link, check=False).stdout.strip()
+        return f"{inside} | {outside}"
+
+    def isolated(self, name: str) -> bool:
+        """Whether the host's own end of its link is down."""
+        host = self.hosts[name]
+        state = _ip("-n", host.namespace, "-o", "link", "show", "eth0").stdout
+        return "state DOWN" in state or "NO-CARRIER" in state or ",UP" not in state
 
     def cut(self, a: str, b: str) -> None:
         """Partition hosts ``a`` and ``b`` from each other only (both still reach every other host)."""
