@@ -321,7 +321,8 @@ def warm_failovers(runs: int, rate: int, progress: Progress, network: HostNetwor
         plan = load_plan("trades", cluster)
         url = project.database_url
         on_host = None if network is None else (
-            lambda shard, node, role: launch_on_host(network, HOST_OF[node], "trades", shard, node, role))
+            lambda shard, node, role, resync_from: launch_on_host(network, HOST_OF[node], "trades", shard, node, role,
+                                                                  resync_from=resync_from))
         supervisor = Supervisor(cluster, plan, launched_by="bench/failover.py", py_files=project.root / "dist" /
                                 "tandem.zip", running_timeout_s=600, launch_on_node=on_host)
         writer = _ha.start_writer(cluster, rate=rate, seed=13)

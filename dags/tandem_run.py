@@ -1,13 +1,15 @@
-"""``tandem_<plan>_run``: launch one instance of a plan on a node (triggered from the UI or REST).
+"""``tandem_<plan>_run``: launch one instance of a plan on a node, on that node's host.
 
-One DAG per ``conf/plans/*.yaml``. Params: ``node``, ``shard_id``, ``trigger_interval``.
+One DAG per ``conf/plans/*.yaml``. Params: ``node``, ``shard_id``, ``trigger_interval``, ``role``,
+``resync_from``, ``expires_at``. ``route`` picks the task of the chosen node; each node's task runs
+on the node's Airflow queue (``airflow_queue`` in ``cluster.yaml``), served by a worker on its host.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
-from tandem.airflow.dags import RUN_DEFAULT_ARGS, load_for_dags, run_doc, run_params
+from tandem.airflow.dags import RUN_DEFAULT_ARGS, launch_task_id, load_for_dags, node_task_args, run_doc, run_params
 from tandem.airflow.operators import LaunchPlanInstanceOperator
 
 cluster, plans = load_for_dags(__file__)
@@ -19,17 +21,30 @@ for plan in plans.values():
         schedule=None,
         catchup=False,
         max_active_runs=len(plan.nodes) * len(plan.shards),
+        is_paused_upon_creation=False,  # on demand only: the supervisor's launches must run
         params=run_params(plan),
         default_args=RUN_DEFAULT_ARGS,
         tags=["tandem", plan.name],
         doc_md=run_doc(plan),
     ) as dag:
-        LaunchPlanInstanceOperator(
-            task_id="launch",
-            plan=plan.name,
-            node="{{ params.node }}",
-            shard_id="{{ params.shard_id }}",
-            trigger_interval="{{ params.trigger_interval }}",
-            cluster_config=str(cluster.path),
-        )
+
+        @task.branch(task_id="route")
+        def route(params: dict | None = None) -> str:
+            return launch_task_id(params["node"])
+
+        route() >> [
+            LaunchPlanInstanceOperator(
+                task_id=launch_task_id(node),
+                plan=plan.name,
+                node=node,
+                shard_id="{{ params.shard_id }}",
+                trigger_interval="{{ params.trigger_interval }}",
+                role="{{ params.role }}",
+                resync_from="{{ params.resync_from }}",
+                expires_at="{{ params.expires_at }}",
+                cluster_config=str(cluster.path),
+                **node_task_args(cluster, node),
+            )
+            for node in plan.nodes
+        ]
     globals()[dag.dag_id] = dag

@@ -17,6 +17,8 @@
 #                         then defaults to $AIRFLOW_HOME/airflow.db and is migrated on first `up`.
 #   TANDEM_AIRFLOW_PORT   API server port (default 8080); the scheduler's and triggerer's log
 #                         servers use port+713 and port+714.
+#   TANDEM_AIRFLOW_HOST   address the API server listens on (default 127.0.0.1; 0.0.0.0 for workers
+#                         on other hosts, see README "Deploying on several hosts")
 #   TANDEM_AIRFLOW_DB_URL Airflow metadata DB URL (default SQLite in AIRFLOW_HOME)
 #   TANDEM_DAGS_FOLDER    DAG folder (default <project>/dags)
 #   TANDEM_ENV_FILE       env file to source (default <project>/.tandem/env.sh; `make setup` writes it)
@@ -126,7 +128,7 @@ start_component() {
     local name="$1" f
     f="$(pidfile "$name")"
     local -a args=("$name")
-    [[ "$name" == "api-server" ]] && args+=(--host 127.0.0.1 --port "$PORT")
+    [[ "$name" == "api-server" ]] && args+=(--host "$AIRFLOW__API__HOST" --port "$PORT")
     {
         echo ""
         echo "===== $(date -u +%Y-%m-%dT%H:%M:%SZ) starting airflow ${args[*]} ====="

@@ -205,6 +205,9 @@ export PYSPARK_DRIVER_PYTHON="\$TANDEM_HOME/.venv/bin/python"
 # Airflow
 export AIRFLOW_HOME="\${TANDEM_AIRFLOW_HOME:-\$TANDEM_HOME/.tandem/airflow}"
 export TANDEM_AIRFLOW_PORT="\${TANDEM_AIRFLOW_PORT:-$AIRFLOW_PORT_DEFAULT}"
+# TANDEM_AIRFLOW_HOST: the address the API server listens on (0.0.0.0 when workers on other hosts
+# reach it); TANDEM_AIRFLOW_URL: how every host reaches it.
+export TANDEM_AIRFLOW_HOST="\${TANDEM_AIRFLOW_HOST:-127.0.0.1}"
 export TANDEM_AIRFLOW_URL="\${TANDEM_AIRFLOW_URL:-http://127.0.0.1:\$TANDEM_AIRFLOW_PORT}"
 if [ -z "\${TANDEM_AIRFLOW_DB_URL:-}" ]; then TANDEM_AIRFLOW_DB_URL=$(sq "${TANDEM_AIRFLOW_DB_URL:-}"); fi
 if [ -n "\$TANDEM_AIRFLOW_DB_URL" ]; then
@@ -217,15 +220,26 @@ fi
 export AIRFLOW__CORE__DAGS_FOLDER="\${TANDEM_DAGS_FOLDER:-\$TANDEM_HOME/dags}"
 export AIRFLOW__CORE__PLUGINS_FOLDER="\$TANDEM_HOME/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+# LocalExecutor on one host; with nodes on their own hosts (airflow_queue in cluster.yaml) set
+# TANDEM_AIRFLOW_EXECUTOR=LocalExecutor,airflow.providers.edge3.executors.EdgeExecutor and run an
+# Edge worker per node's host (README, "Deploying on several hosts").
+export AIRFLOW__CORE__EXECUTOR="\${TANDEM_AIRFLOW_EXECUTOR:-LocalExecutor}"
+case "\$AIRFLOW__CORE__EXECUTOR" in
+  *EdgeExecutor*)
+    export AIRFLOW__EDGE__API_ENABLED=True
+    export AIRFLOW__EDGE__API_URL="\$TANDEM_AIRFLOW_URL/edge_worker/v1/rpcapi"
+    export AIRFLOW__EDGE__JOB_POLL_INTERVAL="\${AIRFLOW__EDGE__JOB_POLL_INTERVAL:-1}"
+    export AIRFLOW__EDGE__HEARTBEAT_INTERVAL="\${AIRFLOW__EDGE__HEARTBEAT_INTERVAL:-10}"
+    ;;
+esac
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
 # users:roles of SimpleAuthManager (roles: viewer, user, op, admin); each gets a random password in the file below
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="\${TANDEM_AIRFLOW_USERS:-admin:admin}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="\$AIRFLOW_HOME/simple_auth_manager_passwords.json"
-export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__HOST="\$TANDEM_AIRFLOW_HOST"
 export AIRFLOW__API__PORT="\$TANDEM_AIRFLOW_PORT"
-export AIRFLOW__API__BASE_URL="http://127.0.0.1:\$TANDEM_AIRFLOW_PORT"
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:\$TANDEM_AIRFLOW_PORT/execution/"
+export AIRFLOW__API__BASE_URL="\$TANDEM_AIRFLOW_URL"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="\$TANDEM_AIRFLOW_URL/execution/"
 # log servers of the scheduler (LocalExecutor) and triggerer: 8793/8794 for port 8080, shifted
 # with the API port so that a second (test) stack on another port does not collide
 export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="\$((TANDEM_AIRFLOW_PORT + 713))"

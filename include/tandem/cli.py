@@ -344,12 +344,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from tandem.supervisor import launch_instance
+    from tandem.supervisor.node_actions import resync_then_launch
 
-    job = launch_instance(load_cluster(), args.plan, args.shard, args.node, args.trigger_interval, role=args.role)
+    cluster = load_cluster()
+    launched = resync_then_launch(cluster, load_plan(args.plan, cluster), args.shard, args.node, role=args.role,
+                                  resync_from=args.resync_from, trigger_interval=args.trigger_interval)
+    job = launched.job
     if args.json:
         print(json.dumps({"instance_id": job.instance_id, "reused": job.reused, "reason": job.reason,
-                          "status": job.status, "submit_pid": job.submit_pid, "log_path": job.log_path}))
+                          "status": job.status, "submit_pid": job.submit_pid, "log_path": job.log_path,
+                          "cut": launched.cut}))
     else:
         console.print(f"{job.instance_id}: {'reused' if job.reused else 'launched'} ({job.reason}); "
                       f"spark-submit pid {job.submit_pid}, log {job.log_path}", markup=False, highlight=False)
@@ -612,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("node")
     launch.add_argument("--role", choices=("ACTIVE", "PASSIVE", "BACKUP"), default="ACTIVE")
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
+    launch.add_argument("--resync-from", metavar="NODE",
+                        help="first copy a cut of NODE's checkpoint over this node's (its instance must be stopped)")
     launch.add_argument("--json", action="store_true", help="print the launched job as one JSON line")
     launch.set_defaults(func=cmd_launch)
 

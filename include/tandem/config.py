@@ -59,6 +59,8 @@ CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SUITE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 MODULE_PATTERN = re.compile(r"^tandem\.plans\.[a-z_][a-z0-9_]*$")
 MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmgt]?b?$", re.IGNORECASE)
+QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""An Airflow queue a node's host worker serves (``airflow edge worker --queues <queue>``)."""
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
                     "@midnight")
 _UNITS = {
@@ -235,6 +237,8 @@ class NodeSection(StrictModel):
     spark_master: Annotated[StrictStr, Field(min_length=1)]
     airflow_conn_id: Annotated[StrictStr, AfterValidator(_conn_id)] | None = None
     driver_memory: Annotated[StrictStr, matching(MEMORY_PATTERN, "a Spark memory size such as 512m or 2g")] = "1g"
+    airflow_queue: Annotated[StrictStr, matching(QUEUE_PATTERN, "a queue name of letters, digits, '.', '_' and "
+                                                                "'-' such as node-a")] | None = None
 
 
 class DatabaseSection(StrictModel):
@@ -259,12 +263,15 @@ class ClusterFile(StrictModel):
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """A named place where plan instances run: a Spark master and an Airflow connection."""
+    """A named place where plan instances run: a Spark master, an Airflow connection, and the Airflow
+    queue its host's worker serves (``None``: the node's tasks run where Airflow's default executor
+    runs them, i.e. every node on one host)."""
 
     name: str
     spark_master: str
     airflow_conn_id: str
     driver_memory: str = "1g"
+    airflow_queue: str | None = None
 
 
 @dataclass(frozen=True)
@@ -519,7 +526,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
     nodes = {
         name: NodeConfig(name=name, spark_master=node.spark_master,
                          airflow_conn_id=node.airflow_conn_id or "tandem_" + name.replace("-", "_"),
-                         driver_memory=node.driver_memory)
+                         driver_memory=node.driver_memory, airflow_queue=node.airflow_queue)
         for name, node in file.nodes.items()
     }
     return ClusterConfig(

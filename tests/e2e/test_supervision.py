@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
+from _airflow import code_home
 from _ha import configure_one_shard, wait_for
 from _ha import instance_row as instance
 from _project import kill_groups
@@ -24,30 +24,11 @@ from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database, migrate
-from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 DAG = "tandem_trades_supervise"
 SHARD = "shard-1"
-
-
-def code_home(tmp_path: Path) -> Path:
-    """A TANDEM_HOME for the stack with this checkout's code and a fresh dist/tandem.zip (the shared
-    dist/ may be older), both nodes on local[1]; returns the env file the stack script sources."""
-    code = tmp_path / "code"
-    (code / "jobs").mkdir(parents=True)
-    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
-    for shared in (".venv", "dags", "plugins"):
-        (code / shared).symlink_to(REPO / shared)
-    build_dist(code)
-    env_file = tmp_path / "env.sh"
-    text = (REPO / ".tandem" / "env.sh").read_text()
-    text = text.replace(f"export TANDEM_HOME='{REPO}'", f"export TANDEM_HOME='{code}'")
-    text = text.replace('"host": "local[2]"', '"host": "local[1]"')
-    assert f"TANDEM_HOME='{code}'" in text
-    env_file.write_text(text)
-    return env_file
 
 
 @pytest.fixture

@@ -78,9 +78,11 @@ def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, data
             process_groups.append(row["submit_pid"])
         assert first["state"] == "success", output[-5000:]
         xcom = first["xcom"]
-        assert xcom["launch.instance_id"] == "trades/shard-2/node-b"
-        assert xcom["launch.pid"] == row["pid"] and xcom["launch.spark_app_id"] == row["spark_app_id"]
-        assert xcom["launch.log_path"] == row["log_path"] and xcom["launch.reused"] is False
+        assert first["tis"]["route"]["state"] == "success"
+        assert first["tis"]["launch_node-a"]["state"] == "skipped", "only the chosen node's task runs"
+        assert xcom["launch_node-b.instance_id"] == "trades/shard-2/node-b"
+        assert xcom["launch_node-b.pid"] == row["pid"] and xcom["launch_node-b.spark_app_id"] == row["spark_app_id"]
+        assert xcom["launch_node-b.log_path"] == row["log_path"] and xcom["launch_node-b.reused"] is False
         assert row["status"] == "RUNNING" and row["trigger_interval_s"] == 2.0
         assert row["launched_by"].startswith("airflow tandem_trades_run/")
         header = Path(row["log_path"]).read_text().splitlines()[0]
@@ -89,8 +91,8 @@ def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, data
 
         second, output = dag_test(env, "tandem_trades_run", conf)
         assert second["state"] == "success", output[-5000:]
-        assert second["xcom"]["launch.reused"] is True
-        assert second["xcom"]["launch.pid"] == row["pid"]
+        assert second["xcom"]["launch_node-b.reused"] is True
+        assert second["xcom"]["launch_node-b.pid"] == row["pid"]
         with Database(cluster.database_url) as db:
             assert get_instance(db, "trades/shard-2/node-b")["submit_pid"] == row["submit_pid"]
     finally:

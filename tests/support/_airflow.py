@@ -82,3 +82,21 @@ def dag_test(env: dict[str, str], dag_id: str, conf: dict | None = None) -> tupl
     result = dag_result(done.stdout)
     assert result is not None, output[-5000:]
     return result, output
+
+
+def code_home(tmp_path: Path) -> Path:
+    """A TANDEM_HOME for the stack with this checkout's code and a fresh dist/tandem.zip (the shared
+    dist/ may be older), both nodes on local[1]; returns the env file the stack script sources."""
+    code = tmp_path / "code"
+    (code / "jobs").mkdir(parents=True)
+    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
+    for shared in (".venv", "dags", "plugins"):
+        (code / shared).symlink_to(REPO / shared)
+    build_dist(code)
+    env_file = tmp_path / "env.sh"
+    text = (REPO / ".tandem" / "env.sh").read_text()
+    text = text.replace(f"export TANDEM_HOME='{REPO}'", f"export TANDEM_HOME='{code}'")
+    text = text.replace('"host": "local[2]"', '"host": "local[1]"')
+    assert f"TANDEM_HOME='{code}'" in text
+    env_file.write_text(text)
+    return env_file

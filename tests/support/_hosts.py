@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _ha import REPO, Pair, PrivatePostgres, db_now
+from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
+from tandem.supervisor.node_actions import NodeLaunch
 
 SUBNET_PREFIX = "10.213"
 BRIDGE_OCTET = 254
@@ -219,16 +221,17 @@ HOST_OF = {"node-a": "host-a", "node-b": "host-b"}
 
 
 def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node: str, role: str,
-                   trigger: str | None = None) -> LaunchedJob:
-    """``tandem launch`` run on ``host``: the instance's ``spark-submit`` lives there, detached."""
+                   trigger: str | None = None, resync_from: str | None = None) -> NodeLaunch:
+    """``tandem launch`` run on ``host``: the re-sync and the instance's ``spark-submit`` happen there."""
     argv = [sys.executable, "-m", "tandem.cli", "launch", plan, shard, node, "--role", role, "--json"]
-    done = network.run(host, argv + (["--trigger-interval", trigger] if trigger else []),
-                       env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
+    argv += ["--trigger-interval", trigger] if trigger else []
+    argv += ["--resync-from", resync_from] if resync_from else []
+    done = network.run(host, argv, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"tandem launch on {host} failed:\n{done.stdout}\n{done.stderr}")
     job = json.loads(done.stdout.strip().splitlines()[-1])
-    return LaunchedJob(job["instance_id"], job["reused"], job["reason"], job["status"], job["submit_pid"], None, None,
-                       job["log_path"])
+    return NodeLaunch(LaunchedJob(job["instance_id"], job["reused"], job["reason"], job["status"], job["submit_pid"],
+                                  None, None, job["log_path"]), job["cut"])
 
 
 @dataclass
@@ -239,7 +242,8 @@ class HostPair(Pair):
     host_of: dict[str, str] = field(default_factory=lambda: dict(HOST_OF))
 
     def launch(self, node: str, role: str) -> int:
-        job = launch_on_host(self.network, self.host_of[node], self.plan.name, self.shard, node, role, self.trigger)
+        job = launch_on_host(self.network, self.host_of[node], self.plan.name, self.shard, node, role,
+                             self.trigger).job
         assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
         self.groups.append(job.submit_pid)
         self.pgids[node] = job.submit_pid
@@ -264,3 +268,87 @@ def hosts_with_postgres(root: Path, names: list[str], cpus: dict[str, str] | Non
         if server is not None:
             server.destroy()
         network.down()
+
+
+EDGE_EXECUTORS = "LocalExecutor,airflow.providers.edge3.executors.EdgeExecutor"
+AIRFLOW_PORT = 8080  # every host has its own network stack: no test on this machine competes for it
+
+
+@dataclass
+class AirflowOnHosts:
+    """Airflow on the control host (API server, scheduler, triggerer, DAG processor; metadata in the
+    control host's PostgreSQL) and an Edge worker on each node's host that serves the node's queue.
+
+    Every host sources the same ``env_file`` (``.tandem/env.sh`` of the code under test) with the
+    ``TANDEM_AIRFLOW_*`` settings of a several-host deployment, as an operator would on real hosts.
+    """
+
+    network: HostNetwork
+    env_file: Path
+    home: Path
+    metadata_url: str
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.network.address('control')}:{AIRFLOW_PORT}"
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.update({"TANDEM_ENV_FILE": str(self.env_file), "TANDEM_AIRFLOW_HOME": str(self.home),
+                    "TANDEM_AIRFLOW_PORT": str(AIRFLOW_PORT), "TANDEM_AIRFLOW_HOST": "0.0.0.0",
+                    "TANDEM_AIRFLOW_URL": self.url, "TANDEM_AIRFLOW_EXECUTOR": EDGE_EXECUTORS,
+                    "TANDEM_AIRFLOW_DB_URL": self.metadata_url, "SPARK_LOCAL_IP": "127.0.0.1",
+                    # a crashed host's worker is UNKNOWN after 5 missed heartbeats: 20 s, not 50 s
+                    "AIRFLOW__EDGE__HEARTBEAT_INTERVAL": "4"})
+        return env
+
+    def start(self) -> AirflowClient:
+        """The four Airflow components up on the control host; a client logged in as admin."""
+        done = self.network.run("control", ["bash", str(REPO / "scripts" / "airflow_stack.sh"), "up"],
+                                env=self.environment(), timeout_s=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"the Airflow stack did not start on the control host:\n{done.stdout}\n{done.stderr}")
+        return AirflowClient.as_admin(self.url, airflow_home=self.home)
+
+    def start_worker(self, host: str, queue: str, timeout_s: float = 120) -> None:
+        """An Edge worker on ``host`` (named after it) serving ``queue``, as a node's host runs it.
+
+        A host back from a crash finds its old worker still registered until Airflow marks it
+        UNKNOWN (no heartbeat for 5 heartbeat intervals) and is refused as a duplicate until then:
+        like a service manager, this starts it again until it stays up."""
+        script = ('. "$TANDEM_ENV_FILE" && exec airflow edge worker --queues "$0" --edge-hostname "$1" '
+                  '--pid "$2" --concurrency 4')
+        pid_file = self.home / "run" / f"edge-worker-{host}.pid"
+        log = self.worker_log(host)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid_file.unlink(missing_ok=True)  # a crashed host leaves its pid file behind
+            offset = log.stat().st_size if log.exists() else 0
+            process = self.network.popen(host, ["bash", "-c", script, queue, host, str(pid_file)], log,
+                                         env=self.environment())
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.workers[host] = process  # registered and polling for jobs
+                return
+            with open(log, "rb") as output:
+                output.seek(offset)
+                text = output.read().decode(errors="replace")
+            if "is already active" not in text or time.monotonic() > deadline:
+                raise RuntimeError(f"the Edge worker on {host} exited ({process.returncode}):\n{text[-3000:]}")
+            time.sleep(3)
+
+    def worker_log(self, host: str) -> Path:
+        return self.home / "logs" / f"edge-worker-{host}.log"
+
+    def stop(self) -> None:
+        """Stop the workers and the stack (the hosts' teardown kills whatever is left)."""
+        for process in self.workers.values():
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=30)
+        subprocess.run(["bash", str(REPO / "scripts" / "airflow_stack.sh"), "down"], env=self.environment(),
+                       capture_output=True, timeout=180)

@@ -65,9 +65,39 @@ def test_run_dag_shape(dagbag, plans):
         dag = dagbag.dags[f"tandem_{name}_run"]
         assert dag.schedule is None
         assert dag.max_active_runs == len(plan.nodes) * len(plan.shards)
-        [task] = dag.tasks
-        assert task.task_type == "LaunchPlanInstanceOperator"
-        assert set(task.template_fields) >= {"plan", "node", "shard_id", "trigger_interval"}
+        route = dag.get_task("route")
+        assert route.downstream_task_ids == {f"launch_{node}" for node in plan.nodes}
+        for node in plan.nodes:
+            task = dag.get_task(f"launch_{node}")
+            assert task.task_type == "LaunchPlanInstanceOperator"
+            assert task.node == node
+            assert set(task.template_fields) >= {"plan", "shard_id", "trigger_interval", "role", "resync_from",
+                                                 "expires_at"}
+            assert route.python_callable(params={"node": node}) == task.task_id
+
+
+def test_node_tasks_run_on_the_nodes_queue_when_it_names_one(tmp_path):
+    from tandem.airflow.dags import NODE_EXECUTOR, node_task_args
+    from tandem.config import load_cluster
+
+    path = tmp_path / "conf" / "cluster.yaml"
+    path.parent.mkdir()
+    path.write_text("nodes:\n  node-a: {spark_master: 'local[1]', airflow_queue: host-a}\n"
+                    "  node-b: {spark_master: 'local[1]'}\n")
+    cluster = load_cluster(path)
+    assert node_task_args(cluster, "node-a") == {"executor": NODE_EXECUTOR, "queue": "host-a"}
+    assert node_task_args(cluster, "node-b") == {}
+
+
+def test_a_bad_queue_name_names_the_file_and_field(tmp_path):
+    from tandem.config import load_cluster
+    from tandem.errors import ConfigError
+
+    path = tmp_path / "conf" / "cluster.yaml"
+    path.parent.mkdir()
+    path.write_text("nodes:\n  node-a: {spark_master: 'local[1]', airflow_queue: 'host a'}\n")
+    with pytest.raises(ConfigError, match=r"nodes\.node-a\.airflow_queue"):
+        load_cluster(path)
 
 
 def test_validate_dag_shape(dagbag, plans):
@@ -155,13 +185,14 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):
     plan = plans["trades"]
     values = dagbag.dags["tandem_trades_run"].params.validate()
-    assert values == {"node": plan.nodes[0], "shard_id": plan.shards[0], "trigger_interval": "1 second"}
+    assert values == {"node": plan.nodes[0], "shard_id": plan.shards[0], "trigger_interval": "1 second",
+                      "role": "ACTIVE", "resync_from": "", "expires_at": ""}
     assert parse_duration(values["trigger_interval"]) == plan.trigger_interval_s
 
 
 @pytest.mark.parametrize(("param", "value"), [
     ("node", "node-z"), ("shard_id", "shard-9"), ("trigger_interval", "soon"), ("trigger_interval", "1 fortnight"),
-    ("node", 3),
+    ("node", 3), ("role", "LEADER"), ("resync_from", "node-z"),
 ])
 def test_run_params_reject_bad_values(dagbag, param, value):
     from airflow.sdk.exceptions import ParamValidationError
@@ -181,12 +212,14 @@ def test_run_params_accept_durations(dagbag, value):
 
 def test_run_templates_render_the_params(dagbag):
     dag = dagbag.dags["tandem_trades_run"]
-    task = dag.get_task("launch")
+    task = dag.get_task("launch_node-b")
     params = copy.deepcopy(dag.params)
-    params.update({"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"})
+    params.update({"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds", "role": "PASSIVE",
+                   "resync_from": "node-a"})
     rendered = {field: task.render_template(getattr(task, field), {"params": params.validate()})
-                for field in ("plan", "node", "shard_id", "trigger_interval")}
-    assert rendered == {"plan": "trades", "node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
+                for field in ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from")}
+    assert rendered == {"plan": "trades", "node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds",
+                        "role": "PASSIVE", "resync_from": "node-a"}
 
 
 def test_dags_serialize_like_the_scheduler_stores_them(dagbag):

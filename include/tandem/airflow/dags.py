@@ -25,6 +25,10 @@ SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry
 MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}
 RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
+NODE_EXECUTOR = "EdgeExecutor"
+"""The executor of a node's tasks when the node names an ``airflow_queue``: an Edge worker on the
+node's host serves that queue (``airflow edge worker --queues <queue>``), over HTTP to the API server."""
+ROLES = ("ACTIVE", "PASSIVE", "BACKUP")
 
 
 def cluster_yaml(dags_folder: Path) -> Path:
@@ -50,8 +54,21 @@ def human_duration(seconds: float) -> str:
     return f"{millis} ms"
 
 
+def launch_task_id(node: str) -> str:
+    """The task of ``tandem_<plan>_run`` that launches on ``node``'s host."""
+    return f"launch_{node}"
+
+
+def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
+    """Operator arguments that run a task on ``node``'s host: its queue on the Edge executor, or
+    nothing (the default executor) when the node names no queue."""
+    queue = cluster.node(node).airflow_queue
+    return {"executor": NODE_EXECUTOR, "queue": queue} if queue else {}
+
+
 def run_params(plan: PlanConfig) -> dict[str, Any]:
-    """Params of ``tandem_<plan>_run``: node and shard (enums of the plan's), trigger interval."""
+    """Params of ``tandem_<plan>_run``: node and shard (enums of the plan's), trigger interval, role,
+    the node to re-sync from, and the request's deadline (the supervisor's launches set the last three)."""
     from airflow.sdk import Param
 
     return {
@@ -62,6 +79,14 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
         "trigger_interval": Param(human_duration(plan.trigger_interval_s), type="string", pattern=DURATION_PATTERN,
                                   title="Trigger interval",
                                   description="micro-batch interval, e.g. '500 ms', '1 second', '2 seconds'"),
+        "role": Param("ACTIVE", type="string", enum=list(ROLES), title="Role",
+                      description="ACTIVE takes the lease when it is free; PASSIVE and BACKUP are hot standbys"),
+        "resync_from": Param("", type="string", enum=["", *plan.nodes], title="Re-sync from",
+                             description="first copy a cut of this node's checkpoint over the launched node's "
+                                         "(empty: start from its own checkpoint)"),
+        "expires_at": Param("", type="string", title="Expires at",
+                            description="ISO time after which the launch is refused (empty: never); the "
+                                        "supervisor sets it so that a late task does not act on an old decision"),
     }
 
 
@@ -71,8 +96,12 @@ def run_doc(plan: PlanConfig) -> str:
 {plan.description}
 
 Launches one instance (plan × shard × node) as a detached `spark-submit` job and waits until it
-reports RUNNING. Triggering again for an instance that is alive returns the running job: no second
-job is ever submitted. Trigger from the UI or REST with conf such as
+reports RUNNING. `route` picks the task `launch_<node>`, which runs on the node's own host when the
+node names an `airflow_queue` (an Edge worker there serves it); with `resync_from` it first copies
+a cut of that node's checkpoint over the launched node's. Triggering again for an instance that is
+alive returns the running job: no second job is ever submitted. The supervisor triggers this DAG
+for every launch (with `role`, `resync_from` and an `expires_at` deadline). Trigger from the UI or
+REST with conf such as
 `{{"node": "{plan.nodes[0]}", "shard_id": "{plan.shards[0]}", "trigger_interval": "{human_duration(plan.trigger_interval_s)}"}}`.
 """
 

@@ -27,10 +27,12 @@ def _cluster(path: str | None) -> ClusterConfig:
 class LaunchPlanInstanceOperator(BaseOperator):
     """Make sure one plan instance runs on a node, as a detached ``spark-submit`` job, and wait for RUNNING.
 
-    Uses :func:`tandem.supervisor.launcher.launch_instance`, which returns the existing job when
-    the instance is already alive, so a retry of this task (or a second run with the same
-    Params) never submits a second job. Pushes ``instance_id``, ``pid``, ``submit_pid``,
-    ``spark_app_id``, ``log_path`` and ``reused`` to XCom and returns them as a dict.
+    Runs on the node's host (the node's queue, :func:`~tandem.airflow.dags.node_task_args`) and
+    carries out :func:`tandem.supervisor.node_actions.resync_then_launch` there: the re-sync when
+    ``resync_from`` is set, then the launch, which returns the existing job when the instance is
+    already alive, so a retry of this task (or a second run with the same Params) never submits a
+    second job. Pushes ``instance_id``, ``pid``, ``submit_pid``, ``spark_app_id``, ``log_path``,
+    ``host`` and ``reused`` to XCom and returns them as a dict.
 
     Airflow 3.3's task SDK offers no call to set the note of the task's own DAG run (the
     Execution API takes a note only when a task triggers a new run), so the summary goes to the
@@ -40,37 +42,53 @@ class LaunchPlanInstanceOperator(BaseOperator):
     :param node: node name from ``cluster.yaml``, one of the plan's nodes. Templated.
     :param shard_id: one of the plan's shards. Templated.
     :param trigger_interval: micro-batch interval such as ``"1 second"``; empty means the plan's. Templated.
+    :param role: ACTIVE, PASSIVE or BACKUP. Templated.
+    :param resync_from: a node whose checkpoint is cut and copied over this node's first; empty: none. Templated.
+    :param expires_at: ISO time after which the launch is refused (a late task of an old decision). Templated.
     :param cluster_config: path of ``cluster.yaml`` (default: ``$TANDEM_CONF_DIR/cluster.yaml``).
     :param running_timeout_s: how long to wait for the instance to report RUNNING.
     """
 
-    template_fields = ("plan", "node", "shard_id", "trigger_interval")
+    template_fields = ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from", "expires_at")
     ui_color = "#dcefe3"
 
     def __init__(self, *, plan: str, node: str, shard_id: str, trigger_interval: str | None = None,
+                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "",
                  cluster_config: str | None = None, running_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.node = node
         self.shard_id = shard_id
         self.trigger_interval = trigger_interval
+        self.role = role
+        self.resync_from = resync_from
+        self.expires_at = expires_at
         self.cluster_config = cluster_config
         self.running_timeout_s = running_timeout_s
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.supervisor.launcher import LaunchError, LaunchRejected, launch_instance, wait_until_running
+        from tandem.supervisor.launcher import LaunchError, LaunchRejected, wait_until_running
+        from tandem.supervisor.node_actions import check_deadline, resync_then_launch
 
         interval = self._checked_interval()
         cluster = _cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
             cluster.node(self.node)
+            deadline = datetime.fromisoformat(self.expires_at) if (self.expires_at or "").strip() else None
+            if deadline is not None and deadline.tzinfo is None:
+                deadline = deadline.replace(tzinfo=timezone.utc)
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
+        except ValueError as exc:
+            raise AirflowFailException(f"Param expires_at: {exc}") from None
         ti = context["ti"]
         launched_by = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
         try:
-            job = launch_instance(cluster, plan, self.shard_id, self.node, interval, launched_by=launched_by)
+            check_deadline(deadline, datetime.now(timezone.utc), f"launch of {self.node}")
+            job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or "ACTIVE",
+                                     resync_from=self.resync_from or None, trigger_interval=interval,
+                                     launched_by=launched_by, logger=self.log).job
         except LaunchRejected as exc:
             raise AirflowFailException(str(exc)) from None
         except LaunchError as exc:
@@ -210,6 +228,7 @@ class ReconcilePlanOperator(BaseOperator):
         self.running_timeout_s = running_timeout_s
 
     def execute(self, context: Any) -> dict[str, list[str]]:
+        from tandem.airflow.node_launch import LaunchOnNodeQueue
         from tandem.store.supervision import mark
         from tandem.supervisor.reconcile import Supervisor
 
@@ -220,7 +239,9 @@ class ReconcilePlanOperator(BaseOperator):
         shards = list(plan.shards)
         cause = f"{ti.dag_id} {ti.run_id}: {'start of the supervision run' if event is None else 'watch'}"
         with Supervisor(cluster, plan, launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}",
-                        log=self.log, running_timeout_s=self.running_timeout_s) as supervisor:
+                        log=self.log, running_timeout_s=self.running_timeout_s,
+                        launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, running_timeout_s=self.running_timeout_s,
+                                                         log=self.log)) as supervisor:
             if event and event.get("status") == "unhealthy":
                 cause = (f"{ti.dag_id} {ti.run_id}: {event['health']} on {event['node']}: {event['evidence']}")
                 self.log.info("detected: %s", cause)
@@ -279,6 +300,7 @@ class PlanOpsOperator(BaseOperator):
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.airflow.node_launch import LaunchOnNodeQueue
         from tandem.supervisor.reconcile import OpsRefused, run_ops_action
 
         cluster = _cluster(self.cluster_config)
@@ -292,7 +314,8 @@ class PlanOpsOperator(BaseOperator):
             return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
-                                     launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log)
+                                     launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log,
+                                     launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, log=self.log))
         except OpsRefused as exc:
             raise AirflowFailException(str(exc)) from None
         lines = [f"{self.action} {plan.name} {self.node or ''} on {', '.join(shards)}"]

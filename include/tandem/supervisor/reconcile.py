@@ -51,9 +51,10 @@ from tandem.supervisor.decisions import (
     decide,
     takeover_deadline_s,
 )
-from tandem.supervisor.launcher import LaunchedJob, LaunchError, launch_instance, stop_instance, wait_until_running
+from tandem.supervisor.launcher import LaunchError, stop_instance, wait_until_running
+from tandem.supervisor.node_actions import NodeLaunch, resync_then_launch
 from tandem.supervisor.observe import ShardObservation, observe_shard
-from tandem.supervisor.resync import CheckpointError, resync_instance
+from tandem.supervisor.resync import CheckpointError
 
 
 
@@ -111,14 +112,16 @@ class Supervisor:
         log: where decisions and outcomes are written (an Airflow task's logger, or this module's).
         py_files: the ``tandem`` package for ``spark-submit`` (default ``<project>/dist/tandem.zip``).
         running_timeout_s: how long a launch may take to reach RUNNING.
-        launch_on_node: starts ``(shard, node, role)`` on the node's own host and returns the job;
-            by default :func:`~tandem.supervisor.launcher.launch_instance` on this host.
+        launch_on_node: re-syncs ``(shard, node)`` from ``resync_from`` (when given) and launches it in
+            ``role`` on the node's own host; by default
+            :func:`~tandem.supervisor.node_actions.resync_then_launch` here, inside Airflow the
+            node's queue (:class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`).
     """
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, *, launched_by: str = "tandem supervisor",
                  log: logging.Logger | logging.LoggerAdapter | None = None, py_files: Path | None = None,
                  running_timeout_s: float = 300.0, poll_s: float = 0.5,
-                 launch_on_node: Callable[[str, str, str], LaunchedJob] | None = None) -> None:
+                 launch_on_node: Callable[[str, str, str, str | None], NodeLaunch] | None = None) -> None:
         self.launch_on_node = launch_on_node or self._launch_here
         self.cluster = cluster
         self.plan = plan
@@ -246,32 +249,15 @@ class Supervisor:
 
     def _launch(self, shard_id: str, action: Launch) -> StepResult:
         stop_instance(self.cluster, self.plan, shard_id, action.node, timeout_s=10.0)  # nothing may use the checkpoint
-        data: dict[str, Any] = {"role": action.role}
-        if action.resync_from:
-            try:
-                cuts = resync_instance(self.cluster, self.plan, shard_id, action.resync_from, action.node)
-            except CheckpointError as exc:  # the node's own checkpoint is consistent too, only older
-                self.log.warning("re-sync of %s from %s failed, launching from its own checkpoint: %s",
-                                 action.node, action.resync_from, exc)
-                mark(self.db, self.plan.name, shard_id, "RESYNC_FAILED", str(exc)[:2000], node=action.node,
-                     previous_node=action.resync_from)
-            else:
-                data["cut"] = {q: {"batch_id": c.batch_id, "files": c.files, "bytes": c.bytes} for q, c in cuts.items()}
-                summary = ", ".join(f"{q} at batch {c.batch_id} ({c.files} files, {c.bytes} bytes)"
-                                    if c.batch_id is not None else f"{q}: nothing committed" for q, c in cuts.items())
-                mark(self.db, self.plan.name, shard_id, "RESYNC",
-                     f"checkpoint cut of {action.resync_from} copied to {action.node}: {summary or 'no checkpoint'}",
-                     node=action.node, previous_node=action.resync_from, detail=data["cut"])
-                self.log.info("re-synced %s from %s: %s", action.node, action.resync_from, summary or "no checkpoint")
-        job = self.launch_on_node(shard_id, action.node, action.role)
-        data.update(submit_pid=job.submit_pid, log_path=job.log_path, reused=job.reused)
+        launched = self.launch_on_node(shard_id, action.node, action.role, action.resync_from)
+        data: dict[str, Any] = {"role": action.role, **launched.data()}
         row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
         data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
         return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
 
-    def _launch_here(self, shard_id: str, node: str, role: str) -> LaunchedJob:
-        return launch_instance(self.cluster, self.plan, shard_id, node, role=role, launched_by=self.launched_by,
-                               py_files=self.py_files)
+    def _launch_here(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        return resync_then_launch(self.cluster, self.plan, shard_id, node, role=role, resync_from=resync_from,
+                                  launched_by=self.launched_by, py_files=self.py_files, logger=self.log)
 
     def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
         epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
@@ -366,7 +352,8 @@ class Supervisor:
 
 def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
                    launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
-                   py_files: Path | None = None) -> list[Report]:
+                   py_files: Path | None = None,
+                   launch_on_node: Callable[[str, str, str, str | None], NodeLaunch] | None = None) -> list[Report]:
     """Carry out one operator action on the given shards of a plan; one report per shard."""
     if action not in SUPERVISOR_ACTIONS:
         raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
@@ -380,7 +367,8 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
     except ConfigError as exc:
         raise OpsRefused(str(exc)) from None
     reports = []
-    with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files) as supervisor:
+    with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files,
+                    launch_on_node=launch_on_node) as supervisor:
         for shard in shards:
             if action == FAILOVER_NOW:
                 reports.append(supervisor.fail_over_now(shard, to_node=node))

@@ -1,0 +1,114 @@
+"""A supervisor inside Airflow launches a node through that node's queue, i.e. on the node's own host.
+
+Purpose
+    The supervisor runs in a task on the control host (``tandem_<plan>_supervise``,
+    ``tandem_ops``); what a node does must happen on the node's host. :class:`LaunchOnNodeQueue` is
+    the supervisor's ``launch_on_node``: it triggers a run of ``tandem_<plan>_run`` for the node,
+    whose launch task runs on the node's Airflow queue (served by the worker on that host, see
+    ``airflow_queue`` in ``cluster.yaml``), and waits for that run.
+
+How it works
+    The run is created through the Task SDK (the same Execution API call as
+    ``TriggerDagRunOperator``), with the request in its conf: node, shard, role, the node to re-sync
+    from, and a deadline. The launch task carries out
+    :func:`~tandem.supervisor.node_actions.resync_then_launch` on its host and waits for RUNNING.
+    If no worker runs the task before the deadline (the node's host is down), the supervisor
+    gives up on that action; the task refuses if a worker picks it up later, because the
+    supervisor has decided again since.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tandem.airflow.dags import human_duration, launch_task_id
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.store.db import Database
+from tandem.store.registry import get_instance
+from tandem.supervisor.launcher import LaunchedJob, LaunchError, instance_key
+from tandem.supervisor.node_actions import NodeLaunch
+
+FINISHED = ("success", "failed")
+
+
+def run_dag_id(plan: str) -> str:
+    return f"tandem_{plan}_run"
+
+
+class LaunchOnNodeQueue:
+    """``launch_on_node`` of a :class:`~tandem.supervisor.reconcile.Supervisor` that runs in an Airflow task.
+
+    Args:
+        ti: the running task instance (its DAG run is named in the note of the runs it triggers).
+        start_timeout_s: how long a worker of the node's queue may take to start the launch task:
+            the request's deadline on the node's host.
+        running_timeout_s: how long the launched instance may then take to report RUNNING.
+    """
+
+    def __init__(self, cluster: ClusterConfig, plan: PlanConfig, ti: Any, *, start_timeout_s: float = 120.0,
+                 running_timeout_s: float = 300.0, log: logging.Logger | logging.LoggerAdapter,
+                 poll_s: float = 1.0) -> None:
+        self.cluster = cluster
+        self.plan = plan
+        self.ti = ti
+        self.start_timeout_s = start_timeout_s
+        self.running_timeout_s = running_timeout_s
+        self.log = log
+        self.poll_s = poll_s
+
+    def __call__(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
+        from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+        dag_id = run_dag_id(self.plan.name)
+        run_id = f"tandem_launch__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=self.start_timeout_s)
+        conf = {"node": node, "shard_id": shard_id, "role": role, "resync_from": resync_from or "",
+                "trigger_interval": human_duration(self.plan.trigger_interval_s), "expires_at": deadline.isoformat()}
+        queue = self.cluster.node(node).airflow_queue or "the default queue"
+        response = SUPERVISOR_COMMS.send(TriggerDagRun(
+            dag_id=dag_id, run_id=run_id, conf=conf, logical_date=None, reset_dag_run=False,
+            note=f"{role} on {node} for {shard_id}, requested by {self.ti.dag_id}/{self.ti.run_id}"))
+        if isinstance(response, ErrorResponse):
+            raise LaunchError(f"could not trigger {dag_id} for {node}: {response.error} {response.detail or ''}")
+        self.log.info("launching %s/%s on %s through %s run %s (task %s on %s)", self.plan.name, shard_id, node,
+                      dag_id, run_id, launch_task_id(node), queue)
+        state = self._wait(dag_id, run_id, launch_task_id(node))
+        if state == "failed":
+            raise LaunchError(f"the launch of {node} failed on its host: see {dag_id} run {run_id}, "
+                              f"task {launch_task_id(node)}")
+        if state != "success":
+            raise LaunchError(f"the launch of {node} did not end within "
+                              f"{self.start_timeout_s + self.running_timeout_s:g}s ({dag_id} run {run_id} is "
+                              f"{state}): is a worker of {queue} up on {node}'s host?")
+        with Database(self.cluster.database_url, "tandem-supervisor") as db:
+            row = get_instance(db, instance_key(self.plan, shard_id, node).id)
+        if row is None:
+            raise LaunchError(f"{dag_id} run {run_id} succeeded but {node} has no instance row")
+        return NodeLaunch(LaunchedJob.from_row(row, reused=False, reason=f"{dag_id} run {run_id}"), None)
+
+    def _wait(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """The run's final state, or its state when the launch task did not start in time (the node's
+        host is down or its worker does not serve the queue) or the run did not end in time."""
+        start = time.monotonic()
+        state = "queued"
+        while True:
+            reported = self.ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+            state = str(getattr(reported, "value", reported))
+            if state in FINISHED:
+                return state
+            waited = time.monotonic() - start
+            if waited > self.start_timeout_s + 10 and not self._started(dag_id, run_id, task_id):
+                return f"{state}, its task {task_id} not started after {waited:.0f}s"
+            if waited > self.start_timeout_s + self.running_timeout_s + 30:
+                return state
+            time.sleep(self.poll_s)
+
+    def _started(self, dag_id: str, run_id: str, task_id: str) -> bool:
+        states = self.ti.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id])
+        state = (states.get(run_id) or {}).get(task_id)
+        return str(getattr(state, "value", state)) not in ("None", "scheduled", "queued", "")

@@ -1,0 +1,160 @@
+"""Airflow on a control host, an Edge worker on each node's host: supervision runs every node's work
+on that node's host, and repairs a crashed host when it comes back.
+
+Hosts are network namespaces (``_hosts.HostNetwork``): ``control`` runs the test's PostgreSQL
+(Tandem's database and Airflow's metadata) and Airflow's API server, scheduler, triggerer and DAG
+processor; ``host-a`` and ``host-b`` each run an Edge worker that serves its node's queue
+(``airflow_queue`` in ``cluster.yaml``). The supervision DAG decides on the control host; every
+launch, with its re-sync, is a task of ``tandem_trades_run`` that runs on the node's host, so
+each driver lives in its host's namespace under its host name. The load lands through the shared
+storage, and the outputs are compared with the test's own aggregation of every event.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+import yaml
+from _airflow import code_home
+from _ha import (
+    TradeWriter,
+    configure_one_shard,
+    db_now,
+    failover_events,
+    instance_row,
+    lease,
+    mismatches,
+    publish_log,
+    published_total,
+    split_brain,
+    wait_for,
+)
+from _hosts import HOST_OF, AirflowOnHosts, hosts_with_postgres
+from _project import use_project
+from tandem.airflow_rest import AirflowClient
+from tandem.config import load_cluster, load_plan
+from tandem.layout import instance_landing_dir
+from tandem.store import Database, migrate
+
+pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.e2e]
+SUPERVISE = "tandem_trades_supervise"
+RUN = "tandem_trades_run"
+NODES = ("node-a", "node-b")
+
+
+def queue_per_node(project: Path) -> None:
+    """Each node's tasks on its own queue, which the worker on its host serves."""
+    path = project / "conf" / "cluster.yaml"
+    cluster = yaml.safe_load(path.read_text())
+    for node in NODES:
+        cluster["nodes"][node]["airflow_queue"] = node
+    path.write_text(yaml.safe_dump(cluster))
+
+
+def metadata_database(url: str) -> str:
+    """A database ``airflow`` beside ``url``'s, for Airflow's metadata; its SQLAlchemy URL."""
+    conn = psycopg2.connect(url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("CREATE DATABASE airflow")
+    finally:
+        conn.close()
+    return url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg2://", 1) + "/airflow"
+
+
+def launched_on_its_host(url: str, node: str, since_pid: int | None = None) -> dict | None:
+    """``node``'s row once it RUNS on its own host, launched by a task of the run DAG (a new pid if given)."""
+    row = instance_row(url, node)
+    if (row and row["status"] == "RUNNING" and row["host"] == HOST_OF[node] and row["pid"] != since_pid
+            and (row["launched_by"] or "").startswith(f"airflow {RUN}/")):
+        return row
+    return None
+
+
+@pytest.fixture
+def airflow_on_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AirflowOnHosts, AirflowClient, str]]:
+    if os.geteuid() != 0:
+        pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
+    with hosts_with_postgres(tmp_path, list(HOST_OF.values())) as (network, server, url):
+        project = use_project(tmp_path / "project", url, monkeypatch)
+        configure_one_shard(project, "hot")
+        queue_per_node(project)
+        with Database(url) as db:
+            migrate(db)
+        airflow = AirflowOnHosts(network, code_home(tmp_path), tmp_path / "airflow", metadata_database(url))
+        try:
+            client = airflow.start()
+            for node, host in HOST_OF.items():
+                airflow.start_worker(host, node)
+            yield airflow, client, url
+        finally:
+            airflow.stop()
+
+
+def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(airflow_on_hosts) -> None:
+    airflow, client, url = airflow_on_hosts
+    network = airflow.network
+    started = time.monotonic()
+
+    def note(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
+
+    def logs(node: str) -> str:
+        return f"{instance_row(url, node)}\n{airflow.worker_log(HOST_OF[node]).read_text()[-3000:]}"
+
+    client.wait_for_dag(SUPERVISE)
+    client.wait_for_dag(RUN)
+    client.set_paused(SUPERVISE, False)
+    rows = {node: wait_for(lambda node=node: launched_on_its_host(url, node), 420,
+                           f"the supervisor to launch {node} on {HOST_OF[node]}", detail=lambda node=node: logs(node))
+            for node in NODES}
+    note("both nodes RUNNING, each launched on its own host by its worker")
+    wait_for(lambda: {n: instance_row(url, n)["role"] for n in NODES} == {"node-a": "ACTIVE", "node-b": "PASSIVE"},
+             60, "the initial roles")
+
+    cluster = load_cluster()
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan("trades", cluster), "shard-1"), rate=200, seed=7)
+    writer.start()
+    try:
+        wait_for(lambda: publish_log(url, "node-a"), 120, "node-a to publish")
+        before, since = lease(url), db_now(url)
+        assert before["holder"] == "node-a"
+        killed = network.crash("host-a")
+        crashed_at = time.time()
+        note(f"host-a crashed ({killed} processes, its Edge worker among them)")
+        promoted = wait_for(lambda: [e for e in failover_events(url, since=since)
+                                     if e["kind"] == "PROMOTED" and e["node"] == "node-b"], 30,
+                            "node-b to take over by itself", detail=lambda: f"lease {lease(url)}")
+        note(f"node-b PROMOTED {promoted[0]['happened_at'].timestamp() - crashed_at:.2f}s after the crash")
+
+        # The supervisor's relaunch of node-a waits in node-a's queue while host-a is down.
+        wait_for(lambda: [e for e in failover_events(url, since=since) if e["kind"] == "LAUNCH"
+                          and e["node"] == "node-a"], 180, "the supervisor to decide to relaunch node-a")
+        time.sleep(10)
+        assert instance_row(url, "node-a")["pid"] == rows["node-a"]["pid"], "nothing may launch node-a elsewhere"
+        airflow.start_worker("host-a", "node-a")
+        note("host-a is back: its Edge worker runs again")
+        row = wait_for(lambda: launched_on_its_host(url, "node-a", rows["node-a"]["pid"]), 300,
+                       "node-a to be launched again on host-a", detail=lambda: logs("node-a"))
+        wait_for(lambda: instance_row(url, "node-a")["role"] == "PASSIVE", 60, "node-a to run as PASSIVE")
+        note(f"node-a RUNNING again on {row['host']} as PASSIVE, launched by {row['launched_by']}")
+        kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == "node-a"]
+        assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
+    finally:
+        writer.stopping.set()
+        writer.join(timeout=30)
+    events = writer.stop()
+    wait_for(lambda: published_total(url) >= len(events), 180, f"all {len(events)} events to be published",
+             detail=lambda: f"published {published_total(url)}; lease {lease(url)}")
+    deadline = time.monotonic() + 30
+    while (problems := mismatches(cluster, events)) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not problems, "\n".join(problems)
+    assert split_brain(url) == []
+    client.set_paused(SUPERVISE, True)
