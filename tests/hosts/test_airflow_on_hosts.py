@@ -8,13 +8,20 @@ processor; ``host-a`` and ``host-b`` each run an Edge worker that serves its nod
 launch, with its re-sync, is a task of ``tandem_trades_run`` that runs on the node's host, so
 each driver lives in its host's namespace under its host name. The load lands through the shared
 storage, and the outputs are compared with the test's own aggregation of every event.
+
+The two tests share one stack and run in order: a crash of host-a, then the control host's
+Airflow stopped for two minutes.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg2
@@ -45,6 +52,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.e2e]
 SUPERVISE = "tandem_trades_supervise"
 RUN = "tandem_trades_run"
 NODES = ("node-a", "node-b")
+AIRFLOW_DOWN_S = 120
 
 
 def queue_per_node(project: Path) -> None:
@@ -77,55 +85,94 @@ def launched_on_its_host(url: str, node: str, since_pid: int | None = None) -> d
     return None
 
 
-@pytest.fixture
-def airflow_on_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AirflowOnHosts, AirflowClient, str]]:
+@dataclass
+class OnHosts:
+    """The stack shared by the tests of this module, in order, and every event written so far."""
+
+    airflow: AirflowOnHosts
+    client: AirflowClient
+    url: str
+    events: list = field(default_factory=list)
+    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(7))
+    started: float = field(default_factory=time.monotonic)
+
+    def note(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+
+    def logs(self, node: str) -> str:
+        return f"{instance_row(self.url, node)}\n{self.airflow.worker_log(HOST_OF[node]).read_text()[-3000:]}"
+
+    def roles(self) -> tuple[str, str]:
+        holder = lease(self.url)["holder"]
+        return holder, ({"node-a", "node-b"} - {holder}).pop()
+
+    @contextmanager
+    def load(self) -> Iterator[None]:
+        """~200 trade events/s for the test's body; then every event so far published and compared."""
+        cluster = load_cluster()
+        writer = TradeWriter(instance_landing_dir(cluster, load_plan("trades", cluster), "shard-1"), rate=200,
+                             seed=next(self.seeds))
+        writer.start()
+        try:
+            yield
+        finally:
+            writer.stopping.set()
+            writer.join(timeout=30)
+            self.events += writer.snapshot()
+        writer.stop()
+        wait_for(lambda: published_total(self.url) >= len(self.events), 180,
+                 f"all {len(self.events)} events to be published",
+                 detail=lambda: f"published {published_total(self.url)}; lease {lease(self.url)}")
+        deadline = time.monotonic() + 30
+        while (problems := mismatches(cluster, self.events)) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not problems, "\n".join(problems)
+        assert split_brain(self.url) == []
+        self.note(f"{len(self.events)} events, every output equal to the test's own aggregation")
+
+
+@pytest.fixture(scope="module")
+def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnHosts]:
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
-    with hosts_with_postgres(tmp_path, list(HOST_OF.values())) as (network, server, url):
-        project = use_project(tmp_path / "project", url, monkeypatch)
+    root = tmp_path_factory.mktemp("airflow-hosts")
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            hosts_with_postgres(root, list(HOST_OF.values())) as (network, server, url):
+        project = use_project(root / "project", url, monkeypatch)
         configure_one_shard(project, "hot")
         queue_per_node(project)
         with Database(url) as db:
             migrate(db)
-        airflow = AirflowOnHosts(network, code_home(tmp_path), tmp_path / "airflow", metadata_database(url))
+        airflow = AirflowOnHosts(network, code_home(root), root / "airflow", metadata_database(url))
         try:
             client = airflow.start()
             for node, host in HOST_OF.items():
                 airflow.start_worker(host, node)
-            yield airflow, client, url
+            yield OnHosts(airflow, client, url)
         finally:
             airflow.stop()
 
 
-def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(airflow_on_hosts) -> None:
-    airflow, client, url = airflow_on_hosts
-    network = airflow.network
-    started = time.monotonic()
-
-    def note(message: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
-
-    def logs(node: str) -> str:
-        return f"{instance_row(url, node)}\n{airflow.worker_log(HOST_OF[node]).read_text()[-3000:]}"
-
+def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(on_hosts: OnHosts) -> None:
+    """The supervision DAG launches each node on its host; host-a crashes under load, node-b takes
+    over by itself, node-a's relaunch waits in its queue until host-a is back, then runs there."""
+    airflow, client, url, note = on_hosts.airflow, on_hosts.client, on_hosts.url, on_hosts.note
     client.wait_for_dag(SUPERVISE)
     client.wait_for_dag(RUN)
     client.set_paused(SUPERVISE, False)
     rows = {node: wait_for(lambda node=node: launched_on_its_host(url, node), 420,
-                           f"the supervisor to launch {node} on {HOST_OF[node]}", detail=lambda node=node: logs(node))
+                           f"the supervisor to launch {node} on {HOST_OF[node]}",
+                           detail=lambda node=node: on_hosts.logs(node))
             for node in NODES}
     note("both nodes RUNNING, each launched on its own host by its worker")
     wait_for(lambda: {n: instance_row(url, n)["role"] for n in NODES} == {"node-a": "ACTIVE", "node-b": "PASSIVE"},
              60, "the initial roles")
 
-    cluster = load_cluster()
-    writer = TradeWriter(instance_landing_dir(cluster, load_plan("trades", cluster), "shard-1"), rate=200, seed=7)
-    writer.start()
-    try:
+    with on_hosts.load():
         wait_for(lambda: publish_log(url, "node-a"), 120, "node-a to publish")
         before, since = lease(url), db_now(url)
         assert before["holder"] == "node-a"
-        killed = network.crash("host-a")
+        killed = airflow.network.crash("host-a")
         crashed_at = time.time()
         note(f"host-a crashed ({killed} processes, its Edge worker among them)")
         promoted = wait_for(lambda: [e for e in failover_events(url, since=since)
@@ -141,20 +188,45 @@ def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(airfl
         airflow.start_worker("host-a", "node-a")
         note("host-a is back: its Edge worker runs again")
         row = wait_for(lambda: launched_on_its_host(url, "node-a", rows["node-a"]["pid"]), 300,
-                       "node-a to be launched again on host-a", detail=lambda: logs("node-a"))
+                       "node-a to be launched again on host-a", detail=lambda: on_hosts.logs("node-a"))
         wait_for(lambda: instance_row(url, "node-a")["role"] == "PASSIVE", 60, "node-a to run as PASSIVE")
         note(f"node-a RUNNING again on {row['host']} as PASSIVE, launched by {row['launched_by']}")
         kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == "node-a"]
         assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
-    finally:
-        writer.stopping.set()
-        writer.join(timeout=30)
-    events = writer.stop()
-    wait_for(lambda: published_total(url) >= len(events), 180, f"all {len(events)} events to be published",
-             detail=lambda: f"published {published_total(url)}; lease {lease(url)}")
-    deadline = time.monotonic() + 30
-    while (problems := mismatches(cluster, events)) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert not problems, "\n".join(problems)
-    assert split_brain(url) == []
-    client.set_paused(SUPERVISE, True)
+
+
+def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_hosts: OnHosts) -> None:
+    """The control host's Airflow is stopped for two minutes: the active keeps publishing, a kill -9
+    of the active in that window still fails over by itself, and when Airflow returns its
+    supervisor brings the killed node back on its host as PASSIVE."""
+    airflow, url, note = on_hosts.airflow, on_hosts.url, on_hosts.note
+    for node in NODES:
+        wait_for(lambda node=node: (row := instance_row(url, node)) and row["status"] == "RUNNING", 300,
+                 f"{node} to run", detail=lambda node=node: on_hosts.logs(node))
+    active, standby = on_hosts.roles()
+    with on_hosts.load():
+        wait_for(lambda: publish_log(url, active), 120, f"{active} to publish")
+        airflow.stop_control()
+        stopped_at, since = time.monotonic(), db_now(url)
+        note("the control host's Airflow is stopped")
+        wait_for(lambda: [r for r in publish_log(url, active) if r["published_at"] > since], 30,
+                 f"{active} to publish without Airflow")
+        killed = instance_row(url, active)
+        os.killpg(killed["submit_pid"], signal.SIGKILL)
+        killed_at = time.time()
+        promoted = wait_for(lambda: [e for e in failover_events(url, since=since)
+                                     if e["kind"] == "PROMOTED" and e["node"] == standby], 30,
+                            f"{standby} to take over without Airflow", detail=lambda: f"lease {lease(url)}")
+        note(f"{active} killed; {standby} PROMOTED {promoted[0]['happened_at'].timestamp() - killed_at:.2f}s later")
+        wait_for(lambda: [r for r in publish_log(url, standby) if r["published_at"] > promoted[0]["happened_at"]],
+                 30, f"{standby} to publish without Airflow")
+        time.sleep(max(0.0, AIRFLOW_DOWN_S - (time.monotonic() - stopped_at)))
+        assert instance_row(url, active)["pid"] == killed["pid"], "nothing may repair while Airflow is down"
+        on_hosts.client = airflow.start()
+        note(f"Airflow is back after {time.monotonic() - stopped_at:.0f}s")
+        row = wait_for(lambda: launched_on_its_host(url, active, killed["pid"]), 420,
+                       f"the supervisor to bring {active} back on {HOST_OF[active]}",
+                       detail=lambda: on_hosts.logs(active))
+        wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
+        note(f"{active} RUNNING again on {row['host']} as PASSIVE")
+    on_hosts.client.set_paused(SUPERVISE, True)

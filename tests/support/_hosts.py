@@ -342,6 +342,13 @@ class AirflowOnHosts:
     def worker_log(self, host: str) -> Path:
         return self.home / "logs" / f"edge-worker-{host}.log"
 
+    def stop_control(self) -> None:
+        """Stop Airflow's four components on the control host (the workers stay up)."""
+        done = subprocess.run(["bash", str(REPO / "scripts" / "airflow_stack.sh"), "down"],
+                              env=self.environment(), capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"the Airflow stack did not stop:\n{done.stdout}\n{done.stderr}")
+
     def stop(self) -> None:
         """Stop the workers and the stack (the hosts' teardown kills whatever is left)."""
         for process in self.workers.values():
