@@ -288,17 +288,24 @@ def hot_failovers(runs: int, rate: int, progress: Progress) -> dict:
                 progress.advance(task)
                 active, standby = standby, active
             progress.update(task, description="hot failover: checking the outputs against every event written")
-            events = writer.stop()
-            _ha.wait_for(lambda: _ha.published_total(pair.url) >= len(events), 180, "every event to be published")
-            deadline = time.monotonic() + 60
-            while (problems := _ha.mismatches(cluster, events)) and time.monotonic() < deadline:
-                time.sleep(2)
+            events, problems = _check_outputs(writer, cluster, pair.url)
             progress.advance(task)
             kinds = [(e["kind"], e["node"], e["epoch"]) for e in _ha.failover_events(pair.url)]
         finally:
             writer.stopping.set()
     return {"runs": results, "events_written": len(events), "outputs_exact": not problems,
             "output_problems": problems[:10], "failover_events": kinds}
+
+
+def _check_outputs(writer: _ha.TradeWriter, cluster, url: str) -> tuple[list, list[str]]:
+    """Stop the writer, wait until every event it wrote is published, compare every output with the
+    test harness's own aggregation (Delta is appended right after PostgreSQL: a minute of grace)."""
+    events = writer.stop()
+    _ha.wait_for(lambda: _ha.published_total(url) >= len(events), 180, "every event to be published")
+    deadline = time.monotonic() + 60
+    while (problems := _ha.mismatches(cluster, events)) and time.monotonic() < deadline:
+        time.sleep(2)
+    return events, problems
 
 
 # ------------------------------------------------------------------------------------------------
@@ -618,11 +625,7 @@ def multi_host_hot(network: HostNetwork, server_url: str, runs: int, rate: int, 
                 progress.advance(task)
                 active, standby = standby, active
             progress.update(task, description="multi-host hot failover: checking the outputs against every event")
-            events = writer.stop()
-            _ha.wait_for(lambda: _ha.published_total(pair.url) >= len(events), 180, "every event to be published")
-            deadline = time.monotonic() + 60
-            while (problems := _ha.mismatches(cluster, events)) and time.monotonic() < deadline:
-                time.sleep(2)
+            events, problems = _check_outputs(writer, cluster, pair.url)
             progress.advance(task)
             split = _ha.split_brain(pair.url)
         finally:
