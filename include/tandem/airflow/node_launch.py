@@ -109,6 +109,14 @@ class LaunchOnNodeQueue:
             time.sleep(self.poll_s)
 
     def _started(self, dag_id: str, run_id: str, task_id: str) -> bool:
-        states = self.ti.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id])
-        state = (states.get(run_id) or {}).get(task_id)
-        return str(getattr(state, "value", state)) not in ("None", "scheduled", "queued", "")
+        return task_started(self.ti.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id]),
+                            run_id, task_id)
+
+
+NOT_STARTED = frozenset({"None", "", "scheduled", "queued"})
+
+
+def task_started(states: dict[str, dict[str, Any]], run_id: str, task_id: str) -> bool:
+    """Whether a worker has taken the task, from the Execution API's ``{run_id: {task_id: state}}`` (pure)."""
+    state = (states.get(run_id) or {}).get(task_id)
+    return str(getattr(state, "value", state)) not in NOT_STARTED
