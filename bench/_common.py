@@ -14,6 +14,7 @@ import platform
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -395,6 +396,24 @@ def wait_for_quiet(ours: set[int], max_wait_s: float = 900, window_s: float = 5.
             return time.time() - started
         if on_wait:
             on_wait(busy)
+
+
+@contextmanager
+def pinned(cpus: set[int] | None):
+    """Processes started inside run on ``cpus`` only (``None``: no change).
+
+    Linux sets the affinity of the calling thread, and a child inherits the mask of the thread that
+    forks it: the JVM of a ``spark-submit`` started here stays on ``cpus`` for its whole life.
+    """
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def percentile(values: list[float], q: float) -> float | None:

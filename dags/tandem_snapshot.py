@@ -1,8 +1,10 @@
 """``tandem_<plan>_snapshot``: scheduled persistence snapshots of a plan, validated and pruned.
 
-One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``: one snapshot task per shard, then
-retention (``snapshot.keep``) whatever the snapshots' outcome, and ``all_snapshots_good``, which
-fails the run when a snapshot failed (a run's state follows its last tasks, and retention succeeds).
+One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``. Per shard, ``choose_host_<shard>``
+picks the host that takes the snapshot (a live standby's, else the ACTIVE's) and follows that
+node's ``snapshot_<shard>_on_<node>`` task, which runs on the node's queue. Then retention
+(``snapshot.keep``) whatever the snapshots' outcome, and ``all_snapshots_good``, which fails the
+run when a snapshot failed (a run's state follows its last tasks, and retention succeeds).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from tandem.airflow.dags import SNAPSHOT_DEFAULT_ARGS, load_for_dags, snapshot_doc
-from tandem.airflow.operators import PruneSnapshotsOperator, TakeSnapshotOperator
+from tandem.airflow.dags import SNAPSHOT_DEFAULT_ARGS, load_for_dags, node_task_args, snapshot_doc, snapshot_task_id
+from tandem.airflow.operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
 
 cluster, plans = load_for_dags(__file__)
 
@@ -33,6 +35,10 @@ for plan in plans.values():
                                        trigger_rule="all_done")
         verdict = EmptyOperator(task_id="all_snapshots_good", trigger_rule="none_failed")
         for shard in plan.shards:
-            TakeSnapshotOperator(task_id=f"snapshot_{shard.replace('-', '_')}", plan=plan.name, shard_id=shard,
-                                 cluster_config=str(cluster.path)) >> [prune, verdict]
+            choose = ChooseSnapshotHostOperator(task_id=f"choose_host_{shard}", plan=plan.name, shard_id=shard,
+                                                cluster_config=str(cluster.path))
+            for node in plan.nodes:
+                choose >> TakeSnapshotOperator(task_id=snapshot_task_id(shard, node), plan=plan.name, shard_id=shard,
+                                               cluster_config=str(cluster.path),
+                                               **node_task_args(cluster, node)) >> [prune, verdict]
     globals()[dag.dag_id] = dag

@@ -179,6 +179,13 @@ class AirflowClient:
             raise AirflowError(f"cannot read run {run_id} of {dag_id}: {response.status_code}")
         return response.json()["state"]
 
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The run's task instances (task id, state, hostname, queue, …)."""
+        response = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        if not response.ok:
+            raise AirflowError(f"cannot list the tasks of run {run_id} of {dag_id}: {response.status_code}")
+        return response.json()["task_instances"]
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float = 300.0) -> str:
         """Wait until a run finishes; return ``success`` or raise with the failed tasks."""
         deadline = time.monotonic() + timeout_s
@@ -189,7 +196,6 @@ class AirflowClient:
                 break
             time.sleep(2)
         if state != "success":
-            tasks = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()
-            summary = ", ".join(f"{t['task_id']}={t['state']}" for t in tasks.get("task_instances", []))
+            summary = ", ".join(f"{t['task_id']}={t['state']}" for t in self.task_instances(dag_id, run_id))
             raise AirflowError(f"run {run_id} of {dag_id} ended {state!r} (tasks: {summary or 'none'})")
         return state

@@ -9,8 +9,9 @@ launch, with its re-sync, is a task of ``tandem_trades_run`` that runs on the no
 each driver lives in its host's namespace under its host name. The load lands through the shared
 storage, and the outputs are compared with the test's own aggregation of every event.
 
-The two tests share one stack and run in order: a crash of host-a, then the control host's
-Airflow stopped for two minutes.
+The tests share one stack and run in order: a crash of host-a, the control host's Airflow
+stopped for two minutes, a scheduled snapshot, which runs on the standby's host, and a restore
+from it, which relaunches each node on its own host.
 """
 
 from __future__ import annotations
@@ -47,10 +48,13 @@ from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.store import Database, migrate
+from tandem.store import snapshots as catalog
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.e2e]
 SUPERVISE = "tandem_trades_supervise"
 RUN = "tandem_trades_run"
+SNAPSHOT = "tandem_trades_snapshot"
+RESTORE = "tandem_restore"
 NODES = ("node-a", "node-b")
 AIRFLOW_DOWN_S = 120
 
@@ -230,3 +234,56 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
         wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
         note(f"{active} RUNNING again on {row['host']} as PASSIVE")
     on_hosts.client.set_paused(SUPERVISE, True)
+
+
+def test_the_scheduled_snapshot_runs_on_the_standbys_host(on_hosts: OnHosts) -> None:
+    """Under load, the snapshot DAG snapshots the ACTIVE instance on the PASSIVE's host: the task runs
+    in that host's worker, nothing of it on the ACTIVE's host, and the snapshot is GOOD."""
+    client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
+    wait_for(lambda: sorted(instance_row(url, n)["role"] for n in NODES) == ["ACTIVE", "PASSIVE"]
+             and all(instance_row(url, n)["status"] == "RUNNING" for n in NODES), 120, "one ACTIVE and one PASSIVE")
+    active, standby = on_hosts.roles()
+    since = db_now(url)
+    with on_hosts.load():
+        wait_for(lambda: [r for r in publish_log(url, active) if r["published_at"] > since], 60,
+                 f"{active} to publish")
+        client.wait_for_dag(SNAPSHOT)
+        client.set_paused(SNAPSHOT, False)
+        [run, *_] = wait_for(lambda: client.runs(SNAPSHOT, "scheduled"), 120, "the scheduled snapshot run")
+        assert client.wait_for_run(SNAPSHOT, run["dag_run_id"], timeout_s=600) == "success"
+        client.set_paused(SNAPSHOT, True)
+    tasks = {t["task_id"]: t for t in client.task_instances(SNAPSHOT, run["dag_run_id"])}
+    on_standby, on_active = tasks[f"snapshot_shard-1_on_{standby}"], tasks[f"snapshot_shard-1_on_{active}"]
+    assert (on_standby["state"], on_standby["hostname"], on_standby["queue"]) == ("success", HOST_OF[standby],
+                                                                                 standby)
+    assert on_active["state"] == "skipped"
+    with Database(url) as db:
+        snapshot = catalog.latest_good(db, "trades", "shard-1")
+    assert snapshot is not None and snapshot.node == active and snapshot.taken_at >= since
+    assert snapshot.state_rows > 0 and snapshot.validation["success"] is True
+    note(f"snapshot {snapshot.id} of {active} (batch {snapshot.batch_id}, {snapshot.state_rows} state rows) "
+         f"taken on {on_standby['hostname']} in {on_standby['duration']:.1f}s")
+
+
+def test_a_restore_relaunches_each_node_on_its_own_host(on_hosts: OnHosts) -> None:
+    """``tandem_restore`` of the newest GOOD snapshot under load: the ACTIVE instance is launched on the
+    snapshot's node's host through its queue, the standby on its own host, and every event, those the
+    restore rolled back and replayed included, is published exactly once."""
+    client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
+    with Database(url) as db:
+        snapshot = catalog.latest_good(db, "trades", "shard-1")
+    assert snapshot is not None
+    target, other = snapshot.node, ({"node-a", "node-b"} - {snapshot.node}).pop()
+    pids = {node: instance_row(url, node)["pid"] for node in NODES}
+    with on_hosts.load():
+        wait_for(lambda: published_total(url) > 0, 60, "outputs to restore")
+        run_id = client.trigger(RESTORE, {"plan": "trades", "shard_id": "shard-1", "snapshot_id": snapshot.id,
+                                          "node": "", "force": False})
+        assert client.wait_for_run(RESTORE, run_id, timeout_s=600) == "success"
+        for node, role in ((target, "ACTIVE"), (other, "PASSIVE")):
+            row = wait_for(lambda node=node: launched_on_its_host(url, node, pids[node]), 120,
+                           f"{node} to be relaunched on {HOST_OF[node]}", detail=lambda node=node: on_hosts.logs(node))
+            wait_for(lambda node=node, role=role: instance_row(url, node)["role"] == role, 60, f"{node} as {role}")
+            note(f"{node} RUNNING as {role} on {row['host']}, launched by {row['launched_by']}")
+    [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
+    assert restored["node"] == target

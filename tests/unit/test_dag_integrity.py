@@ -121,8 +121,14 @@ def test_snapshot_dag_shape(dagbag, plans):
         prune = dag.get_task("prune")
         assert prune.trigger_rule == "all_done", "retention must run even when a snapshot failed"
         snapshots = [t for t in dag.tasks if t.task_type == "TakeSnapshotOperator"]
-        assert sorted(t.shard_id for t in snapshots) == sorted(plan.shards)
+        assert sorted((t.shard_id, t.task_id) for t in snapshots) == sorted(
+            (shard, f"snapshot_{shard}_on_{node}") for shard in plan.shards for node in plan.nodes)
+        assert all(t.node == "" for t in snapshots), "every host snapshots the ACTIVE instance"
         assert all(t.downstream_task_ids == {"prune", "all_snapshots_good"} for t in snapshots)
+        for shard in plan.shards:  # one task per node of the shard, after the choice of the host
+            choose = dag.get_task(f"choose_host_{shard}")
+            assert choose.task_type == "ChooseSnapshotHostOperator" and choose.shard_id == shard
+            assert choose.downstream_task_ids == {f"snapshot_{shard}_on_{node}" for node in plan.nodes}
         assert dag.get_task("all_snapshots_good").trigger_rule == "none_failed", "a failed snapshot fails the run"
 
 

@@ -19,6 +19,7 @@ from tandem.supervisor.decisions import (
     actionable,
     decide,
     initial_role,
+    snapshot_node,
     takeover_deadline_s,
 )
 from tandem.supervisor.health import DEAD, FAILED, HEALTHY, MISSING, STALLED, STARTING, STOPPED, InstanceHealth
@@ -228,3 +229,22 @@ def test_a_crash_looping_node_is_given_up_until_an_operator_restarts_it():
 def test_actionable():
     assert actionable([Stop("a", "x")]) and actionable([Launch("a", ACTIVE, "x")])
     assert not actionable([AwaitPromotion("a", 1, 5.0, "x")]) and not actionable([])
+
+
+def test_the_snapshot_runs_on_a_live_standbys_host_passive_first():
+    world = view(inst("a", role=ACTIVE), inst("b", role=BACKUP), inst("c", role=PASSIVE), holder="a")
+    assert snapshot_node(world) == "c"
+    assert snapshot_node(view(inst("a", role=ACTIVE), inst("b", role=BACKUP), inst("c", DEAD), holder="a")) == "b"
+
+
+def test_the_snapshot_runs_on_the_active_host_when_no_standby_lives():
+    assert snapshot_node(view(inst("a", role=ACTIVE), inst("b", DEAD), holder="a")) == "a"
+    assert snapshot_node(view(inst("a", role=ACTIVE), inst("b", role=PASSIVE), holder="a", drained=("b",))) == "a"
+    # a warm plan: the standby node does not run
+    assert snapshot_node(view(inst("a", role=ACTIVE), inst("b", MISSING, None), holder="a", standby=WARM)) == "a"
+
+
+def test_no_snapshot_host_without_a_valid_lease():
+    assert snapshot_node(view(inst("a", DEAD, ACTIVE), inst("b"), holder="a", valid=False)) is None
+    assert snapshot_node(view(inst("a", STOPPED, None), inst("b", STOPPED, None))) is None
+    assert snapshot_node(view(inst("a"), holder="z", nodes=("a",))) is None

@@ -59,6 +59,11 @@ def launch_task_id(node: str) -> str:
     return f"launch_{node}"
 
 
+def snapshot_task_id(shard_id: str, node: str) -> str:
+    """The task of ``tandem_<plan>_snapshot`` that snapshots ``shard_id`` on ``node``'s host."""
+    return f"snapshot_{shard_id}_on_{node}"
+
+
 def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
     """Operator arguments that run a task on ``node``'s host: its queue on the Edge executor, or
     nothing (the default executor) when the node names no queue."""
@@ -179,7 +184,8 @@ The task log ends with a summary of every decision (also in `tandem.failover_eve
 def snapshot_doc(plan: PlanConfig) -> str:
     return f"""### Snapshots of plan `{plan.name}`
 
-Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each shard: a consistent
+Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each shard, on the host of a
+live standby (PASSIVE first; the ACTIVE's own host when no standby runs: `choose_host_<shard>`), a consistent
 cut of the ACTIVE instance's checkpoint at its last committed batch (the query keeps running), its
 operator state exported to the Delta table `state_snapshots`, the Delta versions of the plan's outputs
 at the cut, validated with the suite `conf/expectations/{plan.snapshot.suite}.json` and marked GOOD or

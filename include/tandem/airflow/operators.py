@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -402,10 +403,53 @@ def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str
     return {"plan": plan.name, "snapshots": [t.record.id for t in taken], "skipped": skipped, "summary": lines}
 
 
+class ChooseSnapshotHostOperator(BaseBranchOperator):
+    """Choose the host that snapshots one shard: follow the task ``snapshot_<shard>_on_<node>`` of that host.
+
+    :func:`tandem.supervisor.decisions.snapshot_node` decides: a live standby's host (the snapshot
+    then costs the ACTIVE's host nothing), else the ACTIVE's own; with no ACTIVE, every snapshot
+    task of the shard is skipped.
+
+    :param plan: plan name.
+    :param shard_id: the shard.
+    """
+
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, shard_id: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.cluster_config = cluster_config
+
+    def choose_branch(self, context: Any) -> str | None:
+        from tandem.airflow.dags import snapshot_task_id
+        from tandem.store.db import Database
+        from tandem.supervisor.decisions import snapshot_node
+        from tandem.supervisor.observe import observe_shard
+
+        cluster = _cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        with Database(cluster.database_url, "tandem-snapshot-host") as db:
+            view = observe_shard(db, cluster, plan, self.shard_id).view
+        node = snapshot_node(view)
+        states = ", ".join(f"{n} {h.role or '-'} {h.state}" for n, h in view.instances.items())
+        if node is None:
+            self.log.warning("%s/%s: no node holds the ACTIVE lease (%s): nothing to snapshot", plan.name,
+                             self.shard_id, states)
+            return None
+        self.log.info("%s/%s: the ACTIVE instance on %s is snapshotted on %s's host (%s)", plan.name,
+                      self.shard_id, view.lease.holder, node, states)
+        return snapshot_task_id(self.shard_id, node)
+
+
 class TakeSnapshotOperator(BaseOperator):
     """Take a snapshot of one shard's ACTIVE instance: cut, state export, validation (GOOD or BAD).
 
-    Fails (no retry) when the snapshot is BAD; skips when no instance of the shard is ACTIVE.
+    Fails (no retry) when the snapshot is BAD; skips when no instance of the shard is ACTIVE. It
+    runs wherever its task's queue sends it: the scheduled DAG puts one task per node on that
+    node's queue (:class:`ChooseSnapshotHostOperator` picks one); the cut reads the ACTIVE's
+    checkpoint from the shared storage.
 
     :param plan: plan name. Templated.
     :param shard_id: the shard. Templated.
@@ -456,7 +500,10 @@ class PruneSnapshotsOperator(BaseOperator):
 class RestoreSnapshotOperator(BaseOperator):
     """Restore a plan's shards from a snapshot (by id, or each shard's newest GOOD one) and start them.
 
-    A BAD snapshot is refused unless ``force``. The steps go to the log and the run note.
+    A BAD snapshot is refused unless ``force``. The steps go to the log and the run note. The
+    restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
+    ACTIVE instance, and the standbys after it, are launched on their nodes' hosts through
+    ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`).
 
     :param plan: plan name. Templated.
     :param shard_id: one shard, or empty for every shard (ignored with a snapshot id). Templated.
@@ -479,6 +526,7 @@ class RestoreSnapshotOperator(BaseOperator):
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.airflow.node_launch import LaunchOnNodeQueue
         from tandem.errors import SnapshotError
         from tandem.snapshots.restore import restore_shard, shards_to_restore
 
@@ -495,7 +543,8 @@ class RestoreSnapshotOperator(BaseOperator):
             try:
                 report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
                                        node=self.node or None,
-                                       launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
+                                       launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
+                                       launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, log=self.log))
             except SnapshotError as exc:
                 raise AirflowFailException(str(exc)) from None
             for line in report.lines():

@@ -212,6 +212,21 @@ def _standby_preference(view: ShardView, exclude: str | None) -> list[str]:
     return sorted(live, key=lambda n: 0 if standby_role(view.health(n)) == PASSIVE else 1)
 
 
+def snapshot_node(view: ShardView) -> str | None:
+    """The node whose host takes the shard's snapshot, or ``None`` when no node holds the ACTIVE lease.
+
+    The snapshot always cuts the ACTIVE instance's checkpoint (shared storage), whose Delta
+    transactions pair the cut with the outputs; where it runs is a separate choice. A live standby's
+    host, PASSIVE before BACKUP, keeps the snapshot's Spark session off the ACTIVE's CPUs (its host
+    is up: its instance beats); the ACTIVE's own host when no standby lives.
+    """
+    lease = view.lease
+    if lease is None or not lease.valid or lease.holder not in view.nodes:
+        return None
+    standbys = _standby_preference(view, exclude=lease.holder)
+    return standbys[0] if standbys else lease.holder
+
+
 def _after(nodes: list[str], source: str | None) -> list[str]:
     """``nodes`` rotated to start after ``source`` (the warm failover order), ``source`` last."""
     if source not in nodes:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,11 @@ class NodeLaunch:
         if self.cut is not None:
             data["cut"] = self.cut
         return data
+
+
+LaunchOnNode = Callable[[str, str, str, "str | None"], NodeLaunch]
+"""``(shard, node, role, resync_from) -> NodeLaunch``: re-sync and launch an instance on the node's own host
+(:func:`resync_then_launch` here; inside Airflow through the node's queue, :class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`)."""
 
 
 def expired(deadline: datetime | None, now: datetime) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,7 @@ from tandem.supervisor.decisions import (
     takeover_deadline_s,
 )
 from tandem.supervisor.launcher import LaunchError, stop_instance, wait_until_running
-from tandem.supervisor.node_actions import NodeLaunch, resync_then_launch
+from tandem.supervisor.node_actions import LaunchOnNode, NodeLaunch, resync_then_launch
 from tandem.supervisor.observe import ShardObservation, observe_shard
 from tandem.supervisor.resync import CheckpointError
 
@@ -121,7 +121,7 @@ class Supervisor:
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, *, launched_by: str = "tandem supervisor",
                  log: logging.Logger | logging.LoggerAdapter | None = None, py_files: Path | None = None,
                  running_timeout_s: float = 300.0, poll_s: float = 0.5,
-                 launch_on_node: Callable[[str, str, str, str | None], NodeLaunch] | None = None) -> None:
+                 launch_on_node: LaunchOnNode | None = None) -> None:
         self.launch_on_node = launch_on_node or self._launch_here
         self.cluster = cluster
         self.plan = plan
@@ -353,7 +353,7 @@ class Supervisor:
 def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
                    launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
                    py_files: Path | None = None,
-                   launch_on_node: Callable[[str, str, str, str | None], NodeLaunch] | None = None) -> list[Report]:
+                   launch_on_node: LaunchOnNode | None = None) -> list[Report]:
     """Carry out one operator action on the given shards of a plan; one report per shard."""
     if action not in SUPERVISOR_ACTIONS:
         raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
