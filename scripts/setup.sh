@@ -230,6 +230,10 @@ case "\$AIRFLOW__CORE__EXECUTOR" in
     export AIRFLOW__EDGE__API_URL="\$TANDEM_AIRFLOW_URL/edge_worker/v1/rpcapi"
     export AIRFLOW__EDGE__JOB_POLL_INTERVAL="\${AIRFLOW__EDGE__JOB_POLL_INTERVAL:-1}"
     export AIRFLOW__EDGE__HEARTBEAT_INTERVAL="\${AIRFLOW__EDGE__HEARTBEAT_INTERVAL:-10}"
+    # a node host's worker outlives an outage of the control host (the default gives up after ~10
+    # random waits, as little as a minute, and the worker exits) and is back within 10 s of its return
+    export AIRFLOW__EDGE__API_RETRIES="\${AIRFLOW__EDGE__API_RETRIES:-100000}"
+    export AIRFLOW__EDGE__API_RETRY_WAIT_MAX="\${AIRFLOW__EDGE__API_RETRY_WAIT_MAX:-10}"
     ;;
 esac
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager

@@ -233,6 +233,8 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
                        detail=lambda: on_hosts.logs(active))
         wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
         note(f"{active} RUNNING again on {row['host']} as PASSIVE")
+    lost = [host for host, worker in airflow.workers.items() if worker.poll() is not None]
+    assert not lost, f"the Edge workers of {lost} did not outlive the outage: {airflow.worker_log(lost[0]).read_text()[-2000:]}"
     on_hosts.client.set_paused(SUPERVISE, True)
 
 
