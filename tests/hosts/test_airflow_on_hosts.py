@@ -10,8 +10,9 @@ each driver lives in its host's namespace under its host name. The load lands th
 storage, and the outputs are compared with the test's own aggregation of every event.
 
 The tests share one stack and run in order: a crash of host-a, the control host's Airflow
-stopped for two minutes, a scheduled snapshot, which runs on the standby's host, and a restore
-from it, which relaunches each node on its own host.
+stopped for two minutes, a scheduled snapshot, which runs on the standby's host, a restore from
+it, which relaunches each node on its own host, and the control host's scheduler killed while a
+second one runs on ``control-b``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from _ha import (
     configure_one_shard,
     db_now,
     failover_events,
+    fetch,
     instance_row,
     lease,
     mismatches,
@@ -110,6 +112,17 @@ class OnHosts:
         holder = lease(self.url)["holder"]
         return holder, ({"node-a", "node-b"} - {holder}).pop()
 
+    def kill_active(self, active: str, standby: str, since) -> tuple[dict, dict]:
+        """``kill -9`` of the active's driver; its row before the kill and the standby's PROMOTED event."""
+        killed = instance_row(self.url, active)
+        os.killpg(killed["submit_pid"], signal.SIGKILL)
+        killed_at = time.time()
+        [promoted, *_] = wait_for(lambda: [e for e in failover_events(self.url, since=since)
+                                           if e["kind"] == "PROMOTED" and e["node"] == standby], 30,
+                                  f"{standby} to take over by itself", detail=lambda: f"lease {lease(self.url)}")
+        self.note(f"{active} killed; {standby} PROMOTED {promoted['happened_at'].timestamp() - killed_at:.2f}s later")
+        return killed, promoted
+
     @contextmanager
     def load(self) -> Iterator[None]:
         """~200 trade events/s for the test's body; then every event so far published and compared."""
@@ -141,7 +154,7 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnHosts]:
         pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
     root = tmp_path_factory.mktemp("airflow-hosts")
     with pytest.MonkeyPatch.context() as monkeypatch, \
-            hosts_with_postgres(root, list(HOST_OF.values())) as (network, server, url):
+            hosts_with_postgres(root, [*HOST_OF.values(), "control-b"]) as (network, server, url):
         project = use_project(root / "project", url, monkeypatch)
         configure_one_shard(project, "hot")
         queue_per_node(project)
@@ -215,14 +228,8 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
         note("the control host's Airflow is stopped")
         wait_for(lambda: [r for r in publish_log(url, active) if r["published_at"] > since], 30,
                  f"{active} to publish without Airflow")
-        killed = instance_row(url, active)
-        os.killpg(killed["submit_pid"], signal.SIGKILL)
-        killed_at = time.time()
-        promoted = wait_for(lambda: [e for e in failover_events(url, since=since)
-                                     if e["kind"] == "PROMOTED" and e["node"] == standby], 30,
-                            f"{standby} to take over without Airflow", detail=lambda: f"lease {lease(url)}")
-        note(f"{active} killed; {standby} PROMOTED {promoted[0]['happened_at'].timestamp() - killed_at:.2f}s later")
-        wait_for(lambda: [r for r in publish_log(url, standby) if r["published_at"] > promoted[0]["happened_at"]],
+        killed, promoted = on_hosts.kill_active(active, standby, since)
+        wait_for(lambda: [r for r in publish_log(url, standby) if r["published_at"] > promoted["happened_at"]],
                  30, f"{standby} to publish without Airflow")
         time.sleep(max(0.0, AIRFLOW_DOWN_S - (time.monotonic() - stopped_at)))
         assert instance_row(url, active)["pid"] == killed["pid"], "nothing may repair while Airflow is down"
@@ -289,3 +296,40 @@ def test_a_restore_relaunches_each_node_on_its_own_host(on_hosts: OnHosts) -> No
             note(f"{node} RUNNING as {role} on {row['host']}, launched by {row['launched_by']}")
     [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
     assert restored["node"] == target
+
+
+def live_schedulers(url: str) -> set[str]:
+    """Hosts of the schedulers that beat in the last 15 s (Airflow's ``job`` table, metadata database)."""
+    rows = fetch(url.rsplit("/", 1)[0] + "/airflow", "SELECT hostname FROM public.job WHERE job_type = 'SchedulerJob' "
+                 "AND state = 'running' AND latest_heartbeat > now() - interval '15 seconds'")
+    return {r["hostname"] for r in rows}
+
+
+def test_supervision_goes_on_when_a_scheduler_dies(on_hosts: OnHosts) -> None:
+    """A second scheduler on another host (``control-b``, Airflow's scheduler HA): kill -9 of the control
+    host's scheduler, then of the ACTIVE instance under load: the standby takes over by itself, and the
+    supervisor, now scheduled by the scheduler on control-b, brings the killed node back on its host."""
+    airflow, client, url, note = on_hosts.airflow, on_hosts.client, on_hosts.url, on_hosts.note
+    airflow.start_scheduler("control-b")
+    wait_for(lambda: {"control", "control-b"} <= live_schedulers(url), 120, "both schedulers to beat",
+             detail=lambda: f"live: {live_schedulers(url)}")
+    client.set_paused(SUPERVISE, False)
+    # the supervision run waits in its deferred sensor (the triggerer), not in a scheduler's executor
+    wait_for(lambda: any(t["task_id"] == "watch" and t["state"] == "deferred" for t in client.task_instances(
+        SUPERVISE, client.runs(SUPERVISE)[0]["dag_run_id"])), 180, "the supervision to watch")
+    active, standby = on_hosts.roles()
+    with on_hosts.load():
+        wait_for(lambda: publish_log(url, active), 60, f"{active} to publish")
+        airflow.kill_control_scheduler()
+        note(f"the control host's scheduler killed; live schedulers: {sorted(live_schedulers(url))}")
+        since = db_now(url)
+        killed, _ = on_hosts.kill_active(active, standby, since)
+        killed_at = time.time()
+        row = wait_for(lambda: launched_on_its_host(url, active, killed["pid"]), 420,
+                       f"the supervisor to bring {active} back on {HOST_OF[active]}",
+                       detail=lambda: on_hosts.logs(active))
+        wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
+        note(f"{active} RUNNING again on {row['host']} as PASSIVE, {time.time() - killed_at:.0f}s after the kill, "
+             f"launched by {row['launched_by']}")
+    assert live_schedulers(url) == {"control-b"}
+    client.set_paused(SUPERVISE, True)

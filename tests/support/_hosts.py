@@ -288,6 +288,7 @@ class AirflowOnHosts:
     home: Path
     metadata_url: str
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    schedulers: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -339,6 +340,20 @@ class AirflowOnHosts:
                 raise RuntimeError(f"the Edge worker on {host} exited ({process.returncode}):\n{text[-3000:]}")
             time.sleep(3)
 
+    def start_scheduler(self, host: str) -> subprocess.Popen:
+        """A second scheduler on ``host`` (Airflow's scheduler HA: both lock rows of the same metadata
+        database), with its own LocalExecutor for the tasks it schedules."""
+        process = self.network.popen(host, ["bash", "-c", '. "$TANDEM_ENV_FILE" && exec airflow scheduler'],
+                                     self.home / "logs" / f"scheduler-{host}.log", env=self.environment())
+        self.schedulers[host] = process
+        return process
+
+    def kill_control_scheduler(self) -> int:
+        """``kill -9`` of the control host's scheduler and its process group (its executor's workers); its pid."""
+        pid = int((self.home / "run" / "scheduler.pid").read_text())
+        os.killpg(pid, signal.SIGKILL)
+        return pid
+
     def worker_log(self, host: str) -> Path:
         return self.home / "logs" / f"edge-worker-{host}.log"
 
@@ -350,8 +365,8 @@ class AirflowOnHosts:
             raise RuntimeError(f"the Airflow stack did not stop:\n{done.stdout}\n{done.stderr}")
 
     def stop(self) -> None:
-        """Stop the workers and the stack (the hosts' teardown kills whatever is left)."""
-        for process in self.workers.values():
+        """Stop the workers, the extra schedulers and the stack (the hosts' teardown kills whatever is left)."""
+        for process in [*self.workers.values(), *self.schedulers.values()]:
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
