@@ -5,7 +5,9 @@ Purpose
     the same way: :func:`take_snapshot` cuts the ACTIVE instance of one shard without stopping it,
     exports its state, records the Delta versions of its outputs at the cut, validates the result
     and marks it GOOD or BAD in the catalog. :func:`prune_snapshots` applies the retention
-    decisions of :mod:`tandem.snapshots.retention`.
+    decisions of :mod:`tandem.snapshots.retention`. It reads the checkpoint through the shared
+    storage, so it runs on any host: the snapshot DAG runs it on a live standby's host
+    (:func:`tandem.supervisor.decisions.snapshot_node`), off the ACTIVE's CPUs.
 
 How it works
     1. A TAKING row is inserted in ``tandem.snapshots`` first, so a snapshot that dies half-way is
