@@ -260,6 +260,40 @@ def test_a_node_that_cannot_see_the_shared_storage_root_is_refused(launch_projec
         assert check_storage(db, cluster, "node-b").ok  # node-b's host fixed its mount
 
 
+def test_first_launches_at_once_agree_on_one_storage_marker(project, database_url):
+    """Four nodes checking a fresh storage root at the same moment: one token, in the file and in PostgreSQL
+    (two first launches at once used to leave the file with the token whose INSERT lost). Five rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from tandem.supervisor.storage import MARKER_NAME, check_storage
+
+    cluster = load_cluster()
+    marker = cluster.storage_root / MARKER_NAME
+    nodes = ["node-a", "node-b", "node-c", "node-d"]
+    with Database(cluster.database_url) as db:
+        migrate(db)
+    for _ in range(5):
+        with Database(cluster.database_url) as db:
+            db.run(lambda cursor: cursor.execute("DELETE FROM storage_marker; DELETE FROM storage_checks"))
+        marker.unlink(missing_ok=True)
+        start = Barrier(len(nodes))
+
+        def check(node: str, start: Barrier = start) -> str:
+            with Database(cluster.database_url) as db:
+                start.wait()
+                return check_storage(db, cluster, node, host=f"host-{node}").action
+
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            actions = list(pool.map(check, nodes))
+        assert sorted(actions) == ["initialise", "ok", "ok", "ok"]
+        with Database(cluster.database_url) as db:
+            [recorded] = db.run(lambda cursor: (cursor.execute("SELECT token FROM storage_marker"),
+                                                cursor.fetchall())[1])
+            assert all(check_storage(db, cluster, node).ok for node in nodes)
+        assert marker.read_text().strip() == recorded["token"]
+
+
 def test_a_stop_request_is_for_the_run_it_was_made_against(project, database_url):
     """A request made while a launch is starting reaches its driver; one left from an ended run never
     stops the next run, launched or started by hand (issue 12, item 1)."""

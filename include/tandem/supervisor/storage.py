@@ -7,7 +7,8 @@ from empty state and publish wrong outputs, so Tandem refuses to start there.
 
 How it works
     The first node to start writes a random token into ``<storage_root>/.tandem-storage`` and
-    records the same token in PostgreSQL (``storage_marker``). Every node, on its own host, reads
+    records the same token in PostgreSQL (``storage_marker``), one check at a time (a transaction
+    advisory lock). Every node, on its own host, reads
     the file and compares (:func:`storage_verdict`, pure), and records the result per node
     (``storage_checks``). A launch refuses a node whose own check fails, and a plan any of whose
     other nodes last failed its check (:func:`plan_storage_problems`, pure).
@@ -93,7 +94,10 @@ def check_storage(db: Database, cluster: ClusterConfig, node: str, host: str | N
     marker = cluster.storage_root / MARKER_NAME
 
     def work(cursor) -> StorageVerdict:
-        cursor.execute("SELECT token, storage_root FROM storage_marker FOR UPDATE")
+        # Two first launches at once both found no marker, both wrote a token file and one INSERT lost:
+        # the file then held the loser's token and every later check refused. Checks take turns.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('tandem.storage_marker'))")
+        cursor.execute("SELECT token, storage_root FROM storage_marker")
         row = cursor.fetchone()
         on_disk = _read_token(marker)
         verdict = storage_verdict(row["token"] if row else None, on_disk, marker, row and row["storage_root"])
