@@ -23,7 +23,7 @@ process group with SIGKILL at a random point of the heartbeat and times the firs
 commit of the new active (``bench/failover.py``'s ``one_failover``); the killed node then rejoins
 as the standby and gets level again before the next run. Target: median ≤ 5 s.
 
-    python bench/plans.py [--events 20000] [--repeats 2] [--failovers 3] [--rate 10] [--plans trades,pizza_shop,temperatures] [--merge]
+    python bench/plans.py [--events N] [--repeats 3] [--failovers 3] [--rate 10] [--plans trades,pizza_shop,temperatures] [--merge]
 
 Results: ``bench/results/plans.json``.
 """
@@ -54,6 +54,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
 PRIMARY = {"trades": "trades", "pizza_shop": "orders", "temperatures": "temps"}
+DEFAULT_EVENTS = {"trades": 100_000, "pizza_shop": 20_000, "temperatures": 20_000}
+"""Input sizes that make every run last about 20-60 s on this machine: an instance's start and stop
+(registration, lease, the last progress heartbeat: ~0.3 s each) are paid once per run, not per event,
+and at 20 000 trades (3 s per instance) they were a tenth of the run."""
 RESULTS = BENCH / "results" / "plans.json"
 START_MS = 1_750_000_000_000
 FINAL_MS = START_MS + 30 * 86_400_000
@@ -290,8 +294,9 @@ def relaunch_failed_standby(pair, node: str, active: str, relaunched: list[str])
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=20_000, help="events of each plan's primary stream")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each side (alternating order)")
+    parser.add_argument("--events", type=int, default=None,
+                        help="events of each plan's primary stream (default: per plan, DEFAULT_EVENTS)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side (alternating order)")
     parser.add_argument("--failovers", type=int, default=3, help="hot failovers per plan (0: skip)")
     parser.add_argument("--rate", type=int, default=10,
                         help="events per second during the failovers (10: on 2 cores both nodes of every plan keep up)")
@@ -310,14 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"plans": {k: v for k, v in kept.items() if k not in names},
                      "input": {"bad_ratio": 0.005, "mode": "available-now, one Spark session"},
                      "machine": C.machine_info(spark, SERVER_URL), "started_at": C.now_iso()}
-    run = {"started_at": results["started_at"], "git_commit": C.git_commit(ROOT), "events_per_plan": args.events,
+    sizes = {name: args.events or DEFAULT_EVENTS[name] for name in names}
+    run = {"started_at": results["started_at"], "git_commit": C.git_commit(ROOT), "events_per_plan": sizes,
            "repeats": args.repeats, "warmup_runs_per_side": 1, "failover_events_per_s": args.rate}
     RESULTS.parent.mkdir(exist_ok=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for name in names:
             task = progress.add_task(name, total=2 * args.repeats + 2 + args.failovers)
-            results["plans"][name] = {"run": run, **measure(name, args.events, args.repeats, spark, progress, task)}
+            results["plans"][name] = {"run": run, **measure(name, sizes[name], args.repeats, spark, progress, task)}
             if not args.failovers and name in kept and kept[name].get("failover"):
                 results["plans"][name]["failover"] = {**kept[name]["failover"],
                                                       "from_run": kept[name].get("run", {}).get("started_at")}

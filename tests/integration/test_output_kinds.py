@@ -171,3 +171,19 @@ def test_a_source_files_bad_lines_are_quarantined_once_per_shard_whoever_publish
     assert sorted((r["shard_id"], r["raw"]) for r in rows) == sorted(
         [("g-1", f"{f}:{i}") for f in ("a.jsonl", "b.jsonl", "c.jsonl") for i in range(2)]
         + [("g-2", f"a.jsonl:{i}") for i in range(2)])
+
+
+def test_events_keep_every_character_of_their_payload_through_the_copy(db: Database, tmp_path: Path) -> None:
+    """Events go to PostgreSQL through COPY's text format: backslashes, tabs, newlines, quotes and
+    non-ASCII text in a payload come back exactly as the query produced them."""
+    awkward = ["C:\\temp\\new", "tab\there", "line\nbreak", 'say "hi"', "Zürich ☃", "\\N", "back\\\\slash", ""]
+    rows = pa.table({"room_no": pa.array(range(len(awkward)), pa.int64()),
+                     "time": pa.array([T0 + timedelta(seconds=i) for i in range(len(awkward))],
+                                      pa.timestamp("us", tz="UTC")),
+                     "device_id": awkward})
+    sink = EventsSink("p", "alerts", ALERTS, ACTIVE, db.url, tmp_path / "alerts")
+    epoch = take(db, ACTIVE)
+    assert sink.publish(rows, BatchInfo(ACTIVE, 0, epoch, T0)) == len(awkward)
+    stored = db.run(lambda cursor: read_events(cursor, "p", "alerts", T0, T0 + timedelta(hours=1)))
+    assert [e["payload"]["device_id"] for e in stored] == awkward
+    assert sorted(read_events_lake(tmp_path / "alerts").column("device_id").to_pylist()) == sorted(awkward)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -160,10 +161,30 @@ def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: b
                         text.splitlines()[0][:200], restarts[i], MAX_QUERY_RESTARTS)
             stop.wait(2.0 * restarts[i])
             queries[i] = restart(i)
-        if available_now and not any(q.isActive for q in queries):
+        running = [q for q in queries if q.isActive]
+        if available_now and not running:
             return RunResult("STOPPED")
-        stop.wait(0.5)
+        _await_end(running, stop, WAIT_POLL_S)
     return RunResult("STOPPED")
+
+
+WAIT_POLL_S = 0.5
+"""How often the instance looks at its queries and the stop flag while they run."""
+
+
+def _await_end(running: list[StreamingQuery], stop: threading.Event, timeout_s: float) -> None:
+    """Wait up to ``timeout_s``, and no longer than it takes the first running query to end.
+
+    An available-now run returns as soon as its last query ends, not at the next poll; a query's
+    failure is read by the caller (``query.exception()``).
+    """
+    if not running:
+        stop.wait(timeout_s)
+        return
+    try:
+        running[0].awaitTermination(timeout_s)
+    except StreamingQueryException:
+        pass
 
 
 def _stop_all(queries: list[StreamingQuery]) -> None:

@@ -137,8 +137,9 @@ class EventsSink(_HeldById):
         newest = max(time for time, _ in events.values())
 
         def work(cursor) -> list[str]:
+            store.stage_events(cursor, events)  # before the fence's lock (see check_fence)
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
-            pending = store.insert_events(cursor, key, self.output, events, batch.epoch, batch.batch_id)
+            pending = store.insert_staged_events(cursor, key, self.output, batch.epoch, batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(pending), newest, None)
             return pending
 
