@@ -2,7 +2,8 @@
 
 One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``. Per shard, ``choose_host_<shard>``
 picks the host that takes the snapshot (a live standby's, else the ACTIVE's) and follows that
-node's ``snapshot_<shard>_on_<node>`` task, which runs on the node's queue. Then retention
+node's ``snapshot_<shard>_on_<node>`` task, which runs on the node's queue (a run triggered with
+the Param ``shard_id``, as ``tandem_ops`` snapshot_now does, snapshots that shard only). Then retention
 (``snapshot.keep``) whatever the snapshots' outcome, and ``all_snapshots_good``, which fails the
 run when a snapshot failed (a run's state follows its last tasks, and retention succeeds).
 """
@@ -14,14 +15,22 @@ from datetime import datetime, timedelta, timezone
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from tandem.airflow.dags import SNAPSHOT_DEFAULT_ARGS, load_for_dags, node_task_args, snapshot_doc, snapshot_task_id
+from tandem.airflow.dags import (
+    SNAPSHOT_DEFAULT_ARGS,
+    load_for_dags,
+    node_task_args,
+    snapshot_dag_id,
+    snapshot_doc,
+    snapshot_params,
+    snapshot_task_id,
+)
 from tandem.airflow.operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=f"tandem_{plan.name}_snapshot",
+        dag_id=snapshot_dag_id(plan.name),
         description=f"Snapshot, validate and prune plan {plan.name} every snapshot.interval",
         schedule=timedelta(seconds=plan.snapshot.interval_s),
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
@@ -30,12 +39,14 @@ for plan in plans.values():
         default_args=SNAPSHOT_DEFAULT_ARGS,
         tags=["tandem", plan.name, "snapshots"],
         doc_md=snapshot_doc(plan),
+        params=snapshot_params(plan),
     ) as dag:
         prune = PruneSnapshotsOperator(task_id="prune", plan=plan.name, cluster_config=str(cluster.path),
                                        trigger_rule="all_done")
         verdict = EmptyOperator(task_id="all_snapshots_good", trigger_rule="none_failed")
         for shard in plan.shards:
             choose = ChooseSnapshotHostOperator(task_id=f"choose_host_{shard}", plan=plan.name, shard_id=shard,
+                                                selected_shard="{{ params.shard_id }}",
                                                 cluster_config=str(cluster.path))
             for node in plan.nodes:
                 choose >> TakeSnapshotOperator(task_id=snapshot_task_id(shard, node), plan=plan.name, shard_id=shard,

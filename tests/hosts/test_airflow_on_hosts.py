@@ -10,8 +10,8 @@ each driver lives in its host's namespace under its host name. The load lands th
 storage, and the outputs are compared with the test's own aggregation of every event.
 
 The tests share one stack and run in order: a crash of host-a, the control host's Airflow
-stopped for two minutes, a scheduled snapshot, which runs on the standby's host, a restore from
-it, which relaunches each node on its own host, and the control host's scheduler killed while a
+stopped for two minutes, a scheduled snapshot, which runs on the standby's host, ``tandem_ops``
+snapshot_now, which does too, a restore from the newest snapshot, which relaunches each node on its own host, and the control host's scheduler killed while a
 second one runs on ``control-b``.
 """
 
@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psycopg2
@@ -57,6 +58,7 @@ SUPERVISE = "tandem_trades_supervise"
 RUN = "tandem_trades_run"
 SNAPSHOT = "tandem_trades_snapshot"
 RESTORE = "tandem_restore"
+OPS = "tandem_ops"
 NODES = ("node-a", "node-b")
 AIRFLOW_DOWN_S = 120
 
@@ -245,6 +247,21 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
     on_hosts.client.set_paused(SUPERVISE, True)
 
 
+def snapshot_of_active_on_standby_host(on_hosts: OnHosts, run_id: str, active: str, standby: str,
+                                       since: datetime) -> tuple[dict, catalog.SnapshotRecord]:
+    """The snapshot task of ``run_id`` that ran (on the standby's host, in its queue; the active's was
+    skipped) and the GOOD snapshot of the ACTIVE it took."""
+    tasks = {t["task_id"]: t for t in on_hosts.client.task_instances(SNAPSHOT, run_id)}
+    on_standby, on_active = tasks[f"snapshot_shard-1_on_{standby}"], tasks[f"snapshot_shard-1_on_{active}"]
+    assert (on_standby["state"], on_standby["hostname"], on_standby["queue"]) == ("success", HOST_OF[standby],
+                                                                                 standby)
+    assert on_active["state"] == "skipped"
+    with Database(on_hosts.url) as db:
+        snapshot = catalog.latest_good(db, "trades", "shard-1")
+    assert snapshot is not None and snapshot.node == active and snapshot.taken_at >= since
+    return on_standby, snapshot
+
+
 def test_the_scheduled_snapshot_runs_on_the_standbys_host(on_hosts: OnHosts) -> None:
     """Under load, the snapshot DAG snapshots the ACTIVE instance on the PASSIVE's host: the task runs
     in that host's worker, nothing of it on the ACTIVE's host, and the snapshot is GOOD."""
@@ -261,17 +278,30 @@ def test_the_scheduled_snapshot_runs_on_the_standbys_host(on_hosts: OnHosts) -> 
         [run, *_] = wait_for(lambda: client.runs(SNAPSHOT, "scheduled"), 120, "the scheduled snapshot run")
         assert client.wait_for_run(SNAPSHOT, run["dag_run_id"], timeout_s=600) == "success"
         client.set_paused(SNAPSHOT, True)
-    tasks = {t["task_id"]: t for t in client.task_instances(SNAPSHOT, run["dag_run_id"])}
-    on_standby, on_active = tasks[f"snapshot_shard-1_on_{standby}"], tasks[f"snapshot_shard-1_on_{active}"]
-    assert (on_standby["state"], on_standby["hostname"], on_standby["queue"]) == ("success", HOST_OF[standby],
-                                                                                 standby)
-    assert on_active["state"] == "skipped"
-    with Database(url) as db:
-        snapshot = catalog.latest_good(db, "trades", "shard-1")
-    assert snapshot is not None and snapshot.node == active and snapshot.taken_at >= since
+    on_standby, snapshot = snapshot_of_active_on_standby_host(on_hosts, run["dag_run_id"], active, standby, since)
     assert snapshot.state_rows > 0 and snapshot.validation["success"] is True
     note(f"snapshot {snapshot.id} of {active} (batch {snapshot.batch_id}, {snapshot.state_rows} state rows) "
          f"taken on {on_standby['hostname']} in {on_standby['duration']:.1f}s")
+
+
+def test_snapshot_now_runs_on_the_standbys_host_too(on_hosts: OnHosts) -> None:
+    """``tandem_ops`` snapshot_now of a shard goes through a run of the snapshot DAG for that shard, so the
+    snapshot is taken on the PASSIVE's host like a scheduled one, not on the control host's worker."""
+    client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
+    active, standby = on_hosts.roles()
+    since = db_now(url)
+    client.set_paused(SNAPSHOT, False)  # a paused DAG runs nothing, triggered runs included (snapshot_now then
+    try:                                # snapshots in its own task, on the control host)
+        with on_hosts.load():
+            run_id = client.trigger(OPS, {"action": "snapshot_now", "plan": "trades", "shard_id": "shard-1",
+                                          "node": ""})
+            assert client.wait_for_run(OPS, run_id, timeout_s=600) == "success"
+    finally:
+        client.set_paused(SNAPSHOT, True)
+    [run] = [r for r in client.runs(SNAPSHOT) if r["dag_run_id"].startswith("tandem_snapshot_now__shard-1__")]
+    assert (run["state"], run["conf"]) == ("success", {"shard_id": "shard-1"}), run
+    on_standby, snapshot = snapshot_of_active_on_standby_host(on_hosts, run["dag_run_id"], active, standby, since)
+    note(f"snapshot_now: {snapshot.id} of {active} taken on {on_standby['hostname']} through {run['dag_run_id']}")
 
 
 def test_a_restore_relaunches_each_node_on_its_own_host(on_hosts: OnHosts) -> None:

@@ -132,6 +132,23 @@ def test_snapshot_dag_shape(dagbag, plans):
         assert dag.get_task("all_snapshots_good").trigger_rule == "none_failed", "a failed snapshot fails the run"
 
 
+def test_a_snapshot_run_takes_every_shard_by_default_and_one_shard_when_triggered_for_it(dagbag, plans):
+    """Scheduled runs have the Param's default (every shard); ``tandem_ops`` snapshot_now triggers a run
+    for one shard, and the host choices of the other shards render that shard's name (they skip)."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dagbag.dags["tandem_pizza_shop_snapshot"]
+    assert dag.params.validate() == {"shard_id": ""}
+    params = copy.deepcopy(dag.params)
+    params.update({"shard_id": "shop-2"})
+    for shard in plans["pizza_shop"].shards:
+        task = dag.get_task(f"choose_host_{shard}")
+        assert task.render_template(task.selected_shard, {"params": params.validate()}) == "shop-2"
+    with pytest.raises(ParamValidationError):  # another plan's shard
+        params.update({"shard_id": "shard-1"})
+        params.validate()
+
+
 def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(dagbag, plans):
     from airflow.sdk.exceptions import ParamValidationError
 

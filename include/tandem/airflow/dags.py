@@ -153,7 +153,8 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
                         description="failover_now: move the ACTIVE role to a standby now; drain_node: hand the "
                                     "node's ACTIVE roles to others and stop it; restart_node: restart the node's "
                                     "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
-                                    "take a snapshot of each shard's ACTIVE instance (or the node's) now"),
+                                    "take a snapshot of each shard's ACTIVE instance now on a standby's host "
+                                    "(or of the node's instance, here)"),
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
         "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
                           description="one shard, or empty for every shard of the plan"),
@@ -175,10 +176,24 @@ Trigger with Params:
 - **restart_node** (plan, node, optional shard): stop the node's instances (failing over first
   where they are ACTIVE) and relaunch them as standbys after re-syncing from the active.
 - **snapshot_now** (plan, optional shard, optional node): take a snapshot of each shard's ACTIVE
-  instance (or the node's) now; it is validated and listed by `tandem snapshots <plan>`.
+  instance now through a run of `tandem_<plan>_snapshot`, on a live standby's host as scheduled
+  snapshots are; with a node, of that node's instance, in this task. It is validated and listed by
+  `tandem snapshots <plan>`.
 
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
 """
+
+
+def snapshot_params(plan: PlanConfig) -> dict[str, Any]:
+    """Params of ``tandem_<plan>_snapshot``: the shard (empty, as scheduled runs have it: every shard)."""
+    from airflow.sdk import Param
+
+    return {"shard_id": Param("", type="string", enum=["", *plan.shards], title="Shard",
+                              description="one shard, or empty for every shard (tandem_ops snapshot_now picks one)")}
+
+
+def snapshot_dag_id(plan: str) -> str:
+    return f"tandem_{plan}_snapshot"
 
 
 def snapshot_doc(plan: PlanConfig) -> str:
@@ -192,7 +207,8 @@ at the cut, validated with the suite `conf/expectations/{plan.snapshot.suite}.js
 BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} GOOD snapshots per shard
 (`snapshot.keep`; never the newest good one) and deletes the others' files.
 
-A shard with no ACTIVE instance is skipped. A BAD snapshot fails its task (see its log for the
+A shard with no ACTIVE instance is skipped. A run triggered with a shard (Param `shard_id`, as
+`tandem_ops` snapshot_now does) snapshots only that shard. A BAD snapshot fails its task (see its log for the
 failed expectations). List them with `tandem snapshots {plan.name}`; restore with the `tandem_restore`
 DAG or `tandem restore {plan.name}`.
 """

@@ -61,20 +61,16 @@ class LaunchOnNodeQueue:
         self.poll_s = poll_s
 
     def __call__(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
-        from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
-        from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
-
         dag_id = run_dag_id(self.plan.name)
         run_id = f"tandem_launch__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
         deadline = datetime.now(timezone.utc) + timedelta(seconds=self.start_timeout_s)
         conf = {"node": node, "shard_id": shard_id, "role": role, "resync_from": resync_from or "",
                 "trigger_interval": human_duration(self.plan.trigger_interval_s), "expires_at": deadline.isoformat()}
         queue = self.cluster.node(node).airflow_queue or "the default queue"
-        response = SUPERVISOR_COMMS.send(TriggerDagRun(
-            dag_id=dag_id, run_id=run_id, conf=conf, logical_date=None, reset_dag_run=False,
-            note=f"{role} on {node} for {shard_id}, requested by {self.ti.dag_id}/{self.ti.run_id}"))
-        if isinstance(response, ErrorResponse):
-            raise LaunchError(f"could not trigger {dag_id} for {node}: {response.error} {response.detail or ''}")
+        try:
+            trigger_dag_run(self.ti, dag_id, run_id, conf, f"{role} on {node} for {shard_id}")
+        except TriggerRefused as exc:
+            raise LaunchError(f"could not trigger {dag_id} for {node}: {exc}") from None
         self.log.info("launching %s/%s on %s through %s run %s (task %s on %s)", self.plan.name, shard_id, node,
                       dag_id, run_id, launch_task_id(node), queue)
         state = self._wait(dag_id, run_id, launch_task_id(node))
@@ -97,8 +93,7 @@ class LaunchOnNodeQueue:
         start = time.monotonic()
         state = "queued"
         while True:
-            reported = self.ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
-            state = str(getattr(reported, "value", reported))
+            state = dag_run_state(self.ti, dag_id, run_id)
             if state in FINISHED:
                 return state
             waited = time.monotonic() - start
@@ -111,6 +106,29 @@ class LaunchOnNodeQueue:
     def _started(self, dag_id: str, run_id: str, task_id: str) -> bool:
         return task_started(self.ti.get_task_states(dag_id=dag_id, task_ids=[task_id], run_ids=[run_id]),
                             run_id, task_id)
+
+
+class TriggerRefused(Exception):
+    """The Execution API refused to create a DAG run."""
+
+
+def trigger_dag_run(ti: Any, dag_id: str, run_id: str, conf: dict[str, Any], what: str) -> None:
+    """Create a run of ``dag_id`` from inside a running task (the Execution API call of
+    ``TriggerDagRunOperator``), its note saying ``what`` and which run asked for it."""
+    from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
+    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+    response = SUPERVISOR_COMMS.send(TriggerDagRun(
+        dag_id=dag_id, run_id=run_id, conf=conf, logical_date=None, reset_dag_run=False,
+        note=f"{what}, requested by {ti.dag_id}/{ti.run_id}"))
+    if isinstance(response, ErrorResponse):
+        raise TriggerRefused(f"{response.error} {response.detail or ''}".strip())
+
+
+def dag_run_state(ti: Any, dag_id: str, run_id: str) -> str:
+    """A DAG run's state as text (``queued``, ``running``, ``success``, ``failed``)."""
+    reported = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    return str(getattr(reported, "value", reported))
 
 
 NOT_STARTED = frozenset({"None", "", "scheduled", "queued"})

@@ -16,6 +16,7 @@ from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from tandem.airflow.dags import snapshot_dag_id, snapshot_task_id
 from tandem.config import ClusterConfig, load_cluster, load_plan, parse_duration
 from tandem.errors import ConfigError
 from tandem.ops import SNAPSHOT_NOW
@@ -275,8 +276,9 @@ class PlanOpsOperator(BaseOperator):
       wait for their promotion, then stop its instances. The supervision DAG leaves it down.
     - ``restart_node``: stop ``node``'s instances (failing over first where it is ACTIVE) and
       relaunch them as standbys after re-syncing them from the active; undoes a drain.
-    - ``snapshot_now``: take a snapshot of each selected shard's ACTIVE instance (or ``node``'s)
-      now, as the snapshot DAG does on its schedule.
+    - ``snapshot_now``: take a snapshot of each selected shard's ACTIVE instance now through a run
+      of the snapshot DAG (on a live standby's host, as scheduled snapshots are); with ``node``, of
+      that node's instance, in this task.
 
     Airflow 3.3's task SDK cannot set the note of the task's own DAG run; the summary goes to
     the task log, and to the run note through the REST API when the Airflow connection
@@ -311,7 +313,12 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from None
         shards = [self.shard_id] if self.shard_id else list(plan.shards)
         ti = context["ti"]
+        if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, snapshot_dag_id(plan.name)):
+            return snapshot_on_hosts(self.log, plan, self.shard_id, ti)
         if self.action == SNAPSHOT_NOW:
+            if not self.node:
+                self.log.warning("%s is paused (its runs would wait): snapshotting in this task instead",
+                                 snapshot_dag_id(plan.name))
             return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
@@ -364,6 +371,49 @@ def set_run_note(log: Any, ti: Any, summary: str) -> None:
         log.warning("could not set the run note: %s", exc)
 
 
+SNAPSHOT_RUN_TIMEOUT_S = 1800.0
+
+
+def _paused(ti: Any, dag_id: str) -> bool:
+    """Whether ``dag_id`` is paused: the scheduler starts no run of a paused DAG, triggered ones included."""
+    return bool(ti.get_dag(dag_id).is_paused)
+
+
+def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: float = 2.0) -> dict[str, Any]:
+    """Snapshot now through a run of ``tandem_<plan>_snapshot`` (one shard, or every shard when empty),
+    so that each snapshot runs on a live standby's host as scheduled ones do; wait for the run and
+    report where each shard's snapshot ran. Fails when the run fails."""
+    import time
+    import uuid
+
+    from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, trigger_dag_run
+
+    dag_id = snapshot_dag_id(plan.name)
+    run_id = f"tandem_snapshot_now__{shard_id or 'all'}__{uuid.uuid4().hex[:8]}"
+    try:
+        trigger_dag_run(ti, dag_id, run_id, {"shard_id": shard_id}, f"snapshot_now of {shard_id or 'every shard'}")
+    except TriggerRefused as exc:
+        raise AirflowFailException(f"could not trigger {dag_id}: {exc}") from None
+    log.info("snapshot_now: waiting for %s run %s", dag_id, run_id)
+    deadline = time.monotonic() + SNAPSHOT_RUN_TIMEOUT_S
+    state = dag_run_state(ti, dag_id, run_id)
+    while state not in FINISHED and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        state = dag_run_state(ti, dag_id, run_id)
+    task_ids = [snapshot_task_id(s, n) for s in ([shard_id] if shard_id else plan.shards) for n in plan.nodes]
+    states = (ti.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id]) or {}).get(run_id) or {}
+    ran = sorted(task for task, task_state in states.items() if str(getattr(task_state, "value", task_state))
+                 not in ("skipped", "None", ""))
+    summary = f"snapshot_now {plan.name} {shard_id or 'every shard'}: {dag_id} run {run_id} {state}; " \
+              f"snapshot tasks that ran: {', '.join(ran) or 'none (no ACTIVE instance)'}"
+    log.info("%s", summary)
+    set_run_note(log, ti, summary)
+    if state != "success":
+        raise AirflowFailException(summary if state in FINISHED else
+                                   f"{summary} (not finished after {SNAPSHOT_RUN_TIMEOUT_S:.0f}s)")
+    return {"plan": plan.name, "dag_id": dag_id, "run_id": run_id, "state": state, "snapshot_tasks": ran}
+
+
 def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str], ti: Any, *,
                    node: str | None = None) -> dict[str, Any]:
     """Snapshot each shard's ACTIVE instance (or ``node``'s); fail the task when one is BAD, skip when none runs."""
@@ -412,22 +462,28 @@ class ChooseSnapshotHostOperator(BaseBranchOperator):
 
     :param plan: plan name.
     :param shard_id: the shard.
+    :param selected_shard: the shard the run was triggered for; empty: every shard. Templated.
     """
 
+    template_fields = ("selected_shard",)
     ui_color = "#dcecf5"
 
-    def __init__(self, *, plan: str, shard_id: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, plan: str, shard_id: str, selected_shard: str = "", cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.shard_id = shard_id
+        self.selected_shard = selected_shard
         self.cluster_config = cluster_config
 
     def choose_branch(self, context: Any) -> str | None:
-        from tandem.airflow.dags import snapshot_task_id
         from tandem.store.db import Database
         from tandem.supervisor.decisions import snapshot_node
         from tandem.supervisor.observe import observe_shard
 
+        if self.selected_shard and self.selected_shard != self.shard_id:
+            self.log.info("this run snapshots %s only", self.selected_shard)
+            return None
         cluster = _cluster(self.cluster_config)
         plan = load_plan(self.plan, cluster)
         with Database(cluster.database_url, "tandem-snapshot-host") as db:

@@ -38,9 +38,14 @@ def stage_events(cursor, events: dict[str, tuple[datetime, dict]]) -> None:
     """
     cursor.execute("DROP TABLE IF EXISTS _events")
     cursor.execute("CREATE TEMP TABLE _events (event_id text, event_time timestamptz, payload jsonb) ON COMMIT DROP")
-    lines = "".join(f"{eid}\t{time.isoformat()}\t{_copy_text(json.dumps(to_json(payload), default=str))}\n"
+    lines = "".join(f"{eid}\t{time.isoformat()}\t{_copy_text(json.dumps(payload, default=_json_value))}\n"
                     for eid, (time, payload) in events.items())
     cursor.copy_expert("COPY _events (event_id, event_time, payload) FROM STDIN", io.StringIO(lines))
+
+
+def _json_value(value: Any) -> Any:
+    """What :func:`json.dumps` writes for a value it has no encoding of: the same text as :func:`to_json`."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 def _copy_text(value: str) -> str:
