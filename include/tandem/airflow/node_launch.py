@@ -125,10 +125,14 @@ def trigger_dag_run(ti: Any, dag_id: str, run_id: str, conf: dict[str, Any], wha
         raise TriggerRefused(f"{response.error} {response.detail or ''}".strip())
 
 
+def state_text(state: Any) -> str:
+    """A state the Execution API reports (an enum, a string or ``None``) as text: ``success``, ``None``, ..."""
+    return str(getattr(state, "value", state))
+
+
 def dag_run_state(ti: Any, dag_id: str, run_id: str) -> str:
     """A DAG run's state as text (``queued``, ``running``, ``success``, ``failed``)."""
-    reported = ti.get_dagrun_state(dag_id=dag_id, run_id=run_id)
-    return str(getattr(reported, "value", reported))
+    return state_text(ti.get_dagrun_state(dag_id=dag_id, run_id=run_id))
 
 
 NOT_STARTED = frozenset({"None", "", "scheduled", "queued"})
@@ -136,5 +140,4 @@ NOT_STARTED = frozenset({"None", "", "scheduled", "queued"})
 
 def task_started(states: dict[str, dict[str, Any]], run_id: str, task_id: str) -> bool:
     """Whether a worker has taken the task, from the Execution API's ``{run_id: {task_id: state}}`` (pure)."""
-    state = (states.get(run_id) or {}).get(task_id)
-    return str(getattr(state, "value", state)) not in NOT_STARTED
+    return state_text((states.get(run_id) or {}).get(task_id)) not in NOT_STARTED

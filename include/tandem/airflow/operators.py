@@ -386,7 +386,7 @@ def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: fl
     import time
     import uuid
 
-    from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, trigger_dag_run
+    from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, state_text, trigger_dag_run
 
     dag_id = snapshot_dag_id(plan.name)
     run_id = f"tandem_snapshot_now__{shard_id or 'all'}__{uuid.uuid4().hex[:8]}"
@@ -402,8 +402,7 @@ def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: fl
         state = dag_run_state(ti, dag_id, run_id)
     task_ids = [snapshot_task_id(s, n) for s in ([shard_id] if shard_id else plan.shards) for n in plan.nodes]
     states = (ti.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id]) or {}).get(run_id) or {}
-    ran = sorted(task for task, task_state in states.items() if str(getattr(task_state, "value", task_state))
-                 not in ("skipped", "None", ""))
+    ran = sorted(task for task, task_state in states.items() if state_text(task_state) not in ("skipped", "None", ""))
     summary = f"snapshot_now {plan.name} {shard_id or 'every shard'}: {dag_id} run {run_id} {state}; " \
               f"snapshot tasks that ran: {', '.join(ran) or 'none (no ACTIVE instance)'}"
     log.info("%s", summary)
