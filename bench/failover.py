@@ -68,7 +68,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table  # noqa: E402
 
 import _ha  # noqa: E402
-from _hosts import HOST_OF, HostNetwork, HostPair, hosts_with_postgres, launch_on_host  # noqa: E402
+from _hosts import HOST_OF, CliOnHosts, HostNetwork, HostPair, hosts_with_postgres  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.layout import landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
@@ -327,11 +327,9 @@ def warm_failovers(runs: int, rate: int, progress: Progress, network: HostNetwor
         cluster = load_cluster()
         plan = load_plan("trades", cluster)
         url = project.database_url
-        on_host = None if network is None else (
-            lambda shard, node, role, resync_from: launch_on_host(network, HOST_OF[node], "trades", shard, node, role,
-                                                                  resync_from=resync_from))
         supervisor = Supervisor(cluster, plan, launched_by="bench/failover.py", py_files=project.root / "dist" /
-                                "tandem.zip", running_timeout_s=600, launch_on_node=on_host)
+                                "tandem.zip", running_timeout_s=600,
+                                node_host=None if network is None else CliOnHosts(network, "trades"))
         writer = _ha.start_writer(cluster, rate=rate, seed=13)
         results = []
         try:

@@ -1,23 +1,25 @@
-"""``tandem_<plan>_run``: launch one instance of a plan on a node, on that node's host.
+"""``tandem_<plan>_run``: launch (or relaunch, or stop) one instance of a plan, on its node's host.
 
-One DAG per ``conf/plans/*.yaml``. Params: ``node``, ``shard_id``, ``trigger_interval``, ``role``,
-``resync_from``, ``expires_at``. ``route`` picks the task of the chosen node; each node's task runs
-on the node's Airflow queue (``airflow_queue`` in ``cluster.yaml``), served by a worker on its host.
+One DAG per ``conf/plans/*.yaml``. Params: ``action``, ``node``, ``shard_id``, ``trigger_interval``,
+``role``, ``resync_from``, ``expires_at``, ``stop_timeout``. ``route`` picks the chosen node's
+launch or stop task; each node's tasks run on the node's Airflow queue (``airflow_queue`` in
+``cluster.yaml``), served by a worker on its host.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import DAG, task
 
-from tandem.airflow.dags import RUN_DEFAULT_ARGS, launch_task_id, load_for_dags, node_task_args, run_doc, run_params
-from tandem.airflow.operators import LaunchPlanInstanceOperator
+from tandem.airflow.dags import (RUN_DEFAULT_ARGS, launch_task_id, load_for_dags, node_task_args, run_doc, run_params,
+                                 stop_task_id)
+from tandem.airflow.operators import LaunchPlanInstanceOperator, StopPlanInstanceOperator
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
         dag_id=f"tandem_{plan.name}_run",
-        description=f"Launch an instance of plan {plan.name} on a node",
+        description=f"Launch, relaunch or stop an instance of plan {plan.name} on its node's host",
         schedule=None,
         catchup=False,
         max_active_runs=len(plan.nodes) * len(plan.shards),
@@ -30,21 +32,33 @@ for plan in plans.values():
 
         @task.branch(task_id="route")
         def route(params: dict | None = None) -> str:
-            return launch_task_id(params["node"])
+            return (stop_task_id if params["action"] == "stop" else launch_task_id)(params["node"])
 
-        route() >> [
-            LaunchPlanInstanceOperator(
-                task_id=launch_task_id(node),
-                plan=plan.name,
-                node=node,
-                shard_id="{{ params.shard_id }}",
-                trigger_interval="{{ params.trigger_interval }}",
-                role="{{ params.role }}",
-                resync_from="{{ params.resync_from }}",
-                expires_at="{{ params.expires_at }}",
-                cluster_config=str(cluster.path),
-                **node_task_args(cluster, node),
-            )
-            for node in plan.nodes
-        ]
+        routed = route()
+        for node in plan.nodes:
+            routed >> [
+                LaunchPlanInstanceOperator(
+                    task_id=launch_task_id(node),
+                    plan=plan.name,
+                    node=node,
+                    action="{{ params.action }}",
+                    shard_id="{{ params.shard_id }}",
+                    trigger_interval="{{ params.trigger_interval }}",
+                    role="{{ params.role }}",
+                    resync_from="{{ params.resync_from }}",
+                    expires_at="{{ params.expires_at }}",
+                    cluster_config=str(cluster.path),
+                    **node_task_args(cluster, node),
+                ),
+                StopPlanInstanceOperator(
+                    task_id=stop_task_id(node),
+                    plan=plan.name,
+                    node=node,
+                    shard_id="{{ params.shard_id }}",
+                    stop_timeout="{{ params.stop_timeout }}",
+                    expires_at="{{ params.expires_at }}",
+                    cluster_config=str(cluster.path),
+                    **node_task_args(cluster, node),
+                ),
+            ]
     globals()[dag.dag_id] = dag

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -348,7 +349,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     launched = resync_then_launch(cluster, load_plan(args.plan, cluster), args.shard, args.node, role=args.role,
-                                  resync_from=args.resync_from, trigger_interval=args.trigger_interval)
+                                  resync_from=args.resync_from, replace=args.replace,
+                                  trigger_interval=args.trigger_interval)
     job = launched.job
     if args.json:
         print(json.dumps({"instance_id": job.instance_id, "reused": job.reused, "reason": job.reason,
@@ -364,6 +366,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from tandem.supervisor import stop_instance
 
     result = stop_instance(load_cluster(), args.plan, args.shard, args.node, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result)))
+        return 0
     console.print(f"{result.instance_id}: {result.status or 'not recorded'} ({result.detail})",
                   markup=False, highlight=False)
     return 0
@@ -617,7 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--role", choices=("ACTIVE", "PASSIVE", "BACKUP"), default="ACTIVE")
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
     launch.add_argument("--resync-from", metavar="NODE",
-                        help="first copy a cut of NODE's checkpoint over this node's (its instance must be stopped)")
+                        help="first copy a cut of NODE's checkpoint over this node's (its instance must be stopped: "
+                             "see --replace)")
+    launch.add_argument("--replace", action="store_true",
+                        help="a relaunch: stop the node's instance on this host first (signals, as `tandem stop`)")
     launch.add_argument("--json", action="store_true", help="print the launched job as one JSON line")
     launch.set_defaults(func=cmd_launch)
 
@@ -626,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("shard")
     stop.add_argument("node")
     stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to end")
+    stop.add_argument("--json", action="store_true", help="print the outcome as one JSON line")
     stop.set_defaults(func=cmd_stop)
 
     snapshot = commands.add_parser("snapshot", help="take a snapshot of each shard's ACTIVE instance now")

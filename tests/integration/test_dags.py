@@ -7,6 +7,8 @@ The supervision DAG's kill-and-recover path runs through a real scheduler and tr
 from __future__ import annotations
 
 import json
+import os
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -66,7 +68,10 @@ def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env,
     assert "shard-9" in output and "NVDA" in output
 
 
-def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, database_url, process_groups):
+def test_run_dag_launches_once_reuses_the_job_and_relaunches_or_stops_a_frozen_driver(airflow_env, database_url,
+                                                                                     process_groups):
+    """launch twice (one job), then with the driver frozen (SIGSTOP, as a driver that ignores its stop
+    request): relaunch replaces it, stop ends it; neither leaves a process of the frozen job behind."""
     cluster = load_cluster()
     env = {**airflow_env, "AIRFLOW_CONN_TANDEM_NODE_B": json.dumps({"conn_type": "spark", "host": "local[1]"})}
     conf = {"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
@@ -95,9 +100,38 @@ def test_run_dag_launches_once_and_a_second_run_reuses_the_job(airflow_env, data
         assert second["xcom"]["launch_node-b.pid"] == row["pid"]
         with Database(cluster.database_url) as db:
             assert get_instance(db, "trades/shard-2/node-b")["submit_pid"] == row["submit_pid"]
+
+        for action in ("relaunch", "stop"):
+            members = [p for p in psutil.process_iter() if _group(p.pid) == row["submit_pid"]]
+            assert psutil.Process(row["pid"]) in members
+            psutil.Process(row["pid"]).suspend()  # the driver: frozen, it reads no stop request
+            result, output = dag_test(env, "tandem_trades_run", {**conf, "action": action, "stop_timeout": "20 seconds"})
+            assert result["state"] == "success", output[-5000:]
+            assert result["tis"][f"{'stop' if action == 'stop' else 'launch'}_node-b"]["state"] == "success"
+            assert not [p for p in members if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
+                f"{action}: a process of the frozen job is left"
+            with Database(cluster.database_url) as db:
+                after = get_instance(db, "trades/shard-2/node-b")
+            if action == "relaunch":
+                process_groups.append(after["submit_pid"])
+                assert (after["status"], result["xcom"]["launch_node-b.reused"]) == ("RUNNING", False)
+                assert after["pid"] != row["pid"] and psutil.pid_exists(after["pid"])
+                assert re.search(r"before the launch of node-b: (stopped gracefully|killed after 10s) \(STOPPED\)",
+                                 output), [line for line in output.splitlines() if "node-b" in line][-12:]
+                row = after
+            else:
+                assert after["status"] == "STOPPED" and result["xcom"]["stop_node-b.return_value"]["status"] == "STOPPED"
+                assert result["tis"]["launch_node-b"]["state"] == "skipped"
     finally:
         stopped = stop_instance(cluster, "trades", "shard-2", "node-b", timeout_s=30)
     assert stopped.status == "STOPPED"
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_env, database_url):

@@ -39,6 +39,7 @@ from pathlib import Path
 from _ha import REPO, Pair, PrivatePostgres, db_now
 from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
+from tandem.supervisor.launcher import StopResult
 from tandem.supervisor.node_actions import NodeLaunch
 
 SUBNET_PREFIX = "10.213"
@@ -220,18 +221,42 @@ HOST_OF = {"node-a": "host-a", "node-b": "host-b"}
 """Where each node of the trades plan runs in the multi-host tests and benchmark."""
 
 
+def _cli_on_host(network: HostNetwork, host: str, argv: list[str]) -> dict:
+    """``tandem <argv> --json`` run on ``host``; its JSON line."""
+    done = network.run(host, [sys.executable, "-m", "tandem.cli", *argv, "--json"],
+                       env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"tandem {argv[0]} on {host} failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node: str, role: str,
-                   trigger: str | None = None, resync_from: str | None = None) -> NodeLaunch:
+                   trigger: str | None = None, resync_from: str | None = None, replace: bool = False) -> NodeLaunch:
     """``tandem launch`` run on ``host``: the re-sync and the instance's ``spark-submit`` happen there."""
-    argv = [sys.executable, "-m", "tandem.cli", "launch", plan, shard, node, "--role", role, "--json"]
+    argv = ["launch", plan, shard, node, "--role", role]
     argv += ["--trigger-interval", trigger] if trigger else []
     argv += ["--resync-from", resync_from] if resync_from else []
-    done = network.run(host, argv, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"tandem launch on {host} failed:\n{done.stdout}\n{done.stderr}")
-    job = json.loads(done.stdout.strip().splitlines()[-1])
+    argv += ["--replace"] if replace else []
+    job = _cli_on_host(network, host, argv)
     return NodeLaunch(LaunchedJob(job["instance_id"], job["reused"], job["reason"], job["status"], job["submit_pid"],
                                   None, None, job["log_path"]), job["cut"])
+
+
+@dataclass(frozen=True)
+class CliOnHosts:
+    """The supervisor's :class:`~tandem.supervisor.node_actions.NodeHost` without Airflow: ``tandem launch
+    --replace`` and ``tandem stop`` run on each node's host (as its worker would run them)."""
+
+    network: HostNetwork
+    plan: str
+
+    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        return launch_on_host(self.network, HOST_OF[node], self.plan, shard_id, node, role, resync_from=resync_from,
+                              replace=True)
+
+    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+        return StopResult(**_cli_on_host(self.network, HOST_OF[node],
+                                         ["stop", self.plan, shard_id, node, "--timeout", str(timeout_s)]))
 
 
 @dataclass

@@ -66,14 +66,19 @@ def test_run_dag_shape(dagbag, plans):
         assert dag.schedule is None
         assert dag.max_active_runs == len(plan.nodes) * len(plan.shards)
         route = dag.get_task("route")
-        assert route.downstream_task_ids == {f"launch_{node}" for node in plan.nodes}
+        assert route.downstream_task_ids == {f"{verb}_{node}" for node in plan.nodes for verb in ("launch", "stop")}
         for node in plan.nodes:
             task = dag.get_task(f"launch_{node}")
             assert task.task_type == "LaunchPlanInstanceOperator"
             assert task.node == node
             assert set(task.template_fields) >= {"plan", "shard_id", "trigger_interval", "role", "resync_from",
-                                                 "expires_at"}
-            assert route.python_callable(params={"node": node}) == task.task_id
+                                                 "expires_at", "action"}
+            stop = dag.get_task(f"stop_{node}")
+            assert stop.task_type == "StopPlanInstanceOperator" and stop.node == node
+            assert set(stop.template_fields) >= {"plan", "shard_id", "stop_timeout", "expires_at"}
+            assert (stop.queue, stop.executor) == (task.queue, task.executor), "both run on the node's host"
+            for action, chosen in (("launch", task), ("relaunch", task), ("stop", stop)):
+                assert route.python_callable(params={"node": node, "action": action}) == chosen.task_id
 
 
 def test_node_tasks_run_on_the_nodes_queue_when_it_names_one(tmp_path):
@@ -208,14 +213,15 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):
     plan = plans["trades"]
     values = dagbag.dags["tandem_trades_run"].params.validate()
-    assert values == {"node": plan.nodes[0], "shard_id": plan.shards[0], "trigger_interval": "1 second",
-                      "role": "ACTIVE", "resync_from": "", "expires_at": ""}
+    assert values == {"action": "launch", "node": plan.nodes[0], "shard_id": plan.shards[0],
+                      "trigger_interval": "1 second", "role": "ACTIVE", "resync_from": "", "expires_at": "",
+                      "stop_timeout": "1 minute"}
     assert parse_duration(values["trigger_interval"]) == plan.trigger_interval_s
 
 
 @pytest.mark.parametrize(("param", "value"), [
     ("node", "node-z"), ("shard_id", "shard-9"), ("trigger_interval", "soon"), ("trigger_interval", "1 fortnight"),
-    ("node", 3), ("role", "LEADER"), ("resync_from", "node-z"),
+    ("node", 3), ("role", "LEADER"), ("resync_from", "node-z"), ("action", "restart"), ("stop_timeout", "never"),
 ])
 def test_run_params_reject_bad_values(dagbag, param, value):
     from airflow.sdk.exceptions import ParamValidationError
@@ -362,4 +368,26 @@ def test_launch_operator_rejects_a_bad_interval_without_retry():
     operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
                                           trigger_interval="soon")
     with pytest.raises(AirflowFailException, match="Param trigger_interval: expected a duration"):
+        operator.execute(context={})
+
+
+def test_launch_operator_rejects_an_unknown_action_without_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tandem.airflow.operators import LaunchPlanInstanceOperator
+
+    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+                                          action="stop")
+    with pytest.raises(AirflowFailException, match="Param action: 'stop' is not launch or relaunch"):
+        operator.execute(context={})
+
+
+def test_stop_operator_rejects_a_bad_timeout_without_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tandem.airflow.operators import StopPlanInstanceOperator
+
+    operator = StopPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+                                        stop_timeout="soon")
+    with pytest.raises(AirflowFailException, match="Param stop_timeout: expected a duration"):
         operator.execute(context={})

@@ -59,6 +59,14 @@ def launch_task_id(node: str) -> str:
     return f"launch_{node}"
 
 
+def stop_task_id(node: str) -> str:
+    """The task of ``tandem_<plan>_run`` that stops the node's instance on ``node``'s host."""
+    return f"stop_{node}"
+
+
+RUN_ACTIONS = ("launch", "relaunch", "stop")
+
+
 def snapshot_task_id(shard_id: str, node: str) -> str:
     """The task of ``tandem_<plan>_snapshot`` that snapshots ``shard_id`` on ``node``'s host."""
     return f"snapshot_{shard_id}_on_{node}"
@@ -72,11 +80,16 @@ def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
 
 
 def run_params(plan: PlanConfig) -> dict[str, Any]:
-    """Params of ``tandem_<plan>_run``: node and shard (enums of the plan's), trigger interval, role,
-    the node to re-sync from, and the request's deadline (the supervisor's launches set the last three)."""
+    """Params of ``tandem_<plan>_run``: the action, node and shard (enums of the plan's), trigger
+    interval, role, the node to re-sync from, the request's deadline and a stop's timeout."""
     from airflow.sdk import Param
 
     return {
+        "action": Param("launch", type="string", enum=list(RUN_ACTIONS), title="Action",
+                        description="launch: make sure the instance runs (a live one is kept); relaunch: stop "
+                                    "it on the node's host first, then launch (what the supervisor does); "
+                                    "stop: stop it on the node's host (the supervisor's fallback when its "
+                                    "driver does not obey a stop request)"),
         "node": Param(plan.nodes[0], type="string", enum=list(plan.nodes), title="Node",
                       description=f"where to run (a node of plan {plan.name})"),
         "shard_id": Param(plan.shards[0], type="string", enum=list(plan.shards), title="Shard",
@@ -90,8 +103,11 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
                              description="first copy a cut of this node's checkpoint over the launched node's "
                                          "(empty: start from its own checkpoint)"),
         "expires_at": Param("", type="string", title="Expires at",
-                            description="ISO time after which the launch is refused (empty: never); the "
+                            description="ISO time after which the request is refused (empty: never); the "
                                         "supervisor sets it so that a late task does not act on an old decision"),
+        "stop_timeout": Param("1 minute", type="string", pattern=DURATION_PATTERN, title="Stop timeout",
+                              description="stop: how long the instance may take to stop after SIGTERM before "
+                                          "SIGKILL"),
     }
 
 
@@ -101,12 +117,19 @@ def run_doc(plan: PlanConfig) -> str:
 {plan.description}
 
 Launches one instance (plan × shard × node) as a detached `spark-submit` job and waits until it
-reports RUNNING. `route` picks the task `launch_<node>`, which runs on the node's own host when the
-node names an `airflow_queue` (an Edge worker there serves it); with `resync_from` it first copies
-a cut of that node's checkpoint over the launched node's. Triggering again for an instance that is
-alive returns the running job: no second job is ever submitted. The supervisor triggers this DAG
-for every launch (with `role`, `resync_from` and an `expires_at` deadline). Trigger from the UI or
-REST with conf such as
+reports RUNNING, or stops it. `route` picks the task `launch_<node>` or `stop_<node>`, which runs on
+the node's own host when the node names an `airflow_queue` (an Edge worker there serves it).
+
+- **launch**: triggering again for an instance that is alive returns the running job: no second
+  job is ever submitted.
+- **relaunch**: first stops the instance on its host (signals: a driver that ignored its stop
+  request or hangs is ended there), then launches; with `resync_from` it copies a cut of that
+  node's checkpoint over the launched node's in between. The supervisor relaunches this way (with
+  `role`, `resync_from` and an `expires_at` deadline).
+- **stop**: stops the instance on its host (SIGTERM, SIGKILL after `stop_timeout`); the supervisor
+  does this when a stop request through PostgreSQL was not obeyed.
+
+Trigger from the UI or REST with conf such as
 `{{"node": "{plan.nodes[0]}", "shard_id": "{plan.shards[0]}", "trigger_interval": "{human_duration(plan.trigger_interval_s)}"}}`.
 """
 

@@ -1,18 +1,26 @@
-"""A supervisor inside Airflow launches a node through that node's queue, i.e. on the node's own host.
+"""A supervisor inside Airflow acts on a node through that node's queue, i.e. on the node's own host.
 
 Purpose
     The supervisor runs in a task on the control host (``tandem_<plan>_supervise``,
-    ``tandem_ops``); what a node does must happen on the node's host. :class:`LaunchOnNodeQueue` is
-    the supervisor's ``launch_on_node``: it triggers a run of ``tandem_<plan>_run`` for the node,
-    whose launch task runs on the node's Airflow queue (served by the worker on that host, see
-    ``airflow_queue`` in ``cluster.yaml``), and waits for that run.
+    ``tandem_ops``, ``tandem_restore``); what a node does must happen on the node's host.
+    :class:`NodeQueue` is the supervisor's :class:`~tandem.supervisor.node_actions.NodeHost`: it
+    triggers a run of ``tandem_<plan>_run`` for the node, whose task runs on the node's Airflow
+    queue (served by the worker on that host, see ``airflow_queue`` in ``cluster.yaml``), and waits
+    for that run.
 
 How it works
     The run is created through the Task SDK (the same Execution API call as
-    ``TriggerDagRunOperator``), with the request in its conf: node, shard, role, the node to re-sync
-    from, and a deadline. The launch task carries out
-    :func:`~tandem.supervisor.node_actions.resync_then_launch` on its host and waits for RUNNING.
-    If no worker runs the task before the deadline (the node's host is down), the supervisor
+    ``TriggerDagRunOperator``), with the request in its conf: the action, node, shard, role, the
+    node to re-sync from, and a deadline. A relaunch runs
+    :func:`~tandem.supervisor.node_actions.resync_then_launch` on the host (which first stops
+    what is left of the instance there) and waits for RUNNING.
+
+    A stop first goes through PostgreSQL from here (the driver obeys the request with its next
+    beat). Only when that is not confirmed — the driver beats but does not stop, or it no longer
+    beats (its host is down or cut off, or the driver hangs) — does the stop run on the node's host,
+    where :func:`~tandem.supervisor.launcher.stop_instance` signals the instance's processes.
+
+    If no worker starts the task before the deadline (the node's host is down), the supervisor
     gives up on that action; the task refuses if a worker picks it up later, because the
     supervisor has decided again since.
 """
@@ -25,71 +33,112 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tandem.airflow.dags import human_duration, launch_task_id
+from tandem.airflow.dags import human_duration, launch_task_id, stop_task_id
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.store.db import Database
 from tandem.store.registry import get_instance
-from tandem.supervisor.launcher import LaunchedJob, LaunchError, instance_key
+from tandem.supervisor.launcher import LaunchedJob, LaunchError, StopResult, instance_key, stop_instance
 from tandem.supervisor.node_actions import NodeLaunch
 
 FINISHED = ("success", "failed")
+RELAUNCH, STOP = "relaunch", "stop"
 
 
 def run_dag_id(plan: str) -> str:
     return f"tandem_{plan}_run"
 
 
-class LaunchOnNodeQueue:
-    """``launch_on_node`` of a :class:`~tandem.supervisor.reconcile.Supervisor` that runs in an Airflow task.
+class NodeQueue:
+    """The :class:`~tandem.supervisor.node_actions.NodeHost` of a supervisor that runs in an Airflow task.
 
     Args:
         ti: the running task instance (its DAG run is named in the note of the runs it triggers).
-        start_timeout_s: how long a worker of the node's queue may take to start the launch task:
+        start_timeout_s: how long a worker of the node's queue may take to start a launch task:
             the request's deadline on the node's host.
         running_timeout_s: how long the launched instance may then take to report RUNNING.
+        stop_start_timeout_s: the same deadline for a stop on the node's host (a live worker takes a
+            task within seconds; a host that is down should not hold the supervisor long).
     """
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, ti: Any, *, start_timeout_s: float = 120.0,
-                 running_timeout_s: float = 300.0, log: logging.Logger | logging.LoggerAdapter,
-                 poll_s: float = 1.0) -> None:
+                 running_timeout_s: float = 300.0, stop_start_timeout_s: float = 30.0,
+                 log: logging.Logger | logging.LoggerAdapter, poll_s: float = 1.0) -> None:
         self.cluster = cluster
         self.plan = plan
         self.ti = ti
         self.start_timeout_s = start_timeout_s
         self.running_timeout_s = running_timeout_s
+        self.stop_start_timeout_s = stop_start_timeout_s
         self.log = log
         self.poll_s = poll_s
 
-    def __call__(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
-        dag_id = run_dag_id(self.plan.name)
-        run_id = f"tandem_launch__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
-        deadline = datetime.now(timezone.utc) + timedelta(seconds=self.start_timeout_s)
-        conf = {"node": node, "shard_id": shard_id, "role": role, "resync_from": resync_from or "",
-                "trigger_interval": human_duration(self.plan.trigger_interval_s), "expires_at": deadline.isoformat()}
-        queue = self.cluster.node(node).airflow_queue or "the default queue"
-        try:
-            trigger_dag_run(self.ti, dag_id, run_id, conf, f"{role} on {node} for {shard_id}")
-        except TriggerRefused as exc:
-            raise LaunchError(f"could not trigger {dag_id} for {node}: {exc}") from None
-        self.log.info("launching %s/%s on %s through %s run %s (task %s on %s)", self.plan.name, shard_id, node,
-                      dag_id, run_id, launch_task_id(node), queue)
-        state = self._wait(dag_id, run_id, launch_task_id(node))
+    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        conf = {"role": role, "resync_from": resync_from or "",
+                "trigger_interval": human_duration(self.plan.trigger_interval_s)}
+        run_id, state = self._on_node(RELAUNCH, shard_id, node, conf, f"{role} on {node} for {shard_id}",
+                                      self.start_timeout_s, self.running_timeout_s)
+        dag_id, task_id = run_dag_id(self.plan.name), launch_task_id(node)
         if state == "failed":
-            raise LaunchError(f"the launch of {node} failed on its host: see {dag_id} run {run_id}, "
-                              f"task {launch_task_id(node)}")
+            raise LaunchError(f"the launch of {node} failed on its host: see {dag_id} run {run_id}, task {task_id}")
         if state != "success":
             raise LaunchError(f"the launch of {node} did not end within "
                               f"{self.start_timeout_s + self.running_timeout_s:g}s ({dag_id} run {run_id} is "
-                              f"{state}): is a worker of {queue} up on {node}'s host?")
-        with Database(self.cluster.database_url, "tandem-supervisor") as db:
-            row = get_instance(db, instance_key(self.plan, shard_id, node).id)
+                              f"{state}): is a worker of {self._queue(node)} up on {node}'s host?")
+        row = self._row(shard_id, node)
         if row is None:
             raise LaunchError(f"{dag_id} run {run_id} succeeded but {node} has no instance row")
         return NodeLaunch(LaunchedJob.from_row(row, reused=False, reason=f"{dag_id} run {run_id}"), None)
 
-    def _wait(self, dag_id: str, run_id: str, task_id: str) -> str:
-        """The run's final state, or its state when the launch task did not start in time (the node's
-        host is down or its worker does not serve the queue) or the run did not end in time."""
+    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+        requested_by = f"airflow {self.ti.dag_id}/{self.ti.run_id}/{self.ti.task_id}"
+        unconfirmed = None
+        try:
+            stopped = stop_instance(self.cluster, self.plan, shard_id, node, timeout_s=timeout_s,
+                                    requested_by=requested_by)
+        except LaunchError as exc:  # it beats, but has not obeyed its stop request
+            why = str(exc)
+        else:
+            if stopped.confirmed:
+                return stopped
+            unconfirmed, why = stopped, stopped.detail
+        self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, shard_id, node, why)
+        run_id, state = self._on_node(STOP, shard_id, node, {"stop_timeout": human_duration(timeout_s)},
+                                      f"stop {node} for {shard_id}", self.stop_start_timeout_s, timeout_s + 30)
+        where = f"{run_dag_id(self.plan.name)} run {run_id}"
+        if state == "success":
+            row = self._row(shard_id, node)
+            return StopResult(row["instance_id"], row["status"], False, f"{why}; stopped on its host by {where}")
+        if unconfirmed is not None:  # nothing answers on its host either: most likely it is down
+            return StopResult(unconfirmed.instance_id, unconfirmed.status, unconfirmed.graceful,
+                              f"{why}; the stop on its host did not run ({where} is {state})", False)
+        raise LaunchError(f"{why}; the stop on its host did not run either ({where} is {state})")
+
+    def _on_node(self, action: str, shard_id: str, node: str, conf: dict[str, Any], what: str,
+                 start_timeout_s: float, run_timeout_s: float) -> tuple[str, str]:
+        """Trigger ``action`` for ``node`` in ``tandem_<plan>_run`` and wait; its run id and final state."""
+        dag_id = run_dag_id(self.plan.name)
+        run_id = f"tandem_{action}__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=start_timeout_s)
+        conf = {"action": action, "node": node, "shard_id": shard_id, "expires_at": deadline.isoformat(), **conf}
+        task_id = (stop_task_id if action == STOP else launch_task_id)(node)
+        try:
+            trigger_dag_run(self.ti, dag_id, run_id, conf, what)
+        except TriggerRefused as exc:
+            raise LaunchError(f"could not trigger {dag_id} for {node}: {exc}") from None
+        self.log.info("%s %s/%s on %s through %s run %s (task %s on %s)", action, self.plan.name, shard_id, node,
+                      dag_id, run_id, task_id, self._queue(node))
+        return run_id, self._wait(dag_id, run_id, task_id, start_timeout_s, run_timeout_s)
+
+    def _queue(self, node: str) -> str:
+        return self.cluster.node(node).airflow_queue or "the default queue"
+
+    def _row(self, shard_id: str, node: str) -> dict | None:
+        with Database(self.cluster.database_url, "tandem-supervisor") as db:
+            return get_instance(db, instance_key(self.plan, shard_id, node).id)
+
+    def _wait(self, dag_id: str, run_id: str, task_id: str, start_timeout_s: float, run_timeout_s: float) -> str:
+        """The run's final state, or its state when its task did not start in time (the node's host is
+        down or its worker does not serve the queue) or the run did not end in time."""
         start = time.monotonic()
         state = "queued"
         while True:
@@ -97,9 +146,9 @@ class LaunchOnNodeQueue:
             if state in FINISHED:
                 return state
             waited = time.monotonic() - start
-            if waited > self.start_timeout_s + 10 and not self._started(dag_id, run_id, task_id):
+            if waited > start_timeout_s + 10 and not self._started(dag_id, run_id, task_id):
                 return f"{state}, its task {task_id} not started after {waited:.0f}s"
-            if waited > self.start_timeout_s + self.running_timeout_s + 30:
+            if waited > start_timeout_s + run_timeout_s + 30:
                 return state
             time.sleep(self.poll_s)
 

@@ -47,17 +47,19 @@ class LaunchPlanInstanceOperator(BaseOperator):
     :param role: ACTIVE, PASSIVE or BACKUP. Templated.
     :param resync_from: a node whose checkpoint is cut and copied over this node's first; empty: none. Templated.
     :param expires_at: ISO time after which the launch is refused (a late task of an old decision). Templated.
+    :param action: ``launch`` keeps a live instance; ``relaunch`` stops it here first. Templated.
     :param cluster_config: path of ``cluster.yaml`` (default: ``$TANDEM_CONF_DIR/cluster.yaml``).
     :param running_timeout_s: how long to wait for the instance to report RUNNING.
     """
 
-    template_fields = ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from", "expires_at")
+    template_fields = ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from", "expires_at", "action")
     ui_color = "#dcefe3"
 
     def __init__(self, *, plan: str, node: str, shard_id: str, trigger_interval: str | None = None,
-                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "",
+                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "", action: str = "launch",
                  cluster_config: str | None = None, running_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.action = action
         self.plan = plan
         self.node = node
         self.shard_id = shard_id
@@ -72,25 +74,18 @@ class LaunchPlanInstanceOperator(BaseOperator):
         from tandem.supervisor.launcher import LaunchError, LaunchRejected, wait_until_running
         from tandem.supervisor.node_actions import check_deadline, resync_then_launch
 
+        if self.action not in ("launch", "relaunch"):
+            raise AirflowFailException(f"Param action: {self.action!r} is not launch or relaunch")
         interval = self._checked_interval()
         cluster = _cluster(self.cluster_config)
-        try:
-            plan = load_plan(self.plan, cluster)
-            cluster.node(self.node)
-            deadline = datetime.fromisoformat(self.expires_at) if (self.expires_at or "").strip() else None
-            if deadline is not None and deadline.tzinfo is None:
-                deadline = deadline.replace(tzinfo=timezone.utc)
-        except ConfigError as exc:
-            raise AirflowFailException(str(exc)) from None
-        except ValueError as exc:
-            raise AirflowFailException(f"Param expires_at: {exc}") from None
+        plan, deadline = _plan_node_deadline(cluster, self.plan, self.node, self.expires_at)
         ti = context["ti"]
         launched_by = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"launch of {self.node}")
             job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or "ACTIVE",
-                                     resync_from=self.resync_from or None, trigger_interval=interval,
-                                     launched_by=launched_by, logger=self.log).job
+                                     resync_from=self.resync_from or None, replace=self.action == "relaunch",
+                                     trigger_interval=interval, launched_by=launched_by, logger=self.log).job
         except LaunchRejected as exc:
             raise AirflowFailException(str(exc)) from None
         except LaunchError as exc:
@@ -127,6 +122,73 @@ class LaunchPlanInstanceOperator(BaseOperator):
         except ValueError as exc:
             raise AirflowFailException(f"Param trigger_interval: {exc}") from None
         return text
+
+
+def _plan_node_deadline(cluster: ClusterConfig, plan_name: str, node: str, expires_at: str) -> tuple[Any, datetime | None]:
+    """The plan, the node checked against the cluster, and the request's deadline (UTC), or AirflowFailException."""
+    try:
+        plan = load_plan(plan_name, cluster)
+        cluster.node(node)
+        deadline = datetime.fromisoformat(expires_at) if (expires_at or "").strip() else None
+    except ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
+    except ValueError as exc:
+        raise AirflowFailException(f"Param expires_at: {exc}") from None
+    if deadline is not None and deadline.tzinfo is None:
+        deadline = deadline.replace(tzinfo=timezone.utc)
+    return plan, deadline
+
+
+class StopPlanInstanceOperator(BaseOperator):
+    """Stop a plan instance on its node's host: SIGTERM to its processes, SIGKILL after ``stop_timeout``.
+
+    Runs on the node's queue, so the PIDs the instance recorded are this host's: it ends a driver
+    that did not obey its stop request in PostgreSQL, or hangs, or whose row already says STOPPED
+    while its processes live on. Returns ``{"instance_id", "status", "graceful", "detail"}``.
+
+    :param plan: plan name. Templated.
+    :param node: the node whose instance stops; the task runs on its host. Templated.
+    :param shard_id: one of the plan's shards. Templated.
+    :param stop_timeout: e.g. ``"1 minute"``: how long after SIGTERM before SIGKILL. Templated.
+    :param expires_at: ISO time after which the stop is refused (a late task of an old decision). Templated.
+    """
+
+    template_fields = ("plan", "node", "shard_id", "stop_timeout", "expires_at")
+    ui_color = "#f3dcdc"
+
+    def __init__(self, *, plan: str, node: str, shard_id: str, stop_timeout: str = "1 minute",
+                 expires_at: str = "", cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.node = node
+        self.shard_id = shard_id
+        self.stop_timeout = stop_timeout
+        self.expires_at = expires_at
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.supervisor.launcher import LaunchError, LaunchRejected, stop_instance
+        from tandem.supervisor.node_actions import check_deadline
+
+        try:
+            timeout_s = parse_duration(self.stop_timeout)
+        except ValueError as exc:
+            raise AirflowFailException(f"Param stop_timeout: {exc}") from None
+        cluster = _cluster(self.cluster_config)
+        plan, deadline = _plan_node_deadline(cluster, self.plan, self.node, self.expires_at)
+        ti = context["ti"]
+        try:
+            check_deadline(deadline, datetime.now(timezone.utc), f"stop of {self.node}")
+            plan.check_shard(self.shard_id)
+            result = stop_instance(cluster, plan, self.shard_id, self.node, timeout_s=timeout_s,
+                                   requested_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
+        except (LaunchRejected, ConfigError) as exc:
+            raise AirflowFailException(str(exc)) from None
+        except LaunchError as exc:
+            raise AirflowException(str(exc)) from None
+        self.log.info("%s on this host: %s (%s)", result.instance_id, result.detail, result.status)
+        return {"instance_id": result.instance_id, "status": result.status, "graceful": result.graceful,
+                "detail": result.detail}
 
 
 class ValidateServingTableOperator(BaseOperator):
@@ -230,7 +292,7 @@ class ReconcilePlanOperator(BaseOperator):
         self.running_timeout_s = running_timeout_s
 
     def execute(self, context: Any) -> dict[str, list[str]]:
-        from tandem.airflow.node_launch import LaunchOnNodeQueue
+        from tandem.airflow.node_launch import NodeQueue
         from tandem.store.supervision import mark
         from tandem.supervisor.reconcile import Supervisor
 
@@ -242,8 +304,7 @@ class ReconcilePlanOperator(BaseOperator):
         cause = f"{ti.dag_id} {ti.run_id}: {'start of the supervision run' if event is None else 'watch'}"
         with Supervisor(cluster, plan, launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}",
                         log=self.log, running_timeout_s=self.running_timeout_s,
-                        launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, running_timeout_s=self.running_timeout_s,
-                                                         log=self.log)) as supervisor:
+                        node_host=NodeQueue(cluster, plan, ti, running_timeout_s=self.running_timeout_s, log=self.log)) as supervisor:
             if event and event.get("status") == "unhealthy":
                 cause = (f"{ti.dag_id} {ti.run_id}: {event['health']} on {event['node']}: {event['evidence']}")
                 self.log.info("detected: %s", cause)
@@ -303,7 +364,7 @@ class PlanOpsOperator(BaseOperator):
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.airflow.node_launch import LaunchOnNodeQueue
+        from tandem.airflow.node_launch import NodeQueue
         from tandem.supervisor.reconcile import OpsRefused, run_ops_action
 
         cluster = _cluster(self.cluster_config)
@@ -323,7 +384,7 @@ class PlanOpsOperator(BaseOperator):
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
                                      launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log,
-                                     launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, log=self.log))
+                                     node_host=NodeQueue(cluster, plan, ti, log=self.log))
         except OpsRefused as exc:
             raise AirflowFailException(str(exc)) from None
         lines = [f"{self.action} {plan.name} {self.node or ''} on {', '.join(shards)}"]
@@ -558,7 +619,7 @@ class RestoreSnapshotOperator(BaseOperator):
     A BAD snapshot is refused unless ``force``. The steps go to the log and the run note. The
     restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
     ACTIVE instance, and the standbys after it, are launched on their nodes' hosts through
-    ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`).
+    ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.NodeQueue`).
 
     :param plan: plan name. Templated.
     :param shard_id: one shard, or empty for every shard (ignored with a snapshot id). Templated.
@@ -581,7 +642,7 @@ class RestoreSnapshotOperator(BaseOperator):
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.airflow.node_launch import LaunchOnNodeQueue
+        from tandem.airflow.node_launch import NodeQueue
         from tandem.errors import SnapshotError
         from tandem.snapshots.restore import restore_shard, shards_to_restore
 
@@ -599,7 +660,7 @@ class RestoreSnapshotOperator(BaseOperator):
                 report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
                                        node=self.node or None,
                                        launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
-                                       launch_on_node=LaunchOnNodeQueue(cluster, plan, ti, log=self.log))
+                                       node_host=NodeQueue(cluster, plan, ti, log=self.log))
             except SnapshotError as exc:
                 raise AirflowFailException(str(exc)) from None
             for line in report.lines():

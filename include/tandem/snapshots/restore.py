@@ -55,8 +55,8 @@ from tandem.store.db import Database
 from tandem.store.migrations import migrate
 from tandem.store.publish_log import forget_shard
 from tandem.store.supervision import mark
-from tandem.supervisor.launcher import launch_instance, stop_instance, wait_until_running
-from tandem.supervisor.node_actions import LaunchOnNode, NodeLaunch
+from tandem.supervisor.launcher import wait_until_running
+from tandem.supervisor.node_actions import NodeHost, ThisHost
 from tandem.supervisor.reconcile import Supervisor, shard_lock
 from tandem.supervisor.resync import cut_checkpoint, query_dirs
 
@@ -113,11 +113,11 @@ def shards_to_restore(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str
 def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, snapshot_id: str | None = None,
                   force: bool = False, node: str | None = None, start: bool = True,
                   launched_by: str = "tandem restore", py_files: Path | None = None,
-                  launch_on_node: LaunchOnNode | None = None) -> RestoreReport:
+                  node_host: NodeHost | None = None) -> RestoreReport:
     """Restore one shard of ``plan`` from ``snapshot_id`` (default: its newest GOOD snapshot).
 
-    ``launch_on_node`` starts the ACTIVE instance, and then the supervisor's standbys, on their
-    nodes' hosts (inside Airflow: through the nodes' queues); by default here.
+    ``node_host`` stops the instances, then starts the ACTIVE instance, and then the supervisor's
+    standbys, on their nodes' hosts (inside Airflow: through the nodes' queues); by default here.
 
     Raises:
         SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken.
@@ -142,10 +142,11 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
                 raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
         target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
         report = RestoreReport(plan.name, shard_id, chosen, target)
+        node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)
         with shard_lock(cluster.database_url, plan.name, shard_id) as lock:
             for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
                 lock.check()
-                stopped = stop_instance(cluster, plan, shard_id, each, timeout_s=STOP_TIMEOUT_S)
+                stopped = node_host.stop(shard_id, each, STOP_TIMEOUT_S)
                 report.add(f"stop {each}: {stopped.detail}")
             for each in plan.nodes:
                 lock.check()
@@ -157,14 +158,12 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
                  node=target, detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
             if start:
                 lock.check()
-                launch = launch_on_node or (lambda shard, node, role, _: NodeLaunch(launch_instance(
-                    cluster, plan, shard, node, role=role, launched_by=launched_by, py_files=py_files), None))
-                launch(shard_id, target, "ACTIVE", None)
+                node_host.launch(shard_id, target, "ACTIVE", None)
                 row = wait_until_running(cluster, plan, shard_id, target)
                 report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
     if start and len(plan.nodes) > 1:
         with Supervisor(cluster, plan, launched_by=launched_by, py_files=py_files,
-                        launch_on_node=launch_on_node) as supervisor:
+                        node_host=node_host) as supervisor:
             for line in supervisor.reconcile(shard_id, cause=f"restore from {chosen.id}").lines():
                 report.add(line)
     return report

@@ -140,10 +140,14 @@ class LaunchedJob:
 
 @dataclass(frozen=True)
 class StopResult:
+    """How a stop ended. ``confirmed`` is False when the instance's host did not answer (no liveness
+    beat): the row says STOPPED, but whether its processes still run there is unknown."""
+
     instance_id: str
     status: str | None
     graceful: bool
     detail: str
+    confirmed: bool = True
 
 
 def application_args(key: InstanceKey, trigger_interval_s: float, role: str = "ACTIVE") -> list[str]:
@@ -542,14 +546,15 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         if row is None:
             return StopResult(key.id, None, True, "not recorded: nothing to stop")
         asked = request_stop(db, key, requested_by)
+        confirmed = True
         if _recorded_here(row):
             processes = instance_processes(row, key)
             graceful = _terminate(key, processes, timeout_s, poll_s) if processes else True
             detail = ("no live process" if not processes else "stopped gracefully" if graceful
                       else f"killed after {timeout_s:g}s")
         else:
-            graceful, detail = _await_remote_stop(db, cluster, key, row["host"], timeout_s, poll_s) if asked \
-                else (True, f"not running ({row['status']})")
+            graceful, detail, confirmed = _await_remote_stop(db, cluster, key, row["host"], timeout_s, poll_s) \
+                if asked else (True, f"not running ({row['status']})", True)
         row = get_instance(db, key.id)
         if row["status"] in ACTIVE_STATUSES:
             reason = (f"killed with SIGKILL: still running {timeout_s:g}s after SIGTERM" if not graceful
@@ -558,23 +563,24 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
             record_status(db, key, "STOPPED", f"stop_instance: {reason}")
             row = get_instance(db, key.id)
         log.info("instance %s: %s (%s)", key.id, detail, row["status"])
-        return StopResult(key.id, row["status"], graceful, detail)
+        return StopResult(key.id, row["status"], graceful, detail, confirmed)
 
 
 def _await_remote_stop(db: Database, cluster: ClusterConfig, key: InstanceKey, host: str, timeout_s: float,
-                       poll_s: float) -> tuple[bool, str]:
-    """Wait for a driver on another host to obey its stop request; see :func:`stop_instance`."""
+                       poll_s: float) -> tuple[bool, str, bool]:
+    """Wait for a driver on another host to obey its stop request; see :func:`stop_instance`.
+    Returns (graceful, detail, confirmed)."""
     heartbeat_timeout_s = load_plan(key.plan, cluster).heartbeat.timeout_s
     deadline = time.monotonic() + timeout_s
     while True:
         row = get_instance(db, key.id)
         if row["status"] not in ACTIVE_STATUSES:
-            return True, f"stopped on host {host} at the stop request"
+            return True, f"stopped on host {host} at the stop request", True
         beat_age_s = _float(row["beat_age_s"])
         if beat_age_s is None or beat_age_s >= heartbeat_timeout_s:
             beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"
-            return True, (f"host {host} is down or cut off ({beat}); the stop request stays for its driver "
-                          "if it comes back")
+            return True, (f"host {host} is down or cut off, or its driver hangs ({beat}); the stop request "
+                          "stays for its driver if it comes back"), False
         if time.monotonic() >= deadline:
             raise LaunchError(
                 f"instance {key.id} on host {host} still {row['status']} {timeout_s:g}s after its stop request "
@@ -613,6 +619,7 @@ def _terminate(key: InstanceKey, processes: InstanceProcesses, timeout_s: float,
         _signal_group_or_processes(group, members, signal.SIGTERM)
     else:
         _signal([driver], signal.SIGTERM)
+    _signal(members, signal.SIGCONT)  # a frozen (SIGSTOP) process handles its SIGTERM only once it runs again
     while time.monotonic() - start < timeout_s:
         alive = _alive(members)
         if not alive:

@@ -1,20 +1,22 @@
-"""What a node's own host does when the supervisor relaunches it: re-sync its checkpoint, then launch.
+"""What a node's own host does for the supervisor: re-sync and (re)launch its instance, or stop it.
 
 Purpose
     On several hosts, everything a node does happens on that node's host: the supervisor (on the
-    control host) decides, and the node's host carries it out. :func:`resync_then_launch` is that
-    host's part of a launch; the supervisor calls it directly when every node is on its host, and
-    the node's Airflow worker calls it (``tandem_<plan>_run``, :mod:`tandem.airflow.node_launch`)
-    otherwise.
+    control host) decides, and the node's host carries it out. :class:`NodeHost` is that division
+    of labour: :class:`ThisHost` when every node runs on this host (the CLI, local runs), the node's
+    Airflow queue otherwise (:class:`~tandem.airflow.node_launch.NodeQueue`, whose tasks call
+    :func:`resync_then_launch` and :func:`~tandem.supervisor.launcher.stop_instance` on the host).
 
 How it works
     A re-sync copies a consistent cut of ``resync_from``'s checkpoint over the node's own
     (:func:`~tandem.supervisor.resync.resync_instance`, on the shared storage); a failed cut is
     recorded (``RESYNC_FAILED``) and the node starts from its own checkpoint, which is consistent
     too, only older. Then :func:`~tandem.supervisor.launcher.launch_instance` submits the driver
-    (or finds it running). A launch request carries a deadline: a task that a worker picks up
-    after it (its host was down while the supervisor waited) refuses, because the supervisor has
-    decided again since.
+    (or finds it running). A relaunch (``replace``) first stops the node's instance *on its host*,
+    so a driver that ignored its stop request, or hangs (``SIGSTOP``), is signalled there and never
+    shares its checkpoint with the new one. A request carries a deadline: a task that a worker
+    picks up after it (its host was down while the supervisor waited) refuses, because the
+    supervisor has decided again since.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.store.db import Database
 from tandem.store.supervision import mark
-from tandem.supervisor.launcher import LaunchedJob, LaunchRejected, launch_instance
+from tandem.supervisor.launcher import LaunchedJob, LaunchRejected, StopResult, launch_instance, stop_instance
 from tandem.supervisor.resync import CheckpointError, resync_instance
 
 log = logging.getLogger(__name__)
+REPLACE_STOP_TIMEOUT_S = 10.0  # the relaunched instance is being replaced: no need to wait for a clean stop
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,33 @@ class NodeLaunch:
         return data
 
 
-LaunchOnNode = Callable[[str, str, str, "str | None"], NodeLaunch]
-"""``(shard, node, role, resync_from) -> NodeLaunch``: re-sync and launch an instance on the node's own host
-(:func:`resync_then_launch` here; inside Airflow through the node's queue, :class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`)."""
+class NodeHost(Protocol):
+    """Carries out the supervisor's launches and stops of a node's instance on the node's own host."""
+
+    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        """Stop the node's instance if it runs, re-sync it from ``resync_from`` (when given), launch it in ``role``."""
+
+    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+        """Stop the node's instance; SIGKILL what is left after ``timeout_s``."""
+
+
+@dataclass(frozen=True)
+class ThisHost:
+    """Every node's host is this one (the CLI, local runs, the tests without Airflow)."""
+
+    cluster: ClusterConfig
+    plan: PlanConfig
+    launched_by: str
+    py_files: Path | None = None
+    logger: logging.Logger | logging.LoggerAdapter = log
+
+    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        return resync_then_launch(self.cluster, self.plan, shard_id, node, role=role, resync_from=resync_from,
+                                  replace=True, launched_by=self.launched_by, py_files=self.py_files,
+                                  logger=self.logger)
+
+    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+        return stop_instance(self.cluster, self.plan, shard_id, node, timeout_s=timeout_s)
 
 
 def expired(deadline: datetime | None, now: datetime) -> bool:
@@ -68,15 +94,21 @@ def check_deadline(deadline: datetime | None, now: datetime, what: str) -> None:
 
 
 def resync_then_launch(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str, *, role: str,
-                       resync_from: str | None = None, trigger_interval: str | float | None = None,
-                       launched_by: str | None = None, py_files: Path | None = None,
+                       resync_from: str | None = None, replace: bool = False,
+                       trigger_interval: str | float | None = None, launched_by: str | None = None,
+                       py_files: Path | None = None,
                        logger: logging.Logger | logging.LoggerAdapter | None = None) -> NodeLaunch:
     """Re-sync ``node``'s checkpoint from ``resync_from`` (when given), then launch it in ``role``.
 
-    The caller makes sure the node's instance is stopped first: nothing may use the checkpoint
-    while it is replaced.
+    ``replace``: stop the node's instance here first (a relaunch); otherwise a live instance is
+    found again and kept. A re-sync needs ``replace`` (or a stopped instance): nothing may use the
+    checkpoint while it is replaced.
     """
     logger = logger or log
+    if replace:
+        stopped = stop_instance(cluster, plan, shard_id, node, timeout_s=REPLACE_STOP_TIMEOUT_S,
+                                requested_by=launched_by)
+        logger.info("before the launch of %s: %s (%s)", node, stopped.detail, stopped.status)
     cut = None
     if resync_from:
         with Database(cluster.database_url, "tandem-resync") as db:

@@ -51,8 +51,8 @@ from tandem.supervisor.decisions import (
     decide,
     takeover_deadline_s,
 )
-from tandem.supervisor.launcher import LaunchError, stop_instance, wait_until_running
-from tandem.supervisor.node_actions import LaunchOnNode, NodeLaunch, resync_then_launch
+from tandem.supervisor.launcher import LaunchError, wait_until_running
+from tandem.supervisor.node_actions import NodeHost, ThisHost
 from tandem.supervisor.observe import ShardObservation, observe_shard
 from tandem.supervisor.resync import CheckpointError
 
@@ -112,21 +112,20 @@ class Supervisor:
         log: where decisions and outcomes are written (an Airflow task's logger, or this module's).
         py_files: the ``tandem`` package for ``spark-submit`` (default ``<project>/dist/tandem.zip``).
         running_timeout_s: how long a launch may take to reach RUNNING.
-        launch_on_node: re-syncs ``(shard, node)`` from ``resync_from`` (when given) and launches it in
-            ``role`` on the node's own host; by default
-            :func:`~tandem.supervisor.node_actions.resync_then_launch` here, inside Airflow the
-            node's queue (:class:`~tandem.airflow.node_launch.LaunchOnNodeQueue`).
+        node_host: carries out launches (with their re-sync) and stops on each node's own host; by
+            default :class:`~tandem.supervisor.node_actions.ThisHost`, inside Airflow the nodes'
+            queues (:class:`~tandem.airflow.node_launch.NodeQueue`).
     """
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, *, launched_by: str = "tandem supervisor",
                  log: logging.Logger | logging.LoggerAdapter | None = None, py_files: Path | None = None,
                  running_timeout_s: float = 300.0, poll_s: float = 0.5,
-                 launch_on_node: LaunchOnNode | None = None) -> None:
-        self.launch_on_node = launch_on_node or self._launch_here
+                 node_host: NodeHost | None = None) -> None:
+        self.log = log or logging.getLogger(__name__)
+        self.node_host = node_host or ThisHost(cluster, plan, launched_by, py_files, self.log)
         self.cluster = cluster
         self.plan = plan
         self.launched_by = launched_by
-        self.log = log or logging.getLogger(__name__)
         self.py_files = py_files
         self.running_timeout_s = running_timeout_s
         self.poll_s = poll_s
@@ -243,21 +242,16 @@ class Supervisor:
         mark(self.db, self.plan.name, shard_id, action.kind, action.reason, node=action.node, detail=detail)
 
     def _stop(self, shard_id: str, action: Stop) -> StepResult:
-        stopped = stop_instance(self.cluster, self.plan, shard_id, action.node, timeout_s=action.timeout_s)
+        stopped = self.node_host.stop(shard_id, action.node, action.timeout_s)
         return StepResult(action, True, f"{stopped.detail} ({stopped.status})",
                           {"status": stopped.status, "graceful": stopped.graceful})
 
     def _launch(self, shard_id: str, action: Launch) -> StepResult:
-        stop_instance(self.cluster, self.plan, shard_id, action.node, timeout_s=10.0)  # nothing may use the checkpoint
-        launched = self.launch_on_node(shard_id, action.node, action.role, action.resync_from)
+        launched = self.node_host.launch(shard_id, action.node, action.role, action.resync_from)
         data: dict[str, Any] = {"role": action.role, **launched.data()}
         row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
         data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
         return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
-
-    def _launch_here(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
-        return resync_then_launch(self.cluster, self.plan, shard_id, node, role=role, resync_from=resync_from,
-                                  launched_by=self.launched_by, py_files=self.py_files, logger=self.log)
 
     def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
         epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
@@ -353,7 +347,7 @@ class Supervisor:
 def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
                    launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
                    py_files: Path | None = None,
-                   launch_on_node: LaunchOnNode | None = None) -> list[Report]:
+                   node_host: NodeHost | None = None) -> list[Report]:
     """Carry out one operator action on the given shards of a plan; one report per shard."""
     if action not in SUPERVISOR_ACTIONS:
         raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
@@ -368,7 +362,7 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
         raise OpsRefused(str(exc)) from None
     reports = []
     with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files,
-                    launch_on_node=launch_on_node) as supervisor:
+                    node_host=node_host) as supervisor:
         for shard in shards:
             if action == FAILOVER_NOW:
                 reports.append(supervisor.fail_over_now(shard, to_node=node))
