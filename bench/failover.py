@@ -312,18 +312,27 @@ def _check_outputs(writer: _ha.TradeWriter, cluster, url: str) -> tuple[list, li
 # Warm failover runs: the standby node runs nothing; the supervisor starts the plan there
 
 
+PLAN_MAX_FILES_PER_TRIGGER = yaml.safe_load((ROOT / "conf" / "plans" / "trades.yaml").read_text())[
+    "streams"]["trades"]["max_files_per_trigger"]
+
+
 def warm_failovers(runs: int, rate: int, progress: Progress, network: HostNetwork | None = None,
-                   server_url: str = SERVER_URL) -> dict:
+                   server_url: str = SERVER_URL, files_per_trigger: int | None = None) -> dict:
     """kill -9 the active; a supervision loop (what the Airflow sensor + DAG do) polls the shard's health
     every 0.5 s and, on DEAD, reconciles: the plan starts on the other node from a cut of the dead
     active's checkpoint. The dead node stays down as the next warm standby.
 
     With ``network`` the nodes are hosts: the failure is a crash of the active's host, and the
-    supervisor launches each node on its own host."""
+    supervisor launches each node on its own host. ``files_per_trigger`` caps the landing files of a
+    micro-batch (the plan's ``max_files_per_trigger``), so the new instance's first batch does not
+    take the whole backlog of the outage at once."""
     from tandem.supervisor.reconcile import Supervisor
 
     task = progress.add_task("warm failover: starting node-a ACTIVE", total=runs + 2)
-    with private_project("warm", {"ha": {"standby": "warm"}}, server_url) as project:
+    overrides: dict = {"ha": {"standby": "warm"}}
+    if files_per_trigger:
+        overrides["streams"] = {"trades": {"max_files_per_trigger": files_per_trigger}}
+    with private_project("warm", overrides, server_url) as project:
         cluster = load_cluster()
         plan = load_plan("trades", cluster)
         url = project.database_url
@@ -638,7 +647,8 @@ def multi_host(args: argparse.Namespace, progress: Progress) -> dict:
     try:
         with hosts_with_postgres(root, list(HOST_OF.values()), MULTI_HOST_CPUS) as (network, _server, url):
             hot = multi_host_hot(network, url, args.runs, args.rate, progress)
-            warm = warm_failovers(args.warm_runs, args.rate, progress, network, url) if args.warm_runs else None
+            warm = warm_failovers(args.warm_runs, args.rate, progress, network, url,
+                                  args.warm_files_per_trigger) if args.warm_runs else None
             cost = ha_cost(args.ha_cost_pairs, args.ha_cost_events, args.ha_cost_files,
                            args.ha_cost_files_per_trigger, progress, network, url) if args.ha_cost_pairs else None
             cpus = dict(network.cpus)
@@ -660,7 +670,9 @@ def multi_host(args: argparse.Namespace, progress: Progress) -> dict:
         "warm": {**first_publish(warm["runs"]), "target_s": 30.0,
                  "meets_target": max(r["first_publish_s"] for r in warm["runs"]) <= 30.0,
                  "failure": "every process of the active's host killed at once; the supervisor launches the "
-                            "plan on the other node's host", "runs_detail": warm["runs"]} if warm else None,
+                            "plan on the other node's host",
+                 "max_files_per_trigger": args.warm_files_per_trigger or PLAN_MAX_FILES_PER_TRIGGER,
+                 "runs_detail": warm["runs"]} if warm else None,
         "ha_cost_ratio": cost["ratio"] if cost else None,
         "ha_cost": cost,
         "runs": hot["crash"] + hot["partition"],
@@ -718,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=6, help="hot failovers (kill -9 of the active), at least 5")
     parser.add_argument("--warm-runs", type=int, default=5, help="warm failovers (0: skip), at least 5 otherwise")
     parser.add_argument("--rate", type=int, default=200, help="input events per second during the failovers")
+    parser.add_argument("--warm-files-per-trigger", type=int, default=None,
+                        help="warm runs: the plan's max_files_per_trigger (default: the plan's own, 1000)")
     parser.add_argument("--ha-cost-pairs", type=int, default=2, help="alone/with-standby pairs (0: skip)")
     parser.add_argument("--ha-cost-events", type=int, default=300_000)
     parser.add_argument("--ha-cost-files", type=int, default=300)
@@ -741,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         hot = hot_failovers(args.runs, args.rate, progress)
-        warm = warm_failovers(args.warm_runs, args.rate, progress) if args.warm_runs else None
+        warm = warm_failovers(args.warm_runs, args.rate, progress,
+                              files_per_trigger=args.warm_files_per_trigger) if args.warm_runs else None
         cost = ha_cost(args.ha_cost_pairs, args.ha_cost_events, args.ha_cost_files, args.ha_cost_files_per_trigger,
                        progress) if args.ha_cost_pairs else None
 

@@ -1,7 +1,7 @@
 """``tandem_<plan>_run``: launch (or relaunch, or stop) one instance of a plan, on its node's host.
 
 One DAG per ``conf/plans/*.yaml``. Params: ``action``, ``node``, ``shard_id``, ``trigger_interval``,
-``role``, ``resync_from``, ``expires_at``, ``stop_timeout``. ``route`` picks the chosen node's
+``role``, ``resync_from``, ``expires_at``, ``stop_timeout``, ``launched_at``. ``route`` picks the chosen node's
 launch or stop task; each node's tasks run on the node's Airflow queue (``airflow_queue`` in
 ``cluster.yaml``), served by a worker on its host.
 """
@@ -36,29 +36,19 @@ for plan in plans.values():
 
         routed = route()
         for node in plan.nodes:
+            on_node = dict(plan=plan.name, node=node, shard_id="{{ params.shard_id }}",
+                           expires_at="{{ params.expires_at }}", cluster_config=str(cluster.path),
+                           **node_task_args(cluster, node))
             routed >> [
                 LaunchPlanInstanceOperator(
                     task_id=launch_task_id(node),
-                    plan=plan.name,
-                    node=node,
                     action="{{ params.action }}",
-                    shard_id="{{ params.shard_id }}",
                     trigger_interval="{{ params.trigger_interval }}",
                     role="{{ params.role }}",
                     resync_from="{{ params.resync_from }}",
-                    expires_at="{{ params.expires_at }}",
-                    cluster_config=str(cluster.path),
-                    **node_task_args(cluster, node),
+                    **on_node,
                 ),
-                StopPlanInstanceOperator(
-                    task_id=stop_task_id(node),
-                    plan=plan.name,
-                    node=node,
-                    shard_id="{{ params.shard_id }}",
-                    stop_timeout="{{ params.stop_timeout }}",
-                    expires_at="{{ params.expires_at }}",
-                    cluster_config=str(cluster.path),
-                    **node_task_args(cluster, node),
-                ),
+                StopPlanInstanceOperator(task_id=stop_task_id(node), stop_timeout="{{ params.stop_timeout }}",
+                                         launched_at="{{ params.launched_at }}", **on_node),
             ]
     globals()[dag.dag_id] = dag

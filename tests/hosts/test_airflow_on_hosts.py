@@ -11,9 +11,9 @@ storage, and the outputs are compared with the test's own aggregation of every e
 
 The tests share one stack and run in order: a crash of host-a, the control host's Airflow
 stopped for two minutes, a scheduled snapshot, which runs on the standby's host, ``tandem_ops``
-snapshot_now, which does too, a restore from the newest snapshot, which relaunches each node on its
-own host, a frozen driver that ``tandem_ops`` restart_node has its host's worker stop, and the
-control host's scheduler killed while a second one runs on ``control-b``.
+snapshot_now, which does too, a restore from the newest snapshot with the PASSIVE's driver frozen,
+which has that host's worker stop it and relaunches each node on its own host, and the control
+host's scheduler killed while a second one runs on ``control-b``.
 """
 
 from __future__ import annotations
@@ -305,30 +305,6 @@ def test_snapshot_now_runs_on_the_standbys_host_too(on_hosts: OnHosts) -> None:
     note(f"snapshot_now: {snapshot.id} of {active} taken on {on_standby['hostname']} through {run['dag_run_id']}")
 
 
-def test_a_restore_relaunches_each_node_on_its_own_host(on_hosts: OnHosts) -> None:
-    """``tandem_restore`` of the newest GOOD snapshot under load: the ACTIVE instance is launched on the
-    snapshot's node's host through its queue, the standby on its own host, and every event, those the
-    restore rolled back and replayed included, is published exactly once."""
-    client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
-    with Database(url) as db:
-        snapshot = catalog.latest_good(db, "trades", "shard-1")
-    assert snapshot is not None
-    target, other = snapshot.node, ({"node-a", "node-b"} - {snapshot.node}).pop()
-    pids = {node: instance_row(url, node)["pid"] for node in NODES}
-    with on_hosts.load():
-        wait_for(lambda: published_total(url) > 0, 60, "outputs to restore")
-        run_id = client.trigger(RESTORE, {"plan": "trades", "shard_id": "shard-1", "snapshot_id": snapshot.id,
-                                          "node": "", "force": False})
-        assert client.wait_for_run(RESTORE, run_id, timeout_s=600) == "success"
-        for node, role in ((target, "ACTIVE"), (other, "PASSIVE")):
-            row = wait_for(lambda node=node: launched_on_its_host(url, node, pids[node]), 120,
-                           f"{node} to be relaunched on {HOST_OF[node]}", detail=lambda node=node: on_hosts.logs(node))
-            wait_for(lambda node=node, role=role: instance_row(url, node)["role"] == role, 60, f"{node} as {role}")
-            note(f"{node} RUNNING as {role} on {row['host']}, launched by {row['launched_by']}")
-    [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
-    assert restored["node"] == target
-
-
 def process_group(pgid: int) -> list[int]:
     """The PIDs of a process group (the test sees every host's processes: hosts share its PID namespace)."""
     members = []
@@ -342,37 +318,48 @@ def process_group(pgid: int) -> list[int]:
     return members
 
 
-def test_a_driver_that_does_not_obey_is_stopped_by_its_hosts_worker(on_hosts: OnHosts) -> None:
-    """The PASSIVE's driver is frozen (SIGSTOP: it reads no stop request and beats no more) and
-    ``tandem_ops`` restart_node asks for it: the stop request in PostgreSQL is not confirmed, so the stop
-    runs on the node's host, in its worker (``tandem_<plan>_run`` action stop), which ends the frozen
-    job there; the node is then relaunched on its host as PASSIVE, and no event is lost or doubled."""
+def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on_its_own(on_hosts: OnHosts) -> None:
+    """``tandem_restore`` of the newest GOOD snapshot under load, with the PASSIVE's driver frozen
+    (SIGSTOP: it reads no stop request and beats no more): the stop request in PostgreSQL is not
+    confirmed, so that node's stop runs on its host, in its worker (``tandem_<plan>_run`` action
+    stop), which ends the frozen job there before the checkpoints are rewritten. Then the ACTIVE
+    instance is launched on the snapshot's node's host through its queue, the standby on its own
+    host, and every event, those the restore rolled back and replayed included, is published
+    exactly once."""
     client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
+    with Database(url) as db:
+        snapshot = catalog.latest_good(db, "trades", "shard-1")
+    assert snapshot is not None
+    target, other = snapshot.node, ({"node-a", "node-b"} - {snapshot.node}).pop()
     wait_for(lambda: all(instance_row(url, n)["status"] == "RUNNING" for n in NODES), 120, "both nodes to run")
-    active, standby = on_hosts.roles()
+    pids = {node: instance_row(url, node)["pid"] for node in NODES}
+    _, standby = on_hosts.roles()
     frozen = instance_row(url, standby)
     group = process_group(frozen["submit_pid"])
     assert frozen["pid"] in group, (frozen["pid"], group)
     with on_hosts.load():
-        wait_for(lambda: publish_log(url, active), 60, f"{active} to publish")
+        wait_for(lambda: published_total(url) > 0, 60, "outputs to restore")
         os.kill(frozen["pid"], signal.SIGSTOP)
         note(f"{standby}'s driver (pid {frozen['pid']} on {frozen['host']}) frozen")
-        run_id = client.trigger(OPS, {"action": "restart_node", "plan": "trades", "shard_id": "shard-1",
-                                      "node": standby})
-        assert client.wait_for_run(OPS, run_id, timeout_s=600) == "success"
-        [stop_run] = [r for r in client.runs(RUN) if r["dag_run_id"].startswith(f"tandem_stop__{standby}__shard-1__")]
-        assert stop_run["state"] == "success", stop_run
-        tasks = {t["task_id"]: t for t in client.task_instances(RUN, stop_run["dag_run_id"])}
-        stop = tasks[f"stop_{standby}"]
-        assert (stop["state"], stop["hostname"], stop["queue"]) == ("success", HOST_OF[standby], standby), stop
-        assert not [pid for pid in group if Path(f"/proc/{pid}").exists()
-                    and Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"], "the frozen job is left"
+        run_id = client.trigger(RESTORE, {"plan": "trades", "shard_id": "shard-1", "snapshot_id": snapshot.id,
+                                          "node": "", "force": False})
+        assert client.wait_for_run(RESTORE, run_id, timeout_s=600) == "success"
+        [stop_run] = [r for r in client.runs(RUN) if r["dag_run_id"].startswith(f"tandem_stop__{standby}__shard-1__")
+                      and run_id in (r["note"] or "")]  # the restore's request (its note names the restore run)
+        stop = {t["task_id"]: t for t in client.task_instances(RUN, stop_run["dag_run_id"])}[f"stop_{standby}"]
+        assert (stop_run["state"], stop["state"], stop["hostname"], stop["queue"]) == (
+            "success", "success", HOST_OF[standby], standby), (stop_run, stop)
+        left = [pid for pid in group if Path(f"/proc/{pid}/stat").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"]
+        assert not left, f"processes of the frozen job are left: {left}"
         note(f"the frozen job was ended on {stop['hostname']} by {stop_run['dag_run_id']}")
-        row = wait_for(lambda: launched_on_its_host(url, standby, frozen["pid"]), 300,
-                       f"{standby} to be relaunched on {HOST_OF[standby]}", detail=lambda: on_hosts.logs(standby))
-        wait_for(lambda: instance_row(url, standby)["role"] == "PASSIVE", 60, f"{standby} to run as PASSIVE")
-        note(f"{standby} RUNNING again on {row['host']} as PASSIVE")
-    assert lease(url)["holder"] == active
+        for node, role in ((target, "ACTIVE"), (other, "PASSIVE")):
+            row = wait_for(lambda node=node: launched_on_its_host(url, node, pids[node]), 120,
+                           f"{node} to be relaunched on {HOST_OF[node]}", detail=lambda node=node: on_hosts.logs(node))
+            wait_for(lambda node=node, role=role: instance_row(url, node)["role"] == role, 60, f"{node} as {role}")
+            note(f"{node} RUNNING as {role} on {row['host']}, launched by {row['launched_by']}")
+    [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
+    assert restored["node"] == target
 
 
 def live_schedulers(url: str) -> set[str]:

@@ -11,6 +11,7 @@ test process through that storage.
 The tests share one running pair (``HotPair``, as in ``test_failover.py``) and, after each
 failure, compare every output with the test's own aggregation of every event written so far
 (all six granularities, PostgreSQL and Delta) and check that no two nodes ever published at once.
+The last one adds ``host-c``'s node-c as BACKUP and crashes both other hosts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from datetime import timedelta
 from collections.abc import Iterator
 
 import pytest
@@ -36,7 +38,7 @@ from _ha import (
     under_load,
     wait_for,
 )
-from _hosts import HOST_OF, HostPair, hosts_with_postgres
+from _hosts import BACKUP_HOST, BACKUP_NODE, HOST_OF, HostPair, add_backup_node, hosts_with_postgres
 from _project import kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.packaging import build_dist
@@ -63,19 +65,22 @@ def take_over(pair: HostPair, standby: str, epoch: int, failed_at: float, what: 
 
 @pytest.fixture(scope="class")
 def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
-    """node-a ACTIVE on host-a, node-b PASSIVE on host-b, PostgreSQL on the control host."""
+    """node-a ACTIVE on host-a, node-b PASSIVE on host-b, PostgreSQL on the control host; host-c for
+    node-c (BACKUP), which the last test starts."""
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
     root = tmp_path_factory.mktemp("hosts")
     groups: list[int] = []
     shared: HotPair | None = None
     with pytest.MonkeyPatch.context() as monkeypatch, \
-            hosts_with_postgres(root, list(HOST_OF.values())) as (network, server, url):
+            hosts_with_postgres(root, [*HOST_OF.values(), BACKUP_HOST]) as (network, server, url):
         try:
             use_project(root / "project", url, monkeypatch)
             configure_one_shard(root / "project")
+            add_backup_node(root / "project")
             cluster = load_cluster()
-            pair = HostPair(cluster, load_plan("trades", cluster), build_dist(REPO), groups, network=network)
+            pair = HostPair(cluster, load_plan("trades", cluster), build_dist(REPO), groups, network=network,
+                            host_of={**HOST_OF, BACKUP_NODE: BACKUP_HOST})
             shared = HotPair(pair, server)
             pair.start_pair("node-a", "node-b")
             for node, host in HOST_OF.items():
@@ -89,7 +94,7 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
 
 @pytest.fixture
 def live(on_hosts: HotPair) -> Iterator[HotPair]:
-    for host in HOST_OF.values():  # an earlier test may have failed while a host was cut off
+    for host in [*HOST_OF.values(), BACKUP_HOST]:  # an earlier test may have failed while a host was cut off
         on_hosts.pair.network.reconnect(host)
     for a, b in list(on_hosts.pair.network.cuts):
         on_hosts.pair.network.mend(a, b)
@@ -147,26 +152,6 @@ class TestTwoHostsUnderLoad:
         assert lease(url)["holder"] == standby
         assert split_brain(url) == []
 
-    def test_a_crashed_host_fails_over_and_its_node_rejoins_as_passive(self, live: HotPair) -> None:
-        """Every process of the ACTIVE's host is killed at once; the standby on the other host takes
-        over; the host comes back, its node is launched there again and rejoins as PASSIVE."""
-        pair, url, network = live.pair, live.url, live.pair.network
-        active, standby = live.roles()
-        before = lease(url)
-        crashed_at = time.time()
-        killed = network.crash(pair.host_of[active])
-        assert killed >= 2, f"expected spark-submit and its driver on {pair.host_of[active]}, killed {killed}"
-        promoted = take_over(pair, standby, before["epoch"], crashed_at,
-                             f"{pair.host_of[active]} crashed ({killed} processes)")
-        assert promoted["happened_at"] >= before["expires_at"], "the standby took a lease that had not expired"
-
-        live.relaunch(active)  # the host is back: its node starts there again, from its own checkpoint
-        pair.wait_caught_up(active)
-        row = instance_row(url, active)
-        assert (row["role"], row["status"], row["host"]) == ("PASSIVE", "RUNNING", pair.host_of[active]), row
-        live.finish_and_compare()
-        assert split_brain(url) == []
-
     def test_a_node_on_another_host_stops_at_a_request_in_postgresql(self, live: HotPair) -> None:
         """The test process's host never saw the standby's PIDs: the stop goes through PostgreSQL, the
         driver obeys it with its next beat and ends its own processes on its host."""
@@ -182,4 +167,36 @@ class TestTwoHostsUnderLoad:
         pair.wait_group_gone(standby)  # its spark-submit exits after the driver: nobody signalled it from here
         assert lease(url)["holder"] == active
         live.finish_and_compare()
+        assert split_brain(url) == []
+
+    def test_crashed_hosts_fail_over_to_the_backup_on_a_third_host_and_rejoin_as_passive(self, live: HotPair) -> None:
+        """node-c runs as BACKUP on host-c; every process of the ACTIVE's host and of the PASSIVE's host
+        is killed at once: the BACKUP takes the lease by itself (one lease ttl after a PASSIVE would
+        have) and publishes; the old ACTIVE's host comes back, its node is launched there again and
+        rejoins as PASSIVE, and every output is exact. (One crashed host with the PASSIVE taking over,
+        under Airflow's supervision: ``test_airflow_on_hosts.py``.)"""
+        pair, url, network = live.pair, live.url, live.pair.network
+        pair.launch(BACKUP_NODE, "BACKUP")
+        pair.wait_running(BACKUP_NODE)
+        pair.wait_caught_up(BACKUP_NODE)
+        row = instance_row(url, BACKUP_NODE)
+        assert (row["role"], row["host"]) == ("BACKUP", BACKUP_HOST), row
+        active, standby = live.roles()
+        before = lease(url)
+        crashed_at = time.time()
+        killed = network.crash(pair.host_of[active]) + network.crash(pair.host_of[standby])
+        assert killed >= 4, f"expected spark-submit and its driver on both hosts, killed {killed}"
+        promoted = take_over(pair, BACKUP_NODE, before["epoch"], crashed_at,
+                             f"{pair.host_of[active]} and {pair.host_of[standby]} crashed ({killed} processes)")
+        assert promoted["previous_node"] == active and promoted["epoch"] == before["epoch"] + 1, promoted
+        assert promoted["happened_at"] >= before["expires_at"] + timedelta(seconds=pair.plan.heartbeat.timeout_s
+                                                                            - 0.5), \
+            "a BACKUP waits one more lease ttl after expiry, so that a live PASSIVE always goes first"
+
+        live.relaunch(active)  # its host is back: its node starts there again, from its own checkpoint
+        pair.wait_caught_up(active)
+        row = instance_row(url, active)
+        assert (row["role"], row["status"], row["host"]) == ("PASSIVE", "RUNNING", pair.host_of[active]), row
+        live.finish_and_compare()
+        assert lease(url)["holder"] == BACKUP_NODE
         assert split_brain(url) == []

@@ -71,7 +71,8 @@ def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env,
 def test_run_dag_launches_once_reuses_the_job_and_relaunches_or_stops_a_frozen_driver(airflow_env, database_url,
                                                                                      process_groups):
     """launch twice (one job), then with the driver frozen (SIGSTOP, as a driver that ignores its stop
-    request): relaunch replaces it, stop ends it; neither leaves a process of the frozen job behind."""
+    request): relaunch replaces it, stop ends it; neither leaves a process of the frozen job behind.
+    A stop that names the replaced launch (``launched_at``) leaves the new one running."""
     cluster = load_cluster()
     env = {**airflow_env, "AIRFLOW_CONN_TANDEM_NODE_B": json.dumps({"conn_type": "spark", "host": "local[1]"})}
     conf = {"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
@@ -101,7 +102,15 @@ def test_run_dag_launches_once_reuses_the_job_and_relaunches_or_stops_a_frozen_d
         with Database(cluster.database_url) as db:
             assert get_instance(db, "trades/shard-2/node-b")["submit_pid"] == row["submit_pid"]
 
+        replaced_launch = row["launched_at"].isoformat()
         for action in ("relaunch", "stop"):
+            if action == "stop":  # a late stop of the replaced launch leaves the new one alone
+                late, output = dag_test(env, "tandem_trades_run", {**conf, "action": "stop",
+                                                                   "launched_at": replaced_launch})
+                assert late["state"] == "success", output[-5000:]
+                assert "left alone" in late["xcom"]["stop_node-b.return_value"]["detail"], late["xcom"]
+                with Database(cluster.database_url) as db:
+                    assert get_instance(db, "trades/shard-2/node-b")["status"] == "RUNNING"
             members = [p for p in psutil.process_iter() if _group(p.pid) == row["submit_pid"]]
             assert psutil.Process(row["pid"]) in members
             psutil.Process(row["pid"]).suspend()  # the driver: frozen, it reads no stop request

@@ -36,10 +36,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from _ha import REPO, Pair, PrivatePostgres, db_now
 from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
-from tandem.supervisor.launcher import StopResult
+from tandem.config import load_cluster
+from tandem.supervisor.launcher import LaunchError, StopResult, stop_instance
 from tandem.supervisor.node_actions import NodeLaunch
 
 SUBNET_PREFIX = "10.213"
@@ -219,6 +222,21 @@ class HostNetwork:
 
 HOST_OF = {"node-a": "host-a", "node-b": "host-b"}
 """Where each node of the trades plan runs in the multi-host tests and benchmark."""
+BACKUP_NODE, BACKUP_HOST = "node-c", "host-c"
+"""The third node (BACKUP) and its host, where a test adds it (:func:`add_backup_node`)."""
+
+
+def add_backup_node(project: Path) -> None:
+    """:data:`BACKUP_NODE` in the temp project: a node of ``cluster.yaml`` (local[1], as the others)
+    and the trades plan's third node, so its initial role is BACKUP."""
+    cluster_path = project / "conf" / "cluster.yaml"
+    cluster = yaml.safe_load(cluster_path.read_text())
+    cluster["nodes"][BACKUP_NODE] = {"spark_master": "local[1]", "driver_memory": "1g"}
+    cluster_path.write_text(yaml.safe_dump(cluster))
+    plan_path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(plan_path.read_text())
+    plan["nodes"] = [*plan["nodes"], BACKUP_NODE]
+    plan_path.write_text(yaml.safe_dump(plan))
 
 
 def _cli_on_host(network: HostNetwork, host: str, argv: list[str]) -> dict:
@@ -245,7 +263,9 @@ def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node:
 @dataclass(frozen=True)
 class CliOnHosts:
     """The supervisor's :class:`~tandem.supervisor.node_actions.NodeHost` without Airflow: ``tandem launch
-    --replace`` and ``tandem stop`` run on each node's host (as its worker would run them)."""
+    --replace`` runs on each node's host (as its worker would run it); a stop goes through PostgreSQL
+    from here, and ``tandem stop`` runs on the node's host only for a driver that beats but does not
+    obey (as :class:`tandem.airflow.node_launch.NodeQueue` does)."""
 
     network: HostNetwork
     plan: str
@@ -255,8 +275,11 @@ class CliOnHosts:
                               replace=True)
 
     def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
-        return StopResult(**_cli_on_host(self.network, HOST_OF[node],
-                                         ["stop", self.plan, shard_id, node, "--timeout", str(timeout_s)]))
+        try:
+            return stop_instance(load_cluster(), self.plan, shard_id, node, timeout_s=timeout_s)
+        except LaunchError:
+            return StopResult(**_cli_on_host(self.network, HOST_OF[node],
+                                             ["stop", self.plan, shard_id, node, "--timeout", str(timeout_s)]))
 
 
 @dataclass

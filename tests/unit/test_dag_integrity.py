@@ -75,7 +75,7 @@ def test_run_dag_shape(dagbag, plans):
                                                  "expires_at", "action"}
             stop = dag.get_task(f"stop_{node}")
             assert stop.task_type == "StopPlanInstanceOperator" and stop.node == node
-            assert set(stop.template_fields) >= {"plan", "shard_id", "stop_timeout", "expires_at"}
+            assert set(stop.template_fields) >= {"plan", "shard_id", "stop_timeout", "expires_at", "launched_at"}
             assert (stop.queue, stop.executor) == (task.queue, task.executor), "both run on the node's host"
             for action, chosen in (("launch", task), ("relaunch", task), ("stop", stop)):
                 assert route.python_callable(params={"node": node, "action": action}) == chosen.task_id
@@ -215,7 +215,7 @@ def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):
     values = dagbag.dags["tandem_trades_run"].params.validate()
     assert values == {"action": "launch", "node": plan.nodes[0], "shard_id": plan.shards[0],
                       "trigger_interval": "1 second", "role": "ACTIVE", "resync_from": "", "expires_at": "",
-                      "stop_timeout": "1 minute"}
+                      "stop_timeout": "1 minute", "launched_at": ""}
     assert parse_duration(values["trigger_interval"]) == plan.trigger_interval_s
 
 

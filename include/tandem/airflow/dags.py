@@ -81,7 +81,7 @@ def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
 
 def run_params(plan: PlanConfig) -> dict[str, Any]:
     """Params of ``tandem_<plan>_run``: the action, node and shard (enums of the plan's), trigger
-    interval, role, the node to re-sync from, the request's deadline and a stop's timeout."""
+    interval, role, the node to re-sync from, the request's deadline, and a stop's timeout and launch."""
     from airflow.sdk import Param
 
     return {
@@ -108,6 +108,10 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
         "stop_timeout": Param("1 minute", type="string", pattern=DURATION_PATTERN, title="Stop timeout",
                               description="stop: how long the instance may take to stop after SIGTERM before "
                                           "SIGKILL"),
+        "launched_at": Param("", type="string", title="Launched at",
+                             description="stop: only the launch of this time (ISO, the instance row's "
+                                         "launched_at; empty: whichever runs), so that a late stop leaves a "
+                                         "newer launch alone"),
     }
 
 

@@ -16,9 +16,15 @@ How it works
     what is left of the instance there) and waits for RUNNING.
 
     A stop first goes through PostgreSQL from here (the driver obeys the request with its next
-    beat). Only when that is not confirmed — the driver beats but does not stop, or it no longer
-    beats (its host is down or cut off, or the driver hangs) — does the stop run on the node's host,
-    where :func:`~tandem.supervisor.launcher.stop_instance` signals the instance's processes.
+    beat). Only when that is not confirmed does the stop run on the node's host, where
+    :func:`~tandem.supervisor.launcher.stop_instance` signals the instance's processes:
+
+    - the driver beats but does not stop: its host is up, and the supervisor waits for the stop
+      there;
+    - it no longer beats: its host is down or cut off (nothing will run the task, which expires),
+      or the driver hangs (the host's worker ends it within seconds). The stop is requested there
+      and the supervisor goes on, so that a failover never waits for a dead host; a restore,
+      which rewrites the checkpoints next, waits (``await_unconfirmed_stops``).
 
     If no worker starts the task before the deadline (the node's host is down), the supervisor
     gives up on that action; the task refuses if a worker picks it up later, because the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -58,26 +65,31 @@ class NodeQueue:
         running_timeout_s: how long the launched instance may then take to report RUNNING.
         stop_start_timeout_s: the same deadline for a stop on the node's host (a live worker takes a
             task within seconds; a host that is down should not hold the supervisor long).
+        await_unconfirmed_stops: also wait for the host's stop of an instance that no longer beats
+            (a restore, which rewrites the checkpoints next); the supervisor does not, so that a
+            failover never waits for a host that is down.
     """
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, ti: Any, *, start_timeout_s: float = 120.0,
                  running_timeout_s: float = 300.0, stop_start_timeout_s: float = 30.0,
-                 log: logging.Logger | logging.LoggerAdapter, poll_s: float = 1.0) -> None:
+                 await_unconfirmed_stops: bool = False, log: logging.Logger | logging.LoggerAdapter,
+                 poll_s: float = 1.0) -> None:
         self.cluster = cluster
         self.plan = plan
         self.ti = ti
         self.start_timeout_s = start_timeout_s
         self.running_timeout_s = running_timeout_s
         self.stop_start_timeout_s = stop_start_timeout_s
+        self.await_unconfirmed_stops = await_unconfirmed_stops
         self.log = log
         self.poll_s = poll_s
 
     def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
         conf = {"role": role, "resync_from": resync_from or "",
                 "trigger_interval": human_duration(self.plan.trigger_interval_s)}
-        run_id, state = self._on_node(RELAUNCH, shard_id, node, conf, f"{role} on {node} for {shard_id}",
-                                      self.start_timeout_s, self.running_timeout_s)
+        run_id = self._trigger(RELAUNCH, shard_id, node, conf, f"{role} on {node} for {shard_id}", self.start_timeout_s)
         dag_id, task_id = run_dag_id(self.plan.name), launch_task_id(node)
+        state = self._wait(dag_id, run_id, task_id, self.start_timeout_s, self.running_timeout_s)
         if state == "failed":
             raise LaunchError(f"the launch of {node} failed on its host: see {dag_id} run {run_id}, task {task_id}")
         if state != "success":
@@ -91,43 +103,53 @@ class NodeQueue:
 
     def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
         requested_by = f"airflow {self.ti.dag_id}/{self.ti.run_id}/{self.ti.task_id}"
+        row = self._row(shard_id, node)
+        launch = row["launched_at"].isoformat() if row and row["launched_at"] else ""  # a later one is left alone
         unconfirmed = None
         try:
             stopped = stop_instance(self.cluster, self.plan, shard_id, node, timeout_s=timeout_s,
                                     requested_by=requested_by)
-        except LaunchError as exc:  # it beats, but has not obeyed its stop request
+        except LaunchError as exc:  # it beats (its host is up) but has not obeyed its stop request
             why = str(exc)
         else:
             if stopped.confirmed:
                 return stopped
             unconfirmed, why = stopped, stopped.detail
         self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, shard_id, node, why)
-        run_id, state = self._on_node(STOP, shard_id, node, {"stop_timeout": human_duration(timeout_s)},
-                                      f"stop {node} for {shard_id}", self.stop_start_timeout_s, timeout_s + 30)
+        conf = {"stop_timeout": human_duration(timeout_s), "launched_at": launch}
+        what = f"stop {node} for {shard_id}"
+        if unconfirmed is not None and not self.await_unconfirmed_stops:
+            # no beat: its host is down (nothing runs the task; it expires) or its driver hangs (the
+            # host's worker ends it within seconds). Either way no one needs to wait for it.
+            run_id = self._trigger(STOP, shard_id, node, conf, what, self.stop_start_timeout_s)
+            return replace(unconfirmed, detail=f"{why}; a stop on its host was requested "
+                                               f"({run_dag_id(self.plan.name)} run {run_id})")
+        run_id = self._trigger(STOP, shard_id, node, conf, what, self.stop_start_timeout_s)
+        state = self._wait(run_dag_id(self.plan.name), run_id, stop_task_id(node), self.stop_start_timeout_s,
+                           timeout_s + 30)
         where = f"{run_dag_id(self.plan.name)} run {run_id}"
         if state == "success":
             row = self._row(shard_id, node)
             return StopResult(row["instance_id"], row["status"], False, f"{why}; stopped on its host by {where}")
         if unconfirmed is not None:  # nothing answers on its host either: most likely it is down
-            return StopResult(unconfirmed.instance_id, unconfirmed.status, unconfirmed.graceful,
-                              f"{why}; the stop on its host did not run ({where} is {state})", False)
+            return replace(unconfirmed, detail=f"{why}; the stop on its host did not run ({where} is {state})")
         raise LaunchError(f"{why}; the stop on its host did not run either ({where} is {state})")
 
-    def _on_node(self, action: str, shard_id: str, node: str, conf: dict[str, Any], what: str,
-                 start_timeout_s: float, run_timeout_s: float) -> tuple[str, str]:
-        """Trigger ``action`` for ``node`` in ``tandem_<plan>_run`` and wait; its run id and final state."""
+    def _trigger(self, action: str, shard_id: str, node: str, conf: dict[str, Any], what: str,
+                 start_timeout_s: float) -> str:
+        """Trigger ``action`` for ``node`` in ``tandem_<plan>_run`` with a deadline; its run id."""
         dag_id = run_dag_id(self.plan.name)
         run_id = f"tandem_{action}__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
         deadline = datetime.now(timezone.utc) + timedelta(seconds=start_timeout_s)
         conf = {"action": action, "node": node, "shard_id": shard_id, "expires_at": deadline.isoformat(), **conf}
-        task_id = (stop_task_id if action == STOP else launch_task_id)(node)
         try:
             trigger_dag_run(self.ti, dag_id, run_id, conf, what)
         except TriggerRefused as exc:
             raise LaunchError(f"could not trigger {dag_id} for {node}: {exc}") from None
+        task_id = (stop_task_id if action == STOP else launch_task_id)(node)
         self.log.info("%s %s/%s on %s through %s run %s (task %s on %s)", action, self.plan.name, shard_id, node,
                       dag_id, run_id, task_id, self._queue(node))
-        return run_id, self._wait(dag_id, run_id, task_id, start_timeout_s, run_timeout_s)
+        return run_id
 
     def _queue(self, node: str) -> str:
         return self.cluster.node(node).airflow_queue or "the default queue"

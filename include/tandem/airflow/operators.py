@@ -144,21 +144,27 @@ class StopPlanInstanceOperator(BaseOperator):
 
     Runs on the node's queue, so the PIDs the instance recorded are this host's: it ends a driver
     that did not obey its stop request in PostgreSQL, or hangs, or whose row already says STOPPED
-    while its processes live on. Returns ``{"instance_id", "status", "graceful", "detail"}``.
+    while its processes live on; a newer launch than ``launched_at`` is left alone
+    (:func:`~tandem.supervisor.launcher.stop_launch`). Returns ``{"instance_id", "status",
+    "graceful", "detail"}``.
 
     :param plan: plan name. Templated.
     :param node: the node whose instance stops; the task runs on its host. Templated.
     :param shard_id: one of the plan's shards. Templated.
     :param stop_timeout: e.g. ``"1 minute"``: how long after SIGTERM before SIGKILL. Templated.
     :param expires_at: ISO time after which the stop is refused (a late task of an old decision). Templated.
+    :param launched_at: ISO time of the launch to stop (the row's ``launched_at``); a newer launch is
+        left alone. Empty: whichever runs. Templated.
     """
 
-    template_fields = ("plan", "node", "shard_id", "stop_timeout", "expires_at")
+    template_fields = ("plan", "node", "shard_id", "stop_timeout", "expires_at", "launched_at")
     ui_color = "#f3dcdc"
 
     def __init__(self, *, plan: str, node: str, shard_id: str, stop_timeout: str = "1 minute",
-                 expires_at: str = "", cluster_config: str | None = None, **kwargs: Any) -> None:
+                 expires_at: str = "", launched_at: str = "", cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.launched_at = launched_at
         self.plan = plan
         self.node = node
         self.shard_id = shard_id
@@ -167,21 +173,25 @@ class StopPlanInstanceOperator(BaseOperator):
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.supervisor.launcher import LaunchError, LaunchRejected, stop_instance
+        from tandem.supervisor.launcher import LaunchError, LaunchRejected, stop_launch
         from tandem.supervisor.node_actions import check_deadline
 
         try:
             timeout_s = parse_duration(self.stop_timeout)
         except ValueError as exc:
             raise AirflowFailException(f"Param stop_timeout: {exc}") from None
+        try:
+            launched_at = datetime.fromisoformat(self.launched_at) if (self.launched_at or "").strip() else None
+        except ValueError as exc:
+            raise AirflowFailException(f"Param launched_at: {exc}") from None
         cluster = _cluster(self.cluster_config)
         plan, deadline = _plan_node_deadline(cluster, self.plan, self.node, self.expires_at)
         ti = context["ti"]
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"stop of {self.node}")
             plan.check_shard(self.shard_id)
-            result = stop_instance(cluster, plan, self.shard_id, self.node, timeout_s=timeout_s,
-                                   requested_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
+            result = stop_launch(cluster, plan, self.shard_id, self.node, launched_at, timeout_s=timeout_s,
+                                 requested_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
         except (LaunchRejected, ConfigError) as exc:
             raise AirflowFailException(str(exc)) from None
         except LaunchError as exc:
@@ -660,7 +670,8 @@ class RestoreSnapshotOperator(BaseOperator):
                 report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
                                        node=self.node or None,
                                        launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
-                                       node_host=NodeQueue(cluster, plan, ti, log=self.log))
+                                       node_host=NodeQueue(cluster, plan, ti, await_unconfirmed_stops=True,
+                                                           log=self.log))
             except SnapshotError as exc:
                 raise AirflowFailException(str(exc)) from None
             for line in report.lines():

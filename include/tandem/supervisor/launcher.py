@@ -566,6 +566,27 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         return StopResult(key.id, row["status"], graceful, detail, confirmed)
 
 
+def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
+                launched_at: datetime | None, *, timeout_s: float = 30.0,
+                requested_by: str | None = None) -> StopResult:
+    """:func:`stop_instance`, but only while the instance is still the launch of ``launched_at``
+    (``None``: whichever launch runs).
+
+    A stop asked for by a supervisor may be carried out late, by the instance's host's worker; a
+    newer launch must not be ended by it. The check and the stop hold the instance's launch lock,
+    so no launch slips in between.
+    """
+    key = instance_key(plan, shard_id, node)
+    with AdvisoryLock(cluster.database_url, "launch", key.id):
+        with Database(cluster.database_url, "tandem-launcher") as db:
+            row = get_instance(db, key.id)
+        if launched_at is not None and row is not None and row["launched_at"] != launched_at:
+            return StopResult(key.id, row["status"], True,
+                              f"launched again at {row['launched_at'].isoformat()} since the stop was asked for "
+                              f"(of the launch at {launched_at.isoformat()}): left alone")
+        return stop_instance(cluster, plan, shard_id, node, timeout_s=timeout_s, requested_by=requested_by)
+
+
 def _await_remote_stop(db: Database, cluster: ClusterConfig, key: InstanceKey, host: str, timeout_s: float,
                        poll_s: float) -> tuple[bool, str, bool]:
     """Wait for a driver on another host to obey its stop request; see :func:`stop_instance`.
