@@ -116,18 +116,15 @@ class NodeQueue:
                 return stopped
             unconfirmed, why = stopped, stopped.detail
         self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, shard_id, node, why)
-        conf = {"stop_timeout": human_duration(timeout_s), "launched_at": launch}
-        what = f"stop {node} for {shard_id}"
+        run_id = self._trigger(STOP, shard_id, node, {"stop_timeout": human_duration(timeout_s), "launched_at": launch},
+                               f"stop {node} for {shard_id}", self.stop_start_timeout_s)
+        where = f"{run_dag_id(self.plan.name)} run {run_id}"
         if unconfirmed is not None and not self.await_unconfirmed_stops:
             # no beat: its host is down (nothing runs the task; it expires) or its driver hangs (the
             # host's worker ends it within seconds). Either way no one needs to wait for it.
-            run_id = self._trigger(STOP, shard_id, node, conf, what, self.stop_start_timeout_s)
-            return replace(unconfirmed, detail=f"{why}; a stop on its host was requested "
-                                               f"({run_dag_id(self.plan.name)} run {run_id})")
-        run_id = self._trigger(STOP, shard_id, node, conf, what, self.stop_start_timeout_s)
+            return replace(unconfirmed, detail=f"{why}; a stop on its host was requested ({where})")
         state = self._wait(run_dag_id(self.plan.name), run_id, stop_task_id(node), self.stop_start_timeout_s,
                            timeout_s + 30)
-        where = f"{run_dag_id(self.plan.name)} run {run_id}"
         if state == "success":
             row = self._row(shard_id, node)
             return StopResult(row["instance_id"], row["status"], False, f"{why}; stopped on its host by {where}")
