@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, task
 
-from tandem.airflow.dags import (RUN_DEFAULT_ARGS, launch_task_id, load_for_dags, node_task_args, run_doc, run_params,
-                                 stop_task_id)
+from tandem.airflow.dags import (RUN_DEFAULT_ARGS, STOP, launch_task_id, load_for_dags, node_task_args, run_doc,
+                                 run_params, stop_task_id)
 from tandem.airflow.operators import LaunchPlanInstanceOperator, StopPlanInstanceOperator
 
 cluster, plans = load_for_dags(__file__)
@@ -32,7 +32,7 @@ for plan in plans.values():
 
         @task.branch(task_id="route")
         def route(params: dict | None = None) -> str:
-            return (stop_task_id if params["action"] == "stop" else launch_task_id)(params["node"])
+            return (stop_task_id if params["action"] == STOP else launch_task_id)(params["node"])
 
         routed = route()
         for node in plan.nodes:

@@ -64,7 +64,9 @@ def stop_task_id(node: str) -> str:
     return f"stop_{node}"
 
 
-RUN_ACTIONS = ("launch", "relaunch", "stop")
+LAUNCH, RELAUNCH, STOP = "launch", "relaunch", "stop"
+RUN_ACTIONS = (LAUNCH, RELAUNCH, STOP)
+"""``action`` of ``tandem_<plan>_run``: keep a live instance, replace it on its host, or stop it there."""
 
 
 def snapshot_task_id(shard_id: str, node: str) -> str:
@@ -85,7 +87,7 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
     from airflow.sdk import Param
 
     return {
-        "action": Param("launch", type="string", enum=list(RUN_ACTIONS), title="Action",
+        "action": Param(LAUNCH, type="string", enum=list(RUN_ACTIONS), title="Action",
                         description="launch: make sure the instance runs (a live one is kept); relaunch: stop "
                                     "it on the node's host first, then launch (what the supervisor does); "
                                     "stop: stop it on the node's host (the supervisor's fallback when its "

@@ -40,7 +40,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tandem.airflow.dags import human_duration, launch_task_id, stop_task_id
+from tandem.airflow.dags import RELAUNCH, STOP, human_duration, launch_task_id, stop_task_id
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.store.db import Database
 from tandem.store.registry import get_instance
@@ -48,7 +48,6 @@ from tandem.supervisor.launcher import LaunchedJob, LaunchError, StopResult, ins
 from tandem.supervisor.node_actions import NodeLaunch
 
 FINISHED = ("success", "failed")
-RELAUNCH, STOP = "relaunch", "stop"
 
 
 def run_dag_id(plan: str) -> str:

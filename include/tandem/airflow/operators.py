@@ -16,8 +16,8 @@ from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tandem.airflow.dags import snapshot_dag_id, snapshot_task_id
-from tandem.config import ClusterConfig, load_cluster, load_plan, parse_duration
+from tandem.airflow.dags import LAUNCH, RELAUNCH, snapshot_dag_id, snapshot_task_id
+from tandem.config import ClusterConfig, PlanConfig, load_cluster, load_plan, parse_duration
 from tandem.errors import ConfigError
 from tandem.ops import SNAPSHOT_NOW
 
@@ -56,7 +56,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
     ui_color = "#dcefe3"
 
     def __init__(self, *, plan: str, node: str, shard_id: str, trigger_interval: str | None = None,
-                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "", action: str = "launch",
+                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "", action: str = LAUNCH,
                  cluster_config: str | None = None, running_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action = action
@@ -74,8 +74,8 @@ class LaunchPlanInstanceOperator(BaseOperator):
         from tandem.supervisor.launcher import LaunchError, LaunchRejected, wait_until_running
         from tandem.supervisor.node_actions import check_deadline, resync_then_launch
 
-        if self.action not in ("launch", "relaunch"):
-            raise AirflowFailException(f"Param action: {self.action!r} is not launch or relaunch")
+        if self.action not in (LAUNCH, RELAUNCH):
+            raise AirflowFailException(f"Param action: {self.action!r} is not {LAUNCH} or {RELAUNCH}")
         interval = self._checked_interval()
         cluster = _cluster(self.cluster_config)
         plan, deadline = _plan_node_deadline(cluster, self.plan, self.node, self.expires_at)
@@ -84,7 +84,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"launch of {self.node}")
             job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or "ACTIVE",
-                                     resync_from=self.resync_from or None, replace=self.action == "relaunch",
+                                     resync_from=self.resync_from or None, replace=self.action == RELAUNCH,
                                      trigger_interval=interval, launched_by=launched_by, logger=self.log).job
         except LaunchRejected as exc:
             raise AirflowFailException(str(exc)) from None
@@ -124,7 +124,8 @@ class LaunchPlanInstanceOperator(BaseOperator):
         return text
 
 
-def _plan_node_deadline(cluster: ClusterConfig, plan_name: str, node: str, expires_at: str) -> tuple[Any, datetime | None]:
+def _plan_node_deadline(cluster: ClusterConfig, plan_name: str, node: str,
+                        expires_at: str) -> tuple[PlanConfig, datetime | None]:
     """The plan, the node checked against the cluster, and the request's deadline (UTC), or AirflowFailException."""
     try:
         plan = load_plan(plan_name, cluster)
@@ -164,12 +165,12 @@ class StopPlanInstanceOperator(BaseOperator):
                  expires_at: str = "", launched_at: str = "", cluster_config: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.launched_at = launched_at
         self.plan = plan
         self.node = node
         self.shard_id = shard_id
         self.stop_timeout = stop_timeout
         self.expires_at = expires_at
+        self.launched_at = launched_at
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:

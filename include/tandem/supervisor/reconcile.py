@@ -108,9 +108,10 @@ class Supervisor:
     """Observe → decide → act for the shards of one plan.
 
     Args:
-        launched_by: recorded on launched instances (e.g. the Airflow task).
+        launched_by: recorded on instances launched here (the default ``node_host``).
         log: where decisions and outcomes are written (an Airflow task's logger, or this module's).
-        py_files: the ``tandem`` package for ``spark-submit`` (default ``<project>/dist/tandem.zip``).
+        py_files: the ``tandem`` package for ``spark-submit`` of the default ``node_host`` (default
+            ``<project>/dist/tandem.zip``).
         running_timeout_s: how long a launch may take to reach RUNNING.
         node_host: carries out launches (with their re-sync) and stops on each node's own host; by
             default :class:`~tandem.supervisor.node_actions.ThisHost`, inside Airflow the nodes'
@@ -125,8 +126,6 @@ class Supervisor:
         self.node_host = node_host or ThisHost(cluster, plan, launched_by, py_files, self.log)
         self.cluster = cluster
         self.plan = plan
-        self.launched_by = launched_by
-        self.py_files = py_files
         self.running_timeout_s = running_timeout_s
         self.poll_s = poll_s
         self.db = Database(cluster.database_url, "tandem-supervisor")
