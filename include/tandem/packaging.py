@@ -13,11 +13,12 @@ PACKAGE = Path(__file__).resolve().parent
 def build_dist(project_root: Path) -> Path:
     """Write ``<project_root>/dist/tandem.zip`` with ``tandem/`` at its top (no bytecode); return it.
 
-    Written under a temporary name and renamed, so a job starting meanwhile never reads half a zip.
+    Written under a temporary name of this process and renamed, so a job starting meanwhile never
+    reads half a zip, and two processes building at once (test workers) never write the same file.
     """
     target = project_root / "dist" / "tandem.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".zip.tmp")
+    partial = target.with_suffix(f".zip.{os.getpid()}.tmp")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         for directory, dirs, files in os.walk(PACKAGE):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")

@@ -1,26 +1,36 @@
-"""The Tandem page in the Airflow UI, in headless Chromium (Debian's, driven by Playwright's client).
+"""The Tandem page in the Airflow UI, in headless Chromium (Debian's, driven by Playwright's client),
+beside a real Airflow scheduler and triggerer that supervise a hot pair of the trades plan.
 
-A hot pair of the trades plan runs (node-a ACTIVE, node-b PASSIVE) beside a real Airflow stack. The
-test logs into Airflow, opens the Tandem entry of the navigation and sees both nodes; kill -9 of the
-active: the page shows node-b as the holder at the next epoch and the PROMOTED event within 10 s of
-the kill; with node-a back as PASSIVE, "Failover now" (a tandem_ops run triggered as the logged-in
-user) moves the epoch again. Screenshots of each step are kept in the test's tmp dir.
+The supervision DAG launches the pair (node-a ACTIVE, node-b PASSIVE). The test logs into Airflow,
+opens the Tandem entry of the navigation and sees both nodes; kill -9 of the active: the page shows
+node-b as the holder at the next epoch and the PROMOTED event within 10 s of the kill, and the
+supervision DAG brings node-a back as PASSIVE, re-synced from node-b; then "Failover now" (a
+tandem_ops run triggered as the logged-in user) moves the epoch again. Every event fed along the
+way is published exactly once. Screenshots of each step are kept in the test's tmp dir.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _ha import Pair, configure_one_shard, lease, wait_for
-from tandem.airflow_rest import admin_password
+from _airflow import code_home
+from _ha import configure_one_shard, fetch, instance_row, lease, wait_for
+from _project import kill_groups
+from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
-from tandem.packaging import build_dist
+from tandem.layout import instance_landing_dir
+from tandem.producer import TradeGenerator, write_atomically
+from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = "/usr/bin/chromium"
+SUPERVISE = "tandem_trades_supervise"
 SHARD = "shard-1"
 PAGE_UPDATE_S = 10
 
@@ -39,56 +49,141 @@ def browser():
             chromium.close()
 
 
-def test_page_follows_a_kill_and_fails_over_on_request(project: Path, database_url: str, process_groups: list[int],
-                                                        airflow, browser, tmp_path: Path) -> None:
+@pytest.fixture
+def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
+    """After the stack is down: kill every instance the supervisor launched (they outlive Airflow) by
+    the process group recorded for it in this test's database (no graceful stop: the database goes next)."""
+    yield
+    groups = []
+    for node in ("node-a", "node-b"):
+        try:
+            row = instance_row(database_url, node)
+        except Exception:  # noqa: BLE001 - best effort
+            row = None
+        if row and row["submit_pid"]:
+            groups.append(row["submit_pid"])
+    kill_groups(groups)
+
+
+class Feed:
+    """Trade events written to shard-1's landing directory, and whether all of them are published."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        self.generator = TradeGenerator(21)
+        self.directory = instance_landing_dir(load_cluster(), load_plan("trades"), SHARD)
+        self.count = self.quantity = 0
+
+    def write(self, count: int = 80) -> None:
+        now_ms = int(time.time() * 1000)
+        events = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
+        write_atomically(self.directory, [json.dumps(e) for e in events])
+        self.count += count
+        self.quantity += sum(e["quantity"] for e in events)
+
+    def all_published(self) -> bool:
+        [row] = fetch(self.url, "SELECT COALESCE(SUM(trade_count), 0) AS n, COALESCE(SUM(quantity_sum), 0) AS q "
+                                "FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s", (SHARD,))
+        return (int(row["n"]), int(row["q"])) == (self.count, self.quantity)
+
+
+def supervision_runs(airflow: AirflowClient) -> list[dict]:
+    response = airflow.request("GET", f"/dags/{SUPERVISE}/dagRuns", params={"order_by": "run_after", "limit": 50})
+    assert response.ok, response.text
+    return response.json()["dag_runs"]
+
+
+def task_states(airflow: AirflowClient, run_id: str) -> dict[str, str]:
+    return {t["task_id"]: t["state"] for t in airflow.task_instances(SUPERVISE, run_id)}
+
+
+def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request(
+        stop_plan_after, airflow_stack, project: Path, database_url: str, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     configure_one_shard(project, "hot")
-    cluster = load_cluster()
-    plan = load_plan("trades", cluster)
-    pair = Pair(cluster, plan, build_dist(project), process_groups, shard=SHARD)
-    pair.start_pair("node-a", "node-b")
+    env_file = code_home(tmp_path)
+    with Database(database_url) as db:
+        migrate(db)
+    feed = Feed(database_url)
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{airflow.base_url}/")
-    page.get_by_label("Username").fill("admin")
-    page.get_by_label("Password").fill(admin_password(tmp_path / "airflow" / "simple_auth_manager_passwords.json"))
-    page.get_by_role("button", name="Sign in").click()
-    page.get_by_role("link", name="Tandem").click()  # the plugin's entry in Airflow's navigation
-    page.wait_for_url("**/plugin/tandem")
-    tandem = page.frame_locator("iframe").first
-    tandem.get_by_role("button", name="trades").click()
-    expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible(timeout=30_000)
-    expect(tandem.get_by_test_id(f"node-{SHARD}-node-b")).to_be_visible()
-    before = lease(pair.url, "trades", SHARD)
-    expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=30_000)
-    expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(before["epoch"]))
-    page.screenshot(path=shots / "1-pair.png", full_page=True)
+    with airflow_stack(tmp_path / "airflow", {"TANDEM_ENV_FILE": str(env_file)}) as airflow:
+        try:
+            airflow.wait_for_dag(SUPERVISE)
+            airflow.set_paused(SUPERVISE, False)
+            wait_for(lambda: all((row := instance_row(database_url, n)) and row["status"] == "RUNNING"
+                                 for n in ("node-a", "node-b")), 420, "ensure to launch node-a and node-b")
+            wait_for(lambda: instance_row(database_url, "node-b")["role"] == "PASSIVE"
+                     and instance_row(database_url, "node-a")["role"] == "ACTIVE", 60, "the initial roles")
+            [first] = wait_for(lambda: [r for r in supervision_runs(airflow) if r["state"] == "running"], 60,
+                               "a running supervision run")
+            wait_for(lambda: task_states(airflow, first["dag_run_id"]).get("watch") == "deferred", 180,
+                     "the watch sensor to defer to the triggerer")
+            feed.write()
+            wait_for(feed.all_published, 120, "the first events to be published")
 
-    killed = pair.kill("node-a", signal.SIGKILL)
-    expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
-    promoted = lease(pair.url, "trades", SHARD)
-    assert promoted["holder"] == "node-b" and promoted["epoch"] > before["epoch"]
-    expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(promoted["epoch"]))
-    expect(tandem.get_by_test_id(f"last-failover-{SHARD}")).to_contain_text("PROMOTED node-b (from node-a)")
-    shown_after_s = time.time() - killed
-    assert shown_after_s <= PAGE_UPDATE_S
-    pair.note(f"the page showed node-b at epoch {promoted['epoch']} {shown_after_s:.1f} s after the kill")
-    page.screenshot(path=shots / "2-after-kill.png", full_page=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{airflow.base_url}/")
+            page.get_by_label("Username").fill("admin")
+            page.get_by_label("Password").fill(admin_password(tmp_path / "airflow" / "simple_auth_manager_passwords.json"))
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_role("link", name="Tandem").click()  # the plugin's entry in Airflow's navigation
+            page.wait_for_url("**/plugin/tandem")
+            tandem = page.frame_locator("iframe").first
+            tandem.get_by_role("button", name="trades").click()
+            expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible(timeout=30_000)
+            expect(tandem.get_by_test_id(f"node-{SHARD}-node-b")).to_be_visible()
+            before = lease(database_url, "trades", SHARD)
+            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=30_000)
+            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(before["epoch"]))
+            page.screenshot(path=shots / "1-pair.png", full_page=True)
 
-    pair.wait_group_gone("node-a")
-    pair.launch("node-a", "PASSIVE")
-    pair.wait_running("node-a")
-    expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible()
-    tandem.get_by_test_id(f"failover-{SHARD}").click()
-    expect(tandem.get_by_test_id("action-run")).to_contain_text("tandem_ops run", timeout=30_000)
-    expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=180_000)
-    moved = lease(pair.url, "trades", SHARD)
-    assert moved["holder"] == "node-a" and moved["epoch"] > promoted["epoch"]
-    expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(moved["epoch"]))
-    page.screenshot(path=shots / "3-after-failover-now.png", full_page=True)
-    run = airflow.runs("tandem_ops")[0]
-    assert run["conf"]["action"] == "failover_now" and run["triggering_user_name"] == "admin"
-    wait_for(lambda: airflow.run_state("tandem_ops", run["dag_run_id"]) == "success", 120, "the tandem_ops run")
+            killed = instance_row(database_url, "node-a")
+            os.killpg(killed["submit_pid"], signal.SIGKILL)
+            killed_at = time.time()
+            feed.write()
+            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
+            promoted = lease(database_url, "trades", SHARD)
+            assert promoted["holder"] == "node-b" and promoted["epoch"] > before["epoch"]
+            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(promoted["epoch"]))
+            expect(tandem.get_by_test_id(f"last-failover-{SHARD}")).to_contain_text("PROMOTED node-b (from node-a)")
+            shown_after_s = time.time() - killed_at
+            assert shown_after_s <= PAGE_UPDATE_S
+            print(f"the page showed node-b at epoch {promoted['epoch']} {shown_after_s:.1f} s after the kill")
+            page.screenshot(path=shots / "2-after-kill.png", full_page=True)
+
+            wait_for(lambda: (row := instance_row(database_url, "node-a"))["pid"] not in (None, killed["pid"])
+                     and row["status"] == "RUNNING" and row["role"] == "PASSIVE", 420,
+                     "the supervision DAG to bring node-a back as PASSIVE")
+            done = wait_for(lambda: [r for r in supervision_runs(airflow) if r["dag_run_id"] == first["dag_run_id"]
+                                     and r["state"] in ("success", "failed")], 120, "the first run to end")
+            assert done[0]["state"] == "success"
+            assert task_states(airflow, first["dag_run_id"]) == {"ensure": "success", "watch": "success",
+                                                                 "react": "success"}
+            wait_for(lambda: len(supervision_runs(airflow)) >= 2, 120, "the next supervision run (@continuous)")
+            events = fetch(database_url, "SELECT kind, reason FROM tandem.failover_events WHERE node = 'node-a' "
+                                         "ORDER BY id")
+            kinds = [e["kind"] for e in events]
+            detected = kinds.index("DETECTED")
+            assert "liveness beat" in events[detected]["reason"], events[detected]
+            after = kinds[detected:]
+            assert after.index("STOP") < after.index("LAUNCH") < after.index("RESYNC"), kinds
+            print(f"node-a back as PASSIVE {time.time() - killed_at:.0f}s after the kill")
+
+            expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible()
+            tandem.get_by_test_id(f"failover-{SHARD}").click()
+            expect(tandem.get_by_test_id("action-run")).to_contain_text("tandem_ops run", timeout=30_000)
+            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=180_000)
+            moved = lease(database_url, "trades", SHARD)
+            assert moved["holder"] == "node-a" and moved["epoch"] > promoted["epoch"]
+            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(moved["epoch"]))
+            page.screenshot(path=shots / "3-after-failover-now.png", full_page=True)
+            run = airflow.runs("tandem_ops")[0]
+            assert run["conf"]["action"] == "failover_now" and run["triggering_user_name"] == "admin"
+            wait_for(lambda: airflow.run_state("tandem_ops", run["dag_run_id"]) == "success", 120, "the tandem_ops run")
+            feed.write()
+            wait_for(feed.all_published, 120, "every event to be published exactly once")
+        finally:
+            airflow.set_paused(SUPERVISE, True)

@@ -1,19 +1,31 @@
-"""Airflow on a control host, an Edge worker on each node's host: supervision runs every node's work
-on that node's host, and repairs a crashed host when it comes back.
+"""Nodes on separate hosts under Airflow: host crashes and network partitions survived, on real
+network namespaces.
 
-Hosts are network namespaces (``_hosts.HostNetwork``): ``control`` runs the test's PostgreSQL
-(Tandem's database and Airflow's metadata) and Airflow's API server, scheduler, triggerer and DAG
-processor; ``host-a`` and ``host-b`` each run an Edge worker that serves its node's queue
-(``airflow_queue`` in ``cluster.yaml``). The supervision DAG decides on the control host; every
-launch, with its re-sync, is a task of ``tandem_trades_run`` that runs on the node's host, so
-each driver lives in its host's namespace under its host name. The load lands through the shared
-storage, and the outputs are compared with the test's own aggregation of every event.
+Hosts are network namespaces (``_hosts.HostNetwork``) joined by a bridge: ``control`` runs the
+test's PostgreSQL (Tandem's database and Airflow's metadata) and Airflow's API server, scheduler,
+triggerer and DAG processor; ``host-a``, ``host-b`` and ``host-c`` each run an Edge worker that
+serves its node's queue (``airflow_queue`` in ``cluster.yaml``): node-a, node-b and node-c, the
+trades plan's BACKUP, which stays drained (down) until the last test. The supervision DAG
+decides on the control host; every launch, with its re-sync, is a task of ``tandem_trades_run``
+that runs on the node's host, so each driver lives in its host's namespace under its host name.
+Storage is the shared filesystem (the part NFS plays in a deployment). The load (~200 trade
+events/s) lands through that storage, and after every test each output is compared with the
+test's own aggregation of every event written so far (all six granularities, PostgreSQL and
+Delta), and no two nodes ever published at once.
 
-The tests share one stack and run in order: a crash of host-a, the control host's Airflow
-stopped for two minutes, a scheduled snapshot, which runs on the standby's host, ``tandem_ops``
-snapshot_now, which does too, a restore from the newest snapshot with the PASSIVE's driver frozen,
-which has that host's worker stop it and relaunches each node on its own host, and the control
-host's scheduler killed while a second one runs on ``control-b``.
+The tests share one stack and run in order:
+
+1. host-a crashes under load; node-b takes over, node-a's relaunch waits until host-a is back;
+2. the ACTIVE's host cut off from everything for 20 s: it is fenced, the standby takes over, and
+   after the partition heals the old active is re-synced and rejoins as PASSIVE;
+3. the control host's Airflow stopped for two minutes: in that window host-a and host-b are
+   partitioned from each other only (nothing fails over), then the active is killed (kill -9);
+4. a scheduled snapshot and 5. ``tandem_ops`` snapshot_now, both taken on the standby's host;
+6. a restore with the PASSIVE's driver frozen (its host's worker stops it) and the ACTIVE stopped
+   at a request in PostgreSQL;
+7. the control host's scheduler killed while a second one runs on ``control-b``;
+8. node-c brought in as BACKUP on host-c through ``tandem_ops``, then host-a and host-b crashed at
+   once: node-c takes over.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg2
@@ -38,7 +50,9 @@ from _ha import (
     db_now,
     failover_events,
     fetch,
+    group_alive,
     instance_row,
+    latest_watermark,
     lease,
     mismatches,
     publish_log,
@@ -46,13 +60,14 @@ from _ha import (
     split_brain,
     wait_for,
 )
-from _hosts import HOST_OF, AirflowOnHosts, hosts_with_postgres
+from _hosts import BACKUP_HOST, BACKUP_NODE, HOST_OF, AirflowOnHosts, add_backup_node, hosts_with_postgres
 from _project import use_project
 from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.store import Database, migrate
 from tandem.store import snapshots as catalog
+from tandem.store.supervision import DRAINED, mark
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.e2e]
 SUPERVISE = "tandem_trades_supervise"
@@ -61,14 +76,17 @@ SNAPSHOT = "tandem_trades_snapshot"
 RESTORE = "tandem_restore"
 OPS = "tandem_ops"
 NODES = ("node-a", "node-b")
+HOST_OF_NODE = {**HOST_OF, BACKUP_NODE: BACKUP_HOST}
 AIRFLOW_DOWN_S = 120
+PARTITION_S = 20
+TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
 
 
 def queue_per_node(project: Path) -> None:
     """Each node's tasks on its own queue, which the worker on its host serves."""
     path = project / "conf" / "cluster.yaml"
     cluster = yaml.safe_load(path.read_text())
-    for node in NODES:
+    for node in HOST_OF_NODE:
         cluster["nodes"][node]["airflow_queue"] = node
     path.write_text(yaml.safe_dump(cluster))
 
@@ -88,7 +106,7 @@ def metadata_database(url: str) -> str:
 def launched_on_its_host(url: str, node: str, since_pid: int | None = None) -> dict | None:
     """``node``'s row once it RUNS on its own host, launched by a task of the run DAG (a new pid if given)."""
     row = instance_row(url, node)
-    if (row and row["status"] == "RUNNING" and row["host"] == HOST_OF[node] and row["pid"] != since_pid
+    if (row and row["status"] == "RUNNING" and row["host"] == HOST_OF_NODE[node] and row["pid"] != since_pid
             and (row["launched_by"] or "").startswith(f"airflow {RUN}/")):
         return row
     return None
@@ -109,7 +127,26 @@ class OnHosts:
         print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
 
     def logs(self, node: str) -> str:
-        return f"{instance_row(self.url, node)}\n{self.airflow.worker_log(HOST_OF[node]).read_text()[-3000:]}"
+        return f"{instance_row(self.url, node)}\n{self.airflow.worker_log(HOST_OF_NODE[node]).read_text()[-3000:]}"
+
+    def both_running(self) -> tuple[str, str]:
+        """Wait for one ACTIVE lease holder and one PASSIVE, both RUNNING; (active, standby)."""
+        wait_for(lambda: sorted(instance_row(self.url, n)["role"] for n in NODES) == ["ACTIVE", "PASSIVE"]
+                 and all(instance_row(self.url, n)["status"] == "RUNNING" for n in NODES)
+                 and instance_row(self.url, lease(self.url)["holder"])["role"] == "ACTIVE", 300,
+                 "one ACTIVE lease holder and one PASSIVE", detail=lambda: "\n".join(self.logs(n) for n in NODES))
+        return self.roles()
+
+    def takes_over(self, standby: str, epoch: int, failed_at: float, what: str) -> dict:
+        """Wait for ``standby`` to be PROMOTED above ``epoch`` by itself and to publish; note both times."""
+        promoted = wait_for(lambda: [e for e in failover_events(self.url) if e["kind"] == "PROMOTED"
+                                     and e["node"] == standby and e["epoch"] > epoch], TAKEOVER_TIMEOUT_S,
+                            f"{standby} to take over", detail=lambda: f"lease {lease(self.url)}")[0]
+        first = wait_for(lambda: [r for r in publish_log(self.url, standby) if r["epoch"] == promoted["epoch"]],
+                         TAKEOVER_TIMEOUT_S, f"{standby} to publish", detail=lambda: self.logs(standby))
+        self.note(f"{what} -> PROMOTED {standby} {promoted['happened_at'].timestamp() - failed_at:.2f}s, "
+                  f"first publish {min(r['published_at'] for r in first).timestamp() - failed_at:.2f}s")
+        return promoted
 
     def roles(self) -> tuple[str, str]:
         holder = lease(self.url)["holder"]
@@ -157,16 +194,18 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnHosts]:
         pytest.fail("the multi-host tests make network namespaces: run them as root (CI does)")
     root = tmp_path_factory.mktemp("airflow-hosts")
     with pytest.MonkeyPatch.context() as monkeypatch, \
-            hosts_with_postgres(root, [*HOST_OF.values(), "control-b"]) as (network, server, url):
+            hosts_with_postgres(root, [*HOST_OF_NODE.values(), "control-b"]) as (network, server, url):
         project = use_project(root / "project", url, monkeypatch)
         configure_one_shard(project, "hot")
+        add_backup_node(project)
         queue_per_node(project)
         with Database(url) as db:
             migrate(db)
+            mark(db, "trades", "shard-1", DRAINED, "test: node-c waits for the last test", node=BACKUP_NODE)
         airflow = AirflowOnHosts(network, code_home(root), root / "airflow", metadata_database(url))
         try:
             client = airflow.start()
-            for node, host in HOST_OF.items():
+            for node, host in HOST_OF_NODE.items():
                 airflow.start_worker(host, node)
             yield OnHosts(airflow, client, url)
         finally:
@@ -215,10 +254,49 @@ def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(on_ho
         assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
 
 
+def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts) -> None:
+    """The ACTIVE's host is cut off from everything for 20 s while its processes run on: the standby
+    takes over once the lease expires and the cut-off node publishes nothing after that. When the
+    partition heals, the old active finds its epoch gone and demotes itself; the supervisor, which
+    saw it DEAD, has its host's worker stop it, re-sync it from the new active and launch it there
+    as PASSIVE."""
+    airflow, url, note = on_hosts.airflow, on_hosts.url, on_hosts.note
+    active, standby = on_hosts.both_running()
+    cut_off = instance_row(url, active)
+    with on_hosts.load():
+        wait_for(lambda: publish_log(url, active), 60, f"{active} to publish")
+        before, since = lease(url), db_now(url)
+        airflow.network.isolate(HOST_OF[active])
+        isolated_at = time.time()
+        try:
+            promoted = on_hosts.takes_over(standby, before["epoch"], isolated_at, f"{active}'s host cut off")
+            assert promoted["epoch"] == before["epoch"] + 1 and promoted["previous_node"] == active, promoted
+            time.sleep(max(0.0, PARTITION_S - (time.time() - isolated_at)))
+            assert group_alive(cut_off["submit_pid"]), f"{active} should still run while its host is cut off"
+        finally:
+            airflow.network.reconnect(HOST_OF[active])
+        note(f"{HOST_OF[active]} reconnected after {time.time() - isolated_at:.1f}s")
+        demoted = wait_for(lambda: [e for e in failover_events(url, since=since)
+                                    if e["kind"] == "DEMOTED" and e["node"] == active], 90,
+                           f"the reconnected {active} to demote itself", detail=lambda: on_hosts.logs(active))
+        assert demoted[0]["epoch"] == before["epoch"], demoted
+        row = wait_for(lambda: launched_on_its_host(url, active, cut_off["pid"]), 300,
+                       f"the supervisor to relaunch {active} on {HOST_OF[active]}", detail=lambda: on_hosts.logs(active))
+        wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
+        note(f"{active} re-synced and RUNNING again on {row['host']} as PASSIVE, launched by {row['launched_by']}")
+    kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == active]
+    assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
+    late = [r for r in publish_log(url, active) if r["published_at"] >= promoted["happened_at"]]
+    assert late == [], f"{active} published after the epoch moved on: {late}"
+    assert lease(url)["holder"] == standby
+
+
 def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_hosts: OnHosts) -> None:
-    """The control host's Airflow is stopped for two minutes: the active keeps publishing, a kill -9
-    of the active in that window still fails over by itself, and when Airflow returns its
-    supervisor brings the killed node back on its host as PASSIVE."""
+    """The control host's Airflow is stopped for two minutes: the active keeps publishing; host-a and
+    host-b cut off from each other only (both still reach PostgreSQL) for 20 s of that window change
+    nothing, since nodes never talk to each other; a kill -9 of the active then still fails over by
+    itself, and when Airflow returns its supervisor brings the killed node back on its host as
+    PASSIVE."""
     airflow, url, note = on_hosts.airflow, on_hosts.url, on_hosts.note
     for node in NODES:
         wait_for(lambda node=node: (row := instance_row(url, node)) and row["status"] == "RUNNING", 300,
@@ -231,6 +309,18 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
         note("the control host's Airflow is stopped")
         wait_for(lambda: [r for r in publish_log(url, active) if r["published_at"] > since], 30,
                  f"{active} to publish without Airflow")
+        before, cut_at = lease(url), db_now(url)
+        airflow.network.cut("host-a", "host-b")
+        try:
+            time.sleep(PARTITION_S)
+        finally:
+            airflow.network.mend("host-a", "host-b")
+        after = lease(url)
+        assert (after["holder"], after["epoch"]) == (before["holder"], before["epoch"]), (before, after)
+        assert failover_events(url, since=since) == [], "a partition between the node hosts only changed roles"
+        assert [r for r in publish_log(url, active) if r["published_at"] > cut_at], \
+            f"{active} should publish through the partition between the node hosts"
+        note("host-a and host-b cut off from each other for 20 s: nothing failed over")
         killed, promoted = on_hosts.kill_active(active, standby, since)
         wait_for(lambda: [r for r in publish_log(url, standby) if r["published_at"] > promoted["happened_at"]],
                  30, f"{standby} to publish without Airflow")
@@ -318,11 +408,28 @@ def process_group(pgid: int) -> list[int]:
     return members
 
 
+def live_processes(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (neither gone nor a zombie)."""
+    return [pid for pid in pids if (stat := Path(f"/proc/{pid}/stat")).exists()
+            and stat.read_text().rsplit(") ", 1)[1][0] != "Z"]
+
+
+def describe(pid: int) -> str:
+    """A process as ``ps`` would show it (for messages)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return f"{pid}: gone"
+    return f"{pid}: state {fields[0]} ppid {fields[1]} pgid {fields[2]}: {command}"
+
+
 def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on_its_own(on_hosts: OnHosts) -> None:
     """``tandem_restore`` of the newest GOOD snapshot under load, with the PASSIVE's driver frozen
     (SIGSTOP: it reads no stop request and beats no more): the stop request in PostgreSQL is not
     confirmed, so that node's stop runs on its host, in its worker (``tandem_<plan>_run`` action
-    stop), which ends the frozen job there before the checkpoints are rewritten. Then the ACTIVE
+    stop), which ends the frozen job there before the checkpoints are rewritten; the ACTIVE, on
+    another host, obeys the stop request in PostgreSQL with its next beat. Then the ACTIVE
     instance is launched on the snapshot's node's host through its queue, the standby on its own
     host, and every event, those the restore rolled back and replayed included, is published
     exactly once."""
@@ -337,6 +444,7 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
     frozen = instance_row(url, standby)
     group = process_group(frozen["submit_pid"])
     assert frozen["pid"] in group, (frozen["pid"], group)
+    note("the job of the driver to freeze: " + "; ".join(describe(pid)[:120] for pid in group))
     with on_hosts.load():
         wait_for(lambda: published_total(url) > 0, 60, "outputs to restore")
         os.kill(frozen["pid"], signal.SIGSTOP)
@@ -349,9 +457,8 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
         stop = {t["task_id"]: t for t in client.task_instances(RUN, stop_run["dag_run_id"])}[f"stop_{standby}"]
         assert (stop_run["state"], stop["state"], stop["hostname"], stop["queue"]) == (
             "success", "success", HOST_OF[standby], standby), (stop_run, stop)
-        left = [pid for pid in group if Path(f"/proc/{pid}/stat").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"]
-        assert not left, f"processes of the frozen job are left: {left}"
+        wait_for(lambda: not live_processes(group), 30, "every process of the frozen job to end",
+                 detail=lambda: "left: " + "\n".join(describe(pid) for pid in live_processes(group)))
         note(f"the frozen job was ended on {stop['hostname']} by {stop_run['dag_run_id']}")
         for node, role in ((target, "ACTIVE"), (other, "PASSIVE")):
             row = wait_for(lambda node=node: launched_on_its_host(url, node, pids[node]), 120,
@@ -360,6 +467,9 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
             note(f"{node} RUNNING as {role} on {row['host']}, launched by {row['launched_by']}")
     [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
     assert restored["node"] == target
+    [log] = (on_hosts.airflow.home / "logs" / f"dag_id={RESTORE}" / f"run_id={run_id}").glob("task_id=*/attempt=1.log")
+    stopped = f"stop {target}: stopped on host {HOST_OF[target]} at the stop request"
+    assert stopped in log.read_text(), f"the restore should have stopped {target} (not frozen) through PostgreSQL"
 
 
 def live_schedulers(url: str) -> set[str]:
@@ -397,3 +507,42 @@ def test_supervision_goes_on_when_a_scheduler_dies(on_hosts: OnHosts) -> None:
              f"launched by {row['launched_by']}")
     assert live_schedulers(url) == {"control-b"}
     client.set_paused(SUPERVISE, True)
+
+
+def caught_up_with(url: str, node: str, active: str, since: datetime, slack_s: float = 5.0) -> bool:
+    """Whether ``node`` has read (watermark of its slowest query, since ``since``) what ``active`` has."""
+    marks = [latest_watermark(url, n, since) for n in (node, active)]
+    return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
+
+
+def test_crashed_hosts_fail_over_to_the_backup_on_a_third_host(on_hosts: OnHosts) -> None:
+    """``tandem_ops`` restart_node brings the drained node-c back: its launch, with a re-sync from the
+    ACTIVE, runs on host-c in that host's worker, and node-c runs as BACKUP. Then every process of the
+    ACTIVE's host and of the PASSIVE's host is killed at once: the BACKUP takes the lease by itself
+    (one lease ttl after a PASSIVE would have), publishes, and every output is exact."""
+    airflow, client, url, note = on_hosts.airflow, on_hosts.client, on_hosts.url, on_hosts.note
+    active, standby = on_hosts.both_running()
+    since = db_now(url)
+    with on_hosts.load():
+        run_id = client.trigger(OPS, {"action": "restart_node", "plan": "trades", "shard_id": "shard-1",
+                                      "node": BACKUP_NODE})
+        assert client.wait_for_run(OPS, run_id, timeout_s=600) == "success"
+        row = wait_for(lambda: launched_on_its_host(url, BACKUP_NODE), 120, f"{BACKUP_NODE} to run on {BACKUP_HOST}",
+                       detail=lambda: on_hosts.logs(BACKUP_NODE))
+        assert row["role"] == "BACKUP", row
+        kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == BACKUP_NODE]
+        assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
+        wait_for(lambda: caught_up_with(url, BACKUP_NODE, active, since), 300,
+                 f"{BACKUP_NODE} to catch up with {active}", detail=lambda: on_hosts.logs(BACKUP_NODE))
+        note(f"{BACKUP_NODE} RUNNING as BACKUP on {row['host']}, launched by {row['launched_by']}, caught up")
+        before = lease(url)
+        crashed_at = time.time()
+        killed = airflow.network.crash(HOST_OF[active]) + airflow.network.crash(HOST_OF[standby])
+        assert killed >= 6, f"expected spark-submit, its driver and the Edge worker on both hosts, killed {killed}"
+        promoted = on_hosts.takes_over(BACKUP_NODE, before["epoch"], crashed_at,
+                                       f"{HOST_OF[active]} and {HOST_OF[standby]} crashed ({killed} processes)")
+        assert promoted["previous_node"] == active and promoted["epoch"] == before["epoch"] + 1, promoted
+        ttl_s = load_plan("trades", load_cluster()).heartbeat.timeout_s
+        assert promoted["happened_at"] >= before["expires_at"] + timedelta(seconds=ttl_s - 0.5), \
+            "a BACKUP waits one more lease ttl after expiry, so that a live PASSIVE always goes first"
+    assert lease(url)["holder"] == BACKUP_NODE

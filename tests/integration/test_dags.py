@@ -1,7 +1,7 @@
 """The DAGs run for real with ``dag.test()``: a private Airflow home (SQLite), real PostgreSQL and Spark.
 
 The supervision DAG's kill-and-recover path runs through a real scheduler and triggerer in
-``tests/e2e/test_supervision.py``.
+``tests/e2e/test_presenter_page.py`` (on one host) and ``tests/hosts`` (on several).
 """
 
 from __future__ import annotations

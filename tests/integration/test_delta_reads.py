@@ -2,7 +2,8 @@
 
 ``DeltaTable.to_pyarrow_dataset()`` left scanner threads that raced the interpreter's exit: about
 one ``tandem query … --source delta`` in two ended with "terminate called without an active
-exception", exit 134, even though its output was complete.
+exception", exit 134, even though its output was complete. At that rate twenty runs all pass
+by chance once in a million.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from tandem.store.registry import InstanceKey
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
 T0 = datetime(2026, 2, 1, 9, 0, 0, tzinfo=UTC)
-RUNS = 50
+RUNS = 20
 BATCHES = 12
 
 
-def test_the_cli_reads_delta_fifty_times_and_exits_0_every_time(project: Path) -> None:
+def test_the_cli_reads_delta_twenty_times_and_exits_0_every_time(project: Path) -> None:
     cluster = load_cluster()
     with Database(cluster.database_url) as db:
         migrate(db)
