@@ -11,7 +11,6 @@ way is published exactly once. Screenshots of each step are kept in the test's t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from _airflow import code_home
-from _ha import configure_one_shard, fetch, instance_row, lease, wait_for
+from _ha import TradeFeed, configure_one_shard, fetch, instance_row, lease, wait_for
 from _project import kill_groups
 from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
-from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.e2e
@@ -65,28 +63,6 @@ def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
     kill_groups(groups)
 
 
-class Feed:
-    """Trade events written to shard-1's landing directory, and whether all of them are published."""
-
-    def __init__(self, database_url: str) -> None:
-        self.url = database_url
-        self.generator = TradeGenerator(21)
-        self.directory = instance_landing_dir(load_cluster(), load_plan("trades"), SHARD)
-        self.count = self.quantity = 0
-
-    def write(self, count: int = 80) -> None:
-        now_ms = int(time.time() * 1000)
-        events = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
-        write_atomically(self.directory, [json.dumps(e) for e in events])
-        self.count += count
-        self.quantity += sum(e["quantity"] for e in events)
-
-    def all_published(self) -> bool:
-        [row] = fetch(self.url, "SELECT COALESCE(SUM(trade_count), 0) AS n, COALESCE(SUM(quantity_sum), 0) AS q "
-                                "FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s", (SHARD,))
-        return (int(row["n"]), int(row["q"])) == (self.count, self.quantity)
-
-
 def supervision_runs(airflow: AirflowClient) -> list[dict]:
     response = airflow.request("GET", f"/dags/{SUPERVISE}/dagRuns", params={"order_by": "run_after", "limit": 50})
     assert response.ok, response.text
@@ -105,7 +81,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
     env_file = code_home(tmp_path)
     with Database(database_url) as db:
         migrate(db)
-    feed = Feed(database_url)
+    feed = TradeFeed(instance_landing_dir(load_cluster(), load_plan("trades"), SHARD), seed=21)
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
@@ -121,8 +97,8 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
                                "a running supervision run")
             wait_for(lambda: task_states(airflow, first["dag_run_id"]).get("watch") == "deferred", 180,
                      "the watch sensor to defer to the triggerer")
-            feed.write()
-            wait_for(feed.all_published, 120, "the first events to be published")
+            feed.write(80)
+            wait_for(lambda: feed.all_published(database_url), 120, "the first events to be published")
 
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{airflow.base_url}/")
@@ -143,7 +119,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             killed = instance_row(database_url, "node-a")
             os.killpg(killed["submit_pid"], signal.SIGKILL)
             killed_at = time.time()
-            feed.write()
+            feed.write(80)
             expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
             promoted = lease(database_url, "trades", SHARD)
             assert promoted["holder"] == "node-b" and promoted["epoch"] > before["epoch"]
@@ -183,7 +159,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             run = airflow.runs("tandem_ops")[0]
             assert run["conf"]["action"] == "failover_now" and run["triggering_user_name"] == "admin"
             wait_for(lambda: airflow.run_state("tandem_ops", run["dag_run_id"]) == "success", 120, "the tandem_ops run")
-            feed.write()
-            wait_for(feed.all_published, 120, "every event to be published exactly once")
+            feed.write(80)
+            wait_for(lambda: feed.all_published(database_url), 120, "every event to be published exactly once")
         finally:
             airflow.set_paused(SUPERVISE, True)

@@ -12,7 +12,6 @@ stop: the database is dropped right after).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -23,12 +22,12 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extras
 import pytest
-from _ha import configure_one_shard, fetch, mismatches, published_total, split_brain, start_writer, wait_for
+from _ha import (TradeFeed, configure_one_shard, fetch, mismatches, published_total, split_brain, start_writer,
+                 wait_for)
 from _project import create_database, drop_database, kill_groups, use_project
 
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
-from tandem.producer import TradeGenerator, write_atomically
 from tandem.store import Database
 from tandem.store.leases import read_lease
 from tandem.supervisor.reconcile import Supervisor
@@ -79,7 +78,7 @@ class HotPlan:
     """A hot-standby supervisor shared by the tests of ``TestHotSupervision`` and the feed they write."""
 
     supervisor: Supervisor
-    feed: Feed
+    feed: TradeFeed
 
 
 @pytest.fixture(scope="class")
@@ -94,7 +93,8 @@ def hot_plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPlan]:
             project = use_project(root / "project", url, monkeypatch)
             supervisor = make_supervisor(project, build_dist(project), "hot")
             try:
-                yield HotPlan(supervisor, Feed(supervisor))
+                landing = instance_landing_dir(supervisor.cluster, load_plan("trades", supervisor.cluster), SHARD)
+                yield HotPlan(supervisor, TradeFeed(landing))
             finally:
                 kill_launched(supervisor, [])
     finally:
@@ -119,32 +119,6 @@ def events(supervisor: Supervisor) -> list[dict]:
     return rows
 
 
-def published(supervisor: Supervisor) -> tuple[int, int]:
-    """(trades counted, quantity) of the shard's per-second partials in PostgreSQL."""
-    with psycopg2.connect(supervisor.cluster.database_url) as conn, conn.cursor() as cur:
-        cur.execute("""SELECT COALESCE(SUM(trade_count), 0), COALESCE(SUM(quantity_sum), 0)
-                       FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s""", (SHARD,))
-        count, quantity = cur.fetchone()
-    conn.close()
-    return int(count), int(quantity)
-
-
-class Feed:
-    """Trade events with current timestamps, one atomically renamed file per call, remembered."""
-
-    def __init__(self, supervisor: Supervisor, seed: int = 5) -> None:
-        self.directory = instance_landing_dir(supervisor.cluster, load_plan("trades", supervisor.cluster), SHARD)
-        self.generator = TradeGenerator(seed)
-        self.count = self.quantity = 0
-
-    def write(self, count: int = 60) -> None:
-        now_ms = int(time.time() * 1000)
-        lines = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
-        write_atomically(self.directory, [json.dumps(e) for e in lines])
-        self.count += count
-        self.quantity += sum(e["quantity"] for e in lines)
-
-
 def health(supervisor: Supervisor, node: str) -> str:
     return supervisor.observe(SHARD).view.health(node).state
 
@@ -153,9 +127,10 @@ def kill9(supervisor: Supervisor, node: str) -> None:
     os.killpg(instance(supervisor, node)["submit_pid"], signal.SIGKILL)
 
 
-def assert_all_published(supervisor: Supervisor, feed: Feed) -> None:
-    wait_for(lambda: published(supervisor) == (feed.count, feed.quantity), 120,
-             f"{feed.count} trades to be published (have {published(supervisor)})")
+def assert_all_published(supervisor: Supervisor, feed: TradeFeed) -> None:
+    url = supervisor.cluster.database_url
+    wait_for(lambda: feed.all_published(url), 120,
+             f"{feed.count} trades to be published (have {feed.published(url)})")
 
 
 def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised) -> None:

@@ -44,7 +44,7 @@ from tandem import aggregation
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir
-from tandem.producer import write_atomically
+from tandem.producer import TradeGenerator, write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 
 UTC = timezone.utc
@@ -88,6 +88,35 @@ def one_core_nodes(project: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # Input: a steady writer that remembers every event
+
+
+class TradeFeed:
+    """Trade events with current timestamps into one instance's landing directory, one atomically
+    renamed file per :meth:`write`, and the totals the shard's outputs must then show."""
+
+    def __init__(self, directory: Path, seed: int = 5) -> None:
+        self.directory = directory
+        self.generator = TradeGenerator(seed)
+        self.count = self.quantity = 0
+
+    def write(self, count: int = 60) -> None:
+        now_ms = int(time.time() * 1000)
+        events = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
+        write_atomically(self.directory, [json.dumps(e) for e in events])
+        self.count += count
+        self.quantity += sum(e["quantity"] for e in events)
+
+    @staticmethod
+    def published(database_url: str, shard: str = SHARD) -> tuple[int, int]:
+        """(trades counted, quantity) of the shard's per-second partials in PostgreSQL."""
+        [row] = fetch(database_url, "SELECT COALESCE(SUM(trade_count), 0) AS n, COALESCE(SUM(quantity_sum), 0) AS q "
+                                    "FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s",
+                      (shard,))
+        return int(row["n"]), int(row["q"])
+
+    def all_published(self, database_url: str, shard: str = SHARD) -> bool:
+        """Whether every trade written so far is counted exactly once in the shard's outputs."""
+        return self.published(database_url, shard) == (self.count, self.quantity)
 
 
 class TradeWriter(threading.Thread):
