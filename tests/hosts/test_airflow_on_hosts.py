@@ -50,11 +50,13 @@ from _ha import (
     db_now,
     failover_events,
     fetch,
+    first_publish,
     group_alive,
     instance_row,
-    latest_watermark,
     lease,
+    level_with,
     mismatches,
+    promotion,
     publish_log,
     published_total,
     split_brain,
@@ -139,13 +141,12 @@ class OnHosts:
 
     def takes_over(self, standby: str, epoch: int, failed_at: float, what: str) -> dict:
         """Wait for ``standby`` to be PROMOTED above ``epoch`` by itself and to publish; note both times."""
-        promoted = wait_for(lambda: [e for e in failover_events(self.url) if e["kind"] == "PROMOTED"
-                                     and e["node"] == standby and e["epoch"] > epoch], TAKEOVER_TIMEOUT_S,
-                            f"{standby} to take over", detail=lambda: f"lease {lease(self.url)}")[0]
-        first = wait_for(lambda: [r for r in publish_log(self.url, standby) if r["epoch"] == promoted["epoch"]],
-                         TAKEOVER_TIMEOUT_S, f"{standby} to publish", detail=lambda: self.logs(standby))
+        promoted = wait_for(lambda: promotion(self.url, standby, epoch), TAKEOVER_TIMEOUT_S,
+                            f"{standby} to take over", detail=lambda: f"lease {lease(self.url)}")
+        first = wait_for(lambda: first_publish(self.url, standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
+                         f"{standby} to publish", detail=lambda: self.logs(standby))
         self.note(f"{what} -> PROMOTED {standby} {promoted['happened_at'].timestamp() - failed_at:.2f}s, "
-                  f"first publish {min(r['published_at'] for r in first).timestamp() - failed_at:.2f}s")
+                  f"first publish {first['published_at'].timestamp() - failed_at:.2f}s")
         return promoted
 
     def roles(self) -> tuple[str, str]:
@@ -281,7 +282,8 @@ def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts
                            f"the reconnected {active} to demote itself", detail=lambda: on_hosts.logs(active))
         assert demoted[0]["epoch"] == before["epoch"], demoted
         row = wait_for(lambda: launched_on_its_host(url, active, cut_off["pid"]), 300,
-                       f"the supervisor to relaunch {active} on {HOST_OF[active]}", detail=lambda: on_hosts.logs(active))
+                       f"the supervisor to relaunch {active} on {HOST_OF[active]}",
+                       detail=lambda: on_hosts.logs(active))
         wait_for(lambda: instance_row(url, active)["role"] == "PASSIVE", 60, f"{active} to run as PASSIVE")
         note(f"{active} re-synced and RUNNING again on {row['host']} as PASSIVE, launched by {row['launched_by']}")
     kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == active]
@@ -408,10 +410,18 @@ def process_group(pgid: int) -> list[int]:
     return members
 
 
-def live_processes(pids: list[int]) -> list[int]:
-    """Those of ``pids`` that still run (neither gone nor a zombie)."""
-    return [pid for pid in pids if (stat := Path(f"/proc/{pid}/stat")).exists()
-            and stat.read_text().rsplit(") ", 1)[1][0] != "Z"]
+def live_processes(pids: list[int], pgid: int) -> list[int]:
+    """Those of ``pids`` that still run in process group ``pgid`` (neither gone nor a zombie; a PID
+    reused by a later process, in another group, is not counted)."""
+    live = []
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            live.append(pid)
+    return live
 
 
 def describe(pid: int) -> str:
@@ -457,8 +467,9 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
         stop = {t["task_id"]: t for t in client.task_instances(RUN, stop_run["dag_run_id"])}[f"stop_{standby}"]
         assert (stop_run["state"], stop["state"], stop["hostname"], stop["queue"]) == (
             "success", "success", HOST_OF[standby], standby), (stop_run, stop)
-        wait_for(lambda: not live_processes(group), 30, "every process of the frozen job to end",
-                 detail=lambda: "left: " + "\n".join(describe(pid) for pid in live_processes(group)))
+        job = frozen["submit_pid"]
+        wait_for(lambda: not live_processes(group, job), 30, "every process of the frozen job to end",
+                 detail=lambda: "left: " + "\n".join(describe(pid) for pid in live_processes(group, job)))
         note(f"the frozen job was ended on {stop['hostname']} by {stop_run['dag_run_id']}")
         for node, role in ((target, "ACTIVE"), (other, "PASSIVE")):
             row = wait_for(lambda node=node: launched_on_its_host(url, node, pids[node]), 120,
@@ -509,12 +520,6 @@ def test_supervision_goes_on_when_a_scheduler_dies(on_hosts: OnHosts) -> None:
     client.set_paused(SUPERVISE, True)
 
 
-def caught_up_with(url: str, node: str, active: str, since: datetime, slack_s: float = 5.0) -> bool:
-    """Whether ``node`` has read (watermark of its slowest query, since ``since``) what ``active`` has."""
-    marks = [latest_watermark(url, n, since) for n in (node, active)]
-    return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
-
-
 def test_crashed_hosts_fail_over_to_the_backup_on_a_third_host(on_hosts: OnHosts) -> None:
     """``tandem_ops`` restart_node brings the drained node-c back: its launch, with a re-sync from the
     ACTIVE, runs on host-c in that host's worker, and node-c runs as BACKUP. Then every process of the
@@ -532,7 +537,7 @@ def test_crashed_hosts_fail_over_to_the_backup_on_a_third_host(on_hosts: OnHosts
         assert row["role"] == "BACKUP", row
         kinds = [e["kind"] for e in failover_events(url, since=since) if e["node"] == BACKUP_NODE]
         assert "RESYNC" in kinds[kinds.index("LAUNCH"):], kinds
-        wait_for(lambda: caught_up_with(url, BACKUP_NODE, active, since), 300,
+        wait_for(lambda: level_with(url, BACKUP_NODE, active, since={BACKUP_NODE: since, active: since}), 300,
                  f"{BACKUP_NODE} to catch up with {active}", detail=lambda: on_hosts.logs(BACKUP_NODE))
         note(f"{BACKUP_NODE} RUNNING as BACKUP on {row['host']}, launched by {row['launched_by']}, caught up")
         before = lease(url)

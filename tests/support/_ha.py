@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -339,9 +339,8 @@ def fetch(database_url: str, sql: str, params: Any = None) -> list[dict]:
 
 
 def published_total(database_url: str) -> int:
-    rows = fetch(database_url, "SELECT COALESCE(sum(trade_count), 0) AS n FROM trade_aggregates "
-                               "WHERE granularity = 'second' AND shard_id = %s", (SHARD,))
-    return int(rows[0]["n"])
+    """Trades counted in shard-1's per-second partials."""
+    return TradeFeed.published(database_url)[0]
 
 
 def lease(database_url: str, plan: str = PLAN, shard: str = SHARD) -> dict | None:
@@ -382,6 +381,28 @@ def latest_watermark(database_url: str, node: str, since: datetime | None = None
                                "AND (%s::timestamptz IS NULL OR recorded_at >= %s) GROUP BY query_name) AS q",
                  (f"{plan}/{shard}/{node}", since, since))
     return rows[0]["w"]
+
+
+def level_with(database_url: str, standby: str, active: str, slack_s: float = 5.0,
+               since: Mapping[str, datetime] | None = None, plan: str = PLAN, shard: str = SHARD) -> bool:
+    """Whether ``standby`` is hot: its slowest query's watermark within ``slack_s`` of ``active``'s
+    (each node's heartbeats since ``since[node]``, when given)."""
+    marks = [latest_watermark(database_url, node, (since or {}).get(node), plan, shard) for node in (standby, active)]
+    return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
+
+
+def promotion(database_url: str, node: str, above_epoch: int, plan: str = PLAN, shard: str = SHARD) -> dict | None:
+    """The first PROMOTED event of ``node`` to an epoch above ``above_epoch``, if any."""
+    for event in failover_events(database_url, plan=plan, shard=shard):
+        if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
+            return event
+    return None
+
+
+def first_publish(database_url: str, node: str, epoch: int, plan: str = PLAN, shard: str = SHARD) -> dict | None:
+    """The earliest publish_log row of ``node`` at ``epoch``, if any."""
+    rows = [r for r in publish_log(database_url, node, plan, shard) if r["epoch"] == epoch]
+    return min(rows, key=lambda r: r["published_at"]) if rows else None
 
 
 def db_now(database_url: str) -> datetime:
@@ -490,24 +511,15 @@ class Pair:
                                 f"{self.log_tail(node)}")
 
     def wait_level(self, standby: str, active: str, slack_s: float = 5.0, timeout_s: float = 600) -> None:
-        """Wait until the standby is hot: its slowest query's watermark within ``slack_s`` of the active's."""
-
-        def level() -> bool:
-            marks = [latest_watermark(self.url, node, self.launched_at.get(node), self.plan.name, self.shard)
-                     for node in (standby, active)]
-            return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
-
-        wait_for(level, timeout_s, f"{standby} to process what {active} has", detail=lambda: self.log_tail(standby))
+        """Wait until the standby is hot (:func:`level_with`, each node's watermarks since its launch)."""
+        wait_for(lambda: level_with(self.url, standby, active, slack_s, self.launched_at, self.plan.name, self.shard),
+                 timeout_s, f"{standby} to process what {active} has", detail=lambda: self.log_tail(standby))
 
     def promoted(self, node: str, above_epoch: int) -> dict | None:
-        for event in failover_events(self.url, plan=self.plan.name, shard=self.shard):
-            if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
-                return event
-        return None
+        return promotion(self.url, node, above_epoch, self.plan.name, self.shard)
 
     def first_publish(self, node: str, epoch: int) -> dict | None:
-        rows = [r for r in publish_log(self.url, node, self.plan.name, self.shard) if r["epoch"] == epoch]
-        return min(rows, key=lambda r: r["published_at"]) if rows else None
+        return first_publish(self.url, node, epoch, self.plan.name, self.shard)
 
     def log_tail(self, node: str, lines: int = 30) -> str:
         from tandem.supervisor.launcher import log_tail
