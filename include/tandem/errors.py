@@ -44,6 +44,13 @@ class FencedError(TandemError):
     """A write carried a stale fencing epoch: another node holds the ACTIVE lease now."""
 
 
+class DataError(TandemError):
+    """A sink refused rows for what they hold (a value PostgreSQL or Delta cannot store), not for its own state.
+
+    The rows can be isolated and quarantined with the message as the reason; the rest of the batch is published.
+    """
+
+
 class SnapshotError(TandemError):
     """A snapshot is unknown, or cannot move to the requested status (e.g. GOOD without a cut)."""
 

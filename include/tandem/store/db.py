@@ -11,6 +11,7 @@ through :func:`redact`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,14 @@ _TCP_SETTINGS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2
 """A connection to a server behind a network partition fails within ~10 s instead of TCP's ~15 minutes of
 retransmissions: keepalive probes on idle connections, and a limit on how long sent data may stay
 unacknowledged. (Safety never depends on it: a cut-off publisher is fenced by its lease either way.)"""
+
+
+def json_text(value: object, default: Callable[[object], object] = str, **options) -> str:
+    """``value`` as JSON text for PostgreSQL: NaN and infinities raise ``ValueError`` (``jsonb`` refuses them).
+
+    Every JSON document Tandem writes goes through here, so no sink can build a text PostgreSQL refuses.
+    """
+    return json.dumps(value, default=default, allow_nan=False, **options)
 
 
 def redact(url: str) -> str:

@@ -9,13 +9,12 @@ an output checks, in its own transaction, that the writer still holds the lease 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from tandem.errors import FencedError
-from tandem.store.db import Database
+from tandem.store.db import Database, json_text
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def record_event(cursor, plan: str, shard_id: str, kind: str, reason: str, *, no
     cursor.execute(
         """INSERT INTO failover_events (plan, shard_id, kind, node, previous_node, epoch, reason, detail)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-        (plan, shard_id, kind, node, previous_node, epoch, reason, json.dumps(detail or {})),
+        (plan, shard_id, kind, node, previous_node, epoch, reason, json_text(detail or {})),
     )
 
 

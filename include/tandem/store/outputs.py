@@ -8,13 +8,13 @@ committed there.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from psycopg2.extras import Json, execute_values
 
+from tandem.store.db import json_text
 from tandem.store.registry import InstanceKey
 
 
@@ -38,9 +38,14 @@ def stage_events(cursor, events: dict[str, tuple[datetime, dict]]) -> None:
     """
     cursor.execute("DROP TABLE IF EXISTS _events")
     cursor.execute("CREATE TEMP TABLE _events (event_id text, event_time timestamptz, payload jsonb) ON COMMIT DROP")
-    lines = "".join(f"{eid}\t{time.isoformat()}\t{_copy_text(json.dumps(payload, default=_json_value))}\n"
+    lines = "".join(f"{eid}\t{time.isoformat()}\t{_copy_text(json_text(payload, _json_value))}\n"
                     for eid, (time, payload) in events.items())
     cursor.copy_expert("COPY _events (event_id, event_time, payload) FROM STDIN", io.StringIO(lines))
+
+
+def _jsonb(value: Any) -> Json:
+    """A parameter for a ``jsonb`` column (NaN and infinities refused: see :func:`tandem.store.db.json_text`)."""
+    return Json(to_json(value), dumps=json_text)
 
 
 def _json_value(value: Any) -> Any:
@@ -96,7 +101,7 @@ def mark_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids
 
 
 def canonical_key(values: dict[str, Any]) -> str:
-    return json.dumps(to_json(values), sort_keys=True, separators=(",", ":"))
+    return json_text(to_json(values), sort_keys=True, separators=(",", ":"))
 
 
 def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[str, dict]) -> set[str]:
@@ -107,7 +112,7 @@ def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[
         cursor,
         """INSERT INTO output_contributions (plan, output, contribution_id, shard_id, key) VALUES %s
            ON CONFLICT (plan, output, contribution_id) DO NOTHING RETURNING contribution_id""",
-        [(instance.plan, output, cid, instance.shard_id, Json(to_json(key))) for cid, key in keys.items()],
+        [(instance.plan, output, cid, instance.shard_id, _jsonb(key)) for cid, key in keys.items()],
         page_size=1000, fetch=True)
     return {row["contribution_id"] for row in inserted}
 
@@ -136,7 +141,7 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
                 VALUES %s ON CONFLICT (plan, output, key, shard_id) DO UPDATE
                 SET value = jsonb_build_object({added}), version = t.version + EXCLUDED.version,
                     node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, updated_at = now()""",
-            [(instance.plan, output, Json(to_json(key)), instance.shard_id, Json(sums), count, instance.node, epoch,
+            [(instance.plan, output, _jsonb(key), instance.shard_id, _jsonb(sums), count, instance.node, epoch,
               batch_id) for key, sums, count in totals.values()],
             page_size=1000,
         )
@@ -171,7 +176,7 @@ def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
     """A table merged across instances: per key, the sum of the instances' partial values."""
     sums = ", ".join(f"sum((value->>'{v}')::numeric) AS {v}" for v in values)
     where = "plan = %s AND output = %s" + (" AND key @> %s" if key else "")
-    params: tuple = (plan, output, Json(to_json(key))) if key else (plan, output)
+    params: tuple = (plan, output, _jsonb(key)) if key else (plan, output)
     cursor.execute(f"""SELECT key, {sums}, count(*) AS instances, sum(version) AS version FROM output_table_rows
                        WHERE {where} GROUP BY key ORDER BY key::text""", params)
     return [dict(row) for row in cursor.fetchall()]

@@ -26,7 +26,6 @@ What it does not do
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.errors import SnapshotError
-from tandem.store.db import Database
+from tandem.store.db import Database, json_text
 from tandem.store.registry import instance_id as make_instance_id
 
 TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
@@ -149,7 +148,7 @@ def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = No
                        state_bytes = COALESCE(%s, state_bytes), output_versions = output_versions || %s::jsonb,
                        query_batches = query_batches || %s::jsonb
                 WHERE id = %s RETURNING {_COLUMNS}""",
-            (batch_id, checkpoint_bytes, state_rows, state_bytes, json.dumps(versions), json.dumps(batches),
+            (batch_id, checkpoint_bytes, state_rows, state_bytes, json_text(versions), json_text(batches),
              snapshot_id))
         return SnapshotRecord.from_row(cursor.fetchone())
 
@@ -271,4 +270,4 @@ def _check_count(name: str, value: Any) -> None:
 
 
 def _json(value: Mapping[str, Any]) -> str:
-    return json.dumps(dict(value), default=str, sort_keys=True)
+    return json_text(dict(value), sort_keys=True)
