@@ -49,6 +49,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import _common as C  # noqa: E402
+from psycopg2 import sql  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
@@ -108,11 +109,11 @@ class PlainSink:
     def __init__(self, url: str, table: str, delta_path: Path) -> None:
         import psycopg2
 
-        self.output = table
+        self.table = sql.Identifier(f"plain_{table}")  # an output name from the plan's YAML
         self.conn = psycopg2.connect(url)
         self.delta_path = delta_path
         with self.conn, self.conn.cursor() as cursor:
-            cursor.execute(f'CREATE TABLE IF NOT EXISTS "plain_{table}" (row jsonb NOT NULL)')
+            cursor.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (row jsonb NOT NULL)").format(self.table))
 
     def __call__(self, frame, batch_id: int) -> None:
         from deltalake import write_deltalake
@@ -122,7 +123,7 @@ class PlainSink:
             return
         buffer = io.StringIO("".join(json.dumps(r, default=str).replace("\\", "\\\\") + "\n" for r in rows.to_pylist()))
         with self.conn, self.conn.cursor() as cursor:
-            cursor.copy_expert(f'COPY "plain_{self.output}" (row) FROM STDIN', buffer)
+            cursor.copy_expert(sql.SQL("COPY {} (row) FROM STDIN").format(self.table), buffer)
         write_deltalake(str(self.delta_path), rows, mode="append")
 
 

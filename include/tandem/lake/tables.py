@@ -16,6 +16,14 @@ def table_exists(path: Path) -> bool:
     return DeltaTable.is_deltatable(str(path))
 
 
+def string_literal(value: str) -> str:
+    """``value`` as a string literal of a delta-rs SQL predicate (DataFusion's: quotes doubled, backslashes literal).
+
+    E.g. ``predicate=f"shard_id = {string_literal(shard_id)}"``: the predicate then matches exactly that value.
+    """
+    return "'" + value.replace("'", "''") + "'"
+
+
 def committed_version(path: Path, app_id: str) -> int | None:
     """The last micro-batch version ``app_id`` committed to the table, or ``None``."""
     if not table_exists(path):

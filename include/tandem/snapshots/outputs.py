@@ -37,11 +37,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
+from psycopg2 import sql
 
 from tandem.aggregation.spec import AggregationSpec, spec_for
-from tandem.errors import SnapshotError
-from tandem.lake.tables import read_table, table_exists
+from tandem.lake.tables import read_table, string_literal, table_exists
 from tandem.store.db import Database
+from tandem.store.identifiers import each, identifiers
 
 
 def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
@@ -88,7 +89,7 @@ def restore_shard_slice(path: Path, shard_id: str, version: int | None) -> tuple
     if rows is None:
         return None, -1
     table = DeltaTable(str(path))
-    write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = '{_quoted(shard_id)}'",
+    write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = {string_literal(shard_id)}",
                     partition_by=table.metadata().partition_columns or None)
     return rows, DeltaTable(str(path)).version()
 
@@ -139,30 +140,32 @@ def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard
         delta_rows = delta_rows.join(keys, identity, join_type="inner") if delta_rows.num_rows else delta_rows
     latest = newest_per_key(delta_rows, spec)
 
+    table = sql.Identifier(spec.table)
+
     def work(cursor) -> int:
         if touched is None:
-            cursor.execute(f"DELETE FROM {spec.table} WHERE plan = %s AND shard_id = %s", (plan, shard_id))
-        else:
-            declared = ", ".join(["granularity text", "bucket_start timestamptz", *(f"{k} text" for k in spec.keys)])
-            cursor.execute(f"CREATE TEMP TABLE _touched ({declared}) ON COMMIT DROP")  # an aggregation may have no keys
-            _copy(cursor, "_touched", keys.select(identity))
-            match = " AND ".join(f"t.{c} = k.{c}" for c in identity)
-            cursor.execute(f"DELETE FROM {spec.table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s "
-                           f"AND {match}", (plan, shard_id))
+            cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND shard_id = %s").format(table), (plan, shard_id))
+        else:  # an aggregation may have no keys
+            cursor.execute(sql.SQL("CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz{keys}) "
+                                   "ON COMMIT DROP").format(keys=each(", {0} text", spec.keys)))
+            _copy(cursor, sql.Identifier("_touched"), keys.select(identity))
+            cursor.execute(sql.SQL("DELETE FROM {table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s"
+                                   "{match}").format(table=table, match=each(" AND t.{0} = k.{0}", identity)),
+                           (plan, shard_id))
         if latest.num_rows:
             rows = latest.select(columns)
-            _copy(cursor, spec.table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
+            _copy(cursor, table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
         return latest.num_rows
 
     return db.run(work)
 
 
-def _copy(cursor, table: str, rows: pa.Table) -> None:
+def _copy(cursor, table: sql.Identifier, rows: pa.Table) -> None:
     buffer = io.BytesIO()
     pacsv.write_csv(rows, buffer)
     buffer.seek(0)
-    cursor.copy_expert(f"COPY {table} ({', '.join(rows.column_names)}) FROM STDIN WITH (FORMAT csv, HEADER true)",
-                       buffer)
+    cursor.copy_expert(sql.SQL("COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv, HEADER true)").format(
+        table=table, columns=identifiers(rows.column_names)), buffer)
 
 
 def restore_output(db: Database, path: Path, table: str, plan: str, shard_id: str,
@@ -193,9 +196,3 @@ def postgres_spec(plan: str, output: str) -> AggregationSpec | None:
     if output not in declared.outputs or declared.outputs[output].kind != "aggregation":
         return None
     return spec_for(declared, output)
-
-
-def _quoted(value: str) -> str:
-    if "'" in value:
-        raise SnapshotError(f"shard id {value!r} contains a quote")
-    return value

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg2 import sql
 from psycopg2.extras import Json, execute_values
 
 from tandem.store.db import json_text
@@ -81,23 +82,28 @@ def insert_events(cursor, instance: InstanceKey, output: str, events: dict[str, 
     return insert_staged_events(cursor, instance, output, epoch, batch_id)
 
 
+def _ids(cursor, table: str, id_column: str, condition: str, plan: str, output: str, ids: Sequence[str]) -> list[str]:
+    """Of ``ids``, those of ``table`` whose row meets ``condition`` (SQL text of Tandem's own)."""
+    cursor.execute(sql.SQL("SELECT {id} AS id FROM {table} WHERE plan = %s AND output = %s AND {id} = ANY(%s) "
+                           "AND {condition}").format(id=sql.Identifier(id_column), table=sql.Identifier(table),
+                                                     condition=sql.SQL(condition)),
+                   (plan, output, list(ids)))
+    return [row["id"] for row in cursor.fetchall()]
+
+
 def not_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> list[str]:
     """Of ``ids``, those whose rows are in PostgreSQL but not yet in the Delta copy."""
-    cursor.execute(f"SELECT {id_column} AS id FROM {table} WHERE plan = %s AND output = %s "
-                   f"AND {id_column} = ANY(%s) AND NOT in_lake", (plan, output, list(ids)))
-    return [row["id"] for row in cursor.fetchall()]
+    return _ids(cursor, table, id_column, "NOT in_lake", plan, output, ids)
 
 
 def in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> set[str]:
     """Of ``ids``, those published for good: in PostgreSQL and in the Delta copy."""
-    cursor.execute(f"SELECT {id_column} AS id FROM {table} WHERE plan = %s AND output = %s "
-                   f"AND {id_column} = ANY(%s) AND in_lake", (plan, output, list(ids)))
-    return {row["id"] for row in cursor.fetchall()}
+    return set(_ids(cursor, table, id_column, "in_lake", plan, output, ids))
 
 
 def mark_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> None:
-    cursor.execute(f"UPDATE {table} SET in_lake = true WHERE plan = %s AND output = %s AND {id_column} = ANY(%s)",
-                   (plan, output, list(ids)))
+    cursor.execute(sql.SQL("UPDATE {table} SET in_lake = true WHERE plan = %s AND output = %s AND {id} = ANY(%s)")
+                   .format(table=sql.Identifier(table), id=sql.Identifier(id_column)), (plan, output, list(ids)))
 
 
 def canonical_key(values: dict[str, Any]) -> str:
@@ -134,13 +140,16 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
         _, sums, count = totals.get(text, (key, {v: 0 for v in values}, 0))
         totals[text] = (key, {v: sums[v] + (contributed.get(v) or 0) for v in values}, count + 1)
     if totals:
-        added = ", ".join(f"'{v}', (t.value->>'{v}')::numeric + (EXCLUDED.value->>'{v}')::numeric" for v in values)
+        added = sql.SQL(", ").join(
+            sql.SQL("{0}, (t.value->>{0})::numeric + (EXCLUDED.value->>{0})::numeric").format(sql.Literal(v))
+            for v in values)
         execute_values(
             cursor,
-            f"""INSERT INTO output_table_rows AS t (plan, output, key, shard_id, value, version, node, epoch, batch_id)
+            sql.SQL("""INSERT INTO output_table_rows AS t (plan, output, key, shard_id, value, version, node, epoch, batch_id)
                 VALUES %s ON CONFLICT (plan, output, key, shard_id) DO UPDATE
                 SET value = jsonb_build_object({added}), version = t.version + EXCLUDED.version,
-                    node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, updated_at = now()""",
+                    node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, updated_at = now()"""
+                    ).format(added=added),
             [(instance.plan, output, _jsonb(key), instance.shard_id, _jsonb(sums), count, instance.node, epoch,
               batch_id) for key, sums, count in totals.values()],
             page_size=1000,
@@ -174,11 +183,13 @@ def read_events(cursor, plan: str, output: str, start: datetime, end: datetime, 
 def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
                     key: dict[str, Any] | None = None) -> list[dict]:
     """A table merged across instances: per key, the sum of the instances' partial values."""
-    sums = ", ".join(f"sum((value->>'{v}')::numeric) AS {v}" for v in values)
+    sums = sql.SQL(", ").join(sql.SQL("sum((value->>{})::numeric) AS {}").format(sql.Literal(v), sql.Identifier(v))
+                              for v in values)
     where = "plan = %s AND output = %s" + (" AND key @> %s" if key else "")
     params: tuple = (plan, output, _jsonb(key)) if key else (plan, output)
-    cursor.execute(f"""SELECT key, {sums}, count(*) AS instances, sum(version) AS version FROM output_table_rows
-                       WHERE {where} GROUP BY key ORDER BY key::text""", params)
+    cursor.execute(sql.SQL("""SELECT key, {sums}, count(*) AS instances, sum(version) AS version FROM output_table_rows
+                              WHERE {where} GROUP BY key ORDER BY key::text""").format(sums=sums, where=sql.SQL(where)),
+                   params)
     return [dict(row) for row in cursor.fetchall()]
 
 

@@ -1,0 +1,120 @@
+"""Names from a plan's YAML are data: they reach SQL quoted, never as SQL text (issue 24, §3).
+
+Configuration refuses such names (tests/unit/test_config_refusals.py); these tests hand hostile
+names straight to the code that writes SQL, with real PostgreSQL and a real Delta table, so that
+quoting holds on its own: every statement runs, names nothing else, and a table the names try to
+drop is still there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from tandem.aggregation import postgres as agg_postgres
+from tandem.aggregation import sketches
+from tandem.aggregation.spec import AggregationSpec, Measure
+from tandem.config import ClusterConfig
+from tandem.lake.tables import read_table
+from tandem.quality.serving import load_serving_rows
+from tandem.snapshots.outputs import rebuild_postgres_shard, restore_shard_slice
+from tandem.store import outputs as store
+from tandem.store.db import Database
+from tandem.store.migrations import migrate
+from tandem.store.registry import InstanceKey
+
+pytestmark = pytest.mark.integration
+INJECTION = "x'; DROP TABLE victim; --"
+SPEC = AggregationSpec(
+    name="hostile", table='agg "table"; DROP TABLE victim; --', keys=("select", "child", "Key With Space"),
+    measures=(Measure("order", "count", "bigint"), Measure(INJECTION, "sum", "double precision", "price"),
+              Measure("group", "distinct", "bytea", "user")),
+    granularities=("second", "minute"))
+"""Reserved words, a quote, a space, capitals, a key named like a query parameter (``child``), a table
+name that closes its quote and drops another table."""
+
+
+def victim_exists(db: Database) -> bool:
+    return db.run(lambda cursor: (cursor.execute("SELECT to_regclass('victim') IS NOT NULL AS present"),
+                                  cursor.fetchone())[1]["present"])
+
+
+@pytest.fixture
+def db(database_url: str):
+    with Database(database_url) as db:
+        migrate(db)
+        db.run(lambda cursor: cursor.execute("CREATE TABLE victim (id int)"))
+        yield db
+
+
+def seconds(start: datetime) -> pa.Table:
+    """Three per-second partials in one minute, two of them of the same key."""
+    return pa.table({
+        "bucket_start": pa.array([start, start + timedelta(seconds=1), start + timedelta(seconds=2)],
+                                 pa.timestamp("us", tz="UTC")),
+        "select": ["a", "a", "b"], "child": ["c1", "c1", "c2"], "Key With Space": ["k", "k", "k"],
+        "order": pa.array([2, 3, 1], pa.int64()), INJECTION: [1.5, 2.5, 4.0],
+        "group": [sketches.of(["u1", "u2"]), sketches.of(["u2", "u3"]), sketches.of(["u9"])],
+    })
+
+
+def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_names(db: Database) -> None:
+    start = datetime(2026, 1, 2, 3, 4, 0, tzinfo=timezone.utc)
+
+    def publish(cursor) -> list[dict]:
+        agg_postgres.ensure_table(cursor, SPEC)
+        agg_postgres.stage_batch(cursor, SPEC, seconds(start))
+        return agg_postgres.upsert_and_roll_up(cursor, SPEC, "plan", "shard-1", epoch=1, batch_id=0)
+
+    written = db.run(publish)
+    assert len(written) == 5  # 3 seconds, 2 minutes
+
+    [minute_a] = db.run(lambda cursor: agg_postgres.query_merged(cursor, SPEC, "plan", "minute", start,
+                                                                 start + timedelta(minutes=1), {"select": ["a"]}))
+    assert (minute_a["order"], minute_a[INJECTION], minute_a["group"]) == (5, 4.0, 3)
+    found = db.run(lambda cursor: agg_postgres.rows_of_seconds(cursor, SPEC, "plan", "shard-1",
+                                                               {(start, "a", "c1", "k")}))
+    assert sorted(row["granularity"] for row in found) == ["minute", "second"]
+
+    # restore: the Delta rows of the shard back into PostgreSQL, all of them and only the touched keys
+    # (without the sketches: CSV cannot carry them as they are, which is the restore's business, not quoting's)
+    without_sketches = replace(SPEC, measures=SPEC.measures[:2])
+    delta_rows = pa.Table.from_pylist([dict(row) for row in written]).drop_columns(["group"])
+    assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows) == 5
+    assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows,
+                                  touched=delta_rows.slice(0, 1)) == 1
+
+    cluster = ClusterConfig(path=Path("cluster.yaml"), project_root=Path("."), storage_root=Path("."),
+                            database_url=db.url, airflow_url="http://127.0.0.1:8080", nodes={})
+    assert len(load_serving_rows(cluster, SPEC, "plan", start, None, "second", 100)) == 3
+    absent = replace(SPEC, table='no "such" table')
+    assert load_serving_rows(cluster, absent, "plan", start, None, None, 100) == []
+    assert victim_exists(db)
+
+
+def test_table_values_are_json_keys_and_column_names_never_sql(db: Database) -> None:
+    instance, values = InstanceKey("plan", "shard-1", "node-a"), ["on'time", INJECTION]
+    contributions = {"c1": ({"customer": "ann"}, {"on'time": 1, INJECTION: 2}),
+                     "c2": ({"customer": "ann"}, {"on'time": 1, INJECTION: 3})}
+    db.run(lambda cursor: store.apply_contributions(cursor, instance, "delivered", values, contributions, 1, 0))
+    [row] = db.run(lambda cursor: store.read_table_rows(cursor, "plan", "delivered", values))
+    assert (row["key"], row["on'time"], row[INJECTION], row["version"]) == ({"customer": "ann"}, 2, 5, 2)
+    assert victim_exists(db)
+
+
+def test_a_shard_slice_is_restored_by_a_predicate_that_matches_only_its_shard_id(tmp_path: Path) -> None:
+    path = tmp_path / "delta"
+    shards = ["x' OR '1'='1", "x", "back\\slash'"]
+    write_deltalake(str(path), pa.table({"shard_id": shards, "value": [1, 2, 3]}))
+    write_deltalake(str(path), pa.table({"shard_id": shards, "value": [10, 20, 30]}), mode="append")
+    for shard in (shards[0], shards[2]):
+        restored, _ = restore_shard_slice(path, shard, version=0)
+        assert restored.column("shard_id").to_pylist() == [shard]
+    assert sorted(read_table(path).to_pylist(), key=str) == sorted(
+        [{"shard_id": shards[0], "value": 1}, {"shard_id": "x", "value": 2}, {"shard_id": "x", "value": 20},
+         {"shard_id": shards[2], "value": 3}], key=str)
