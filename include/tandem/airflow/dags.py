@@ -225,6 +225,11 @@ def snapshot_dag_id(plan: str) -> str:
     return f"tandem_{plan}_snapshot"
 
 
+def supervise_dag_id(plan: str) -> str:
+    """The supervision DAG of ``plan`` (the presenter authorises reads of the plan as reads of it)."""
+    return f"tandem_{plan}_supervise"
+
+
 def snapshot_doc(plan: PlanConfig) -> str:
     return f"""### Snapshots of plan `{plan.name}`
 
