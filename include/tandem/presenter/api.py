@@ -3,10 +3,14 @@
 Mounted by the ``tandem_ui`` plugin under ``/tandem``. Airflow does not protect a plugin's app:
 every endpoint here takes Airflow's JWT (``Authorization: Bearer`` from ``POST /auth/token``, or the
 UI's ``_token`` cookie) through Airflow's own ``get_user`` dependency — no token: 401, an expired
-one: 401, an invalid one: 403. Reading needs a logged-in user; an action needs the right to trigger
-the DAG that carries it out, checked with Airflow's auth manager, and then the DAG is triggered
-through Airflow's REST API with the caller's own token, so Airflow's permissions and audit log
-apply to the user, not to Tandem.
+one: 401, an invalid one: 403. Reading a plan needs the right to read the plan's DAG (see
+:mod:`tandem.presenter.access`); an action needs the right to trigger the DAG that carries it out,
+and then the DAG is triggered through Airflow's REST API — at the configured Airflow address, never
+one taken from the request — with the caller's own token, so Airflow's permissions and audit log
+apply to the user, not to Tandem. A POST authenticated by the UI's cookie must carry the header
+``X-Tandem-Request: 1`` (the page sends it; another site's form or ``fetch`` cannot without CORS).
+Reads are bounded: capped ranges and rows (400s that say how to narrow), pooled PostgreSQL
+connections with a statement timeout, and a cached quarantine summary.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from typing import Annotated
 import requests
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from airflow.configuration import conf
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -28,7 +31,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from tandem.config import ClusterConfig, ConfigError, PlanConfig, load_cluster, load_plans
 from tandem.errors import TandemError
-from tandem.presenter import views
+from tandem.presenter import access, views
+from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
     ActionRequest, ActionRun, AggregateRows, EventPage, PlanStatus, PlanSummary, Problem, QuarantineReport,
     SnapshotCatalog, TableRows, Timeline,
@@ -40,10 +44,19 @@ API_VERSION = "v1"
 ACTION_DAGS = {"failover_now": "tandem_ops", "drain_node": "tandem_ops", "restart_node": "tandem_ops",
                "snapshot_now": "tandem_ops", "restore": "tandem_restore"}
 NEEDS_NODE = {"drain_node", "restart_node"}
-ERRORS = {400: {"model": Problem, "description": "a parameter the presenter cannot serve"},
+PAGE_HEADER = "X-Tandem-Request"
+"""The header a POST authenticated by the UI's cookie must carry (value ``1``): the page's ``fetch`` sends it,
+a form or a cross-site request cannot (a custom header needs a CORS preflight Airflow does not grant)."""
+PAGE_SECURITY_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "Cache-Control": "no-store"}
+"""The page may be framed by Airflow's UI (same origin) and by nothing else."""
+DEFAULT_AGGREGATE_ROWS = 10_000
+DEFAULT_TABLE_ROWS = 1_000
+ERRORS = {400: {"model": Problem, "description": "a parameter the presenter cannot serve, or a read too large "
+                                                 "(the message says the limit and how to narrow it)"},
           401: {"model": Problem, "description": "no token, or an expired one"},
           403: {"model": Problem, "description": "an invalid token, or a user without the right"},
-          404: {"model": Problem, "description": "no such plan or output"}}
+          404: {"model": Problem, "description": "no such plan or output"},
+          503: {"model": Problem, "description": "every PostgreSQL connection of the presenter stayed busy"}}
 
 
 User = GetUserDep
@@ -56,61 +69,74 @@ def cluster_config() -> ClusterConfig:
 
 
 def database(cluster: Annotated[ClusterConfig, Depends(cluster_config)]) -> Iterator[Database]:
-    with Database(cluster.database_url, "tandem-presenter") as db:
+    """A pooled connection (with a statement timeout) for the duration of one request."""
+    with pool_for(cluster.database_url).borrow() as db:
         yield db
+
+
+def auth_manager() -> access.DagAuthority:
+    """Airflow's auth manager (a dependency, so that a test can give the app another)."""
+    return get_auth_manager()
+
+
+def dag_teams() -> access.TeamsOf:
+    """How to find a DAG's team (multi-team mode), as a dependency for the same reason."""
+    return access.airflow_teams
 
 
 Cluster = Annotated[ClusterConfig, Depends(cluster_config)]
 Db = Annotated[Database, Depends(database)]
+AuthManager = Annotated[access.DagAuthority, Depends(auth_manager)]
+Teams = Annotated[access.TeamsOf, Depends(dag_teams)]
 
 
-def find_plan(cluster: ClusterConfig, name: str) -> PlanConfig:
-    plans = load_plans(cluster)
-    if name not in plans:
-        raise views.NotFound(f"no plan {name!r} (plans: {', '.join(plans)})")
-    return plans[name]
+def readable_plan(plan: str, cluster: Cluster, user: User, auth: AuthManager, teams: Teams) -> PlanConfig:
+    """The plan of the path if the user may read it (404 for no such plan, 403 for a plan Airflow denies)."""
+    return access.plan_for_reader(auth, user, load_plans(cluster), plan, teams)
 
 
+Plan = Annotated[PlanConfig, Depends(readable_plan)]
 router = APIRouter(dependencies=[Depends(get_user)], responses=ERRORS)
 
 
-@router.get("/plans", response_model=list[PlanSummary], summary="Every plan: nodes, groups, outputs")
-def list_plans(cluster: Cluster) -> list[PlanSummary]:
-    return [views.plan_summary(plan) for plan in load_plans(cluster).values()]
+@router.get("/plans", response_model=list[PlanSummary], summary="Every plan you may read: nodes, groups, outputs")
+def list_plans(cluster: Cluster, user: User, auth: AuthManager, teams: Teams) -> list[PlanSummary]:
+    return [views.plan_summary(plan) for plan in access.readable_plans(auth, user, load_plans(cluster), teams).values()]
 
 
 @router.get("/plans/{plan}", response_model=PlanSummary, summary="One plan's declaration")
-def get_plan(plan: str, cluster: Cluster) -> PlanSummary:
-    return views.plan_summary(find_plan(cluster, plan))
+def get_plan(plan: Plan) -> PlanSummary:
+    return views.plan_summary(plan)
 
 
 @router.get("/plans/{plan}/status", response_model=PlanStatus,
             summary="Who is ACTIVE at which epoch since when, each node's health and lag, the last failover and snapshot")
-def get_status(plan: str, cluster: Cluster, db: Db) -> PlanStatus:
-    return views.plan_status(db, cluster, find_plan(cluster, plan))
+def get_status(plan: Plan, cluster: Cluster, db: Db) -> PlanStatus:
+    return views.plan_status(db, cluster, plan)
 
 
 @router.get("/plans/{plan}/timeline", response_model=Timeline, summary="Failover and supervision events, newest first")
-def get_timeline(plan: str, cluster: Cluster, db: Db, shard_id: str | None = None,
+def get_timeline(plan: Plan, db: Db, shard_id: str | None = None,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Timeline:
-    return views.timeline(db, find_plan(cluster, plan), shard_id=shard_id or None, limit=limit)
+    return views.timeline(db, plan, shard_id=shard_id or None, limit=limit)
 
 
 @router.get("/plans/{plan}/snapshots", response_model=SnapshotCatalog, summary="The snapshot catalog, newest first")
-def get_snapshots(plan: str, cluster: Cluster, db: Db, shard_id: str | None = None,
+def get_snapshots(plan: Plan, db: Db, shard_id: str | None = None,
                   status: Annotated[list[str] | None, Query(description=f"any of {', '.join(STATUSES)}")] = None,
                   limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SnapshotCatalog:
     unknown = sorted(set(status or ()) - set(STATUSES))
     if unknown:
         raise views.BadRequest(f"unknown snapshot status {', '.join(unknown)} (known: {', '.join(STATUSES)})")
-    return views.snapshot_catalog(db, find_plan(cluster, plan), shard_id=shard_id or None,
-                                  statuses=tuple(status) if status else None, limit=limit)
+    return views.snapshot_catalog(db, plan, shard_id=shard_id or None, statuses=tuple(status) if status else None,
+                                  limit=limit)
 
 
 @router.get("/plans/{plan}/quarantine", response_model=QuarantineReport,
-            summary="Quarantined input lines: counts by reason and instance, and the newest ones")
-def get_quarantine(plan: str, cluster: Cluster, samples: Annotated[int, Query(ge=0, le=100)] = 10) -> QuarantineReport:
-    return views.quarantine_report(cluster, find_plan(cluster, plan), samples=samples)
+            summary="Quarantined input lines: counts by reason and instance, and the newest ones (cached a few "
+                    "seconds while the quarantine table is unchanged)")
+def get_quarantine(plan: Plan, cluster: Cluster, samples: Annotated[int, Query(ge=0, le=100)] = 10) -> QuarantineReport:
+    return views.quarantine_report(cluster, plan, samples=samples)
 
 
 def _key_filter(key: list[str] | None) -> dict[str, list[str]]:
@@ -129,49 +155,69 @@ KeyQuery = Annotated[list[str] | None, Query(description="field:value (repeatabl
 
 @router.get("/plans/{plan}/outputs/{output}/aggregates", response_model=AggregateRows,
             summary="An aggregation merged over every instance, by granularity and time range")
-def get_aggregates(plan: str, output: str, cluster: Cluster, granularity: str = "minute",
-                   start: datetime | None = None, end: datetime | None = None, key: KeyQuery = None) -> AggregateRows:
-    """Buckets starting in ``[start, end)`` (default: the last hour). avg = Σsum / Σcount over instances,
-    distinct counts from unioned sketches: the same as one node that saw every event."""
+def get_aggregates(plan: Plan, output: str, db: Db, granularity: str = "minute",
+                   start: datetime | None = None, end: datetime | None = None, key: KeyQuery = None,
+                   limit: Annotated[int, Query(ge=1, le=views.MAX_AGGREGATE_ROWS, description="at most this many rows "
+                                               "(bucket × key); more: 400")] = DEFAULT_AGGREGATE_ROWS) -> AggregateRows:
+    """Buckets starting in ``[start, end)`` (default: the last hour), at most 10,000 buckets of the granularity.
+    avg = Σsum / Σcount over instances, distinct counts from unioned sketches: the same as one node that saw
+    every event."""
     end = _aware(end) if end else datetime.now(timezone.utc) + timedelta(seconds=1)
     start = _aware(start) if start else end - timedelta(hours=1)
-    if not datetime(1970, 1, 1, tzinfo=timezone.utc) <= start < end <= datetime(9999, 1, 1, tzinfo=timezone.utc):
-        raise views.BadRequest(f"empty or unreadable range: start {start.isoformat()}, end {end.isoformat()}")
-    return views.aggregate_rows(cluster, find_plan(cluster, plan), output, granularity, start, end, _key_filter(key))
+    return views.aggregate_rows(db, plan, output, granularity, start, end, _key_filter(key), limit=limit)
 
 
 @router.get("/plans/{plan}/outputs/{output}/rows", response_model=TableRows,
             summary="A table output (latest value per key), merged over instances")
-def get_table(plan: str, output: str, cluster: Cluster, db: Db, key: KeyQuery = None) -> TableRows:
+def get_table(plan: Plan, output: str, db: Db, key: KeyQuery = None,
+              limit: Annotated[int, Query(ge=1, le=views.MAX_TABLE_ROWS, description="at most this many keys; "
+                                          "more: 400")] = DEFAULT_TABLE_ROWS) -> TableRows:
     filters = _key_filter(key)
     several = [field for field, values in filters.items() if len(values) > 1]
     if several:
         raise views.BadRequest(f"one value per key field for a table ({', '.join(several)} given several)")
-    return views.table_rows(db, find_plan(cluster, plan), output, {f: v[0] for f, v in filters.items()})
+    return views.table_rows(db, plan, output, {f: v[0] for f, v in filters.items()}, limit=limit)
 
 
 @router.get("/plans/{plan}/outputs/{output}/events", response_model=EventPage,
             summary="Events after a cursor: poll with next_cursor to get each new event exactly once")
-def get_events(plan: str, output: str, cluster: Cluster, db: Db, cursor: str | None = None,
+def get_events(plan: Plan, output: str, db: Db, cursor: str | None = None,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                tail: Annotated[int | None, Query(ge=1, le=1000, description="without a cursor: start with the "
                                                                            "newest `tail` events")] = None) -> EventPage:
-    return views.event_page(db, find_plan(cluster, plan), output, cursor=cursor, tail=tail, limit=limit)
+    return views.event_page(db, plan, output, cursor=cursor, tail=tail, limit=limit)
 
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _bearer_token(request: Request) -> str | None:
+    """The ``Authorization: Bearer`` token (what Airflow's ``get_user`` reads first), or ``None``: the cookie."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
 def _caller_token(request: Request) -> str:
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.cookies.get(COOKIE_NAME_JWT_TOKEN, "")
+    return _bearer_token(request) or request.cookies.get(COOKIE_NAME_JWT_TOKEN, "")
 
 
-def _airflow_base_url(request: Request) -> str:
-    return (conf.get("api", "base_url", fallback="") or str(request.base_url)).rstrip("/")
+def require_page_header(request: Request) -> None:
+    """Refuse a POST authenticated by the UI's cookie without ``X-Tandem-Request: 1`` (cross-site request forgery)."""
+    if _bearer_token(request) is None and request.headers.get(PAGE_HEADER) != "1":
+        raise HTTPException(403, f"a request authenticated by the Airflow UI's cookie must carry the header "
+                                 f"{PAGE_HEADER}: 1 (the Tandem page sends it); API clients send a Bearer token")
+
+
+def airflow_api_url(cluster: ClusterConfig) -> str:
+    """Where the presenter calls Airflow's REST API: the configured address (``TANDEM_AIRFLOW_URL`` /
+    ``airflow.api_url``), never one built from the request's ``Host`` header."""
+    return cluster.airflow_url.rstrip("/")
+
+
+def airflow_ui_url(cluster: ClusterConfig) -> str:
+    """The Airflow UI's address for links: ``[api] base_url`` when set, else the configured Airflow address."""
+    return (conf.get("api", "base_url", fallback="") or cluster.airflow_url).rstrip("/")
 
 
 def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
@@ -191,18 +237,18 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
 
 
 @router.post("/plans/{plan}/actions", response_model=ActionRun, status_code=201,
+             dependencies=[Depends(require_page_header)],
              summary="Fail over, drain, restart, snapshot or restore: triggers tandem_ops / tandem_restore as you",
+             description=f"With the Airflow UI's cookie (not a Bearer token) the request must carry `{PAGE_HEADER}: 1`.",
              responses={502: {"model": Problem, "description": "Airflow's API refused or did not answer"}})
-def act(plan: str, body: ActionRequest, request: Request, cluster: Cluster, user: User) -> ActionRun:
-    declared = find_plan(cluster, plan)
+def act(plan: Plan, body: ActionRequest, request: Request, cluster: Cluster, user: User, auth: AuthManager,
+        teams: Teams) -> ActionRun:
     dag_id = ACTION_DAGS[body.action]
-    if not get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
-                                                details=DagDetails(id=dag_id), user=user):
-        raise HTTPException(403, f"{user.get_name()} may not trigger {dag_id} (read-only user)")
-    params = action_conf(declared, body)
-    base = _airflow_base_url(request)
+    access.check_trigger(auth, user, dag_id, teams)
+    params = action_conf(plan, body)
+    base = airflow_api_url(cluster)
     run_id = f"tandem_page__{body.action}__{uuid.uuid4().hex[:10]}"
-    note = f"{body.action} of {plan} from the Tandem page by {user.get_name()}"
+    note = f"{body.action} of {plan.name} from the Tandem page by {user.get_name()}"
     try:
         response = requests.post(f"{base}/api/v2/dags/{dag_id}/dagRuns", timeout=30,
                                  headers={"Authorization": f"Bearer {_caller_token(request)}"},
@@ -215,7 +261,7 @@ def act(plan: str, body: ActionRequest, request: Request, cluster: Cluster, user
         raise HTTPException(502, f"Airflow refused to trigger {dag_id}: {response.status_code} {response.text[:300]}")
     run = response.json()
     return ActionRun(action=body.action, dag_id=dag_id, dag_run_id=run["dag_run_id"], state=run["state"],
-                     url=f"{base}/dags/{dag_id}/runs/{run['dag_run_id']}")
+                     url=f"{airflow_ui_url(cluster)}/dags/{dag_id}/runs/{run['dag_run_id']}")
 
 
 def _problem(status: int):
@@ -239,13 +285,15 @@ def create_app() -> FastAPI:
     )
     app.include_router(router, prefix=f"/api/{API_VERSION}")
     app.add_exception_handler(views.NotFound, _problem(404))
+    app.add_exception_handler(access.Forbidden, _problem(403))
+    app.add_exception_handler(PresenterBusy, _problem(503))
     app.add_exception_handler(views.BadRequest, _problem(400))
     app.add_exception_handler(ConfigError, _problem(400))
     app.add_exception_handler(TandemError, _problem(400))
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
-        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(page_html(), headers=PAGE_SECURITY_HEADERS)
 
     @app.get("/icon.svg", include_in_schema=False)
     def icon() -> Response:

@@ -34,6 +34,9 @@ class PlanSummary(BaseModel):
     standby: Literal["hot", "warm"]
     groups: list[GroupSummary]
     outputs: list[OutputSummary]
+    epoch_millis_fields: list[str] = Field(
+        description="field names holding epoch milliseconds in the plan's events (streams' epoch_millis fields and "
+                    "outputs' time fields): the page shows them as UTC times")
 
 
 class NodeState(BaseModel):
@@ -42,8 +45,10 @@ class NodeState(BaseModel):
     node: str
     role: Role | None = Field(description="the role the instance last recorded (ACTIVE: holds the lease)")
     epoch: int | None
-    status: str | None = Field(description="LAUNCHING, STARTING, RUNNING, STOPPED or FAILED; null: never launched")
-    health: str = Field(description="HEALTHY, STARTING, DEAD, FAILED, STALLED, STOPPED or MISSING")
+    status: str | None = Field(description="LAUNCHING, STARTING, RUNNING, STOPPED, FAILED or BLOCKED; null: never "
+                                           "launched")
+    error: str | None = Field(None, description="the error the instance recorded (why it FAILED or is BLOCKED)")
+    health: str = Field(description="HEALTHY, STARTING, DEAD, FAILED, STALLED, STOPPED, BLOCKED or MISSING")
     evidence: str = Field(description="why the health is what it is")
     drained: bool
     host: str | None
@@ -61,6 +66,11 @@ class LeaseState(BaseModel):
     valid: bool
     expires_in_s: float = Field(description="negative: expired that many seconds ago")
     acquired_at: datetime | None = Field(description="when the holder took the lease (the active's 'since')")
+    expires_at: datetime | None = Field(None, description="when the lease expires (or expired)")
+    vacant_since: datetime | None = Field(None, description="when no node is ACTIVE: since when (the release, or "
+                                                            "the expiry)")
+    vacancy: str | None = Field(None, description="when no node is ACTIVE: why ('released: instance stopped', "
+                                                  "'expired: node-a is FAILED: …')")
 
 
 class TimelineEvent(BaseModel):

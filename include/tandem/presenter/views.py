@@ -9,17 +9,25 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import Counter
-from datetime import datetime
+from collections.abc import Hashable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
+import psycopg2.errors
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
-from tandem import aggregation
+from tandem.aggregation.postgres import query_merged
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import NothingPublished, QueryError, TandemError
+from tandem.errors import TandemError
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
+from tandem.presenter.cache import VersionedCache
+from tandem.presenter.connections import CappedCursor
 from tandem.presenter.models import (
     AggregateRows, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState, OutputSummary, PlanStatus,
     PlanSummary, QuarantineReport, QuarantineSample, SnapshotCatalog, SnapshotInfo, TableRows, Timeline,
@@ -34,6 +42,17 @@ from tandem.supervisor.observe import observe_shard
 
 ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
 """Events after which another node (or the same node at a new epoch) is ACTIVE."""
+RELEASED = "RELEASED"
+"""The event of an ACTIVE that gave its lease up (a clean stop, a drain): its reason says why."""
+
+MAX_BUCKETS = 10_000
+"""The widest range an aggregates request may span, in buckets of its granularity."""
+MAX_AGGREGATE_ROWS = 50_000
+MAX_TABLE_ROWS = 10_000
+NOMINAL_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400, "month": 2_629_746, "year": 31_556_952}
+"""A bucket's length (a month and a year of the Gregorian average) for counting the buckets of a range."""
+QUARANTINE_TTL_S = 5.0
+COUNTED_COLUMNS = ["reason", "shard_id", "quarantined_at", "source_file"]
 
 
 class NotFound(TandemError):
@@ -59,7 +78,16 @@ def plan_summary(plan: PlanConfig) -> PlanSummary:
         outputs.append(OutputSummary(name=name, kind=config.kind, key=list(config.key), granularities=granularities,
                                      measures=measures, time=config.time if config.kind == "events" else None))
     return PlanSummary(name=plan.name, description=plan.description, nodes=list(plan.nodes), standby=plan.ha.standby,
-                       groups=groups, outputs=outputs)
+                       groups=groups, outputs=outputs, epoch_millis_fields=epoch_millis_fields(plan))
+
+
+def epoch_millis_fields(plan: PlanConfig) -> list[str]:
+    """Field names that hold epoch milliseconds in the plan's events: every stream field declared
+    ``epoch_millis`` and every output's time field (the page shows them as UTC times)."""
+    names = {name for stream in plan.streams.values() for name, field in stream.fields.items()
+             if field.type == "epoch_millis"}
+    names |= {output.time for output in plan.outputs.values() if output.time}
+    return sorted(names)
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
@@ -75,29 +103,49 @@ def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
                         validation=dict(record.validation) if record.validation is not None else None)
 
 
-def _last_role_changes(db: Database, plan: str) -> dict[str, TimelineEvent]:
+def _last_role_events(db: Database, plan: str) -> tuple[dict[str, TimelineEvent], dict[str, TimelineEvent]]:
+    """Per shard: the newest change of the ACTIVE role, and the newest release of the lease."""
     def work(cursor):
-        cursor.execute("""SELECT DISTINCT ON (shard_id) * FROM failover_events
-                          WHERE plan = %s AND kind = ANY(%s) ORDER BY shard_id, happened_at DESC, id DESC""",
-                       (plan, list(ROLE_CHANGES)))
+        cursor.execute("""SELECT DISTINCT ON (shard_id, kind = %s) * FROM failover_events
+                          WHERE plan = %s AND kind = ANY(%s)
+                          ORDER BY shard_id, kind = %s, happened_at DESC, id DESC""",
+                       (RELEASED, plan, [*ROLE_CHANGES, RELEASED], RELEASED))
         return cursor.fetchall()
 
-    return {row["shard_id"]: _event(row) for row in db.run(work, attempts=3)}
+    changes, releases = {}, {}
+    for row in db.run(work, attempts=3):
+        (releases if row["kind"] == RELEASED else changes)[row["shard_id"]] = _event(row)
+    return changes, releases
+
+
+def vacancy(lease: dict[str, Any], released: TimelineEvent | None,
+            holder: NodeState | None) -> tuple[datetime | None, str | None]:
+    """Since when and why no node is ACTIVE, from the lease row, its last release and its last holder's
+    state; ``(None, None)`` while a node holds a valid lease."""
+    if lease["holder"] is None:
+        return None, "the lease was never taken"
+    if lease["valid"]:
+        return None, None
+    if released is not None and released.node == lease["holder"] and released.epoch == int(lease["epoch"]):
+        return released.happened_at, f"released: {released.reason}"
+    since = lease["expires_at"]
+    if holder is None or holder.status is None:
+        return since, f"expired: {lease['holder']} stopped renewing it"
+    if holder.error and holder.status in ("FAILED", "BLOCKED"):
+        return since, f"expired: {lease['holder']} is {holder.status}: {holder.error}"
+    if holder.status == "STOPPED":
+        return since, f"expired: {lease['holder']}'s instance stopped"
+    return since, f"expired: {lease['holder']} stopped renewing it ({holder.health}: {holder.evidence})"
 
 
 def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanStatus:
     """Every group instance of ``plan``: lease, each node's role and health, due actions, last failover and snapshot."""
     progress = latest_progress(db, plan.name)
-    changes = _last_role_changes(db, plan.name)
+    changes, releases = _last_role_events(db, plan.name)
     instances = []
     for shard in plan.shards:
         observed = observe_shard(db, cluster, plan, shard)
         view, rows = observed.view, observed.rows
-        lease = None
-        if rows.lease is not None:
-            lease = LeaseState(holder=rows.lease["holder"], epoch=int(rows.lease["epoch"]),
-                               valid=bool(rows.lease["valid"]) and rows.lease["holder"] is not None,
-                               expires_in_s=-float(rows.lease["expired_for_s"]), acquired_at=rows.lease["acquired_at"])
         nodes = []
         for node in plan.nodes:
             health, seen = view.health(node), observed.observations[node]
@@ -105,11 +153,19 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             latest = progress.get(f"{plan.name}/{shard}/{node}", {})
             nodes.append(NodeState(
                 node=node, role=("ACTIVE" if view.active == node else seen.role) if row else None,
-                epoch=seen.epoch if row else None, status=seen.status, health=health.state,
+                epoch=seen.epoch if row else None, status=seen.status, error=row.get("error"), health=health.state,
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),
                 last_batch_age_s=latest.get("batch_age_s"), lag_s=latest.get("lag_s"),
                 waiting_input_s=seen.waiting_input_age_s))
+        lease = None
+        if rows.lease is not None:
+            holder = next((n for n in nodes if n.node == rows.lease["holder"]), None)
+            valid = bool(rows.lease["valid"]) and rows.lease["holder"] is not None
+            since, reason = vacancy({**rows.lease, "valid": valid}, releases.get(shard), holder)
+            lease = LeaseState(holder=rows.lease["holder"], epoch=int(rows.lease["epoch"]), valid=valid,
+                               expires_in_s=-float(rows.lease["expired_for_s"]), acquired_at=rows.lease["acquired_at"],
+                               expires_at=rows.lease["expires_at"], vacant_since=since, vacancy=reason)
         good = latest_good(db, plan.name, shard)
         instances.append(InstanceStatus(
             shard_id=shard, group=plan.group_of(shard)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
@@ -140,19 +196,49 @@ def snapshot_catalog(db: Database, plan: PlanConfig, *, shard_id: str | None = N
     return SnapshotCatalog(plan=plan.name, snapshots=[_snapshot(r) for r in records])
 
 
-def quarantine_report(cluster: ClusterConfig, plan: PlanConfig, *, samples: int = 10) -> QuarantineReport:
-    """Counts of the plan's quarantined lines (by reason and instance) and the newest ones."""
-    table = read_table(delta_table_dir(cluster, plan.name, "quarantine"))
-    if table.num_rows == 0:
-        return QuarantineReport(plan=plan.name, total=0, by_reason={}, by_instance={}, samples=[])
-    newest = table.take(pc.sort_indices(table, [("quarantined_at", "descending"), ("source_file", "ascending")])[:samples])
+QUARANTINE_SUMMARIES: VersionedCache[QuarantineReport] = VersionedCache(ttl_s=QUARANTINE_TTL_S)
+"""Quarantine summaries by (table, samples), reused while the table's Delta version stays the same."""
+
+
+def delta_version(path: Path) -> int | None:
+    """The newest version of the Delta table at ``path`` (``None``: no table yet): one read of its log."""
+    try:
+        return DeltaTable(str(path)).version()
+    except TableNotFoundError:
+        return None
+
+
+def quarantine_report(cluster: ClusterConfig, plan: PlanConfig, *, samples: int = 10,
+                      cache: VersionedCache[QuarantineReport] = QUARANTINE_SUMMARIES) -> QuarantineReport:
+    """Counts of the plan's quarantined lines (by reason and instance) and the newest ones.
+
+    Served from ``cache`` while the quarantine table's Delta version is unchanged (looked at every few
+    seconds), so open pages do not each read the table on every refresh.
+    """
+    path = delta_table_dir(cluster, plan.name, "quarantine")
+    return cache.get((str(path), samples), lambda: delta_version(path),
+                     lambda version: _quarantine_summary(path, plan.name, version, samples))
+
+
+def _quarantine_summary(path: Path, plan: str, version: Hashable, samples: int) -> QuarantineReport:
+    """The summary at ``version``: the counts from four columns, the raw lines of the newest ``samples`` only."""
+    if version is None:
+        return QuarantineReport(plan=plan, total=0, by_reason={}, by_instance={}, samples=[])
+    counted = read_table(path, columns=COUNTED_COLUMNS, version=version)
+    if counted.num_rows == 0:
+        return QuarantineReport(plan=plan, total=0, by_reason={}, by_instance={}, samples=[])
+    order = [("quarantined_at", "descending"), ("source_file", "ascending")]
+    newest: list[dict[str, Any]] = []
+    if samples:
+        oldest_shown = counted.take(pc.sort_indices(counted, order)[:samples])["quarantined_at"][-1]
+        candidates = read_table(path, ds.field("quarantined_at") >= oldest_shown, version=version)
+        newest = candidates.take(pc.sort_indices(candidates, order)[:samples]).to_pylist()
     return QuarantineReport(
-        plan=plan.name, total=table.num_rows,
-        by_reason=dict(Counter(table["reason"].to_pylist()).most_common()),
-        by_instance=dict(sorted(Counter(table["shard_id"].to_pylist()).items())),
+        plan=plan, total=counted.num_rows,
+        by_reason=dict(Counter(counted["reason"].to_pylist()).most_common()),
+        by_instance=dict(sorted(Counter(counted["shard_id"].to_pylist()).items())),
         samples=[QuarantineSample(quarantined_at=r["quarantined_at"], shard_id=r["shard_id"], node=r["node"],
-                                  source_file=r["source_file"], reason=r["reason"], raw=r["raw"])
-                 for r in newest.to_pylist()])
+                                  source_file=r["source_file"], reason=r["reason"], raw=r["raw"]) for r in newest])
 
 
 def output_kind(plan: PlanConfig, output: str, kind: str) -> None:
@@ -163,28 +249,81 @@ def output_kind(plan: PlanConfig, output: str, kind: str) -> None:
         raise BadRequest(f"{output} of plan {plan.name} is a {plan.outputs[output].kind} output, not {kind}")
 
 
-def aggregate_rows(cluster: ClusterConfig, plan: PlanConfig, output: str, granularity: str, start: datetime,
-                   end: datetime, keys: dict[str, list[str]] | None = None) -> AggregateRows:
-    """An aggregation merged over instances, by ``granularity``, for buckets starting in ``[start, end)``."""
+def check_range(granularity: str, start: datetime, end: datetime, max_buckets: int = MAX_BUCKETS) -> None:
+    """Refuse a range that is empty, outside 1970–9999, or wider than ``max_buckets`` buckets of ``granularity``."""
+    if not datetime(1970, 1, 1, tzinfo=timezone.utc) <= start < end <= datetime(9999, 1, 1, tzinfo=timezone.utc):
+        raise BadRequest(f"empty or unreadable range: start {start.isoformat()}, end {end.isoformat()} "
+                         "(start before end, both within 1970-9999)")
+    width = NOMINAL_SECONDS.get(granularity)
+    if width is None:
+        return  # an unknown granularity: the query names the ones the output keeps
+    buckets = (end - start).total_seconds() / width
+    if buckets > max_buckets:
+        widest = timedelta(seconds=max_buckets * width)
+        raise BadRequest(f"range too wide: {start.isoformat()} to {end.isoformat()} is {buckets:,.0f} {granularity} "
+                         f"buckets, at most {max_buckets:,} are served: narrow start/end to at most {widest} "
+                         f"or ask a coarser granularity")
+
+
+def too_many_rows(what: str, limit: int, maximum: int, narrow: str) -> BadRequest:
+    """The 400 of a read with more rows than ``limit``, saying how to narrow it."""
+    more = f", or raise limit (at most {maximum:,})" if limit < maximum else ""
+    return BadRequest(f"{what} has more than {limit:,} rows (limit={limit:,}): {narrow}{more}")
+
+
+def aggregate_rows(db: Database, plan: PlanConfig, output: str, granularity: str,
+                   start: datetime, end: datetime, keys: dict[str, list[str]] | None = None,
+                   limit: int = MAX_AGGREGATE_ROWS) -> AggregateRows:
+    """An aggregation merged over instances, by ``granularity``, for buckets starting in ``[start, end)``.
+
+    At most ``limit`` rows (bucket × key): a :class:`BadRequest` saying how to narrow the request otherwise.
+    """
     output_kind(plan, output, "aggregation")
+    spec = spec_for(plan, output)
+    if granularity not in spec.granularities:
+        raise BadRequest(f"unknown granularity {granularity!r}: plan {plan.name} keeps {output} by "
+                         f"{', '.join(spec.granularities)}")
+    unknown = sorted(set(keys or {}) - set(spec.keys))
+    if unknown:
+        raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (keys: {', '.join(spec.keys)})")
+    check_range(granularity, start, end)
+
+    def work(cursor) -> list[dict[str, Any]]:
+        with CappedCursor(cursor, limit + 1) as capped:
+            return query_merged(capped, spec, plan.name, granularity, start, end, keys)
+
     try:
-        rows = aggregation.query(cluster, plan.name, granularity, start, end, output=output, keys=keys)
-    except NothingPublished:
+        rows = db.run(work, attempts=3)
+    except psycopg2.errors.UndefinedTable:  # no instance has published this aggregation yet
         rows = []
-    except QueryError as exc:
-        raise BadRequest(str(exc)) from None
+    if len(rows) > limit:
+        key = plan.outputs[output].key
+        raise too_many_rows(f"{output} by {granularity} from {start.isoformat()} to {end.isoformat()}", limit,
+                            MAX_AGGREGATE_ROWS, "narrow start/end, ask a coarser granularity"
+                            + (f" or filter with key={key[0]}:<value>" if key else ""))
     return AggregateRows(plan=plan.name, output=output, granularity=granularity, start=start, end=end,
                          rows=[dict(r) for r in rows])
 
 
-def table_rows(db: Database, plan: PlanConfig, output: str, key: dict[str, str] | None = None) -> TableRows:
-    """A table output merged over instances (optionally the rows whose key fields have the given values)."""
+def table_rows(db: Database, plan: PlanConfig, output: str, key: dict[str, str] | None = None,
+               limit: int = MAX_TABLE_ROWS) -> TableRows:
+    """A table output merged over instances (optionally the rows whose key fields have the given values).
+
+    At most ``limit`` keys: a :class:`BadRequest` saying how to narrow the request otherwise.
+    """
     output_kind(plan, output, "table")
     config = plan.outputs[output]
     unknown = sorted(set(key or {}) - set(config.key))
     if unknown:
         raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (key: {', '.join(config.key)})")
-    found = db.run(lambda cursor: read_table_rows(cursor, plan.name, output, config.values, key or None), attempts=3)
+    def work(cursor) -> list[dict[str, Any]]:
+        with CappedCursor(cursor, limit + 1) as capped:
+            return read_table_rows(capped, plan.name, output, config.values, key or None)
+
+    found = db.run(work, attempts=3)
+    if len(found) > limit:
+        raise too_many_rows(f"table {output}", limit, MAX_TABLE_ROWS,
+                            f"filter with key={config.key[0]}:<value>")
     return TableRows(plan=plan.name, output=output,
                      rows=[{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
                            for r in found])

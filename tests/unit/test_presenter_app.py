@@ -1,0 +1,143 @@
+"""The presenter's app in-process: per-plan read rights, the page header on cookie POSTs, the page's
+framing policy, and where an action calls Airflow.
+
+Airflow's user, auth manager and REST API are hand-written fakes here (the fake REST API is a real
+HTTP server on loopback that records what it gets); the e2e tests run the same app inside a real
+Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi.testclient import TestClient
+from tandem.presenter import access
+from tandem.presenter.api import auth_manager, create_app, dag_teams
+
+TRADES_ONLY = {("GET", "tandem_trades_supervise"), ("POST", "tandem_ops")}
+
+
+@dataclass
+class FakeUser:
+    name: str
+
+    def get_name(self) -> str:
+        return self.name
+
+
+@dataclass
+class FakeAuthManager:
+    grants: set[tuple[str, str]]
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None) -> bool:
+        return (method, details.id) in self.grants
+
+
+@dataclass
+class FakeAirflowApi:
+    """Airflow's ``POST /api/v2/dags/{dag_id}/dagRuns`` on a loopback port: records each call, answers queued."""
+
+    calls: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        calls = self.calls
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
+                answer = json.dumps({"dag_run_id": body["dag_run_id"], "state": "queued"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_airflow() -> Iterator[FakeAirflowApi]:
+    api = FakeAirflowApi()
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def app(conf: Path, fake_airflow: FakeAirflowApi, monkeypatch: pytest.MonkeyPatch):
+    """The app over the shipped plans, with Airflow's base_url unset and its API at the fake's address."""
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    monkeypatch.setenv("TANDEM_AIRFLOW_URL", fake_airflow.url)
+    monkeypatch.setenv("TANDEM_DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")  # never reached here
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "")
+    app = create_app()
+    app.dependency_overrides[get_user] = lambda: FakeUser("ann")
+    app.dependency_overrides[auth_manager] = lambda: FakeAuthManager(TRADES_ONLY)
+    app.dependency_overrides[dag_teams] = lambda: access.no_teams
+    return app
+
+
+def test_reads_are_limited_to_the_plans_whose_dag_the_user_may_read(app) -> None:
+    client = TestClient(app)
+    assert [p["name"] for p in client.get("/api/v1/plans").json()] == ["trades"]
+    assert client.get("/api/v1/plans/trades").status_code == 200
+    for path in ("/plans/pizza_shop", "/plans/pizza_shop/status", "/plans/pizza_shop/timeline",
+                 "/plans/pizza_shop/snapshots", "/plans/pizza_shop/quarantine",
+                 "/plans/pizza_shop/outputs/order_stats/aggregates", "/plans/pizza_shop/outputs/delivered_orders/rows",
+                 "/plans/pizza_shop/outputs/overdue_orders/events"):
+        response = client.get(f"/api/v1{path}")
+        assert response.status_code == 403, path
+        assert response.json()["detail"] == ("ann may not read plan pizza_shop "
+                                             "(Airflow denies reading its DAG tandem_pizza_shop_supervise)")
+    missing = client.get("/api/v1/plans/nope/status")
+    assert missing.status_code == 404 and missing.json()["detail"] == "no plan 'nope' (plans you may read: trades)"
+
+
+def test_a_cookie_post_needs_the_page_header_and_a_bearer_post_does_not(app, fake_airflow: FakeAirflowApi) -> None:
+    client = TestClient(app)
+    action = {"action": "snapshot_now", "shard_id": "shard-1"}
+    forged = client.post("/api/v1/plans/trades/actions", json=action, cookies={"_token": "cookie-jwt"})
+    assert forged.status_code == 403 and "X-Tandem-Request: 1" in forged.json()["detail"]
+    assert fake_airflow.calls == []
+    from_page = client.post("/api/v1/plans/trades/actions", json=action, cookies={"_token": "cookie-jwt"},
+                            headers={"X-Tandem-Request": "1"})
+    assert from_page.status_code == 201, from_page.text
+    assert fake_airflow.calls[-1]["authorization"] == "Bearer cookie-jwt"
+    by_api = client.post("/api/v1/plans/trades/actions", json=action, headers={"Authorization": "Bearer api-jwt"})
+    assert by_api.status_code == 201, by_api.text
+    assert fake_airflow.calls[-1]["authorization"] == "Bearer api-jwt"
+
+
+def test_an_action_calls_the_configured_airflow_never_the_request_host(app, fake_airflow: FakeAirflowApi) -> None:
+    client = TestClient(app, base_url="http://attacker.invalid:9")
+    response = client.post("/api/v1/plans/trades/actions", json={"action": "failover_now", "shard_id": "shard-1"},
+                           headers={"Authorization": "Bearer api-jwt"})
+    assert response.status_code == 201, response.text
+    [call] = fake_airflow.calls
+    assert call["path"] == "/api/v2/dags/tandem_ops/dagRuns" and call["authorization"] == "Bearer api-jwt"
+    assert call["body"]["conf"] == {"action": "failover_now", "plan": "trades", "shard_id": "shard-1", "node": ""}
+    run = response.json()
+    assert run["url"] == f"{fake_airflow.url}/dags/tandem_ops/runs/{run['dag_run_id']}"
+
+
+def test_the_page_may_be_framed_by_airflow_only(app) -> None:
+    response = TestClient(app).get("/")
+    assert response.status_code == 200
+    assert response.headers["content-security-policy"] == "frame-ancestors 'self'"
+    assert response.headers["cache-control"] == "no-store"
