@@ -42,6 +42,8 @@ from pydantic import (
 )
 
 from tandem.declarations import (
+    NOT_RESERVED,
+    FieldName,
     GroupConfig,
     OutputConfig,
     StreamConfig,
@@ -135,9 +137,9 @@ def _postgresql_url(value: str) -> str:
 
 
 def _conn_id(value: str) -> str:
-    if not CONN_ID_PATTERN.match(value):
+    if not CONN_ID_PATTERN.fullmatch(value):
         suggestion = re.sub(r"[^A-Za-z0-9_]", "_", value)[:64].lstrip("0123456789") or "tandem_node"
-        raise ValueError(f"{value[:80]!r} cannot name the variable AIRFLOW_CONN_{value.upper()[:80]} that "
+        raise ValueError(f"{value[:80]!r} cannot name the variable {'AIRFLOW_CONN_' + value.upper()[:80]!r} that "
                          f".tandem/env.sh exports: use letters, digits and _ (e.g. {suggestion!r})")
     return value
 
@@ -152,7 +154,7 @@ _DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 secon
                               {"type": "number", "exclusiveMinimum": 0}],
                     "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
 Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
-Name = Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")]
+Name = Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63"), NOT_RESERVED]
 Names = Annotated[list[Name], Field(min_length=1), AfterValidator(_unique)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 SuiteName = Annotated[StrictStr, matching(SUITE_PATTERN, "a file name in conf/expectations/, without .json")]
@@ -546,7 +548,7 @@ def load_plan(name: str, cluster: ClusterConfig | None = None) -> PlanConfig:
     configuration folder, nowhere else.
     """
     cluster = cluster or load_cluster()
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigError(str(cluster.conf_dir / "plans"), "(plan name)",
                           f"{str(name)[:80]!r} is not a plan name: plans are named {NAME_PATTERN.pattern} and found "
                           f"in {cluster.conf_dir / 'plans'}")
@@ -565,6 +567,14 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     for index, node in enumerate(file.nodes):
         if node not in cluster.nodes:
             raise error(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
+    for name, output in file.outputs.items():
+        if output.kind == "aggregation" and output.table is None:
+            table = output.serving_table(file.name, name)
+            try:
+                TypeAdapter(FieldName).validate_python(table)
+            except ValidationError as exc:
+                raise error(f"outputs.{name}.table", f"the default table name {exc.errors()[0]['ctx']['error']}: "
+                                                     "name the table with table:") from None
     queries = [q for group in file.groups.values() for q in group.queries]
     for name, group in file.groups.items():
         for index, query in enumerate(group.queries):

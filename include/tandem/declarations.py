@@ -31,6 +31,20 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
     model_validator
 
 FIELD_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+"""A field, key, measure, value or table name: also a PostgreSQL identifier (at most 63 bytes) as it is."""
+RESERVED_WORDS = frozenset("""
+    all analyse analyze and any array as asc asymmetric authorization binary both case cast check collate collation
+    column concurrently constraint create cross current_catalog current_date current_role current_schema current_time
+    current_timestamp current_user default deferrable desc distinct do else end except false fetch for foreign freeze
+    from full grant group having ilike in initially inner intersect into is isnull join lateral leading left like limit
+    localtime localtimestamp natural not notnull null offset on only or order outer overlaps placing primary
+    references returning right select session_user similar some symmetric table tablesample then to trailing true
+    union unique user using variadic verbose when where window with""".split())
+"""PostgreSQL 15's reserved key words (``SELECT word FROM pg_get_keywords() WHERE catcode IN ('R', 'T')``: the
+"reserved" and "reserved (can be function or type)" rows of the documentation's key word table): none of them can
+name a table or column without quotes, so no name in a plan is one."""
+AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "shard_id", "epoch", "batch_id", "updated_at")
+"""The columns every aggregation table has besides its keys and measures (:mod:`tandem.aggregation.postgres`)."""
 MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
 FIELD_TYPES = ("string", "double", "long", "epoch_millis")
@@ -40,14 +54,22 @@ OUTPUT_KINDS = ("aggregation", "table", "events", "quarantine")
 def matching(pattern: re.Pattern, what: str) -> AfterValidator:
     """A pydantic check that a string matches ``pattern`` (``what`` says what it must be)."""
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):  # match() would let a trailing newline through ``$``
             raise ValueError(f"{value[:80]!r} must match {pattern.pattern} ({what})")
         return value
 
     return AfterValidator(check)
 
 
-FieldName = Annotated[StrictStr, matching(FIELD_PATTERN, "lower-case letters, digits and _")]
+def _not_reserved(value: str) -> str:
+    if value in RESERVED_WORDS:
+        raise ValueError(f"{value!r} is a reserved word of SQL (PostgreSQL): choose another name")
+    return value
+
+
+NOT_RESERVED = AfterValidator(_not_reserved)
+"""A pydantic check that a name is none of :data:`RESERVED_WORDS`."""
+FieldName = Annotated[StrictStr, matching(FIELD_PATTERN, "lower-case letters, digits and _"), NOT_RESERVED]
 Number = StrictInt | StrictFloat
 
 
@@ -185,6 +207,10 @@ class OutputConfig(StrictModel):
         file): a replay adds only what is missing."""
         return self.kind in ("events", "table", "quarantine") or (self.kind == "aggregation" and bool(self.id))
 
+    def serving_table(self, plan: str, output: str) -> str:
+        """The PostgreSQL table of an aggregation output named ``output``: its ``table``, else ``<plan>_<output>``."""
+        return self.table or f"{plan}_{output}"
+
     @model_validator(mode="after")
     def _kind_fields(self) -> OutputConfig:
         if self.kind in ("table", "events") and not self.key:
@@ -207,6 +233,11 @@ class OutputConfig(StrictModel):
                         raise ValueError(f"ratio {name}: {part!r} is not a measure ({', '.join(self.measures)})")
             if len(set(self.granularities)) != len(self.granularities):
                 raise ValueError("granularities: each granularity once")
+            names = [*self.key, *self.measures, *self.ratios]
+            clashing = sorted({n for n in names if names.count(n) > 1} | set(names) & set(AGGREGATION_COLUMNS))
+            if clashing:
+                raise ValueError(f"{', '.join(clashing)}: each key, measure and ratio needs a column name of its own, "
+                                 f"none of the table's ({', '.join(AGGREGATION_COLUMNS)})")
         elif self.measures or self.ratios or self.table or self.granularities:
             raise ValueError("measures, ratios, table and granularities belong to aggregation outputs")
         return self

@@ -118,3 +118,19 @@ def test_a_shard_slice_is_restored_by_a_predicate_that_matches_only_its_shard_id
     assert sorted(read_table(path).to_pylist(), key=str) == sorted(
         [{"shard_id": shards[0], "value": 1}, {"shard_id": "x", "value": 2}, {"shard_id": "x", "value": 20},
          {"shard_id": shards[2], "value": 3}], key=str)
+
+
+def test_the_reserved_words_refused_in_plans_are_the_servers(db: Database) -> None:
+    """The constant checked into the code is PostgreSQL 15's list (another release may reserve more)."""
+    from tandem.declarations import RESERVED_WORDS
+
+    def major_version_and_reserved_words(cursor) -> tuple[int, set[str]]:
+        cursor.execute("SELECT current_setting('server_version_num')::int / 10000 AS major")
+        major = cursor.fetchone()["major"]
+        cursor.execute("SELECT word FROM pg_get_keywords() WHERE catcode IN ('R', 'T')")
+        return major, {row["word"] for row in cursor.fetchall()}
+
+    major, words = db.run(major_version_and_reserved_words)
+    if major != 15:
+        pytest.skip(f"the list is PostgreSQL 15's; this server is {major}")
+    assert RESERVED_WORDS == words

@@ -48,6 +48,14 @@ def append(line: str) -> Callable[[str], str]:
     return lambda text: text + line + "\n"
 
 
+def aggregates(**fields) -> Callable[[str], str]:
+    return data(lambda d: d["outputs"]["trade_aggregates"].update(fields))
+
+
+STATS = {"kind": "aggregation", "key": ["symbol"], "measures": {"trades": {"count": "*"}}}
+"""An aggregation without a ``table``: its table is named ``<plan>_<output>``."""
+
+
 CASES = {
     # accepted silently before
     "duplicate top-level key": (CLUSTER, append("storage_root: /srv/other"), "line", "duplicate key 'storage_root'"),
@@ -146,6 +154,28 @@ CASES = {
                           "nodes.node-b.spark_master", "is required"),
     "top level a list": (CLUSTER, lambda t: "- node-a\n- node-b\n", "(top level)", "expected a mapping, got a list"),
     "invalid yaml": (CLUSTER, lambda t: "nodes: [unclosed\n", "line", "invalid YAML"),
+    # names that reach SQL (issue 24, §3): a trailing newline, reserved words, tables PostgreSQL cannot name
+    "table with a trailing newline": (PLAN, aggregates(table="trade_aggregates\n"), "outputs.trade_aggregates.table",
+                                      "must match"),
+    "conn id with a trailing newline": (CLUSTER, node_a(airflow_conn_id="tandem_node_a\n"),
+                                        "nodes.node-a.airflow_conn_id", "cannot name the variable"),
+    "reserved table name": (PLAN, aggregates(table="order"), "outputs.trade_aggregates.table", "reserved word"),
+    "reserved key": (PLAN, aggregates(key=["user"]), "outputs.trade_aggregates.key[0]", "reserved word"),
+    "reserved measure": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
+        limit={"max": "price"})), "outputs.trade_aggregates.measures.limit", "reserved word"),
+    "reserved field": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(select={"type": "string"})),
+                       "streams.trades.fields.select", "reserved word"),
+    "reserved output": (PLAN, data(lambda d: d["outputs"].update(table={"kind": "quarantine"})), "outputs.table",
+                        "reserved word"),
+    "reserved plan name": (PLAN, top(name="group"), "name", "reserved word"),
+    "default table too long": (PLAN, data(lambda d: d["outputs"].update({"stats_" + "x" * 56: STATS})),
+                               f"outputs.stats_{'x' * 56}.table", "the default table name 'trades_stats_xxx"),
+    "default table with a dash": (PLAN, data(lambda d: d["outputs"].update({"trade-stats": STATS})),
+                                  "outputs.trade-stats.table", "the default table name 'trades_trade-stats' must match"),
+    "key named like a table column": (PLAN, aggregates(key=["shard_id"]), "outputs.trade_aggregates",
+                                      "shard_id: each key, measure and ratio needs a column name of its own"),
+    "measure named like a key": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
+        symbol={"max": "price"})), "outputs.trade_aggregates", "symbol: each key, measure and ratio"),
 }
 
 
@@ -167,7 +197,8 @@ def test_a_broken_configuration_is_one_line_naming_file_and_field(conf: Path, fi
     assert "pw@" not in text  # a URL in a message is redacted
 
 
-@pytest.mark.parametrize("name", ["../evil/trades.yaml", "/etc/passwd", "trades.yaml", "Trades", "a" * 64, ""])
+@pytest.mark.parametrize("name", ["../evil/trades.yaml", "/etc/passwd", "trades.yaml", "Trades", "a" * 64, "",
+                                  "trades\n"])
 def test_plan_names_are_names_never_paths(conf: Path, name: str) -> None:
     with pytest.raises(ConfigError, match="is not a plan name"):
         load_plan(name, load_cluster(conf / "cluster.yaml"))

@@ -88,7 +88,7 @@ def spec_for(plan: Any, output: str) -> AggregationSpec:
         else:
             sql_type = SQL_TYPES[measure.type or field_types.get(source, "double")]
         measures.append(Measure(column, kind, sql_type, source))
-    return AggregationSpec(name=output, table=declared.table or f"{plan.name}_{output}", keys=tuple(declared.key),
+    return AggregationSpec(name=output, table=declared.serving_table(plan.name, output), keys=tuple(declared.key),
                            measures=tuple(measures),
                            ratios=tuple(Ratio(c, n, d) for c, (n, d) in declared.ratios.items()),
                            granularities=tuple(g for g in GRANULARITIES
