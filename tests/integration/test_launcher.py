@@ -19,12 +19,19 @@ from tandem.store import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes
 from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
-from tandem.supervisor.launcher import child_environment, is_instance_cmdline
+from tandem.supervisor.launcher import DRIVER_ENVIRONMENT_PREFIXES, child_environment, is_instance_cmdline
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 KEY = InstanceKey("trades", "shard-1", "node-a")
+MARKER = "Marker4LauncherTest"
+LAUNCHER_SECRETS = {"AIRFLOW__API_AUTH__JWT_SECRET": f"jwt-{MARKER}", "AIRFLOW_CONN_TANDEM_NODE_Z": f"spark://{MARKER}",
+                    "TANDEM_AIRFLOW_DB_URL": f"postgresql://u:{MARKER}@db/airflow", "SOME_API_TOKEN": MARKER}
+"""Variables of a launcher's environment (an Airflow worker's) that no driver needs."""
+SET_BY_SPARK_SUBMIT = {"MASTER", "PWD", "SHLVL", "PYTHONHASHSEED", "PYTHONPATH", "PYTHONUNBUFFERED", "PYSPARK_GATEWAY_PORT",
+                       "PYSPARK_GATEWAY_SECRET"}
+"""What spark-submit's scripts and Spark's Python runner add for the JVM and the Python driver (besides ``SPARK_*``)."""
 
 
 @pytest.fixture
@@ -91,10 +98,21 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(1)
 
 
-def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_project, database_url, process_groups):
+def outside_the_allow_list(pid: int, cluster: ClusterConfig) -> dict[str, str]:
+    """Variables of the live process ``pid`` (its ``/proc/<pid>/environ``) that the launcher should not have passed."""
+    passed = set(child_environment(cluster))
+    return {name: value for name, value in psutil.Process(pid).environ().items()
+            if MARKER in value or name.startswith("AIRFLOW") or not (
+                name in passed or name in SET_BY_SPARK_SUBMIT or name.startswith(DRIVER_ENVIRONMENT_PREFIXES))}
+
+
+def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_project, database_url, process_groups,
+                                                                         monkeypatch):
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     write_trades(cluster, "shard-1", 200, files=4, seed=7)
+    for name, value in LAUNCHER_SECRETS.items():
+        monkeypatch.setenv(name, value)
 
     job = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher",
                           py_files=dist(launch_project))
@@ -114,6 +132,8 @@ def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_
     assert row["spark_app_id"].startswith("local-")
     assert row["launched_by"] == "test_launcher" and row["log_path"] == job.log_path
     assert os.getpgid(row["pid"]) == job.submit_pid
+    for pid in (job.submit_pid, row["pid"]):  # the JVM (spark-submit) and the Python driver: no secret of the launcher
+        assert outside_the_allow_list(pid, cluster) == {}
 
     again = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher retry",
                             py_files=dist(launch_project))

@@ -166,8 +166,15 @@ def test_cmdline_matches_only_the_same_instance():
 
 
 def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
-    env = child_environment(cluster, base={"PATH": "/usr/bin", "KEEP": "1"})
-    assert env["KEEP"] == "1"
+    needed = {"PATH": "/usr/bin", "HOME": "/home/t", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+              "JAVA_HOME": "/jvm", "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": "/lib"}
+    secrets = {"AIRFLOW__API_AUTH__JWT_SECRET": "s", "AIRFLOW__CORE__FERNET_KEY": "s", "AIRFLOW_CONN_TANDEM_NODE_A": "s",
+               "TANDEM_AIRFLOW_DB_URL": "postgresql://u:s@db/airflow", "PYSPARK_GATEWAY_SECRET": "s",
+               "AWS_SECRET_ACCESS_KEY": "s", "TANDEM_DATABASE_URL": "postgresql://u:stale@db/x", "KEEP": "1"}
+    env = child_environment(cluster, base={**needed, **secrets})
+    assert set(env) == {*needed, "TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL",
+                        "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
+    assert all(env[name] == value for name, value in needed.items() if name != "PATH")
     assert env["TANDEM_HOME"] == str(cluster.project_root)
     assert env["TANDEM_CONF_DIR"] == str(cluster.conf_dir)
     assert env["TANDEM_STORAGE_ROOT"] == str(cluster.storage_root)

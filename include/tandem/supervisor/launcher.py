@@ -56,6 +56,17 @@ log = logging.getLogger(__name__)
 ACTIVE_STATUSES = ("LAUNCHING", "STARTING", "RUNNING")
 ENDED_STATUSES = ("STOPPED", "FAILED")
 APPLICATION_SCRIPT = "run_plan.py"
+DRIVER_ENVIRONMENT = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH",  # the process
+    "JAVA_HOME", "HADOOP_CONF_DIR", "YARN_CONF_DIR",  # spark-submit and the JVM
+    "PYTHONPATH", "PYTHONHASHSEED",  # the Python driver and its workers
+})
+"""The variables a driver takes from its launcher's environment as they are, besides ``LC_*`` and ``SPARK_*``
+(:data:`DRIVER_ENVIRONMENT_PREFIXES`). Nothing else passes: not Airflow's settings and secrets
+(``AIRFLOW__API_AUTH__JWT_SECRET``, ``AIRFLOW_CONN_*``), not the other ``TANDEM_*`` variables
+(``TANDEM_AIRFLOW_DB_URL`` may hold a password), not a parent driver's ``PYSPARK_GATEWAY_SECRET``. Java
+options go through ``conf/spark-defaults.conf`` (``spark.driver.extraJavaOptions``) or ``SPARK_SUBMIT_OPTS``."""
+DRIVER_ENVIRONMENT_PREFIXES = ("LC_", "SPARK_")
 _children: dict[int, subprocess.Popen] = {}  # processes this interpreter started, reaped on observation
 
 
@@ -225,8 +236,14 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
 
 
 def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The launcher's environment plus the resolved Tandem settings and this interpreter for PySpark."""
-    env = dict(os.environ if base is None else base)
+    """A driver's environment: what it needs of the launcher's (``base``, default ``os.environ``; see
+    :data:`DRIVER_ENVIRONMENT`), the resolved Tandem settings it reads, and this interpreter for PySpark.
+
+    ``TANDEM_DATABASE_URL`` may hold a password: it reaches the driver here, never on its command line.
+    """
+    inherited = os.environ if base is None else base
+    env = {name: value for name, value in inherited.items()
+           if name in DRIVER_ENVIRONMENT or name.startswith(DRIVER_ENVIRONMENT_PREFIXES)}
     python_bin = str(Path(sys.executable).parent)
     path = env.get("PATH", "")
     env.update({
