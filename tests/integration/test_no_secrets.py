@@ -7,10 +7,14 @@ are searched for it.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
@@ -90,3 +94,55 @@ def test_a_config_error_about_the_url_names_the_environment_variable(conf: Path)
     done = run([sys.executable, "-m", "tandem.cli", "status"], URLS["not postgresql"], conf)
     assert done.stderr.startswith("error: TANDEM_DATABASE_URL (environment): expected a postgresql:// URL"), done.stderr
     assert "cluster.yaml" not in done.stderr
+
+
+class _SlowAirflow(BaseHTTPRequestHandler):
+    """``POST /auth/token`` and ``GET /api/v2/dags`` as Airflow answers them, each after a pause that keeps
+    ``curl`` (and its command line) alive long enough to be seen."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ok = self.path == "/auth/token" and body == {"username": "admin", "password": SECRET}
+        self._answer(201 if ok else 401, {"access_token": TOKEN} if ok else {"detail": "bad login"})
+
+    def do_GET(self) -> None:
+        ok = self.path == "/api/v2/dags" and self.headers["Authorization"] == f"Bearer {TOKEN}"
+        self._answer(200 if ok else 401, {"dags": [], "total_entries": 0} if ok else {"detail": "no token"})
+
+    def _answer(self, status: int, payload: dict) -> None:
+        time.sleep(0.5)
+        text = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+TOKEN = "Tok3nSecretMarker"
+
+
+def test_the_readmes_rest_api_login_puts_no_password_or_token_on_a_command_line(tmp_path: Path) -> None:
+    """The README's `curl` example, run as written against a stand-in for Airflow's API (issue 24, §3)."""
+    readme = (REPO / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL) if "/auth/token" in block
+                 and "python3" in block]
+    passwords = tmp_path / ".tandem" / "airflow" / "simple_auth_manager_passwords.json"
+    passwords.parent.mkdir(parents=True)
+    passwords.write_text(json.dumps({"admin": SECRET}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAirflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = snippet.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{server.server_port}")
+        with CommandLines() as lines:
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0 and json.loads(done.stdout) == {"dags": [], "total_entries": 0}, done
+    assert any("/auth/token" in line for line in lines.seen), "the watcher saw no curl at all"
+    leaked = [line for line in lines.seen if SECRET in line or TOKEN in line]
+    assert leaked == [], f"a secret was on a command line: {leaked[:2]}"
