@@ -48,6 +48,13 @@ AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "shard_id", "epoch
 MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
 FIELD_TYPES = ("string", "double", "long", "epoch_millis")
+DEFAULT_MAX_STRING_LENGTH = 256
+"""Characters a string field may hold unless it declares ``max_length``: short enough for any key of any
+output kind (PostgreSQL's btree indexes take at most ~2,700 bytes a row, and a character may take 4)."""
+MAX_STRING_LENGTH = 1_000_000
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+"""Bytes an input line may take unless its stream declares ``max_line_bytes``; longer lines are quarantined unparsed."""
+MAX_LINE_BYTES = 64 * 1024 * 1024
 OUTPUT_KINDS = ("aggregation", "table", "events", "quarantine")
 
 
@@ -82,11 +89,14 @@ class StrictModel(BaseModel):
 class FieldConfig(StrictModel):
     """One field of a stream's events: its JSON type and the checks a good value passes.
 
-    ``epoch_millis`` is an integer of milliseconds since 1970 (between 1970 and 9999).
+    ``epoch_millis`` is an integer of milliseconds since 1970 (between 1970 and 9999). Every type refuses
+    what no sink can store: a ``double`` must be finite, a ``long`` must fit 64 bits, a ``string`` must not
+    hold NUL and holds at most ``max_length`` characters (default :data:`DEFAULT_MAX_STRING_LENGTH`).
     """
 
     type: Literal["string", "double", "long", "epoch_millis"]
     not_empty: StrictBool = False
+    max_length: Annotated[StrictInt, Field(gt=0, le=MAX_STRING_LENGTH)] | None = None
     greater_than: Number | None = None
     at_least: Number | None = None
     less_than: Number | None = None
@@ -97,15 +107,25 @@ class FieldConfig(StrictModel):
         bounds = [self.greater_than, self.at_least, self.less_than, self.at_most]
         if self.type == "string" and any(b is not None for b in bounds):
             raise ValueError("a string field takes not_empty, not numeric bounds")
-        if self.type != "string" and self.not_empty:
-            raise ValueError("not_empty applies to string fields only")
+        if self.type != "string" and (self.not_empty or self.max_length is not None):
+            raise ValueError("not_empty and max_length apply to string fields only")
         return self
+
+    @property
+    def length_limit(self) -> int | None:
+        """The most characters a string field holds (``None`` for other types)."""
+        return (self.max_length or DEFAULT_MAX_STRING_LENGTH) if self.type == "string" else None
 
     def checks(self) -> list[tuple[str, Any, str]]:
         """``(operator, bound, message)`` for every check, in a fixed order."""
         out: list[tuple[str, Any, str]] = []
         if self.not_empty:
             out.append(("not_empty", None, "must not be empty"))
+        if self.type == "string":
+            out.append(("no_nul", None, "must not contain NUL (U+0000)"))
+            out.append(("max_length", self.length_limit, f"must be at most {self.length_limit} characters long"))
+        if self.type == "double":
+            out.append(("finite", None, "must be a finite number"))
         for operator, bound in ((">", self.greater_than), (">=", self.at_least), ("<", self.less_than),
                                 ("<=", self.at_most)):
             if bound is not None:
@@ -116,13 +136,18 @@ class FieldConfig(StrictModel):
 
 
 class StreamConfig(StrictModel):
-    """An input stream: JSON lines in ``landing/<stream>/<partition>/``, ``partitions`` of them."""
+    """An input stream: JSON lines in ``landing/<stream>/<partition>/``, ``partitions`` of them.
+
+    A line over ``max_line_bytes`` is quarantined without being parsed; fields that are not declared
+    are skipped however deeply they nest.
+    """
 
     format: Literal["jsonl"] = "jsonl"
     partitions: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)]
     key: FieldName
     event_time: FieldName
     max_files_per_trigger: Annotated[StrictInt, Field(gt=0)] = 1000
+    max_line_bytes: Annotated[StrictInt, Field(gt=0, le=MAX_LINE_BYTES)] = DEFAULT_MAX_LINE_BYTES
     fields: Annotated[dict[FieldName, FieldConfig], Field(min_length=1)]
 
     @model_validator(mode="after")

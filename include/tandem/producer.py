@@ -159,6 +159,12 @@ def _violating(operator: str, bound: Any) -> Any:
     """A value that fails the check ``operator bound``."""
     if operator == "not_empty":
         return "  "
+    if operator == "no_nul":
+        return "a\u0000b"
+    if operator == "max_length":
+        return "x" * (bound + 1)
+    if operator == "finite":
+        return float("inf")  # json.dumps writes Infinity, which Spark's JSON reader takes as a double
     if operator == "between":
         return bound[0] - 5
     return bound - 1 if operator in (">", ">=") else bound + 1

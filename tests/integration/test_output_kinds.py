@@ -7,6 +7,7 @@ copy reads the same.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -187,3 +188,89 @@ def test_events_keep_every_character_of_their_payload_through_the_copy(db: Datab
     stored = db.run(lambda cursor: read_events(cursor, "p", "alerts", T0, T0 + timedelta(hours=1)))
     assert [e["payload"]["device_id"] for e in stored] == awkward
     assert sorted(read_events_lake(tmp_path / "alerts").column("device_id").to_pylist()) == sorted(awkward)
+
+
+def refuse(db: Database, table: str, condition: str, sqlstate: str = "22023") -> None:
+    """Make PostgreSQL refuse rows of ``table`` matching ``condition`` (SQL on NEW) with ``sqlstate``: a value the
+    store cannot take, for a reason nobody listed."""
+    db.run(lambda cursor: cursor.execute(f"""
+        CREATE FUNCTION refuse_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF {condition} THEN RAISE EXCEPTION 'refused by the test''s trigger' USING ERRCODE = '{sqlstate}'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_{table} BEFORE INSERT OR UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION refuse_{table}();
+    """))
+
+
+def quarantined_refusals(path: Path) -> list[dict]:
+    rows = tables.read_table(path).to_pylist() if tables.table_exists(path) else []
+    return sorted((r for r in rows if r["source_file"].startswith("output:")), key=lambda r: r["raw"])
+
+
+def test_events_the_store_refuses_are_quarantined_once_and_the_rest_published_by_either_node(
+        db: Database, database_url: str, tmp_path: Path) -> None:
+    """A data error (SQLSTATE class 22, a NaN no JSON can hold) isolates the offending rows: quarantined with the
+    store's error, the rest published; the standby that replays the same rows after a failover decides the same."""
+    from tandem.runtime.publisher import QuarantineSink
+
+    refuse(db, "output_events", "NEW.payload->>'temp' = '45.0'")
+    path, quarantine_path = tmp_path / "alerts", tmp_path / "quarantine"
+    rows = alerts(range(0, 12))
+    rows = rows.set_column(2, "temp", pa.array([float("nan") if r == 7 else 40.0 + r for r in range(12)]))
+    active = EventsSink("p", "alerts", ALERTS, ACTIVE, database_url, path,
+                        QuarantineSink(ACTIVE, database_url, quarantine_path))
+    standby = EventsSink("p", "alerts", ALERTS, STANDBY, database_url, path,
+                         QuarantineSink(STANDBY, database_url, quarantine_path))
+    epoch = take(db, ACTIVE)
+    assert active.publish(rows, batch(ACTIVE, 0, epoch)) == 10
+    assert active.publish(rows, batch(ACTIVE, 0, epoch)) == 0, "a replayed batch publishes nothing new"
+    standby.hold(rows, 0)
+    standby.flush(batch(STANDBY, -1, take(db, STANDBY)))  # the standby takes over and publishes what it held
+
+    stored = db.run(lambda cursor: read_events(cursor, "p", "alerts", T0, T0 + timedelta(days=1)))
+    assert sorted(r["payload"]["room_no"] for r in stored) == [r for r in range(12) if r not in (5, 7)]
+    assert sorted(read_events_lake(path).column("room_no").to_pylist()) == [r for r in range(12) if r not in (5, 7)]
+    refused = quarantined_refusals(quarantine_path)
+    assert len(refused) == 2, "each refused row is quarantined once, whoever refused it"
+    by_room = {json.loads(r["raw"])["room_no"]: r["reason"] for r in refused}
+    assert "SQLSTATE 22023: refused by the test's trigger" in by_room[5], by_room
+    assert "Out of range float values are not JSON compliant" in by_room[7], by_room
+    assert all(r["reason"].startswith("output alerts: the store refused the row") for r in refused)
+
+
+def test_aggregates_and_table_rows_the_store_refuses_are_quarantined_and_the_rest_published(
+        db: Database, database_url: str, tmp_path: Path) -> None:
+    from tandem.runtime.publisher import AggregateSink, QuarantineSink
+    from _project import TRADES
+
+    quarantine = QuarantineSink(ACTIVE, database_url, tmp_path / "quarantine")
+    epoch = take(db, ACTIVE)
+    aggregates = AggregateSink(TRADES, ACTIVE, database_url, tmp_path / "trades", 1.0, quarantine)
+    aggregates.publish(pa.table({"trade_count": [1]}).slice(0, 0), batch(ACTIVE, 0, epoch))
+    db.run(lambda cursor: ensure_trades(cursor))
+    refuse(db, "trade_aggregates", "NEW.symbol = 'POISON'")
+    seconds = pa.table({"bucket_start": pa.array([T0, T0, T0 + timedelta(seconds=1)], pa.timestamp("us", tz="UTC")),
+                        "symbol": ["IBM", "POISON", "IBM"], "price_sum": [10.0, 1.0, 20.0],
+                        "trade_count": pa.array([1, 1, 2], pa.int64()), "quantity_sum": pa.array([5, 1, 6], pa.int64()),
+                        "price_min": [10.0, 1.0, 9.0], "price_max": [10.0, 1.0, 11.0]})
+    assert aggregates.publish(seconds, batch(ACTIVE, 1, epoch)) > 0
+    counted = db.run(lambda cursor: (cursor.execute(
+        "SELECT symbol, sum(trade_count) AS n FROM trade_aggregates WHERE granularity = 'second' GROUP BY symbol"),
+        cursor.fetchall())[1])
+    assert {r["symbol"]: int(r["n"]) for r in counted} == {"IBM": 3}
+
+    counts = TableSink("p", "counts", COUNTS, ACTIVE, database_url, tmp_path / "counts", quarantine)
+    orders_with_nan = orders(range(0, 4)).set_column(2, "delivered", pa.array([1.0, float("inf"), 1.0, 1.0]))
+    counts.publish(orders_with_nan, batch(ACTIVE, 2, epoch))
+    merged = db.run(lambda cursor: read_table_rows(cursor, "p", "counts", ["delivered"]))
+    assert {r["key"]["customer_name"]: int(r["delivered"]) for r in merged} == {"c0": 2, "c2": 1}
+    reasons = sorted(r["reason"] for r in quarantined_refusals(tmp_path / "quarantine"))
+    assert len(reasons) == 2 and reasons[0].startswith("output counts:") and "22023" in reasons[1], reasons
+
+
+def ensure_trades(cursor) -> None:
+    from tandem.aggregation import postgres as agg_postgres
+    from _project import TRADES
+
+    agg_postgres.ensure_table(cursor, TRADES)

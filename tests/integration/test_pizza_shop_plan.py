@@ -46,6 +46,10 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
     advance_watermark(cluster, plan, T0 + 3_600_000)  # an hour later in every partition: every order decided
     write_atomically(landing_dir(cluster, "deliveries", 1), ['{"order_no": "o-1"}', '{"order_no": "", "time": 5}'])
     write_atomically(landing_dir(cluster, "orders", 2), ['{"order_no": "o-x", "time": 5}'])  # one query, both streams
+    # PostgreSQL refuses U+0000 in text and jsonb: this order stopped shop-2 with exit 1 (issue 24)
+    poison = {"order_no": "o-poison", "customer_name": "cust\u0000x", "time": T0 + 1_000}
+    [(_, partition)] = partitioned(plan, {"orders": [(poison, "")]})
+    write_atomically(landing_dir(cluster, "orders", partition), [json.dumps(poison)])
 
     for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
@@ -53,7 +57,8 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
 
     per_customer, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
     reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'customer_name'",
+    assert sorted(reasons) == ["field 'customer_name' must not contain NUL (U+0000) (got cust\\u0000x)",
+                               "field 'order_no' must not be empty (got )", "missing field 'customer_name'",
                                "missing field 'time'"], reasons
 
     # the CLI reads both kinds, from PostgreSQL and from Delta

@@ -146,7 +146,24 @@ BAD_LINES = {
     json.dumps({"symbol": 5, "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' is not a string",
     json.dumps({"symbol": True, "price": 2.5, "quantity": 4, "timestamp": T0}): "field 'symbol' is not a string",
     json.dumps({"symbol": "IBM", "price": 2.5, "quantity": 4, "timestamp": -1}): "field 'timestamp' must be epoch",
+    # values no sink can store (issue 24): each one passed validation and stopped the query in its sink
+    json.dumps({"symbol": "IB\u0000M", "price": 2.5, "quantity": 4, "timestamp": T0}):
+        "field 'symbol' must not contain NUL (U+0000) (got IB\\u0000M)",
+    '{"symbol": "IBM", "price": 1e999, "quantity": 4, "timestamp": %d}' % T0:
+        "field 'price' must be a finite number",
+    json.dumps({"symbol": "IBM", "price": float("nan"), "quantity": 4, "timestamp": T0}):
+        "field 'price' must be a finite number",
+    json.dumps({"symbol": "IBM", "price": "-Infinity", "quantity": 4, "timestamp": T0}):
+        "field 'price' must be a finite number",
+    json.dumps({"symbol": "IBM", "price": 2.5, "quantity": 2 ** 63, "timestamp": T0}):
+        "field 'quantity' is outside the 64-bit integer range: 9223372036854775808",
+    json.dumps({"symbol": "I" * 257, "price": 2.5, "quantity": 4, "timestamp": T0}):
+        "field 'symbol' must be at most 256 characters long",
+    '{"symbol": "IB\\ud800M", "price": 2.5, "quantity": 4, "timestamp": %d}' % T0:
+        "line holds an unpaired UTF-16 surrogate escape",
 }
+HUGE_LINE = json.dumps({"symbol": "IBM", "price": 2.5, "quantity": 4, "timestamp": T0, "note": "x" * (2 << 20)})
+NOT_UTF8 = b'{"symbol": "IB\xed\xa0\x80M", "price": 2.5, "quantity": 4, "timestamp": %d}' % T0
 
 
 def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, database_url: str, spark) -> None:
@@ -154,16 +171,27 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     plan = load_plan("trades", cluster)
     good = make_events(4, 20, 3_000)
     good += [{**good[0], "symbol": symbol} for symbol in ("3M", "-X", "[A]", "true")]  # strings that look like JSON
-    lines = [json.dumps(e) for e in good[:10]] + list(BAD_LINES) + [json.dumps(e) for e in good[10:]]
+    good += [{**good[1], "symbol": "😀" + "I" * 255}]  # 256 characters, one outside the BMP (a surrogate pair)
+    deep = json.dumps(good[2])[:-1] + ', "extra": ' + "[" * 5000 + "]" * 5000 + "}"  # not declared: skipped
+    lines = [json.dumps(e) for e in good[:2]] + [deep] + [json.dumps(e) for e in good[3:10]] + list(BAD_LINES) \
+        + [HUGE_LINE] + [json.dumps(e) for e in good[10:]]
     source = write_atomically(landing_dir(cluster, "trades", 0), lines)
+    not_utf8 = landing_dir(cluster, "trades", 0) / "not-utf8.jsonl"
+    hidden = not_utf8.with_name(".not-utf8.tmp")
+    hidden.write_bytes(NOT_UTF8 + b"\n")
+    hidden.rename(not_utf8)
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
 
     quarantine = read_table(delta_table_dir(cluster, "trades", "quarantine")).to_pylist()
     reasons = {row["raw"]: row["reason"] for row in quarantine}
-    assert set(reasons) == set(BAD_LINES)
+    kept_huge, kept_not_utf8 = HUGE_LINE[:4096], NOT_UTF8.decode("utf-8", errors="replace")
+    assert set(reasons) == set(BAD_LINES) | {kept_huge, kept_not_utf8}
     for raw, fragment in BAD_LINES.items():
         assert fragment in reasons[raw], (raw, reasons[raw])
-    assert {row["source_file"].removeprefix("file:") for row in quarantine} == {str(source)}
+    assert reasons[kept_huge] == (f"line of {len(HUGE_LINE)} bytes is over the stream's max_line_bytes (1048576); "
+                                  "its first 4096 characters are kept")
+    assert reasons[kept_not_utf8] == "line is not valid UTF-8 (invalid bytes are kept as U+FFFD)"
+    assert {row["source_file"].removeprefix("file:") for row in quarantine} == {str(source), str(not_utf8)}
     assert {row["shard_id"] for row in quarantine} == {"shard-1"}
 
     assert_matches(aggregation.query(cluster, "trades", "minute", *ALL_TIME), expected_aggregates(good, "minute"),
@@ -171,7 +199,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     with Database(database_url) as db:
         counted = db.run(lambda cur: (cur.execute(
             "SELECT sum(quarantined_rows) AS n FROM heartbeats WHERE query_name = 'quarantine'"), cur.fetchone())[1])
-    assert counted["n"] == len(BAD_LINES)
+    assert counted["n"] == len(BAD_LINES) + 2
 
 
 def test_events_behind_the_watermark_are_counted_as_late(project: Path, database_url: str, spark) -> None:

@@ -10,6 +10,7 @@ from tandem.supervisor.decisions import (
     PASSIVE,
     WARM,
     AwaitPromotion,
+    Block,
     Blocked,
     HandOver,
     Launch,
@@ -22,7 +23,7 @@ from tandem.supervisor.decisions import (
     snapshot_node,
     takeover_deadline_s,
 )
-from tandem.supervisor.health import DEAD, FAILED, HEALTHY, MISSING, STALLED, STARTING, STOPPED, InstanceHealth
+from tandem.supervisor.health import BLOCKED, DEAD, FAILED, HEALTHY, MISSING, STALLED, STARTING, STOPPED, InstanceHealth
 
 TTL = 3.0
 
@@ -248,3 +249,31 @@ def test_no_snapshot_host_without_a_valid_lease():
     assert snapshot_node(view(inst("a", DEAD, ACTIVE), inst("b"), holder="a", valid=False)) is None
     assert snapshot_node(view(inst("a", STOPPED, None), inst("b", STOPPED, None))) is None
     assert snapshot_node(view(inst("a"), holder="z", nodes=("a",))) is None
+
+
+def blocked(node: str, recorded: bool) -> InstanceHealth:
+    return InstanceHealth(node, BLOCKED, "failed 2 runs in a row at the same batch: x", ACTIVE,
+                          0, "BLOCKED" if recorded else "FAILED")
+
+
+def test_a_failure_repeated_at_the_same_batch_is_recorded_blocked_and_the_standby_takes_over():
+    world = view(blocked("a", recorded=False), inst("b", role=PASSIVE), holder="a", valid=False)
+    actions = decide(world)
+    assert actions[0] == Block("a", "failed 2 runs in a row at the same batch: x") and actionable(actions)
+    assert not any(isinstance(a, Launch) and a.node == "a" for a in actions), "a BLOCKED node is never relaunched"
+    assert any(isinstance(a, AwaitPromotion) for a in actions), "the live standby takes the lease as after a crash"
+
+
+def test_a_recorded_blocked_node_waits_for_an_operator_and_the_others_run_without_it():
+    world = view(blocked("a", recorded=True), inst("b", role=ACTIVE), inst("c", MISSING, None), holder="b")
+    actions = decide(world)
+    assert [type(a) for a in actions] == [Blocked, Launch]
+    assert "restart the node from tandem_ops" in actions[0].describe()
+    assert (actions[1].node, actions[1].role, actions[1].resync_from) == ("c", PASSIVE, "b")
+
+
+def test_when_every_node_is_blocked_nothing_is_launched_and_the_shard_says_why():
+    world = view(blocked("a", recorded=True), blocked("b", recorded=True), holder=None, valid=False)
+    actions = decide(world)
+    assert all(isinstance(a, Blocked) for a in actions) and not actionable(actions)
+    assert "each is BLOCKED or drained" in actions[-1].reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.supervisor.health import (
+    BLOCKED,
     DEAD,
     FAILED,
     HEALTHY,
@@ -105,3 +106,14 @@ def test_without_any_batch_the_time_since_start_counts():
 
 def test_dead_wins_over_stalled():
     assert evaluate(running(beat_age_s=10.0, waiting_input_age_s=100.0, last_batch_age_s=100.0), LIMITS).state == DEAD
+
+
+def test_a_failure_that_repeats_at_the_same_batch_is_blocked_a_first_one_is_failed():
+    failure = "query aggregates: trade_aggregates batch 7 of checkpoint q1: SQLSTATE P0001: refused"
+    once = evaluate(running(status="FAILED", error="boom", failure=failure, failure_repeats=1), LIMITS)
+    assert once.state == FAILED and once.failing
+    twice = evaluate(running(status="FAILED", error="boom", failure=failure, failure_repeats=2), LIMITS)
+    assert twice.state == BLOCKED and not twice.alive and not twice.failing
+    assert failure in twice.evidence and "2 runs in a row" in twice.evidence
+    recorded = evaluate(running(status="BLOCKED", error="failed 2 runs in a row at the same batch: x"), LIMITS)
+    assert recorded.state == BLOCKED and recorded.status == "BLOCKED"

@@ -20,7 +20,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PlanError
 from tandem.layout import delta_table_dir, instance_landing_dirs
 from tandem.runtime.listener import QUALITY_METRICS
-from tandem.runtime.publisher import Sink
+from tandem.runtime.publisher import QuarantineSink, Sink
 from tandem.runtime.sinks import RoutedSink, sink_for
 from tandem.runtime.records import parse_and_validate, record_schema
 from tandem.runtime.sources import landing_lines
@@ -61,7 +61,15 @@ class PlanContext:
             raise PlanError(f"{self.plan.path}: outputs: a query writes {output!r}, which is not declared "
                             f"(outputs: {', '.join(self.plan.outputs)})")
         return sink_for(self.plan, output, self.instance, self.cluster.database_url,
-                        delta_table_dir(self.cluster, self.plan.name, output))
+                        delta_table_dir(self.cluster, self.plan.name, output), self._quarantine())
+
+    def _quarantine(self) -> QuarantineSink | None:
+        """Where rows an output's store refuses go: the plan's quarantine output (``None`` without one)."""
+        names = [name for name, declared in self.plan.outputs.items() if declared.kind == "quarantine"]
+        if not names:
+            return None
+        return QuarantineSink(self.instance, self.cluster.database_url,
+                              delta_table_dir(self.cluster, self.plan.name, names[0]), output=names[0])
 
     def routed(self, column: str, outputs: dict[str, str]) -> Sink:
         """One query, several outputs: each row goes to the output named for its value of ``column``."""

@@ -9,6 +9,7 @@ fails (status FAILED), when ``stop`` is set or SIGTERM arrives (status STOPPED),
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 import threading
@@ -42,6 +43,8 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 class RunResult:
     status: str  # STOPPED | FAILED
     error: str | None = None
+    failure: str | None = None
+    """A failure in words that are the same when a relaunch fails the same way (see :func:`failure_of`)."""
 
 
 TRANSIENT_START_ERRORS = ("Python worker failed to connect back",
@@ -56,9 +59,26 @@ def restartable(error: str, restarts: int) -> bool:
     return restarts < MAX_QUERY_RESTARTS and any(text in error for text in TRANSIENT_START_ERRORS)
 
 
+_SPARK_RUN_IDS = re.compile(r"(id|runId) = [0-9a-f-]{36}")
+
+
+def failure_of(query_name: str, error: str, publisher: MicroBatchPublisher | None) -> str:
+    """The failure of a query in words that repeat when it fails the same way again (pure).
+
+    The publisher's own account (the output, the batch of its checkpoint, the error's first line) when
+    it raised; otherwise Spark's first line without the run's ids.
+    """
+    if publisher is not None and publisher.failure:
+        return f"query {query_name}: {publisher.failure}"
+    line = _SPARK_RUN_IDS.sub(r"\1 = …", (error.strip().splitlines() or ["no error text"])[0])
+    return f"query {query_name}: {line[:500]}"
+
+
 def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: RoleController,
-                  trigger_interval_s: float, available_now: bool) -> list[StreamingQuery]:
-    """Start every query of the plan, each with its own checkpoint directory."""
+                  trigger_interval_s: float, available_now: bool,
+                  publishers: dict[str, MicroBatchPublisher] | None = None) -> list[StreamingQuery]:
+    """Start every query of the plan, each with its own checkpoint directory (``publishers`` gets each
+    query's ``foreachBatch`` publisher by query name)."""
     queries = []
     default_provider = ctx.spark.conf.get(STATE_STORE_PROVIDER)
     for definition in definitions:
@@ -66,11 +86,14 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
         # a query copies the session's settings when it starts: set its state store provider just for it
         ctx.spark.conf.set(STATE_STORE_PROVIDER,
                            ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
+        publisher = MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint)
+        if publishers is not None:
+            publishers[definition.name] = publisher
         writer = (
             definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
             .outputMode(definition.output_mode)
             .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint))
+            .foreachBatch(publisher)
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=spark_interval(max(trigger_interval_s, definition.min_trigger_interval_s)))
@@ -123,10 +146,12 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         try:
             ctx = PlanContext(cluster, plan, key, spark)
             definitions = group_queries(ctx, load_plan_module(plan).build(ctx))
-            queries = start_queries(ctx, definitions, roles, interval, available_now)
+            publishers: dict[str, MicroBatchPublisher] = {}
+            queries = start_queries(ctx, definitions, roles, interval, available_now, publishers)
             record_status(db, key, "RUNNING")
-            result = _wait(queries, stop, available_now,
-                           lambda i: start_queries(ctx, [definitions[i]], roles, interval, available_now)[0])
+            result = _wait(queries, [d.name for d in definitions], publishers, roles, stop, available_now,
+                           lambda i: start_queries(ctx, [definitions[i]], roles, interval, available_now,
+                                                   publishers)[0])
         except Exception as exc:
             result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
@@ -138,24 +163,29 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             roles.stop()
         if result.status == "STOPPED" and liveness.stop_requested_by is not None:
             result = RunResult("STOPPED", f"stopped at the request of {liveness.stop_requested_by}")
-        record_status(db, key, result.status, result.error)
+        record_status(db, key, result.status, result.error, failure=result.failure)
         log.info("instance %s ended: %s %s", key.id, result.status, result.error or "")
         return result
 
 
-def _wait(queries: list[StreamingQuery], stop: threading.Event, available_now: bool,
+def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str, MicroBatchPublisher],
+          roles: RoleController, stop: threading.Event, available_now: bool,
           restart: Callable[[int], StreamingQuery]) -> RunResult:
     """Wait for the queries to end; a query that failed transiently (:func:`restartable`) is started again
-    (``restart(i)``, from its checkpoint: nothing it published is lost or repeated)."""
+    (``restart(i)``, from its checkpoint: nothing it published is lost or repeated). A promotion that
+    could not publish what was held fails the instance too."""
     restarts = [0] * len(queries)
     while not stop.is_set():
+        if roles.failure:
+            return RunResult("FAILED", roles.failure, f"promotion: {roles.failure}")
         for i, query in enumerate(queries):
             error = query.exception()
             if error is None:
                 continue
             text = str(error.desc if hasattr(error, "desc") else error)
             if not restartable(text, restarts[i]):
-                return RunResult("FAILED", f"query {query.name} failed: {text}")
+                return RunResult("FAILED", f"query {query.name} failed: {text}",
+                                 failure_of(names[i], text, publishers.get(names[i])))
             restarts[i] += 1
             log.warning("query %s failed at a transient step (%s); starting it again (%d of %d)", query.name,
                         text.splitlines()[0][:200], restarts[i], MAX_QUERY_RESTARTS)

@@ -59,6 +59,8 @@ class RoleController:
         self.db = Database(database_url, "tandem-roles")
         self._on_promote: list[Callable[[int], None]] = []
         self._on_tick: list[Callable[[], None]] = []
+        self.failure: str | None = None
+        """Why a promotion could not publish what was held (the instance then ends FAILED)."""
 
     @property
     def role(self) -> str:
@@ -111,6 +113,13 @@ class RoleController:
                     flush(epoch)
             except FencedError as exc:
                 log.warning("lost the lease while publishing held outputs: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - the instance ends FAILED with it; the lease goes back
+                self.failure = f"publishing the held outputs failed: {' '.join(str(exc).split())[:500]}"
+                log.error("%s: %s", self.instance.id, self.failure)
+                with self._db_lock:
+                    release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
+                            self.failure)
                 return
             self.epoch = epoch
             self._record_role()

@@ -13,6 +13,9 @@ after a failover — PostgreSQL keeps it once:
 The Delta append is at least once: an old active paused between its PostgreSQL commit and its
 Delta commit may append rows the new active also appended. Readers of the Delta copy keep one row
 per id (:func:`read_events_lake`, :func:`read_table_lake`); PostgreSQL never holds a duplicate.
+
+Rows PostgreSQL refuses for their values go to the plan's quarantine, and the rest is published
+(:class:`tandem.runtime.publisher.Refusals`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from tandem.aggregation.spec import AggregationSpec, spec_for
 from tandem.config import PlanConfig
 from tandem.declarations import OutputConfig, event_id
 from tandem.lake.tables import append_once, read_table
-from tandem.runtime.publisher import AggregateSink, BatchInfo, QuarantineSink, Sink, fence
+from tandem.errors import DataError
+from tandem.runtime.publisher import AggregateSink, BatchInfo, QuarantineSink, Refusals, Sink, fence
 from tandem.store import outputs as store
 from tandem.store.db import Database
 from tandem.store.leases import check_fence
@@ -47,9 +51,16 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
 def as_utc(value: datetime | int) -> datetime:
-    """A row's time as an aware UTC datetime (an integer is epoch milliseconds)."""
+    """A row's time as an aware UTC datetime (an integer is epoch milliseconds).
+
+    Raises:
+        DataError: an integer outside the years 1-9999.
+    """
     if isinstance(value, int):
-        return datetime.fromtimestamp(value / 1000, timezone.utc)
+        try:
+            return datetime.fromtimestamp(value / 1000, timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise DataError(f"time {value} is not epoch milliseconds within the years 1-9999") from None
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
@@ -68,13 +79,14 @@ class _HeldById:
     id_column = ""
 
     def __init__(self, plan: str, output: str, config: OutputConfig, instance: InstanceKey, database_url: str,
-                 delta_path: Path) -> None:
+                 delta_path: Path, quarantine: QuarantineSink | None = None) -> None:
         self.plan = plan
         self.output = output
         self.config = config
         self.instance = instance
         self.delta_path = delta_path
         self.db = Database(database_url, "tandem-publisher")
+        self.refusals = Refusals(output, self.db, quarantine)
         self.held: dict[str, dict[str, Any]] = {}
         self.held_batch: int | None = None
         self.schema: pa.Schema | None = None  # the query's rows, as Spark hands them over
@@ -133,21 +145,21 @@ class EventsSink(_HeldById):
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         key = batch.instance
-        events = {eid: (as_utc(row[self.config.time]), row) for eid, row in rows.items()}
-        newest = max(time for time, _ in events.values())
 
-        def work(cursor) -> list[str]:
+        def work(cursor, ids: list[str]) -> list[str]:
+            events = {eid: (as_utc(rows[eid][self.config.time]), rows[eid]) for eid in ids}
+            newest = max(time for time, _ in events.values())
             store.stage_events(cursor, events)  # before the fence's lock (see check_fence)
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             pending = store.insert_staged_events(cursor, key, self.output, batch.epoch, batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(pending), newest, None)
             return pending
 
-        pending = self.db.run(work)
+        pending, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
         if pending:
             lake = pa.Table.from_pylist([rows[eid] for eid in pending], schema=self.schema)
             self.to_lake(lake.append_column("event_id", pa.array(pending, pa.string())), batch, pending)
-        return len(pending)
+        return len(pending or ())
 
 
 class TableSink(_HeldById):
@@ -158,17 +170,17 @@ class TableSink(_HeldById):
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         key = batch.instance
-        contributions = {cid: ({k: row[k] for k in self.config.key}, {v: row[v] for v in self.config.values})
-                         for cid, row in rows.items()}
 
-        def work(cursor) -> list[dict]:
+        def work(cursor, ids: list[str]) -> list[dict]:
+            contributions = {cid: ({k: rows[cid][k] for k in self.config.key},
+                                   {v: rows[cid][v] for v in self.config.values}) for cid in ids}
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             current = store.apply_contributions(cursor, key, self.output, self.config.values, contributions,
                                                 batch.epoch, batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(current), None, None)
             return current
 
-        current = self.db.run(work)
+        current, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
         if current:
             schema = pa.schema([*(self.schema.field(k) for k in self.config.key),
                                 *((v, pa.float64()) for v in self.config.values), ("version", pa.int64())])
@@ -176,7 +188,7 @@ class TableSink(_HeldById):
                 {**row["key"], **{v: float(row["value"][v]) for v in self.config.values}, "version": row["version"]}
                 for row in current], schema=schema)
             self.to_lake(lake, batch, [cid for row in current for cid in row["ids"]])
-        return len(current)
+        return len(current or ())
 
 
 class FactAggregateSink(_HeldById):
@@ -193,8 +205,8 @@ class FactAggregateSink(_HeldById):
     id_column = "contribution_id"
 
     def __init__(self, spec: AggregationSpec, plan: str, output: str, config: OutputConfig, instance: InstanceKey,
-                 database_url: str, delta_path: Path) -> None:
-        super().__init__(plan, output, config, instance, database_url, delta_path)
+                 database_url: str, delta_path: Path, quarantine: QuarantineSink | None = None) -> None:
+        super().__init__(plan, output, config, instance, database_url, delta_path, quarantine)
         self.spec = spec
         self.table_ready = False
 
@@ -205,25 +217,26 @@ class FactAggregateSink(_HeldById):
         key = batch.instance
         spec = self.spec
 
-        def work(cursor) -> tuple[list[dict], list[str]]:
+        def work(cursor, ids: list[str]) -> tuple[list[dict], list[str]]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
                 agg_postgres.ensure_table(cursor, spec)
-            new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in rows})
+            new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in ids})
             written: list[dict] = []
             if new:
                 seconds = add_facts(cursor, spec, key.plan, key.shard_id, [rows[i] for i in new], self._second)
                 agg_postgres.stage_batch(cursor, spec, seconds)
                 written = agg_postgres.upsert_and_roll_up(cursor, spec, key.plan, key.shard_id, batch.epoch,
                                                           batch.batch_id)
-            pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, list(rows))
+            pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, ids)
             if set(pending) - new:  # applied by an active that died before its Delta append: copy their rows now
                 written += agg_postgres.rows_of_seconds(cursor, spec, key.plan, key.shard_id,
                                                         {self._second(rows[i]) for i in pending})
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), None, None)
             return written, pending
 
-        written, pending = self.db.run(work)
+        applied, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
+        written, pending = applied or ([], [])
         self.table_ready = True
         if pending:
             fence(self.db, batch)
@@ -294,18 +307,21 @@ class RoutedSink:
         return sum(sink.flush(batch) for sink in self.routes.values())
 
 
-def sink_for(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path) -> Sink:
-    """The sink of the declared output ``output`` of ``plan``, by its kind."""
+def sink_for(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> Sink:
+    """The sink of the declared output ``output`` of ``plan``, by its kind; rows its store refuses go to
+    ``quarantine`` (the plan's quarantine output)."""
     config = plan.outputs[output]
     if config.kind == "aggregation" and config.id:
-        return FactAggregateSink(spec_for(plan, output), plan.name, output, config, instance, database_url, delta_path)
+        return FactAggregateSink(spec_for(plan, output), plan.name, output, config, instance, database_url, delta_path,
+                                 quarantine)
     if config.kind == "aggregation":
-        return AggregateSink(spec_for(plan, output), instance, database_url, delta_path, plan.watermark_s)
+        return AggregateSink(spec_for(plan, output), instance, database_url, delta_path, plan.watermark_s, quarantine)
     if config.kind == "quarantine":
         return QuarantineSink(instance, database_url, delta_path)
     if config.kind == "events":
-        return EventsSink(plan.name, output, config, instance, database_url, delta_path)
-    return TableSink(plan.name, output, config, instance, database_url, delta_path)
+        return EventsSink(plan.name, output, config, instance, database_url, delta_path, quarantine)
+    return TableSink(plan.name, output, config, instance, database_url, delta_path, quarantine)
 
 
 def read_events_lake(path: Path) -> pa.Table:

@@ -22,7 +22,7 @@ import psycopg2.extensions
 import psycopg2.extras
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from tandem.errors import StoreError, StoreUnreachable
+from tandem.errors import DataError, StoreError, StoreUnreachable
 
 SCHEMA = "tandem"
 _OPTIONS = f"-c search_path={SCHEMA},public -c TimeZone=UTC"
@@ -46,11 +46,17 @@ unacknowledged. (Safety never depends on it: a cut-off publisher is fenced by it
 
 
 def json_text(value: object, default: Callable[[object], object] = str, **options) -> str:
-    """``value`` as JSON text for PostgreSQL: NaN and infinities raise ``ValueError`` (``jsonb`` refuses them).
+    """``value`` as JSON text for PostgreSQL.
 
     Every JSON document Tandem writes goes through here, so no sink can build a text PostgreSQL refuses.
+
+    Raises:
+        DataError: ``value`` holds NaN or an infinity (``jsonb`` refuses them).
     """
-    return json.dumps(value, default=default, allow_nan=False, **options)
+    try:
+        return json.dumps(value, default=default, allow_nan=False, **options)
+    except ValueError as exc:  # the only ValueError of json.dumps: NaN or ±Infinity with allow_nan=False
+        raise DataError(f"{exc} (JSON holds finite numbers only)") from None
 
 
 def redact(url: str) -> str:

@@ -86,9 +86,9 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                                         THEN plan_instances.submit_started_at END,
                spark_app_id = EXCLUDED.spark_app_id,
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
-               stop_requested_at = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED') THEN NULL
+               stop_requested_at = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
                                         ELSE plan_instances.stop_requested_at END,
-               stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED') THEN NULL
+               stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
                                         ELSE plan_instances.stop_requested_by END,
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
         {"id": key.id, "plan": key.plan, "shard": key.shard_id, "node": key.node, "host": host, "pid": pid,
@@ -97,15 +97,45 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
     ))
 
 
-def record_status(db: Database, key: InstanceKey, status: str, error: str | None = None) -> None:
-    """Move an instance to RUNNING, STOPPED or FAILED (with the error text)."""
+def record_status(db: Database, key: InstanceKey, status: str, error: str | None = None, *,
+                  failure: str | None = None) -> None:
+    """Move an instance to RUNNING, STOPPED or FAILED (with the error text).
+
+    A FAILED run also records its ``failure``: what failed, in words that are the same when it
+    fails again the same way (the query, the batch of its checkpoint, the error's first line).
+    ``failure_repeats`` counts the runs in a row that failed with it (see :func:`block`).
+    """
     stopped = status in ("STOPPED", "FAILED")
     db.run(lambda cursor: cursor.execute(
-        """UPDATE plan_instances SET status = %s, error = %s, updated_at = now(),
-                  stopped_at = CASE WHEN %s THEN now() ELSE stopped_at END
-           WHERE instance_id = %s""",
-        (status, error, stopped, key.id),
+        """UPDATE plan_instances SET status = %(status)s, error = %(error)s, updated_at = now(),
+                  stopped_at = CASE WHEN %(stopped)s THEN now() ELSE stopped_at END,
+                  failure_repeats = CASE WHEN %(status)s <> 'FAILED' THEN failure_repeats
+                                         WHEN failure = %(failure)s THEN failure_repeats + 1 ELSE 1 END,
+                  failure = CASE WHEN %(status)s = 'FAILED' THEN %(failure)s ELSE failure END
+           WHERE instance_id = %(id)s""",
+        {"status": status, "error": error, "stopped": stopped, "failure": failure, "id": key.id},
     ))
+
+
+def block(db: Database, key: InstanceKey, reason: str) -> bool:
+    """Mark a FAILED instance BLOCKED (its failure repeats: relaunching it again would fail again).
+
+    Returns whether it was FAILED (a run that started since is left alone).
+    """
+    def work(cursor) -> bool:
+        cursor.execute("UPDATE plan_instances SET status = 'BLOCKED', error = %s, updated_at = now() "
+                       "WHERE instance_id = %s AND status = 'FAILED'", (reason, key.id))
+        return cursor.rowcount == 1
+
+    return db.run(work)
+
+
+def clear_failures(db: Database, key: InstanceKey) -> None:
+    """Forget an instance's failures (an operator restarts the node): a BLOCKED instance counts as STOPPED."""
+    db.run(lambda cursor: cursor.execute(
+        """UPDATE plan_instances SET failure = NULL, failure_repeats = 0,
+                  status = CASE WHEN status = 'BLOCKED' THEN 'STOPPED' ELSE status END, updated_at = now()
+           WHERE instance_id = %s""", (key.id,)))
 
 
 def request_stop(db: Database, key: InstanceKey, requested_by: str) -> bool:

@@ -13,6 +13,8 @@ How it works
 
     1. DEAD and STALLED instances are stopped (a frozen or stuck process must not hold the lease or
        write to its checkpoint). A drained node hands its ACTIVE role over and is stopped.
+       An instance that failed the same way at the same batch again is BLOCKED: recorded once, then
+       never relaunched until an operator restarts its node (relaunching it would fail again).
     2. No live ACTIVE: with a live hot standby, wait for it to take the expired lease by itself
        (failover never waits for Airflow); if it does not within two lease periods, or nobody
        runs, start the plan as ACTIVE: warm mode on the next node after the failed active, from a
@@ -35,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tandem.supervisor.health import DEAD, STALLED, InstanceHealth
+from tandem.supervisor.health import BLOCKED, DEAD, STALLED, InstanceHealth
 
 ACTIVE, PASSIVE, BACKUP = "ACTIVE", "PASSIVE", "BACKUP"
 HOT, WARM = "hot", "warm"
@@ -86,8 +88,8 @@ class ShardView:
 
     @property
     def candidates(self) -> list[str]:
-        """Nodes that may run the plan, in the plan's order (not drained)."""
-        return [n for n in self.nodes if n not in self.drained]
+        """Nodes that may run the plan, in the plan's order (neither drained nor BLOCKED)."""
+        return [n for n in self.nodes if n not in self.drained and self.instances[n].state != BLOCKED]
 
     @property
     def active(self) -> str | None:
@@ -163,6 +165,18 @@ class AwaitPromotion:
 
 
 @dataclass(frozen=True)
+class Block:
+    """Record the node's FAILED instance as BLOCKED: it failed the same way at the same batch again."""
+
+    node: str
+    reason: str
+    kind = "BLOCK"
+
+    def describe(self) -> str:
+        return f"block {self.node} (no relaunch until an operator restarts it): {self.reason}"
+
+
+@dataclass(frozen=True)
 class Blocked:
     """Nothing safe can be done about ``node`` (or the shard); an operator must look."""
 
@@ -174,7 +188,7 @@ class Blocked:
         return f"blocked{' on ' + self.node if self.node else ''}: {self.reason}"
 
 
-Action = Stop | Launch | HandOver | AwaitPromotion | Blocked
+Action = Stop | Launch | HandOver | AwaitPromotion | Block | Blocked
 
 
 def takeover_deadline_s(lease_ttl_s: float) -> float:
@@ -184,7 +198,7 @@ def takeover_deadline_s(lease_ttl_s: float) -> float:
 
 def actionable(actions: list[Action]) -> bool:
     """Whether the actions change anything (waiting and being blocked do not)."""
-    return any(isinstance(a, (Stop, Launch, HandOver)) for a in actions)
+    return any(isinstance(a, (Stop, Launch, HandOver, Block)) for a in actions)
 
 
 def initial_role(position: int) -> str:
@@ -244,6 +258,11 @@ def decide(view: ShardView) -> list[Action]:
             actions.append(Stop(node, f"DEAD: {health.evidence}", DEAD_STOP_TIMEOUT_S))
         elif health.state == STALLED:
             actions.append(Stop(node, f"STALLED: {health.evidence}", STALLED_STOP_TIMEOUT_S))
+        elif health.state == BLOCKED and health.status != BLOCKED:
+            actions.append(Block(node, health.evidence))
+        elif health.state == BLOCKED:
+            actions.append(Blocked(node, f"BLOCKED: {health.evidence}; restart the node from tandem_ops once "
+                                         "the cause is fixed"))
 
     active = view.active
     if active is not None and active in view.drained:
@@ -291,8 +310,12 @@ def _start_active(view: ShardView) -> list[Action]:
     candidates = [n for n in view.candidates if not _over_budget(view, n)]
     if not candidates:
         blocked = [n for n in view.candidates if _over_budget(view, n)]
-        return ([_budget_block(view, n) for n in blocked] if blocked
-                else [Blocked(None, f"every node of plan {view.plan} shard {view.shard_id} is drained")])
+        if blocked:
+            return [_budget_block(view, n) for n in blocked]
+        if any(view.health(n).state == BLOCKED for n in view.nodes):
+            return [Blocked(None, f"no node may run plan {view.plan} shard {view.shard_id}: each is BLOCKED or "
+                                  "drained")]
+        return [Blocked(None, f"every node of plan {view.plan} shard {view.shard_id} is drained")]
     if view.standby == WARM:
         target = _after(candidates, source)[0]
         why = (f"warm failover: {source} is {view.health(source).state}" if source in view.instances

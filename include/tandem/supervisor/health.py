@@ -8,6 +8,8 @@ HEALTHY  running: liveness beat fresh, and no input waiting longer than the stal
 STARTING launched or starting, still within the launch timeout
 DEAD     no liveness beat within the heartbeat timeout (killed, frozen, host lost)
 FAILED   the instance ended with an error (a query stopped with an exception)
+BLOCKED  it failed the same way at the same batch :data:`REPEATS_TO_BLOCK` runs in a row (a
+         deterministic failure, not a crash): relaunching it would fail again; an operator must look
 STALLED  beating, but no micro-batch for ``stall_timeout`` while unprocessed input waits
 STOPPED  ended cleanly (stopped by an operator or a supervisor)
 MISSING  never launched on this node
@@ -22,9 +24,13 @@ HEALTHY = "HEALTHY"
 STARTING = "STARTING"
 DEAD = "DEAD"
 FAILED = "FAILED"
+BLOCKED = "BLOCKED"
 STALLED = "STALLED"
 STOPPED = "STOPPED"
 MISSING = "MISSING"
+
+REPEATS_TO_BLOCK = 2
+"""Runs in a row that end with the same failure (the same batch, the same error) before an instance is BLOCKED."""
 
 ALIVE = frozenset({HEALTHY, STARTING})
 """States of an instance whose process is taken to be running and doing its job."""
@@ -51,6 +57,8 @@ class InstanceObservation:
         role: the role the instance last recorded (ACTIVE / PASSIVE / BACKUP).
         epoch: the fencing epoch it last recorded (0 while a standby).
         error: the recorded error of a FAILED or killed instance.
+        failure: the recorded failure of its last FAILED run (query, batch, error's first line).
+        failure_repeats: runs in a row that ended with that same failure.
         beat_age_s: since its last liveness beat (``None``: never beat).
         launched_age_s: since a launcher started ``spark-submit`` for it (``None``: never).
         started_age_s: since the driver announced itself (STARTING) in its current run.
@@ -65,6 +73,8 @@ class InstanceObservation:
     role: str | None = None
     epoch: int = 0
     error: str | None = None
+    failure: str | None = None
+    failure_repeats: int = 0
     beat_age_s: float | None = None
     launched_age_s: float | None = None
     started_age_s: float | None = None
@@ -104,6 +114,9 @@ def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
 
     if obs.status is None:
         return verdict(MISSING, "never launched on this node")
+    if obs.status == "BLOCKED" or (obs.status == "FAILED" and obs.failure_repeats >= REPEATS_TO_BLOCK):
+        return verdict(BLOCKED, f"failed {obs.failure_repeats} runs in a row at the same batch: "
+                                f"{obs.failure or obs.error or 'no error recorded'}")
     if obs.status == "FAILED":
         return verdict(FAILED, f"ended with an error: {obs.error or 'no error recorded'}")
     if obs.status == "STOPPED":

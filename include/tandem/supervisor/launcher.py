@@ -54,7 +54,7 @@ from tandem.supervisor.storage import StorageNotShared, require_shared_storage
 log = logging.getLogger(__name__)
 
 ACTIVE_STATUSES = ("LAUNCHING", "STARTING", "RUNNING")
-ENDED_STATUSES = ("STOPPED", "FAILED")
+ENDED_STATUSES = ("STOPPED", "FAILED", "BLOCKED")
 APPLICATION_SCRIPT = "run_plan.py"
 DRIVER_ENVIRONMENT = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH",  # the process

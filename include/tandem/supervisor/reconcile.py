@@ -39,9 +39,10 @@ from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.leases import read_lease
 from tandem.store.migrations import migrate
-from tandem.store.registry import register_nodes
+from tandem.store.registry import InstanceKey, block, clear_failures, register_nodes
 from tandem.store.supervision import DRAINED, RESTARTED, UNDRAINED, hand_over, instance_role, mark
 from tandem.supervisor.decisions import (
+    Block,
     HOT,
     AwaitPromotion,
     Blocked,
@@ -207,6 +208,8 @@ class Supervisor:
                 result = self._hand_over(shard_id, action)
             elif isinstance(action, AwaitPromotion):
                 result = self._await(shard_id, action)
+            elif isinstance(action, Block):
+                result = self._block(shard_id, action)
             else:
                 raise TypeError(f"unknown action {action!r}")
         except (LaunchError, CheckpointError, TandemError) as exc:
@@ -251,6 +254,12 @@ class Supervisor:
         row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
         data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
         return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
+
+    def _block(self, shard_id: str, action: Block) -> StepResult:
+        key = InstanceKey(self.plan.name, shard_id, action.node)
+        if not block(self.db, key, action.reason[:2000]):
+            return StepResult(action, False, f"{key.id} is no longer FAILED: left as it is")
+        return StepResult(action, True, f"{key.id} is BLOCKED")
 
     def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
         epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
@@ -324,6 +333,7 @@ class Supervisor:
             if node in view.drained:
                 mark(self.db, self.plan.name, shard_id, UNDRAINED, reason, node=node)
             mark(self.db, self.plan.name, shard_id, RESTARTED, reason, node=node)
+            clear_failures(self.db, InstanceKey(self.plan.name, shard_id, node))
             takers = [n for n in view.candidates if n != node and view.alive(n)]
             if view.active == node and view.standby == HOT and takers:
                 takers.sort(key=lambda n: 0 if view.health(n).role != "BACKUP" else 1)
