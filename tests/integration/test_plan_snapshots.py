@@ -1,4 +1,4 @@
-"""Snapshots of the transformWithState plans: readable state, validation, and a restore that loses and repeats nothing.
+"""Snapshots of every plan: readable state, validation, and a restore that loses and repeats nothing.
 
 For pizza_shop and temperatures, with real Spark, RocksDB state, PostgreSQL and Delta: the input
 arrives in three parts. After part 1 every instance is snapshotted (the export is checked against
@@ -6,6 +6,9 @@ the events the test wrote, the suite marks it GOOD); part 2 is processed and pub
 instance is restored to its snapshot (part 2 is processed again from the cut) and part 3 follows.
 The outputs must equal the plain-Python reference of all the input, each row once, in PostgreSQL
 and Delta: the rows the replay emits again have the ids of rows already published.
+
+For trades, whose aggregation a restore rolls back, with the table under its default name (not the
+output's): after the restore the aggregation is the reference at the cut for the restored shard.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import random
 from pathlib import Path
 
 import pytest
+import yaml
+from _ha import mismatches
 from _references import PIZZA_T0, arrival_order, make_orders
+from tandem.aggregation.spec import spec_for
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
 from tandem.lake.tables import read_table
-from tandem.layout import delta_table_dir, landing_dir
+from tandem.layout import delta_table_dir, instance_landing_dir, landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
@@ -30,6 +36,9 @@ from test_pizza_shop_plan import assert_outputs_equal_the_reference as assert_pi
 from test_temperatures_plan import T0 as TEMPS_T0
 from test_temperatures_plan import assert_outputs_equal_the_reference as assert_temperature_outputs
 from test_temperatures_plan import make_readings
+from test_trades_plan import T0 as TRADES_T0
+from test_trades_plan import make_events as make_trades
+from test_trades_plan import write_events as write_trades
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +54,15 @@ def thirds(events: list[dict]) -> list[list[dict]]:
     return [events[:n // 3], events[n // 3:2 * n // 3], events[2 * n // 3:]]
 
 
+def run_one(cluster, plan, shard: str, spark) -> None:
+    """Run node-a's instance of ``shard`` until it has processed every input file (it must stop cleanly)."""
+    result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+    assert result.status == "STOPPED", result.error
+
+
 def run_all(cluster, plan, spark) -> None:
     for shard in plan.shards:  # available-now ends with a no-data batch: the watermark fires the timers
-        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
-        assert result.status == "STOPPED", result.error
+        run_one(cluster, plan, shard, spark)
 
 
 def snapshot_all(cluster, plan, spark) -> dict[str, str]:
@@ -66,6 +80,11 @@ def restore_all(cluster, plan, taken: dict[str, str]) -> list[str]:
     for shard, snapshot_id in taken.items():
         lines += restore_shard(cluster, plan, shard, snapshot_id=snapshot_id, start=False).lines()
     return lines
+
+
+def quarantine_reasons(cluster, plan) -> list[str]:
+    """The reasons of every quarantined line of the plan, sorted (a line quarantined twice shows twice)."""
+    return sorted(read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist())
 
 
 def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project, database_url, spark) -> None:
@@ -160,3 +179,56 @@ def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(proj
     run_all(cluster, plan, spark)
 
     assert_temperature_outputs(cluster, plan, database_url, readings)
+
+
+def declare_the_default_table(project: Path) -> None:
+    """The temp project's trades aggregation without ``table:``: stored as ``trades_trade_aggregates``."""
+    path = project / "conf" / "plans" / "trades.yaml"
+    declared = yaml.safe_load(path.read_text())
+    del declared["outputs"]["trade_aggregates"]["table"]
+    path.write_text(yaml.safe_dump(declared))
+
+
+def as_trades(events: list[dict]) -> list[tuple[int, str, float, int]]:
+    """Trades as ``_ha.mismatches`` takes them: (timestamp ms, symbol, price, quantity)."""
+    return [(e["timestamp"], e["symbol"], e["price"], e["quantity"]) for e in events]
+
+
+def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_cut(project, database_url,
+                                                                                  spark) -> None:
+    """Its table is not named after its output: restoring shard-1 still puts shard-1's slice back at the cut
+    (PostgreSQL and Delta) and leaves shard-2's alone; the quarantine is kept; the replay adds up exactly."""
+    declare_the_default_table(project)
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    assert spec_for(plan, "trade_aggregates").table == "trades_trade_aggregates"
+    landing = {shard: instance_landing_dir(cluster, plan, shard) for shard in plan.shards}
+    trades = sorted(make_trades(31, 400, 40_000), key=lambda e: e["timestamp"])
+    before, after = trades[:200], trades[200:]  # shard-1's, in time order: before the cut and after it
+    other = make_trades(32, 200, 40_000)  # shard-2's, the same symbols and seconds
+    bad_lines = [(json.dumps({"symbol": "IBM", "quantity": 1, "timestamp": TRADES_T0}), "missing field 'price'"),
+                 (json.dumps({"symbol": "IBM", "price": 10.0, "quantity": -4, "timestamp": TRADES_T0}),
+                  "field 'quantity' must be > 0 (got -4)")]  # one before the cut, one after
+    reasons = sorted(reason for _, reason in bad_lines)
+
+    write_trades(landing["shard-1"], before, per_file=100)
+    write_atomically(landing["shard-1"], [bad_lines[0][0]])
+    run_one(cluster, plan, "shard-1", spark)
+    snapshot = take_snapshot(cluster, plan, "shard-1", spark, node="node-a")
+    assert snapshot.good, snapshot.summary()
+    assert mismatches(cluster, as_trades(before)) == [], "at the cut"
+    assert quarantine_reasons(cluster, plan) == [bad_lines[0][1]]
+
+    # shard-2 publishes only after shard-1's cut: restoring the whole table to the cut would undo it too
+    write_trades(landing["shard-1"], after, per_file=100)
+    write_atomically(landing["shard-1"], [bad_lines[1][0]])
+    write_trades(landing["shard-2"], other, per_file=100)
+    run_all(cluster, plan, spark)
+    report = restore_shard(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
+    assert mismatches(cluster, as_trades(before + other)) == [], \
+        "shard-1 is not back at its cut, or shard-2 is not as it was:\n" + "\n".join(report.lines())
+    assert quarantine_reasons(cluster, plan) == reasons, "the quarantine is kept"
+
+    run_one(cluster, plan, "shard-1", spark)
+    assert mismatches(cluster, as_trades(trades + other)) == []
+    assert quarantine_reasons(cluster, plan) == reasons, "each bad line once, although the replay read one again"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from _conf import edit_yaml
 from _project import TRADES
 from tandem.quality.serving import ExpectationOutcome
 from tandem.snapshots.outputs import newest_per_key
@@ -124,3 +126,21 @@ def test_a_restore_keeps_exactly_the_outputs_published_by_id() -> None:
     assert {name for name, o in pizza.outputs.items() if o.published_by_id} == {
         "delivered_orders", "overdue_orders", "order_stats", "quarantine"}  # table, events, facts, bad lines by file
     assert not trades.outputs["trade_aggregates"].published_by_id  # Spark partials are rolled back
+
+
+def test_every_sink_is_named_after_its_output_also_when_its_table_is_not(conf: Path) -> None:
+    """A snapshot records each output's version under its sink's name and a restore looks it up by the output's
+    Delta folder (``delta/<plan>/<output>``): both must be the declared output's name. An aggregation without
+    ``table:`` is stored in ``<plan>_<output>``; its sink is still named ``<output>``."""
+    from tandem.config import load_cluster, load_plans
+    from tandem.runtime.sinks import sink_for
+    from tandem.store.registry import InstanceKey
+
+    edit_yaml(conf / "plans" / "trades.yaml", lambda plan: plan["outputs"]["trade_aggregates"].pop("table"))
+    plans = load_plans(load_cluster(conf / "cluster.yaml"))
+    assert set(plans) == {"pizza_shop", "temperatures", "trades"}
+    for plan in plans.values():
+        instance = InstanceKey(plan.name, plan.shards[0], plan.nodes[0])
+        names = {output: sink_for(plan, output, instance, "postgresql://unused", Path("unused")).output
+                 for output in plan.outputs}
+        assert names == {output: output for output in plan.outputs}, plan.name
