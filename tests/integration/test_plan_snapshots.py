@@ -2,10 +2,13 @@
 
 For pizza_shop and temperatures, with real Spark, RocksDB state, PostgreSQL and Delta: the input
 arrives in three parts. After part 1 every instance is snapshotted (the export is checked against
-the events the test wrote, the suite marks it GOOD); part 2 is processed and published; then every
-instance is restored to its snapshot (part 2 is processed again from the cut) and part 3 follows.
-The outputs must equal the plain-Python reference of all the input, each row once, in PostgreSQL
-and Delta: the rows the replay emits again have the ids of rows already published.
+the events the test wrote, the suite marks it GOOD) and every output must equal the plain-Python
+reference at the cut: of the input read, with what each instance's watermark has made final. Part 2
+is processed and published; then every instance is restored to its snapshot. Their outputs are all
+published by id, so the restore keeps them: they still equal the reference of parts 1 and 2. Part 2
+is processed again from the cut and part 3 follows: the outputs must equal the reference of all the
+input, each row once, in PostgreSQL and Delta (the rows the replay emits again have the ids of rows
+already published).
 
 For trades, whose aggregation a restore rolls back, with the table under its default name (not the
 output's): after the restore the aggregation is the reference at the cut for the restored shard.
@@ -20,21 +23,23 @@ from pathlib import Path
 import pytest
 import yaml
 from _ha import mismatches
-from _references import PIZZA_T0, arrival_order, make_orders
+from _references import PIZZA_T0, arrival_order, decided_orders, make_orders, temperature_reference_at
 from tandem.aggregation.spec import spec_for
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
 from tandem.lake.tables import read_table
-from tandem.layout import delta_table_dir, instance_landing_dir, landing_dir
+from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir, landing_dir, snapshot_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
+from tandem.supervisor.resync import committed_batch
 from test_pizza_shop_plan import assert_outputs_equal_the_reference as assert_pizza_outputs
 from test_temperatures_plan import T0 as TEMPS_T0
 from test_temperatures_plan import assert_outputs_equal_the_reference as assert_temperature_outputs
+from test_temperatures_plan import assert_outputs_hold as assert_temperature_outputs_hold
 from test_temperatures_plan import make_readings
 from test_trades_plan import T0 as TRADES_T0
 from test_trades_plan import make_events as make_trades
@@ -87,6 +92,30 @@ def quarantine_reasons(cluster, plan) -> list[str]:
     return sorted(read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist())
 
 
+def watermark(query_dir: Path) -> int:
+    """The event-time watermark (epoch ms) of the last batch a query checkpoint (live, or a snapshot's cut) has
+    committed, as Spark logged it: what a transformWithState query has emitted is final up to it."""
+    batch = committed_batch(query_dir)
+    return json.loads((query_dir / "offsets" / str(batch)).read_text().splitlines()[1])["batchWatermarkMs"]
+
+
+def joined(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Parts of the input, stream by stream, as one."""
+    return {name: [e for part in parts for e in part[name]] for name in parts[0]}
+
+
+def assert_pizza_outputs_at(cluster, plan, database_url: str, streams: dict[str, list[dict]],
+                            watermarks: dict[str, int]) -> None:
+    """Every pizza output is the reference of the orders and deliveries read, with each instance's orders decided
+    up to its watermark (``watermarks``, by shard)."""
+    partitions = plan.streams["orders"].partitions
+    decided = []
+    for shard, at in watermarks.items():
+        mine = set(plan.partitions(shard, "orders"))
+        decided += decided_orders([o for o in streams["orders"] if partition_of(o["order_no"], partitions) in mine], at)
+    assert_pizza_outputs(cluster, plan, database_url, decided, streams["deliveries"])
+
+
 def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project, database_url, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("pizza_shop", cluster)
@@ -99,9 +128,16 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
               for name in ("orders", "deliveries")} for part in thirds(arrival)]
 
     write(cluster, plan, parts[0])
+    write_atomically(landing_dir(cluster, "orders", 2), ['{"order_no": "o-x", "time": 5}'])
     run_all(cluster, plan, spark)
     taken = snapshot_all(cluster, plan, spark)
     before_the_cut = landing_files(cluster, plan)
+
+    # at the cut, every output is the reference of part 1 with the orders decided by each instance's watermark
+    assert_pizza_outputs_at(cluster, plan, database_url, parts[0], {
+        shard: watermark(snapshot_dir(cluster, plan.name, snapshot_id) / "orders")
+        for shard, snapshot_id in taken.items()})
+    assert quarantine_reasons(cluster, plan) == ["missing field 'customer_name'"]
 
     # the export: every pending order of an instance with its customer, time and expiry timer
     by_order = {o["order_no"]: o for o in orders}
@@ -127,16 +163,22 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
     write(cluster, plan, parts[1])
     write_atomically(landing_dir(cluster, "deliveries", 1), ['{"order_no": "o-1"}', '{"order_no": "", "time": 5}'])
     run_all(cluster, plan, spark)
+    published = {shard: watermark(checkpoint_dir(cluster, plan.name, shard, "node-a", "orders"))
+                 for shard in plan.shards}
     lines = restore_all(cluster, plan, taken)
-    assert any("overdue_orders: kept" in line for line in lines), lines
+    for output in plan.outputs:
+        assert any(f"{output}: kept" in line for line in lines), (output, lines)
+    # the restore keeps every output (all are published by id): they still hold what parts 1 and 2 published
+    assert_pizza_outputs_at(cluster, plan, database_url, joined(parts[0], parts[1]), published)
+    reasons = ["field 'order_no' must not be empty (got )", "missing field 'customer_name'", "missing field 'time'"]
+    assert quarantine_reasons(cluster, plan) == reasons
 
     write(cluster, plan, parts[2])
     advance_watermark(cluster, plan, PIZZA_T0 + 3_600_000)
     run_all(cluster, plan, spark)
 
     assert_pizza_outputs(cluster, plan, database_url, orders, deliveries)
-    reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert sorted(reasons) == ["field 'order_no' must not be empty (got )", "missing field 'time'"], \
+    assert quarantine_reasons(cluster, plan) == reasons, \
         "the bad lines of part 2 are quarantined once, although the replay after the restore read them again"
 
     # landing retention: the files of both streams behind the snapshots' cuts go, nothing after them
@@ -157,9 +199,19 @@ def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(proj
     readings = make_readings(17, 600)
     parts = thirds(readings)
 
+    bad_lines = [('{"room_no": 101, "device_id": "x", "temp": 20.0}', "missing field 'time'"),
+                 ('{"room_no": 101, "device_id": "", "temp": 20.0, "time": %d}' % TEMPS_T0,
+                  "field 'device_id' must not be empty (got )")]  # one before the cut, one after
     write(cluster, plan, {"temps": parts[0]})
+    write_atomically(landing_dir(cluster, "temps", 0), [bad_lines[0][0]])
     run_all(cluster, plan, spark)
     taken = snapshot_all(cluster, plan, spark)  # group-2 is stateless: its snapshot is the input it processed
+
+    # at the cut, every output is the reference of part 1 with what group-1's watermarks have made final
+    cut = snapshot_dir(cluster, plan.name, taken["group-1-1"])
+    assert_temperature_outputs_hold(cluster, plan, database_url, temperature_reference_at(
+        parts[0], {query: watermark(cut / query) for query in ("avg_temps", "temp_alerts")}))
+    assert quarantine_reasons(cluster, plan) == [bad_lines[0][1]]
 
     written = {(r["room_no"], r["time"], r["device_id"], r["temp"]) for r in readings}
     rows = read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), taken["group-1-1"])
@@ -172,13 +224,23 @@ def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(proj
         assert read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), taken[shard]) == []
 
     write(cluster, plan, {"temps": parts[1]})
+    write_atomically(landing_dir(cluster, "temps", 0), [bad_lines[1][0]])
     run_all(cluster, plan, spark)
+    published = {query: watermark(checkpoint_dir(cluster, plan.name, "group-1-1", "node-a", query))
+                 for query in ("avg_temps", "temp_alerts")}
     restore_all(cluster, plan, taken)
+    # the restore keeps every output (all are published by id): they still hold what parts 1 and 2 published
+    assert_temperature_outputs_hold(cluster, plan, database_url,
+                                    temperature_reference_at(parts[0] + parts[1], published))
+    reasons = sorted(reason for _, reason in bad_lines)
+    assert quarantine_reasons(cluster, plan) == reasons
+
     write(cluster, plan, {"temps": parts[2]})
     advance_watermark(cluster, plan, TEMPS_T0 + 3_600_000)
     run_all(cluster, plan, spark)
 
     assert_temperature_outputs(cluster, plan, database_url, readings)
+    assert quarantine_reasons(cluster, plan) == reasons, "each bad line once, although the replay read one again"
 
 
 def declare_the_default_table(project: Path) -> None:

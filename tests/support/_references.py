@@ -57,6 +57,12 @@ def pizza_reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[st
     return per_customer, overdue
 
 
+def decided_orders(orders: list[dict], watermark_ms: int) -> list[dict]:
+    """The orders an instance has decided once its watermark is at ``watermark_ms``: an order is decided at its
+    expiry (order time + 30 s), when the watermark reaches it."""
+    return [o for o in orders if o["time"] + ORDER_EXPIRY_MS <= watermark_ms]
+
+
 def temperature_reference(readings: list[dict]) -> dict[str, set[tuple]]:
     """Each temperature output's rows (as :func:`temperature_row` gives them).
 
@@ -91,3 +97,13 @@ def temperature_row(output: str, payload: dict) -> tuple:
         return (payload["room_no"], payload["initial_device_id"], payload["initial_temp"], payload["initial_time"],
                 payload["final_device_id"], payload["final_temp"], payload["final_time"])
     return (payload["room_no"], payload["device_id"], payload["temp"], payload["time"])
+
+
+def temperature_reference_at(readings: list[dict], watermarks: dict[str, int]) -> dict[str, set[tuple]]:
+    """The temperature outputs once ``readings`` are read and the watermark of each stateful output is at
+    ``watermarks[output]``: a reading's average, and an alert at its warmer reading, once the watermark reaches
+    their time; every high temperature at once (a filter, without state)."""
+    expected = temperature_reference(readings)
+    return {"avg_temps": {row for row in expected["avg_temps"] if row[3] <= watermarks["avg_temps"]},
+            "temp_alerts": {row for row in expected["temp_alerts"] if row[6] <= watermarks["temp_alerts"]},
+            "high_temps": expected["high_temps"]}
