@@ -19,6 +19,7 @@ import pytest
 from deltalake import write_deltalake
 from tandem.config import load_cluster, load_plan
 from tandem.layout import delta_table_dir
+from tandem.presenter import configuration
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import ConnectionPool, PresenterBusy
 from tandem.presenter.models import NodeState, TimelineEvent
@@ -230,3 +231,16 @@ def test_a_vacant_lease_says_since_when_and_why() -> None:
         expired, "expired: node-a stopped renewing it (DEAD: no liveness beat for 40.0s)")
     assert vacancy({**lease, "valid": True}, None, _node("RUNNING")) == (None, None)
     assert vacancy({**lease, "holder": None}, None, None) == (None, "the lease was never taken")
+
+
+def test_the_configuration_is_parsed_again_only_when_a_file_changes(conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    cluster, plans = configuration.current()
+    assert set(plans) == {"pizza_shop", "temperatures", "trades"}
+    assert configuration.current()[1] is plans  # within the second: not even looked at
+    time.sleep(1.1)
+    assert configuration.current()[1] is plans  # looked at: unchanged files, the same objects
+    plan_file = conf / "plans" / "trades.yaml"
+    plan_file.write_text(plan_file.read_text().replace("trigger_interval: 1 second", "trigger_interval: 2 seconds"))
+    time.sleep(1.1)
+    assert configuration.current()[1]["trades"].trigger_interval_s == 2.0

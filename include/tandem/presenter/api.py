@@ -29,9 +29,9 @@ from airflow.configuration import conf
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from tandem.config import ClusterConfig, ConfigError, PlanConfig, load_cluster, load_plans
+from tandem.config import ClusterConfig, ConfigError, PlanConfig
 from tandem.errors import TandemError
-from tandem.presenter import access, views
+from tandem.presenter import access, configuration, views
 from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
     ActionRequest, ActionRun, AggregateRows, EventPage, PlanStatus, PlanSummary, Problem, QuarantineReport,
@@ -65,7 +65,11 @@ invalid one), which also puts Airflow's security schemes into the OpenAPI descri
 
 
 def cluster_config() -> ClusterConfig:
-    return load_cluster()
+    return configuration.current()[0]
+
+
+def plan_configs() -> dict[str, PlanConfig]:
+    return configuration.current()[1]
 
 
 def database(cluster: Annotated[ClusterConfig, Depends(cluster_config)]) -> Iterator[Database]:
@@ -85,14 +89,15 @@ def dag_teams() -> access.TeamsOf:
 
 
 Cluster = Annotated[ClusterConfig, Depends(cluster_config)]
+Plans = Annotated[dict[str, PlanConfig], Depends(plan_configs)]
 Db = Annotated[Database, Depends(database)]
 AuthManager = Annotated[access.DagAuthority, Depends(auth_manager)]
 Teams = Annotated[access.TeamsOf, Depends(dag_teams)]
 
 
-def readable_plan(plan: str, cluster: Cluster, user: User, auth: AuthManager, teams: Teams) -> PlanConfig:
+def readable_plan(plan: str, plans: Plans, user: User, auth: AuthManager, teams: Teams) -> PlanConfig:
     """The plan of the path if the user may read it (404 for no such plan, 403 for a plan Airflow denies)."""
-    return access.plan_for_reader(auth, user, load_plans(cluster), plan, teams)
+    return access.plan_for_reader(auth, user, plans, plan, teams)
 
 
 Plan = Annotated[PlanConfig, Depends(readable_plan)]
@@ -100,8 +105,8 @@ router = APIRouter(dependencies=[Depends(get_user)], responses=ERRORS)
 
 
 @router.get("/plans", response_model=list[PlanSummary], summary="Every plan you may read: nodes, groups, outputs")
-def list_plans(cluster: Cluster, user: User, auth: AuthManager, teams: Teams) -> list[PlanSummary]:
-    return [views.plan_summary(plan) for plan in access.readable_plans(auth, user, load_plans(cluster), teams).values()]
+def list_plans(plans: Plans, user: User, auth: AuthManager, teams: Teams) -> list[PlanSummary]:
+    return [views.plan_summary(plan) for plan in access.readable_plans(auth, user, plans, teams).values()]
 
 
 @router.get("/plans/{plan}", response_model=PlanSummary, summary="One plan's declaration")

@@ -1,0 +1,44 @@
+"""The cluster and plans for the presenter's requests, parsed again only when a configuration file changes.
+
+Parsing ``cluster.yaml`` and every plan takes tens of milliseconds of pure-Python YAML; a request
+of every open page did it, which at 20 pages is most of a core beside the plan instances. Here the
+parsed configuration is kept while the files under ``conf/`` (their paths, sizes and modification
+times) and the environment that overrides them stay the same, looked at once a second at most.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans
+from tandem.presenter.cache import VersionedCache
+
+OVERRIDES = ("TANDEM_CONF_DIR", "TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL")
+"""The environment variables the configuration reads besides its files."""
+Configuration = tuple[ClusterConfig, dict[str, PlanConfig]]
+_PARSED: VersionedCache[Configuration] = VersionedCache(ttl_s=1.0, max_entries=8)
+
+
+def _files_and_environment() -> tuple:
+    folder = conf_dir()
+    files = [folder / "cluster.yaml", *sorted((folder / "plans").glob("*.yaml"))]
+    return tuple(os.environ.get(name) for name in OVERRIDES), tuple(_stat(path) for path in files)
+
+
+def _stat(path: Path) -> tuple[str, int, int] | tuple[str]:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return (str(path),)
+    return str(path), status.st_mtime_ns, status.st_size
+
+
+def _parse(_version: object) -> Configuration:
+    cluster = load_cluster()
+    return cluster, load_plans(cluster)
+
+
+def current() -> Configuration:
+    """The cluster and every plan, as ``load_cluster()`` and ``load_plans()`` would return them now."""
+    return _PARSED.get(tuple(os.environ.get(name) for name in OVERRIDES), _files_and_environment, _parse)
