@@ -3,8 +3,12 @@
 The plan runs on real Spark (both instances, available-now); the test computes every expected row
 with plain Python. Then, through HTTP: every endpoint against that reference, Airflow's
 authentication (no token, expired token, forged token) and permissions (a viewer reads but cannot
-act), actions triggered as the caller (Airflow records who), cursor polling, and a schemathesis
-run from the OpenAPI description (no 500s, every response as documented).
+act, a user without a role reads nothing: SimpleAuthManager grants a DAG's read to every role, so
+"plan A but not B" is unit-tested with a fake auth manager), bounded reads, a cookie POST without
+the page's header refused, actions triggered as the caller (Airflow records who), cursor polling,
+the page in headless Chromium at 1500 px over these stopped instances (why no node is ACTIVE,
+epoch-millis fields as UTC times, an instance's error), and a schemathesis run from the OpenAPI
+description (no 500s, every response as documented).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 import jwt
 import pytest
 import requests
+from _page import assert_shown_whole
 from _references import PIZZA_T0, arrival_order, make_orders, pizza_reference
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
@@ -70,9 +75,14 @@ def catalog_two_snapshots(database_url: str, storage: Path) -> tuple[str, str]:
     return ids[0], ids[1]
 
 
+USERS = "admin:admin,viewer:viewer,nobody:"
+"""SimpleAuthManager's users: ``nobody`` has no role, so Airflow denies it every DAG."""
+
+
 def write_users(home: Path) -> dict[str, str]:
-    """SimpleAuthManager's password file with an admin and a viewer (Airflow would print generated ones)."""
-    passwords = {"admin": secrets.token_urlsafe(16), "viewer": secrets.token_urlsafe(16)}
+    """SimpleAuthManager's password file with an admin, a viewer and a user without a role."""
+    passwords = {"admin": secrets.token_urlsafe(16), "viewer": secrets.token_urlsafe(16),
+                 "nobody": secrets.token_urlsafe(16)}
     home.mkdir(parents=True)
     path = home / "simple_auth_manager_passwords.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as handle:
@@ -114,6 +124,11 @@ class Api:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return requests.post(f"{self.base}{path}", json=body, headers=headers, timeout=60)
 
+    def post_with_cookie(self, path: str, body: dict, **headers: str) -> requests.Response:
+        """As the page does, with the Airflow UI's cookie instead of a Bearer token."""
+        return requests.post(f"{self.base}{path}", json=body, cookies={"_token": self.token}, headers=headers,
+                             timeout=60)
+
 
 READ_PATHS = ["/plans", f"/plans/{PLAN}", f"/plans/{PLAN}/status", f"/plans/{PLAN}/timeline",
               f"/plans/{PLAN}/snapshots", f"/plans/{PLAN}/quarantine",
@@ -121,23 +136,62 @@ READ_PATHS = ["/plans", f"/plans/{PLAN}", f"/plans/{PLAN}/status", f"/plans/{PLA
               f"/plans/{PLAN}/outputs/overdue_orders/events"]
 
 
+def check_page(browser, base: str, token: str, database_url: str, epoch: int, tmp_path: Path) -> None:
+    """The page at 1500 px over the stopped instances: each node's pid and buttons inside its card, why no
+    node is ACTIVE, the overdue orders' expiry times (epoch milliseconds) as UTC times, and an instance's
+    recorded error shown with its status."""
+    from playwright.sync_api import expect
+
+    with Database(database_url) as db:
+        db.run(lambda c: c.execute("UPDATE plan_instances SET status = 'FAILED', error = %s WHERE plan = %s AND "
+                                   "shard_id = 'shop-2' AND node = 'node-a'", (PAGE_ERROR, PLAN)))
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    context.add_cookies([{"name": "_token", "value": token, "url": base}])
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/tandem/#{PLAN}")
+        lease_line = page.get_by_test_id("lease-shop-1")
+        expect(lease_line).to_contain_text("no ACTIVE since ", timeout=30_000)
+        expect(lease_line).to_contain_text(f"released: instance stopped · last holder node-a at epoch {epoch}")
+        for shard in ("shop-1", "shop-2"):  # two cards side by side would each be too narrow for its table
+            assert_shown_whole(page, shard, ("node-a", "node-b"), 0, 1500)
+        expect(page.get_by_test_id("status-shop-2-node-a")).to_have_text("FAILED")
+        expect(page.get_by_test_id("error-shop-2-node-a")).to_have_text(f"node-a FAILED: {PAGE_ERROR}")
+        feed = page.get_by_test_id("feed-overdue_orders")
+        expect(feed).to_contain_text("expiry_time=2025-", timeout=30_000)
+        expect(feed).not_to_contain_text("expiry_time=17")  # epoch millis of 2025 start with 17…
+        page.screenshot(path=tmp_path / "pizza-page.png", full_page=True)
+    finally:
+        context.close()
+
+
+PAGE_ERROR = "psycopg2.errors.DataError: invalid input syntax for type json"
+
+
 def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_url: str, spark, airflow_stack,
-                                                      tmp_path: Path) -> None:
+                                                      browser, tmp_path: Path) -> None:
     orders, per_customer, overdue = publish_pizza_outputs(spark)
     good, bad = catalog_two_snapshots(database_url, project / "data")
     home = tmp_path / "airflow"
     passwords = write_users(home)
-    with airflow_stack(home, {"TANDEM_AIRFLOW_USERS": "admin:admin,viewer:viewer"}) as airflow:
+    with airflow_stack(home, {"TANDEM_AIRFLOW_USERS": USERS}) as airflow:
         base = airflow.base_url
         admin_token = login(base, "admin", passwords["admin"])
         admin, viewer = Api(base, admin_token), Api(base, login(base, "viewer", passwords["viewer"]))
+        nobody = Api(base, login(base, "nobody", passwords["nobody"]))
 
-        # authentication: Airflow's answers, on every endpoint
+        # authentication: Airflow's answers, on every endpoint; reading a plan needs reading its DAG
         for path in READ_PATHS:
             assert Api(base, None).get(path).status_code == 401, path
             assert Api(base, expired_copy(admin_token, home)).get(path).status_code == 401, path
             assert Api(base, admin_token[:-4] + "AAAA").get(path).status_code == 403, path
             assert viewer.get(path).status_code == 200, path
+        assert nobody.ok("/plans") == []
+        for path in READ_PATHS[1:]:
+            refused = nobody.get(path)
+            assert refused.status_code == 403, path
+            assert refused.json()["detail"] == ("nobody may not read plan pizza_shop "
+                                                "(Airflow denies reading its DAG tandem_pizza_shop_supervise)")
         assert Api(base, expired_copy(admin_token, home)).get("/plans").json()["detail"] == "Token Expired"
         assert Api(base, None).post(f"/plans/{PLAN}/actions", {"action": "snapshot_now"}).status_code == 401
 
@@ -161,7 +215,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         assert sum(r["orders"] for r in days) == len(orders)
         assert sum(r["on_time"] for r in days) == sum(per_customer.values())
         minutes = admin.ok(f"/plans/{PLAN}/outputs/order_stats/aggregates", granularity="minute",
-                           start="2025-01-01T00:00:00Z", end="2026-01-01T00:00:00Z")["rows"]
+                           start="2025-03-01T00:00:00Z", end="2025-03-02T00:00:00Z")["rows"]
         expected_minutes: dict[str, int] = {}
         for order in orders:
             minute = datetime.fromtimestamp(order["time"] // 60_000 * 60, timezone.utc).isoformat().replace("+00:00", "Z")
@@ -191,6 +245,9 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             assert [n["node"] for n in instance["nodes"]] == ["node-a", "node-b"]
             assert instance["nodes"][0]["status"] == "STOPPED" and instance["nodes"][1]["health"] == "MISSING"
             assert instance["last_failover"]["kind"] == "PROMOTED" and instance["last_failover"]["node"] == "node-a"
+        for instance in status["instances"]:  # each instance stopped at the end of its input and released the lease
+            assert not instance["lease"]["valid"] and instance["lease"]["vacancy"] == "released: instance stopped"
+            assert instance["lease"]["vacant_since"] is not None
         assert status["instances"][0]["last_good_snapshot"]["id"] == good
         assert status["instances"][1]["last_good_snapshot"] is None
         kinds = [e["kind"] for e in admin.ok(f"/plans/{PLAN}/timeline", shard_id="shop-2")["events"]]
@@ -212,9 +269,23 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             response = admin.get(path, **params)
             assert response.status_code == status_code and response.json()["detail"], (path, response.text)
 
-        # actions: a viewer may not act; the admin's trigger is recorded as the admin's
+        # bounded reads: a range or a result too large is a 400 that says the limit and how to narrow
+        wide = admin.get(f"/plans/{PLAN}/outputs/order_stats/aggregates", granularity="minute",
+                         start="1970-01-01T00:00:00Z", end="9999-01-01T00:00:00Z")
+        assert wide.status_code == 400 and "at most 10,000 are served: narrow start/end" in wide.json()["detail"]
+        many = admin.get(f"/plans/{PLAN}/outputs/order_stats/aggregates", granularity="minute", limit=2,
+                         start="2025-03-01T00:00:00Z", end="2025-03-02T00:00:00Z")
+        assert many.status_code == 400 and "more than 2 rows (limit=2)" in many.json()["detail"]
+        keys = admin.get(f"/plans/{PLAN}/outputs/delivered_orders/rows", limit=2)
+        assert keys.status_code == 400 and "filter with key=customer_name:<value>" in keys.json()["detail"]
+
+        # actions: a viewer may not act; a cookie POST without the page's header is refused; the admin's
+        # trigger is recorded as the admin's
         refused = viewer.post(f"/plans/{PLAN}/actions", {"action": "failover_now", "shard_id": "shop-1"})
         assert refused.status_code == 403 and "viewer" in refused.json()["detail"]
+        forged = admin.post_with_cookie(f"/plans/{PLAN}/actions", {"action": "failover_now", "shard_id": "shop-1"})
+        assert forged.status_code == 403 and "X-Tandem-Request: 1" in forged.json()["detail"]
+        assert airflow.runs("tandem_ops") == []
         assert admin.post(f"/plans/{PLAN}/actions", {"action": "restore", "shard_id": "shop-1"}).status_code == 400
         assert admin.post(f"/plans/{PLAN}/actions", {"action": "drain_node"}).status_code == 400
         assert admin.post(f"/plans/{PLAN}/actions", {"action": "drain_node", "node": "node-z"}).status_code == 400
@@ -225,6 +296,8 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         recorded = airflow.request("GET", f"/dags/tandem_ops/dagRuns/{run['dag_run_id']}").json()
         assert recorded["conf"] == {"action": "snapshot_now", "plan": PLAN, "shard_id": "shop-2", "node": ""}
         assert recorded["triggering_user_name"] == "admin" and "Tandem page by admin" in recorded["note"]
+
+        check_page(browser, base, admin_token, database_url, status["instances"][0]["lease"]["epoch"], tmp_path)
 
         # fuzzing from the OpenAPI description: no 500s, every response as documented
         config = tmp_path / "schemathesis.toml"
