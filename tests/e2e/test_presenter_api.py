@@ -139,11 +139,11 @@ READ_PATHS = ["/plans", f"/plans/{PLAN}", f"/plans/{PLAN}/status", f"/plans/{PLA
 def check_page(browser, base: str, token: str, database_url: str, epoch: int, tmp_path: Path) -> None:
     """The page at 1500 px over the stopped instances: each node's pid and buttons inside its card, why no
     node is ACTIVE, the overdue orders' expiry times (epoch milliseconds) as UTC times, and an instance's
-    recorded error shown with its status."""
+    recorded error shown with its status (BLOCKED, migration 008)."""
     from playwright.sync_api import expect
 
     with Database(database_url) as db:
-        db.run(lambda c: c.execute("UPDATE plan_instances SET status = 'FAILED', error = %s WHERE plan = %s AND "
+        db.run(lambda c: c.execute("UPDATE plan_instances SET status = 'BLOCKED', error = %s WHERE plan = %s AND "
                                    "shard_id = 'shop-2' AND node = 'node-a'", (PAGE_ERROR, PLAN)))
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     context.add_cookies([{"name": "_token", "value": token, "url": base}])
@@ -155,8 +155,8 @@ def check_page(browser, base: str, token: str, database_url: str, epoch: int, tm
         expect(lease_line).to_contain_text(f"released: instance stopped · last holder node-a at epoch {epoch}")
         for shard in ("shop-1", "shop-2"):  # two cards side by side would each be too narrow for its table
             assert_shown_whole(page, shard, ("node-a", "node-b"), 0, 1500)
-        expect(page.get_by_test_id("status-shop-2-node-a")).to_have_text("FAILED")
-        expect(page.get_by_test_id("error-shop-2-node-a")).to_have_text(f"node-a FAILED: {PAGE_ERROR}")
+        expect(page.get_by_test_id("status-shop-2-node-a")).to_have_text("BLOCKED")
+        expect(page.get_by_test_id("error-shop-2-node-a")).to_have_text(f"node-a BLOCKED: {PAGE_ERROR}")
         feed = page.get_by_test_id("feed-overdue_orders")
         expect(feed).to_contain_text("expiry_time=2025-", timeout=30_000)
         expect(feed).not_to_contain_text("expiry_time=17")  # epoch millis of 2025 start with 17…

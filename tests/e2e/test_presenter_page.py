@@ -1,12 +1,15 @@
 """The Tandem page in the Airflow UI, in headless Chromium (Debian's, driven by Playwright's client),
 beside a real Airflow scheduler and triggerer that supervise a hot pair of the trades plan.
 
-The supervision DAG launches the pair (node-a ACTIVE, node-b PASSIVE). The test logs into Airflow,
-opens the Tandem entry of the navigation and sees both nodes; kill -9 of the active: the page shows
-node-b as the holder at the next epoch and the PROMOTED event within 10 s of the kill, and the
-supervision DAG brings node-a back as PASSIVE, re-synced from node-b; then "Failover now" (a
-tandem_ops run triggered as the logged-in user) moves the epoch again. Every event fed along the
-way is published exactly once. Screenshots of each step are kept in the test's tmp dir.
+The supervision DAG launches the pair (node-a ACTIVE, node-b PASSIVE). The test logs into Airflow
+in a 1500 px wide window, opens the Tandem entry of the navigation and sees both nodes, each with its
+pid and its drain / restart buttons inside its card and the window; kill -9 of the active: the page
+shows node-b as the holder at the next epoch and the PROMOTED event within 10 s of the kill, and the
+supervision DAG brings node-a back as PASSIVE, re-synced from node-b; then "Failover now", once its
+confirmation in the page is accepted (Airflow's frame allows no window.confirm), a tandem_ops run
+triggered as the logged-in user, moves the epoch again.
+Every event fed along the way is published exactly once. Screenshots of each step are kept in the
+test's tmp dir.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 from _airflow import code_home
 from _ha import TradeFeed, configure_one_shard, fetch, instance_row, lease, wait_for
+from _page import assert_shown_whole
 from _project import kill_groups
 from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
@@ -27,24 +31,10 @@ from tandem.layout import instance_landing_dir
 from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.e2e
-CHROMIUM = "/usr/bin/chromium"
 SUPERVISE = "tandem_trades_supervise"
 SHARD = "shard-1"
 PAGE_UPDATE_S = 10
-
-
-@pytest.fixture
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test-tools` installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+WINDOW = {"width": 1500, "height": 1000}
 
 
 @pytest.fixture
@@ -71,6 +61,7 @@ def supervision_runs(airflow: AirflowClient) -> list[dict]:
 
 def task_states(airflow: AirflowClient, run_id: str) -> dict[str, str]:
     return {t["task_id"]: t["state"] for t in airflow.task_instances(SUPERVISE, run_id)}
+
 
 
 def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request(
@@ -100,7 +91,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             feed.write(80)
             wait_for(lambda: feed.all_published(database_url), 120, "the first events to be published")
 
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport=WINDOW)
             page.goto(f"{airflow.base_url}/")
             page.get_by_label("Username").fill("admin")
             page.get_by_label("Password").fill(admin_password(tmp_path / "airflow" / "simple_auth_manager_passwords.json"))
@@ -114,6 +105,10 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             before = lease(database_url, "trades", SHARD)
             expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=30_000)
             expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(before["epoch"]))
+            expect(tandem.get_by_test_id(f"pid-{SHARD}-node-a")).to_have_text(str(instance_row(database_url, "node-a")["pid"]))
+            frame = page.locator("iframe").first.bounding_box()
+            assert_shown_whole(tandem, SHARD, ("node-a", "node-b"), max(frame["x"], 0),
+                               min(frame["x"] + frame["width"], WINDOW["width"]))
             page.screenshot(path=shots / "1-pair.png", full_page=True)
 
             killed = instance_row(database_url, "node-a")
@@ -149,8 +144,14 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             print(f"node-a back as PASSIVE {time.time() - killed_at:.0f}s after the kill")
 
             expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible()
-            tandem.get_by_test_id(f"failover-{SHARD}").click()
-            expect(tandem.get_by_test_id("action-run")).to_contain_text("tandem_ops run", timeout=30_000)
+            tandem.get_by_test_id(f"failover-{SHARD}").click()  # asks first, in the page (the frame has no modals)
+            expect(tandem.get_by_test_id("confirm-question")).to_have_text(
+                f"Fail over trades/{SHARD} now? The ACTIVE role moves from node-b to a standby (a new epoch).")
+            tandem.get_by_test_id("confirm-yes").click()
+            run_link, banner = tandem.get_by_test_id("action-run"), tandem.locator("#banner")
+            expect(run_link.or_(tandem.locator("#banner.error"))).to_be_visible(timeout=60_000)
+            assert run_link.count() == 1, f"no run link; the page says: {banner.text_content()}"
+            expect(run_link).to_contain_text("tandem_ops run")
             expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=180_000)
             moved = lease(database_url, "trades", SHARD)
             assert moved["holder"] == "node-a" and moved["epoch"] > promoted["epoch"]

@@ -1,6 +1,7 @@
-"""A private Airflow (SQLite metadata, this repo's ``dags/``) for running DAGs with ``dag.test()``.
+"""A private Airflow (SQLite metadata, this repo's ``dags/``) for running DAGs with ``dag.test()``, and a
+private Airflow stack on a free loopback port (:func:`airflow_stack`) for the e2e tests and benchmarks.
 
-Each run happens in a fresh interpreter, because Airflow reads its configuration once per process.
+Each ``dag.test()`` run happens in a fresh interpreter, because Airflow reads its configuration once per process.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def _is_free(port: int) -> bool:
 
 @contextmanager
 def airflow_stack(home: Path, extra_env: dict[str, str] | None = None) -> Iterator[AirflowClient]:
-    """Start ``scripts/airflow_stack.sh`` in ``home`` on a free loopback port (``extra_env`` e.g. another ``TANDEM_ENV_FILE``); stop it after."""
+    """Start ``scripts/airflow_stack.sh`` in ``home`` on a free loopback port (``extra_env`` e.g. another
+    ``TANDEM_ENV_FILE``); stop it after."""
     port = _free_port()
     env = {**os.environ, "TANDEM_AIRFLOW_HOME": str(home), "AIRFLOW_HOME": str(home),
            "TANDEM_AIRFLOW_PORT": str(port), "TANDEM_AIRFLOW_URL": f"http://127.0.0.1:{port}", **(extra_env or {})}
