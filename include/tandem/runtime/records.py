@@ -157,8 +157,8 @@ def _json_string(schema: RecordSchema, name: str, value: Column) -> Column:
     ``true``/``false``) is read again, as a Variant of that field alone, to learn its JSON type.
     """
     could_be_other = value.rlike(r"^[\[{0-9-]|^(true|false)$")
-    variant = F.from_json("raw", StructType([StructField(name, VariantType())]), schema.json_options)[name]
-    return F.when(value.isNotNull() & could_be_other, F.schema_of_variant(variant) == "STRING").otherwise(F.lit(True))
+    return F.when(value.isNotNull() & could_be_other,
+                  F.schema_of_variant(_as_variant(schema, name)) == "STRING").otherwise(F.lit(True))
 
 
 def _shown(value: Column) -> Column:
@@ -168,14 +168,25 @@ def _shown(value: Column) -> Column:
     return F.replace(shown, F.lit("\u0000"), F.lit("\\u0000"))
 
 
-def _wrong_type(rule: FieldRule, raw_value: Column) -> Column:
-    """Why a present value did not parse as the field's type."""
+def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Column:
+    """Why a present value did not parse as the field's type.
+
+    An integer field holding digits is a JSON number past 64 bits, or a string of digits: only then is
+    the field read again, as a Variant, to tell which (a value that deep cannot be digits).
+    """
     expected = _TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())
-    if rule.spark_type == LongType():
-        return F.when(raw_value.rlike(r"^-?[0-9]+$"),
-                      F.concat(F.lit(f"field '{rule.name}' is outside the 64-bit integer range: "), _shown(raw_value))
-                      ).otherwise(F.concat(F.lit(f"field '{rule.name}' is not {expected}: "), _shown(raw_value)))
-    return F.concat(F.lit(f"field '{rule.name}' is not {expected}: "), _shown(raw_value))
+    not_the_type = F.concat(F.lit(f"field '{rule.name}' is not {expected}: "), _shown(raw_value))
+    if rule.spark_type != LongType():
+        return not_the_type
+    outside = F.concat(F.lit(f"field '{rule.name}' is outside the 64-bit integer range: "), _shown(raw_value))
+    is_string = F.schema_of_variant(_as_variant(schema, rule.name)) == "STRING"
+    return F.when(raw_value.rlike(r"^-?[0-9]+$"), F.when(is_string, not_the_type).otherwise(outside)) \
+        .otherwise(not_the_type)
+
+
+def _as_variant(schema: RecordSchema, name: str) -> Column:
+    """The line's field ``name`` alone, as a Variant (its JSON type survives)."""
+    return F.from_json("raw", StructType([StructField(name, VariantType())]), schema.json_options)[name]
 
 
 def _explain(schema: RecordSchema) -> Column:
@@ -197,7 +208,7 @@ def _explain(schema: RecordSchema) -> Column:
         problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
         wrong_type = value.isNull() | ~_json_string(schema, rule.name, value) if rule.spark_type == StringType() \
             else value.isNull()
-        problems.append(F.when(~missing & wrong_type, _wrong_type(rule, raw_value)))
+        problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
                 F.lit(f"field '{rule.name}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
