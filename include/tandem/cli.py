@@ -281,8 +281,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plans = {args.plan: load_plan(args.plan, cluster)} if args.plan else load_plans(cluster)
-    styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red", "STALLED": "yellow",
-              "STOPPED": "dim", "MISSING": "dim"}
+    styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red",
+              "BLOCKED": "bold magenta", "STALLED": "yellow", "STOPPED": "dim", "MISSING": "dim"}
     try:
         with Database(cluster.database_url, "tandem-cli") as db:
             for plan in plans.values():

@@ -12,6 +12,7 @@ stop: the database is dropped right after).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -27,11 +28,12 @@ from _ha import (TradeFeed, configure_one_shard, fetch, mismatches, published_to
 from _project import create_database, drop_database, kill_groups, use_project
 
 from tandem.config import load_cluster, load_plan
-from tandem.layout import instance_landing_dir
+from tandem.lake.tables import read_table
+from tandem.layout import delta_table_dir, instance_landing_dir
 from tandem.store import Database
 from tandem.store.leases import read_lease
-from tandem.supervisor.reconcile import Supervisor
 from tandem.packaging import build_dist
+from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
 SHARD = "shard-1"
@@ -291,3 +293,133 @@ class TestHotSupervision:
         assert (instance(supervisor, passive)["status"], instance(supervisor, passive)["role"]) == ("RUNNING", "PASSIVE")
         kinds = [e["kind"] for e in events(supervisor)[seen:]]
         assert {"FAILOVER_NOW", "HANDOVER", "DRAINED", "UNDRAINED", "RESTARTED", "RESYNC"} <= set(kinds)
+
+    def test_poison_lines_under_load_stop_no_query_and_cause_no_failover(self, hot_plan: HotPlan) -> None:
+        """Issue 24 §2: the supervised pair under load receives a poison line of each kind mid-stream, and a
+        trade PostgreSQL refuses for a reason no validation knows (a trigger raising SQLSTATE 22023). No query
+        dies, no failover happens, every poison line is quarantined with its reason, the refused trade's
+        partial too, and every other output is exact."""
+        supervisor, feed = hot_plan.supervisor, hot_plan.feed
+        url = supervisor.cluster.database_url
+        assert supervisor.reconcile(SHARD).converged  # the pair the tests before left running, or a new one
+        feed.write()
+        assert_all_published(supervisor, feed)
+        lease = read_lease(Database(url), "trades", SHARD)
+        pids = {n: instance(supervisor, n)["pid"] for n in ("node-a", "node-b")}
+        seen = len(events(supervisor))
+        fetch(url, """CREATE FUNCTION refuse_trade() RETURNS trigger LANGUAGE plpgsql AS $$
+                      BEGIN IF NEW.symbol = 'REFUSED' THEN
+                          RAISE EXCEPTION 'refused by the test''s trigger' USING ERRCODE = '22023'; END IF;
+                      RETURN NEW; END $$;
+                      CREATE TRIGGER refuse_trade BEFORE INSERT OR UPDATE ON trade_aggregates
+                      FOR EACH ROW EXECUTE FUNCTION refuse_trade(); SELECT 1""")
+        now = int(time.time() * 1000)
+        trade = {"symbol": "IBM", "price": 10.5, "quantity": 3, "timestamp": now}
+        poison = {  # line -> what its reason says
+            json.dumps({**trade, "symbol": "IB\u0000M"}): "must not contain NUL",
+            '{"symbol": "IB\\udc00M", "price": 10.5, "quantity": 3, "timestamp": %d}' % now: "unpaired UTF-16 surrogate",
+            '{"symbol": "IBM", "price": 1e999, "quantity": 3, "timestamp": %d}' % now: "must be a finite number",
+            '{"symbol": "IBM", "price": NaN, "quantity": 3, "timestamp": %d}' % now: "must be a finite number",
+            json.dumps({**trade, "price": "Infinity"}): "must be a finite number",
+            json.dumps({**trade, "quantity": 2 ** 64}): "outside the 64-bit integer range",
+            json.dumps({**trade, "symbol": "S" * 300}): "must be at most 256 characters long",
+        }
+        huge = json.dumps({**trade, "note": "x" * (10 << 20)})  # a 10 MB line
+        for i, (line, _) in enumerate(poison.items()):
+            feed.write(extra_lines=[line] + ([huge] if i == 3 else []))
+            time.sleep(0.5)
+        not_utf8 = feed.directory / "not-utf8.jsonl"
+        (feed.directory / ".not-utf8.tmp").write_bytes(b'{"symbol": "IB\xffM", "price": 1.0, "quantity": 1, '
+                                                       b'"timestamp": %d}\n' % now)
+        (feed.directory / ".not-utf8.tmp").rename(not_utf8)
+        refused = {**trade, "symbol": "REFUSED", "timestamp": int(time.time() * 1000)}
+        feed.write(extra_lines=[json.dumps(refused)])
+        feed.write()
+        assert_all_published(supervisor, feed)
+
+        def quarantined() -> list[dict]:
+            return read_table(delta_table_dir(supervisor.cluster, "trades", "quarantine")).to_pylist()
+
+        wanted = len(poison) + 3  # the huge line, the bytes that are not UTF-8, the refused partial
+        rows = wait_for(lambda: (lambda r: r if len(r) >= wanted else None)(quarantined()), 60,
+                        f"{wanted} quarantined rows", detail=lambda: str([r["reason"] for r in quarantined()]))
+        reasons = {r["raw"]: r["reason"] for r in rows}
+        for line, fragment in poison.items():
+            assert fragment in reasons[line], (line[:80], reasons.get(line))
+        assert "over the stream's max_line_bytes" in reasons[huge[:4096]]
+        assert [r["reason"] for r in rows if r["source_file"].endswith("not-utf8.jsonl")] == [
+            "line is not valid UTF-8 (invalid bytes are kept as U+FFFD)"]
+        by_store = [r for r in rows if r["source_file"].startswith("output:trade_aggregates/")]
+        assert by_store and all(json.loads(r["raw"])["symbol"] == "REFUSED" for r in by_store), by_store
+        assert all("SQLSTATE 22023: refused by the test's trigger" in r["reason"] for r in by_store), by_store
+        assert len(rows) == len({(r["source_file"], r["raw"]) for r in rows}), "a row quarantined twice"
+
+        problems = mismatches(supervisor.cluster, feed.events, sources=("postgres", "delta"))
+        assert not problems, "\n".join(problems[:10])
+        after = read_lease(Database(url), "trades", SHARD)
+        assert (after.holder, after.epoch) == (lease.holder, lease.epoch), "a failover happened"
+        assert {n: instance(supervisor, n)["pid"] for n in pids} == pids, "an instance was restarted"
+        assert {instance(supervisor, n)["status"] for n in pids} == {"RUNNING"}
+        kinds = [e["kind"] for e in events(supervisor)[seen:]]
+        assert not {"PROMOTED", "DEMOTED", "LAUNCH", "STOP", "BLOCK"} & set(kinds), kinds
+
+
+def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_operator_restarts_it(
+        project: Path, process_groups: list[int], capsys: pytest.CaptureFixture) -> None:
+    """Issue 24 §2: an error that is not about the rows' values (here a trigger raising SQLSTATE P0001) and
+    repeats on the same batch after a relaunch is a deterministic failure, not a crash: the supervisor stops
+    relaunching, records the instance BLOCKED with the error's first line, and `tandem status` says so. The
+    operator's restart (after the cause is gone) brings it back and nothing is lost."""
+    import yaml
+
+    configure_one_shard(project, "warm")
+    plan_path = project / "conf" / "plans" / "trades.yaml"
+    declared = yaml.safe_load(plan_path.read_text())
+    declared["nodes"] = ["node-a"]  # one node: every relaunch is this node's
+    plan_path.write_text(yaml.safe_dump(declared))
+    cluster = load_cluster()
+    supervisor = Supervisor(cluster, load_plan("trades", cluster), launched_by="test_supervise",
+                            py_files=build_dist(project), running_timeout_s=300)
+    url = cluster.database_url
+    feed = TradeFeed(instance_landing_dir(cluster, supervisor.plan, SHARD))
+    try:
+        assert supervisor.reconcile(SHARD, cause="test bootstrap").converged
+        feed.write()
+        assert_all_published(supervisor, feed)
+        fetch(url, """CREATE FUNCTION block_trade() RETURNS trigger LANGUAGE plpgsql AS $$
+                      BEGIN IF NEW.symbol = 'BLOCKER' THEN RAISE EXCEPTION 'no BLOCKER here'; END IF;
+                      RETURN NEW; END $$;
+                      CREATE TRIGGER block_trade BEFORE INSERT OR UPDATE ON trade_aggregates
+                      FOR EACH ROW EXECUTE FUNCTION block_trade(); SELECT 1""")
+        blocker = {"symbol": "BLOCKER", "price": 1.0, "quantity": 1, "timestamp": int(time.time() * 1000)}
+        feed.write(extra_lines=[json.dumps(blocker)])
+        feed.events.append((blocker["timestamp"], "BLOCKER", 1.0, 1))
+        feed.count, feed.quantity = feed.count + 1, feed.quantity + 1
+
+        for run in (1, 2):  # the first failure is relaunched; the second, at the same batch, blocks
+            wait_for(lambda: instance(supervisor, "node-a")["status"] == "FAILED", 120, f"run {run} to fail")
+            row = instance(supervisor, "node-a")
+            assert row["failure_repeats"] == run and "SQLSTATE P0001: no BLOCKER here" in row["failure"], row
+            report = supervisor.reconcile(SHARD, cause=f"test: failure {run}")
+            kinds = [s.action.kind for s in report.steps]
+            assert kinds == (["LAUNCH"] if run == 1 else ["BLOCK"]), report.lines()
+        row = instance(supervisor, "node-a")
+        assert row["status"] == "BLOCKED" and "SQLSTATE P0001: no BLOCKER here" in row["error"], row
+        assert "batch" in row["error"] and "of checkpoint" in row["error"], row["error"]
+        assert supervisor.reconcile(SHARD, cause="test: blocked").steps == [], "a BLOCKED instance is not relaunched"
+        assert [e["kind"] for e in events(supervisor)].count("BLOCK") == 1
+
+        from tandem.cli import main
+
+        assert main(["status", "trades"]) == 0
+        shown = capsys.readouterr().out
+        assert "BLOCKED" in shown and "no BLOCKER here" in shown, shown
+
+        fetch(url, "DROP TRIGGER block_trade ON trade_aggregates; SELECT 1")  # the operator fixes the cause
+        report = supervisor.restart(SHARD, "node-a")
+        assert report.converged and report.steps[-1].action.kind == "LAUNCH", report.lines()
+        assert_all_published(supervisor, feed)
+        problems = mismatches(cluster, feed.events, sources=("postgres",))
+        assert not problems, "\n".join(problems[:10])
+    finally:
+        kill_launched(supervisor, process_groups)

@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -98,13 +98,17 @@ class TradeFeed:
         self.directory = directory
         self.generator = TradeGenerator(seed)
         self.count = self.quantity = 0
+        self.events: list[tuple[int, str, float, int]] = []  # (timestamp ms, symbol, price, quantity), as TradeWriter
 
-    def write(self, count: int = 60) -> None:
+    def write(self, count: int = 60, extra_lines: Sequence[str] = ()) -> None:
+        """``count`` trades in one new file, with ``extra_lines`` (bad ones, say) among them: not counted."""
         now_ms = int(time.time() * 1000)
         events = [self.generator.event(now_ms - 500 + i * 5) for i in range(count)]
-        write_atomically(self.directory, [json.dumps(e) for e in events])
+        lines = [json.dumps(e) for e in events]
+        write_atomically(self.directory, lines[:count // 2] + list(extra_lines) + lines[count // 2:])
         self.count += count
         self.quantity += sum(e["quantity"] for e in events)
+        self.events += [(e["timestamp"], e["symbol"], e["price"], e["quantity"]) for e in events]
 
     @staticmethod
     def published(database_url: str, shard: str = SHARD) -> tuple[int, int]:

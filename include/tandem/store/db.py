@@ -59,6 +59,14 @@ def json_text(value: object, default: Callable[[object], object] = str, **option
         raise DataError(f"{exc} (JSON holds finite numbers only)") from None
 
 
+def storable_text(text: str | None) -> str | None:
+    """``text`` as PostgreSQL's ``text`` stores it: NUL (which it refuses) written ``\\u0000``.
+
+    For what Tandem writes about its own state (errors, reasons), which may quote input or other processes.
+    """
+    return None if text is None else text.replace("\x00", "\\u0000")
+
+
 def redact(url: str) -> str:
     """The connection string without its password, for messages and logs.
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from tandem.errors import FencedError
-from tandem.store.db import Database, json_text
+from tandem.store.db import Database, json_text, storable_text
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def record_event(cursor, plan: str, shard_id: str, kind: str, reason: str, *, no
     cursor.execute(
         """INSERT INTO failover_events (plan, shard_id, kind, node, previous_node, epoch, reason, detail)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-        (plan, shard_id, kind, node, previous_node, epoch, reason, json_text(detail or {})),
+        (plan, shard_id, kind, node, previous_node, epoch, storable_text(reason), json_text(detail or {})),
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.config import ClusterConfig
-from tandem.store.db import Database
+from tandem.store.db import Database, storable_text
 
 
 def instance_id(plan: str, shard_id: str, node: str) -> str:
@@ -113,7 +113,8 @@ def record_status(db: Database, key: InstanceKey, status: str, error: str | None
                                          WHEN failure = %(failure)s THEN failure_repeats + 1 ELSE 1 END,
                   failure = CASE WHEN %(status)s = 'FAILED' THEN %(failure)s ELSE failure END
            WHERE instance_id = %(id)s""",
-        {"status": status, "error": error, "stopped": stopped, "failure": failure, "id": key.id},
+        {"status": status, "error": storable_text(error), "stopped": stopped, "failure": storable_text(failure),
+         "id": key.id},
     ))
 
 
@@ -124,7 +125,7 @@ def block(db: Database, key: InstanceKey, reason: str) -> bool:
     """
     def work(cursor) -> bool:
         cursor.execute("UPDATE plan_instances SET status = 'BLOCKED', error = %s, updated_at = now() "
-                       "WHERE instance_id = %s AND status = 'FAILED'", (reason, key.id))
+                       "WHERE instance_id = %s AND status = 'FAILED'", (storable_text(reason), key.id))
         return cursor.rowcount == 1
 
     return db.run(work)
