@@ -30,7 +30,7 @@ from _project import create_database, drop_database, kill_groups, use_project
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir
-from tandem.store import Database
+from tandem.store import Database, migrate
 from tandem.store.leases import read_lease
 from tandem.packaging import build_dist
 from tandem.supervisor.reconcile import Supervisor
@@ -383,9 +383,8 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
     url = cluster.database_url
     feed = TradeFeed(instance_landing_dir(cluster, supervisor.plan, SHARD))
     try:
-        assert supervisor.reconcile(SHARD, cause="test bootstrap").converged
-        feed.write()
-        assert_all_published(supervisor, feed)
+        with Database(url) as db:
+            migrate(db)
         fetch(url, """CREATE FUNCTION block_trade() RETURNS trigger LANGUAGE plpgsql AS $$
                       BEGIN IF NEW.symbol = 'BLOCKER' THEN RAISE EXCEPTION 'no BLOCKER here'; END IF;
                       RETURN NEW; END $$;
@@ -395,6 +394,7 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
         feed.write(extra_lines=[json.dumps(blocker)])
         feed.events.append((blocker["timestamp"], "BLOCKER", 1.0, 1))
         feed.count, feed.quantity = feed.count + 1, feed.quantity + 1
+        assert supervisor.reconcile(SHARD, cause="test bootstrap").steps[0].action.kind == "LAUNCH"
 
         for run in (1, 2):  # the first failure is relaunched; the second, at the same batch, blocks
             wait_for(lambda: instance(supervisor, "node-a")["status"] == "FAILED", 120, f"run {run} to fail")
