@@ -322,8 +322,6 @@ class QuarantineSink:
     (:meth:`publish_refused`) has the source ``output:<output>/<hash of the row>``.
     """
 
-    output = "quarantine"
-
     def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path, output: str = "quarantine") -> None:
         self.output = output
         self.instance = instance

@@ -318,7 +318,7 @@ def sink_for(plan: PlanConfig, output: str, instance: InstanceKey, database_url:
     if config.kind == "aggregation":
         return AggregateSink(spec_for(plan, output), instance, database_url, delta_path, plan.watermark_s, quarantine)
     if config.kind == "quarantine":
-        return QuarantineSink(instance, database_url, delta_path)
+        return QuarantineSink(instance, database_url, delta_path, output=output)
     if config.kind == "events":
         return EventsSink(plan.name, output, config, instance, database_url, delta_path, quarantine)
     return TableSink(plan.name, output, config, instance, database_url, delta_path, quarantine)
