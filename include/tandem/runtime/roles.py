@@ -114,6 +114,8 @@ class RoleController:
             except FencedError as exc:
                 log.warning("lost the lease while publishing held outputs: %s", exc)
                 return
+            except StoreError:  # PostgreSQL unreachable: the next beat takes the lease again and publishes
+                raise
             except Exception as exc:  # noqa: BLE001 - the instance ends FAILED with it; the lease goes back
                 self.failure = f"publishing the held outputs failed: {' '.join(str(exc).split())[:500]}"
                 log.error("%s: %s", self.instance.id, self.failure)
