@@ -79,7 +79,7 @@ class PlanContext:
 def good_events(validated: DataFrame, plan: PlanConfig, stream: str) -> DataFrame:
     """The good lines of a stream: its fields and ``event_time`` (a timestamp from the event-time field)."""
     declared = plan.streams[stream]
-    return validated.where(F.col("reason").isNull()).select(
+    return validated.where(F.col("valid")).select(
         *declared.fields, F.timestamp_millis(declared.event_time).alias("event_time"))
 
 
@@ -98,7 +98,7 @@ def quarantined(*validated: DataFrame) -> DataFrame:
     A plan with several streams quarantines them all in one query: every streaming query costs a
     micro-batch every trigger (planning, listing, commit), and a node runs all of its queries.
     """
-    bad = [frame.where(F.col("reason").isNotNull()).select("raw", "source_file", "reason") for frame in validated]
+    bad = [frame.where(~F.col("valid")).select("raw", "source_file", "reason") for frame in validated]
     return reduce(DataFrame.unionByName, bad).observe(QUALITY_METRICS, F.count(F.lit(1)).alias("quarantined_rows"))
 
 

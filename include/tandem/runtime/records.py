@@ -119,9 +119,11 @@ def _kept(raw: Column, max_line_bytes: int) -> Column:
 
 
 def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
-    """``lines(raw, source_file)`` → the parsed fields plus ``raw``, ``source_file`` and ``reason``.
+    """``lines(raw, source_file)`` → the parsed fields plus ``raw``, ``source_file``, ``valid`` and ``reason``.
 
-    ``reason`` is null for good lines. A line within the size limit, valid UTF-8 and without an
+    ``valid`` says whether a line is good; ``reason`` is null for good lines. A query of good lines
+    filters on ``valid``: Spark then prunes the reasons from its plan, whose size costs every
+    micro-batch (planning a query with them took 0.3 s more a batch). A line within the size limit, valid UTF-8 and without an
     unpaired surrogate is parsed once into the typed fields; only a line that fails a check is
     parsed again, as text, to say which field is missing, of the wrong JSON type, or out of range.
     A bad line's ``raw`` is what the quarantine keeps (:func:`_kept`). Needs
@@ -141,10 +143,10 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
         for check in rule.checks:
             holds = holds & check.predicate(F.col(rule.name))
         good = good & holds
-    reason = F.when(good, F.lit(None).cast("string")).otherwise(
+    reason = F.when(F.col("valid"), F.lit(None).cast("string")).otherwise(
         F.coalesce(F.col("_line_problem"), _explain(schema)))
-    return fields.withColumn("reason", reason).withColumn(
-        "raw", F.when(F.col("reason").isNull(), F.col("raw")).otherwise(_kept(F.col("raw"), schema.max_line_bytes))
+    return fields.withColumn("valid", good).withColumn("reason", reason).withColumn(
+        "raw", F.when(F.col("valid"), F.col("raw")).otherwise(_kept(F.col("raw"), schema.max_line_bytes))
     ).drop("_line_problem")
 
 
@@ -162,26 +164,22 @@ def _json_string(schema: RecordSchema, name: str, value: Column) -> Column:
 
 
 def _shown(value: Column) -> Column:
-    """A bad value as a reason quotes it: at most :data:`SHOWN_CHARS` characters, NUL written ``\\u0000``."""
-    shown = F.when(F.char_length(value) > SHOWN_CHARS,
-                   F.concat(F.substring(value, 1, SHOWN_CHARS), F.lit("…"))).otherwise(value)
-    return F.replace(shown, F.lit("\u0000"), F.lit("\\u0000"))
+    """A bad value as a reason quotes it: at most :data:`SHOWN_CHARS` characters (then ``…``)."""
+    return F.concat_ws("", F.substring(value, 1, SHOWN_CHARS), F.when(F.length(value) > SHOWN_CHARS, F.lit("…")))
 
 
-def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Column:
+def _wrong_type(rule: FieldRule, raw_value: Column, as_double: Column) -> Column:
     """Why a present value did not parse as the field's type.
 
-    An integer field holding digits is a JSON number past 64 bits, or a string of digits: only then is
-    the field read again, as a Variant, to tell which (a value that deep cannot be digits).
+    An integer field whose value reads as a double but not as a 64-bit integer is a JSON number past 64
+    bits (a string of digits reads as neither: Spark takes only ``"NaN"``-like strings for doubles).
     """
     expected = _TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())
     not_the_type = F.concat(F.lit(f"field '{rule.name}' is not {expected}: "), _shown(raw_value))
     if rule.spark_type != LongType():
         return not_the_type
     outside = F.concat(F.lit(f"field '{rule.name}' is outside the 64-bit integer range: "), _shown(raw_value))
-    is_string = F.schema_of_variant(_as_variant(schema, rule.name)) == "STRING"
-    return F.when(raw_value.rlike(r"^-?[0-9]+$"), F.when(is_string, not_the_type).otherwise(outside)) \
-        .otherwise(not_the_type)
+    return F.when(raw_value.rlike(r"^-?[0-9]+$") & as_double[rule.name].isNotNull(), outside).otherwise(not_the_type)
 
 
 def _as_variant(schema: RecordSchema, name: str) -> Column:
@@ -200,6 +198,9 @@ def _explain(schema: RecordSchema) -> Column:
     # a JSON object or not: no field can fail to convert here, so only a line that is not one is "corrupt"
     shape = F.from_json("raw", StructType([StructField("_not_an_object", StringType())]),
                         {**schema.json_options, "columnNameOfCorruptRecord": "_not_an_object"})
+    integers = [rule.name for rule in schema.fields if rule.spark_type == LongType()]
+    as_double = F.from_json("raw", StructType([StructField(name, DoubleType()) for name in integers]),
+                            schema.json_options)
     problems: list[Column] = []
     for rule in schema.fields:
         raw_value = text[rule.name]
@@ -208,10 +209,10 @@ def _explain(schema: RecordSchema) -> Column:
         problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
         wrong_type = value.isNull() | ~_json_string(schema, rule.name, value) if rule.spark_type == StringType() \
             else value.isNull()
-        problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value)))
+        problems.append(F.when(~missing & wrong_type, _wrong_type(rule, raw_value, as_double)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
                 F.lit(f"field '{rule.name}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
-    listed = F.concat_ws("; ", *problems)
+    listed = F.replace(F.concat_ws("; ", *problems), F.lit("\u0000"), F.lit("\\u0000"))  # as a reason quotes NUL
     return F.when(shape.isNull() | shape["_not_an_object"].isNotNull(), F.lit("malformed JSON: not a JSON object")).when(
         listed == "", F.lit("refused by a check that names no field")).otherwise(listed)
