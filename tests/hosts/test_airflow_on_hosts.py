@@ -266,6 +266,11 @@ def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts
     cut_off = instance_row(url, active)
     with on_hosts.load():
         wait_for(lambda: publish_log(url, active), 60, f"{active} to publish")
+        # a standby relaunched by the previous test may still be in its first batch: failover in
+        # seconds is the promise of a hot standby, so cut only once it has read what the active has
+        launched = {node: instance_row(url, node)["started_at"] for node in NODES}
+        wait_for(lambda: level_with(url, standby, active, since=launched), 120, f"{standby} to be hot",
+                 detail=lambda: on_hosts.logs(standby))
         before, since = lease(url), db_now(url)
         airflow.network.isolate(HOST_OF[active])
         isolated_at = time.time()
