@@ -11,12 +11,13 @@ from airflow.sdk import DAG
 
 from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
 from tandem.airflow.operators import CleanLandingOperator
+from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=f"tandem_{plan.name}_maintenance",
+        dag_id=plan_dag_id(plan.name, "maintenance"),
         description=f"Delete input of plan {plan.name} that no restart or restore needs",
         schedule="@hourly",
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),

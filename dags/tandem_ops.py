@@ -6,11 +6,12 @@ from airflow.sdk import DAG
 
 from tandem.airflow.dags import OPS_DEFAULT_ARGS, OPS_DOC, load_for_dags, ops_params
 from tandem.airflow.operators import PlanOpsOperator
+from tandem.names import OPS_DAG_ID
 
 cluster, plans = load_for_dags(__file__)
 
 with DAG(
-    dag_id="tandem_ops",
+    dag_id=OPS_DAG_ID,
     description="Fail over, drain or restart a node of a plan",
     schedule=None,
     catchup=False,

@@ -6,11 +6,12 @@ from airflow.sdk import DAG
 
 from tandem.airflow.dags import RESTORE_DEFAULT_ARGS, RESTORE_DOC, load_for_dags, restore_params
 from tandem.airflow.operators import RestoreSnapshotOperator
+from tandem.names import RESTORE_DAG_ID
 
 cluster, plans = load_for_dags(__file__)
 
 with DAG(
-    dag_id="tandem_restore",
+    dag_id=RESTORE_DAG_ID,
     description="Restore a plan from a snapshot (checkpoint cut, Delta and PostgreSQL outputs) and start it",
     schedule=None,
     catchup=False,

@@ -13,12 +13,13 @@ from airflow.sdk import DAG, task
 from tandem.airflow.dags import (RUN_DEFAULT_ARGS, STOP, launch_task_id, load_for_dags, node_task_args, run_doc,
                                  run_params, stop_task_id)
 from tandem.airflow.operators import LaunchPlanInstanceOperator, StopPlanInstanceOperator
+from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=f"tandem_{plan.name}_run",
+        dag_id=plan_dag_id(plan.name, "run"),
         description=f"Launch, relaunch or stop an instance of plan {plan.name} on its node's host",
         schedule=None,
         catchup=False,

@@ -19,18 +19,18 @@ from tandem.airflow.dags import (
     SNAPSHOT_DEFAULT_ARGS,
     load_for_dags,
     node_task_args,
-    snapshot_dag_id,
     snapshot_doc,
     snapshot_params,
     snapshot_task_id,
 )
 from tandem.airflow.operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
+from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=snapshot_dag_id(plan.name),
+        dag_id=plan_dag_id(plan.name, "snapshot"),
         description=f"Snapshot, validate and prune plan {plan.name} every snapshot.interval",
         schedule=timedelta(seconds=plan.snapshot.interval_s),
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),

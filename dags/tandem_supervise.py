@@ -11,16 +11,17 @@ from datetime import datetime, timezone
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import (
-    SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_dag_id, supervise_doc,
+    SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_doc,
 )
 from tandem.airflow.operators import ReconcilePlanOperator
 from tandem.airflow.sensors import StreamHealthSensor
+from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=supervise_dag_id(plan.name),
+        dag_id=plan_dag_id(plan.name, "supervise"),
         description=f"Keep plan {plan.name} running in its roles; fail over and repair",
         schedule="@continuous",
         # Airflow 3.3's ContinuousTimetable gives the first run of a DAG without a start_date the

@@ -9,12 +9,13 @@ from airflow.sdk import DAG
 
 from tandem.airflow.dags import VALIDATE_DEFAULT_ARGS, load_for_dags, validate_doc
 from tandem.airflow.operators import ValidateServingTableOperator
+from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
     with DAG(
-        dag_id=f"tandem_{plan.name}_validate",
+        dag_id=plan_dag_id(plan.name, "validate"),
         description=f"Validate the serving table of plan {plan.name}",
         schedule=plan.validation.schedule,
         catchup=False,

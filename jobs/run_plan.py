@@ -12,6 +12,7 @@ import sys
 import threading
 
 from tandem.config import load_cluster, load_plan, parse_duration
+from tandem.names import ACTIVE, ROLES
 from tandem.runtime.node import install_stop_signals, run_instance
 
 
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", required=True, help="node name from conf/cluster.yaml")
     parser.add_argument("--shard", help="shard id (default: the plan's first shard)")
     parser.add_argument("--trigger-interval", type=parse_duration, help="micro-batch interval, e.g. '1 second'")
-    parser.add_argument("--role", default="ACTIVE", choices=("ACTIVE", "PASSIVE", "BACKUP"),
+    parser.add_argument("--role", default=ACTIVE, choices=ROLES,
                         help="role to launch for: ACTIVE takes the lease if free; standbys take over on expiry")
     parser.add_argument("--available-now", action="store_true", help="process the input present now, then exit")
     args = parser.parse_args(argv)

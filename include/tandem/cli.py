@@ -34,6 +34,7 @@ from rich.table import Table
 
 from tandem.config import load_cluster, load_plan, parse_duration
 from tandem.errors import TandemError
+from tandem.names import ACTIVE, BACKUP, PASSIVE
 
 console = Console()
 if not console.is_terminal:  # logs and pipes: wide enough for the aggregate tables
@@ -619,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("plan")
     launch.add_argument("shard")
     launch.add_argument("node")
-    launch.add_argument("--role", choices=("ACTIVE", "PASSIVE", "BACKUP"), default="ACTIVE")
+    launch.add_argument("--role", choices=(ACTIVE, PASSIVE, BACKUP), default=ACTIVE)
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
     launch.add_argument("--resync-from", metavar="NODE",
                         help="first copy a cut of NODE's checkpoint over this node's (its instance must be stopped: "

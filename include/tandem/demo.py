@@ -34,6 +34,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.errors import TandemError
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
+from tandem.names import ACTIVE, BACKUP, PASSIVE, plan_dag_id
 from tandem.presenter.views import plan_status, timeline
 from tandem.producer import produce
 from tandem.store import Database, migrate
@@ -43,8 +44,8 @@ from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
 from tandem.supervisor.launcher import kill_instance
 
-RUN_DAG = "tandem_trades_run"
-SUPERVISE_DAG = "tandem_trades_supervise"
+RUN_DAG = plan_dag_id("trades", "run")
+SUPERVISE_DAG = plan_dag_id("trades", "supervise")
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: int = 42,
@@ -163,7 +164,7 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
     def back_as_passive(db: Database) -> tuple[int, int]:
         [instance] = [i for i in plan_status(db, cluster, plan).instances if i.shard_id == victim_shard]
         [node] = [n for n in instance.nodes if n.node == kill["node"]]
-        return int(node.role == "PASSIVE" and node.status == "RUNNING" and node.health == "HEALTHY"), 1
+        return int(node.role == PASSIVE and node.status == "RUNNING" and node.health == "HEALTHY"), 1
 
     _poll(console, cluster, f"the supervisor brings {kill['node']} back as PASSIVE (re-synced from the active)",
           480.0, back_as_passive)
@@ -216,7 +217,7 @@ def _stop_supervision(console: Console, client: AirflowClient) -> None:
 def _pair_ready(instance) -> bool:
     """An ACTIVE holding the lease and every other node RUNNING as its standby, all healthy."""
     return bool(instance.lease and instance.lease.valid) and all(
-        n.status == "RUNNING" and n.health == "HEALTHY" and n.role in ("ACTIVE", "PASSIVE", "BACKUP")
+        n.status == "RUNNING" and n.health == "HEALTHY" and n.role in (ACTIVE, PASSIVE, BACKUP)
         for n in instance.nodes)
 
 
@@ -290,7 +291,7 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     from tandem.cli import show_output
     from tandem.producer import advance_watermark
 
-    run_dag = f"tandem_{plan.name}_run"
+    run_dag = plan_dag_id(plan.name, "run")
     console.rule(f"[bold]{plan.name}: {plan.description}")
     placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
     with console.status(f"waiting for the DAG processor to parse {run_dag}"):

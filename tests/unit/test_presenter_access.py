@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from tandem.presenter.access import Forbidden, check_trigger, plan_dag_id, plan_for_reader, readable_plans
+from tandem.presenter.access import Forbidden, check_trigger, authority_dag_id, plan_for_reader, readable_plans
 from tandem.presenter.views import NotFound
 
 PLANS = {"pizza_shop": "pizza plan", "temperatures": "temperatures plan", "trades": "trades plan"}
@@ -40,14 +40,14 @@ class FakeUser:
 
 
 def test_a_plan_is_read_as_its_supervision_dag() -> None:
-    assert plan_dag_id("trades") == "tandem_trades_supervise"
+    assert authority_dag_id("trades") == "tandem_trades_supervise"
 
 
 def test_the_plan_list_keeps_only_the_plans_whose_dag_the_user_may_read() -> None:
     auth = FakeAuthManager({("GET", "tandem_pizza_shop_supervise"), ("GET", "tandem_trades_supervise")})
     assert list(readable_plans(auth, FakeUser("ann"), PLANS)) == ["pizza_shop", "trades"]
     assert {(method, dag) for method, dag, _team, _entity in auth.asked} == {
-        ("GET", plan_dag_id(name)) for name in PLANS}
+        ("GET", authority_dag_id(name)) for name in PLANS}
     assert readable_plans(FakeAuthManager(set()), FakeUser("bob"), PLANS) == {}
 
 
@@ -68,7 +68,7 @@ def test_an_unknown_plan_names_only_the_plans_the_user_may_read() -> None:
 
 def test_in_multi_team_mode_the_dag_team_goes_to_the_auth_manager() -> None:
     teams = {"tandem_trades_supervise": "desk", "tandem_pizza_shop_supervise": "kitchen"}
-    auth = FakeAuthManager({("GET", plan_dag_id(name)) for name in PLANS}, team_members={"desk"})
+    auth = FakeAuthManager({("GET", authority_dag_id(name)) for name in PLANS}, team_members={"desk"})
     readable = readable_plans(auth, FakeUser("ann"), PLANS, teams_of=lambda ids: {i: teams.get(i) for i in ids})
     assert list(readable) == ["temperatures", "trades"]
     assert ("GET", "tandem_trades_supervise", "desk", None) in auth.asked

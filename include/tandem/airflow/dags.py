@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans
+from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
 from tandem.ops import OPS_ACTIONS
 
 # Durations tandem.config.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
@@ -28,7 +29,6 @@ SUPERVISE_MAX_WATCH = timedelta(hours=1)
 NODE_EXECUTOR = "EdgeExecutor"
 """The executor of a node's tasks when the node names an ``airflow_queue``: an Edge worker on the
 node's host serves that queue (``airflow edge worker --queues <queue>``), over HTTP to the API server."""
-ROLES = ("ACTIVE", "PASSIVE", "BACKUP")
 
 
 def cluster_yaml(dags_folder: Path) -> Path:
@@ -99,7 +99,7 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
         "trigger_interval": Param(human_duration(plan.trigger_interval_s), type="string", pattern=DURATION_PATTERN,
                                   title="Trigger interval",
                                   description="micro-batch interval, e.g. '500 ms', '1 second', '2 seconds'"),
-        "role": Param("ACTIVE", type="string", enum=list(ROLES), title="Role",
+        "role": Param(ACTIVE, type="string", enum=list(ROLES), title="Role",
                       description="ACTIVE takes the lease when it is free; PASSIVE and BACKUP are hot standbys"),
         "resync_from": Param("", type="string", enum=["", *plan.nodes], title="Re-sync from",
                              description="first copy a cut of this node's checkpoint over the launched node's "
@@ -151,7 +151,7 @@ aggregates of that window. Fails when an expectation fails; the log names it wit
 
 def supervise_doc(plan: PlanConfig) -> str:
     roles = ", ".join(f"`{node}` {role}" for node, role in zip(
-        plan.nodes, ["ACTIVE", "PASSIVE", *["BACKUP"] * max(0, len(plan.nodes) - 2)]))
+        plan.nodes, [ACTIVE, PASSIVE, *[BACKUP] * max(0, len(plan.nodes) - 2)]))
     return f"""### Supervise plan `{plan.name}` ({plan.ha.standby} standby)
 
 Each run is one epoch of the plan's cluster (initial roles: {roles}):
@@ -219,15 +219,6 @@ def snapshot_params(plan: PlanConfig) -> dict[str, Any]:
 
     return {"shard_id": Param("", type="string", enum=["", *plan.shards], title="Shard",
                               description="one shard, or empty for every shard (tandem_ops snapshot_now picks one)")}
-
-
-def snapshot_dag_id(plan: str) -> str:
-    return f"tandem_{plan}_snapshot"
-
-
-def supervise_dag_id(plan: str) -> str:
-    """The supervision DAG of ``plan`` (the presenter authorises reads of the plan as reads of it)."""
-    return f"tandem_{plan}_supervise"
 
 
 def snapshot_doc(plan: PlanConfig) -> str:

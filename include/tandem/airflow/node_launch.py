@@ -42,16 +42,13 @@ from typing import Any
 
 from tandem.airflow.dags import RELAUNCH, STOP, human_duration, launch_task_id, stop_task_id
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.names import plan_dag_id
 from tandem.store.db import Database
 from tandem.store.registry import get_instance
 from tandem.supervisor.launcher import LaunchedJob, LaunchError, StopResult, instance_key, stop_instance
 from tandem.supervisor.node_actions import NodeLaunch
 
 FINISHED = ("success", "failed")
-
-
-def run_dag_id(plan: str) -> str:
-    return f"tandem_{plan}_run"
 
 
 class NodeQueue:
@@ -83,11 +80,16 @@ class NodeQueue:
         self.log = log
         self.poll_s = poll_s
 
+    @property
+    def run_dag(self) -> str:
+        """The plan's run DAG, whose runs launch and stop nodes on their hosts."""
+        return plan_dag_id(self.plan.name, "run")
+
     def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
         conf = {"role": role, "resync_from": resync_from or "",
                 "trigger_interval": human_duration(self.plan.trigger_interval_s)}
         run_id = self._trigger(RELAUNCH, shard_id, node, conf, f"{role} on {node} for {shard_id}", self.start_timeout_s)
-        dag_id, task_id = run_dag_id(self.plan.name), launch_task_id(node)
+        dag_id, task_id = self.run_dag, launch_task_id(node)
         state = self._wait(dag_id, run_id, task_id, self.start_timeout_s, self.running_timeout_s)
         if state == "failed":
             raise LaunchError(f"the launch of {node} failed on its host: see {dag_id} run {run_id}, task {task_id}")
@@ -117,12 +119,12 @@ class NodeQueue:
         self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, shard_id, node, why)
         run_id = self._trigger(STOP, shard_id, node, {"stop_timeout": human_duration(timeout_s), "launched_at": launch},
                                f"stop {node} for {shard_id}", self.stop_start_timeout_s)
-        where = f"{run_dag_id(self.plan.name)} run {run_id}"
+        where = f"{self.run_dag} run {run_id}"
         if unconfirmed is not None and not self.await_unconfirmed_stops:
             # no beat: its host is down (nothing runs the task; it expires) or its driver hangs (the
             # host's worker ends it within seconds). Either way no one needs to wait for it.
             return replace(unconfirmed, detail=f"{why}; a stop on its host was requested ({where})")
-        state = self._wait(run_dag_id(self.plan.name), run_id, stop_task_id(node), self.stop_start_timeout_s,
+        state = self._wait(self.run_dag, run_id, stop_task_id(node), self.stop_start_timeout_s,
                            timeout_s + 30)
         if state == "success":
             row = self._row(shard_id, node)
@@ -134,7 +136,7 @@ class NodeQueue:
     def _trigger(self, action: str, shard_id: str, node: str, conf: dict[str, Any], what: str,
                  start_timeout_s: float) -> str:
         """Trigger ``action`` for ``node`` in ``tandem_<plan>_run`` with a deadline; its run id."""
-        dag_id = run_dag_id(self.plan.name)
+        dag_id = self.run_dag
         run_id = f"tandem_{action}__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
         deadline = datetime.now(timezone.utc) + timedelta(seconds=start_timeout_s)
         conf = {"action": action, "node": node, "shard_id": shard_id, "expires_at": deadline.isoformat(), **conf}

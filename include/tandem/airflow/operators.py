@@ -16,9 +16,10 @@ from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tandem.airflow.dags import LAUNCH, RELAUNCH, snapshot_dag_id, snapshot_task_id
+from tandem.airflow.dags import LAUNCH, RELAUNCH, snapshot_task_id
 from tandem.config import ClusterConfig, PlanConfig, load_cluster, load_plan, parse_duration
 from tandem.errors import ConfigError
+from tandem.names import ACTIVE, plan_dag_id
 from tandem.ops import SNAPSHOT_NOW
 
 
@@ -56,7 +57,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
     ui_color = "#dcefe3"
 
     def __init__(self, *, plan: str, node: str, shard_id: str, trigger_interval: str | None = None,
-                 role: str = "ACTIVE", resync_from: str = "", expires_at: str = "", action: str = LAUNCH,
+                 role: str = ACTIVE, resync_from: str = "", expires_at: str = "", action: str = LAUNCH,
                  cluster_config: str | None = None, running_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action = action
@@ -83,7 +84,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
         launched_by = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"launch of {self.node}")
-            job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or "ACTIVE",
+            job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or ACTIVE,
                                      resync_from=self.resync_from or None, replace=self.action == RELAUNCH,
                                      trigger_interval=interval, launched_by=launched_by, logger=self.log).job
         except LaunchRejected as exc:
@@ -385,12 +386,12 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from None
         shards = [self.shard_id] if self.shard_id else list(plan.shards)
         ti = context["ti"]
-        if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, snapshot_dag_id(plan.name)):
+        if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
             return snapshot_on_hosts(self.log, plan, self.shard_id, ti)
         if self.action == SNAPSHOT_NOW:
             if not self.node:
                 self.log.warning("%s is paused (its runs would wait): snapshotting in this task instead",
-                                 snapshot_dag_id(plan.name))
+                                 plan_dag_id(plan.name, "snapshot"))
             return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
         try:
             reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
@@ -460,7 +461,7 @@ def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: fl
 
     from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, state_text, trigger_dag_run
 
-    dag_id = snapshot_dag_id(plan.name)
+    dag_id = plan_dag_id(plan.name, "snapshot")
     run_id = f"tandem_snapshot_now__{shard_id or 'all'}__{uuid.uuid4().hex[:8]}"
     try:
         trigger_dag_run(ti, dag_id, run_id, {"shard_id": shard_id}, f"snapshot_now of {shard_id or 'every shard'}")

@@ -26,8 +26,8 @@ from typing import Protocol, TypeVar
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 
-from tandem.airflow.dags import supervise_dag_id
 from tandem.errors import TandemError
+from tandem.names import plan_dag_id
 from tandem.presenter.views import NotFound
 
 P = TypeVar("P")
@@ -46,9 +46,9 @@ class DagAuthority(Protocol):
                           details: DagDetails | None = None) -> bool: ...
 
 
-def plan_dag_id(plan: str) -> str:
+def authority_dag_id(plan: str) -> str:
     """The DAG whose read permission stands for reading ``plan``: its supervision DAG."""
-    return supervise_dag_id(plan)
+    return plan_dag_id(plan, "supervise")
 
 
 def no_teams(dag_ids: Iterable[str]) -> Mapping[str, str | None]:
@@ -73,10 +73,10 @@ def user_name(user: object) -> str:
 
 def readable_plans(auth: DagAuthority, user: object, plans: Mapping[str, P], teams_of: TeamsOf = no_teams) -> dict[str, P]:
     """The plans of ``plans`` (in their order) whose DAG ``user`` may read."""
-    teams = teams_of([plan_dag_id(name) for name in plans])
+    teams = teams_of([authority_dag_id(name) for name in plans])
     return {name: plan for name, plan in plans.items()
             if auth.is_authorized_dag(method="GET", user=user,
-                                      details=DagDetails(id=plan_dag_id(name), team_name=teams.get(plan_dag_id(name))))}
+                                      details=DagDetails(id=authority_dag_id(name), team_name=teams.get(authority_dag_id(name))))}
 
 
 def plan_for_reader(auth: DagAuthority, user: object, plans: Mapping[str, P], name: str,
@@ -90,7 +90,7 @@ def plan_for_reader(auth: DagAuthority, user: object, plans: Mapping[str, P], na
     if name not in plans:
         readable = readable_plans(auth, user, plans, teams_of)
         raise NotFound(f"no plan {name!r} (plans you may read: {', '.join(readable) or 'none'})")
-    dag_id = plan_dag_id(name)
+    dag_id = authority_dag_id(name)
     team = teams_of([dag_id]).get(dag_id)
     if not auth.is_authorized_dag(method="GET", user=user, details=DagDetails(id=dag_id, team_name=team)):
         raise Forbidden(f"{user_name(user)} may not read plan {name} (Airflow denies reading its DAG {dag_id})")

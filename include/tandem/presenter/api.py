@@ -31,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from tandem.config import ClusterConfig, ConfigError, PlanConfig
 from tandem.errors import TandemError
+from tandem.names import OPS_DAG_ID, RESTORE_DAG_ID
 from tandem.presenter import access, configuration, views
 from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
@@ -41,8 +42,8 @@ from tandem.store.db import Database
 from tandem.store.snapshots import STATUSES
 
 API_VERSION = "v1"
-ACTION_DAGS = {"failover_now": "tandem_ops", "drain_node": "tandem_ops", "restart_node": "tandem_ops",
-               "snapshot_now": "tandem_ops", "restore": "tandem_restore"}
+ACTION_DAGS = {"failover_now": OPS_DAG_ID, "drain_node": OPS_DAG_ID, "restart_node": OPS_DAG_ID,
+               "snapshot_now": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
 NEEDS_NODE = {"drain_node", "restart_node"}
 PAGE_HEADER = "X-Tandem-Request"
 """The header a POST authenticated by the UI's cookie must carry (value ``1``): the page's ``fetch`` sends it,

@@ -26,6 +26,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
+from tandem.names import ACTIVE
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import CappedCursor
 from tandem.presenter.models import (
@@ -152,7 +153,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             row = rows.instances.get(node) or {}
             latest = progress.get(f"{plan.name}/{shard}/{node}", {})
             nodes.append(NodeState(
-                node=node, role=("ACTIVE" if view.active == node else seen.role) if row else None,
+                node=node, role=(ACTIVE if view.active == node else seen.role) if row else None,
                 epoch=seen.epoch if row else None, status=seen.status, error=row.get("error"), health=health.state,
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),

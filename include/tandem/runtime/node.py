@@ -23,10 +23,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
+from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
 from tandem.plans import PlanContext, QueryDefinition, group_queries, load_plan_module
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder
 from tandem.runtime.publisher import MicroBatchPublisher
-from tandem.runtime.roles import ROLES, RoleController
+from tandem.runtime.roles import RoleController
 from tandem.runtime.session import build_session
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -105,7 +106,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
 def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
                  trigger_interval_s: float | None = None, spark: SparkSession | None = None,
                  available_now: bool = False, stop: threading.Event | None = None,
-                 role: str = "ACTIVE") -> RunResult:
+                 role: str = ACTIVE) -> RunResult:
     """Run the plan's queries for one shard on one node until they end, fail, or are stopped.
 
     ``role`` is the role the instance is launched for: ACTIVE takes the lease at start when it is
@@ -135,8 +136,8 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             record_status(db, key, "FAILED", str(exc))
             raise
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
-                               standby_role="BACKUP" if role == "BACKUP" else "PASSIVE")
-        roles.start(wants_active=role == "ACTIVE")
+                               standby_role=BACKUP if role == BACKUP else PASSIVE)
+        roles.start(wants_active=role == ACTIVE)
         liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick,
                                 on_stop_request=lambda _by: stop.set())
         liveness.start()

@@ -25,17 +25,17 @@ import threading
 from collections.abc import Callable
 
 from tandem.errors import FencedError, StoreError
+from tandem.names import ACTIVE, BACKUP, PASSIVE, STANDBY_ROLES
 from tandem.store.db import Database
 from tandem.store.leases import record_event, release, renew, try_acquire
 from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
-ROLES = ("ACTIVE", "PASSIVE", "BACKUP")
 
 
 def takeover_grace_s(standby_role: str, ttl_s: float) -> float:
     """How long past expiry a standby waits before taking the lease (pure)."""
-    return ttl_s if standby_role == "BACKUP" else 0.0
+    return ttl_s if standby_role == BACKUP else 0.0
 
 
 class RoleController:
@@ -47,8 +47,8 @@ class RoleController:
     re-entered recursively" and failed the query.) Lock order: ``lock`` before ``_db_lock``.
     """
 
-    def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = "PASSIVE") -> None:
-        if standby_role not in ("PASSIVE", "BACKUP"):
+    def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = PASSIVE) -> None:
+        if standby_role not in STANDBY_ROLES:
             raise ValueError(f"standby role must be PASSIVE or BACKUP, got {standby_role!r}")
         self.instance = instance
         self.ttl_s = ttl_s
@@ -64,7 +64,7 @@ class RoleController:
 
     @property
     def role(self) -> str:
-        return "ACTIVE" if self.epoch is not None else self.standby_role
+        return ACTIVE if self.epoch is not None else self.standby_role
 
     def on_promote(self, flush: Callable[[int], None]) -> None:
         """Run ``flush(epoch)`` under the lock right after the lease is taken (publish held outputs)."""

@@ -46,6 +46,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
 from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.lake.tables import table_exists
+from tandem.names import ACTIVE
 from tandem.snapshots.outputs import restore_output
 from tandem.snapshots.retention import choose_snapshot
 from tandem.snapshots.state_export import STATE_TABLE
@@ -158,7 +159,7 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
                  node=target, detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
             if start:
                 lock.check()
-                node_host.launch(shard_id, target, "ACTIVE", None)
+                node_host.launch(shard_id, target, ACTIVE, None)
                 row = wait_until_running(cluster, plan, shard_id, target)
                 report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
     if start and len(plan.nodes) > 1:

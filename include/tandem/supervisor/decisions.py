@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tandem.names import ACTIVE, BACKUP, PASSIVE
 from tandem.supervisor.health import BLOCKED, DEAD, STALLED, InstanceHealth
 
-ACTIVE, PASSIVE, BACKUP = "ACTIVE", "PASSIVE", "BACKUP"
 HOT, WARM = "hot", "warm"
 
 MAX_LAUNCHES = 5

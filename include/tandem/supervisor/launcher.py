@@ -44,6 +44,7 @@ import psutil
 from tandem.config import ClusterConfig, NodeConfig, PlanConfig, load_plan, parse_duration, spark_interval
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import checkpoint_dir, logs_dir
+from tandem.names import ACTIVE
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
@@ -161,7 +162,7 @@ class StopResult:
     confirmed: bool = True
 
 
-def application_args(key: InstanceKey, trigger_interval_s: float, role: str = "ACTIVE") -> list[str]:
+def application_args(key: InstanceKey, trigger_interval_s: float, role: str = ACTIVE) -> list[str]:
     """The arguments of ``jobs/run_plan.py`` for one instance."""
     return ["--plan", key.plan, "--node", key.node, "--shard", key.shard_id,
             "--trigger-interval", spark_interval(trigger_interval_s), "--role", role]
@@ -184,7 +185,7 @@ def log_path_for(cluster: ClusterConfig, key: InstanceKey, now: datetime) -> Pat
 
 
 def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: InstanceKey, trigger_interval_s: float, *,
-                         py_files: Path, application: Path, role: str = "ACTIVE") -> SubmitCommand:
+                         py_files: Path, application: Path, role: str = ACTIVE) -> SubmitCommand:
     """The ``spark-submit`` command of one instance, assembled by the provider's ``SparkSubmitHook``.
 
     The master comes from the node's Airflow connection (``node.airflow_conn_id``); when that
@@ -272,7 +273,7 @@ def _trigger_seconds(plan: PlanConfig, trigger_interval: str | float | None) -> 
 
 
 def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
-                    trigger_interval: str | float | None = None, *, role: str = "ACTIVE",
+                    trigger_interval: str | float | None = None, *, role: str = ACTIVE,
                     launched_by: str | None = None, py_files: Path | None = None,
                     application: Path | None = None) -> LaunchedJob:
     """Make sure one instance runs: return the live job if there is one, otherwise submit it, detached.

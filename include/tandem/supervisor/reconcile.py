@@ -34,6 +34,7 @@ from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, LockLost, TandemError
+from tandem.names import ACTIVE, BACKUP
 from tandem.ops import DRAIN_NODE, FAILOVER_NOW, SUPERVISOR_ACTIONS
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
@@ -275,7 +276,7 @@ class Supervisor:
             if lease and lease.holder and lease.expired_for_s < 0 and (
                     lease.holder != action.previous_holder or lease.epoch > action.previous_epoch):
                 row = instance_role(self.db, self.plan.name, shard_id, lease.holder)
-                if row and row["role"] == "ACTIVE" and int(row["epoch"]) == lease.epoch:
+                if row and row["role"] == ACTIVE and int(row["epoch"]) == lease.epoch:
                     waited = time.monotonic() - start
                     return StepResult(action, True, f"{lease.holder} is ACTIVE at epoch {lease.epoch} "
                                                     f"after {waited:.1f}s", {"holder": lease.holder,
@@ -303,7 +304,7 @@ class Supervisor:
             if view.standby == HOT:
                 if not takers:
                     raise OpsRefused(f"{self.plan.name}/{shard_id}: no live standby to fail over to")
-                takers.sort(key=lambda n: (n != to_node, view.health(n).role == "BACKUP"))
+                takers.sort(key=lambda n: (n != to_node, view.health(n).role == BACKUP))
                 for action in (HandOver(active, takers[0], epoch, reason),
                                AwaitPromotion(active, epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
                     result = self.execute(shard_id, action, cause=reason)
@@ -336,7 +337,7 @@ class Supervisor:
             clear_failures(self.db, InstanceKey(self.plan.name, shard_id, node))
             takers = [n for n in view.candidates if n != node and view.alive(n)]
             if view.active == node and view.standby == HOT and takers:
-                takers.sort(key=lambda n: 0 if view.health(n).role != "BACKUP" else 1)
+                takers.sort(key=lambda n: 0 if view.health(n).role != BACKUP else 1)
                 for action in (HandOver(node, takers[0], view.lease.epoch, reason),
                                AwaitPromotion(node, view.lease.epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
                     result = self.execute(shard_id, action, cause=reason)

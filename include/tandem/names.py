@@ -1,0 +1,23 @@
+"""Names every layer shares, defined once: the roles of a node and the ids of Tandem's DAGs.
+
+Pure constants and functions: no imports from the rest of the package, so anything may use them.
+"""
+
+from __future__ import annotations
+
+ACTIVE, PASSIVE, BACKUP = "ACTIVE", "PASSIVE", "BACKUP"
+ROLES = (ACTIVE, PASSIVE, BACKUP)
+"""A node's roles: the ACTIVE publishes; a PASSIVE takes over first; a BACKUP only when no PASSIVE can."""
+STANDBY_ROLES = (PASSIVE, BACKUP)
+
+PLAN_DAG_PURPOSES = ("run", "supervise", "snapshot", "maintenance", "validate")
+"""Each plan has one DAG per purpose, ``tandem_<plan>_<purpose>``."""
+OPS_DAG_ID = "tandem_ops"
+RESTORE_DAG_ID = "tandem_restore"
+
+
+def plan_dag_id(plan: str, purpose: str) -> str:
+    """The id of ``plan``'s DAG for ``purpose`` (one of :data:`PLAN_DAG_PURPOSES`)."""
+    if purpose not in PLAN_DAG_PURPOSES:
+        raise ValueError(f"a plan has no {purpose!r} DAG; its DAGs are {', '.join(PLAN_DAG_PURPOSES)}")
+    return f"tandem_{plan}_{purpose}"
