@@ -53,7 +53,7 @@ from tandem.declarations import (
     matching,
 )
 from tandem.errors import ConfigError
-from tandem.store.db import redact
+from tandem.redaction import redact
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -29,7 +29,6 @@ from rich.table import Table
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
 from tandem.aggregation.spec import spec_for
-from tandem.cli import render_aggregates
 from tandem.config import load_cluster, load_plan
 from tandem.errors import TandemError
 from tandem.layout import delta_table_dir
@@ -37,6 +36,7 @@ from tandem.lake.tables import read_table
 from tandem.names import ACTIVE, BACKUP, PASSIVE, plan_dag_id
 from tandem.presenter.views import plan_status, timeline
 from tandem.producer import produce
+from tandem.show import render_aggregates, show_output
 from tandem.store import Database, migrate
 from tandem.store.heartbeats import input_rows_since, query_positions
 from tandem.store.leases import read_lease
@@ -288,7 +288,6 @@ def _show_trades(console: Console, cluster, plan, started: datetime, bad_lines: 
 def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
                     seed: int, keep_running: bool) -> None:
     """Launch every instance of a plan through Airflow, feed it, let the watermark pass, show each output."""
-    from tandem.cli import show_output
     from tandem.producer import advance_watermark
 
     run_dag = plan_dag_id(plan.name, "run")
@@ -330,7 +329,7 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     for output, config in plan.outputs.items():
         if config.kind != "quarantine":
             try:
-                show_output(cluster, plan, output, limit=8)
+                show_output(console, cluster, plan, output, limit=8)
             except TandemError as exc:
                 console.print(f"[yellow]{plan.name} {output}: {escape(str(exc))}[/]")
     counts = read_table(delta_table_dir(cluster, plan.name, "quarantine")).num_rows if "quarantine" in plan.outputs else 0

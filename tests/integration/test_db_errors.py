@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tandem.errors import StoreError, StoreUnreachable
-from tandem.store.db import Database, redact
+from tandem.redaction import redact
+from tandem.store.db import Database
 from tandem.store.migrations import migrate
 
 pytestmark = pytest.mark.integration

@@ -23,6 +23,7 @@ import psycopg2.extras
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from tandem.errors import DataError, StoreError, StoreUnreachable
+from tandem.redaction import redact
 
 SCHEMA = "tandem"
 _OPTIONS = f"-c search_path={SCHEMA},public -c TimeZone=UTC"
@@ -65,24 +66,6 @@ def storable_text(text: str | None) -> str | None:
     For what Tandem writes about its own state (errors, reasons), which may quote input or other processes.
     """
     return None if text is None else text.replace("\x00", "\\u0000")
-
-
-def redact(url: str) -> str:
-    """The connection string without its password, for messages and logs.
-
-    libpq's own parser reads it (URL or ``key=value`` form, ``?password=``, percent-escapes), so
-    whatever libpq would send as a password is what is left out. A string libpq cannot parse is not
-    shown at all.
-    """
-    try:
-        params = psycopg2.extensions.parse_dsn(url)
-    except psycopg2.Error:
-        return "<a PostgreSQL URL that libpq cannot parse>"
-    user = f"{params['user']}@" if params.get("user") else ""
-    host = params.get("host", "")
-    host = f"[{host}]" if ":" in host and "," not in host else host
-    port = f":{params['port']}" if params.get("port") else ""
-    return f"postgresql://{user}{host}{port}/{params.get('dbname', '')}"
 
 
 def is_unreachable(exc: BaseException) -> bool:
