@@ -121,11 +121,13 @@ def _kept(raw: Column, max_line_bytes: int) -> Column:
 def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     """``lines(raw, source_file)`` → the parsed fields plus ``raw``, ``source_file``, ``valid`` and ``reason``.
 
-    ``valid`` says whether a line is good; ``reason`` is null for good lines. A query of good lines
-    filters on ``valid``: Spark then prunes the reasons from its plan, whose size costs every
-    micro-batch (planning a query with them took 0.3 s more a batch). A line within the size limit, valid UTF-8 and without an
-    unpaired surrogate is parsed once into the typed fields; only a line that fails a check is
-    parsed again, as text, to say which field is missing, of the wrong JSON type, or out of range.
+    ``valid`` says whether a line is good (never null: a check that yields null refuses the line, so
+    every line is either good or quarantined); ``reason`` is null for good lines. A query of good
+    lines filters on ``valid``: Spark then prunes the reasons from its plan, whose size costs every
+    micro-batch (planning a query with them took 0.3 s more a batch). A line within the size limit,
+    valid UTF-8 and without an unpaired surrogate is parsed once into the typed fields; only a line
+    that fails a check is parsed again, as text, to say which field is missing, of the wrong JSON
+    type, or out of range.
     A bad line's ``raw`` is what the quarantine keeps (:func:`_kept`). Needs
     ``spark.sql.json.enablePartialResults=true`` so one bad field does not null the others.
     """
@@ -145,7 +147,7 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
         good = good & holds
     reason = F.when(F.col("valid"), F.lit(None).cast("string")).otherwise(
         F.coalesce(F.col("_line_problem"), _explain(schema)))
-    return fields.withColumn("valid", good).withColumn("reason", reason).withColumn(
+    return fields.withColumn("valid", F.coalesce(good, F.lit(False))).withColumn("reason", reason).withColumn(
         "raw", F.when(F.col("valid"), F.col("raw")).otherwise(_kept(F.col("raw"), schema.max_line_bytes))
     ).drop("_line_problem")
 
