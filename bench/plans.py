@@ -138,7 +138,7 @@ def run_tandem(cluster, plan, spark) -> None:
 
 def run_plain(cluster, plan, spark, url: str) -> None:
     from tandem.layout import checkpoint_dir, delta_table_dir
-    from tandem.plans import PlanContext, group_queries, load_plan_module
+    from tandem.runtime.plan_api import PlanContext, instance_queries
     from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
     from tandem.store.registry import InstanceKey
 
@@ -163,7 +163,7 @@ def run_plain(cluster, plan, spark, url: str) -> None:
     for shard in plan.shards:
         ctx = PlainContext(cluster, plan, InstanceKey(plan.name, shard, "plain"), spark)
         queries = []
-        for definition in group_queries(ctx, load_plan_module(plan).build(ctx)):
+        for definition in instance_queries(ctx):
             spark.conf.set(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default)
             queries.append(definition.frame.writeStream.outputMode(definition.output_mode)
                            .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", shard, "plain",

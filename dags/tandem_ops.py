@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from airflow.sdk import DAG
 
-from tandem.airflow.dags import OPS_DEFAULT_ARGS, OPS_DOC, load_for_dags, ops_params
+from tandem.airflow.dags import OPS_DEFAULT_ARGS, OPS_DOC, load_all_for_dags, ops_params, with_broken_plans
 from tandem.airflow.operators import PlanOpsOperator
 from tandem.names import OPS_DAG_ID
 
-cluster, plans = load_for_dags(__file__)
+cluster, plans, broken = load_all_for_dags(__file__)  # broken plans: listed in the docs, not offered
 
 with DAG(
     dag_id=OPS_DAG_ID,
@@ -20,7 +20,7 @@ with DAG(
     params=ops_params(cluster, plans),
     default_args=OPS_DEFAULT_ARGS,
     tags=["tandem", "ops"],
-    doc_md=OPS_DOC,
+    doc_md=with_broken_plans(OPS_DOC, broken),
 ) as dag:
     PlanOpsOperator(
         task_id="act",

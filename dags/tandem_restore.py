@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from airflow.sdk import DAG
 
-from tandem.airflow.dags import RESTORE_DEFAULT_ARGS, RESTORE_DOC, load_for_dags, restore_params
+from tandem.airflow.dags import (RESTORE_DEFAULT_ARGS, RESTORE_DOC, load_all_for_dags, restore_params,
+                                 with_broken_plans)
 from tandem.airflow.operators import RestoreSnapshotOperator
 from tandem.names import RESTORE_DAG_ID
 
-cluster, plans = load_for_dags(__file__)
+cluster, plans, broken = load_all_for_dags(__file__)  # broken plans: listed in the docs, not offered
 
 with DAG(
     dag_id=RESTORE_DAG_ID,
@@ -20,7 +21,7 @@ with DAG(
     params=restore_params(cluster, plans),
     default_args=RESTORE_DEFAULT_ARGS,
     tags=["tandem", "ops", "snapshots"],
-    doc_md=RESTORE_DOC,
+    doc_md=with_broken_plans(RESTORE_DOC, broken),
 ) as dag:
     RestoreSnapshotOperator(
         task_id="restore",

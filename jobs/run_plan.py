@@ -1,7 +1,7 @@
 """spark-submit entrypoint: run one plan instance until stopped.
 
     spark-submit --properties-file conf/spark-defaults.conf --py-files dist/tandem.zip \
-        jobs/run_plan.py --plan trades --node node-a [--shard shard-1] [--trigger-interval "1 second"]
+        jobs/run_plan.py --plan trades --node node-a [--instance shard-1] [--trigger-interval "1 second"]
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
     parser.add_argument("--node", required=True, help="node name from conf/cluster.yaml")
-    parser.add_argument("--shard", help="shard id (default: the plan's first shard)")
+    parser.add_argument("--instance", "--shard", dest="shard",
+                        help="the instance, e.g. shard-1 (default: the plan's first; --shard is an alias)")
     parser.add_argument("--trigger-interval", type=parse_duration, help="micro-batch interval, e.g. '1 second'")
     parser.add_argument("--role", default=ACTIVE, choices=ROLES,
                         help="role to launch for: ACTIVE takes the lease if free; standbys take over on expiry")

@@ -1,16 +1,17 @@
 """``tandem``: the command line of the bundle.
 
     tandem migrate                      apply the coordination schema migrations
-    tandem config check | schema [FILE] validate conf/ and say what it holds | print the files' JSON Schema
+    tandem config check | schema [FILE] validate conf/ and the plans' modules | print the files' JSON Schema
+    tandem plan new NAME                a new plan: conf/plans/NAME.yaml and NAME.py, that run as written
     tandem produce trades --rate 200 --duration 60
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
-    tandem run --plan trades --node node-a --shard shard-1 [--available-now]
+    tandem run --plan trades --node node-a --instance shard-1 [--available-now]
     tandem launch trades shard-1 node-a [--role PASSIVE] [--json]   start it detached with spark-submit, on this host
     tandem stop trades shard-1 node-a   stop it wherever it runs (a stop request its driver obeys)
-    tandem snapshot trades [--shard shard-1] [--node node-a]     take a snapshot of the ACTIVE instance now
-    tandem snapshots trades [--state ID [--key symbol=IBM]] [--prune]
-    tandem restore trades [--snapshot ID | --latest-good] [--shard shard-1] [--node node-a] [--force]
+    tandem snapshot trades [--instance shard-1] [--node node-a]  take a snapshot of the ACTIVE instance now
+    tandem snapshots trades [--instance shard-1] [--state ID [--key symbol=IBM]] [--prune]
+    tandem restore trades [--snapshot ID | --latest-good] [--instance shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
     tandem demo [--no-failover]         the end-to-end demonstration (make demo), with a kill -9 failover
@@ -160,10 +161,14 @@ def _only_output(plan) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Per plan and group instance: each node's role, epoch, status, health, beat age and lag; the lease; recent
-    events. The same view as the Tandem page in the Airflow UI (:mod:`tandem.presenter.views`)."""
+    events. The same view as the Tandem page in the Airflow UI (:mod:`tandem.presenter.views`).
+
+    Without a plan, a plan file that does not load is one ``error:`` line with its error after the others'
+    status, and the exit code is 2 (as ``tandem config check`` for a broken file): a script sees it.
+    """
     import psycopg2.errors
 
-    from tandem.config import load_plans
+    from tandem.config import load_plans_and_errors
     from tandem.presenter.views import plan_status, timeline
     from tandem.store import Database
 
@@ -176,7 +181,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             else f"{seconds / 86400:.0f}d"
 
     cluster = load_cluster()
-    plans = {args.plan: load_plan(args.plan, cluster)} if args.plan else load_plans(cluster)
+    plans, broken = ({args.plan: load_plan(args.plan, cluster)}, {}) if args.plan else load_plans_and_errors(cluster)
     styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red",
               "BLOCKED": "bold magenta", "STALLED": "yellow", "STOPPED": "dim", "MISSING": "dim"}
     try:
@@ -222,7 +227,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                     console.print(table)
     except psycopg2.errors.UndefinedTable:
         raise TandemError("the coordination schema is missing: run `tandem migrate`") from None
-    return 0
+    finally:
+        for name, error in broken.items():
+            print_error(TandemError(f"plan {name} is broken, not shown: {error}"))
+    return 2 if broken else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -411,9 +419,11 @@ def airflow_connection_exports() -> list[str]:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and say what it holds."""
+    """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and each plan's
+    module (its queries against the YAML's groups and outputs, without starting Spark), and say what they hold."""
     from tandem.config import json_schemas, load_plan
-    from tandem.errors import ConfigError
+    from tandem.errors import ConfigError, PlanError
+    from tandem.runtime.plan_api import check_plan_module, load_plan_module
 
     if args.action == "schema":
         schemas = json_schemas()
@@ -431,13 +441,32 @@ def cmd_config(args: argparse.Namespace) -> int:
             print_error(exc)
             refused += 1
             continue
+        try:
+            queries = check_plan_module(plan, load_plan_module(plan))
+        except PlanError as exc:
+            for problem in str(exc).splitlines():
+                print_error(PlanError(problem))
+            refused += 1
+            continue
         streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
         outputs = ", ".join(f"{name} ({output.kind})" for name, output in plan.outputs.items())
         print(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.shards)}, streams {streams}, "
-              f"outputs {outputs}, nodes {', '.join(plan.nodes)}, {plan.ha.standby} standby, "
-              f"suites {plan.validation.suite} and {plan.snapshot.suite}")
+              f"outputs {outputs}, queries {', '.join(queries)}, nodes {', '.join(plan.nodes)}, {plan.ha.standby} standby, "
+              f"suites {plan.validation.suite or 'implied (declarations)'} and "
+              f"{plan.snapshot.suite or 'implied (declarations)'}")
     print(f"{len(plan_files) - refused} of {len(plan_files)} plan file(s) valid")
     return 2 if refused else 0
+
+
+def cmd_plan_new(args: argparse.Namespace) -> int:
+    """Write a new plan's YAML and module (one stream, one query, one output) that runs as written."""
+    from tandem.scaffold import new_plan
+
+    yaml_path, module_path = new_plan(load_cluster(), args.name)
+    console.print(f"wrote {yaml_path}\nwrote {module_path}\nnext: tandem config check; "
+                  f"tandem produce {args.name} --duration 10s; tandem run --plan {args.name} --node <node> "
+                  "--available-now; tandem query " + args.name, markup=False, highlight=False)
+    return 0
 
 
 def cmd_airflow_login(args: argparse.Namespace) -> int:
@@ -506,14 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit)")
     run.add_argument("--plan", required=True)
     run.add_argument("--node", required=True)
-    run.add_argument("--shard")
+    run.add_argument("--instance", "--shard", dest="shard",
+                     help="an instance of the plan, e.g. shop-1 (default: its first; --shard is an alias)")
     run.add_argument("--trigger-interval", type=_duration)
     run.add_argument("--available-now", action="store_true")
     run.set_defaults(func=cmd_run)
 
     launch = commands.add_parser("launch", help="start a plan instance detached with spark-submit on this host")
     launch.add_argument("plan")
-    launch.add_argument("shard")
+    launch.add_argument("shard", metavar="instance", help="an instance of the plan, e.g. shop-1")
     launch.add_argument("node")
     launch.add_argument("--role", choices=(ACTIVE, PASSIVE, BACKUP), default=ACTIVE)
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
@@ -527,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = commands.add_parser("stop", help="stop a plan instance wherever it runs")
     stop.add_argument("plan")
-    stop.add_argument("shard")
+    stop.add_argument("shard", metavar="instance", help="an instance of the plan, e.g. shop-1")
     stop.add_argument("node")
     stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to end")
     stop.add_argument("--json", action="store_true", help="print the outcome as one JSON line")
@@ -535,13 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     snapshot = commands.add_parser("snapshot", help="take a snapshot of each shard's ACTIVE instance now")
     snapshot.add_argument("plan")
-    snapshot.add_argument("--shard", help="one shard (default: every shard of the plan)")
+    snapshot.add_argument("--instance", "--shard", dest="shard",
+                          help="one instance (default: every instance of the plan)")
     snapshot.add_argument("--node", help="snapshot this node's instance instead of the ACTIVE one")
     snapshot.set_defaults(func=cmd_snapshot)
 
     snapshots = commands.add_parser("snapshots", help="list a plan's snapshots, show one's state, or prune")
     snapshots.add_argument("plan")
-    snapshots.add_argument("--shard")
+    snapshots.add_argument("--instance", "--shard", dest="shard", help="one instance of the plan")
     snapshots.add_argument("--state", metavar="SNAPSHOT_ID", help="show the state this snapshot exported")
     snapshots.add_argument("--key", action="append", metavar="FIELD=VALUE",
                            help="with --state: keys whose field has this value, e.g. symbol=IBM (repeatable)")
@@ -556,7 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     which = restore.add_mutually_exclusive_group()
     which.add_argument("--snapshot", help="a snapshot id (its shard is restored)")
     which.add_argument("--latest-good", action="store_true", help="each shard's newest GOOD snapshot (default)")
-    restore.add_argument("--shard", help="with --latest-good: one shard (default: every shard)")
+    restore.add_argument("--instance", "--shard", dest="shard",
+                         help="with --latest-good: one instance (default: every instance)")
     restore.add_argument("--node", help="the node to start ACTIVE (default: the node the snapshot was cut from)")
     restore.add_argument("--force", action="store_true", help="restore a snapshot marked BAD")
     restore.add_argument("--no-start", action="store_true", help="restore but start nothing")
@@ -564,6 +596,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)
+    plan = commands.add_parser("plan", help="write a new plan: its YAML and its module, beside each other in "
+                                            "conf/plans/")
+    plan_actions = plan.add_subparsers(dest="plan_action", required=True)
+    plan_new = plan_actions.add_parser("new", help="a plan with one stream, one query and one output, that runs "
+                                                   "as written")
+    plan_new.add_argument("name")
+    plan_new.set_defaults(func=cmd_plan_new)
+
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))
     config.add_argument("file", nargs="?", choices=("cluster.yaml", "plans/<name>.yaml"),

@@ -2,7 +2,7 @@
 
 The files are validated by pydantic models of their exact shape (``ClusterFile``, ``PlanFile``:
 unknown fields refused, strict types, finite numbers, unique lists, cron schedules, memory sizes,
-URLs, suites that exist); ``tandem config schema`` prints their JSON Schema. YAML itself is read
+URLs, named suites that exist); ``tandem config schema`` prints their JSON Schema. YAML itself is read
 strictly too: UTF-8 only, and a key given twice is an error (YAML would let the later one win).
 
 Every problem is one :class:`~tandem.errors.ConfigError` line that names the file and the dotted
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -53,6 +54,7 @@ from tandem.declarations import (
     matching,
 )
 from tandem.errors import ConfigError
+from tandem.names import QUARANTINE, QUARANTINE_QUERY
 from tandem.redaction import redact
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -175,11 +177,16 @@ class HeartbeatConfig(StrictModel):
 
 
 class ValidationConfig(StrictModel):
-    """The batch DAG that validates a plan's serving table with Great Expectations (suite default ``<plan>_aggregates``)."""
+    """The batch DAG that validates a plan's outputs with Great Expectations.
+
+    ``suite``: the suite file ``conf/expectations/<suite>.json`` (it must exist when named). Not named:
+    ``<plan>_outputs.json`` or else ``<plan>_aggregates.json`` if there is one, else ``None`` once the
+    plan is loaded: the suite implied by the outputs' declarations (:mod:`tandem.quality.implied`).
+    """
 
     schedule: Annotated[StrictStr, AfterValidator(_cron)] = "@hourly"
     lookback_s: Duration = Field(86400.0, alias="lookback")
-    suite: SuiteName = ""
+    suite: SuiteName | None = None
 
 
 class HAConfig(StrictModel):
@@ -206,12 +213,13 @@ class SnapshotConfig(StrictModel):
     ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
     ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
     never deleted). ``suite``: the Great Expectations suite (``conf/expectations/<suite>.json``)
-    that validates a snapshot's exported state (default ``<plan>_state``).
+    that validates a snapshot's exported state (not named: ``<plan>_state.json`` if there is one,
+    else ``None`` once the plan is loaded: the generic state suite of :mod:`tandem.quality.implied`).
     """
 
     interval_s: Duration = Field(900.0, alias="interval")
     keep: PositiveInt = 3
-    suite: SuiteName = ""
+    suite: SuiteName | None = None
 
 
 class PlanFile(StrictModel):
@@ -581,20 +589,26 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
             if queries.count(query) > 1:
                 raise error(f"groups.{name}.queries[{index}]", f"query {query!r} is listed in more than one group "
                                                                "(a query runs in exactly one group)")
-    validation = file.validation.model_copy(update={"suite": file.validation.suite or f"{file.name}_aggregates"})
-    snapshot = file.snapshot.model_copy(update={"suite": file.snapshot.suite or f"{file.name}_state"})
-    for field_name, suite in (("validation.suite", validation.suite), ("snapshot.suite", snapshot.suite)):
-        if not (cluster.conf_dir / "expectations" / f"{suite}.json").is_file():
-            raise error(field_name, f"no suite {suite!r}: {cluster.conf_dir / 'expectations' / f'{suite}.json'} "
-                                    "does not exist")
+    outputs, groups = _with_quarantine(file, error)
+    if file.module is not None and path.with_suffix(".py").is_file():
+        raise error("module", f"names {file.module!r}, but {path.with_suffix('.py').name} beside the plan is its "
+                              "module: remove one of them")
+    suites = cluster.conf_dir / "expectations"
+    for field_name, suite in (("validation.suite", file.validation.suite), ("snapshot.suite", file.snapshot.suite)):
+        if suite is not None and not (suites / f"{suite}.json").is_file():
+            raise error(field_name, f"no suite {suite!r}: {suites / f'{suite}.json'} does not exist")
+    validation = file.validation.model_copy(update={"suite": _suite_file(
+        file.validation.suite, suites, f"{file.name}_outputs", f"{file.name}_aggregates")})
+    snapshot = file.snapshot.model_copy(update={"suite": _suite_file(
+        file.snapshot.suite, suites, f"{file.name}_state")})
     return PlanConfig(
         path=path,
         name=file.name,
         description=file.description,
         module=file.module or f"tandem.plans.{file.name}",
         streams=dict(file.streams),
-        groups=dict(file.groups),
-        outputs=dict(file.outputs),
+        groups=groups,
+        outputs=outputs,
         nodes=tuple(file.nodes),
         trigger_interval_s=file.trigger_interval,
         watermark_s=file.watermark,
@@ -605,10 +619,60 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     )
 
 
+def _with_quarantine(file: PlanFile, error: Callable[[str, str], ConfigError]
+                     ) -> tuple[dict[str, OutputConfig], dict[str, GroupConfig]]:
+    """The plan's outputs and groups with its quarantine: the output (``quarantine``, implicit when none is
+    declared) and the runtime's ``quarantine`` query (in the first group when no group lists it)."""
+    outputs, groups = dict(file.outputs), dict(file.groups)
+    declared = [name for name, output in outputs.items() if output.kind == QUARANTINE]
+    if len(declared) > 1:
+        raise error(f"outputs.{declared[1]}", f"a plan has one quarantine output ({declared[0]!r} is one)")
+    if QUARANTINE in outputs and outputs[QUARANTINE].kind != QUARANTINE:
+        raise error(f"outputs.{QUARANTINE}", f"the name {QUARANTINE!r} is the plan's quarantine output's (kind "
+                                            f"{QUARANTINE}): give this {outputs[QUARANTINE].kind} output another name")
+    if not declared:
+        outputs[QUARANTINE] = OutputConfig(kind=QUARANTINE)
+    if not any(QUARANTINE_QUERY in group.queries for group in groups.values()):
+        first = next(iter(groups))
+        groups[first] = groups[first].model_copy(update={"queries": [*groups[first].queries, QUARANTINE_QUERY]})
+    return outputs, groups
+
+
+def quarantine_output(plan: PlanConfig) -> str:
+    """The name of the plan's quarantine output (every loaded plan has exactly one)."""
+    return next(name for name, output in plan.outputs.items() if output.kind == QUARANTINE)
+
+
+def _suite_file(named: str | None, folder: Path, *defaults: str) -> str | None:
+    """The suite a plan validates with: the one it names, else the first default with a file in
+    ``folder``, else ``None`` (the suite implied by the plan's declarations)."""
+    return named or next((name for name in defaults if (folder / f"{name}.json").is_file()), None)
+
+
 def load_plans(cluster: ClusterConfig | None = None) -> dict[str, PlanConfig]:
     """Every plan in ``conf/plans/``, by name."""
     cluster = cluster or load_cluster()
     return {path.stem: _load_plan_file(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+
+
+def load_plans_and_errors(cluster: ClusterConfig | None = None) -> tuple[dict[str, PlanConfig], dict[str, ConfigError]]:
+    """Every plan in ``conf/plans/`` that loads, by name, and apart from them each broken one's error, by file name.
+
+    One broken file (invalid YAML, a refused field, an unknown node ...) leaves the other plans usable: for
+    what serves or shows every plan (DAG files, the Tandem page, ``tandem status``). A caller that must not
+    act while any plan is unknown (landing retention: another plan may read the files) uses :func:`load_plans`,
+    which raises the first broken plan's error. Each error is the :class:`ConfigError` that names the file and
+    the field, keyed by the file's name without ``.yaml`` (which is the plan's name when the file is valid).
+    """
+    cluster = cluster or load_cluster()
+    plans: dict[str, PlanConfig] = {}
+    broken: dict[str, ConfigError] = {}
+    for path in sorted((cluster.conf_dir / "plans").glob("*.yaml")):
+        try:
+            plans[path.stem] = _load_plan_file(path, cluster)
+        except ConfigError as exc:
+            broken[path.stem] = exc
+    return plans, broken
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:

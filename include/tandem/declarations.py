@@ -142,6 +142,9 @@ class StreamConfig(StrictModel):
     are skipped however deeply they nest.
     """
 
+    source: Literal["files"] = "files"
+    """Where the stream's lines come from (:data:`tandem.runtime.sources.SOURCE_KINDS`): ``files``, the
+    landing folders of its partitions."""
     format: Literal["jsonl"] = "jsonl"
     partitions: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)]
     key: FieldName

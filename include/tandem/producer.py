@@ -3,19 +3,20 @@
 Every event goes to ``landing/<stream>/<partition>/`` with ``partition =``
 :func:`tandem.declarations.partition_of` of its key. A file is written under a hidden temporary
 name (Spark's file source ignores names starting with ``.``) and renamed into place, so readers
-never see half a file. One generator per plan makes the events (:data:`GENERATORS`); the same
-seed gives the same events.
+never see half a file. A plan's module may define its own generator (``generator(seed)``); others
+get :class:`DeclaredGenerator`. The same seed gives the same events.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,9 +24,6 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.declarations import StreamConfig, partition_of
 from tandem.errors import TandemError
 from tandem.layout import landing_dir
-
-SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA", "TSLA", "META")
-CUSTOMERS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy")
 
 
 def write_atomically(directory: Path, lines: Sequence[str], prefix: str = "events") -> Path:
@@ -50,92 +48,60 @@ class EventGenerator(Protocol):
 
 
 @dataclass
-class TradeGenerator:
-    """Reproducible trade events: the same seed gives the same symbols, prices and quantities."""
+class DeclaredGenerator:
+    """Events drawn from a plan's stream declarations: every field a valid value of its type and checks.
 
+    The generator of a plan whose module defines none: keys from a small pool (so keyed state and
+    tables see the same keys again), numbers inside their bounds, event times about the wall clock.
+    """
+
+    plan: PlanConfig
     seed: int = 42
-    symbols: Sequence[str] = SYMBOLS
+    keys: int = 16
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
-        self.prices = {s: 50.0 + 10.0 * i for i, s in enumerate(self.symbols)}
 
-    def event(self, timestamp_ms: int) -> dict[str, Any]:
-        symbol = self.random.choice(self.symbols)
-        self.prices[symbol] = max(1.0, round(self.prices[symbol] * (1 + self.random.uniform(-0.01, 0.01)), 2))
-        return {"symbol": symbol, "price": self.prices[symbol], "quantity": self.random.randint(1, 500),
-                "timestamp": timestamp_ms}
-
-    def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
-        return {"trades": [self.event(now_ms) for _ in range(count)]}
-
-
-@dataclass
-class PizzaGenerator:
-    """Orders, and for each a delivery on time (within 30 s), late, or never; order times a little out of order."""
-
-    seed: int = 42
-    on_time: float = 0.7
-    late: float = 0.2
-    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.random = random.Random(self.seed)
-        self.counter = 0
-        self.run_ms: int | None = None  # order numbers of two runs (two `tandem produce`, two demos) never meet
+    def value(self, stream: StreamConfig, name: str, now_ms: int) -> Any:
+        """A value of field ``name`` that passes every check declared for it."""
+        declared = stream.fields[name]
+        if declared.type == "epoch_millis":
+            return now_ms - self.random.randint(0, 1000)
+        if declared.type == "string":
+            pool = self.keys if name == stream.key else 8
+            return f"{name[:8]}-{self.random.randrange(pool)}"[:declared.length_limit]
+        low, high = numeric_range(declared.greater_than, declared.at_least, declared.less_than, declared.at_most,
+                                  integer=declared.type == "long")
+        if name == stream.key and declared.type == "long":
+            return low + self.random.randrange(min(self.keys, high - low + 1))
+        return self.random.randint(low, high) if declared.type == "long" else round(self.random.uniform(low, high), 3)
 
     def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
-        orders = []
-        for _ in range(count):
-            self.counter += 1
-            self.run_ms = self.run_ms or now_ms
-            order = {"order_no": f"o{self.run_ms}-{self.counter}", "customer_name": self.random.choice(CUSTOMERS),
-                     "time": now_ms - self.random.randint(0, 2000)}
-            orders.append(order)
-            draw = self.random.random()
-            if draw < self.on_time + self.late:
-                delay = self.random.randint(1000, 28000) if draw < self.on_time else self.random.randint(32000, 60000)
-                self.pending.append((order["time"] + delay, {"order_no": order["order_no"],
-                                                             "time": order["time"] + delay}))
-        due = [delivery for at, delivery in self.pending if at <= now_ms]
-        self.pending = [(at, delivery) for at, delivery in self.pending if at > now_ms]
-        return {"orders": orders, "deliveries": due}
+        return {name: [{field_name: self.value(stream, field_name, now_ms) for field_name in stream.fields}
+                       for _ in range(count)] for name, stream in self.plan.streams.items()}
 
 
-@dataclass
-class TemperatureGenerator:
-    """Rooms 100–119 with a few devices each; temperatures drift, sometimes jump (alerts) or run hot (> 40)."""
-
-    seed: int = 42
-    rooms: Sequence[int] = tuple(range(100, 120))
-    jump: float = 0.03
-
-    def __post_init__(self) -> None:
-        self.random = random.Random(self.seed)
-        self.temps = {room: 20.0 + self.random.uniform(-2, 2) for room in self.rooms}
-
-    def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
-        out = []
-        for _ in range(count):
-            room = self.random.choice(self.rooms)
-            step = self.random.uniform(5.5, 12) if self.random.random() < self.jump else self.random.uniform(-0.6, 0.6)
-            self.temps[room] = min(70.0, max(-10.0, self.temps[room] + step))
-            if self.temps[room] > 45 and self.random.random() < 0.3:
-                self.temps[room] = 22.0  # someone opened a window
-            out.append({"room_no": room, "device_id": f"dev-{room}-{self.random.randint(1, 3)}",
-                        "temp": round(self.temps[room], 2), "time": now_ms - self.random.randint(0, 1500)})
-        return {"temps": out}
-
-
-GENERATORS: dict[str, Callable[[int], EventGenerator]] = {
-    "trades": TradeGenerator, "pizza_shop": PizzaGenerator, "temperatures": TemperatureGenerator}
+def numeric_range(greater_than: float | None, at_least: float | None, less_than: float | None,
+                  at_most: float | None, *, integer: bool) -> tuple[float, float]:
+    """A closed range of values inside the declared bounds (pure): 1000 wide, or the whole room between them."""
+    step = 1 if integer else 0.001
+    lows = [b for b in (at_least, None if greater_than is None else greater_than + step) if b is not None]
+    highs = [b for b in (at_most, None if less_than is None else less_than - step) if b is not None]
+    low = max(lows) if lows else (min(highs) - 1000 if highs else 0)
+    high = min(highs) if highs else low + 1000
+    if integer:
+        low, high = math.ceil(low), math.floor(high)
+    if low > high:
+        raise TandemError(f"no value fits the bounds > {greater_than}, >= {at_least}, < {less_than}, <= {at_most}")
+    return low, high
 
 
 def generator_for(plan: PlanConfig, seed: int) -> EventGenerator:
-    try:
-        return GENERATORS[plan.name](seed)
-    except KeyError:
-        raise TandemError(f"no event generator for plan {plan.name!r} (generators: {', '.join(GENERATORS)})") from None
+    """The plan's sample-event generator: its module's ``generator(seed)``, else :class:`DeclaredGenerator`."""
+    from tandem.runtime.plan_api import plan_hook
+
+    make = plan_hook(plan, "generator")
+    return make(seed) if make is not None else DeclaredGenerator(plan, seed)
 
 
 def bad_line(stream: StreamConfig, good: dict[str, Any], rng: random.Random) -> str:

@@ -51,7 +51,7 @@ def print_table(console: Console, cluster, plan, output: str, key: dict[str, str
                 as_json: bool = False) -> None:
     """A table output merged over the instances, rows matching ``key`` (from PostgreSQL or Delta)."""
     from tandem.layout import delta_table_dir
-    from tandem.runtime.sinks import read_table_lake
+    from tandem.outputs.table import read_table_lake
     from tandem.store import Database
     from tandem.store.outputs import read_table_rows
 
@@ -85,7 +85,8 @@ def print_events(console: Console, cluster, plan, output: str, start: datetime, 
 
     if source == "delta":
         from tandem.layout import delta_table_dir
-        from tandem.runtime.sinks import as_utc, read_events_lake
+        from tandem.outputs.base import as_utc
+        from tandem.outputs.events import read_events_lake
 
         lake = read_events_lake(delta_table_dir(cluster, plan.name, output)).to_pylist()
         time_field = plan.outputs[output].time

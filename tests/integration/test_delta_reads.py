@@ -22,7 +22,8 @@ from deltalake import write_deltalake
 from _project import TRADES
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
-from tandem.runtime.publisher import AggregateSink, BatchInfo
+from tandem.outputs.aggregation import AggregateSink
+from tandem.outputs.base import BatchInfo
 from tandem.store.db import Database
 from tandem.store.leases import try_acquire
 from tandem.store.migrations import migrate

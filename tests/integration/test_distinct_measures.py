@@ -14,7 +14,8 @@ from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.granularity import bucket_start
 from tandem.aggregation.spark import second_partials
 from tandem.aggregation.spec import AggregationSpec, Measure
-from tandem.runtime.publisher import AggregateSink, BatchInfo
+from tandem.outputs.aggregation import AggregateSink
+from tandem.outputs.base import BatchInfo
 from tandem.store import Database, migrate
 from tandem.store.leases import try_acquire
 from tandem.store.registry import InstanceKey

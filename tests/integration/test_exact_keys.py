@@ -15,7 +15,8 @@ from tandem import aggregation
 from _project import TRADES
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
-from tandem.runtime.publisher import AggregateSink, BatchInfo
+from tandem.outputs.aggregation import AggregateSink
+from tandem.outputs.base import BatchInfo
 from tandem.snapshots.outputs import rebuild_postgres_shard
 from tandem.store.db import Database
 from tandem.store.leases import try_acquire

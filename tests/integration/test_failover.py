@@ -57,7 +57,8 @@ from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
 from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.packaging import build_dist
-from tandem.runtime.publisher import BatchInfo, checkpoint_lineage
+from tandem.outputs.base import BatchInfo
+from tandem.runtime.publisher import checkpoint_lineage
 from tandem.store.registry import InstanceKey
 from tandem.supervisor import stop_instance
 from tandem.supervisor.reconcile import Supervisor
@@ -318,7 +319,7 @@ def test_a_standby_does_not_trim_what_the_dead_active_never_appended_to_delta(pr
     import pyarrow as pa
     from tandem.aggregation import delta as agg_delta
     from _project import TRADES
-    from tandem.runtime.publisher import AggregateSink
+    from tandem.outputs.aggregation import AggregateSink
     from tandem.store import Database, migrate
     from tandem.store.leases import try_acquire
 

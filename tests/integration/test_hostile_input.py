@@ -35,9 +35,12 @@ from tandem.aggregation.spec import AggregationSpec, Measure
 from tandem.config import load_cluster, load_plans
 from tandem.declarations import MAX_EPOCH_MILLIS, OutputConfig, StreamConfig
 from tandem.lake.tables import read_table
-from tandem.runtime.publisher import BatchInfo, QuarantineSink
+from tandem.outputs.base import BatchInfo
+from tandem.outputs.quarantine import QuarantineSink
 from tandem.runtime.records import KEPT_CHARS, parse_and_validate, record_schema
-from tandem.runtime.sinks import EventsSink, FactAggregateSink, TableSink, read_events_lake
+from tandem.outputs.aggregation import FactAggregateSink
+from tandem.outputs.events import EventsSink, read_events_lake
+from tandem.outputs.table import TableSink
 from tandem.store import Database, migrate
 from tandem.store.leases import try_acquire
 from tandem.store.outputs import read_table_rows

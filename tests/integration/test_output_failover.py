@@ -33,7 +33,8 @@ from tandem.layout import delta_table_dir
 from tandem.packaging import build_dist
 from tandem.presenter.views import event_page
 from tandem.producer import advance_watermark
-from tandem.runtime.sinks import read_events_lake, read_table_lake
+from tandem.outputs.events import read_events_lake
+from tandem.outputs.table import read_table_lake
 from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pytest
 from tandem.declarations import OutputConfig
 from tandem.lake import tables
-from tandem.runtime.publisher import BatchInfo
-from tandem.runtime.sinks import EventsSink, TableSink, read_events_lake, read_table_lake
+from tandem.outputs.base import BatchInfo
+from tandem.outputs.events import EventsSink, read_events_lake
+from tandem.outputs.table import TableSink, read_table_lake
 from tandem.store import Database, migrate
 from tandem.store.leases import try_acquire
 from tandem.store.outputs import read_events, read_table_rows
@@ -75,7 +76,7 @@ def test_events_survive_a_crash_between_postgres_and_delta_without_a_duplicate(d
     standby.trim()
     assert sorted(r["room_no"] for r in standby.held.values()) == list(range(10, 20)), "trimmed by what is in Delta"
 
-    monkeypatch.setattr("tandem.runtime.sinks.append_once", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setattr("tandem.outputs.base.append_once", lambda *a, **k: (_ for _ in ()).throw(Crash()))
     with pytest.raises(Crash):  # PostgreSQL commits 10..14, the Delta append never happens
         active.publish(alerts(range(10, 15)), batch(ACTIVE, 1, epoch))
     monkeypatch.undo()
@@ -108,7 +109,7 @@ def test_a_paused_old_active_cannot_write_postgres_and_its_late_delta_append_is_
         old.publish(alerts(range(3, 9)), batch(ACTIVE, 0, old_epoch))
     # what the fence cannot stop: an append the old active had already decided before the epoch moved
     late = alerts(range(0, 6)).append_column("event_id", pa.array(
-        [old.identify(alerts(range(i, i + 1)), ALERTS.key).popitem()[0] for i in range(6)]))
+        [old.identities(alerts(range(i, i + 1))).popitem()[0] for i in range(6)]))
     for name, value, kind in (("shard_id", "g-1", pa.string()), ("node", "node-a", pa.string()),
                               ("epoch", old_epoch, pa.int64()), ("batch_id", 0, pa.int64())):
         late = late.append_column(name, pa.array([value] * 6, kind))
@@ -133,7 +134,7 @@ def test_table_contributions_count_once_whoever_publishes_them_and_merge_across_
     standby.hold(orders(range(0, 7)), 0)
     standby.hold(orders(range(7, 20)), 1)
     standby.trim()
-    assert sorted(standby.held) == sorted(standby.identify(orders(range(12, 20)), COUNTS.id))
+    assert sorted(standby.held) == sorted(standby.identities(orders(range(12, 20))))
     standby.flush(batch(STANDBY, -1, take(db, STANDBY)))
     elsewhere.publish(orders(range(100, 103)), batch(other, 0, try_acquire(db, "p", "g-2", "node-a", 30.0)))
 
@@ -149,7 +150,7 @@ def test_table_contributions_count_once_whoever_publishes_them_and_merge_across_
 
 def test_a_source_files_bad_lines_are_quarantined_once_per_shard_whoever_publishes_them(db, database_url,
                                                                                         tmp_path: Path) -> None:
-    from tandem.runtime.publisher import QuarantineSink
+    from tandem.outputs.quarantine import QuarantineSink
 
     path = tmp_path / "quarantine"
     epoch = take(db, ACTIVE)
@@ -212,7 +213,7 @@ def test_events_the_store_refuses_are_quarantined_once_and_the_rest_published_by
         db: Database, database_url: str, tmp_path: Path) -> None:
     """A data error (SQLSTATE class 22, a NaN no JSON can hold) isolates the offending rows: quarantined with the
     store's error, the rest published; the standby that replays the same rows after a failover decides the same."""
-    from tandem.runtime.publisher import QuarantineSink
+    from tandem.outputs.quarantine import QuarantineSink
 
     refuse(db, "output_events", "NEW.payload->>'temp' = '45.0'")
     path, quarantine_path = tmp_path / "alerts", tmp_path / "quarantine"
@@ -241,7 +242,8 @@ def test_events_the_store_refuses_are_quarantined_once_and_the_rest_published_by
 
 def test_aggregates_and_table_rows_the_store_refuses_are_quarantined_and_the_rest_published(
         db: Database, database_url: str, tmp_path: Path) -> None:
-    from tandem.runtime.publisher import AggregateSink, QuarantineSink
+    from tandem.outputs.aggregation import AggregateSink
+    from tandem.outputs.quarantine import QuarantineSink
     from _project import TRADES
 
     quarantine = QuarantineSink(ACTIVE, database_url, tmp_path / "quarantine")

@@ -24,7 +24,8 @@ from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
-from tandem.runtime.sinks import read_events_lake, read_table_lake
+from tandem.outputs.events import read_events_lake
+from tandem.outputs.table import read_table_lake
 from tandem.store import Database
 from tandem.store.outputs import read_table_rows
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from _project import without_suites
 
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError
@@ -206,3 +207,106 @@ def test_events_and_tables_are_validated_by_the_plan_and_its_suite(cluster, data
                       ("expect_column_pair_values_a_to_be_greater_than_b", "expiry_time")}, events.summary()
     bad = table.failure("expect_column_values_to_be_in_set", column="shard_id")
     assert bad is not None and bad.unexpected_count == 1, table.summary()
+
+
+# --- a plan without suite files: the suites its declarations imply -------------------------------------------
+
+def failed(report) -> set[tuple[str, str | None]]:
+    """The failed expectations of a report or a snapshot's verdict, with the column each checks."""
+    return {(o.expectation, o.kwargs.get("column") or o.kwargs.get("column_A")) for o in report.outcomes
+            if not o.success}
+
+
+def test_trades_without_a_suite_file_validates_its_serving_table_with_the_implied_suite(cluster, project,
+                                                                                        database_url):
+    without_suites(project / "conf", "trades")
+    plan = load_plan("trades", cluster)
+    assert plan.validation.suite is None
+    insert(database_url, *GOOD_ROWS)  # one average an ulp above its max: snapped, as with the file
+    report = validate_serving_table(cluster, plan)
+    assert report.success and report.row_count == len(GOOD_ROWS), report.summary()
+    assert report.suite == "trades_outputs (implied)" and len(report.outcomes) == 15
+
+    insert(database_url, good("MSFT", "shard-1", [10.0, 20.0], price_sum=90.0),  # avg 45 > max 20
+           good("TSLA", "shard-2", [5.0], trade_count=0), good("NVDA", "shard-9", [7.0, 8.0]))
+    report = validate_serving_table(cluster, plan)
+    assert failed(report) == {("expect_column_pair_values_a_to_be_greater_than_b", "price_max"),
+                              ("expect_column_values_to_be_between", "trade_count"),
+                              ("expect_column_values_to_be_in_set", "shard_id")}, report.summary()
+
+
+def insert_order_stats(database_url: str, *rows: tuple[str, str, int]) -> None:
+    """Partial rows ``(granularity, shard, orders)`` of pizza_shop's order_stats, in the table its spec makes."""
+    from tandem.aggregation.postgres import ensure_table
+    from tandem.aggregation.spec import spec_for
+
+    spec = spec_for(load_plan("pizza_shop"), "order_stats")
+    with Database(database_url) as db:
+        def work(cursor) -> None:
+            ensure_table(cursor, spec)
+            for granularity, shard, orders in rows:
+                cursor.execute(f"INSERT INTO {spec.table} (plan, granularity, bucket_start, shard_id, orders, on_time, "
+                               "epoch, batch_id) VALUES ('pizza_shop', %s, %s, %s, %s, 0, 1, 0)",
+                               (granularity, BUCKET, shard, orders))
+        db.run(work)
+
+
+def test_pizza_shop_without_suite_files_validates_every_output_with_the_implied_suite(cluster, project,
+                                                                                      database_url):
+    from tandem.quality.outputs import validate_plan_outputs
+
+    without_suites(project / "conf", "pizza_shop")
+    plan = load_plan("pizza_shop", cluster)
+    assert (plan.validation.suite, plan.snapshot.suite) == (None, None)
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    since = datetime.now(UTC) - timedelta(hours=2)
+    # what the suite file checked and the declarations do not imply (a customer, expiry after order) passes
+    publish_pizza(database_url, [overdue("o-1", "alice", now_ms - 90_000, now_ms - 60_000),
+                                 overdue("o-2", None, now_ms - 10_000, now_ms - 20_000)],
+                  {"o-3": ("alice", "shop-1"), "o-4": ("alice", "shop-2")})
+    insert_order_stats(database_url, ("hour", "shop-1", 2), ("minute", "shop-2", 1))
+    reports = {r.suite: r for r in validate_plan_outputs(cluster, plan, since)}
+    assert set(reports) == {f"pizza_shop_outputs (implied):{o}" for o in ("overdue_orders", "delivered_orders",
+                                                                          "order_stats")}
+    assert all(r.success and r.row_count == 2 for r in reports.values()), [r.summary() for r in reports.values()]
+
+    # a null key in each output, a count of 0, a granularity the output does not keep, an unknown instance
+    publish_pizza(database_url, [overdue(None, "bob", now_ms - 5_000, now_ms - 1_000)], {"o-8": (None, "shop-1")})
+    insert_order_stats(database_url, ("month", "shop-7", 0))
+    reports = {r.suite.rpartition(":")[2]: r for r in validate_plan_outputs(cluster, plan, since)}
+    assert failed(reports["overdue_orders"]) == {("expect_column_values_to_not_be_null", "order_no")}
+    assert failed(reports["delivered_orders"]) == {("expect_column_values_to_not_be_null", "customer_name")}
+    assert failed(reports["order_stats"]) == {("expect_column_values_to_be_between", "orders"),
+                                              ("expect_column_values_to_be_in_set", "granularity"),
+                                              ("expect_column_values_to_be_in_set", "shard_id")}
+
+
+def test_a_snapshot_of_a_plan_without_a_state_suite_is_validated_with_the_implied_one(cluster, project):
+    import pyarrow as pa
+
+    from tandem.snapshots.state_export import STATE_SCHEMA, StateOperator
+    from tandem.snapshots.validation import validate_snapshot
+
+    without_suites(project / "conf", "trades")
+    plan = load_plan("trades", cluster)
+    assert plan.snapshot.suite is None
+
+    def validate(*rows: tuple[int, int, str | None]):
+        """State rows ``(partition, batch, key)`` of a cut at batch 7 of an operator with 2 partitions."""
+        table = pa.Table.from_pylist([{
+            "snapshot_id": "s", "plan": "trades", "shard_id": "shard-1", "instance_id": "trades/shard-1/node-a",
+            "query": "aggregates", "operator_id": 0, "operator_name": "stateStoreSave", "store_name": "default",
+            "partition_id": partition, "batch_id": batch, "key": key, "value": "{}"}
+            for partition, batch, key in rows], schema=STATE_SCHEMA)
+        return validate_snapshot(cluster, plan, "s", project / "no-cut", {"aggregates": 7}, table, pa.table({}),
+                                 {"aggregates": [StateOperator(0, "stateStoreSave", "default", 2, 0, 7)]}, 2)
+
+    good_state = validate((0, 7, '{"symbol": "IBM"}'), (1, 7, '{"symbol": "ORCL"}'))
+    assert good_state.suite == "trades_state (implied)" and good_state.rows == 2
+    assert good_state.file_problems and all(o.success for o in good_state.outcomes), good_state.summary()
+    bad = validate((0, 7, '{"symbol": "IBM"}'), (2, 6, None), (1, 7, '{"symbol": "IBM"}'))
+    assert failed(bad) == {("expect_table_row_count_to_equal", None),
+                           ("expect_column_values_to_not_be_null", "key"),
+                           ("expect_column_values_to_be_between", "partition_id"),
+                           ("expect_column_pair_values_to_be_equal", "batch_id"),
+                           ("expect_compound_columns_to_be_unique", None)}, bad.summary()

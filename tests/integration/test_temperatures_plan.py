@@ -21,7 +21,7 @@ from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
-from tandem.runtime.sinks import read_events_lake
+from tandem.outputs.events import read_events_lake
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc

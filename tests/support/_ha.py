@@ -44,7 +44,8 @@ from tandem import aggregation
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir
-from tandem.producer import TradeGenerator, write_atomically
+from tandem.plans.trades import TradeGenerator
+from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 
 UTC = timezone.utc

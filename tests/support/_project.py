@@ -82,3 +82,17 @@ def _trades_spec():
 
 TRADES = _trades_spec()
 """The trades plan's aggregation, as conf/plans/trades.yaml declares it."""
+
+
+def without_suites(conf: Path, plan: str) -> None:
+    """Make ``plan`` of the configuration folder ``conf`` name no suite and have no suite file: it
+    validates with the suites its declarations imply."""
+    import yaml
+
+    path = conf / "plans" / f"{plan}.yaml"
+    data = yaml.safe_load(path.read_text())
+    for section in ("validation", "snapshot"):
+        data.pop(section, None)
+    path.write_text(yaml.safe_dump(data))
+    for suite in (conf / "expectations").glob(f"{plan}_*.json"):
+        suite.unlink()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timezone
 
-from tandem.producer import CUSTOMERS
+from tandem.plans.pizza_shop import CUSTOMERS
 
 ORDER_EXPIRY_MS = 30_000
 AVERAGE_WINDOW_MS = 120_000

@@ -114,7 +114,7 @@ def test_command_falls_back_to_the_node_master_without_an_airflow_connection(clu
     assert _flag(argv, "--driver-memory") == node.driver_memory
     assert _flag(argv, "--name") == "tandem:trades/shard-1/node-a"
     app = argv.index(str(tmp_path / "jobs" / "run_plan.py"))
-    assert argv[app + 1:] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1",
+    assert argv[app + 1:] == ["--plan", "trades", "--node", "node-a", "--instance", "shard-1",
                               "--trigger-interval", "1500 milliseconds", "--role", "ACTIVE"]
     assert "--packages" not in argv and "--deploy-mode" not in argv
 
@@ -144,7 +144,7 @@ def test_application_args_round_trip_through_the_job_parser():
     from tandem.config import parse_duration
 
     args = application_args(KEY, 0.5, "PASSIVE")
-    assert args[:6] == ["--plan", "trades", "--node", "node-a", "--shard", "shard-1"]
+    assert args[:6] == ["--plan", "trades", "--node", "node-a", "--instance", "shard-1"]
     assert parse_duration(args[args.index("--trigger-interval") + 1]) == 0.5
     assert args[-2:] == ["--role", "PASSIVE"]
 
@@ -154,8 +154,9 @@ def test_application_args_round_trip_through_the_job_parser():
 def test_cmdline_matches_only_the_same_instance():
     java = ["/usr/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--master", "local[2]", "--name",
             "tandem:trades/shard-1/node-a", "/p/jobs/run_plan.py", "--plan", "trades", "--node", "node-a",
-            "--shard", "shard-1", "--trigger-interval", "1 seconds"]
+            "--instance", "shard-1", "--trigger-interval", "1 seconds"]
     assert is_instance_cmdline(java, KEY)
+    assert is_instance_cmdline([arg.replace("--instance", "--shard") for arg in java], KEY)  # launched before --instance
     assert is_instance_cmdline(["python", "/p/jobs/run_plan.py", "--shard", "shard-1", "--plan", "trades",
                                 "--node", "node-a"], KEY)
     assert not is_instance_cmdline(java, InstanceKey("trades", "shard-2", "node-a"))

@@ -119,7 +119,7 @@ def test_an_aggregation_keeps_the_granularities_it_declares_and_always_seconds()
 
 def test_two_runs_of_the_pizza_producer_never_reuse_an_order_number() -> None:
     # an order number is the id of the order's outcome: a second run reusing it would count nothing
-    from tandem.producer import PizzaGenerator
+    from tandem.plans.pizza_shop import PizzaGenerator
 
     first, second = PizzaGenerator(seed=42), PizzaGenerator(seed=42)
     a = [o["order_no"] for o in first.events(1_700_000_000_000, 50)["orders"]]

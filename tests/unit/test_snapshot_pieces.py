@@ -133,7 +133,7 @@ def test_every_sink_is_named_after_its_output_also_when_its_table_is_not(conf: P
     Delta folder (``delta/<plan>/<output>``): both must be the declared output's name. An aggregation without
     ``table:`` is stored in ``<plan>_<output>``; its sink is still named ``<output>``."""
     from tandem.config import load_cluster, load_plans
-    from tandem.runtime.sinks import sink_for
+    from tandem.outputs import sink_for
     from tandem.store.registry import InstanceKey
 
     edit_yaml(conf / "plans" / "trades.yaml", lambda plan: plan["outputs"]["trade_aggregates"].pop("table"))

@@ -5,12 +5,14 @@ Everything here reads ``conf/`` only: no database, no network, no Spark, no Grea
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans
+from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans_and_errors
+from tandem.errors import ConfigError
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
 from tandem.ops import OPS_ACTIONS
 
@@ -26,6 +28,7 @@ SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry
 MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}
 RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
+log = logging.getLogger(__name__)
 NODE_EXECUTOR = "EdgeExecutor"
 """The executor of a node's tasks when the node names an ``airflow_queue``: an Edge worker on the
 node's host serves that queue (``airflow edge worker --queues <queue>``), over HTTP to the API server."""
@@ -39,9 +42,26 @@ def cluster_yaml(dags_folder: Path) -> Path:
 
 
 def load_for_dags(dag_file: str) -> tuple[ClusterConfig, dict[str, PlanConfig]]:
-    """The cluster and every plan, for the DAG file at ``dag_file``."""
+    """The cluster and every plan that loads, for the DAG file at ``dag_file`` (see :func:`load_all_for_dags`)."""
+    cluster, plans, _ = load_all_for_dags(dag_file)
+    return cluster, plans
+
+
+def load_all_for_dags(dag_file: str) -> tuple[ClusterConfig, dict[str, PlanConfig], dict[str, ConfigError]]:
+    """The cluster, every plan that loads, and each broken plan's error, for the DAG file at ``dag_file``.
+
+    A broken plan file does not fail the DAG file (which would take every other plan's DAGs, and the
+    ops and restore DAGs, with it): its own DAGs are left out, whole, and its error is logged at ERROR
+    (the dag-processor's log of the file). Airflow reports import errors per file, not per DAG, so
+    the broken plan has no import error of its own: the docs of ``tandem_ops`` and ``tandem_restore``
+    list it (:func:`with_broken_plans`). A broken ``cluster.yaml`` still fails every DAG file: no plan
+    can be built without it.
+    """
     cluster = load_cluster(cluster_yaml(Path(dag_file).parent))
-    return cluster, load_plans(cluster)
+    plans, broken = load_plans_and_errors(cluster)
+    for name, error in broken.items():
+        log.error("plan %s is broken, its DAGs are not defined until its file loads: %s", name, error)
+    return cluster, plans, broken
 
 
 def human_duration(seconds: float) -> str:
@@ -140,10 +160,15 @@ Trigger from the UI or REST with conf such as
 """
 
 
+def suite_doc(suite: str | None) -> str:
+    """A plan's suite in a DAG's doc: its file, or the suite its declarations imply (``None``)."""
+    return f"`conf/expectations/{suite}.json`" if suite else "implied by the plan's declarations"
+
+
 def validate_doc(plan: PlanConfig) -> str:
     return f"""### Validate the serving table of plan `{plan.name}`
 
-Runs the Great Expectations suite `conf/expectations/{plan.validation.suite}.json` over the partial
+Runs the Great Expectations suite {suite_doc(plan.validation.suite)} over the partial
 aggregates of the last {human_duration(plan.validation.lookback_s)} and logs the merged hourly
 aggregates of that window. Fails when an expectation fails; the log names it with sample rows.
 """
@@ -184,7 +209,8 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
                                     "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
                                     "take a snapshot of each shard's ACTIVE instance now on a standby's host "
                                     "(or of the node's instance, here)"),
-        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
+        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
+                      description="a plan whose file loads (broken plans: see the DAG's docs)"),
         "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
                           description="one shard, or empty for every shard of the plan"),
         "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
@@ -213,6 +239,24 @@ The task log ends with a summary of every decision (also in `tandem.failover_eve
 """
 
 
+def with_broken_plans(doc: str, broken: dict[str, ConfigError]) -> str:
+    """The docs ``doc`` of a DAG over every plan (``tandem_ops``, ``tandem_restore``), and a "Broken plans"
+    section when a plan file does not load."""
+    if not broken:
+        return doc
+    # one indented code line per error: shown literally, whatever the file or value quoted in it holds
+    errors = "\n".join("    " + " ".join(str(error).splitlines()) for error in broken.values())
+    return f"""{doc}
+### Broken plans
+
+These plan files do not load: their DAGs are not defined, and the Params above do not offer them,
+until the file is fixed (`tandem config check` says the same; the dag-processor's log has it too).
+The other plans' DAGs are unaffected.
+
+{errors}
+"""
+
+
 def snapshot_params(plan: PlanConfig) -> dict[str, Any]:
     """Params of ``tandem_<plan>_snapshot``: the shard (empty, as scheduled runs have it: every shard)."""
     from airflow.sdk import Param
@@ -228,7 +272,7 @@ Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each
 live standby (PASSIVE first; the ACTIVE's own host when no standby runs: `choose_host_<shard>`), a consistent
 cut of the ACTIVE instance's checkpoint at its last committed batch (the query keeps running), its
 operator state exported to the Delta table `state_snapshots`, the Delta versions of the plan's outputs
-at the cut, validated with the suite `conf/expectations/{plan.snapshot.suite}.json` and marked GOOD or
+at the cut, validated with the suite {suite_doc(plan.snapshot.suite)} and marked GOOD or
 BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} GOOD snapshots per shard
 (`snapshot.keep`; never the newest good one) and deletes the others' files.
 
@@ -246,7 +290,8 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
     names = sorted(plans)
     shards = sorted({shard for plan in plans.values() for shard in plan.shards})
     return {
-        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan"),
+        "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
+                      description="a plan whose file loads (broken plans: see the DAG's docs)"),
         "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
                           description="one shard, or empty for every shard (ignored when a snapshot id is given)"),
         "snapshot_id": Param("", type="string", title="Snapshot id",

@@ -18,7 +18,9 @@ could count can still arrive, so every replica decides every order the same way.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -28,9 +30,10 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from tandem.config import spark_interval
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
+from tandem.plans import PlanContext, query
 
 EXPIRY_MS = 30_000
+CUSTOMERS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy")
 ORDER = StructType([StructField("customer_name", StringType()), StructField("time", LongType()),
                     StructField("deliveries", ArrayType(LongType()))])
 """One order's state: the order (null until it arrives) and the times of its deliveries so far."""
@@ -111,13 +114,42 @@ def order_outcomes(orders: DataFrame, deliveries: DataFrame, watermark_s: float)
                                     timeMode="EventTime")
 
 
-def build(ctx: PlanContext) -> list[QueryDefinition]:
-    orders, deliveries = ctx.stream("orders"), ctx.stream("deliveries")
-    outcomes = order_outcomes(good_events(orders, ctx.plan, "orders"), good_events(deliveries, ctx.plan, "deliveries"),
-                              ctx.plan.watermark_s)
-    return [
-        QueryDefinition("orders", outcomes, "append", ctx.routed(
-            "outcome", {"delivered": "delivered_orders", "overdue": "overdue_orders", "*": "order_stats"}),
-            state_store="rocksdb"),
-        quarantine_query(ctx, orders, deliveries),
-    ]
+@query(route_by="outcome", routes={"delivered": "delivered_orders", "overdue": "overdue_orders", "*": "order_stats"})
+def orders(ctx: PlanContext) -> DataFrame:
+    """Each order's outcome at its expiry: delivered orders and overdue orders, and every outcome as a fact."""
+    return order_outcomes(ctx.events("orders"), ctx.events("deliveries"), ctx.plan.watermark_s)
+
+
+@dataclass
+class PizzaGenerator:
+    """Orders, and for each a delivery on time (within 30 s), late, or never; order times a little out of order."""
+
+    seed: int = 42
+    on_time: float = 0.7
+    late: float = 0.2
+    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.random = random.Random(self.seed)
+        self.counter = 0
+        self.run_ms: int | None = None  # order numbers of two runs (two `tandem produce`, two demos) never meet
+
+    def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
+        orders = []
+        for _ in range(count):
+            self.counter += 1
+            self.run_ms = self.run_ms or now_ms
+            order = {"order_no": f"o{self.run_ms}-{self.counter}", "customer_name": self.random.choice(CUSTOMERS),
+                     "time": now_ms - self.random.randint(0, 2000)}
+            orders.append(order)
+            draw = self.random.random()
+            if draw < self.on_time + self.late:
+                delay = self.random.randint(1000, 28000) if draw < self.on_time else self.random.randint(32000, 60000)
+                self.pending.append((order["time"] + delay, {"order_no": order["order_no"],
+                                                             "time": order["time"] + delay}))
+        due = [delivery for at, delivery in self.pending if at <= now_ms]
+        self.pending = [(at, delivery) for at, delivery in self.pending if at > now_ms]
+        return {"orders": orders, "deliveries": due}
+
+
+generator = PizzaGenerator

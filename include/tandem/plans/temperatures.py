@@ -17,7 +17,9 @@ windows become event-time windows here (see docs/plans.md, "deterministic output
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -27,7 +29,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 from tandem.config import spark_interval
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
+from tandem.plans import PlanContext, query
 
 STREAM = "temps"
 AVERAGE_WINDOW_MS = 2 * 60 * 1000
@@ -205,15 +207,44 @@ def high_temperatures(readings: DataFrame) -> DataFrame:
         .select("room_no", "device_id", "temp", "time")
 
 
-def build(ctx: PlanContext) -> list[QueryDefinition]:
-    validated = ctx.stream(STREAM)
-    readings = good_events(validated, ctx.plan, STREAM)
-    watermark = ctx.plan.watermark_s
-    return [
-        QueryDefinition("avg_temps", average_temperatures(readings, watermark), "append", ctx.sink("avg_temps"),
-                        state_store="rocksdb"),
-        QueryDefinition("temp_alerts", rising_temperatures(readings, watermark), "append", ctx.sink("temp_alerts"),
-                        state_store="rocksdb"),
-        QueryDefinition("high_temps", high_temperatures(readings), "append", ctx.sink("high_temps")),
-        quarantine_query(ctx, validated),
-    ]
+@query("avg_temps")
+def avg_temps(ctx: PlanContext) -> DataFrame:
+    return average_temperatures(ctx.events(STREAM), ctx.plan.watermark_s)
+
+
+@query("temp_alerts")
+def temp_alerts(ctx: PlanContext) -> DataFrame:
+    return rising_temperatures(ctx.events(STREAM), ctx.plan.watermark_s)
+
+
+@query("high_temps")
+def high_temps(ctx: PlanContext) -> DataFrame:
+    return high_temperatures(ctx.events(STREAM))
+
+
+@dataclass
+class TemperatureGenerator:
+    """Rooms 100–119 with a few devices each; temperatures drift, sometimes jump (alerts) or run hot (> 40)."""
+
+    seed: int = 42
+    rooms: Sequence[int] = tuple(range(100, 120))
+    jump: float = 0.03
+
+    def __post_init__(self) -> None:
+        self.random = random.Random(self.seed)
+        self.temps = {room: 20.0 + self.random.uniform(-2, 2) for room in self.rooms}
+
+    def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
+        out = []
+        for _ in range(count):
+            room = self.random.choice(self.rooms)
+            step = self.random.uniform(5.5, 12) if self.random.random() < self.jump else self.random.uniform(-0.6, 0.6)
+            self.temps[room] = min(70.0, max(-10.0, self.temps[room] + step))
+            if self.temps[room] > 45 and self.random.random() < 0.3:
+                self.temps[room] = 22.0  # someone opened a window
+            out.append({"room_no": room, "device_id": f"dev-{room}-{self.random.randint(1, 3)}",
+                        "temp": round(self.temps[room], 2), "time": now_ms - self.random.randint(0, 1500)})
+        return {STREAM: out}
+
+
+generator = TemperatureGenerator

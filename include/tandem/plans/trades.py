@@ -9,24 +9,47 @@ Bad lines go to the quarantine table with the reason.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+
 from tandem.aggregation.spark import second_partials
 from tandem.aggregation.spec import spec_for
-from tandem.plans import PlanContext, QueryDefinition, good_events, quarantine_query
+from tandem.plans import PlanContext, query
 
 STREAM = "trades"
 OUTPUT = "trade_aggregates"
+SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA", "TSLA", "META")
 
 
-def build(ctx: PlanContext) -> list[QueryDefinition]:
-    validated = ctx.stream(STREAM)
-    spec = spec_for(ctx.plan, OUTPUT)
-    return [
-        QueryDefinition(
-            name="aggregates",
-            frame=second_partials(good_events(validated, ctx.plan, STREAM), spec, ctx.plan.watermark_s),
-            output_mode="update",
-            sink=ctx.sink(OUTPUT),
-            state_value_names=tuple(spec.measure_columns),  # the .agg() order of second_partials
-        ),
-        quarantine_query(ctx, validated),
-    ]
+@query(OUTPUT)
+def aggregates(ctx: PlanContext) -> DataFrame:
+    """Per-second partial aggregates by symbol (the measures of ``trade_aggregates``)."""
+    return second_partials(ctx.events(STREAM), spec_for(ctx.plan, OUTPUT), ctx.plan.watermark_s)
+
+
+@dataclass
+class TradeGenerator:
+    """Reproducible trade events: the same seed gives the same symbols, prices and quantities."""
+
+    seed: int = 42
+    symbols: Sequence[str] = SYMBOLS
+
+    def __post_init__(self) -> None:
+        self.random = random.Random(self.seed)
+        self.prices = {s: 50.0 + 10.0 * i for i, s in enumerate(self.symbols)}
+
+    def event(self, timestamp_ms: int) -> dict[str, Any]:
+        symbol = self.random.choice(self.symbols)
+        self.prices[symbol] = max(1.0, round(self.prices[symbol] * (1 + self.random.uniform(-0.01, 0.01)), 2))
+        return {"symbol": symbol, "price": self.prices[symbol], "quantity": self.random.randint(1, 500),
+                "timestamp": timestamp_ms}
+
+    def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
+        return {STREAM: [self.event(now_ms) for _ in range(count)]}
+
+
+generator = TradeGenerator

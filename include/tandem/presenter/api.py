@@ -3,7 +3,9 @@
 Mounted by the ``tandem_ui`` plugin under ``/tandem``. Airflow does not protect a plugin's app:
 every endpoint here takes Airflow's JWT (``Authorization: Bearer`` from ``POST /auth/token``, or the
 UI's ``_token`` cookie) through Airflow's own ``get_user`` dependency — no token: 401, an expired
-one: 401, an invalid one: 403. Reading a plan needs the right to read the plan's DAG (see
+one: 401, an invalid one: 403. A plan whose file does not load is listed with its error (``state``
+``broken``) and its own endpoints answer 409 naming the file and field; the other plans are served as
+usual. Reading a plan needs the right to read the plan's DAG (see
 :mod:`tandem.presenter.access`); an action needs the right to trigger the DAG that carries it out,
 and then the DAG is triggered through Airflow's REST API — at the configured Airflow address, never
 one taken from the request — with the caller's own token, so Airflow's permissions and audit log
@@ -35,8 +37,8 @@ from tandem.names import OPS_DAG_ID, RESTORE_DAG_ID
 from tandem.presenter import access, configuration, views
 from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
-    ActionRequest, ActionRun, AggregateRows, EventPage, PlanStatus, PlanSummary, Problem, QuarantineReport,
-    SnapshotCatalog, TableRows, Timeline,
+    ActionRequest, ActionRun, AggregateRows, BrokenPlanSummary, EventPage, PlanEntry, PlanStatus, PlanSummary, Problem,
+    QuarantineReport, SnapshotCatalog, TableRows, Timeline,
 )
 from tandem.store.db import Database
 from tandem.store.snapshots import STATUSES
@@ -57,6 +59,8 @@ ERRORS = {400: {"model": Problem, "description": "a parameter the presenter cann
           401: {"model": Problem, "description": "no token, or an expired one"},
           403: {"model": Problem, "description": "an invalid token, or a user without the right"},
           404: {"model": Problem, "description": "no such plan or output"},
+          409: {"model": Problem, "description": "the plan's file does not load (the message names the file and "
+                                                 "the field): fix it, `tandem config check` says the same"},
           503: {"model": Problem, "description": "every PostgreSQL connection of the presenter stayed busy"}}
 
 
@@ -71,6 +75,10 @@ def cluster_config() -> ClusterConfig:
 
 def plan_configs() -> dict[str, PlanConfig]:
     return configuration.current()[1]
+
+
+def broken_plans() -> dict[str, ConfigError]:
+    return configuration.broken()
 
 
 def database(cluster: Annotated[ClusterConfig, Depends(cluster_config)]) -> Iterator[Database]:
@@ -91,23 +99,31 @@ def dag_teams() -> access.TeamsOf:
 
 Cluster = Annotated[ClusterConfig, Depends(cluster_config)]
 Plans = Annotated[dict[str, PlanConfig], Depends(plan_configs)]
+Broken = Annotated[dict[str, ConfigError], Depends(broken_plans)]
 Db = Annotated[Database, Depends(database)]
 AuthManager = Annotated[access.DagAuthority, Depends(auth_manager)]
 Teams = Annotated[access.TeamsOf, Depends(dag_teams)]
 
 
-def readable_plan(plan: str, plans: Plans, user: User, auth: AuthManager, teams: Teams) -> PlanConfig:
-    """The plan of the path if the user may read it (404 for no such plan, 403 for a plan Airflow denies)."""
-    return access.plan_for_reader(auth, user, plans, plan, teams)
+def readable_plan(plan: str, plans: Plans, broken: Broken, user: User, auth: AuthManager, teams: Teams) -> PlanConfig:
+    """The plan of the path if the user may read it (404 for no such plan, 403 for a plan Airflow denies, 409
+    for a plan whose file does not load)."""
+    found = access.plan_for_reader(auth, user, {**plans, **broken}, plan, teams)
+    if isinstance(found, ConfigError):
+        raise views.PlanBroken(f"plan {plan} is broken: {found}")
+    return found
 
 
 Plan = Annotated[PlanConfig, Depends(readable_plan)]
 router = APIRouter(dependencies=[Depends(get_user)], responses=ERRORS)
 
 
-@router.get("/plans", response_model=list[PlanSummary], summary="Every plan you may read: nodes, groups, outputs")
-def list_plans(plans: Plans, user: User, auth: AuthManager, teams: Teams) -> list[PlanSummary]:
-    return [views.plan_summary(plan) for plan in access.readable_plans(auth, user, plans, teams).values()]
+@router.get("/plans", response_model=list[PlanEntry],
+            summary="Every plan you may read: nodes, groups, outputs; a plan whose file does not load: its error")
+def list_plans(plans: Plans, broken: Broken, user: User, auth: AuthManager,
+               teams: Teams) -> list[PlanSummary | BrokenPlanSummary]:
+    readable = access.readable_plans(auth, user, {**plans, **broken}, teams)
+    return [views.plan_entry(name, found) for name, found in sorted(readable.items())]
 
 
 @router.get("/plans/{plan}", response_model=PlanSummary, summary="One plan's declaration")
@@ -294,6 +310,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(access.Forbidden, _problem(403))
     app.add_exception_handler(PresenterBusy, _problem(503))
     app.add_exception_handler(views.BadRequest, _problem(400))
+    app.add_exception_handler(views.PlanBroken, _problem(409))
     app.add_exception_handler(ConfigError, _problem(400))
     app.add_exception_handler(TandemError, _problem(400))
 

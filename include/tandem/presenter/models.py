@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +29,7 @@ class OutputSummary(BaseModel):
 
 class PlanSummary(BaseModel):
     name: str
+    state: Literal["ok"] = Field(description="ok: the plan's file loads (BrokenPlanSummary: one that does not)")
     description: str
     nodes: list[str]
     standby: Literal["hot", "warm"]
@@ -37,6 +38,18 @@ class PlanSummary(BaseModel):
     epoch_millis_fields: list[str] = Field(
         description="field names holding epoch milliseconds in the plan's events (streams' epoch_millis fields and "
                     "outputs' time fields): the page shows them as UTC times")
+
+
+class BrokenPlanSummary(BaseModel):
+    """A plan whose file does not load: its DAGs are not defined and its views answer 409 until it is fixed."""
+
+    name: str = Field(description="the file's name without .yaml")
+    state: Literal["broken"]
+    error: str = Field(description="why, naming the file and the field (as `tandem config check` says it)")
+
+
+PlanEntry = Annotated[PlanSummary | BrokenPlanSummary, Field(discriminator="state")]
+"""An entry of the plan list: a plan that loads, or a broken one with its error."""
 
 
 class NodeState(BaseModel):

@@ -23,16 +23,16 @@ from deltalake.exceptions import TableNotFoundError
 from tandem.aggregation.postgres import query_merged
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import CappedCursor
 from tandem.presenter.models import (
-    AggregateRows, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState, OutputSummary, PlanStatus,
-    PlanSummary, QuarantineReport, QuarantineSample, SnapshotCatalog, SnapshotInfo, TableRows, Timeline,
-    TimelineEvent,
+    AggregateRows, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState,
+    OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample, SnapshotCatalog, SnapshotInfo,
+    TableRows, Timeline, TimelineEvent,
 )
 from tandem.store.db import Database
 from tandem.store.outputs import START, EventPosition, events_after, newest_events, read_table_rows
@@ -64,6 +64,10 @@ class BadRequest(TandemError):
     """A parameter the presenter cannot serve (a granularity the output does not keep, a malformed cursor)."""
 
 
+class PlanBroken(TandemError):
+    """The plan asked for has a file that does not load (invalid YAML, a refused field): nothing of it is served."""
+
+
 def plan_summary(plan: PlanConfig) -> PlanSummary:
     """A plan's declaration: nodes, groups and their instances, outputs."""
     groups = [GroupSummary(name=name, parallel=group.parallel, queries=list(group.queries),
@@ -78,8 +82,16 @@ def plan_summary(plan: PlanConfig) -> PlanSummary:
             measures = [*(r.column for r in spec.ratios), *spec.measure_columns]
         outputs.append(OutputSummary(name=name, kind=config.kind, key=list(config.key), granularities=granularities,
                                      measures=measures, time=config.time if config.kind == "events" else None))
-    return PlanSummary(name=plan.name, description=plan.description, nodes=list(plan.nodes), standby=plan.ha.standby,
-                       groups=groups, outputs=outputs, epoch_millis_fields=epoch_millis_fields(plan))
+    return PlanSummary(name=plan.name, state="ok", description=plan.description, nodes=list(plan.nodes),
+                       standby=plan.ha.standby, groups=groups, outputs=outputs,
+                       epoch_millis_fields=epoch_millis_fields(plan))
+
+
+def plan_entry(name: str, found: PlanConfig | ConfigError) -> PlanSummary | BrokenPlanSummary:
+    """An entry of the plan list: the plan's summary, or, for a file that does not load, its error."""
+    if isinstance(found, ConfigError):
+        return BrokenPlanSummary(name=name, state="broken", error=str(found))
+    return plan_summary(found)
 
 
 def epoch_millis_fields(plan: PlanConfig) -> list[str]:

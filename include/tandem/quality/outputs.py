@@ -12,8 +12,9 @@ How it works
     that count at least one contribution, instances of the plan only), plus the expectations of
     the plan's suite file (``conf/expectations/<validation.suite>.json``) whose ``meta.output``
     names it. An expectation without ``meta.output`` applies to the plan's aggregations (the
-    trades suite predates other kinds). Event payloads and table keys and values are flattened
-    into columns named after their fields.
+    trades suite predates other kinds). A plan without a suite file validates with the suite its
+    declarations imply (:func:`tandem.quality.implied.implied_output_suite`). Event payloads and
+    table keys and values are flattened into columns named after their fields.
 
 What it does not do
     It does not read Delta (the PostgreSQL rows are the record of truth), and the quarantine is
@@ -29,52 +30,18 @@ from typing import Any
 import pandas as pd
 
 from tandem.config import ClusterConfig, PlanConfig, load_plan
-from tandem.declarations import OutputConfig
+from tandem.quality.implied import VALIDATED_KINDS, generated_expectations
 from tandem.quality.serving import (
     DEFAULT_MAX_ROWS,
     SHARDS_PARAMETER,
     ValidationError,
     ValidationReport,
-    load_suite_definition,
+    output_suite,
     run_suite,
     suite_for_output,
-    suite_path,
     validate_serving_table,
 )
 from tandem.store.db import Database
-
-VALIDATED_KINDS = ("aggregation", "events", "table")
-
-
-def _expect(kind: str, why: str, **kwargs: Any) -> dict[str, Any]:
-    return {"type": kind, "kwargs": kwargs, "meta": {"why": f"{why} (generated from the plan)"}}
-
-
-def generated_expectations(config: OutputConfig) -> list[dict[str, Any]]:
-    """The expectations an ``events`` or ``table`` output's declaration implies (pure)."""
-    instances = _expect("expect_column_values_to_be_in_set", "only the plan's instances publish",
-                        column="shard_id", value_set={"$PARAMETER": SHARDS_PARAMETER})
-    if config.kind == "events":
-        return [
-            _expect("expect_column_values_to_not_be_null", "every event has its deterministic id", column="event_id"),
-            _expect("expect_column_values_to_be_unique", "one row per event id", column="event_id"),
-            *[_expect("expect_column_values_to_not_be_null", "the fields the id is computed from", column=field)
-              for field in config.key],
-            _expect("expect_column_values_to_not_be_null", "the event's time", column=config.time),
-            instances,
-        ]
-    if config.kind == "table":
-        return [
-            *[_expect("expect_column_values_to_not_be_null", "the table's key", column=field) for field in config.key],
-            _expect("expect_compound_columns_to_be_unique", "one partial row per key and instance",
-                    column_list=[*config.key, "shard_id"]),
-            *[_expect("expect_column_values_to_not_be_null", "a value of the table", column=value)
-              for value in config.values],
-            _expect("expect_column_values_to_be_between", "a row exists once a contribution was applied",
-                    column="version", min_value=1),
-            instances,
-        ]
-    raise ValidationError(f"no generated expectations for a {config.kind} output")
 
 
 def events_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -126,9 +93,10 @@ def validate_output(cluster: ClusterConfig, plan: PlanConfig, output: str, since
                                         output=output)
         return replace(report, suite=f"{report.suite}:{output}")
     until = until or datetime.now(timezone.utc)
-    path = suite_path(cluster, plan)
-    definition = suite_for_output(load_suite_definition(path), plan, output)
-    definition["expectations"] = [*generated_expectations(config), *definition["expectations"]]
+    suite, path = output_suite(cluster, plan)
+    definition = suite_for_output(suite, plan, output)
+    if plan.validation.suite is not None:  # an implied suite holds them already
+        definition["expectations"] = [*generated_expectations(config), *definition["expectations"]]
     rows = _load(cluster, plan.name, output, config.kind, since, until, max_rows)
     truncated = len(rows) > max_rows
     rows = rows[:max_rows]

@@ -1,7 +1,8 @@
 """Validate a plan's serving table (PostgreSQL partial aggregates) with a Great Expectations suite.
 
 The suite lives in ``conf/expectations/<plan.validation.suite>.json`` (an ExpectationSuite in
-Great Expectations 1.x JSON). Its shard expectation takes ``{"$PARAMETER": "plan_shards"}``,
+Great Expectations 1.x JSON), or is implied by the plan's declarations when the plan has no suite
+file (:mod:`tandem.quality.implied`). Its shard expectation takes ``{"$PARAMETER": "plan_shards"}``,
 filled at run time with the plan's configured shards. Validation runs in an ephemeral Great
 Expectations context: nothing is stored and no file is written.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -23,12 +24,12 @@ from psycopg2 import sql
 from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import TandemError
+from tandem.quality.implied import SHARDS_PARAMETER, implied_output_suite
 from tandem.store.db import Database
 from tandem.store.identifiers import identifiers
 
 log = logging.getLogger(__name__)
 
-SHARDS_PARAMETER = "plan_shards"
 # avg = sum / count can land a few ulps outside [min, max] when every price in a bucket is equal;
 # an average within this relative distance of a bound counts as the bound.
 AVG_TOLERANCE = 1e-9
@@ -109,8 +110,19 @@ class ValidationReport:
         return json.loads(json.dumps(data, default=str))
 
 
-def suite_path(cluster: ClusterConfig, plan: PlanConfig) -> Path:
-    return cluster.conf_dir / "expectations" / f"{plan.validation.suite}.json"
+def plan_suite(cluster: ClusterConfig, plan: PlanConfig, suite: str | None,
+               implied: Callable[[PlanConfig], dict[str, Any]]) -> tuple[dict[str, Any], Path | str]:
+    """The suite definition ``suite`` of ``plan`` (``conf/expectations/<suite>.json``; ``None``: the
+    one its declarations imply, ``implied(plan)``) and where it is from, for messages."""
+    if suite is None:
+        return implied(plan), f"{plan.path} (the suite its declarations imply)"
+    path = cluster.conf_dir / "expectations" / f"{suite}.json"
+    return load_suite_definition(path), path
+
+
+def output_suite(cluster: ClusterConfig, plan: PlanConfig) -> tuple[dict[str, Any], Path | str]:
+    """The suite the plan's outputs are validated with (``validation.suite``), and where it is from."""
+    return plan_suite(cluster, plan, plan.validation.suite, implied_output_suite)
 
 
 def load_suite_definition(path: Path) -> dict[str, Any]:
@@ -204,7 +216,8 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
     """Validate the partial aggregates of ``plan``'s serving table with the plan's suite.
 
     Args:
-        plan: a plan name or a loaded plan; its ``validation.suite`` names the suite file.
+        plan: a plan name or a loaded plan; its ``validation.suite`` names the suite file (``None``:
+            the suite its declarations imply).
         granularity: only rows of this granularity (default: every granularity).
         since: rows whose bucket ends after this moment (default: ``validation.lookback`` ago).
         until: rows whose bucket starts before this moment (default: no upper bound).
@@ -229,8 +242,8 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
     since = since or datetime.fromtimestamp(now.timestamp() - plan.validation.lookback_s, timezone.utc)
     if since.tzinfo is None or (until is not None and until.tzinfo is None):
         raise ValidationError("since and until must be timezone-aware")
-    path = suite_path(cluster, plan)
-    definition = _with_shard_expectation(suite_for_output(load_suite_definition(path), plan, output))
+    suite, path = output_suite(cluster, plan)
+    definition = _with_shard_expectation(suite_for_output(suite, plan, output))
 
     rows = load_serving_rows(cluster, spec, plan.name, since, until, granularity, max_rows)
     truncated = len(rows) > max_rows
@@ -246,8 +259,9 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
 
 
 def run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict[str, Any],
-              key_columns: list[str], path: Path, asset: str = "partial_aggregates") -> list[ExpectationOutcome]:
-    """Validate ``frame`` with the suite ``definition`` (read from ``path``) in an ephemeral context.
+              key_columns: list[str], path: Path | str, asset: str = "partial_aggregates") -> list[ExpectationOutcome]:
+    """Validate ``frame`` with the suite ``definition`` (read from ``path``, or implied: where from) in an
+    ephemeral context.
 
     ``parameters`` fill the suite's ``$PARAMETER`` references; ``key_columns`` identify the sample
     rows of failed expectations. Raises :class:`ValidationError` when the suite is invalid.

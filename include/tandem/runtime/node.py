@@ -24,8 +24,8 @@ from pyspark.sql.streaming import StreamingQuery
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
-from tandem.plans import PlanContext, QueryDefinition, group_queries, load_plan_module
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder
+from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.roles import RoleController
 from tandem.runtime.session import build_session
@@ -146,7 +146,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         queries: list[StreamingQuery] = []
         try:
             ctx = PlanContext(cluster, plan, key, spark)
-            definitions = group_queries(ctx, load_plan_module(plan).build(ctx))
+            definitions = instance_queries(ctx)
             publishers: dict[str, MicroBatchPublisher] = {}
             queries = start_queries(ctx, definitions, roles, interval, available_now, publishers)
             record_status(db, key, "RUNNING")

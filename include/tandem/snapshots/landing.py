@@ -30,6 +30,7 @@ import logging
 from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import ConfigError
 from tandem.layout import checkpoint_dir, landing_dir, under_root
 from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream
 from tandem.snapshots.source_log import processed_files_by_source
@@ -97,15 +98,29 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     return decision
 
 
+def _every_plan(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, PlanConfig]:
+    """Every configured plan, or a :class:`ConfigError` naming the first other plan whose file does not load."""
+    from tandem.config import load_plans_and_errors
+
+    plans, broken = load_plans_and_errors(cluster)
+    others = {name: error for name, error in broken.items() if name != plan.name}
+    if others:
+        name, error = next(iter(others.items()))
+        more = f"; {len(others) - 1} more plan(s) broken: {', '.join(list(others)[1:])}" if len(others) > 1 else ""
+        raise ConfigError(error.path, error.field, f"{error.problem} (plan {name} is broken: landing retention of "
+                                                   f"{plan.name} deletes nothing while a plan that may read the same "
+                                                   f"files cannot be read{more})")
+    return plans
+
+
 def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: str | None = None,
                        db: Database | None = None) -> dict[str, LandingDecision]:
     """:func:`clean_landing` for each partition ``plan`` reads (or one instance reads), by ``<stream>/<partition>``.
 
-    Every configured plan is a possible reader.
+    Every configured plan is a possible reader: while another plan's file does not load, nothing is deleted
+    (a :class:`~tandem.errors.ConfigError` naming that plan, its file and field).
     """
-    from tandem.config import load_plans
-
-    plans = list({**load_plans(cluster), plan.name: plan}.values())
+    plans = list({**_every_plan(cluster, plan), plan.name: plan}.values())
     owned = db is None
     db = db or Database(cluster.database_url, "tandem-maintenance")
     try:

@@ -110,12 +110,11 @@ def _memory_bytes(text: str) -> float:
 
 
 def plan_outputs(spark, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> dict[str, QueryOutput]:
-    """Per query of the plan: its Delta output and state value names (builds the queries, starts nothing)."""
-    from tandem.plans import PlanContext, load_plan_module
+    """Per query of the shard's group: its Delta output and state value names (builds the queries, starts nothing)."""
+    from tandem.runtime.plan_api import PlanContext, instance_queries
 
     ctx = PlanContext(cluster, plan, InstanceKey(plan.name, shard_id, node), spark)
-    return {d.name: QueryOutput(_delta_paths(d.sink), tuple(d.state_value_names))
-            for d in load_plan_module(plan).build(ctx)}
+    return {d.name: QueryOutput(_delta_paths(d.sink), tuple(d.state_value_names)) for d in instance_queries(ctx)}
 
 
 def _delta_paths(sink) -> dict[str, Path]:

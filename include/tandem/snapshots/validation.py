@@ -14,7 +14,8 @@ How it works
       (:func:`tandem.supervisor.resync.verify_cut`, the check a cut passes when it is made). A
       state file deleted or lost afterwards fails here.
     - state: the exported rows of the snapshot (read back from ``state_snapshots``) are validated
-      with the plan's Great Expectations suite (``conf/expectations/<snapshot.suite>.json``), with
+      with the plan's Great Expectations suite (``conf/expectations/<snapshot.suite>.json``; a plan
+      without one: :func:`tandem.quality.implied.implied_state_suite`, what holds for every plan), with
       the JSON key and value flattened into columns ``key.<field>`` / ``value.<field>`` and, per
       row, the batch the catalog says the query was cut at (``cut_batch_id``) and the newest batch
       Spark's state metadata lists for the operator (``metadata_max_batch_id``). The suite's
@@ -38,7 +39,8 @@ import pandas as pd
 import pyarrow as pa
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.quality.serving import ExpectationOutcome, load_suite_definition, run_suite
+from tandem.quality.implied import MAX_PARTITION_PARAMETER, STATE_ROWS_PARAMETER, implied_state_suite
+from tandem.quality.serving import ExpectationOutcome, plan_suite, run_suite
 from tandem.snapshots.state_export import StateOperator
 from tandem.supervisor.resync import CheckpointError, verify_cut
 
@@ -105,8 +107,9 @@ def state_frame(rows: pa.Table, fields: pa.Table, query_batches: Mapping[str, in
     return frame
 
 
-def suite_path(cluster: ClusterConfig, plan: PlanConfig) -> Path:
-    return cluster.conf_dir / "expectations" / f"{plan.snapshot.suite}.json"
+def state_suite(cluster: ClusterConfig, plan: PlanConfig) -> tuple[dict[str, Any], Path | str]:
+    """The suite a snapshot's exported state is validated with (``snapshot.suite``), and where it is from."""
+    return plan_suite(cluster, plan, plan.snapshot.suite, implied_state_suite)
 
 
 def validate_snapshot(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str, snapshot_dir: Path,
@@ -114,10 +117,10 @@ def validate_snapshot(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: str
                       operators: Mapping[str, Sequence[StateOperator]], expected_state_rows: int) -> SnapshotValidation:
     """Validate one snapshot: its cut files, then its exported ``rows`` (with their ``fields``) with the plan's suite."""
     problems = check_files(snapshot_dir, query_batches)
-    path = suite_path(cluster, plan)
-    definition = load_suite_definition(path)
+    definition, path = state_suite(cluster, plan)
     partitions = [op.partitions for ops in operators.values() for op in ops]
-    parameters = {"expected_state_rows": expected_state_rows, "max_partition_id": max(partitions, default=1) - 1}
+    parameters = {STATE_ROWS_PARAMETER: expected_state_rows,
+                  MAX_PARTITION_PARAMETER: max(partitions, default=1) - 1}
     if not any(operators.values()):  # only stateless queries: the cut files are the whole snapshot
         return SnapshotValidation(snapshot_id, not problems, problems, [], definition["name"], 0, parameters)
     frame = state_frame(rows, fields, query_batches, operators)

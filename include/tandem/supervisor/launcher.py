@@ -164,16 +164,17 @@ class StopResult:
 
 def application_args(key: InstanceKey, trigger_interval_s: float, role: str = ACTIVE) -> list[str]:
     """The arguments of ``jobs/run_plan.py`` for one instance."""
-    return ["--plan", key.plan, "--node", key.node, "--shard", key.shard_id,
+    return ["--plan", key.plan, "--node", key.node, "--instance", key.shard_id,
             "--trigger-interval", spark_interval(trigger_interval_s), "--role", role]
 
 
 def is_instance_cmdline(cmdline: Iterable[str], key: InstanceKey) -> bool:
-    """Whether a process command line runs ``run_plan.py`` for exactly this instance (pure)."""
-    args = list(cmdline)
+    """Whether a process command line runs ``run_plan.py`` for exactly this instance (pure; ``--shard``, the
+    instance's flag before ``--instance``, still counts: a driver launched before an upgrade is still known)."""
+    args = ["--instance" if arg == "--shard" else arg for arg in cmdline]
     if not any(arg.endswith(APPLICATION_SCRIPT) for arg in args):
         return False
-    wanted = {"--plan": key.plan, "--node": key.node, "--shard": key.shard_id}
+    wanted = {"--plan": key.plan, "--node": key.node, "--instance": key.shard_id}
     found = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag in wanted}
     return found == wanted
 

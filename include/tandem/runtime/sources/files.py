@@ -1,4 +1,4 @@
-"""Streaming sources: JSON-lines files in the landing folders of a stream's partitions."""
+"""The ``files`` source kind: JSON-lines files renamed into the landing folders of a stream's partitions."""
 
 from __future__ import annotations
 
@@ -6,6 +6,15 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.layout import instance_landing_dirs
+
+
+def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str) -> DataFrame:
+    """The lines of the landing folders of the partitions of ``stream`` that instance ``shard_id`` reads."""
+    directories = instance_landing_dirs(cluster, plan, shard_id)[stream]
+    return landing_lines(spark, directories, plan.streams[stream].max_files_per_trigger)
 
 
 def landing_lines(spark: SparkSession, directories: list[Path], max_files_per_trigger: int) -> DataFrame:

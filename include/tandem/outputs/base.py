@@ -1,0 +1,312 @@
+"""The contract every output kind keeps, and what the kinds share.
+
+Sinks are idempotent and fenced:
+
+- PostgreSQL rows are upserted with deterministic keys in one transaction that first checks the
+  lease (``check_fence``) and also records the batch and the published position in
+  ``publish_log``. A row only replaces one that covers no more events (count as version), so a
+  new active that lags cannot move a value backwards.
+- Delta appends carry an application transaction (app id = ``<instance>/<output>/<query id>``,
+  version = batch id), so a replayed batch is skipped; the epoch is checked again just before the
+  commit.
+- A standby holds back what it would have published (:class:`HeldUntilPublished`: hold, trim,
+  flush, written once), trimmed by what the active has published for good; on promotion it
+  publishes what is left, then goes live.
+- Rows a store refuses for what they hold (a *data error*: :func:`is_data_error`) do not fail the
+  batch: :class:`Refusals` finds them by bisecting the batch in a transaction it rolls back, sends
+  them to the plan's quarantine with the store's error as the reason, and the sink publishes the
+  rest. The decision depends on the rows alone, so a standby that publishes the same rows after a
+  failover refuses the same ones; the quarantine keeps each refused row once (by its content).
+  Any other error fails the query, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import pyarrow as pa
+
+from tandem.declarations import OutputConfig, event_id
+from tandem.errors import DataError
+from tandem.lake.tables import append_once
+from tandem.store import outputs as store
+from tandem.store.db import Database
+from tandem.store.leases import check_fence
+from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    from tandem.outputs.quarantine import QuarantineSink
+
+log = logging.getLogger(__name__)
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+V = TypeVar("V")
+UTC_MICROS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    instance: InstanceKey
+    batch_id: int
+    epoch: int
+    published_at: datetime
+    lineage: str = ""
+
+    def app_id(self, output: str) -> str:
+        base = f"{self.instance.id}/{output}"
+        return f"{base}/{self.lineage}" if self.lineage else base
+
+
+class Sink(Protocol):
+    output: str
+
+    def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
+        """Write one micro-batch idempotently and fenced; return how many rows were written."""
+
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        """Keep a standby's batch back instead of publishing it."""
+
+    def flush(self, batch: BatchInfo) -> int:
+        """Publish everything held (on promotion); return how many rows were written."""
+
+    def trim(self) -> None:
+        """Drop held rows the active has already published for good."""
+
+
+class HeldUntilPublished(Generic[K, V]):
+    """What a standby holds of one output, written once for every kind: ``hold`` keeps its rows by
+    identity (a newer row replaces an older one), ``trim`` drops those the active has published for
+    good, and ``flush`` publishes the rest on promotion, as the batch they were held in.
+
+    A kind says what identifies a row (:meth:`identities`), which held rows are published for good
+    (:meth:`published_of`) and how held rows are published (:meth:`publish_held`).
+    """
+
+    output: str
+
+    def __init__(self) -> None:
+        self.held: dict[K, V] = {}
+        self.held_batch: int | None = None
+
+    def identities(self, rows: pa.Table) -> dict[K, V]:
+        raise NotImplementedError
+
+    def published_of(self, held: dict[K, V]) -> Iterable[K]:
+        """Of the held rows, the identities the active has published for good."""
+        raise NotImplementedError
+
+    def publish_held(self, held: dict[K, V], batch: BatchInfo) -> int:
+        raise NotImplementedError
+
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        self.held.update(self.identities(rows))
+        self.held_batch = batch_id
+
+    def trim(self) -> None:
+        if self.held:
+            for identity in list(self.published_of(self.held)):
+                self.held.pop(identity, None)
+
+    def flush(self, batch: BatchInfo) -> int:
+        if not self.held or self.held_batch is None:
+            return 0
+        self.trim()
+        if not self.held:
+            return 0
+        count = len(self.held)
+        written = self.publish_held(dict(self.held), replace(batch, batch_id=self.held_batch))
+        log.info("published %d held rows of %s (%d written)", count, self.output, written)
+        self.held.clear()
+        return written
+
+
+def fence(db: Database, batch: BatchInfo) -> None:
+    """Raise :class:`FencedError` unless this instance still holds the lease at the batch's epoch."""
+    key = batch.instance
+    db.run(lambda cursor: check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch), attempts=3)
+
+
+DATA_ERROR_SQLSTATES = ("22", "54000")
+"""PostgreSQL's data exceptions (class 22: a value it cannot convert, store or compute) and 54000 (an index
+row over the size limit): errors about the rows' values, not about the store's state."""
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether a sink's error is about the values of the rows it was given (quarantine them) or not (fail)."""
+    if isinstance(exc, DataError):
+        return True
+    code = getattr(exc, "pgcode", None) or ""
+    return code.startswith(DATA_ERROR_SQLSTATES)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, the way an operator reads it (the SQLSTATE of a PostgreSQL error in front)."""
+    code = getattr(exc, "pgcode", None)
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    return f"SQLSTATE {code}: {text}" if code else text
+
+
+class _ProbesDone(Exception):
+    """Ends the probing transaction: everything it wrote is rolled back."""
+
+
+class Refusals:
+    """What a sink does with rows its store refuses for what they hold: the dead-letter queue of Kafka Connect.
+
+    Purpose
+        One value PostgreSQL cannot store must not stop a plan: without this, the active fails the
+        batch, the standby takes over, replays the same rows and fails the same way.
+
+    How it works
+        :meth:`run` runs the sink's transaction (``apply(cursor, keys)``) on a batch's rows. On a data
+        error it bisects the rows in one transaction that it rolls back, each probe in a savepoint,
+        down to the rows the store refuses on their own; sends them to the plan's quarantine (the
+        row as JSON, the store's error as the reason, ``output:<name>/<content hash>`` as the
+        source, so a refused row is quarantined once whoever refuses it); and runs the transaction
+        again with the rest.
+
+    What it does not do
+        It does not quarantine when no row fails on its own (rows that fail only together, a table
+        that is gone): the original error fails the batch, and the supervisor blocks the instance if
+        it keeps failing there. A plan without a quarantine output fails on every data error.
+    """
+
+    def __init__(self, output: str, db: Database, quarantine: QuarantineSink | None) -> None:
+        self.output = output
+        self.db = db
+        self.quarantine = quarantine
+
+    def run(self, apply: Callable[[Any, list[K]], T], keys: list[K], row_of: Callable[[K], dict[str, Any]],
+            batch: BatchInfo) -> tuple[T | None, list[K]]:
+        """``(apply's result, the keys it was applied to)``: every key, or those the store did not refuse.
+
+        The result is ``None`` when every key was refused (nothing was applied).
+        """
+        try:
+            return self.db.run(lambda cursor: apply(cursor, keys)), keys
+        except Exception as exc:
+            if self.quarantine is None or not is_data_error(exc):
+                raise
+            refused = self.refused(apply, keys, first_line(exc))
+            if not refused:
+                raise
+        self.quarantine.publish_refused(self.output, {key: (row_of(key), reason) for key, reason in refused.items()},
+                                        batch)
+        kept = [key for key in keys if key not in refused]
+        log.warning("%s batch %d: %d of %d rows refused by the store, quarantined: %s", self.output, batch.batch_id,
+                    len(refused), len(keys), next(iter(refused.values())))
+        if not kept:
+            return None, kept
+        return self.db.run(lambda cursor: apply(cursor, kept)), kept
+
+    def refused(self, apply: Callable[[Any, list[K]], Any], keys: list[K], error: str) -> dict[K, str]:
+        """The keys ``apply`` fails on by themselves, each with its error (``keys`` failed with ``error``).
+
+        Nothing is written: every probe runs in a savepoint of one transaction that is rolled back.
+        """
+        found: dict[K, str] = {}
+
+        def probe(cursor) -> None:
+            def fails(part: list[K]) -> str | None:
+                cursor.execute("SAVEPOINT tandem_probe")
+                try:
+                    apply(cursor, part)
+                    return None
+                except Exception as exc:
+                    if not is_data_error(exc):
+                        raise
+                    return first_line(exc)
+                finally:
+                    cursor.execute("ROLLBACK TO SAVEPOINT tandem_probe")
+
+            def search(part: list[K], part_error: str) -> None:
+                if len(part) == 1:
+                    found[part[0]] = part_error
+                    return
+                half = len(part) // 2
+                for piece in (part[:half], part[half:]):
+                    piece_error = fails(piece)
+                    if piece_error is not None:
+                        search(piece, piece_error)
+
+            search(list(keys), error)
+            raise _ProbesDone
+
+        try:
+            self.db.run(probe, attempts=3)
+        except _ProbesDone:
+            pass
+        return found
+
+
+def as_utc(value: datetime | int) -> datetime:
+    """A row's time as an aware UTC datetime (an integer is epoch milliseconds).
+
+    Raises:
+        DataError: an integer outside the years 1-9999.
+    """
+    if isinstance(value, int):
+        try:
+            return datetime.fromtimestamp(value / 1000, timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise DataError(f"time {value} is not epoch milliseconds within the years 1-9999") from None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def lake_columns(batch: BatchInfo, n: int) -> dict[str, pa.Array]:
+    key = batch.instance
+    return {"shard_id": pa.repeat(key.shard_id, n), "node": pa.repeat(key.node, n),
+            "epoch": pa.repeat(pa.scalar(batch.epoch, pa.int64()), n),
+            "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
+            "published_at": pa.repeat(pa.scalar(batch.published_at, UTC_MICROS), n)}
+
+
+class HeldById(HeldUntilPublished[str, dict]):
+    """Rows identified by a deterministic id; a standby's held rows are trimmed by the ids published for good."""
+
+    table = ""
+    id_column = ""
+
+    def __init__(self, plan: str, output: str, config: OutputConfig, instance: InstanceKey, database_url: str,
+                 delta_path: Path, quarantine: QuarantineSink | None = None) -> None:
+        super().__init__()
+        self.plan = plan
+        self.output = output
+        self.config = config
+        self.instance = instance
+        self.delta_path = delta_path
+        self.db = Database(database_url, "tandem-publisher")
+        self.refusals = Refusals(output, self.db, quarantine)
+        self.schema: pa.Schema | None = None  # the query's rows, as Spark hands them over
+
+    def identities(self, rows: pa.Table) -> dict[str, dict[str, Any]]:
+        """Rows by id: a table's or aggregation's ``id`` fields, an event's ``key`` fields (events have no ``id``)."""
+        self.schema = rows.schema
+        fields = self.config.id or self.config.key
+        return {event_id(self.plan, self.output, {f: row[f] for f in fields}): row for row in rows.to_pylist()}
+
+    def published_of(self, held: dict[str, dict[str, Any]]) -> list[str]:
+        return self.db.run(lambda cursor: store.in_lake(cursor, self.table, self.id_column, self.plan, self.output,
+                                                        list(held)), attempts=1)
+
+    def publish_held(self, held: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
+        return self.write(held, batch)
+
+    def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
+        return self.write(self.identities(rows), batch) if rows.num_rows else 0
+
+    def to_lake(self, rows: pa.Table, batch: BatchInfo, ids: list[str]) -> None:
+        """Append rows to Delta once per batch (after the fence is checked again), then mark their ids ``in_lake``."""
+        for name, column in lake_columns(batch, rows.num_rows).items():
+            rows = rows.append_column(name, column)
+        fence(self.db, batch)
+        append_once(self.delta_path, rows, app_id=batch.app_id(self.output), version=batch.batch_id)
+        self.db.run(lambda cursor: store.mark_in_lake(cursor, self.table, self.id_column, self.plan, self.output, ids))
+
+    def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
+        raise NotImplementedError

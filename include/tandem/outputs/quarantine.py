@@ -1,0 +1,104 @@
+"""The ``quarantine`` output kind: bad input lines (and rows another output's store refused), with the reason, in Delta."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tandem.config import PlanConfig
+from tandem.lake.tables import append_once, read_table
+from tandem.outputs.base import BatchInfo, HeldUntilPublished, fence
+from tandem.store.db import Database
+from tandem.store.outputs import to_json
+from tandem.store.registry import InstanceKey
+
+
+REFUSED_SOURCE = "output:"
+"""The source of a quarantined row that an output's store refused: ``output:<output>/<hash of the row>``."""
+QUARANTINE_SCHEMA = pa.schema([
+    ("raw", pa.string()), ("source_file", pa.string()), ("reason", pa.string()),
+    ("plan", pa.string()), ("shard_id", pa.string()), ("node", pa.string()),
+    ("batch_id", pa.int64()), ("quarantined_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+class QuarantineSink(HeldUntilPublished[str, pa.Table]):
+    """Bad input lines, with the raw text, the source file and the reason, appended to Delta.
+
+    A source file's bad lines are quarantined once per shard: a file already in the table for
+    this shard is skipped when published (a replay after a restore, an old active's late batch)
+    and dropped from what a standby holds. The file source reads a file whole in one batch, so
+    the file is the id of its bad lines. A row another output's store refused
+    (:meth:`publish_refused`) has the source ``output:<output>/<hash of the row>``.
+    """
+
+    def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path, output: str = "quarantine") -> None:
+        super().__init__()
+        self.output = output
+        self.instance = instance
+        self.delta_path = delta_path
+        self.db = Database(database_url, "tandem-publisher")
+
+    def quarantined(self, source_files: list[str]) -> set[str]:
+        """Of ``source_files``, those whose bad lines are already in the table for this shard."""
+        done = read_table(self.delta_path, (ds.field("shard_id") == self.instance.shard_id)
+                          & ds.field("source_file").isin(source_files), columns=["source_file"])
+        return set(done.column("source_file").to_pylist()) if done.num_rows else set()
+
+    def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
+        return self._append(rows, batch, batch.app_id(self.output))
+
+    def publish_refused(self, output: str, refused: dict[Any, tuple[dict[str, Any], str]], batch: BatchInfo) -> int:
+        """Quarantine rows the store of ``output`` refused: ``{key: (row, the store's error)}``."""
+        texts = [json.dumps(to_json(row), default=str, sort_keys=True, ensure_ascii=False)
+                 for row, _ in refused.values()]
+        rows = pa.table({
+            "raw": pa.array(texts, pa.string()),
+            "source_file": pa.array([f"{REFUSED_SOURCE}{output}/{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+                                     for text in texts], pa.string()),
+            "reason": pa.array([f"output {output}: the store refused the row: {error}" for _, error in refused.values()],
+                               pa.string()),
+        })
+        # its own transaction id: several outputs of one query may refuse rows of the same batch
+        return self._append(rows, batch, batch.app_id(f"{self.output}/{output}"))
+
+    def _append(self, rows: pa.Table, batch: BatchInfo, app_id: str) -> int:
+        if rows.num_rows == 0:
+            return 0
+        done = self.quarantined(pc.unique(rows["source_file"]).to_pylist())
+        if done:
+            rows = rows.filter(pc.invert(pc.is_in(rows["source_file"], pa.array(sorted(done), pa.string()))))
+            if rows.num_rows == 0:
+                return 0
+        n = rows.num_rows
+        table = pa.table({
+            "raw": rows["raw"], "source_file": rows["source_file"], "reason": rows["reason"],
+            "plan": pa.repeat(batch.instance.plan, n), "shard_id": pa.repeat(batch.instance.shard_id, n),
+            "node": pa.repeat(batch.instance.node, n), "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
+            "quarantined_at": pa.repeat(pa.scalar(batch.published_at, pa.timestamp("us", tz="UTC")), n),
+        }, schema=QUARANTINE_SCHEMA)
+        fence(self.db, batch)
+        append_once(self.delta_path, table, app_id=app_id, version=batch.batch_id)
+        return n
+
+    def identities(self, rows: pa.Table) -> dict[str, pa.Table]:
+        return {source_file: rows.filter(pc.equal(rows["source_file"], source_file))
+                for source_file in pc.unique(rows["source_file"]).to_pylist()}
+
+    def published_of(self, held: dict[str, pa.Table]) -> set[str]:
+        return self.quarantined(list(held))
+
+    def publish_held(self, held: dict[str, pa.Table], batch: BatchInfo) -> int:
+        return self.publish(pa.concat_tables(held.values()), batch)
+
+
+def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+         quarantine: QuarantineSink | None = None) -> QuarantineSink:
+    """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
+    return QuarantineSink(instance, database_url, delta_path, output=output)

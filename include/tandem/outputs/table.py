@@ -1,0 +1,74 @@
+"""The ``table`` output kind: a keyed table whose instances' partial values are summed on read.
+
+Each contributing row (by its ``id`` fields) is applied once, whoever publishes it
+(``output_contributions``); :func:`read_table_lake` merges the Delta copy the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tandem.config import PlanConfig
+from tandem.declarations import OutputConfig
+from tandem.lake.tables import read_table
+from tandem.outputs.base import BatchInfo, HeldById
+from tandem.outputs.quarantine import QuarantineSink
+from tandem.store import outputs as store
+from tandem.store.leases import check_fence
+from tandem.store.publish_log import record_published
+from tandem.store.registry import InstanceKey
+
+
+class TableSink(HeldById):
+    """A keyed table whose instances' partial values are summed on read; each contributing row applied once."""
+
+    table = "output_contributions"
+    id_column = "contribution_id"
+
+    def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
+        key = batch.instance
+
+        def work(cursor, ids: list[str]) -> list[dict]:
+            contributions = {cid: ({k: rows[cid][k] for k in self.config.key},
+                                   {v: rows[cid][v] for v in self.config.values}) for cid in ids}
+            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            current = store.apply_contributions(cursor, key, self.output, self.config.values, contributions,
+                                                batch.epoch, batch.batch_id)
+            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(current), None, None)
+            return current
+
+        current, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
+        if current:
+            schema = pa.schema([*(self.schema.field(k) for k in self.config.key),
+                                *((v, pa.float64()) for v in self.config.values), ("version", pa.int64())])
+            lake = pa.Table.from_pylist([
+                {**row["key"], **{v: float(row["value"][v]) for v in self.config.values}, "version": row["version"]}
+                for row in current], schema=schema)
+            self.to_lake(lake, batch, [cid for row in current for cid in row["ids"]])
+        return len(current or ())
+
+
+def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+         quarantine: QuarantineSink | None = None) -> TableSink:
+    return TableSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
+
+
+def read_table_lake(path: Path, config: OutputConfig) -> list[dict[str, Any]]:
+    """The Delta copy of a table, merged: per key, the sum over instances of each instance's newest version."""
+    table = read_table(path)
+    newest: dict[tuple, dict[str, Any]] = {}
+    for row in table.to_pylist():
+        identity = (tuple(row[k] for k in config.key), row["shard_id"])
+        if identity not in newest or row["version"] > newest[identity]["version"]:
+            newest[identity] = row
+    merged: dict[tuple, dict[str, Any]] = {}
+    for (key, _), row in sorted(newest.items(), key=lambda item: str(item[0])):
+        out = merged.setdefault(key, {**dict(zip(config.key, key)), **{v: 0.0 for v in config.values},
+                                      "instances": 0})
+        for v in config.values:
+            out[v] += row[v]
+        out["instances"] += 1
+    return list(merged.values())

@@ -1,0 +1,29 @@
+"""Source kinds: where the lines of a stream come from, one module per kind, registered in :data:`SOURCE_KINDS`.
+
+A stream declares its kind (``source:`` in the plan's YAML, default ``files``). A kind's reader gives
+a streaming DataFrame of ``raw`` (the line's text) and ``source_file`` (where it came from, the id of
+its bad lines in the quarantine); the runtime parses and validates the lines the same way for every kind.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.runtime.sources import files
+
+
+class SourceReader(Protocol):
+    def __call__(self, spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+                 stream: str) -> DataFrame: ...
+
+
+SOURCE_KINDS: dict[str, SourceReader] = {"files": files.read}
+
+
+def stream_lines(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+                 stream: str) -> DataFrame:
+    """The lines of ``stream`` that instance ``shard_id`` reads, from the stream's declared source kind."""
+    return SOURCE_KINDS[plan.streams[stream].source](spark, cluster, plan, shard_id, stream)
