@@ -73,7 +73,7 @@ from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.layout import landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
 from tandem.store import Database, migrate  # noqa: E402
-from tandem.supervisor.launcher import child_environment  # noqa: E402
+from tandem.supervisor.submit_command import child_environment  # noqa: E402
 
 UTC = timezone.utc
 console = Console()

@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the other plans' entries of results/plans.json (each names its own run), and with "
                              "--failovers 0 each plan's earlier failover figures (marked with their run)")
     args = parser.parse_args(argv)
-    from tandem.runtime.session import build_session
+    from tandem.spark_session import build_session
 
     console = Console()
     spark = build_session("tandem-bench-plans", "local[2]", ROOT / "conf" / "spark-defaults.conf")

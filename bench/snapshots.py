@@ -68,9 +68,10 @@ from tandem.layout import delta_table_dir, instance_landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
 from tandem.producer import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
-from tandem.runtime.session import build_session  # noqa: E402
 from tandem.snapshots import processed_files  # noqa: E402
-from tandem.supervisor.launcher import launch_instance, stop_instance, wait_until_running  # noqa: E402
+from tandem.spark_session import build_session  # noqa: E402
+from tandem.supervisor.launcher import launch_instance, wait_until_running  # noqa: E402
+from tandem.supervisor.stopping import stop_instance  # noqa: E402
 from tandem.supervisor.reconcile import Supervisor  # noqa: E402
 
 console = Console()
@@ -192,7 +193,7 @@ class Timers:
 @contextmanager
 def timing_take():
     t = Timers()
-    t.wrap(snap_take, "plan_outputs", "plan_outputs (build the plan's queries)")
+    t.wrap(snap_take, "plan_outputs", "plan_outputs (the plan's queries and their outputs)")
     t.wrap(snap_take, "cut_checkpoint", "cut (copy + verify the checkpoint)")
     t.wrap(snap_take, "version_at_batch", "Delta output versions at the cut")
     t.wrap(snap_take, "export_state", "export (state data source → Arrow)")

@@ -53,7 +53,7 @@ from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.lake.tables import read_table  # noqa: E402
 from tandem.producer import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
-from tandem.runtime.session import build_session  # noqa: E402
+from tandem.spark_session import build_session  # noqa: E402
 
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 KEY = ["bucket_start", "symbol"]
@@ -444,7 +444,7 @@ def instrumented(side: str):
         timers.wrap(aggregation_kind, "record_published", "pg: publish_log row")
         timers.wrap(agg_delta, "append_rows", "delta: aggregates append_rows total")
         timers.wrap(agg_delta, "append_once", "delta: aggregates append_once")
-        timers.wrap(publisher, "append_once", "delta: quarantine append_once")
+        timers.wrap(quarantine_kind, "append_once", "delta: quarantine append_once")
         timers.wrap(tables, "committed_version", "delta: committed_version (log load)")
         timers.wrap(tables, "write_deltalake", "delta: write_deltalake")
         timers.wrap(listener, "record_progress", "heartbeat rows (listener thread)")
@@ -788,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tandem_wall_s_median": statistics.median([r["wall_s"] for r in runs if r["side"] == "tandem"]),
                 "plain_wall_s_median": statistics.median([r["wall_s"] for r in runs if r["side"] == "plain"]),
                 "method": {
-                    "session": "one local[2] SparkSession (tandem.runtime.session.build_session + conf/spark-defaults.conf) "
+                    "session": "one local[2] SparkSession (tandem.spark_session.build_session + conf/spark-defaults.conf) "
                                "shared by both sides, in one Python process",
                     "trigger": "availableNow", "max_files_per_trigger": args.max_files_per_trigger,
                     "order": "warm-up (untimed, small input) then tandem, plain alternating",

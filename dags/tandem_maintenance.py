@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
-from tandem.airflow.operators import CleanLandingOperator
+from tandem.airflow.snapshot_operators import CleanLandingOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)

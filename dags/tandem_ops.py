@@ -5,7 +5,7 @@ from __future__ import annotations
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import OPS_DEFAULT_ARGS, OPS_DOC, load_all_for_dags, ops_params, with_broken_plans
-from tandem.airflow.operators import PlanOpsOperator
+from tandem.airflow.supervision_operators import PlanOpsOperator
 from tandem.names import OPS_DAG_ID
 
 cluster, plans, broken = load_all_for_dags(__file__)  # broken plans: listed in the docs, not offered

@@ -6,7 +6,7 @@ from airflow.sdk import DAG
 
 from tandem.airflow.dags import (RESTORE_DEFAULT_ARGS, RESTORE_DOC, load_all_for_dags, restore_params,
                                  with_broken_plans)
-from tandem.airflow.operators import RestoreSnapshotOperator
+from tandem.airflow.snapshot_operators import RestoreSnapshotOperator
 from tandem.names import RESTORE_DAG_ID
 
 cluster, plans, broken = load_all_for_dags(__file__)  # broken plans: listed in the docs, not offered

@@ -12,7 +12,7 @@ from airflow.sdk import DAG, task
 
 from tandem.airflow.dags import (RUN_DEFAULT_ARGS, STOP, launch_task_id, load_for_dags, node_task_args, run_doc,
                                  run_params, stop_task_id)
-from tandem.airflow.operators import LaunchPlanInstanceOperator, StopPlanInstanceOperator
+from tandem.airflow.instance_operators import LaunchPlanInstanceOperator, StopPlanInstanceOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)

@@ -23,7 +23,7 @@ from tandem.airflow.dags import (
     snapshot_params,
     snapshot_task_id,
 )
-from tandem.airflow.operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
+from tandem.airflow.snapshot_operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)

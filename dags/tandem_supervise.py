@@ -13,7 +13,7 @@ from airflow.sdk import DAG
 from tandem.airflow.dags import (
     SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_doc,
 )
-from tandem.airflow.operators import ReconcilePlanOperator
+from tandem.airflow.supervision_operators import ReconcilePlanOperator
 from tandem.airflow.sensors import StreamHealthSensor
 from tandem.names import plan_dag_id
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import VALIDATE_DEFAULT_ARGS, load_for_dags, validate_doc
-from tandem.airflow.operators import ValidateServingTableOperator
+from tandem.airflow.validation_operators import ValidateServingTableOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)

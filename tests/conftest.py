@@ -41,7 +41,7 @@ def process_groups() -> Iterator[list[int]]:
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the integration tests (settings from conf/spark-defaults.conf)."""
-    from tandem.runtime.session import build_session
+    from tandem.spark_session import build_session
 
     session = build_session("tandem-tests", "local[2]", PROJECT / "conf" / "spark-defaults.conf")
     yield session

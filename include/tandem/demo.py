@@ -42,7 +42,7 @@ from tandem.store.heartbeats import input_rows_since, query_positions
 from tandem.store.leases import read_lease
 from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
-from tandem.supervisor.launcher import kill_instance
+from tandem.supervisor.stopping import kill_instance
 
 RUN_DAG = plan_dag_id("trades", "run")
 SUPERVISE_DAG = plan_dag_id("trades", "supervise")
@@ -384,7 +384,7 @@ def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of) 
 
 
 def _stop_instances(console: Console, cluster, plan, placements) -> None:
-    from tandem.supervisor.launcher import stop_instance
+    from tandem.supervisor.stopping import stop_instance
 
     for shard, node in placements:
         stop_instance(cluster, plan, shard, node)

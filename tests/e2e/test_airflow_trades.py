@@ -17,15 +17,14 @@ import yaml
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient
+from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, instance_landing_dir
 from tandem.producer import write_atomically
-from tandem.store import Database
+from tandem.store import Database, snapshots as catalog
 from tandem.store.heartbeats import input_rows_since
-from tandem.store import snapshots as catalog
 from tandem.store.registry import get_instance, instance_id
-from tandem.supervisor.launcher import stop_instance
-from tandem.supervisor.resync import committed_batch
+from tandem.supervisor.stopping import stop_instance
 
 pytestmark = pytest.mark.e2e
 UTC = timezone.utc

@@ -53,12 +53,12 @@ from _ha import (
     wait_for,
 )
 from _project import kill_groups, use_project
+from tandem.checkpoints import checkpoint_lineage
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
 from tandem.layout import checkpoint_dir, delta_table_dir
-from tandem.packaging import build_dist
 from tandem.outputs.base import BatchInfo
-from tandem.runtime.publisher import checkpoint_lineage
+from tandem.packaging import build_dist
 from tandem.store.registry import InstanceKey
 from tandem.supervisor import stop_instance
 from tandem.supervisor.reconcile import Supervisor

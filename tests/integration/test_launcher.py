@@ -20,7 +20,8 @@ from tandem.store import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes
 from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
-from tandem.supervisor.launcher import DRIVER_ENVIRONMENT_PREFIXES, child_environment, is_instance_cmdline
+from tandem.supervisor.processes import is_instance_cmdline
+from tandem.supervisor.submit_command import DRIVER_ENVIRONMENT_PREFIXES, child_environment
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
@@ -258,7 +259,7 @@ def test_a_node_that_cannot_see_the_shared_storage_root_is_refused(launch_projec
                                                                     monkeypatch):
     """node-a's host set the storage root up; node-b's host mounted something else there (issue 12, item 2)."""
     from tandem.supervisor import LaunchRejected
-    from tandem.supervisor.storage import MARKER_NAME, check_storage
+    from tandem.shared_storage import MARKER_NAME, check_storage
 
     cluster = load_cluster()
     with Database(cluster.database_url) as db:
@@ -287,7 +288,7 @@ def test_first_launches_at_once_agree_on_one_storage_marker(project, database_ur
     from concurrent.futures import ThreadPoolExecutor
     from threading import Barrier
 
-    from tandem.supervisor.storage import MARKER_NAME, check_storage
+    from tandem.shared_storage import MARKER_NAME, check_storage
 
     cluster = load_cluster()
     marker = cluster.storage_root / MARKER_NAME

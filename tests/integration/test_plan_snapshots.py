@@ -25,6 +25,7 @@ import yaml
 from _ha import mismatches
 from _references import PIZZA_T0, arrival_order, decided_orders, make_orders, temperature_reference_at
 from tandem.aggregation.spec import spec_for
+from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
 from tandem.lake.tables import read_table
@@ -35,7 +36,6 @@ from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
-from tandem.supervisor.resync import committed_batch
 from test_pizza_shop_plan import assert_outputs_equal_the_reference as assert_pizza_outputs
 from test_temperatures_plan import T0 as TEMPS_T0
 from test_temperatures_plan import assert_outputs_equal_the_reference as assert_temperature_outputs

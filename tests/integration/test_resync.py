@@ -16,11 +16,12 @@ import pytest
 from deltalake import DeltaTable
 
 from tandem import aggregation
+from tandem.checkpoints import CheckpointError, committed_batch, cut_checkpoint, recover_swaps
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, landing_dir
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
-from tandem.supervisor.resync import CheckpointError, committed_batch, cut_checkpoint, recover_swaps, resync_instance
+from tandem.supervisor.resync import resync_instance
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc

@@ -32,23 +32,22 @@ import pyarrow.dataset as ds
 
 from tandem import cli
 from _project import TRADES
+from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
-from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
 from tandem.lake.tables import read_table
+from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
+from tandem.packaging import build_dist
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.outputs import newest_per_key
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
-from tandem.packaging import build_dist
 from tandem.snapshots.take import prune_snapshots, take_snapshot
-from tandem.store import Database
-from tandem.store import snapshots as catalog
+from tandem.store import Database, snapshots as catalog
 from tandem.store.registry import get_instance
 from tandem.supervisor import stop_instance
-from tandem.supervisor.resync import committed_batch
 
 pytestmark = pytest.mark.integration
 

@@ -42,7 +42,8 @@ from _ha import REPO, Pair, PrivatePostgres, db_now
 from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
 from tandem.config import load_cluster
-from tandem.supervisor.launcher import LaunchError, StopResult, stop_instance
+from tandem.supervisor.launcher import LaunchError
+from tandem.supervisor.stopping import StopResult, stop_instance
 from tandem.supervisor.node_actions import NodeLaunch
 
 SUBNET_PREFIX = "10.213"

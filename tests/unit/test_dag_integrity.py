@@ -363,7 +363,7 @@ def test_human_duration_reads_back(seconds, text):
 def test_launch_operator_rejects_a_bad_interval_without_retry():
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tandem.airflow.operators import LaunchPlanInstanceOperator
+    from tandem.airflow.instance_operators import LaunchPlanInstanceOperator
 
     operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
                                           trigger_interval="soon")
@@ -374,7 +374,7 @@ def test_launch_operator_rejects_a_bad_interval_without_retry():
 def test_launch_operator_rejects_an_unknown_action_without_retry():
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tandem.airflow.operators import LaunchPlanInstanceOperator
+    from tandem.airflow.instance_operators import LaunchPlanInstanceOperator
 
     operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
                                           action="stop")
@@ -385,7 +385,7 @@ def test_launch_operator_rejects_an_unknown_action_without_retry():
 def test_stop_operator_rejects_a_bad_timeout_without_retry():
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tandem.airflow.operators import StopPlanInstanceOperator
+    from tandem.airflow.instance_operators import StopPlanInstanceOperator
 
     operator = StopPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
                                         stop_timeout="soon")

@@ -91,3 +91,38 @@ def test_the_parts_of_tandem_import_each_other_without_a_cycle() -> None:
     assert found == KNOWN_CYCLES, (
         "a new import cycle between tandem's parts (or a known one undone: take it off KNOWN_CYCLES): "
         + "; ".join(" <-> ".join(sorted(c)) for c in found))
+
+
+LOWER_THAN = {
+    # the runtime runs inside a Spark job: it loads plans by name and knows nothing of who launched it
+    "tandem.runtime": {"tandem.supervisor", "tandem.airflow", "tandem.presenter", "tandem.cli", "tandem.demo",
+                       "tandem.snapshots", "tandem.plans"},
+    # output kinds are what the runtime publishes through and snapshots read through
+    "tandem.outputs": {"tandem.runtime", "tandem.supervisor", "tandem.airflow", "tandem.presenter", "tandem.cli",
+                       "tandem.snapshots", "tandem.plans"},
+    # checkpoint files, below everything that cuts, checks or recovers them
+    "tandem.checkpoints": {"tandem.runtime", "tandem.supervisor", "tandem.snapshots", "tandem.outputs",
+                           "tandem.store"},
+    "tandem.store": {"tandem.runtime", "tandem.outputs", "tandem.supervisor", "tandem.airflow", "tandem.presenter",
+                     "tandem.snapshots", "tandem.plans"},
+    # declarations and configuration sit below all I/O
+    **{part: {"tandem.store", "tandem.lake", "tandem.runtime", "tandem.outputs", "tandem.supervisor", "tandem.airflow",
+              "tandem.presenter", "tandem.snapshots", "tandem.plans", "tandem.checkpoints"}
+       for part in ("tandem.config", "tandem.declarations", "tandem.names", "tandem.errors", "tandem.redaction",
+                    "tandem.layout")},
+}
+"""Parts that must not import the parts listed (directly: a cycle-free graph keeps it so transitively too)."""
+
+
+def test_lower_layers_do_not_import_higher_ones() -> None:
+    graph = part_graph(PACKAGE)
+    crossings = sorted(f"{part} imports {other}" for part, forbidden in LOWER_THAN.items()
+                       for other in graph.get(part, set()) & forbidden)
+    assert crossings == []
+
+
+def test_the_job_entrypoint_does_not_import_the_supervisor() -> None:
+    job = PACKAGE.parents[1] / "jobs" / "run_plan.py"
+    known = modules(PACKAGE)
+    parts = {part_of(name) for name in imported(job, known)}
+    assert parts and "tandem.supervisor" not in parts and "tandem.airflow" not in parts

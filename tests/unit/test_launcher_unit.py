@@ -13,17 +13,10 @@ import pytest
 
 from tandem.config import load_cluster, load_plan
 from tandem.store.registry import InstanceKey
-from tandem.supervisor.launcher import (
-    LaunchError,
-    LaunchRejected,
-    application_args,
-    build_submit_command,
-    child_environment,
-    decide_launch,
-    is_instance_cmdline,
-    launch_instance,
-    log_path_for,
-)
+from tandem.supervisor.launch_decision import decide_launch
+from tandem.supervisor.launcher import LaunchError, LaunchRejected, launch_instance, log_path_for
+from tandem.supervisor.processes import is_instance_cmdline
+from tandem.supervisor.submit_command import application_args, build_submit_command, child_environment
 
 PROJECT = Path(__file__).resolve().parents[2]
 KEY = InstanceKey("trades", "shard-1", "node-a")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from tandem.airflow.operators import format_rows
+from tandem.airflow.validation_operators import format_rows
 from tandem.config import load_plan
 from tandem.quality.outputs import events_frame, generated_expectations, table_frame
 from tandem.quality.serving import load_suite_definition, suite_for_output

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.checkpoints import CheckpointError
 from tandem.snapshots.source_log import processed_files
-from tandem.supervisor.resync import CheckpointError
 
 LANDING = "file:///data/landing/trades/shard-1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.supervisor.storage import plan_storage_problems, storage_verdict
+from tandem.shared_storage import plan_storage_problems, storage_verdict
 
 MARKER = Path("/shared/tandem/.tandem-storage")
 

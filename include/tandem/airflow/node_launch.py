@@ -17,7 +17,7 @@ How it works
 
     A stop first goes through PostgreSQL from here (the driver obeys the request with its next
     beat). Only when that is not confirmed does the stop run on the node's host, where
-    :func:`~tandem.supervisor.launcher.stop_instance` signals the instance's processes:
+    :func:`~tandem.supervisor.stopping.stop_instance` signals the instance's processes:
 
     - the driver beats but does not stop: its host is up, and the supervisor waits for the stop
       there;
@@ -45,8 +45,9 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.names import plan_dag_id
 from tandem.store.db import Database
 from tandem.store.registry import get_instance
-from tandem.supervisor.launcher import LaunchedJob, LaunchError, StopResult, instance_key, stop_instance
+from tandem.supervisor.launcher import LaunchedJob, LaunchError, instance_key
 from tandem.supervisor.node_actions import NodeLaunch
+from tandem.supervisor.stopping import StopResult, stop_instance
 
 FINISHED = ("success", "failed")
 

@@ -1,1 +1,1 @@
-"""What runs inside a Spark job: session, sources, publisher, listener, node main."""
+"""What runs inside a Spark job: the plan API, source kinds, the foreachBatch publisher, the listener, the node main."""

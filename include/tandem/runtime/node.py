@@ -21,6 +21,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
@@ -28,12 +29,11 @@ from tandem.runtime.listener import LivenessBeat, ProgressRecorder
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.roles import RoleController
-from tandem.runtime.session import build_session
+from tandem.shared_storage import StorageNotShared, require_shared_storage
+from tandem.spark_session import build_session
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
-from tandem.supervisor.resync import recover_swaps
-from tandem.supervisor.storage import StorageNotShared, require_shared_storage
 
 log = logging.getLogger(__name__)
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"

@@ -336,6 +336,13 @@ def partial_aggregations(plan: PlanConfig, spec: QuerySpec) -> list[str]:
     return [o for o in spec.outputs if plan.outputs[o].kind == "aggregation" and not plan.outputs[o].id]
 
 
+def state_value_names(plan: PlanConfig, spec: QuerySpec) -> tuple[str, ...]:
+    """The names of the fields of the query's state values a snapshot exports: the measures of the
+    aggregation it computes (``()`` for a query without a Spark aggregation) (pure)."""
+    partials = partial_aggregations(plan, spec)
+    return tuple(spec_for(plan, partials[0]).measure_columns) if partials else ()
+
+
 def define(ctx: PlanContext, spec: QuerySpec) -> QueryDefinition:
     """Build one query for an instance: call its function, pick its sink, derive what Spark needs."""
     frame = spec.function(ctx)
@@ -345,9 +352,8 @@ def define(ctx: PlanContext, spec: QuerySpec) -> QueryDefinition:
     partials = partial_aggregations(ctx.plan, spec)
     sink = ctx.sink(spec.routes[ALL_ROWS]) if spec.route_by is None else ctx.routed(spec.route_by, spec.routes)
     state_store = spec.state_store or ("rocksdb" if uses_transform_with_state(frame) else "default")
-    values = tuple(spec_for(ctx.plan, partials[0]).measure_columns) if partials else ()
-    return QueryDefinition(spec.name, frame, "update" if partials else "append", sink, values, state_store,
-                           spec.min_trigger_interval_s)
+    return QueryDefinition(spec.name, frame, "update" if partials else "append", sink,
+                           state_value_names(ctx.plan, spec), state_store, spec.min_trigger_interval_s)
 
 
 def instance_queries(ctx: PlanContext, names: list[str] | None = None) -> list[QueryDefinition]:

@@ -13,7 +13,6 @@ replays of the batches this instance published before under its old checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -23,22 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from tandem.checkpoints import checkpoint_lineage
 from tandem.errors import FencedError
 from tandem.outputs.base import BatchInfo, Sink, first_line
 from tandem.runtime.roles import RoleController
 from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_lineage(checkpoint: Path | None) -> str:
-    """The query id in a checkpoint's ``metadata`` ('' when there is none yet)."""
-    if checkpoint is None:
-        return ""
-    try:
-        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0]).get("id", ""))
-    except (FileNotFoundError, IndexError, ValueError, AttributeError):
-        return ""
 
 
 ALL_ROWS = "*"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tandem.checkpoints import CheckpointError, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError
 from tandem.layout import checkpoint_dir, landing_dir, under_root
@@ -36,7 +37,6 @@ from tandem.snapshots.retention import LandingDecision, decide_landing_retention
 from tandem.snapshots.source_log import processed_files_by_source
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
-from tandem.supervisor.resync import CheckpointError, query_dirs
 
 log = logging.getLogger(__name__)
 

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.checkpoints import cut_checkpoint, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
-from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.lake.tables import table_exists
+from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.names import ACTIVE
 from tandem.snapshots.outputs import restore_output
 from tandem.snapshots.retention import choose_snapshot
@@ -59,7 +60,6 @@ from tandem.store.supervision import mark
 from tandem.supervisor.launcher import wait_until_running
 from tandem.supervisor.node_actions import NodeHost, ThisHost
 from tandem.supervisor.reconcile import Supervisor, shard_lock
-from tandem.supervisor.resync import cut_checkpoint, query_dirs
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0

@@ -17,7 +17,7 @@ How it works
 
 What it does not do
     It lists files by what the log says; it does not check that they still exist. It supports the
-    file source only (a Kafka source has no such log: :class:`~tandem.supervisor.resync.CheckpointError`).
+    file source only (a Kafka source has no such log: :class:`~tandem.checkpoints.CheckpointError`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from tandem.supervisor.resync import CheckpointError, committed_batch, source_log_offsets
+from tandem.checkpoints import CheckpointError, committed_batch, source_log_offsets
 
 _LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
 

@@ -13,7 +13,7 @@ How it works
     1. A TAKING row is inserted in ``tandem.snapshots`` first, so a snapshot that dies half-way is
        visible (and pruned once abandoned).
     2. Every query checkpoint of the instance is cut at its last committed batch into
-       ``snapshots/<plan>/<id>/<query>`` (:func:`tandem.supervisor.resync.cut_checkpoint`, the same
+       ``snapshots/<plan>/<id>/<query>`` (:func:`tandem.checkpoints.cut_checkpoint`, the same
        function the HA re-sync uses; it only reads files Spark never rewrites, so the query keeps
        running and batches committing meanwhile are simply not part of the cut). The copy keeps
        the checkpoint's query id: it names the lineage whose Delta transactions mark the outputs.
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from tandem.checkpoints import checkpoint_lineage, committed_batch, cut_checkpoint, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot, SnapshotError, TandemError
 from tandem.layout import checkpoint_dir, delta_table_dir, snapshot_dir, snapshots_dir
-from tandem.runtime.publisher import checkpoint_lineage
 from tandem.snapshots.outputs import version_at_batch
 from tandem.snapshots.retention import PRUNE, RetentionPlan, decide_retention
 from tandem.snapshots.state_export import (
@@ -62,7 +62,6 @@ from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
 from tandem.store.registry import InstanceKey
-from tandem.supervisor.resync import committed_batch, cut_checkpoint, query_dirs
 
 log = logging.getLogger(__name__)
 PROGRESS_WAIT_S = 10.0
@@ -95,7 +94,7 @@ def snapshot_session(cluster: ClusterConfig, plan: PlanConfig):
     One core (``local[1]``) and the largest driver memory of the plan's nodes: the export holds the
     whole state of an instance in the driver (as Arrow) on its way to Delta.
     """
-    from tandem.runtime.session import build_session
+    from tandem.spark_session import build_session
 
     lower_priority()
     memory = max((cluster.node(n).driver_memory for n in plan.nodes), key=_memory_bytes, default="1g")
@@ -109,19 +108,15 @@ def _memory_bytes(text: str) -> float:
     return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text or 0)
 
 
-def plan_outputs(spark, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> dict[str, QueryOutput]:
-    """Per query of the shard's group: its Delta output and state value names (builds the queries, starts nothing)."""
-    from tandem.runtime.plan_api import PlanContext, instance_queries
+def plan_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> dict[str, QueryOutput]:
+    """Per query of the shard's group: its outputs' Delta tables and its state value names (from the plan's
+    declarations and its module's queries; builds nothing, starts nothing)."""
+    from tandem.runtime.plan_api import check_plan_module, load_plan_module, state_value_names
 
-    ctx = PlanContext(cluster, plan, InstanceKey(plan.name, shard_id, node), spark)
-    return {d.name: QueryOutput(_delta_paths(d.sink), tuple(d.state_value_names)) for d in instance_queries(ctx)}
-
-
-def _delta_paths(sink) -> dict[str, Path]:
-    routes = getattr(sink, "routes", None)  # a RoutedSink: every output it routes to
-    if routes:
-        return {output: path for each in routes.values() for output, path in _delta_paths(each).items()}
-    return {sink.output: Path(sink.delta_path)}
+    specs = check_plan_module(plan, load_plan_module(plan))
+    queries = plan.groups[plan.group_of(shard_id)[0]].queries
+    return {name: QueryOutput({output: delta_table_dir(cluster, plan.name, output) for output in specs[name].outputs},
+                              state_value_names(plan, specs[name])) for name in queries}
 
 
 def active_node(db: Database, plan: PlanConfig, shard_id: str) -> str:
@@ -220,7 +215,7 @@ def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark
 def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark, db: Database,
           record: catalog.SnapshotRecord, live: dict[str, Path]) -> TakenSnapshot:
     target = Path(record.checkpoint_path)
-    outputs = plan_outputs(spark, cluster, plan, instance.shard_id, instance.node)
+    outputs = plan_outputs(cluster, plan, instance.shard_id)
     batches: dict[str, int] = {}
     lineages: dict[str, str] = {}
     copied = 0

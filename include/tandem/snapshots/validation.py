@@ -11,7 +11,7 @@ How it works
 
     - files: every query's cut has ``commits/N``, ``offsets/N``, an unbroken source log and a
       loadable state chain for version N+1 in every partition
-      (:func:`tandem.supervisor.resync.verify_cut`, the check a cut passes when it is made). A
+      (:func:`tandem.checkpoints.verify_cut`, the check a cut passes when it is made). A
       state file deleted or lost afterwards fails here.
     - state: the exported rows of the snapshot (read back from ``state_snapshots``) are validated
       with the plan's Great Expectations suite (``conf/expectations/<snapshot.suite>.json``; a plan
@@ -38,11 +38,11 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from tandem.checkpoints import CheckpointError, verify_cut
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.quality.implied import MAX_PARTITION_PARAMETER, STATE_ROWS_PARAMETER, implied_state_suite
 from tandem.quality.serving import ExpectationOutcome, plan_suite, run_suite
 from tandem.snapshots.state_export import StateOperator
-from tandem.supervisor.resync import CheckpointError, verify_cut
 
 
 @dataclass(frozen=True)

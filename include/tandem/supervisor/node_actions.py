@@ -5,7 +5,7 @@ Purpose
     control host) decides, and the node's host carries it out. :class:`NodeHost` is that division
     of labour: :class:`ThisHost` when every node runs on this host (the CLI, local runs), the node's
     Airflow queue otherwise (:class:`~tandem.airflow.node_launch.NodeQueue`, whose tasks call
-    :func:`resync_then_launch` and :func:`~tandem.supervisor.launcher.stop_instance` on the host).
+    :func:`resync_then_launch` and :func:`~tandem.supervisor.stopping.stop_instance` on the host).
 
 How it works
     A re-sync copies a consistent cut of ``resync_from``'s checkpoint over the node's own
@@ -27,11 +27,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from tandem.checkpoints import CheckpointError
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.store.db import Database
 from tandem.store.supervision import mark
-from tandem.supervisor.launcher import LaunchedJob, LaunchRejected, StopResult, launch_instance, stop_instance
-from tandem.supervisor.resync import CheckpointError, resync_instance
+from tandem.supervisor.launcher import LaunchRejected, LaunchedJob, launch_instance
+from tandem.supervisor.resync import resync_instance
+from tandem.supervisor.stopping import StopResult, stop_instance
 
 log = logging.getLogger(__name__)
 REPLACE_STOP_TIMEOUT_S = 10.0  # the relaunched instance is being replaced: no need to wait for a clean stop

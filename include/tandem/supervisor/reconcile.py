@@ -37,8 +37,8 @@ from tandem.errors import ConfigError, LockLost, TandemError
 from tandem.names import ACTIVE, BACKUP
 from tandem.ops import DRAIN_NODE, FAILOVER_NOW, SUPERVISOR_ACTIONS
 from tandem.store.db import Database
-from tandem.store.locks import AdvisoryLock
 from tandem.store.leases import read_lease
+from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, block, clear_failures, register_nodes
 from tandem.store.supervision import DRAINED, RESTARTED, UNDRAINED, hand_over, instance_role, mark
@@ -53,10 +53,10 @@ from tandem.supervisor.decisions import (
     decide,
     takeover_deadline_s,
 )
+from tandem.checkpoints import CheckpointError
 from tandem.supervisor.launcher import LaunchError, wait_until_running
 from tandem.supervisor.node_actions import NodeHost, ThisHost
 from tandem.supervisor.observe import ShardObservation, observe_shard
-from tandem.supervisor.resync import CheckpointError
 
 
 

@@ -1,0 +1,283 @@
+"""Airflow operators for a plan's snapshots: choose the host, take, prune, restore; and landing retention.
+
+The scheduled snapshot DAG branches to one ``snapshot_<shard>_on_<node>`` task per shard
+(:class:`ChooseSnapshotHostOperator`, :class:`TakeSnapshotOperator`) and prunes
+(:class:`PruneSnapshotsOperator`); the restore DAG restores (:class:`RestoreSnapshotOperator`); the
+maintenance DAG deletes the landing files no instance and no kept snapshot needs
+(:class:`CleanLandingOperator`). :func:`snapshot_on_hosts` and :func:`take_snapshots` take snapshots
+for ``snapshot_now`` as well. See :mod:`tandem.airflow.operator_support` for the cluster
+configuration and which errors are retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.standard.operators.branch import BaseBranchOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from tandem.airflow.dags import snapshot_task_id
+from tandem.airflow.operator_support import set_run_note, task_cluster
+from tandem.config import ClusterConfig, load_plan
+from tandem.errors import ConfigError
+from tandem.names import plan_dag_id
+
+
+SNAPSHOT_RUN_TIMEOUT_S = 1800.0
+
+
+def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: float = 2.0) -> dict[str, Any]:
+    """Snapshot now through a run of ``tandem_<plan>_snapshot`` (one shard, or every shard when empty),
+    so that each snapshot runs on a live standby's host as scheduled ones do; wait for the run and
+    report where each shard's snapshot ran. Fails when the run fails."""
+    import time
+    import uuid
+
+    from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, state_text, trigger_dag_run
+
+    dag_id = plan_dag_id(plan.name, "snapshot")
+    run_id = f"tandem_snapshot_now__{shard_id or 'all'}__{uuid.uuid4().hex[:8]}"
+    try:
+        trigger_dag_run(ti, dag_id, run_id, {"shard_id": shard_id}, f"snapshot_now of {shard_id or 'every shard'}")
+    except TriggerRefused as exc:
+        raise AirflowFailException(f"could not trigger {dag_id}: {exc}") from None
+    log.info("snapshot_now: waiting for %s run %s", dag_id, run_id)
+    deadline = time.monotonic() + SNAPSHOT_RUN_TIMEOUT_S
+    state = dag_run_state(ti, dag_id, run_id)
+    while state not in FINISHED and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        state = dag_run_state(ti, dag_id, run_id)
+    task_ids = [snapshot_task_id(s, n) for s in ([shard_id] if shard_id else plan.shards) for n in plan.nodes]
+    states = (ti.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id]) or {}).get(run_id) or {}
+    ran = sorted(task for task, task_state in states.items() if state_text(task_state) not in ("skipped", "None", ""))
+    summary = f"snapshot_now {plan.name} {shard_id or 'every shard'}: {dag_id} run {run_id} {state}; " \
+              f"snapshot tasks that ran: {', '.join(ran) or 'none (no ACTIVE instance)'}"
+    log.info("%s", summary)
+    set_run_note(log, ti, summary)
+    if state != "success":
+        raise AirflowFailException(summary if state in FINISHED else
+                                   f"{summary} (not finished after {SNAPSHOT_RUN_TIMEOUT_S:.0f}s)")
+    return {"plan": plan.name, "dag_id": dag_id, "run_id": run_id, "state": state, "snapshot_tasks": ran}
+
+
+def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str], ti: Any, *,
+                   node: str | None = None) -> dict[str, Any]:
+    """Snapshot each shard's ACTIVE instance (or ``node``'s); fail the task when one is BAD, skip when none runs."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tandem.errors import SnapshotError
+    from tandem.snapshots.take import snapshot_session, take_snapshot
+
+    unknown = [s for s in shards if s not in plan.shards]
+    if unknown:
+        raise AirflowFailException(f"{plan.path}: shards: {', '.join(unknown)} not in the plan's shards")
+    spark = snapshot_session(cluster, plan)  # at nice 10: background work, the running queries keep the CPU first
+    taken, skipped, lines = [], [], []
+    try:
+        for shard in shards:
+            try:
+                snapshot = take_snapshot(cluster, plan, shard, spark, node=node)
+            except SnapshotError as exc:
+                if "has no ACTIVE instance" in str(exc) or "nothing to snapshot" in str(exc):
+                    log.warning("%s/%s: %s", plan.name, shard, exc)
+                    skipped.append(shard)
+                    lines.append(f"{shard}: skipped: {exc}")
+                    continue
+                raise AirflowFailException(str(exc)) from None
+            log.info("%s", snapshot.summary())
+            log.info("%s", snapshot.validation.summary())
+            taken.append(snapshot)
+            lines.append(snapshot.summary())
+    finally:
+        spark.stop()
+    set_run_note(log, ti, "\n".join(lines))
+    bad = [t for t in taken if not t.good]
+    if bad:
+        raise AirflowFailException("snapshots marked BAD: " + "; ".join(t.summary() for t in bad))
+    if not taken:
+        raise AirflowSkipException(f"nothing to snapshot: {'; '.join(lines)}")
+    return {"plan": plan.name, "snapshots": [t.record.id for t in taken], "skipped": skipped, "summary": lines}
+
+
+class ChooseSnapshotHostOperator(BaseBranchOperator):
+    """Choose the host that snapshots one shard: follow the task ``snapshot_<shard>_on_<node>`` of that host.
+
+    :func:`tandem.supervisor.decisions.snapshot_node` decides: a live standby's host (the snapshot
+    then costs the ACTIVE's host nothing), else the ACTIVE's own; with no ACTIVE, every snapshot
+    task of the shard is skipped.
+
+    :param plan: plan name.
+    :param shard_id: the shard.
+    :param selected_shard: the shard the run was triggered for; empty: every shard. Templated.
+    """
+
+    template_fields = ("selected_shard",)
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, shard_id: str, selected_shard: str = "", cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.selected_shard = selected_shard
+        self.cluster_config = cluster_config
+
+    def choose_branch(self, context: Any) -> str | None:
+        from tandem.store.db import Database
+        from tandem.supervisor.decisions import snapshot_node
+        from tandem.supervisor.observe import observe_shard
+
+        if self.selected_shard and self.selected_shard != self.shard_id:
+            self.log.info("this run snapshots %s only", self.selected_shard)
+            return None
+        cluster = task_cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        with Database(cluster.database_url, "tandem-snapshot-host") as db:
+            view = observe_shard(db, cluster, plan, self.shard_id).view
+        node = snapshot_node(view)
+        states = ", ".join(f"{n} {h.role or '-'} {h.state}" for n, h in view.instances.items())
+        if node is None:
+            self.log.warning("%s/%s: no node holds the ACTIVE lease (%s): nothing to snapshot", plan.name,
+                             self.shard_id, states)
+            return None
+        self.log.info("%s/%s: the ACTIVE instance on %s is snapshotted on %s's host (%s)", plan.name,
+                      self.shard_id, view.lease.holder, node, states)
+        return snapshot_task_id(self.shard_id, node)
+
+
+class TakeSnapshotOperator(BaseOperator):
+    """Take a snapshot of one shard's ACTIVE instance: cut, state export, validation (GOOD or BAD).
+
+    Fails (no retry) when the snapshot is BAD; skips when no instance of the shard is ACTIVE. It
+    runs wherever its task's queue sends it: the scheduled DAG puts one task per node on that
+    node's queue (:class:`ChooseSnapshotHostOperator` picks one); the cut reads the ACTIVE's
+    checkpoint from the shared storage.
+
+    :param plan: plan name. Templated.
+    :param shard_id: the shard. Templated.
+    :param node: snapshot this node's instance instead of the ACTIVE one. Templated.
+    """
+
+    template_fields = ("plan", "shard_id", "node")
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, shard_id: str, node: str = "", cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.node = node
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cluster = task_cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        return take_snapshots(self.log, cluster, plan, [self.shard_id], context["ti"], node=self.node or None)
+
+
+class PruneSnapshotsOperator(BaseOperator):
+    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per shard, prune the rest.
+
+    :param plan: plan name. Templated.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#dcecf5"
+
+    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> list[str]:
+        from tandem.snapshots.take import prune_snapshots
+
+        cluster = task_cluster(self.cluster_config)
+        decisions = prune_snapshots(cluster, load_plan(self.plan, cluster)).describe()
+        for line in decisions:
+            self.log.info("%s", line)
+        return decisions
+
+
+class RestoreSnapshotOperator(BaseOperator):
+    """Restore a plan's shards from a snapshot (by id, or each shard's newest GOOD one) and start them.
+
+    A BAD snapshot is refused unless ``force``. The steps go to the log and the run note. The
+    restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
+    ACTIVE instance, and the standbys after it, are launched on their nodes' hosts through
+    ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.NodeQueue`).
+
+    :param plan: plan name. Templated.
+    :param shard_id: one shard, or empty for every shard (ignored with a snapshot id). Templated.
+    :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
+    :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
+    :param force: restore a BAD snapshot anyway.
+    """
+
+    template_fields = ("plan", "shard_id", "snapshot_id", "node", "force")
+    ui_color = "#f5ecdc"
+
+    def __init__(self, *, plan: str, shard_id: str = "", snapshot_id: str = "", node: str = "",
+                 force: bool | str = False, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.shard_id = shard_id
+        self.snapshot_id = snapshot_id
+        self.node = node
+        self.force = force
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.airflow.node_launch import NodeQueue
+        from tandem.errors import SnapshotError
+        from tandem.snapshots.restore import restore_shard, shards_to_restore
+
+        cluster = task_cluster(self.cluster_config)
+        try:
+            plan = load_plan(self.plan, cluster)
+            shards = shards_to_restore(cluster, plan, self.snapshot_id, self.shard_id)
+        except (ConfigError, SnapshotError) as exc:
+            raise AirflowFailException(str(exc)) from None
+        force = self.force if isinstance(self.force, bool) else str(self.force).lower() == "true"
+        ti = context["ti"]
+        lines = []
+        for shard in shards:
+            try:
+                report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
+                                       node=self.node or None,
+                                       launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
+                                       node_host=NodeQueue(cluster, plan, ti, await_unconfirmed_stops=True,
+                                                           log=self.log))
+            except SnapshotError as exc:
+                raise AirflowFailException(str(exc)) from None
+            for line in report.lines():
+                self.log.info("%s", line)
+            lines += report.lines()
+        set_run_note(self.log, ti, "\n".join(lines))
+        return {"plan": plan.name, "shards": shards, "summary": lines}
+
+
+class CleanLandingOperator(BaseOperator):
+    """Delete a plan's landing files that every instance and every kept GOOD snapshot have processed.
+
+    :param plan: plan name. Templated.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#e8f5dc"
+
+    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.snapshots.landing import clean_plan_landing
+
+        cluster = task_cluster(self.cluster_config)
+        decisions = clean_plan_landing(cluster, load_plan(self.plan, cluster))
+        for partition, decision in decisions.items():
+            for line in decision.describe() or ["no landing files"]:
+                self.log.info("landing/%s: %s", partition, line)
+        return {partition: len(decision.delete) for partition, decision in decisions.items()}

@@ -1,0 +1,163 @@
+"""Airflow operators that supervise a plan: the supervision DAG's reconcile, and an operator's actions.
+
+:class:`ReconcilePlanOperator` observes every shard, decides and acts
+(:class:`tandem.supervisor.reconcile.Supervisor`); :class:`PlanOpsOperator` carries out
+``failover_now``, ``drain_node``, ``restart_node`` and ``snapshot_now`` (the ops DAG). See
+:mod:`tandem.airflow.operator_support` for the cluster configuration and which errors are retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from tandem.airflow.operator_support import set_run_note, task_cluster
+from tandem.airflow.snapshot_operators import snapshot_on_hosts, take_snapshots
+from tandem.config import load_plan
+from tandem.errors import ConfigError
+from tandem.names import plan_dag_id
+from tandem.ops import SNAPSHOT_NOW
+
+
+class ReconcilePlanOperator(BaseOperator):
+    """Supervise a plan: observe every shard, decide, act (launch, stop, re-sync, wait for promotion).
+
+    ``ensure`` (no ``watch_task_id``): make sure every node of the plan runs in its role at the
+    start of a supervision run. ``react`` (``watch_task_id`` set): record what the watch sensor
+    detected (``DETECTED`` in ``tandem.failover_events``), then reconcile, the detected shard
+    first. Every decision goes to ``tandem.failover_events`` and to this task's log. Fails (and
+    is retried) when an action failed; a shard the supervisor gave up on (BLOCKED) is logged
+    and recorded but does not fail the task. Returns the reports' lines per shard.
+
+    :param plan: plan name. Templated.
+    :param watch_task_id: the sensor whose event (XCom ``return_value``) caused this reconcile.
+    :param cluster_config: path of ``cluster.yaml`` (default: from the environment).
+    :param running_timeout_s: how long a launched instance may take to report RUNNING.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#d5e8fd"
+
+    def __init__(self, *, plan: str, watch_task_id: str | None = None, cluster_config: str | None = None,
+                 running_timeout_s: float = 300.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.watch_task_id = watch_task_id
+        self.cluster_config = cluster_config
+        self.running_timeout_s = running_timeout_s
+
+    def execute(self, context: Any) -> dict[str, list[str]]:
+        from tandem.airflow.node_launch import NodeQueue
+        from tandem.store.supervision import mark
+        from tandem.supervisor.reconcile import Supervisor
+
+        cluster = task_cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        ti = context["ti"]
+        event = ti.xcom_pull(task_ids=self.watch_task_id) if self.watch_task_id else None
+        shards = list(plan.shards)
+        cause = f"{ti.dag_id} {ti.run_id}: {'start of the supervision run' if event is None else 'watch'}"
+        with Supervisor(cluster, plan, launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}",
+                        log=self.log, running_timeout_s=self.running_timeout_s,
+                        node_host=NodeQueue(cluster, plan, ti, running_timeout_s=self.running_timeout_s,
+                                            log=self.log)) as supervisor:
+            if event and event.get("status") == "unhealthy":
+                cause = (f"{ti.dag_id} {ti.run_id}: {event['health']} on {event['node']}: {event['evidence']}")
+                self.log.info("detected: %s", cause)
+                if ti.try_number == 1:
+                    mark(supervisor.db, plan.name, event["shard_id"], "DETECTED", event["evidence"],
+                         node=event["node"], detail={"health": event["health"], "decisions": event.get("decisions", []),
+                                                     "instances": event.get("instances", {}),
+                                                     "lease": event.get("lease")})
+                shards.sort(key=lambda s: s != event["shard_id"])
+            elif event:
+                self.log.info("the watch ended quietly: %s", event)
+            reports = {shard: supervisor.reconcile(shard, cause=cause) for shard in shards}
+        summary = {shard: report.lines() for shard, report in reports.items()}
+        for lines in summary.values():
+            for line in lines:
+                self.log.info("%s", line)
+        failed = [step.line() for report in reports.values() for step in report.failed]
+        if failed:
+            raise AirflowException("supervisor actions failed: " + "; ".join(failed))
+        return summary
+
+
+class PlanOpsOperator(BaseOperator):
+    """An operator's action on a plan: ``failover_now``, ``drain_node`` or ``restart_node``.
+
+    - ``failover_now``: hand the ACTIVE role of each selected shard to a live standby (``node``,
+      when given, is the preferred one); in warm mode stop the active and start the plan on
+      another node from a cut of its checkpoint.
+    - ``drain_node``: keep ``node`` out of the selected shards: hand its ACTIVE roles to others,
+      wait for their promotion, then stop its instances. The supervision DAG leaves it down.
+    - ``restart_node``: stop ``node``'s instances (failing over first where it is ACTIVE) and
+      relaunch them as standbys after re-syncing them from the active; undoes a drain.
+    - ``snapshot_now``: take a snapshot of each selected shard's ACTIVE instance now through a run
+      of the snapshot DAG (on a live standby's host, as scheduled snapshots are); with ``node``, of
+      that node's instance, in this task.
+
+    Airflow 3.3's task SDK cannot set the note of the task's own DAG run; the summary goes to
+    the task log, and to the run note through the REST API when the Airflow connection
+    ``tandem_airflow_api`` (host = API URL, login, password) is defined.
+
+    :param action: one of failover_now, drain_node, restart_node, snapshot_now. Templated.
+    :param plan: plan name. Templated.
+    :param shard_id: one shard, or empty for every shard of the plan. Templated.
+    :param node: the node (required for drain_node and restart_node). Templated.
+    """
+
+    template_fields = ("action", "plan", "shard_id", "node")
+    ui_color = "#f5dcdc"
+
+    def __init__(self, *, action: str, plan: str, shard_id: str = "", node: str = "",
+                 cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.action = action
+        self.plan = plan
+        self.shard_id = shard_id
+        self.node = node
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.airflow.node_launch import NodeQueue
+        from tandem.supervisor.reconcile import OpsRefused, run_ops_action
+
+        cluster = task_cluster(self.cluster_config)
+        try:
+            plan = load_plan(self.plan, cluster)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+        shards = [self.shard_id] if self.shard_id else list(plan.shards)
+        ti = context["ti"]
+        if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
+            return snapshot_on_hosts(self.log, plan, self.shard_id, ti)
+        if self.action == SNAPSHOT_NOW:
+            if not self.node:
+                self.log.warning("%s is paused (its runs would wait): snapshotting in this task instead",
+                                 plan_dag_id(plan.name, "snapshot"))
+            return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
+        try:
+            reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
+                                     launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log,
+                                     node_host=NodeQueue(cluster, plan, ti, log=self.log))
+        except OpsRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+        lines = [f"{self.action} {plan.name} {self.node or ''} on {', '.join(shards)}"]
+        for report in reports:
+            lines += report.lines()
+        summary = "\n".join(lines)
+        self.log.info("summary of %s:\n%s", self.action, summary)
+        set_run_note(self.log, ti, summary)
+        failed = [step.line() for report in reports for step in report.failed]
+        if failed:
+            raise AirflowException(f"{self.action}: actions failed: " + "; ".join(failed))
+        return {"action": self.action, "plan": plan.name, "node": self.node, "shards": shards, "summary": lines,
+                "converged": all(report.converged for report in reports)}
+
+
+def _paused(ti: Any, dag_id: str) -> bool:
+    """Whether ``dag_id`` is paused: the scheduler starts no run of a paused DAG, triggered ones included."""
+    return bool(ti.get_dag(dag_id).is_paused)

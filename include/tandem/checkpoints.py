@@ -1,0 +1,320 @@
+"""Streaming checkpoints on disk: a consistent cut at the last committed batch, copied elsewhere; its checks;
+undoing a swap a crash interrupted; and the query id (lineage) in a checkpoint's ``metadata``.
+
+Purpose
+    A node that rejoins as PASSIVE, or a warm standby that takes over, must resume where another
+    instance stands instead of reprocessing everything since its own (old or missing) checkpoint.
+    :func:`cut_checkpoint` copies the part of one query's checkpoint that a restart at its last
+    committed batch N needs into another instance's own checkpoint location (never shared); the
+    supervisor's re-sync (:mod:`tandem.supervisor.resync`) and the snapshots
+    (:mod:`tandem.snapshots.take`) use it; the runtime recovers interrupted swaps before Spark reads
+    a checkpoint. Below the runtime, the supervisor and the snapshots: it imports none of them.
+
+How it works
+    Spark writes, per micro-batch N: ``offsets/N`` (before the batch), the state store version N+1
+    (``state/<op>/<partition>/<N+1>.delta`` and, now and then, ``.snapshot``), then ``commits/N``.
+    The file source's own log (``sources/<i>/<k>``, compacted every 10 entries to ``<k>.compact``)
+    is numbered independently; ``offsets/N`` names the entry ``k`` (``logOffset``) it had reached.
+    Files are written once (by rename) and only deleted when old, so the cut works on a running
+    query: it lists ``commits/`` first and picks the newest committed N, and from then on takes
+    only ``commits/`` and ``offsets/`` ≤ N, source-log entries ≤ the ``logOffset`` of
+    ``offsets/N``, and state files of versions ≤ N+1 (schema and operator metadata files, which
+    are not versioned, as they are). Whatever a batch after N writes meanwhile is left out. The
+    copy goes to a staging directory next to the target, is verified (commits/N, offsets/N and
+    N-1, an unbroken source log up to its entry, a loadable state chain for version N+1 in every
+    partition), then replaces the target with two renames. The target gets a fresh query id in
+    ``metadata``: it is a new lineage of the query, so sinks that deduplicate per (query, batch)
+    treat its batches N+1, N+2, … as new.
+
+What it does not do
+    It does not stop anything: the target's instance must not run while its checkpoint is
+    replaced (the supervisor stops it first). It supports Spark's default HDFS-backed state store
+    (checkpoint format v1); RocksDB's shared SST files are copied as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.errors import TandemError
+
+log = logging.getLogger(__name__)
+
+_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+_STATE_FILE = re.compile(r"^(\d+)(?:_[0-9A-Za-z-]+)?\.(delta|snapshot|zip|changelog)$")
+_NUMBERED = re.compile(r"^(\d+)(?:_.*)?$")
+_KNOWN = {"metadata", "offsets", "commits", "sources", "state"}
+
+
+class CheckpointError(TandemError):
+    """A checkpoint could not be cut: missing, or the cut failed verification."""
+
+
+@dataclass(frozen=True)
+class CutInfo:
+    """The result of one cut: the batch it is at, how much was copied, and the target's query id.
+
+    ``batch_id`` is ``None`` when the source had no committed batch: nothing was copied and the
+    target was left as it was.
+    """
+
+    batch_id: int | None
+    files: int
+    bytes: int
+    query_id: str | None = None
+    skipped: tuple[str, ...] = field(default=(), repr=False)
+
+
+def committed_batch(query_dir: Path) -> int | None:
+    """The newest batch id in ``commits/`` (``None`` when nothing was committed)."""
+    return _max_id(query_dir / "commits")
+
+
+def _max_id(directory: Path) -> int | None:
+    ids = [int(m.group(1)) for m in (_LOG_ENTRY.match(p.name) for p in _entries(directory)) if m]
+    return max(ids) if ids else None
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return [p for p in directory.iterdir() if not p.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def source_log_offsets(offsets_file: Path) -> list[int | None]:
+    """Per source of an ``offsets/N`` file: the file-source log entry it reached.
+
+    -1 when the source had no offset yet (``-``), ``None`` when it is not a file source (its
+    ``sources/<i>`` directory holds something else, e.g. Kafka's initial offsets, kept whole).
+    """
+    lines = offsets_file.read_text().splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise CheckpointError(f"{offsets_file}: not a Spark offset log entry")
+    reached: list[int | None] = []
+    for line in lines[2:]:
+        if line.strip() in ("", "-"):
+            reached.append(-1)
+            continue
+        try:
+            offset = json.loads(line)
+        except json.JSONDecodeError:
+            offset = None
+        reached.append(int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset else None)
+    return reached
+
+
+def _wanted(source: Path, batch: int) -> tuple[list[Path], list[str]]:
+    """Relative paths (without checksums) that a restart at ``batch`` needs; and unknown entries left out."""
+    wanted: list[Path] = [Path("metadata")] if (source / "metadata").is_file() else []
+    for log_dir in ("commits", "offsets"):
+        for entry in _entries(source / log_dir):
+            match = _LOG_ENTRY.match(entry.name)
+            if match and int(match.group(1)) <= batch:
+                wanted.append(entry.relative_to(source))
+    reached = source_log_offsets(source / "offsets" / str(batch))
+    for source_log in _entries(source / "sources"):
+        index = int(source_log.name) if source_log.name.isdigit() else None
+        limit = reached[index] if index is not None and index < len(reached) else None
+        for path in _files(source_log):
+            match = _LOG_ENTRY.match(path.name)
+            if limit is None or (match and int(match.group(1)) <= limit):
+                wanted.append(path.relative_to(source))
+    for path in _files(source / "state"):
+        relative = path.relative_to(source)
+        in_metadata = any(part.startswith("_") for part in relative.parts[:-1])
+        versioned = (_NUMBERED if in_metadata else _STATE_FILE).match(path.name)
+        if versioned is None or int(versioned.group(1)) <= (batch if in_metadata else batch + 1):
+            wanted.append(relative)
+    unknown = [p.name for p in _entries(source) if p.name not in _KNOWN]
+    return wanted, unknown
+
+
+def _files(directory: Path) -> list[Path]:
+    """Every data file under ``directory`` (no checksums, no temporary files)."""
+    found = []
+    for root, _dirs, names in os.walk(directory):
+        for name in names:
+            if not name.startswith(".") and not name.endswith(".tmp"):
+                found.append(Path(root) / name)
+    return found
+
+
+def _checksum(path: Path) -> Path:
+    return path.with_name(f".{path.name}.crc")
+
+
+def verify_cut(staged: Path, batch: int) -> None:
+    """Raise :class:`CheckpointError` unless the checkpoint at ``staged`` restarts at batch ``batch``."""
+    problems = []
+    for needed in (f"commits/{batch}", f"offsets/{batch}", *([f"offsets/{batch - 1}"] if batch > 0 else [])):
+        if not (staged / needed).is_file():
+            problems.append(f"{needed} is missing")
+    reached = source_log_offsets(staged / "offsets" / str(batch)) if (staged / "offsets" / str(batch)).is_file() else []
+    for index, limit in enumerate(reached):
+        if limit is not None:
+            problems += _source_log_gaps(staged / "sources" / str(index), limit)
+    for partition in {p.parent for p in _files(staged / "state") if _STATE_FILE.match(p.name)}:
+        problems += _state_chain_gaps(partition, batch + 1)
+    if problems:
+        raise CheckpointError(f"the cut at batch {batch} is not restartable: {'; '.join(problems[:5])}")
+
+
+def _source_log_gaps(log_dir: Path, limit: int) -> list[str]:
+    entries = {}
+    for path in _entries(log_dir):
+        match = _LOG_ENTRY.match(path.name)
+        if match:
+            entries.setdefault(int(match.group(1)), set()).add(bool(match.group(2)))
+    compacts = [k for k, kinds in entries.items() if True in kinds and k <= limit]
+    start = max(compacts) + 1 if compacts else 0
+    missing = [k for k in range(start, limit + 1) if k not in entries]
+    return [f"{log_dir.name} source log entries {missing[:3]} are missing"] if missing else []
+
+
+def _state_chain_gaps(partition: Path, version: int) -> list[str]:
+    """A state version loads from its newest snapshot at or below it plus every delta after that."""
+    have: dict[int, set[str]] = {}
+    for path in partition.iterdir():
+        match = _STATE_FILE.match(path.name)
+        if match:
+            have.setdefault(int(match.group(1)), set()).add(match.group(2))
+    for v in range(version, 0, -1):
+        kinds = have.get(v, set())
+        if "snapshot" in kinds or "zip" in kinds:
+            return []
+        if "delta" not in kinds and "changelog" not in kinds:
+            return [f"state {partition.parent.name}/{partition.name} version {v} is missing"]
+    return []
+
+
+def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *,
+                   new_query_id: bool = True) -> CutInfo:
+    """Copy a consistent cut of one query's checkpoint at its last committed batch to another location.
+
+    Safe while the source query runs. Replaces ``target_query_dir`` (which no running query may
+    use). With ``new_query_id`` the target gets a fresh query id (a new lineage); otherwise the
+    source's.
+
+    Raises:
+        CheckpointError: the source is missing, is the target, or the cut failed verification.
+    """
+    source, target = Path(source_query_dir), Path(target_query_dir)
+    recover_swaps(target.parent)
+    if not source.is_dir():
+        raise CheckpointError(f"no checkpoint at {source}")
+    if source.resolve() == target.resolve():
+        raise CheckpointError(f"source and target are the same checkpoint: {source}")
+    batch = committed_batch(source)
+    if batch is None:
+        return CutInfo(None, 0, 0)
+
+    wanted, unknown = _wanted(source, batch)
+    if unknown:
+        log.warning("cut of %s: left out unknown checkpoint entries %s", source, ", ".join(sorted(unknown)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.parent / f".{target.name}.cut-{uuid.uuid4().hex[:8]}"
+    files = size = 0
+    skipped: list[str] = []
+    try:
+        for relative in wanted:
+            if relative == Path("metadata") and new_query_id:
+                continue
+            for path in (source / relative, _checksum(source / relative)):
+                destination = staged / path.relative_to(source)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copyfile(path, destination)
+                except FileNotFoundError:  # an old file Spark purged meanwhile; verify_cut checks what matters
+                    if path.name == relative.name:
+                        skipped.append(str(relative))
+                    continue
+                files += 1
+                size += destination.stat().st_size
+        query_id = _write_metadata(source, staged, new_query_id)
+        if (staged / "metadata").is_file():
+            files += 1
+            size += (staged / "metadata").stat().st_size
+        verify_cut(staged, batch)
+        _replace(staged, target)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    log.info("cut %s at batch %d into %s: %d files, %d bytes", source, batch, target, files, size)
+    return CutInfo(batch, files, size, query_id, tuple(skipped))
+
+
+def _write_metadata(source: Path, staged: Path, new_query_id: bool) -> str | None:
+    try:
+        metadata = json.loads((source / "metadata").read_text().splitlines()[0])
+    except (FileNotFoundError, IndexError, json.JSONDecodeError):
+        metadata = {}
+    if new_query_id:
+        metadata["id"] = str(uuid.uuid4())
+    elif not metadata:
+        return None
+    (staged / "metadata").write_text(json.dumps(metadata, separators=(",", ":")) + "\n")
+    return metadata.get("id")
+
+
+def _replace(staged: Path, target: Path) -> None:
+    """Swap ``staged`` in for ``target`` (two renames: a crash between them is undone by :func:`recover_swaps`)."""
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    if target.exists():
+        target.rename(old)
+    staged.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>old|cut)-[0-9a-f]{8}$")
+
+
+def recover_swaps(root: Path) -> list[str]:
+    """Undo what a crash in the middle of :func:`cut_checkpoint` left in ``root`` (an instance's checkpoint root).
+
+    - ``.<query>.old-*`` with ``<query>`` missing: the crash came between the two renames of the
+      swap; the old checkpoint is renamed back (consistent, only older than the cut meant to replace it);
+    - ``.<query>.old-*`` beside ``<query>``: the swap completed; the old copy is deleted;
+    - ``.<query>.cut-*``: an unfinished staging copy; deleted.
+
+    Returns what was done, one line per leftover. Nothing may use the checkpoints meanwhile.
+    """
+    if not root.is_dir():
+        return []
+    done = []
+    leftovers = sorted((p for p in root.iterdir() if _LEFTOVER.match(p.name)), key=lambda p: p.stat().st_mtime,
+                       reverse=True)
+    for path in leftovers:
+        match = _LEFTOVER.match(path.name)
+        target = root / match["name"]
+        if match["kind"] == "old" and not target.exists():
+            path.rename(target)
+            done.append(f"{target.name}: restored from {path.name} (a swap was interrupted)")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"{target.name}: deleted the leftover {path.name}")
+    for line in done:
+        log.warning("checkpoints in %s: %s", root, line)
+    return done
+
+
+def query_dirs(instance_root: Path) -> dict[str, Path]:
+    """The queries of an instance's checkpoint root (one directory per query)."""
+    return {p.name: p for p in _entries(instance_root) if p.is_dir()}
+
+
+def checkpoint_lineage(checkpoint: Path | None) -> str:
+    """The query id in a checkpoint's ``metadata`` ('' when there is none yet)."""
+    if checkpoint is None:
+        return ""
+    try:
+        return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0]).get("id", ""))
+    except (FileNotFoundError, IndexError, ValueError, AttributeError):
+        return ""

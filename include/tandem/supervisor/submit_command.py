@@ -1,0 +1,124 @@
+"""The ``spark-submit`` command of a plan instance and the environment its driver starts with.
+
+:func:`build_submit_command` assembles the command with the apache-spark provider's
+``SparkSubmitHook``: the master comes from the node's Airflow connection, or from ``spark_master``
+in ``cluster.yaml`` when no connection is available (e.g. from the CLI). The application is
+``jobs/run_plan.py`` with :func:`application_args`; :func:`child_environment` is all the driver
+gets of its launcher's environment (:data:`DRIVER_ENVIRONMENT`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tandem.config import ClusterConfig, NodeConfig, spark_interval
+from tandem.names import ACTIVE
+from tandem.store.registry import InstanceKey
+
+APPLICATION_SCRIPT = "run_plan.py"
+DRIVER_ENVIRONMENT = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH",  # the process
+    "JAVA_HOME", "HADOOP_CONF_DIR", "YARN_CONF_DIR",  # spark-submit and the JVM
+    "PYTHONPATH", "PYTHONHASHSEED",  # the Python driver and its workers
+})
+"""The variables a driver takes from its launcher's environment as they are, besides ``LC_*`` and ``SPARK_*``
+(:data:`DRIVER_ENVIRONMENT_PREFIXES`). Nothing else passes: not Airflow's settings and secrets
+(``AIRFLOW__API_AUTH__JWT_SECRET``, ``AIRFLOW_CONN_*``), not the other ``TANDEM_*`` variables
+(``TANDEM_AIRFLOW_DB_URL`` may hold a password), not a parent driver's ``PYSPARK_GATEWAY_SECRET``. Java
+options go through ``conf/spark-defaults.conf`` (``spark.driver.extraJavaOptions``) or ``SPARK_SUBMIT_OPTS``."""
+DRIVER_ENVIRONMENT_PREFIXES = ("LC_", "SPARK_")
+
+
+@dataclass(frozen=True)
+class SubmitCommand:
+    """A ``spark-submit`` command line and where its master URL came from."""
+
+    argv: list[str]
+    master: str
+    master_source: str
+
+
+def application_args(key: InstanceKey, trigger_interval_s: float, role: str = ACTIVE) -> list[str]:
+    """The arguments of ``jobs/run_plan.py`` for one instance."""
+    return ["--plan", key.plan, "--node", key.node, "--instance", key.shard_id,
+            "--trigger-interval", spark_interval(trigger_interval_s), "--role", role]
+
+
+def build_submit_command(cluster: ClusterConfig, node: NodeConfig, key: InstanceKey, trigger_interval_s: float, *,
+                         py_files: Path, application: Path, role: str = ACTIVE) -> SubmitCommand:
+    """The ``spark-submit`` command of one instance, assembled by the provider's ``SparkSubmitHook``.
+
+    The master comes from the node's Airflow connection (``node.airflow_conn_id``); when that
+    connection cannot be read (not defined, or no Airflow around), from ``node.spark_master``.
+    """
+    hook = _node_submit_hook(
+        fallback_master=node.spark_master,
+        conn_id=node.airflow_conn_id,
+        properties_file=str(cluster.spark_defaults),
+        py_files=str(py_files),
+        driver_memory=node.driver_memory,
+        name=f"tandem:{key.id}",
+        application_args=application_args(key, trigger_interval_s, role),
+    )
+    argv = hook._build_spark_submit_command(str(application))
+    if hook.connection_error is None:
+        source = f"Airflow connection {node.airflow_conn_id!r}"
+    else:
+        source = f"cluster.yaml nodes.{node.name}.spark_master (connection {node.airflow_conn_id!r} unavailable)"
+    return SubmitCommand(argv=argv, master=hook._connection["master"], master_source=source)
+
+
+def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk import Connection
+
+    class NodeSparkSubmitHook(SparkSubmitHook):
+        """``SparkSubmitHook`` that reads the node's ``spark_master`` when its connection is unavailable.
+
+        The stand-in is an ordinary ``spark`` connection whose host is the master URL, so the
+        provider resolves it exactly as one defined in Airflow.
+        """
+
+        def __init__(self, **hook_kwargs: Any) -> None:
+            self.connection_error: str | None = "not looked up"
+            super().__init__(**hook_kwargs)
+
+        def get_connection(self, conn_id: str):  # shadows the classmethod for this hook's lookup
+            try:
+                connection = SparkSubmitHook.get_connection(conn_id)
+            except Exception as exc:  # not defined, or no Airflow secrets/API reachable from here
+                self.connection_error = f"{type(exc).__name__}: {exc}"
+                return Connection(conn_id=conn_id, conn_type="spark", host=fallback_master,
+                                  description="stand-in built from cluster.yaml")
+            self.connection_error = None
+            return connection
+
+    return NodeSparkSubmitHook(**kwargs)
+
+
+def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A driver's environment: what it needs of the launcher's (``base``, default ``os.environ``; see
+    :data:`DRIVER_ENVIRONMENT`), the resolved Tandem settings it reads, and this interpreter for PySpark.
+
+    ``TANDEM_DATABASE_URL`` may hold a password: it reaches the driver here, never on its command line.
+    """
+    inherited = os.environ if base is None else base
+    env = {name: value for name, value in inherited.items()
+           if name in DRIVER_ENVIRONMENT or name.startswith(DRIVER_ENVIRONMENT_PREFIXES)}
+    python_bin = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    env.update({
+        "TANDEM_HOME": str(cluster.project_root),
+        "TANDEM_CONF_DIR": str(cluster.conf_dir),
+        "TANDEM_STORAGE_ROOT": str(cluster.storage_root),
+        "TANDEM_DATABASE_URL": cluster.database_url,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": path if path.split(os.pathsep)[:1] == [python_bin] else os.pathsep.join([python_bin, path]),
+    })
+    return env
