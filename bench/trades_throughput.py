@@ -431,6 +431,7 @@ def instrumented(side: str):
         import tandem.aggregation.delta as agg_delta
         import tandem.aggregation.postgres as agg_postgres
         import tandem.lake.tables as tables
+        import tandem.store.aggregates as aggregates
         import tandem.outputs.aggregation as aggregation_kind
         import tandem.outputs.quarantine as quarantine_kind
         import tandem.store.heartbeats as heartbeats
@@ -438,7 +439,7 @@ def instrumented(side: str):
 
         timers.wrap(aggregation_kind.AggregateSink, "publish", "aggregates sink total")
         timers.wrap(quarantine_kind.QuarantineSink, "publish", "quarantine sink total")
-        timers.wrap(agg_postgres, "stage_batch", "pg: COPY into temp table")
+        timers.wrap(aggregates, "stage_batch", "pg: COPY into temp table")
         timers.wrap(agg_postgres, "upsert_and_roll_up", "pg: upsert + roll-ups (incl. RETURNING fetch)")
         timers.wrap(psycopg2.extras.RealDictCursor, "fetchall", "pg: fetchall as dicts (part of upsert)")
         timers.wrap(aggregation_kind, "record_published", "pg: publish_log row")

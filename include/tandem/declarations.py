@@ -44,7 +44,7 @@ RESERVED_WORDS = frozenset("""
 "reserved" and "reserved (can be function or type)" rows of the documentation's key word table): none of them can
 name a table or column without quotes, so no name in a plan is one."""
 AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "shard_id", "epoch", "batch_id", "updated_at")
-"""The columns every aggregation table has besides its keys and measures (:mod:`tandem.aggregation.postgres`)."""
+"""The columns every aggregation table has besides its keys and measures (:mod:`tandem.store.aggregates`)."""
 MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
 FIELD_TYPES = ("string", "double", "long", "epoch_millis")

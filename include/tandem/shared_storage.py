@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
+from tandem.store import storage_checks
 from tandem.store.db import Database
 
 MARKER_NAME = ".tandem-storage"
@@ -96,23 +97,16 @@ def check_storage(db: Database, cluster: ClusterConfig, node: str, host: str | N
     def work(cursor) -> StorageVerdict:
         # Two first launches at once both found no marker, both wrote a token file and one INSERT lost:
         # the file then held the loser's token and every later check refused. Checks take turns.
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('tandem.storage_marker'))")
-        cursor.execute("SELECT token, storage_root FROM storage_marker")
-        row = cursor.fetchone()
+        storage_checks.lock_marker(cursor)
+        row = storage_checks.read_marker(cursor)
         on_disk = _read_token(marker)
         verdict = storage_verdict(row["token"] if row else None, on_disk, marker, row and row["storage_root"])
         if verdict.action == "initialise":
             token = on_disk or secrets.token_hex(16)
             if on_disk is None:
                 _write_token(marker, token)
-            cursor.execute(
-                "INSERT INTO storage_marker (token, storage_root, created_by) VALUES (%s, %s, %s)",
-                (token, str(cluster.storage_root), f"{node}@{host}"))
-        cursor.execute(
-            """INSERT INTO storage_checks (node, host, ok, detail) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (node) DO UPDATE SET host = EXCLUDED.host, ok = EXCLUDED.ok,
-                   detail = EXCLUDED.detail, checked_at = now()""",
-            (node, host, verdict.ok, verdict.detail))
+            storage_checks.insert_marker(cursor, token, str(cluster.storage_root), f"{node}@{host}")
+        storage_checks.record_check(cursor, node, host, verdict.ok, verdict.detail)
         return verdict
 
     verdict = db.run(work)
@@ -130,11 +124,7 @@ def require_shared_storage(db: Database, cluster: ClusterConfig, plan: PlanConfi
     """
     check_storage(db, cluster, node)
 
-    def work(cursor) -> dict[str, dict]:
-        cursor.execute("SELECT node, host, ok, detail FROM storage_checks WHERE node = ANY(%s)", (list(plan.nodes),))
-        return {row["node"]: row for row in cursor.fetchall()}
-
-    problems = plan_storage_problems(plan.nodes, db.run(work))
+    problems = plan_storage_problems(plan.nodes, storage_checks.last_checks(db, plan.nodes))
     if problems:
         raise StorageNotShared(f"plan {plan.name} is not started: not every node sees the shared storage root "
                                f"{cluster.storage_root}: " + "; ".join(problems))

@@ -272,7 +272,7 @@ def test_aggregates_and_table_rows_the_store_refuses_are_quarantined_and_the_res
 
 
 def ensure_trades(cursor) -> None:
-    from tandem.aggregation import postgres as agg_postgres
+    from tandem.store import aggregates
     from _project import TRADES
 
-    agg_postgres.ensure_table(cursor, TRADES)
+    aggregates.ensure_table(cursor, TRADES)

@@ -237,7 +237,7 @@ def test_trades_without_a_suite_file_validates_its_serving_table_with_the_implie
 
 def insert_order_stats(database_url: str, *rows: tuple[str, str, int]) -> None:
     """Partial rows ``(granularity, shard, orders)`` of pizza_shop's order_stats, in the table its spec makes."""
-    from tandem.aggregation.postgres import ensure_table
+    from tandem.store.aggregates import ensure_table
     from tandem.aggregation.spec import spec_for
 
     spec = spec_for(load_plan("pizza_shop"), "order_stats")

@@ -23,6 +23,7 @@ from tandem.config import ClusterConfig
 from tandem.lake.tables import read_table
 from tandem.quality.serving import load_serving_rows
 from tandem.snapshots.outputs import rebuild_postgres_shard, restore_shard_slice
+from tandem.store import aggregates
 from tandem.store import outputs as store
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -67,8 +68,8 @@ def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_na
     start = datetime(2026, 1, 2, 3, 4, 0, tzinfo=timezone.utc)
 
     def publish(cursor) -> list[dict]:
-        agg_postgres.ensure_table(cursor, SPEC)
-        agg_postgres.stage_batch(cursor, SPEC, seconds(start))
+        aggregates.ensure_table(cursor, SPEC)
+        aggregates.stage_batch(cursor, SPEC, seconds(start))
         return agg_postgres.upsert_and_roll_up(cursor, SPEC, "plan", "shard-1", epoch=1, batch_id=0)
 
     written = db.run(publish)

@@ -24,6 +24,7 @@ from tandem.config import PlanConfig
 from tandem.declarations import OutputConfig
 from tandem.outputs.base import BatchInfo, HeldById, HeldUntilPublished, Refusals, as_utc, fence
 from tandem.outputs.quarantine import QuarantineSink
+from tandem.store import aggregates
 from tandem.store import outputs as store
 from tandem.store.db import Database
 from tandem.store.leases import check_fence
@@ -74,10 +75,10 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
             # COPY first: a publisher frozen in the middle of a COPY (SIGSTOP, a stalled VM) is "active", not
             # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
             # the lease's FOR SHARE lock then, or the take-over would wait for as long as it is frozen.
-            agg_postgres.stage_batch(cursor, self.spec, rows if len(indices) == rows.num_rows else rows.take(indices))
+            aggregates.stage_batch(cursor, self.spec, rows if len(indices) == rows.num_rows else rows.take(indices))
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
-                agg_postgres.ensure_table(cursor, self.spec)
+                aggregates.ensure_table(cursor, self.spec)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
                                                       batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), newest, None)
@@ -140,12 +141,12 @@ class FactAggregateSink(HeldById):
         def work(cursor, ids: list[str]) -> tuple[list[dict], list[str]]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
-                agg_postgres.ensure_table(cursor, spec)
+                aggregates.ensure_table(cursor, spec)
             new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in ids})
             written: list[dict] = []
             if new:
                 seconds = add_facts(cursor, spec, key.plan, key.shard_id, [rows[i] for i in new], self._second)
-                agg_postgres.stage_batch(cursor, spec, seconds)
+                aggregates.stage_batch(cursor, spec, seconds)
                 written = agg_postgres.upsert_and_roll_up(cursor, spec, key.plan, key.shard_id, batch.epoch,
                                                           batch.batch_id)
             pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, ids)

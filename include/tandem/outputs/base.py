@@ -35,7 +35,7 @@ from tandem.declarations import OutputConfig, event_id
 from tandem.errors import DataError
 from tandem.lake.tables import append_once
 from tandem.store import outputs as store
-from tandem.store.db import Database
+from tandem.store.db import Database, rolled_back
 from tandem.store.leases import check_fence
 from tandem.store.registry import InstanceKey
 
@@ -213,16 +213,14 @@ class Refusals:
 
         def probe(cursor) -> None:
             def fails(part: list[K]) -> str | None:
-                cursor.execute("SAVEPOINT tandem_probe")
-                try:
-                    apply(cursor, part)
-                    return None
-                except Exception as exc:
-                    if not is_data_error(exc):
-                        raise
-                    return first_line(exc)
-                finally:
-                    cursor.execute("ROLLBACK TO SAVEPOINT tandem_probe")
+                with rolled_back(cursor):
+                    try:
+                        apply(cursor, part)
+                        return None
+                    except Exception as exc:
+                        if not is_data_error(exc):
+                            raise
+                        return first_line(exc)
 
             def search(part: list[K], part_error: str) -> None:
                 if len(part) == 1:

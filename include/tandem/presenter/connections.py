@@ -31,7 +31,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from tandem.errors import TandemError
-from tandem.store.db import Database
+from tandem.store.db import Database, set_statement_timeout
 
 POOL_SIZE = 4
 STATEMENT_TIMEOUT_S = 10.0
@@ -54,7 +54,7 @@ class TimedDatabase(Database):
         conn = super().connection()
         if conn is not self._timed:
             with conn.cursor() as cursor:
-                cursor.execute("SELECT set_config('statement_timeout', %s, false)", (f"{self.statement_timeout_ms}ms",))
+                set_statement_timeout(cursor, self.statement_timeout_ms)
             conn.commit()
             self._timed = conn
         return conn

@@ -35,6 +35,7 @@ from tandem.presenter.models import (
     TableRows, Timeline, TimelineEvent,
 )
 from tandem.store.db import Database
+from tandem.store.leases import newest_of_kinds, recent_events
 from tandem.store.outputs import START, EventPosition, events_after, newest_events, read_table_rows
 from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
@@ -118,15 +119,8 @@ def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
 
 def _last_role_events(db: Database, plan: str) -> tuple[dict[str, TimelineEvent], dict[str, TimelineEvent]]:
     """Per shard: the newest change of the ACTIVE role, and the newest release of the lease."""
-    def work(cursor):
-        cursor.execute("""SELECT DISTINCT ON (shard_id, kind = %s) * FROM failover_events
-                          WHERE plan = %s AND kind = ANY(%s)
-                          ORDER BY shard_id, kind = %s, happened_at DESC, id DESC""",
-                       (RELEASED, plan, [*ROLE_CHANGES, RELEASED], RELEASED))
-        return cursor.fetchall()
-
     changes, releases = {}, {}
-    for row in db.run(work, attempts=3):
+    for row in newest_of_kinds(db, plan, [*ROLE_CHANGES, RELEASED], RELEASED):
         (releases if row["kind"] == RELEASED else changes)[row["shard_id"]] = _event(row)
     return changes, releases
 
@@ -192,12 +186,7 @@ def timeline(db: Database, plan: PlanConfig, *, shard_id: str | None = None, lim
     if shard_id:
         plan.check_shard(shard_id)
 
-    def work(cursor):
-        cursor.execute("""SELECT * FROM failover_events WHERE plan = %s AND (%s::text IS NULL OR shard_id = %s)
-                          ORDER BY happened_at DESC, id DESC LIMIT %s""", (plan.name, shard_id, shard_id, limit))
-        return cursor.fetchall()
-
-    return Timeline(plan=plan.name, events=[_event(row) for row in db.run(work, attempts=3)])
+    return Timeline(plan=plan.name, events=[_event(row) for row in recent_events(db, plan.name, shard_id, limit)])
 
 
 def snapshot_catalog(db: Database, plan: PlanConfig, *, shard_id: str | None = None,

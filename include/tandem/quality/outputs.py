@@ -41,6 +41,7 @@ from tandem.quality.serving import (
     suite_for_output,
     validate_serving_table,
 )
+from tandem.store import outputs as store
 from tandem.store.db import Database
 
 
@@ -59,18 +60,11 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _load(cluster: ClusterConfig, plan: str, output: str, kind: str, since: datetime, until: datetime,
           max_rows: int) -> list[dict[str, Any]]:
-    if kind == "events":
-        sql = ("SELECT event_id, shard_id, event_time, payload FROM output_events WHERE plan = %s AND output = %s "
-               "AND event_time >= %s AND event_time < %s LIMIT %s")
-        params: tuple = (plan, output, since, until, max_rows + 1)
-    else:  # a table is its current state: every row, whenever it was written
-        sql = ("SELECT key, shard_id, value, version FROM output_table_rows WHERE plan = %s AND output = %s "
-               "LIMIT %s")
-        params = (plan, output, max_rows + 1)
-
     def work(cursor) -> list[dict[str, Any]]:
-        cursor.execute(sql, params)
-        return [dict(row) for row in cursor.fetchall()]
+        if kind == "events":
+            return store.sample_events(cursor, plan, output, since, until, max_rows + 1)
+        # a table is its current state: every row, whenever it was written
+        return store.sample_table_rows(cursor, plan, output, max_rows + 1)
 
     with Database(cluster.database_url, "tandem-quality") as db:
         return db.run(work)

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from psycopg2 import sql
 
 from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import TandemError
 from tandem.quality.implied import SHARDS_PARAMETER, implied_output_suite
+from tandem.store import aggregates
 from tandem.store.db import Database
-from tandem.store.identifiers import identifiers
 
 log = logging.getLogger(__name__)
 
@@ -188,26 +187,9 @@ def _snap(value: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
 def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, plan: str, since: datetime,
                       until: datetime | None, granularity: str | None, max_rows: int) -> list[dict[str, Any]]:
     """One plan's rows of the spec's PostgreSQL table whose bucket overlaps ``[since, until)``."""
-    table = sql.Identifier(spec.table)
-    query = sql.SQL(
-        "SELECT {columns} FROM {table} "
-        "WHERE plan = %(plan)s AND bucket_start + ('1 ' || granularity)::interval > %(since)s "
-        "AND (%(until)s::timestamptz IS NULL OR bucket_start < %(until)s) "
-        "AND (%(granularity)s::text IS NULL OR granularity = %(granularity)s) "
-        "LIMIT %(limit)s").format(
-        columns=identifiers(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns]),
-        table=table)
-    params = {"plan": plan, "since": since, "until": until, "granularity": granularity, "limit": max_rows + 1}
-
-    def work(cursor) -> list[dict[str, Any]]:
-        cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (table.as_string(cursor),))
-        if not cursor.fetchone()["present"]:  # an aggregation's table is created with its first rows
-            return []
-        cursor.execute(query, params)
-        return cursor.fetchall()
-
     with Database(cluster.database_url, "tandem-quality") as db:
-        return db.run(work)
+        return db.run(lambda cursor: aggregates.serving_rows(cursor, spec, plan, since, until, granularity,
+                                                             max_rows + 1))
 
 
 def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granularity: str | None = None,

@@ -53,6 +53,7 @@ TRANSIENT_START_ERRORS = ("Python worker failed to connect back",
 """Query failures that say nothing about the query: Spark waits a fixed 10 s for a new Python worker
 (``transformWithStateInPandas``) to connect back, which a busy machine can miss."""
 MAX_QUERY_RESTARTS = 5
+"""Transient failures in a row (without a completed batch between them) before the instance fails."""
 
 
 def restartable(error: str, restarts: int) -> bool:
@@ -184,6 +185,8 @@ def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str,
             if error is None:
                 continue
             text = str(error.desc if hasattr(error, "desc") else error)
+            if query.lastProgress is not None:
+                restarts[i] = 0  # it completed a batch since it last started: only failures in a row count
             if not restartable(text, restarts[i]):
                 return RunResult("FAILED", f"query {query.name} failed: {text}",
                                  failure_of(names[i], text, publishers.get(names[i])))

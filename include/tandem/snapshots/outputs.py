@@ -29,20 +29,17 @@ What it does not do
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
-from psycopg2 import sql
 
 from tandem.aggregation.spec import AggregationSpec, spec_for
 from tandem.lake.tables import read_table, string_literal, table_exists
+from tandem.store import aggregates
 from tandem.store.db import Database
-from tandem.store.identifiers import each, identifiers
 
 
 def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
@@ -135,37 +132,18 @@ def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard
     """
     identity = ["granularity", "bucket_start", *spec.keys]
     columns = [*identity, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
+    keys = None
     if touched is not None:
         keys = touched.select(identity).group_by(identity).aggregate([])
         delta_rows = delta_rows.join(keys, identity, join_type="inner") if delta_rows.num_rows else delta_rows
     latest = newest_per_key(delta_rows, spec)
-
-    table = sql.Identifier(spec.table)
+    rows = latest.select(columns) if latest.num_rows else latest
 
     def work(cursor) -> int:
-        if touched is None:
-            cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND shard_id = %s").format(table), (plan, shard_id))
-        else:  # an aggregation may have no keys
-            cursor.execute(sql.SQL("CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz{keys}) "
-                                   "ON COMMIT DROP").format(keys=each(", {0} text", spec.keys)))
-            _copy(cursor, sql.Identifier("_touched"), keys.select(identity))
-            cursor.execute(sql.SQL("DELETE FROM {table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s"
-                                   "{match}").format(table=table, match=each(" AND t.{0} = k.{0}", identity)),
-                           (plan, shard_id))
-        if latest.num_rows:
-            rows = latest.select(columns)
-            _copy(cursor, table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
+        aggregates.replace_shard_rows(cursor, spec, plan, shard_id, rows, keys)
         return latest.num_rows
 
     return db.run(work)
-
-
-def _copy(cursor, table: sql.Identifier, rows: pa.Table) -> None:
-    buffer = io.BytesIO()
-    pacsv.write_csv(rows, buffer)
-    buffer.seek(0)
-    cursor.copy_expert(sql.SQL("COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv, HEADER true)").format(
-        table=table, columns=identifiers(rows.column_names)), buffer)
 
 
 def restore_output(db: Database, path: Path, table: str, plan: str, shard_id: str,

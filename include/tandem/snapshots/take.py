@@ -58,6 +58,7 @@ from tandem.snapshots.state_export import (
     read_operator_state,
 )
 from tandem.snapshots.validation import SnapshotValidation, validate_snapshot
+from tandem.store import heartbeats
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
@@ -135,18 +136,9 @@ def expected_state_rows(db: Database, instance_id: str, query: str, query_id: st
 
     The listener records progress asynchronously after the commit: wait up to ``wait_s`` for it.
     """
-    def work(cursor) -> int | None:
-        cursor.execute(
-            """SELECT state_rows FROM heartbeats
-               WHERE instance_id = %s AND query_name = %s AND batch_id = %s
-                 AND (%s::uuid IS NULL OR query_id = %s::uuid)
-               ORDER BY recorded_at DESC LIMIT 1""", (instance_id, query, batch_id, query_id, query_id))
-        row = cursor.fetchone()
-        return None if row is None else row["state_rows"]
-
     deadline = time.monotonic() + wait_s
     while True:
-        found = db.run(work, attempts=3)
+        found = heartbeats.state_rows_after(db, instance_id, query, query_id, batch_id)
         if found is not None or time.monotonic() >= deadline:
             return found
         time.sleep(0.2)

@@ -161,3 +161,19 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def set_statement_timeout(cursor, timeout_ms: int) -> None:
+    """Make every later statement of ``cursor``'s session (not only of this transaction) end after ``timeout_ms``."""
+    cursor.execute("SELECT set_config('statement_timeout', %s, false)", (f"{timeout_ms}ms",))
+
+
+@contextmanager
+def rolled_back(cursor) -> Iterator[None]:
+    """Whatever runs inside is undone on leaving (rolled back to a savepoint) while the transaction goes on;
+    an error raised inside still propagates."""
+    cursor.execute("SAVEPOINT tandem_probe")
+    try:
+        yield
+    finally:
+        cursor.execute("ROLLBACK TO SAVEPOINT tandem_probe")

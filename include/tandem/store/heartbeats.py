@@ -89,3 +89,19 @@ def query_positions(db: Database, plan: str, since: datetime) -> dict[tuple[str,
                 for row in cursor.fetchall()}
 
     return db.run(work)
+
+
+def state_rows_after(db: Database, instance_id: str, query: str, query_id: str | None, batch_id: int) -> int | None:
+    """The state rows Spark counted after ``batch_id`` of ``query`` (of run ``query_id`` if given), as the
+    listener recorded them (the newest record), or ``None`` if none is recorded (yet)."""
+
+    def work(cursor) -> int | None:
+        cursor.execute(
+            """SELECT state_rows FROM heartbeats
+               WHERE instance_id = %s AND query_name = %s AND batch_id = %s
+                 AND (%s::uuid IS NULL OR query_id = %s::uuid)
+               ORDER BY recorded_at DESC LIMIT 1""", (instance_id, query, batch_id, query_id, query_id))
+        row = cursor.fetchone()
+        return None if row is None else row["state_rows"]
+
+    return db.run(work, attempts=3)

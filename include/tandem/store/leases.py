@@ -143,3 +143,28 @@ def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
         return None if row is None else LeaseState(**{**row, "expired_for_s": float(row["expired_for_s"])})
 
     return db.run(work)
+
+
+def newest_of_kinds(db: Database, plan: str, kinds: list[str], apart: str) -> list[dict[str, Any]]:
+    """Per shard of ``plan``: its newest ``failover_events`` row of kind ``apart`` and its newest of the other
+    ``kinds`` (each if any)."""
+
+    def work(cursor) -> list[dict[str, Any]]:
+        cursor.execute("""SELECT DISTINCT ON (shard_id, kind = %s) * FROM failover_events
+                          WHERE plan = %s AND kind = ANY(%s)
+                          ORDER BY shard_id, kind = %s, happened_at DESC, id DESC""",
+                       (apart, plan, kinds, apart))
+        return cursor.fetchall()
+
+    return db.run(work, attempts=3)
+
+
+def recent_events(db: Database, plan: str, shard_id: str | None, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` ``failover_events`` rows of ``plan`` (of one shard if ``shard_id``), newest first."""
+
+    def work(cursor) -> list[dict[str, Any]]:
+        cursor.execute("""SELECT * FROM failover_events WHERE plan = %s AND (%s::text IS NULL OR shard_id = %s)
+                          ORDER BY happened_at DESC, id DESC LIMIT %s""", (plan, shard_id, shard_id, limit))
+        return cursor.fetchall()
+
+    return db.run(work, attempts=3)

@@ -230,3 +230,17 @@ def newest_events(cursor, plan: str, output: str, count: int) -> list[dict]:
 def count_events(cursor, plan: str, output: str) -> int:
     cursor.execute("SELECT count(*) AS n FROM output_events WHERE plan = %s AND output = %s", (plan, output))
     return int(cursor.fetchone()["n"])
+
+
+def sample_events(cursor, plan: str, output: str, since: datetime, until: datetime, limit: int) -> list[dict]:
+    """Up to ``limit`` events with ``since <= event_time < until``, in no particular order (a sample to validate)."""
+    cursor.execute("SELECT event_id, shard_id, event_time, payload FROM output_events WHERE plan = %s AND output = %s "
+                   "AND event_time >= %s AND event_time < %s LIMIT %s", (plan, output, since, until, limit))
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def sample_table_rows(cursor, plan: str, output: str, limit: int) -> list[dict]:
+    """Up to ``limit`` rows of a table output, every instance's, as stored (not merged), in no particular order."""
+    cursor.execute("SELECT key, shard_id, value, version FROM output_table_rows WHERE plan = %s AND output = %s "
+                   "LIMIT %s", (plan, output, limit))
+    return [dict(row) for row in cursor.fetchall()]

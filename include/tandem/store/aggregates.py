@@ -1,0 +1,247 @@
+"""The SQL of aggregation tables: create, stage, upsert and roll up, read, replace a shard's rows.
+
+An aggregation's spec (:class:`tandem.aggregation.spec.AggregationSpec`) names the table, its keys
+and measures; it is passed in and read only (``table``, ``keys``, ``measures``, ``measure_columns``,
+``distinct_columns``, ``version_column``), never imported: the store sits below
+:mod:`tandem.aggregation`, which merges sketches, computes ratios and decides which buckets to
+read. Every name from the spec is quoted (:mod:`tandem.store.identifiers`); values are parameters.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg2 import sql
+
+from tandem.store.identifiers import each, identifiers
+
+
+def ensure_table(cursor, spec: Any) -> None:
+    """Create the aggregation's serving table if it is not there (``trade_aggregates`` comes from migration 001)."""
+    measures = sql.Composed([sql.SQL("{} {}{}, ").format(sql.Identifier(m.column), sql.SQL(m.sql_type),
+                                                         sql.SQL("" if m.kind == "distinct" else " NOT NULL"))
+                             for m in spec.measures])
+    cursor.execute(sql.SQL(
+        """CREATE TABLE IF NOT EXISTS {table} (
+               plan text NOT NULL, granularity text NOT NULL, bucket_start timestamptz NOT NULL, {keys}
+               shard_id text NOT NULL, {measures} epoch bigint NOT NULL, batch_id bigint NOT NULL,
+               updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({identity}))""").format(
+        table=sql.Identifier(spec.table), keys=each("{0} text NOT NULL, ", spec.keys), measures=measures,
+        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"])))
+
+
+def _merged(measure, merge: Mapping[str, str], alias: str = "c") -> sql.Composable:
+    """The SQL that merges a measure's partials (a distinct measure's sketches are unioned afterwards, in Python)."""
+    if measure.kind == "distinct":
+        return sql.SQL("NULL::bytea")
+    return sql.SQL("{}({})").format(sql.SQL(merge[measure.kind]), sql.Identifier(alias, measure.column))
+
+
+def _columns(spec: Any) -> sql.Composed:
+    """Every column a publish writes, in table order."""
+    return identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns,
+                        "epoch", "batch_id"])
+
+
+def _returning(spec: Any) -> sql.Composed:
+    return identifiers(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns, "epoch",
+                        "batch_id"])
+
+
+def _conflict_update(spec: Any) -> sql.Composed:
+    """Replace a row only with one that covers at least as many events (its count is its version)."""
+    return sql.SQL("ON CONFLICT ({target}) DO UPDATE SET {updates}updated_at = now() "
+                   "WHERE {current} <= EXCLUDED.{version}").format(
+        target=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"]),
+        updates=each("{0} = EXCLUDED.{0}, ", [*spec.measure_columns, "epoch", "batch_id"]),
+        current=sql.Identifier(spec.table, spec.version_column), version=sql.Identifier(spec.version_column))
+
+
+def _parts(spec: Any) -> dict[str, sql.Composable]:
+    return {"table": sql.Identifier(spec.table), "columns": _columns(spec), "conflict": _conflict_update(spec),
+            "returning": _returning(spec), "measures": identifiers(spec.measure_columns)}
+
+
+def stage_batch(cursor, spec: Any, seconds: pa.Table) -> None:
+    """COPY a batch of per-second partials into the transaction's temporary table ``_batch``."""
+    columns = ["bucket_start", *spec.keys, *spec.measure_columns]
+    types = {"bucket_start": "timestamptz", **{k: "text" for k in spec.keys},
+             **{m.column: m.sql_type for m in spec.measures}}
+    for column in spec.distinct_columns:  # bytea travels through CSV as PostgreSQL's hex text
+        index = seconds.schema.get_field_index(column)
+        hexed = [None if v is None else "\\x" + v.hex() for v in seconds.column(column).to_pylist()]
+        seconds = seconds.set_column(index, column, pa.array(hexed, pa.string()))
+    cursor.execute("DROP TABLE IF EXISTS _batch")
+    declared = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[c])) for c in columns)
+    cursor.execute(sql.SQL("CREATE TEMP TABLE _batch ({}) ON COMMIT DROP").format(declared))
+    buffer = io.BytesIO()
+    pacsv.write_csv(seconds.select(columns), buffer)
+    buffer.seek(0)
+    cursor.copy_expert(sql.SQL("COPY _batch ({}) FROM STDIN WITH (FORMAT csv, HEADER true)").format(
+        identifiers(columns)), buffer)
+
+
+def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batch_id: int) -> list[dict[str, Any]]:
+    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (without the plan column)."""
+    params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
+    cursor.execute(sql.SQL(
+        """INSERT INTO {table} ({columns})
+           SELECT %(plan)s, 'second', bucket_start, {keys}%(shard_id)s, {measures}, %(epoch)s, %(batch_id)s
+           FROM _batch
+           {conflict}
+           RETURNING {returning}""").format(keys=each("{0}, ", spec.keys), **_parts(spec)), params)
+    return cursor.fetchall()
+
+
+def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int, batch_id: int,
+            granularity: str, child: str) -> list[dict[str, Any]]:
+    """Recompute one plan's shard buckets of ``granularity`` touched by the staged seconds from their ``child``
+    buckets (``merge``: the SQL aggregate of each measure kind but distinct, whose sketches are left NULL);
+    the rows written."""
+    cursor.execute(sql.SQL(
+        """INSERT INTO {table} ({columns})
+           SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
+           FROM (SELECT DISTINCT {keys}date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
+           JOIN {table} c
+             ON c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
+            AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
+           GROUP BY p.bucket{group_keys}
+           {conflict}
+           RETURNING {returning}""").format(
+        parent_keys=each("p.{0}, ", spec.keys), merged=sql.SQL(", ").join(_merged(m, merge) for m in spec.measures),
+        keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
+        group_keys=each(", p.{0}", spec.keys), **_parts(spec)),
+        {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
+         "child": child})
+    return cursor.fetchall()
+
+
+def _equals_parameters(columns: list[str] | tuple[str, ...], parameter: str) -> list[sql.Composed]:
+    """``"a" = %(<parameter>_0)s``, ``"b" = %(<parameter>_1)s`` …: parameters are numbered, so a column named
+    like another parameter (``plan``, ``bucket``) cannot take its value."""
+    return [sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(f"{parameter}_{i}"))
+            for i, c in enumerate(columns)]
+
+
+class Sketches:
+    """The two statements that set rolled-up rows' sketches from their children's, made once per granularity."""
+
+    def __init__(self, spec: Any, plan: str, shard_id: str, granularity: str, child: str) -> None:
+        self.spec = spec
+        self.params = {"plan": plan, "child": child, "shard_id": shard_id, "granularity": granularity}
+        table, sketched = sql.Identifier(spec.table), identifiers(spec.distinct_columns)
+        keys = sql.Composed([sql.SQL(" AND ") + match for match in _equals_parameters(spec.keys, "key")])
+        self.select = sql.SQL(
+            """SELECT {sketched} FROM {table}
+               WHERE plan = %(plan)s AND granularity = %(child)s AND shard_id = %(shard_id)s{keys}
+                 AND bucket_start >= %(bucket)s AND bucket_start < %(bucket)s + ('1 ' || %(granularity)s)::interval"""
+        ).format(sketched=sketched, table=table, keys=keys)
+        self.update = sql.SQL(
+            """UPDATE {table} SET {sketches}
+               WHERE plan = %(plan)s AND granularity = %(granularity)s AND bucket_start = %(bucket)s
+                 AND shard_id = %(shard_id)s{keys}"""
+        ).format(table=table, sketches=sql.SQL(", ").join(_equals_parameters(spec.distinct_columns, "sketch")),
+                 keys=keys)
+
+    def _params(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.params, "bucket": row["bucket_start"],
+                **{f"key_{i}": row[k] for i, k in enumerate(self.spec.keys)}}
+
+    def children(self, cursor, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The sketches (distinct columns) of the child buckets of a rolled-up ``row``."""
+        cursor.execute(self.select, self._params(row))
+        return cursor.fetchall()
+
+    def store(self, cursor, row: Mapping[str, Any]) -> None:
+        """Write ``row``'s sketches (its distinct columns) to its bucket."""
+        cursor.execute(self.update, {**self._params(row),
+                                     **{f"sketch_{i}": row[c] for i, c in enumerate(self.spec.distinct_columns)}})
+
+
+def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterable[tuple]) -> list[dict[str, Any]]:
+    """A shard's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query)."""
+    wanted = tuple(tuple(w) for w in wanted)
+    if not wanted:
+        return []
+    cursor.execute(
+        sql.SQL("SELECT {returning} FROM {table} WHERE plan = %s AND shard_id = %s AND ({columns}) IN %s").format(
+            returning=_returning(spec), table=sql.Identifier(spec.table),
+            columns=identifiers(["granularity", "bucket_start", *spec.keys])),
+        (plan, shard_id, wanted))
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,
+                end: datetime, keys: Mapping[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """One plan's buckets in ``[start, end)`` merged across shards (a distinct measure: the array of its sketches),
+    optionally restricted to some key values, with ``shards``: how many shards each merges."""
+    filters = [sql.SQL("plan = %(plan)s AND granularity = %(granularity)s AND bucket_start >= %(start)s "
+                       "AND bucket_start < %(end)s")]
+    params = {"plan": plan, "granularity": granularity, "start": start, "end": end}
+    for index, (key, values) in enumerate((keys or {}).items()):
+        filters.append(sql.SQL("{} = ANY({})").format(sql.Identifier(key), sql.Placeholder(f"key_{index}")))
+        params[f"key_{index}"] = list(values)
+    group = identifiers(["bucket_start", *spec.keys])
+    measures = sql.SQL(", ").join(
+        sql.SQL("{merge}({column}) AS {column}").format(
+            merge=sql.SQL("array_agg" if m.kind == "distinct" else merge[m.kind]), column=sql.Identifier(m.column))
+        for m in spec.measures)
+    cursor.execute(
+        sql.SQL("""SELECT {group}, {measures}, count(DISTINCT shard_id) AS shards FROM {table}
+                   WHERE {filters} GROUP BY {group} ORDER BY {group}""").format(
+            group=group, measures=measures, table=sql.Identifier(spec.table), filters=sql.SQL(" AND ").join(filters)),
+        params,
+    )
+    return cursor.fetchall()
+
+
+def serving_rows(cursor, spec: Any, plan: str, since: datetime, until: datetime | None, granularity: str | None,
+                 limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` of one plan's rows whose bucket overlaps ``[since, until)`` (``granularity``: of it only);
+    none while the table does not exist (an aggregation's table is created with its first rows)."""
+    table = sql.Identifier(spec.table)
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (table.as_string(cursor),))
+    if not cursor.fetchone()["present"]:
+        return []
+    cursor.execute(sql.SQL(
+        "SELECT {columns} FROM {table} "
+        "WHERE plan = %(plan)s AND bucket_start + ('1 ' || granularity)::interval > %(since)s "
+        "AND (%(until)s::timestamptz IS NULL OR bucket_start < %(until)s) "
+        "AND (%(granularity)s::text IS NULL OR granularity = %(granularity)s) "
+        "LIMIT %(limit)s").format(
+        columns=identifiers(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns]),
+        table=table), {"plan": plan, "since": since, "until": until, "granularity": granularity, "limit": limit})
+    return cursor.fetchall()
+
+
+def replace_shard_rows(cursor, spec: Any, plan: str, shard_id: str, rows: pa.Table,
+                       touched: pa.Table | None = None) -> None:
+    """Delete one plan's shard rows (with ``touched``: only those of its (granularity, bucket_start, *keys)),
+    then COPY ``rows`` (the table's columns but ``plan``) in."""
+    table = sql.Identifier(spec.table)
+    if touched is None:
+        cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND shard_id = %s").format(table), (plan, shard_id))
+    else:  # an aggregation may have no keys
+        identity = ["granularity", "bucket_start", *spec.keys]
+        cursor.execute(sql.SQL("CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz{keys}) "
+                               "ON COMMIT DROP").format(keys=each(", {0} text", spec.keys)))
+        copy_rows(cursor, sql.Identifier("_touched"), touched.select(identity))
+        cursor.execute(sql.SQL("DELETE FROM {table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s"
+                               "{match}").format(table=table, match=each(" AND t.{0} = k.{0}", identity)),
+                       (plan, shard_id))
+    if rows.num_rows:
+        copy_rows(cursor, table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
+
+
+def copy_rows(cursor, table: sql.Identifier, rows: pa.Table) -> None:
+    """COPY ``rows`` (as CSV, its columns by name) into ``table``."""
+    buffer = io.BytesIO()
+    pacsv.write_csv(rows, buffer)
+    buffer.seek(0)
+    cursor.copy_expert(sql.SQL("COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv, HEADER true)").format(
+        table=table, columns=identifiers(rows.column_names)), buffer)

@@ -1,0 +1,269 @@
+"""A fourth plan that is only a YAML and a module (issue 25's acceptance test).
+
+A temp project holds one plan, ``fraud_alerts``, as ``conf/plans/fraud_alerts.yaml`` and
+``conf/plans/fraud_alerts.py`` (copied from ``tests/integration/fraud_alerts/``): no bundled code
+knows it. Stream ``payments {card_id, merchant, amount, time}``; one query with
+``transformWithStateInPandas`` routes every payment to ``card_totals`` (a ``table`` with ``id``)
+and every card-testing alert to ``fraud_alerts`` (``events``, emitted once final).
+
+With real processes: ``tandem config check`` and ``tandem produce`` (subprocesses), an ACTIVE /
+PASSIVE pair of spark-submit jobs under a steady writer, a kill -9 of the ACTIVE (the PASSIVE takes
+over), a snapshot of the new ACTIVE mid-stream, the end of the input; then every output (PostgreSQL
+and Delta) must equal the plain-Python reference below over every payment in the landing folders,
+with no epoch published by two nodes. Then a restore to the snapshot and a replay from its cut: the
+outputs must still be exactly the reference (the replay re-emits rows already published: none may
+count twice). The reference restates the plan's rules without its code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from _ha import Pair, PlanWriter, fetch, lease, split_brain, wait_for
+from tandem.checkpoints import committed_batch
+from tandem.config import ClusterConfig, load_cluster, load_plan
+from tandem.lake.tables import read_table, table_exists
+from tandem.layout import checkpoint_dir, delta_table_dir, landing_dir, snapshot_dir
+from tandem.outputs.events import read_events_lake
+from tandem.outputs.table import read_table_lake
+from tandem.packaging import build_dist
+from tandem.producer import advance_watermark
+from tandem.runtime.node import run_instance
+from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
+from tandem.snapshots.take import take_snapshot
+
+pytestmark = pytest.mark.integration
+
+PLAN, SHARD, STREAM = "fraud_alerts", "cards-1", "payments"
+PLAN_FILES = Path(__file__).resolve().parent / "fraud_alerts"
+TANDEM = Path(sys.executable).with_name("tandem")
+
+# the plan's rules, restated (docs of fraud_alerts.py): tiny < 2.00, large >= 500.00, within 30 s
+TINY_BELOW, LARGE_AT_LEAST, WITHIN_MS = 2.0, 500.0, 30_000
+
+Payment = tuple[str, int, str, float]  # (card_id, time, merchant, amount)
+Alert = tuple[str, int, str, float, int, str, float]  # the tiny payment, then (time, merchant, amount) of the large one
+
+
+# --- the reference -------------------------------------------------------------------------------------------
+
+
+def reference(payments: set[Payment]) -> tuple[list[Alert], dict[str, tuple[int, float]]]:
+    """The alerts (sorted) and per card (payments, amount), by brute force: a payment is its four fields.
+
+    Every tiny payment gets the earliest large payment of its card with ``tiny < large <= tiny + 30 s``
+    (ties by merchant, then amount), if there is one.
+    """
+    by_card: dict[str, list[Payment]] = defaultdict(list)
+    for p in payments:
+        by_card[p[0]].append(p)
+    alerts, totals = [], {}
+    for card, mine in by_card.items():
+        totals[card] = (len(mine), round(sum(p[3] for p in mine), 2))
+        large = sorted((p for p in mine if p[3] >= LARGE_AT_LEAST), key=lambda p: (p[1], p[2], p[3]))
+        for tiny in (p for p in mine if p[3] < TINY_BELOW):
+            after = [p for p in large if tiny[1] < p[1] <= tiny[1] + WITHIN_MS]
+            if after:
+                alerts.append((*tiny, after[0][1], after[0][2], after[0][3]))
+    return sorted(alerts), totals
+
+
+def test_the_reference_itself() -> None:
+    """The oracle on a hand-made card: edges of the window, ties, a large payment at the tiny one's time."""
+    t = 1_000_000
+    payments = {("c", t, "m", 1.0), ("c", t, "big", 900.0),  # a large one at the same time does not count
+                ("c", t + 30_000, "z", 600.0), ("c", t + 30_000, "a", 700.0),  # the edge counts; tie: merchant a
+                ("c", t + 40_000, "m", 1.5), ("c", t + 70_001, "x", 800.0),  # 30.001 s later: too late
+                ("d", t + 1, "m", 0.5), ("d", t + 2, "m", 5000.0), ("d", t + 3, "m", 600.0)}
+    alerts, totals = reference(payments)
+    assert alerts == [("c", t, "m", 1.0, t + 30_000, "a", 700.0), ("d", t + 1, "m", 0.5, t + 2, "m", 5000.0)]
+    assert totals == {"c": (6, round(1.0 + 900 + 600 + 700 + 1.5 + 800, 2)), "d": (3, 5600.5)}
+
+
+# --- what was written, and what was published ----------------------------------------------------------------
+
+
+def written_payments(cluster: ClusterConfig, partitions: int) -> list[Payment]:
+    """Every payment in the landing folders (hidden files are a writer's temporary files: Spark skips them too)."""
+    out = []
+    for partition in range(partitions):
+        for path in sorted(landing_dir(cluster, STREAM, partition).glob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                for line in path.read_text().splitlines():
+                    e = json.loads(line)
+                    out.append((e["card_id"], e["time"], e["merchant"], e["amount"]))
+    return out
+
+
+def alert_of(row: dict) -> Alert:
+    return (row["card_id"], int(row["time"]), row["merchant"], float(row["amount"]),
+            int(row["large_time"]), row["large_merchant"], float(row["large_amount"]))
+
+
+def postgres_alerts(url: str) -> list[Alert]:
+    return sorted(alert_of(r["payload"]) for r in fetch(
+        url, "SELECT payload FROM output_events WHERE plan = %s AND output = 'fraud_alerts'", (PLAN,)))
+
+
+def postgres_totals(url: str) -> dict[str, tuple[int, float]]:
+    rows = fetch(url, "SELECT key->>'card_id' AS card, sum((value->>'payments')::numeric) AS n, "
+                      "sum((value->>'amount')::numeric) AS amount FROM output_table_rows "
+                      "WHERE plan = %s AND output = 'card_totals' GROUP BY 1", (PLAN,))
+    return {r["card"]: (int(r["n"]), round(float(r["amount"]), 2)) for r in rows}
+
+
+def published_payments(url: str, node: str, epoch: int) -> bool:
+    """Whether ``node`` has published a batch of the ``payments`` query's outputs at ``epoch``."""
+    return bool(fetch(url, "SELECT 1 FROM publish_log WHERE plan = %s AND shard_id = %s AND node = %s AND epoch = %s "
+                           "AND output IN ('card_totals', 'fraud_alerts') LIMIT 1", (PLAN, SHARD, node, epoch)))
+
+
+def outputs(cluster: ClusterConfig, plan) -> dict[str, object]:
+    """Every output as the test compares it: alerts and totals from PostgreSQL and from Delta, and the quarantine."""
+    url = cluster.database_url
+    lake_totals = read_table_lake(delta_table_dir(cluster, PLAN, "card_totals"), plan.outputs["card_totals"])
+    quarantine = delta_table_dir(cluster, PLAN, "quarantine")
+    return {
+        "postgres alerts": postgres_alerts(url),
+        "delta alerts": sorted(alert_of(r) for r in read_events_lake(delta_table_dir(cluster, PLAN, "fraud_alerts"))
+                               .to_pylist()),
+        "postgres totals": postgres_totals(url),
+        "delta totals": {r["card_id"]: (int(r["payments"]), round(r["amount"], 2)) for r in lake_totals},
+        "quarantine": read_table(quarantine).num_rows if table_exists(quarantine) else 0,
+    }
+
+
+def differences(got: dict[str, object], alerts: list[Alert], totals: dict[str, tuple[int, float]]) -> list[str]:
+    """Each output that is not exactly the reference, with what is missing and what is extra ([] when all are)."""
+    problems = []
+    for name in ("postgres alerts", "delta alerts"):
+        if got[name] != alerts:
+            missing = sorted(set(alerts) - set(got[name]))
+            extra = sorted(set(got[name]) - set(alerts))
+            problems.append(f"{name}: {len(got[name])} rows, {len(alerts)} expected; missing {missing[:3]}, "
+                            f"extra {extra[:3]}" + (", a row twice" if not missing and not extra else ""))
+    for name in ("postgres totals", "delta totals"):
+        if got[name] != totals:
+            wrong = {card: (got[name].get(card), totals.get(card)) for card in set(got[name]) | set(totals)
+                     if got[name].get(card) != totals.get(card)}
+            problems.append(f"{name}: (published, expected) per card: {dict(sorted(wrong.items())[:4])}")
+    if got["quarantine"]:
+        problems.append(f"quarantine: {got['quarantine']} rows, none expected")
+    return problems
+
+
+# --- the CLI -------------------------------------------------------------------------------------------------
+
+
+def tandem(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """``tandem ARGS`` in a subprocess, with the temp project's environment (``TANDEM_*``, set by the fixtures)."""
+    done = subprocess.run([str(TANDEM), *args], env=dict(os.environ), capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert done.returncode == 0, f"tandem {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def install_the_plan(project: Path) -> None:
+    """The temp project's conf/plans holds fraud_alerts.yaml and fraud_alerts.py, and nothing else."""
+    plans = project / "conf" / "plans"
+    for path in plans.iterdir():
+        path.unlink()
+    for name in ("fraud_alerts.yaml", "fraud_alerts.py"):
+        shutil.copy(PLAN_FILES / name, plans / name)
+
+
+# --- the test ------------------------------------------------------------------------------------------------
+
+
+def cut_watermark(query_dir: Path) -> int:
+    """The event-time watermark (epoch ms) of the last batch a query checkpoint (here a snapshot's cut) committed."""
+    batch = committed_batch(query_dir)
+    return json.loads((query_dir / "offsets" / str(batch)).read_text().splitlines()[1])["batchWatermarkMs"]
+
+
+def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(project: Path, database_url: str,
+                                                                           process_groups: list[int], spark) -> None:
+    started = time.monotonic()
+    install_the_plan(project)
+    checked, yaml_path = tandem("config", "check"), project / "conf" / "plans" / "fraud_alerts.yaml"
+    assert f"{yaml_path}: ok: plan fraud_alerts" in checked.stdout, checked.stdout
+    assert "queries payments, quarantine" in checked.stdout and "1 of 1 plan file(s) valid" in checked.stdout
+    tandem("produce", PLAN, "--rate", "10", "--duration", "2", "--seed", "7")  # the initial load
+    print(f"config check and the initial load took {time.monotonic() - started:.1f}s", flush=True)
+
+    cluster = load_cluster()
+    plan = load_plan(PLAN, cluster)
+    url = cluster.database_url
+    pair = Pair(cluster, plan, build_dist(project), process_groups, shard=SHARD)
+    writer = PlanWriter(cluster, plan, rate=10, seed=11)  # the module's generator: card tests among payments
+    try:
+        writer.start()  # a backlog piles up while the JVMs start: the first alerts are final at the first batches
+        pair.launch("node-a", "ACTIVE")  # it takes the free lease at its start; the PASSIVE starts after that
+        wait_for(lambda: (lease(url, PLAN, SHARD) or {}).get("holder"), 240, "node-a to take the lease",
+                 detail=lambda: pair.log_tail("node-a"))
+        pair.launch("node-b", "PASSIVE")
+        wait_for(lambda: postgres_alerts(url), 240, "the first alerts", detail=lambda: pair.log_tail("node-a"))
+        before = lease(url, PLAN, SHARD)
+        active, standby = before["holder"], ({"node-a", "node-b"} - {before["holder"]}).pop()
+        standby_query = checkpoint_dir(cluster, PLAN, SHARD, standby, "payments")
+        wait_for(lambda: committed_batch(standby_query) is not None, 240, f"{standby} to process the backlog",
+                 detail=lambda: pair.log_tail(standby))  # it holds what it would publish: the takeover flushes it
+        pair.note(f"{active} publishes alerts, {standby} has processed the backlog")
+        pair.kill(active, signal.SIGKILL)
+        promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), 20,
+                            f"{standby} to take over from the killed {active}", detail=lambda: pair.log_tail(standby))
+        pair.note(f"SIGKILL {active} -> {standby} PROMOTED at epoch {promoted['epoch']}")
+        wait_for(lambda: published_payments(url, standby, promoted["epoch"]), 120, f"{standby} to publish payments",
+                 detail=lambda: pair.log_tail(standby))
+    finally:
+        by_writer = writer.stop()
+    snapshot = take_snapshot(cluster, plan, SHARD, spark)  # the new ACTIVE's, while it works through the last files
+    pair.note(f"snapshot: {snapshot.summary()}")
+    assert snapshot.good and snapshot.record.node == standby and "payments" in snapshot.record.query_batches, \
+        snapshot.summary()
+    advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)  # every alert becomes final
+
+    payments = written_payments(cluster, plan.streams[STREAM].partitions)
+    assert {(e["card_id"], e["time"], e["merchant"], e["amount"]) for e in by_writer[STREAM]} <= set(payments)
+    alerts, totals = reference(set(payments))
+    assert len(alerts) >= 5, f"the input must raise alerts: {len(alerts)} of {len(payments)} payments"
+    cut_at = cut_watermark(snapshot_dir(cluster, PLAN, snapshot.record.id) / "payments")
+    after_the_cut = [a for a in alerts if a[4] > cut_at]
+    assert after_the_cut, "the replay after the restore must emit again alerts the new ACTIVE published after the cut"
+
+    # the failover: the new ACTIVE publishes everything, exactly once, in PostgreSQL and Delta
+    wait_for(lambda: not differences(outputs(cluster, plan), alerts, totals), 90, f"{standby} to publish every output",
+             detail=lambda: "\n".join([*differences(outputs(cluster, plan), alerts, totals), pair.log_tail(standby)]))
+    assert split_brain(url, PLAN, SHARD) == []
+    pair.note(f"after the failover: {len(alerts)} alerts ({len(after_the_cut)} after the cut) and {len(payments)} "
+              f"payments of {len(totals)} cards, exactly")
+
+    # the snapshot's state: watched payments are tiny or large payments the test wrote, of their card
+    state = read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), snapshot.record.id)
+    assert {r["store_name"] for r in state} <= {"watched", "progress", TIMERS} and state, state[:3]
+    watched = {(r["key"]["card_id"], e["time"], e["merchant"], e["amount"])
+               for r in state if r["store_name"] == "watched" for e in r["value"]}
+    assert watched <= set(payments)
+    assert all(p[3] < TINY_BELOW or p[3] >= LARGE_AT_LEAST for p in watched)
+
+    # restore the new ACTIVE's cut and replay everything after it: the outputs are kept, and nothing counts twice
+    lines = restore_shard(cluster, plan, SHARD, snapshot_id=snapshot.record.id, start=False).lines()
+    pair.note("\n".join(lines))
+    query_dir = checkpoint_dir(cluster, PLAN, SHARD, standby, "payments")
+    assert committed_batch(query_dir) == snapshot.record.query_batches["payments"]
+    result = run_instance(cluster, plan, standby, SHARD, spark=spark, available_now=True)
+    assert result.status == "STOPPED", result.error
+    assert committed_batch(query_dir) > snapshot.record.query_batches["payments"], "the replay processed nothing"
+    assert differences(outputs(cluster, plan), alerts, totals) == []
+    assert split_brain(url, PLAN, SHARD) == []
+    pair.note("after the restore and the replay: every output exactly the reference")
