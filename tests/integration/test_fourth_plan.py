@@ -267,3 +267,25 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
     assert differences(outputs(cluster, plan), alerts, totals) == []
     assert split_brain(url, PLAN, SHARD) == []
     pair.note("after the restore and the replay: every output exactly the reference")
+
+
+def test_a_new_plan_runs_as_written(project: Path, spark) -> None:
+    """`tandem plan new`'s two files, unedited: sample events from the declarations, one available-now run,
+    and the events output exactly the events whose value is at least the module's threshold."""
+    from tandem.producer import produce
+    from tandem.scaffold import new_plan
+
+    cluster = load_cluster()
+    new_plan(cluster, "readings")
+    plan = load_plan("readings", cluster)
+    written: list[dict] = []
+    ticks = iter(range(1_700_000_000, 1_800_000_000))  # a clock one second further at every call: no sleeping
+    files = list(produce(cluster, plan, rate=40, duration_s=2, clock=ticks.__next__,
+                         on_tick=lambda batch: written.extend(e for e, _ in batch["readings_events"])))
+    assert files and len(written) == 80
+    result = run_instance(cluster, plan, plan.nodes[0], plan.shards[0], spark=spark, available_now=True)
+    assert result.status == "STOPPED", result.error
+    expected = sorted({(e["device_id"], e["value"], e["time"]) for e in written if e["value"] >= 50.0})  # one per key
+    published = sorted((r["payload"]["device_id"], r["payload"]["value"], r["payload"]["time"]) for r in fetch(
+        cluster.database_url, "SELECT payload FROM output_events WHERE plan = 'readings' AND output = 'high_values'"))
+    assert expected and published == expected
