@@ -137,7 +137,8 @@ def passes(value, checks) -> bool:
     """Whether ``value`` passes every declared check (a plain-Python reading of FieldConfig.checks)."""
     for operator, bound, _ in checks:
         ok = {"not_empty": lambda: value.strip() != "", "no_nul": lambda: "\0" not in value,
-              "max_length": lambda: len(value) <= bound, "finite": lambda: value == value and abs(value) != float("inf"),
+              "max_length": lambda: len(value) <= bound,
+              "finite": lambda: value == value and abs(value) != float("inf"),
               ">": lambda: value > bound, ">=": lambda: value >= bound, "<": lambda: value < bound,
               "<=": lambda: value <= bound, "between": lambda: bound[0] <= value <= bound[1]}[operator]()
         if not ok:

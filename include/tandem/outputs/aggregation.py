@@ -106,7 +106,9 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
     def published_of(self, held: dict[tuple, dict]) -> list[tuple]:
         done = published_watermark(self.db, self.instance.plan, self.instance.shard_id, self.output)
         # a bucket ending at or before the published position is final on the active's side
-        return [] if done is None else [k for k, row in held.items() if row["bucket_start"] + timedelta(seconds=1) <= done]
+        if done is None:
+            return []
+        return [k for k, row in held.items() if row["bucket_start"] + timedelta(seconds=1) <= done]
 
     def publish_held(self, held: dict[tuple, dict], batch: BatchInfo) -> int:
         return self.publish(pa.Table.from_pylist(list(held.values())), batch)

@@ -1,4 +1,5 @@
-"""The ``quarantine`` output kind: bad input lines (and rows another output's store refused), with the reason, in Delta."""
+"""The ``quarantine`` output kind: bad input lines (and rows another output's store refused), with the reason,
+in Delta."""
 
 from __future__ import annotations
 
