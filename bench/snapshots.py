@@ -60,7 +60,8 @@ from rich.table import Table  # noqa: E402
 
 import _common as C  # noqa: E402
 import _ha  # noqa: E402
-import tandem.snapshots.outputs as snap_outputs  # noqa: E402
+import tandem.lake.history as lake_history  # noqa: E402
+import tandem.outputs.aggregation as aggregation_kind  # noqa: E402
 import tandem.snapshots.restore as snap_restore  # noqa: E402
 import tandem.snapshots.take as snap_take  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
@@ -214,9 +215,9 @@ def timing_restore():
     t.wrap(snap_restore, "stop_instance", "stop instances")
     t.wrap(snap_restore, "_put_cut", "put the cut into every node's checkpoint")
     t.wrap(snap_restore, "_restore_outputs", "roll back outputs (Delta + PostgreSQL)")
-    t.wrap(snap_outputs, "changed_shard_rows", "  outputs: rows changed since the cut")
-    t.wrap(snap_outputs, "restore_shard_slice", "  outputs: Delta shard slice rewrite")
-    t.wrap(snap_outputs, "rebuild_postgres_shard", "  outputs: PostgreSQL rebuild")
+    t.wrap(lake_history, "roll_back_slice", "  outputs: Delta shard slice rollback")
+    t.wrap(lake_history, "changed_shard_rows", "    Delta: rows changed since the cut")
+    t.wrap(aggregation_kind, "rebuild_postgres_shard", "  outputs: PostgreSQL rebuild")
     t.wrap(snap_restore, "launch_instance", "launch (spark-submit)")
     t.wrap(snap_restore, "wait_until_running", "launch → RUNNING")
     t.wrap(Supervisor, "reconcile", "supervisor reconcile (standbys; after RUNNING)")

@@ -229,12 +229,6 @@ class OutputConfig(StrictModel):
     """The buckets an aggregation keeps and serves (default: every one, second to year). Per-second
     partials are always kept: every coarser bucket is rolled up from them."""
 
-    @property
-    def published_by_id(self) -> bool:
-        """Rows are applied once by id (events, tables, aggregations of facts; the quarantine by source
-        file): a replay adds only what is missing."""
-        return self.kind in ("events", "table", "quarantine") or (self.kind == "aggregation" and bool(self.id))
-
     def serving_table(self, plan: str, output: str) -> str:
         """The PostgreSQL table of an aggregation output named ``output``: its ``table``, else ``<plan>_<output>``."""
         return self.table or f"{plan}_{output}"

@@ -17,7 +17,7 @@ from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
 from tandem.outputs.aggregation import AggregateSink
 from tandem.outputs.base import BatchInfo
-from tandem.snapshots.outputs import rebuild_postgres_shard
+from tandem.outputs.aggregation import rebuild_postgres_shard
 from tandem.store.db import Database
 from tandem.store.leases import try_acquire
 from tandem.store.migrations import migrate

@@ -13,7 +13,7 @@ from _project import without_suites
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError
 from tandem.quality import ValidationReport, validate_serving_table
-from tandem.quality.serving import ValidationError
+from tandem.quality.suites import ValidationError
 from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.integration

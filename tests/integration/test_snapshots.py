@@ -41,7 +41,7 @@ from tandem.packaging import build_dist
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.landing import clean_plan_landing
-from tandem.snapshots.outputs import newest_per_key
+from tandem.outputs.aggregation import newest_per_key
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
 from tandem.snapshots.take import prune_snapshots, take_snapshot

@@ -19,10 +19,9 @@ from deltalake import write_deltalake
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
 from tandem.aggregation.spec import AggregationSpec, Measure
-from tandem.config import ClusterConfig
+from tandem.lake.history import roll_back_slice
 from tandem.lake.tables import read_table
-from tandem.quality.serving import load_serving_rows
-from tandem.snapshots.outputs import rebuild_postgres_shard, restore_shard_slice
+from tandem.outputs.aggregation import rebuild_postgres_shard
 from tandem.store import aggregates
 from tandem.store import outputs as store
 from tandem.store.db import Database
@@ -90,11 +89,9 @@ def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_na
     assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows,
                                   touched=delta_rows.slice(0, 1)) == 1
 
-    cluster = ClusterConfig(path=Path("cluster.yaml"), project_root=Path("."), storage_root=Path("."),
-                            database_url=db.url, airflow_url="http://127.0.0.1:8080", nodes={})
-    assert len(load_serving_rows(cluster, SPEC, "plan", start, None, "second", 100)) == 3
+    assert len(db.run(lambda cursor: aggregates.serving_rows(cursor, SPEC, "plan", start, None, "second", 100))) == 3
     absent = replace(SPEC, table='no "such" table')
-    assert load_serving_rows(cluster, absent, "plan", start, None, None, 100) == []
+    assert db.run(lambda cursor: aggregates.serving_rows(cursor, absent, "plan", start, None, None, 100)) == []
     assert victim_exists(db)
 
 
@@ -114,7 +111,7 @@ def test_a_shard_slice_is_restored_by_a_predicate_that_matches_only_its_shard_id
     write_deltalake(str(path), pa.table({"shard_id": shards, "value": [1, 2, 3]}))
     write_deltalake(str(path), pa.table({"shard_id": shards, "value": [10, 20, 30]}), mode="append")
     for shard in (shards[0], shards[2]):
-        restored, _ = restore_shard_slice(path, shard, version=0)
+        restored = roll_back_slice(path, shard, version=0).restored
         assert restored.column("shard_id").to_pylist() == [shard]
     assert sorted(read_table(path).to_pylist(), key=str) == sorted(
         [{"shard_id": shards[0], "value": 1}, {"shard_id": "x", "value": 2}, {"shard_id": "x", "value": 20},

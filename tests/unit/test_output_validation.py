@@ -1,4 +1,5 @@
-"""Which expectations each output of a plan is validated with (pure)."""
+"""Which expectations each output of a plan is validated with, and as which columns: the kinds' validation
+policies (pure)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ from datetime import datetime, timezone
 
 from tandem.airflow.validation_operators import format_rows
 from tandem.config import load_plan
-from tandem.quality.outputs import events_frame, generated_expectations, table_frame
-from tandem.quality.serving import load_suite_definition, suite_for_output
+from tandem.outputs import events, table
+from tandem.outputs.events import events_frame
+from tandem.outputs.table import table_frame
+from tandem.quality.implied import validated_outputs
+from tandem.quality.outputs import with_required
+from tandem.quality.suites import load_suite_definition, suite_for_output
 
 
 def columns(expectations: list[dict]) -> set[tuple[str, str]]:
@@ -17,14 +22,14 @@ def columns(expectations: list[dict]) -> set[tuple[str, str]]:
 
 def test_an_events_output_is_checked_for_its_ids_keys_and_time() -> None:
     plan = load_plan("temperatures")
-    got = columns(generated_expectations(plan.outputs["temp_alerts"]))
+    got = columns(events.expectations(plan.outputs["temp_alerts"]))
     assert ("expect_column_values_to_be_unique", "event_id") in got
     assert {("expect_column_values_to_not_be_null", f) for f in
             ("room_no", "initial_device_id", "initial_time", "initial_temp", "final_time")} <= got
 
 
 def test_a_table_output_has_one_row_per_key_and_instance() -> None:
-    got = columns(generated_expectations(load_plan("pizza_shop").outputs["delivered_orders"]))
+    got = columns(table.expectations(load_plan("pizza_shop").outputs["delivered_orders"]))
     assert ("expect_compound_columns_to_be_unique", "customer_name,shard_id") in got
     assert ("expect_column_values_to_be_between", "version") in got
 
@@ -34,11 +39,32 @@ def test_a_suite_expectation_applies_to_the_output_it_names_or_else_to_the_aggre
     suite = {"name": "s", "expectations": [
         {"type": "a", "kwargs": {}, "meta": {"output": "overdue_orders"}},
         {"type": "b", "kwargs": {}, "meta": {}}]}
-    assert [e["type"] for e in suite_for_output(suite, pizza, "overdue_orders")["expectations"]] == ["a"]
-    assert [e["type"] for e in suite_for_output(suite, pizza, "order_stats")["expectations"]] == ["b"]
-    assert [e["type"] for e in suite_for_output(suite, pizza, "delivered_orders")["expectations"]] == []
+
+    def types(plan, output: str) -> list[str]:
+        takes_unnamed = validated_outputs(plan)[output].takes_unnamed
+        return [e["type"] for e in suite_for_output(suite, output, takes_unnamed)["expectations"]]
+
+    assert types(pizza, "overdue_orders") == ["a"]
+    assert types(pizza, "order_stats") == ["b"]
+    assert types(pizza, "delivered_orders") == []
     shipped = load_suite_definition(trades.path.parent.parent / "expectations" / "trades_aggregates.json")
-    assert suite_for_output(shipped, trades, "trade_aggregates")["expectations"] == shipped["expectations"]
+    assert suite_for_output(shipped, "trade_aggregates", True)["expectations"] == shipped["expectations"]
+
+
+def test_a_suite_file_gets_what_the_kind_requires_unless_it_has_it() -> None:
+    pizza = load_plan("pizza_shop")
+    required = validated_outputs(pizza)["overdue_orders"].required
+    assert required == events.expectations(pizza.outputs["overdue_orders"])
+    own = {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "event_id"}, "meta": {"why": "mine"}}
+    suite = with_required({"name": "s", "expectations": [own]}, required)
+    assert suite["expectations"].count(own) == 1 and suite["expectations"][-1] is own
+    assert len(suite["expectations"]) == len(required)  # the file's unique-id check stands for the kind's
+    # an aggregation requires only the plan's instances of a suite file (which the trades file has)
+    trades = load_plan("trades")
+    shipped = load_suite_definition(trades.path.parent.parent / "expectations" / "trades_aggregates.json")
+    [instances] = validated_outputs(trades)["trade_aggregates"].required
+    assert with_required(shipped, [instances]) == shipped
+    assert with_required({"name": "s", "expectations": []}, [instances])["expectations"] == [instances]
 
 
 def test_payloads_keys_and_values_become_columns() -> None:

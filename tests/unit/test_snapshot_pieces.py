@@ -11,8 +11,8 @@ import pytest
 
 from _conf import edit_yaml
 from _project import TRADES
-from tandem.quality.serving import ExpectationOutcome
-from tandem.snapshots.outputs import newest_per_key
+from tandem.quality.suites import ExpectationOutcome
+from tandem.outputs.aggregation import newest_per_key
 from tandem.snapshots.state_export import STATE_SCHEMA, TIMERS, StateOperator, _unique, state_variables
 from tandem.snapshots.validation import SnapshotValidation, state_frame
 
@@ -117,15 +117,6 @@ def test_the_cut_batch_of_every_store_of_a_transform_with_state_operator_is_know
         schema=STATE_SCHEMA)
     frame = state_frame(rows, pa.table({}), {"orders": 4}, {"orders": [tws]})
     assert list(frame["metadata_max_batch_id"]) == [4, 4]
-
-
-def test_a_restore_keeps_exactly_the_outputs_published_by_id() -> None:
-    from tandem.config import load_plan
-
-    pizza, trades = load_plan("pizza_shop"), load_plan("trades")
-    assert {name for name, o in pizza.outputs.items() if o.published_by_id} == {
-        "delivered_orders", "overdue_orders", "order_stats", "quarantine"}  # table, events, facts, bad lines by file
-    assert not trades.outputs["trade_aggregates"].published_by_id  # Spark partials are rolled back
 
 
 def test_every_sink_is_named_after_its_output_also_when_its_table_is_not(conf: Path) -> None:

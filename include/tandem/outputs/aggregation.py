@@ -3,15 +3,23 @@
 Two ways in: Spark's per-second partial aggregates (:class:`AggregateSink`, an aggregation without
 ``id``: the query aggregates in ``update`` mode) and facts added once each by id
 (:class:`FactAggregateSink`, an aggregation with ``id``: the sink aggregates).
+
+Restore (:func:`restore`): an aggregation of facts is kept (published once by id); Spark's partials
+are rolled back to the snapshot's cut, in Delta for the instance's slice and in PostgreSQL for the
+keys that changed (the newest version of each in the restored slice). Validation
+(:func:`validation`): the serving table's partial rows whose bucket overlaps the window, with the
+declared ratios added, against what the declaration implies (:func:`expectations`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -19,10 +27,21 @@ from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
 from tandem.aggregation.granularity import bucket_start
-from tandem.aggregation.spec import AggregationSpec, spec_for
+from tandem.aggregation.spec import AggregationSpec, Measure, spec_for
 from tandem.config import PlanConfig
-from tandem.declarations import OutputConfig
-from tandem.outputs.base import BatchInfo, HeldById, HeldUntilPublished, Refusals, as_utc, fence
+from tandem.declarations import MAX_EPOCH_MILLIS, FieldConfig, OutputConfig
+from tandem.lake.history import roll_back_slice
+from tandem.outputs.base import (
+    BatchInfo,
+    HeldById,
+    HeldUntilPublished,
+    Refusals,
+    Validation,
+    Window,
+    as_utc,
+    fence,
+)
+from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
 from tandem.store import aggregates
 from tandem.store import outputs as store
@@ -207,3 +226,193 @@ def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str
         return FactAggregateSink(spec, plan.name, output, plan.outputs[output], instance, database_url, delta_path,
                                  quarantine)
     return AggregateSink(spec, instance, database_url, delta_path, plan.watermark_s, quarantine)
+
+
+# --- restore -----------------------------------------------------------------------------------------------------
+
+
+def restore(db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
+            version: int | None) -> dict[str, int | None] | None:
+    """Put the instance's partials back to the snapshot's cut (``version`` of the Delta table at ``path``).
+
+    An aggregation of facts is kept (``None``): its facts are applied once by id, so the replay adds
+    only what is missing. Spark's partials are not: the Delta slice is rolled back, and the
+    PostgreSQL rows of the keys in files changed since the cut are replaced with the newest version
+    of each key in the restored slice (every row of the instance when vacuumed files hide what
+    changed); nothing is written when nothing of the instance changed.
+    """
+    if plan.outputs[output].id:
+        return None
+    rolled = roll_back_slice(path, shard_id, version)
+    outcome = {**rolled.outcome(), "postgres_rows": 0}
+    if rolled.restored is not None:
+        outcome["postgres_rows"] = rebuild_postgres_shard(db, spec_for(plan, output), plan.name, shard_id,
+                                                          rolled.restored, rolled.changed)
+    return outcome
+
+
+def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
+    """The newest version (highest epoch, then batch) of every (granularity, bucket, keys, shard) in ``rows`` (pure)."""
+    identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
+    if rows.num_rows == 0:
+        return rows
+    ordered = rows.sort_by([*[(c, "ascending") for c in identity], ("epoch", "descending"),
+                            ("batch_id", "descending")])
+    changed = None  # row i+1 starts a new key
+    for column in identity:
+        values = ordered.column(column).combine_chunks()
+        differs = pc.not_equal(values.slice(1), values.slice(0, len(values) - 1))
+        changed = differs if changed is None else pc.or_(changed, differs)
+    return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
+
+
+def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard_id: str, delta_rows: pa.Table,
+                           touched: pa.Table | None = None) -> int:
+    """Make one plan's shard rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
+
+    With ``touched`` (rows whose keys changed), only those keys are replaced; otherwise every row
+    of the shard. One transaction; returns how many rows were written.
+    """
+    identity = ["granularity", "bucket_start", *spec.keys]
+    columns = [*identity, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
+    keys = None
+    if touched is not None:
+        keys = touched.select(identity).group_by(identity).aggregate([])
+        delta_rows = delta_rows.join(keys, identity, join_type="inner") if delta_rows.num_rows else delta_rows
+    latest = newest_per_key(delta_rows, spec)
+    rows = latest.select(columns) if latest.num_rows else latest
+
+    def work(cursor) -> int:
+        aggregates.replace_shard_rows(cursor, spec, plan, shard_id, rows, keys)
+        return latest.num_rows
+
+    return db.run(work)
+
+
+# --- validation --------------------------------------------------------------------------------------------------
+
+AVG_TOLERANCE = 1e-9
+"""avg = sum / count can land a few ulps outside [min, max] when every value in a bucket is equal; an
+average within this relative distance of a bound counts as the bound."""
+_SERVING_KEYS = ("granularity", "bucket_start")
+
+
+def serving_frame(rows: list[Mapping[str, Any]], spec: AggregationSpec) -> pd.DataFrame:
+    """Partial-aggregate rows as a DataFrame with the spec's ratios added (e.g. ``avg_price``) (pure)."""
+    columns = [*_SERVING_KEYS, *spec.keys, "shard_id", *spec.measure_columns]
+    frame = pd.DataFrame.from_records([{c: row.get(c) for c in columns} for row in rows], columns=columns)
+    for measure in spec.measures:
+        frame[measure.column] = pd.to_numeric(frame[measure.column], errors="coerce")
+    frame["bucket_start"] = pd.to_datetime(frame["bucket_start"], utc=True)
+    lows = [m.column for m in spec.measures if m.kind == "min"]
+    highs = [m.column for m in spec.measures if m.kind == "max"]
+    for ratio in spec.ratios:
+        denominator = frame[ratio.denominator]
+        value = (frame[ratio.numerator] / denominator).where(denominator > 0)
+        if len(lows) == 1 and len(highs) == 1:
+            value = _snap(value, frame[lows[0]], frame[highs[0]])
+        frame[ratio.column] = value
+    return frame
+
+
+def _snap(value: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
+    """Values within ``AVG_TOLERANCE`` (relative) outside ``[low, high]`` become the bound."""
+    near_low = (value < low) & ((low - value) <= AVG_TOLERANCE * low.abs().clip(lower=1.0))
+    near_high = (value > high) & ((value - high) <= AVG_TOLERANCE * high.abs().clip(lower=1.0))
+    return value.mask(near_low, low).mask(near_high, high)
+
+
+def _declared_field(plan: PlanConfig, name: str) -> FieldConfig | None:
+    """The stream field ``name`` when every stream that has one declares it alike (else ``None``)."""
+    declared = [stream.fields[name] for stream in plan.streams.values() if name in stream.fields]
+    return declared[0] if declared and all(d == declared[0] for d in declared) else None
+
+
+def _bounds(config: FieldConfig) -> tuple[tuple[float, bool] | None, tuple[float, bool] | None]:
+    """The tightest declared ``(lower, strict)`` and ``(upper, strict)`` of a field (``None``: unbounded)."""
+    lower = [(b, s) for b, s in ((config.greater_than, True), (config.at_least, False)) if b is not None]
+    upper = [(b, s) for b, s in ((config.less_than, True), (config.at_most, False)) if b is not None]
+    if config.type == "epoch_millis":
+        lower, upper = [*lower, (0, False)], [*upper, (MAX_EPOCH_MILLIS, False)]
+    return (max(lower) if lower else None,
+            min(upper, key=lambda bound: (bound[0], not bound[1])) if upper else None)
+
+
+def _measure_bounds(plan: PlanConfig, measure: Measure, declared_type: str | None) -> list[dict[str, Any]]:
+    """A sum, min or max of a declared field keeps the field's bounds (a sum: a lower bound >= 0, an
+    upper bound <= 0, as every partial adds at least one accepted value)."""
+    config = _declared_field(plan, measure.source) if measure.kind in ("sum", "min", "max") else None
+    if config is None or declared_type not in (None, {"epoch_millis": "long"}.get(config.type, config.type)):
+        return []
+    lower, upper = _bounds(config)
+    if measure.kind == "sum":
+        lower = lower if lower is not None and lower[0] >= 0 else None
+        upper = upper if upper is not None and upper[0] <= 0 else None
+    kwargs: dict[str, Any] = {}
+    if lower is not None:
+        kwargs.update(min_value=lower[0], **({"strict_min": True} if lower[1] else {}))
+    if upper is not None:
+        kwargs.update(max_value=upper[0], **({"strict_max": True} if upper[1] else {}))
+    if not kwargs:
+        return []
+    return [expect("expect_column_values_to_be_between",
+                   f"{measure.kind}({measure.source}): {measure.source} is checked on the streams "
+                   "(bad lines are quarantined)", column=measure.column, **kwargs)]
+
+
+def expectations(plan: PlanConfig, output: str) -> list[dict[str, Any]]:
+    """What an aggregation's declaration implies of its serving table's partial rows (columns as
+    :func:`serving_frame` makes them: ratios added)."""
+    spec = spec_for(plan, output)
+    declared = plan.outputs[output].measures
+    keys = [*_SERVING_KEYS, *spec.keys, "shard_id"]
+    implied = [
+        expect("expect_table_columns_to_match_set", "the serving table and its ratios are all there",
+               column_set=[*keys, *spec.measure_columns, *(r.column for r in spec.ratios)], exact_match=False),
+        *[not_null(column, "key") for column in keys],
+        expect("expect_column_values_to_be_in_set", "the granularities the output keeps", column="granularity",
+               value_set=list(spec.granularities)),
+        instances(),
+    ]
+    for measure in spec.measures:
+        if measure.kind == "count":
+            implied.append(expect("expect_column_values_to_be_between",
+                                  "a partial exists once an event fell into its bucket",
+                                  column=measure.column, min_value=1))
+        implied += _measure_bounds(plan, measure, declared[measure.column].type)
+    lows = {m.source: m.column for m in spec.measures if m.kind == "min"}
+    highs = {m.source: m.column for m in spec.measures if m.kind == "max"}
+    for source in (s for s in lows if s in highs):
+        implied.append(expect("expect_column_pair_values_a_to_be_greater_than_b",
+                              f"min({source}) <= max({source})", column_A=highs[source],
+                              column_B=lows[source], or_equal=True))
+    by_column = {m.column: m for m in spec.measures}
+    snapped = [m.kind for m in spec.measures].count("min") == 1 and [m.kind for m in spec.measures].count("max") == 1
+    for ratio in spec.ratios:  # an average of a field lies between its min and max (snapped as serving_frame does)
+        numerator, denominator = by_column[ratio.numerator], by_column[ratio.denominator]
+        source = numerator.source
+        if not snapped or numerator.kind != "sum" or denominator.kind != "count" or source not in lows \
+                or source not in highs:
+            continue
+        for high, low in ((ratio.column, lows[source]), (highs[source], ratio.column)):
+            implied.append(expect("expect_column_pair_values_a_to_be_greater_than_b", f"{low} <= {high}",
+                                  column_A=high, column_B=low, or_equal=True,
+                                  ignore_row_if="either_value_is_missing"))
+    return implied
+
+
+def validation(plan: PlanConfig, output: str) -> Validation:
+    """The serving table's partial rows whose bucket overlaps the window (of its granularity, if one is given).
+
+    A suite file's expectations that name no output apply here (the trades suite predates other
+    kinds); to a suite file, only the plan's-instances expectation is added (when it has none).
+    """
+    spec = spec_for(plan, output)
+
+    def read(cursor, window: Window, limit: int) -> list[dict[str, Any]]:
+        return aggregates.serving_rows(cursor, spec, plan.name, window.since, window.until, window.granularity,
+                                       limit)
+
+    return Validation(table=f"tandem.{spec.table}", key_columns=[*_SERVING_KEYS, *spec.keys, "shard_id"],
+                      implied=expectations(plan, output), required=[instances()], takes_unnamed=True, read=read,
+                      frame=lambda rows: serving_frame(rows, spec), granularities=tuple(spec.granularities))

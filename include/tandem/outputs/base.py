@@ -1,5 +1,9 @@
 """The contract every output kind keeps, and what the kinds share.
 
+A kind is a module of :mod:`tandem.outputs` (see :class:`tandem.outputs.OutputKind`): its sink
+(publish, hold, trim, flush), its Delta read, its restore policy (:func:`kept`, or a rollback to
+the snapshot's cut) and its validation policy (:class:`Validation`).
+
 Sinks are idempotent and fenced:
 
 - PostgreSQL rows are upserted with deterministic keys in one transaction that first checks the
@@ -23,8 +27,8 @@ Sinks are idempotent and fenced:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -40,6 +44,9 @@ from tandem.store.leases import check_fence
 from tandem.store.registry import InstanceKey
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from tandem.config import PlanConfig
     from tandem.outputs.quarantine import QuarantineSink
 
 log = logging.getLogger(__name__)
@@ -308,3 +315,52 @@ class HeldById(HeldUntilPublished[str, dict]):
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         raise NotImplementedError
+
+
+# --- restore and validation policies ---------------------------------------------------------------------------
+
+
+def kept(db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str, version: int | None) -> None:
+    """The restore policy of an output published once by id: keep it as it is.
+
+    Every row the replay after the cut emits again has the same id, and one already published is not
+    applied again: the replay adds only what is missing. (The arguments are the restore contract's:
+    :class:`tandem.outputs.OutputKind`.)
+    """
+    return None
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a validation reads: rows of ``[since, until)`` (``until`` ``None``: up to now), of one granularity
+    (``None``: all; outputs without buckets ignore it)."""
+
+    since: datetime
+    until: datetime | None = None
+    granularity: str | None = None
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How one output is validated: its kind's validation policy, run by :mod:`tandem.quality.outputs`.
+
+    Attributes:
+        table: where the rows are read from, as the report names it.
+        key_columns: the columns that identify a row among the samples of a failed expectation.
+        implied: what the declaration implies: the output's part of the suite of a plan that names no suite file.
+        required: added to a suite file's expectations for the output, but for one the file has already
+            (the same type and kwargs).
+        takes_unnamed: whether a suite file's expectation that names no output (``meta.output``) applies.
+        read: ``read(cursor, window, limit)``: up to ``limit`` of the output's rows in the window, as stored.
+        frame: the rows read, as the columns the expectations name.
+        granularities: the buckets the output keeps (empty: it has none, a window's granularity is ignored).
+    """
+
+    table: str
+    key_columns: list[str]
+    implied: list[dict[str, Any]]
+    required: list[dict[str, Any]]
+    takes_unnamed: bool
+    read: Callable[[Any, Window, int], list[dict[str, Any]]]
+    frame: Callable[[list[Mapping[str, Any]]], pd.DataFrame]
+    granularities: tuple[str, ...] = field(default=())

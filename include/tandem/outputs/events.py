@@ -5,18 +5,26 @@ an event — the active, or a standby flushing what it held after a failover —
 once. The Delta append is at least once (an old active paused between its PostgreSQL commit and its
 Delta commit may append rows the new active appended too): :func:`read_events_lake` keeps one row
 per id.
+
+Restore: kept (published once by id). Validation: the rows of ``output_events`` whose event time lies
+in the window, the payload's fields as columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from tandem.config import PlanConfig
+from tandem.declarations import OutputConfig
 from tandem.lake.tables import read_table
-from tandem.outputs.base import BatchInfo, HeldById, as_utc
+from tandem.outputs.base import BatchInfo, HeldById, Validation, Window, as_utc, kept
+from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
 from tandem.store import outputs as store
 from tandem.store.leases import check_fence
@@ -56,9 +64,46 @@ def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str
 
 def read_events_lake(path: Path) -> pa.Table:
     """The Delta copy of an events output, one row per event id (the first committed)."""
-    table = read_table(path)
+    return first_per_event_id(read_table(path))
+
+
+def first_per_event_id(table: pa.Table) -> pa.Table:
+    """Of an events output's Delta rows, the first published of each event id (pure)."""
     if table.num_rows == 0:
         return table
     table = table.sort_by([("event_id", "ascending"), ("published_at", "ascending")])
     ids = table.column("event_id").to_pylist()
     return table.filter(pa.array([i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))], pa.bool_()))
+
+
+restore = kept
+
+
+def expectations(config: OutputConfig) -> list[dict[str, Any]]:
+    """What an events output's declaration implies of its rows (the payload's fields as columns)."""
+    return [
+        not_null("event_id", "every event has its deterministic id"),
+        expect("expect_column_values_to_be_unique", "one row per event id", column="event_id"),
+        *[not_null(field, "the fields the id is computed from") for field in config.key],
+        *([] if config.time in config.key else [not_null(config.time, "the event's time")]),
+        instances(),
+    ]
+
+
+def events_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows of ``output_events`` with the payload's fields as columns (pure)."""
+    return pd.DataFrame([{**row["payload"], "event_id": row["event_id"], "shard_id": row["shard_id"],
+                          "event_time": row["event_time"]} for row in rows],
+                        columns=None if rows else ["event_id", "shard_id", "event_time"])
+
+
+def validation(plan: PlanConfig, output: str) -> Validation:
+    """The events whose event time lies in the window, with what the declaration implies of them."""
+    implied = expectations(plan.outputs[output])
+
+    def read(cursor, window: Window, limit: int) -> list[dict[str, Any]]:
+        until = window.until or datetime.now(timezone.utc)
+        return store.sample_events(cursor, plan.name, output, window.since, until, limit)
+
+    return Validation(table="tandem.output_events", key_columns=["event_id"], implied=implied, required=implied,
+                      takes_unnamed=False, read=read, frame=events_frame)

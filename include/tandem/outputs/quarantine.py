@@ -1,5 +1,9 @@
 """The ``quarantine`` output kind: bad input lines (and rows another output's store refused), with the reason,
-in Delta."""
+in Delta.
+
+Restore: kept (a source file's bad lines are quarantined once per instance). Validation: none (it holds bad
+input by design).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import pyarrow.dataset as ds
 
 from tandem.config import PlanConfig
 from tandem.lake.tables import append_once, read_table
-from tandem.outputs.base import BatchInfo, HeldUntilPublished, fence
+from tandem.outputs.base import BatchInfo, HeldUntilPublished, Validation, fence, kept
 from tandem.store.db import Database
 from tandem.store.outputs import to_json
 from tandem.store.registry import InstanceKey
@@ -103,3 +107,11 @@ def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str
          quarantine: QuarantineSink | None = None) -> QuarantineSink:
     """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
     return QuarantineSink(instance, database_url, delta_path, output=output)
+
+
+restore = kept
+
+
+def validation(plan: PlanConfig, output: str) -> Validation | None:
+    """None: the quarantine is not validated (it holds bad input by design)."""
+    return None

@@ -2,19 +2,25 @@
 
 Each contributing row (by its ``id`` fields) is applied once, whoever publishes it
 (``output_contributions``); :func:`read_table_lake` merges the Delta copy the same way.
+
+Restore: kept (published once by id). Validation: every instance's row of ``output_table_rows`` (a
+table is its current state, whenever it was written), the key's and the value's fields as columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from tandem.config import PlanConfig
 from tandem.declarations import OutputConfig
 from tandem.lake.tables import read_table
-from tandem.outputs.base import BatchInfo, HeldById
+from tandem.outputs.base import BatchInfo, HeldById, Validation, Window, kept
+from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
 from tandem.store import outputs as store
 from tandem.store.leases import check_fence
@@ -58,7 +64,11 @@ def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str
 
 def read_table_lake(path: Path, config: OutputConfig) -> list[dict[str, Any]]:
     """The Delta copy of a table, merged: per key, the sum over instances of each instance's newest version."""
-    table = read_table(path)
+    return merge_table_rows(read_table(path), config)
+
+
+def merge_table_rows(table: pa.Table, config: OutputConfig) -> list[dict[str, Any]]:
+    """A table output's Delta rows merged: per key, the sum over instances of each instance's newest version (pure)."""
     newest: dict[tuple, dict[str, Any]] = {}
     for row in table.to_pylist():
         identity = (tuple(row[k] for k in config.key), row["shard_id"])
@@ -72,3 +82,37 @@ def read_table_lake(path: Path, config: OutputConfig) -> list[dict[str, Any]]:
             out[v] += row[v]
         out["instances"] += 1
     return list(merged.values())
+
+
+restore = kept
+
+
+def expectations(config: OutputConfig) -> list[dict[str, Any]]:
+    """What a table output's declaration implies of its per-instance rows (the key's and the value's fields)."""
+    return [
+        *[not_null(field, "the table's key") for field in config.key],
+        expect("expect_compound_columns_to_be_unique", "one partial row per key and instance",
+               column_list=[*config.key, "shard_id"]),
+        *[not_null(value, "a value of the table") for value in config.values],
+        expect("expect_column_values_to_be_between", "a row exists once a contribution was applied",
+               column="version", min_value=1),
+        instances(),
+    ]
+
+
+def table_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows of ``output_table_rows`` with the key's and the value's fields as columns (pure)."""
+    return pd.DataFrame([{**row["key"], **row["value"], "shard_id": row["shard_id"], "version": row["version"]}
+                         for row in rows], columns=None if rows else ["shard_id", "version"])
+
+
+def validation(plan: PlanConfig, output: str) -> Validation:
+    """Every instance's rows (the window does not apply: a table is its current state)."""
+    config = plan.outputs[output]
+    implied = expectations(config)
+
+    def read(cursor, window: Window, limit: int) -> list[dict[str, Any]]:
+        return store.sample_table_rows(cursor, plan.name, output, limit)
+
+    return Validation(table="tandem.output_table_rows", key_columns=[*config.key, "shard_id"], implied=implied,
+                      required=implied, takes_unnamed=False, read=read, frame=table_frame)

@@ -1,11 +1,8 @@
-"""Data quality: Great Expectations suites (``conf/expectations/``) over Tandem's serving tables."""
+"""Data quality: Great Expectations suites (``conf/expectations/``, or implied by a plan's declarations) over
+Tandem's outputs, each validated as its output kind says."""
 
-from tandem.quality.serving import (
-    ExpectationOutcome,
-    ValidationError,
-    ValidationReport,
-    serving_frame,
-    validate_serving_table,
-)
+from tandem.quality.outputs import validate_output, validate_plan_outputs, validate_serving_table
+from tandem.quality.suites import ExpectationOutcome, ValidationError, ValidationReport
 
-__all__ = ["ExpectationOutcome", "ValidationError", "ValidationReport", "serving_frame", "validate_serving_table"]
+__all__ = ["ExpectationOutcome", "ValidationError", "ValidationReport", "validate_output", "validate_plan_outputs",
+           "validate_serving_table"]

@@ -1,113 +1,127 @@
-"""Validate every output of a plan: aggregations, events and tables, with expectations generated from the plan.
+"""Validate a plan's outputs with Great Expectations, each as its output kind says.
 
 Purpose
-    The validation DAG checks what a plan published, whatever its outputs are. An aggregation is
-    validated as a serving table (:func:`tandem.quality.serving.validate_serving_table`); an
-    ``events`` output by its rows in ``output_events`` whose event time lies in the window; a
-    ``table`` output by its per-instance rows in ``output_table_rows``.
+    The validation DAG checks what a plan published, whatever its outputs are: aggregations (their
+    serving tables' partial rows), events, tables; the quarantine is not validated (it holds bad
+    input by design).
 
 How it works
-    Each output gets the expectations its declaration implies (:func:`generated_expectations`:
-    ids present and unique, key and time fields present, one row per key and instance, versions
-    that count at least one contribution, instances of the plan only), plus the expectations of
-    the plan's suite file (``conf/expectations/<validation.suite>.json``) whose ``meta.output``
-    names it. An expectation without ``meta.output`` applies to the plan's aggregations (the
-    trades suite predates other kinds). A plan without a suite file validates with the suite its
-    declarations imply (:func:`tandem.quality.implied.implied_output_suite`). Event payloads and
-    table keys and values are flattened into columns named after their fields.
+    Each kind module gives the validation policy of an output (:class:`tandem.outputs.base.Validation`):
+    which rows it reads from PostgreSQL for a window and as which columns, what identifies a row, and
+    what the declaration implies. The suite is the plan's suite file (``validation.suite``): its
+    expectations whose ``meta.output`` names the output (and, for the aggregations, those naming no
+    output: the trades suite predates other kinds), plus what the kind requires and the file does
+    not already have. A plan without a suite file validates with the suite its declarations imply
+    (:func:`tandem.quality.implied.implied_output_suite`).
 
 What it does not do
-    It does not read Delta (the PostgreSQL rows are the record of truth), and the quarantine is
-    not validated (it holds bad input by design).
+    It does not read Delta (the PostgreSQL rows are the record of truth).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-import pandas as pd
-
 from tandem.config import ClusterConfig, PlanConfig, load_plan
-from tandem.quality.implied import VALIDATED_KINDS, generated_expectations
-from tandem.quality.serving import (
-    DEFAULT_MAX_ROWS,
-    SHARDS_PARAMETER,
+from tandem.outputs.base import Validation, Window
+from tandem.outputs.expectations import SHARDS_PARAMETER
+from tandem.quality.implied import validated_outputs
+from tandem.quality.suites import (
     ValidationError,
     ValidationReport,
     output_suite,
     run_suite,
     suite_for_output,
-    validate_serving_table,
 )
-from tandem.store import outputs as store
 from tandem.store.db import Database
 
-
-def events_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows of ``output_events`` with the payload's fields as columns (pure)."""
-    return pd.DataFrame([{**row["payload"], "event_id": row["event_id"], "shard_id": row["shard_id"],
-                          "event_time": row["event_time"]} for row in rows],
-                        columns=None if rows else ["event_id", "shard_id", "event_time"])
+log = logging.getLogger(__name__)
+DEFAULT_MAX_ROWS = 2_000_000
 
 
-def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows of ``output_table_rows`` with the key's and the value's fields as columns (pure)."""
-    return pd.DataFrame([{**row["key"], **row["value"], "shard_id": row["shard_id"], "version": row["version"]}
-                         for row in rows], columns=None if rows else ["shard_id", "version"])
+def with_required(definition: dict[str, Any], required: list[dict[str, Any]]) -> dict[str, Any]:
+    """A suite file's expectations for one output, after what its kind requires that the file does not have
+    (an expectation of the same type and kwargs) (pure)."""
+    present = {(e.get("type"), repr(e.get("kwargs"))) for e in definition["expectations"]}
+    missing = [e for e in required if (e["type"], repr(e["kwargs"])) not in present]
+    return {**definition, "expectations": [*missing, *definition["expectations"]]}
 
 
-def _load(cluster: ClusterConfig, plan: str, output: str, kind: str, since: datetime, until: datetime,
-          max_rows: int) -> list[dict[str, Any]]:
-    def work(cursor) -> list[dict[str, Any]]:
-        if kind == "events":
-            return store.sample_events(cursor, plan, output, since, until, max_rows + 1)
-        # a table is its current state: every row, whenever it was written
-        return store.sample_table_rows(cursor, plan, output, max_rows + 1)
-
-    with Database(cluster.database_url, "tandem-quality") as db:
-        return db.run(work)
-
-
-def validate_output(cluster: ClusterConfig, plan: PlanConfig, output: str, since: datetime,
+def validate_output(cluster: ClusterConfig, plan: PlanConfig | str, output: str, since: datetime | None = None,
                     until: datetime | None = None, *, granularity: str | None = None,
                     max_rows: int = DEFAULT_MAX_ROWS) -> ValidationReport:
-    """Validate one output of ``plan`` over ``[since, until)`` (events by event time; a table whole).
+    """Validate one output of ``plan`` over ``[since, until)`` (what the window means is the kind's: event
+    time, overlapping buckets, or the whole table).
+
+    Args:
+        since: default ``validation.lookback`` ago.
+        granularity: only buckets of this granularity (outputs without buckets ignore it).
+        max_rows: read at most this many rows (the report says ``truncated`` when there were more).
 
     Raises:
-        ValidationError: an unknown output, a kind that is not validated, or a bad suite.
+        ValidationError: an unknown or unvalidated output, a granularity the output does not keep, naive
+            times, or a missing or invalid suite.
     """
-    if output not in plan.outputs or plan.outputs[output].kind not in VALIDATED_KINDS:
-        raise ValidationError(f"plan {plan.name}: {output!r} is not a validated output "
-                              f"({', '.join(o for o, c in plan.outputs.items() if c.kind in VALIDATED_KINDS)})")
-    config = plan.outputs[output]
-    if config.kind == "aggregation":
-        report = validate_serving_table(cluster, plan, granularity, since, until=until, max_rows=max_rows,
-                                        output=output)
-        return replace(report, suite=f"{report.suite}:{output}")
-    until = until or datetime.now(timezone.utc)
+    plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
+    validated = validated_outputs(plan)
+    if output not in validated:
+        raise ValidationError(f"plan {plan.name}: {output!r} is not a validated output ({', '.join(validated)})")
+    policy = validated[output]
+    if granularity is not None and policy.granularities and granularity not in policy.granularities:
+        raise ValidationError(f"unknown granularity {granularity!r}: {output} keeps {', '.join(policy.granularities)}")
+    since = since or datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - plan.validation.lookback_s,
+                                            timezone.utc)
+    if since.tzinfo is None or (until is not None and until.tzinfo is None):
+        raise ValidationError("since and until must be timezone-aware")
     suite, path = output_suite(cluster, plan)
-    definition = suite_for_output(suite, plan, output)
+    definition = suite_for_output(suite, output, policy.takes_unnamed)
     if plan.validation.suite is not None:  # an implied suite holds them already
-        definition["expectations"] = [*generated_expectations(config), *definition["expectations"]]
-    rows = _load(cluster, plan.name, output, config.kind, since, until, max_rows)
+        definition = with_required(definition, policy.required)
+    rows = _read(cluster, policy, Window(since, until, granularity), max_rows)
     truncated = len(rows) > max_rows
-    rows = rows[:max_rows]
-    if config.kind == "events":
-        frame, key_columns, table = events_frame(rows), ["event_id"], "tandem.output_events"
-    else:
-        frame, key_columns, table = table_frame(rows), [*config.key, "shard_id"], "tandem.output_table_rows"
-    outcomes = run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, key_columns, path,
+    if truncated:
+        log.warning("%s: more than %d rows in the window; validating the first %d", policy.table, max_rows, max_rows)
+        rows = rows[:max_rows]
+    frame = policy.frame(rows)
+    outcomes = run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, policy.key_columns, path,
                          asset=output) if rows else []
-    return ValidationReport(plan=plan.name, suite=f"{definition['name']}:{output}", table=table, since=since,
-                            until=until, granularity=None, row_count=len(frame), truncated=truncated,
-                            success=all(o.success for o in outcomes), outcomes=outcomes)
+    return ValidationReport(plan=plan.name, suite=f"{definition['name']}:{output}", table=policy.table, since=since,
+                            until=until, granularity=granularity if policy.granularities else None,
+                            row_count=len(frame), truncated=truncated, success=all(o.success for o in outcomes),
+                            outcomes=outcomes)
 
 
-def validate_plan_outputs(cluster: ClusterConfig, plan: PlanConfig | str, since: datetime,
+def _read(cluster: ClusterConfig, policy: Validation, window: Window, max_rows: int) -> list[dict[str, Any]]:
+    with Database(cluster.database_url, "tandem-quality") as db:
+        return db.run(lambda cursor: policy.read(cursor, window, max_rows + 1))
+
+
+def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granularity: str | None = None,
+                           since: datetime | None = None, *, until: datetime | None = None,
+                           max_rows: int = DEFAULT_MAX_ROWS, output: str | None = None) -> ValidationReport:
+    """:func:`validate_output` of an aggregation (default: the plan's first), the report named after its suite.
+
+    Raises:
+        ValidationError: the plan has no such aggregation output, or as :func:`validate_output`.
+    """
+    plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
+    aggregations = [name for name, config in plan.outputs.items() if config.kind == "aggregation"]
+    if not aggregations:
+        raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
+                              f"{', '.join(plan.outputs)})")
+    if output is not None and output not in aggregations:
+        raise ValidationError(f"plan {plan.name}: {output!r} is not an aggregation output ({', '.join(aggregations)})")
+    output = output or aggregations[0]
+    report = validate_output(cluster, plan, output, since, until, granularity=granularity, max_rows=max_rows)
+    return replace(report, suite=report.suite.removesuffix(f":{output}"))
+
+
+def validate_plan_outputs(cluster: ClusterConfig, plan: PlanConfig | str, since: datetime | None = None,
                           until: datetime | None = None, *, granularity: str | None = None) -> list[ValidationReport]:
-    """Validate every aggregation, events and table output of ``plan`` (one report each)."""
+    """Validate every validated output of ``plan`` (one report each)."""
     plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
     return [validate_output(cluster, plan, output, since, until, granularity=granularity)
-            for output, config in plan.outputs.items() if config.kind in VALIDATED_KINDS]
+            for output in validated_outputs(plan)]

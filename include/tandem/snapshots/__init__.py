@@ -1,10 +1,9 @@
 """Snapshots: consistent cuts of plan instances, their catalog, retention and restore.
 
-- :mod:`~tandem.snapshots.take`: take a snapshot (cut, state export, output versions, validation)
-  and prune old ones;
+- :mod:`~tandem.snapshots.take`: take a snapshot (cut, state export, output versions at the cut:
+  :mod:`tandem.lake.history`, validation) and prune old ones;
 - :mod:`~tandem.snapshots.restore`: put a shard back to a snapshot and start it;
 - :mod:`~tandem.snapshots.state_export`: the operator state as readable rows in Delta;
-- :mod:`~tandem.snapshots.outputs`: the Delta versions at a cut, and rolling outputs back;
 - :mod:`~tandem.snapshots.validation`: files and the Great Expectations suite → GOOD or BAD;
 - :mod:`~tandem.snapshots.landing`: deleting input nothing needs any more;
 - :mod:`~tandem.snapshots.retention` (pure): which snapshots to prune, which landing files to

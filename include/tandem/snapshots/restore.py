@@ -17,13 +17,14 @@ How it works
     3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
        does not hold starts from nothing). Each gets a fresh query id: a new lineage, so the
        batches after the cut are published again instead of being taken for replays;
-    4. roll every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
-       back to the snapshot's version for this shard only, and rebuild the shard's PostgreSQL rows
-       from the restored Delta rows (:mod:`tandem.snapshots.outputs`); forget the shard's
-       published positions (``publish_log``), which lie after the cut. Outputs published by id
-       (events, tables, aggregations of facts, the quarantine by source file) are kept as they
-       are: every row the replay emits again has the same id, and one already published is not
-       applied again;
+    4. put every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
+       back to the snapshot's cut for this shard only, as its output kind says
+       (:meth:`tandem.outputs.OutputKind.restore`): outputs published by id (events, tables,
+       aggregations of facts, the quarantine by source file) are kept as they are, since every row
+       the replay emits again has the same id and one already published is not applied again;
+       Spark's partial aggregates are rolled back in Delta and PostgreSQL. A table no declared
+       output owns (any more) has its Delta slice rolled back (:func:`tandem.lake.history.roll_back_slice`).
+       Then forget the shard's published positions (``publish_log``), which lie after the cut;
     5. record a RESTORED event and launch the ACTIVE instance (on ``node``, default the node the
        snapshot was cut from).
 
@@ -45,10 +46,11 @@ from typing import Any
 from tandem.checkpoints import cut_checkpoint, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
+from tandem.lake.history import roll_back_slice
 from tandem.lake.tables import table_exists
 from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.names import ACTIVE
-from tandem.snapshots.outputs import restore_output
+from tandem.outputs import kind_of
 from tandem.snapshots.retention import choose_snapshot
 from tandem.snapshots.state_export import STATE_TABLE
 from tandem.snapshots.validation import check_files
@@ -187,11 +189,14 @@ def _put_cut(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
 def _restore_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, snapshot: catalog.SnapshotRecord,
                      db: Database, report: RestoreReport) -> None:
     for table, path in plan_output_tables(cluster, plan).items():
-        if table in plan.outputs and plan.outputs[table].published_by_id:
+        version = snapshot.output_versions.get(table)
+        if table in plan.outputs:
+            outcome = kind_of(plan, table).restore(db, plan, table, path, shard_id, version)
+        else:  # no declared output owns it (any more): its Delta slice is put back, nothing else knows it
+            outcome = roll_back_slice(path, shard_id, version).outcome()
+        if outcome is None:
             report.add(f"{table}: kept (published once by id: the replay after the cut adds only what is missing)")
             continue
-        version = snapshot.output_versions.get(table)
-        outcome = restore_output(db, path, table, plan.name, shard_id, version)
         report.outputs[table] = outcome
         changed = "unknown (files vacuumed): all" if outcome["changed_rows"] is None else outcome["changed_rows"]
         report.add(f"{table}: {changed} rows of {shard_id} changed since version "

@@ -18,7 +18,7 @@ How it works
        running and batches committing meanwhile are simply not part of the cut). The copy keeps
        the checkpoint's query id: it names the lineage whose Delta transactions mark the outputs.
     3. For every query, the version of its Delta output that holds exactly its batches up to the
-       cut (:func:`tandem.snapshots.outputs.version_at_batch`).
+       cut (:func:`tandem.lake.history.version_at_batch`).
     4. Spark's state data source reads the cut's state at its batch; the rows are appended to
        ``delta/<plan>/state_snapshots`` (:mod:`tandem.snapshots.state_export`).
     5. Validation (:mod:`tandem.snapshots.validation`) against Spark's own count of state rows at
@@ -44,8 +44,8 @@ import pyarrow as pa
 from tandem.checkpoints import checkpoint_lineage, committed_batch, cut_checkpoint, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot, SnapshotError, TandemError
+from tandem.lake.history import version_at_batch
 from tandem.layout import checkpoint_dir, delta_table_dir, snapshot_dir, snapshots_dir
-from tandem.snapshots.outputs import version_at_batch
 from tandem.snapshots.retention import PRUNE, RetentionPlan, decide_retention
 from tandem.snapshots.state_export import (
     STATE_SCHEMA,

@@ -41,7 +41,7 @@ import pyarrow as pa
 from tandem.checkpoints import CheckpointError, verify_cut
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.quality.implied import MAX_PARTITION_PARAMETER, STATE_ROWS_PARAMETER, implied_state_suite
-from tandem.quality.serving import ExpectationOutcome, plan_suite, run_suite
+from tandem.quality.suites import ExpectationOutcome, plan_suite, run_suite
 from tandem.snapshots.state_export import StateOperator
 
 

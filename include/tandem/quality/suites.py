@@ -1,10 +1,10 @@
-"""Validate a plan's serving table (PostgreSQL partial aggregates) with a Great Expectations suite.
+"""Great Expectations suites: where a plan's suite comes from, running one on a DataFrame, and its report.
 
-The suite lives in ``conf/expectations/<plan.validation.suite>.json`` (an ExpectationSuite in
-Great Expectations 1.x JSON), or is implied by the plan's declarations when the plan has no suite
-file (:mod:`tandem.quality.implied`). Its shard expectation takes ``{"$PARAMETER": "plan_shards"}``,
-filled at run time with the plan's configured shards. Validation runs in an ephemeral Great
-Expectations context: nothing is stored and no file is written.
+A suite lives in ``conf/expectations/<name>.json`` (an ExpectationSuite in Great Expectations 1.x
+JSON), or is implied by the plan's declarations when the plan has no suite file
+(:mod:`tandem.quality.implied`). ``$PARAMETER`` references (e.g. ``{"$PARAMETER": "plan_shards"}``,
+the plan's instances) are filled when it runs. A suite runs in an ephemeral Great Expectations
+context: nothing is stored and no file is written.
 """
 
 from __future__ import annotations
@@ -12,32 +12,26 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timezone
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from tandem.aggregation.spec import AggregationSpec, aggregation_outputs, spec_for
-from tandem.config import ClusterConfig, PlanConfig, load_plan
+from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
-from tandem.quality.implied import SHARDS_PARAMETER, implied_output_suite
-from tandem.store import aggregates
-from tandem.store.db import Database
+from tandem.quality.implied import implied_output_suite
 
 log = logging.getLogger(__name__)
 
-# avg = sum / count can land a few ulps outside [min, max] when every price in a bucket is equal;
-# an average within this relative distance of a bound counts as the bound.
-AVG_TOLERANCE = 1e-9
 SAMPLE_SIZE = 20
 DEFAULT_MAX_ROWS = 2_000_000
 
 
 class ValidationError(TandemError):
-    """The suite is missing or invalid, or the serving table could not be read (not: bad rows)."""
+    """The suite is missing or invalid, or the arguments are (not: bad rows)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +55,7 @@ class ExpectationOutcome:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """The outcome of validating one plan's serving table over a window."""
+    """The outcome of validating one output of a plan over a window."""
 
     plan: str
     suite: str
@@ -137,107 +131,15 @@ def load_suite_definition(path: Path) -> dict[str, Any]:
     return data
 
 
-def suite_for_output(definition: dict[str, Any], plan: PlanConfig, output: str) -> dict[str, Any]:
-    """The suite file's expectations that apply to ``output`` (``meta.output``; none: the aggregations)."""
-    kind = plan.outputs[output].kind
+def suite_for_output(definition: dict[str, Any], output: str, takes_unnamed: bool) -> dict[str, Any]:
+    """The suite's expectations that apply to ``output``: those whose ``meta.output`` names it, and those that
+    name no output when ``takes_unnamed`` (:attr:`tandem.outputs.base.Validation.takes_unnamed`)."""
 
     def applies(expectation: dict[str, Any]) -> bool:
         named = (expectation.get("meta") or {}).get("output")
-        return named == output if named is not None else kind == "aggregation"
+        return named == output if named is not None else takes_unnamed
 
     return {**definition, "expectations": [e for e in definition["expectations"] if applies(e)]}
-
-
-def _with_shard_expectation(definition: dict[str, Any]) -> dict[str, Any]:
-    """The suite, plus the shard-set expectation when the file does not declare one."""
-    for expectation in definition["expectations"]:
-        if expectation.get("kwargs", {}).get("value_set") == {"$PARAMETER": SHARDS_PARAMETER}:
-            return definition
-    extra = {"type": "expect_column_values_to_be_in_set",
-             "kwargs": {"column": "shard_id", "value_set": {"$PARAMETER": SHARDS_PARAMETER}},
-             "meta": {"why": "only the plan's configured shards write partial aggregates (added by tandem)"}}
-    return {**definition, "expectations": [*definition["expectations"], extra]}
-
-
-def serving_frame(rows: list[Mapping[str, Any]], spec: AggregationSpec) -> pd.DataFrame:
-    """Partial-aggregate rows as a DataFrame with the spec's ratios added (e.g. ``avg_price``) (pure)."""
-    columns = ["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns]
-    frame = pd.DataFrame.from_records([{c: row.get(c) for c in columns} for row in rows], columns=columns)
-    for measure in spec.measures:
-        frame[measure.column] = pd.to_numeric(frame[measure.column], errors="coerce")
-    frame["bucket_start"] = pd.to_datetime(frame["bucket_start"], utc=True)
-    lows = [m.column for m in spec.measures if m.kind == "min"]
-    highs = [m.column for m in spec.measures if m.kind == "max"]
-    for ratio in spec.ratios:
-        denominator = frame[ratio.denominator]
-        value = (frame[ratio.numerator] / denominator).where(denominator > 0)
-        if len(lows) == 1 and len(highs) == 1:
-            value = _snap(value, frame[lows[0]], frame[highs[0]])
-        frame[ratio.column] = value
-    return frame
-
-
-def _snap(value: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
-    """Values within ``AVG_TOLERANCE`` (relative) outside ``[low, high]`` become the bound."""
-    near_low = (value < low) & ((low - value) <= AVG_TOLERANCE * low.abs().clip(lower=1.0))
-    near_high = (value > high) & ((value - high) <= AVG_TOLERANCE * high.abs().clip(lower=1.0))
-    return value.mask(near_low, low).mask(near_high, high)
-
-
-def load_serving_rows(cluster: ClusterConfig, spec: AggregationSpec, plan: str, since: datetime,
-                      until: datetime | None, granularity: str | None, max_rows: int) -> list[dict[str, Any]]:
-    """One plan's rows of the spec's PostgreSQL table whose bucket overlaps ``[since, until)``."""
-    with Database(cluster.database_url, "tandem-quality") as db:
-        return db.run(lambda cursor: aggregates.serving_rows(cursor, spec, plan, since, until, granularity,
-                                                             max_rows + 1))
-
-
-def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granularity: str | None = None,
-                           since: datetime | None = None, *, until: datetime | None = None,
-                           max_rows: int = DEFAULT_MAX_ROWS, output: str | None = None) -> ValidationReport:
-    """Validate the partial aggregates of ``plan``'s serving table with the plan's suite.
-
-    Args:
-        plan: a plan name or a loaded plan; its ``validation.suite`` names the suite file (``None``:
-            the suite its declarations imply).
-        granularity: only rows of this granularity (default: every granularity).
-        since: rows whose bucket ends after this moment (default: ``validation.lookback`` ago).
-        until: rows whose bucket starts before this moment (default: no upper bound).
-        max_rows: read at most this many rows (the report says ``truncated`` when there were more).
-        output: the aggregation output (default: the plan's first).
-
-    Raises:
-        ValidationError: the suite is missing or invalid, or the arguments are.
-    """
-    plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
-    outputs = aggregation_outputs(plan)
-    if not outputs:
-        raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
-                              f"{', '.join(plan.outputs)})")
-    if output is not None and output not in outputs:
-        raise ValidationError(f"plan {plan.name}: {output!r} is not an aggregation output ({', '.join(outputs)})")
-    output = output or outputs[0]
-    spec = spec_for(plan, output)
-    if granularity is not None and granularity not in spec.granularities:
-        raise ValidationError(f"unknown granularity {granularity!r}: {output} keeps {', '.join(spec.granularities)}")
-    now = datetime.now(timezone.utc)
-    since = since or datetime.fromtimestamp(now.timestamp() - plan.validation.lookback_s, timezone.utc)
-    if since.tzinfo is None or (until is not None and until.tzinfo is None):
-        raise ValidationError("since and until must be timezone-aware")
-    suite, path = output_suite(cluster, plan)
-    definition = _with_shard_expectation(suite_for_output(suite, plan, output))
-
-    rows = load_serving_rows(cluster, spec, plan.name, since, until, granularity, max_rows)
-    truncated = len(rows) > max_rows
-    if truncated:
-        log.warning("%s: more than %d rows in the window; validating the first %d", spec.table, max_rows, max_rows)
-        rows = rows[:max_rows]
-    frame = serving_frame(rows, spec)
-    key_columns = ["granularity", "bucket_start", *spec.keys, "shard_id"]
-    outcomes = run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, key_columns, path)
-    return ValidationReport(plan=plan.name, suite=definition["name"], table=f"tandem.{spec.table}", since=since,
-                            until=until, granularity=granularity, row_count=len(frame), truncated=truncated,
-                            success=all(o.success for o in outcomes), outcomes=outcomes)
 
 
 def run_suite(definition: dict[str, Any], frame: pd.DataFrame, parameters: dict[str, Any],

@@ -1,0 +1,130 @@
+"""A Delta table's history per instance: which version holds exactly batches ≤ N, and rolling one instance back to it.
+
+Purpose
+    A snapshot pairs a checkpoint cut at batch N with the version of each output table at that
+    batch, so a restore can put both back together: reprocessing the input after the cut then
+    rebuilds exactly what an uninterrupted run would have written, with nothing twice.
+
+How it works
+    Every Delta append of a micro-batch carries an application transaction
+    ``(<instance>/<output>/<query id>, batch id)`` (:mod:`tandem.outputs.base`). The version of a
+    table "at batch N" is the newest version whose transaction for that app id is still ≤ N:
+    :func:`version_at_batch` finds it by bisection over the table's versions (the transaction
+    version only grows). Batch N+1 may already have been appended while N was being cut (a batch
+    publishes before it commits); bisection leaves it out.
+
+    A rollback touches one instance, not the whole table: the tables are shared by every instance
+    of the plan and the others keep running from their own checkpoints. Each micro-batch append
+    comes from one instance, so an instance's rows are a clean slice (``shard_id``):
+    :func:`roll_back_slice` replaces them with the slice at the snapshot's version (time travel),
+    in one Delta commit (an overwrite with a ``shard_id`` predicate).
+
+What it does not do
+    It knows nothing of output kinds: what a rollback means for an output's PostgreSQL copy is the
+    kind's restore policy (:mod:`tandem.outputs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import DeltaTable, write_deltalake
+
+from tandem.lake.tables import read_table, string_literal, table_exists
+
+
+def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
+    """The newest version of the Delta table at ``path`` holding no batch of ``app_id`` after ``batch_id``.
+
+    ``None`` when the table does not exist yet (nothing to roll back to: a rollback empties the
+    instance's slice).
+    """
+    if not table_exists(path):
+        return None
+    latest = DeltaTable(str(path)).version()
+
+    def beyond(version: int) -> bool:
+        done = DeltaTable(str(path), version=version).transaction_version(app_id)
+        return done is not None and done > batch_id
+
+    if not beyond(latest):
+        return latest
+    low, high = 0, latest  # beyond(high) holds; find the first version where it does
+    while low < high:
+        middle = (low + high) // 2
+        if beyond(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low - 1 if low > 0 else None
+
+
+def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+    """The rows of one instance at ``version`` (time travel); ``None`` when the table does not exist."""
+    if not table_exists(path):
+        return None
+    if version is None:
+        return read_table(path, ds.field("shard_id") == shard_id).slice(0, 0)
+    return read_table(path, ds.field("shard_id") == shard_id, version=version)
+
+
+def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+    """The instance's rows in files added to the table after ``version`` or removed from it since.
+
+    These are the only rows a rollback to ``version`` changes. ``None`` when a removed file is gone
+    from storage (vacuumed): the caller must then treat every row of the instance as changed.
+    """
+    now = set(DeltaTable(str(path)).file_uris())
+    then = set(DeltaTable(str(path), version=version).file_uris()) if version is not None else set()
+    changed = sorted(uri.removeprefix("file://") for uri in now ^ then)
+    if not changed:
+        return pa.table({})
+    if not all(Path(file).exists() for file in changed):
+        return None
+    dataset = ds.dataset(changed, format="parquet", partitioning="hive", partition_base_dir=str(path))
+    return dataset.to_table(filter=ds.field("shard_id") == shard_id)
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """What rolling one instance's slice of a table back did.
+
+    ``changed`` holds the instance's rows in the files changed since ``version`` (``None``: unknown,
+    files were vacuumed); ``restored`` its rows at ``version`` (``None``: the table does not exist,
+    nothing was written; also ``None`` when nothing changed and nothing was written).
+    """
+
+    version: int | None
+    changed: pa.Table | None
+    restored: pa.Table | None
+    new_version: int
+
+    @property
+    def changed_rows(self) -> int | None:
+        return None if self.changed is None else self.changed.num_rows
+
+    def outcome(self) -> dict[str, int | None]:
+        """JSON-able, for the restore's report and its event."""
+        return {"snapshot_version": self.version, "changed_rows": self.changed_rows,
+                "delta_rows": self.restored.num_rows if self.restored is not None else 0,
+                "new_version": self.new_version}
+
+
+def roll_back_slice(path: Path, shard_id: str, version: int | None) -> RolledBack:
+    """Make the instance's rows of the Delta table at ``path`` its rows at ``version``, in one commit.
+
+    Nothing is written when no file holding the instance's rows changed since ``version``.
+    """
+    changed = changed_shard_rows(path, shard_id, version)
+    if changed is not None and changed.num_rows == 0:
+        return RolledBack(version, changed, None, DeltaTable(str(path)).version())
+    rows = shard_slice(path, shard_id, version)
+    if rows is None:
+        return RolledBack(version, changed, None, -1)
+    table = DeltaTable(str(path))
+    write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = {string_literal(shard_id)}",
+                    partition_by=table.metadata().partition_columns or None)
+    return RolledBack(version, changed, rows, DeltaTable(str(path)).version())
