@@ -26,7 +26,7 @@ with DAG(
         task_id="act",
         action="{{ params.action }}",
         plan="{{ params.plan }}",
-        shard_id="{{ params.shard_id }}",
+        instance="{{ params.instance }}",
         node="{{ params.node }}",
         cluster_config=str(cluster.path),
     )

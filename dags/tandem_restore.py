@@ -1,4 +1,4 @@
-"""``tandem_restore``: restore a plan's shards from a snapshot and start them, from the UI (Params)."""
+"""``tandem_restore``: restore a plan's instances from a snapshot and start them, from the UI (Params)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ with DAG(
     RestoreSnapshotOperator(
         task_id="restore",
         plan="{{ params.plan }}",
-        shard_id="{{ params.shard_id }}",
+        instance="{{ params.instance }}",
         snapshot_id="{{ params.snapshot_id }}",
         node="{{ params.node }}",
         force="{{ params.force }}",

@@ -195,7 +195,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                         expiry = f"expires in {lease.expires_in_s:.1f}s" if lease.valid \
                             else f"expired {age(-lease.expires_in_s)} ago"
                         lease_text = f"lease: {lease.holder or 'nobody'} at epoch {lease.epoch}, {expiry}"
-                    table = Table(title=f"{plan.name} / {instance.shard_id} ({instance.standby} standby) - {lease_text}",
+                    table = Table(title=f"{plan.name} / {instance.instance} ({instance.standby} standby) - {lease_text}",
                                   box=box.SIMPLE_HEAD, title_justify="left")
                     for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
                                    "lag", "input waiting", "pid"):
@@ -218,11 +218,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 events = timeline(db, plan, limit=10).events
                 if events:
                     table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
-                    for column in ("time (UTC)", "shard", "kind", "node", "from", "epoch", "reason"):
+                    for column in ("time (UTC)", "instance", "kind", "node", "from", "epoch", "reason"):
                         table.add_column(column, no_wrap=True, overflow="ellipsis")
                     for event in events:
                         table.add_row(event.happened_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-                                      event.shard_id, event.kind, event.node or "", event.previous_node or "",
+                                      event.instance, event.kind, event.node or "", event.previous_node or "",
                                       str(event.epoch or ""), event.reason)
                     console.print(table)
     except psycopg2.errors.UndefinedTable:
@@ -279,7 +279,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """Take a snapshot of each shard's ACTIVE instance now (or ``--node``'s), validate it, show the result."""
+    """Take a snapshot of each instance's ACTIVE node now (or ``--node``'s), validate it, show the result."""
     from tandem.snapshots.take import snapshot_session, take_snapshot
 
     cluster = load_cluster()
@@ -382,7 +382,7 @@ def _size(n: int | None) -> str:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    """Restore shards of a plan from a snapshot (by id, or each shard's newest good one) and start them."""
+    """Restore instances of a plan from a snapshot (by id, or each instance's newest good one) and start them."""
     from tandem.snapshots.restore import restore_shard, shards_to_restore
 
     cluster = load_cluster()
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--json", action="store_true", help="print the outcome as one JSON line")
     stop.set_defaults(func=cmd_stop)
 
-    snapshot = commands.add_parser("snapshot", help="take a snapshot of each shard's ACTIVE instance now")
+    snapshot = commands.add_parser("snapshot", help="take a snapshot of each instance's ACTIVE node now")
     snapshot.add_argument("plan")
     snapshot.add_argument("--instance", "--shard", dest="shard",
                           help="one instance (default: every instance of the plan)")
@@ -582,11 +582,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_argument("--json", action="store_true")
     snapshots.set_defaults(func=cmd_snapshots)
 
-    restore = commands.add_parser("restore", help="restore a plan's shards from a snapshot and start them")
+    restore = commands.add_parser("restore", help="restore a plan's instances from a snapshot and start them")
     restore.add_argument("plan")
     which = restore.add_mutually_exclusive_group()
-    which.add_argument("--snapshot", help="a snapshot id (its shard is restored)")
-    which.add_argument("--latest-good", action="store_true", help="each shard's newest GOOD snapshot (default)")
+    which.add_argument("--snapshot", help="a snapshot id (its instance is restored)")
+    which.add_argument("--latest-good", action="store_true", help="each instance's newest GOOD snapshot (default)")
     restore.add_argument("--instance", "--shard", dest="shard",
                          help="with --latest-good: one instance (default: every instance)")
     restore.add_argument("--node", help="the node to start ACTIVE (default: the node the snapshot was cut from)")
@@ -618,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=_duration, default=60.0)
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--no-failover", action="store_true",
-                      help="the short path: each trades shard once, no standby and no kill -9")
+                      help="the short path: each trades instance once, no standby and no kill -9")
     demo.set_defaults(func=cmd_demo)
     return parser
 

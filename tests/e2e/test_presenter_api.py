@@ -240,7 +240,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             leases = db.run(lambda c: (c.execute("SELECT shard_id, holder, epoch FROM leases WHERE plan = %s", (PLAN,)),
                                        {r["shard_id"]: r for r in c.fetchall()})[1])
         for instance in status["instances"]:
-            lease = leases[instance["shard_id"]]
+            lease = leases[instance["instance"]]
             assert (instance["lease"]["holder"], instance["lease"]["epoch"]) == (lease["holder"], lease["epoch"])
             assert [n["node"] for n in instance["nodes"]] == ["node-a", "node-b"]
             assert instance["nodes"][0]["status"] == "STOPPED" and instance["nodes"][1]["health"] == "MISSING"
@@ -250,7 +250,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             assert instance["lease"]["vacant_since"] is not None
         assert status["instances"][0]["last_good_snapshot"]["id"] == good
         assert status["instances"][1]["last_good_snapshot"] is None
-        kinds = [e["kind"] for e in admin.ok(f"/plans/{PLAN}/timeline", shard_id="shop-2")["events"]]
+        kinds = [e["kind"] for e in admin.ok(f"/plans/{PLAN}/timeline", instance="shop-2")["events"]]
         assert "PROMOTED" in kinds
         assert {s["id"]: s["status"] for s in admin.ok(f"/plans/{PLAN}/snapshots")["snapshots"]} == {good: "GOOD", bad: "BAD"}
         assert [s["id"] for s in admin.ok(f"/plans/{PLAN}/snapshots", status="BAD")["snapshots"]] == [bad]
@@ -281,20 +281,20 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
 
         # actions: a viewer may not act; a cookie POST without the page's header is refused; the admin's
         # trigger is recorded as the admin's
-        refused = viewer.post(f"/plans/{PLAN}/actions", {"action": "failover_now", "shard_id": "shop-1"})
+        refused = viewer.post(f"/plans/{PLAN}/actions", {"action": "failover_now", "instance": "shop-1"})
         assert refused.status_code == 403 and "viewer" in refused.json()["detail"]
-        forged = admin.post_with_cookie(f"/plans/{PLAN}/actions", {"action": "failover_now", "shard_id": "shop-1"})
+        forged = admin.post_with_cookie(f"/plans/{PLAN}/actions", {"action": "failover_now", "instance": "shop-1"})
         assert forged.status_code == 403 and "X-Tandem-Request: 1" in forged.json()["detail"]
         assert airflow.runs("tandem_ops") == []
-        assert admin.post(f"/plans/{PLAN}/actions", {"action": "restore", "shard_id": "shop-1"}).status_code == 400
+        assert admin.post(f"/plans/{PLAN}/actions", {"action": "restore", "instance": "shop-1"}).status_code == 400
         assert admin.post(f"/plans/{PLAN}/actions", {"action": "drain_node"}).status_code == 400
         assert admin.post(f"/plans/{PLAN}/actions", {"action": "drain_node", "node": "node-z"}).status_code == 400
-        acted = admin.post(f"/plans/{PLAN}/actions", {"action": "snapshot_now", "shard_id": "shop-2"})
+        acted = admin.post(f"/plans/{PLAN}/actions", {"action": "snapshot_now", "instance": "shop-2"})
         assert acted.status_code == 201, acted.text
         run = acted.json()
         assert run["dag_id"] == "tandem_ops" and run["url"].endswith(f"/dags/tandem_ops/runs/{run['dag_run_id']}")
         recorded = airflow.request("GET", f"/dags/tandem_ops/dagRuns/{run['dag_run_id']}").json()
-        assert recorded["conf"] == {"action": "snapshot_now", "plan": PLAN, "shard_id": "shop-2", "node": ""}
+        assert recorded["conf"] == {"action": "snapshot_now", "plan": PLAN, "instance": "shop-2", "node": ""}
         assert recorded["triggering_user_name"] == "admin" and "Tandem page by admin" in recorded["note"]
 
         check_page(browser, base, admin_token, database_url, status["instances"][0]["lease"]["epoch"], tmp_path)

@@ -391,7 +391,7 @@ def test_snapshot_now_runs_on_the_standbys_host_too(on_hosts: OnHosts) -> None:
     client.set_paused(SNAPSHOT, False)  # a paused DAG runs nothing, triggered runs included (snapshot_now then
     try:                                # snapshots in its own task, on the control host)
         with on_hosts.load():
-            run_id = client.trigger(OPS, {"action": "snapshot_now", "plan": "trades", "shard_id": "shard-1",
+            run_id = client.trigger(OPS, {"action": "snapshot_now", "plan": "trades", "instance": "shard-1",
                                           "node": ""})
             assert client.wait_for_run(OPS, run_id, timeout_s=600) == "success"
     finally:
@@ -464,7 +464,7 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
         wait_for(lambda: published_total(url) > 0, 60, "outputs to restore")
         os.kill(frozen["pid"], signal.SIGSTOP)
         note(f"{standby}'s driver (pid {frozen['pid']} on {frozen['host']}) frozen")
-        run_id = client.trigger(RESTORE, {"plan": "trades", "shard_id": "shard-1", "snapshot_id": snapshot.id,
+        run_id = client.trigger(RESTORE, {"plan": "trades", "instance": "shard-1", "snapshot_id": snapshot.id,
                                           "node": "", "force": False})
         assert client.wait_for_run(RESTORE, run_id, timeout_s=600) == "success"
         [stop_run] = [r for r in client.runs(RUN) if r["dag_run_id"].startswith(f"tandem_stop__{standby}__shard-1__")
@@ -534,7 +534,7 @@ def test_crashed_hosts_fail_over_to_the_backup_on_a_third_host(on_hosts: OnHosts
     active, standby = on_hosts.both_running()
     since = db_now(url)
     with on_hosts.load():
-        run_id = client.trigger(OPS, {"action": "restart_node", "plan": "trades", "shard_id": "shard-1",
+        run_id = client.trigger(OPS, {"action": "restart_node", "plan": "trades", "instance": "shard-1",
                                       "node": BACKUP_NODE})
         assert client.wait_for_run(OPS, run_id, timeout_s=600) == "success"
         row = wait_for(lambda: launched_on_its_host(url, BACKUP_NODE), 120, f"{BACKUP_NODE} to run on {BACKUP_HOST}",

@@ -144,7 +144,7 @@ def _group(pid: int) -> int | None:
 
 
 def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_env, database_url):
-    conf = {"action": "failover_now", "plan": "trades", "shard_id": "shard-1", "node": ""}
+    conf = {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}
     result, output = dag_test(airflow_env, "tandem_ops", conf)
     assert result["state"] == "failed" and result["tis"]["act"]["try_number"] == 1, output[-5000:]
     assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output
@@ -160,7 +160,7 @@ def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_e
                                         snapshots_dir=snapshots_dir(cluster, "trades"))
         catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
         catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
-    conf = {"plan": "trades", "shard_id": "", "snapshot_id": record.id, "node": "", "force": False}
+    conf = {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "", "force": False}
     result, output = dag_test(airflow_env, "tandem_restore", conf)
     assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
     assert f"snapshot {record.id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output

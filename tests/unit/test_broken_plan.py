@@ -145,7 +145,7 @@ def test_the_plan_list_shows_a_broken_plan_with_its_error_and_the_others_are_ser
     assert refused.json()["detail"] == f"plan broken is broken: {errors['broken']}"
     status = client.get("/api/v1/plans/trades/status")
     assert status.status_code == 200, status.text
-    assert [i["shard_id"] for i in status.json()["instances"]] == ["shard-1", "shard-2"]
+    assert [i["instance"] for i in status.json()["instances"]] == ["shard-1", "shard-2"]
 
 
 def test_status_shows_the_good_plans_and_a_line_per_broken_plan_with_exit_2(broken_conf: Path, migrated: str,

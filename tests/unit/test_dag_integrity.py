@@ -159,11 +159,11 @@ def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(
 
     dag = dagbag.dags["tandem_restore"]
     assert dag.schedule is None
-    assert dag.params.validate() == {"plan": sorted(plans)[0], "shard_id": "", "snapshot_id": "", "node": "",
+    assert dag.params.validate() == {"plan": sorted(plans)[0], "instance": "", "snapshot_id": "", "node": "",
                                      "force": False}
     [task] = dag.tasks
     assert task.task_type == "RestoreSnapshotOperator"
-    for param, value in (("plan", "nope"), ("node", "node-z"), ("shard_id", "shard-9"), ("force", "yes")):
+    for param, value in (("plan", "nope"), ("node", "node-z"), ("instance", "shard-9"), ("force", "yes")):
         with pytest.raises(ParamValidationError, match=param):
             copy.deepcopy(dag.params)[param] = value
 
@@ -199,15 +199,44 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 
     dag = dagbag.dags["tandem_ops"]
     assert dag.schedule is None
-    assert dag.params.validate() == {"action": "failover_now", "plan": sorted(plans)[0], "shard_id": "", "node": ""}
+    assert dag.params.validate() == {"action": "failover_now", "plan": sorted(plans)[0], "instance": "", "node": ""}
     params = copy.deepcopy(dag.params)
-    params.update({"action": "drain_node", "plan": "trades", "shard_id": "shard-2", "node": "node-a"})
+    params.update({"action": "drain_node", "plan": "trades", "instance": "shard-2", "node": "node-a"})
     assert params.validate()["action"] == "drain_node"
     params.update({"action": "snapshot_now", "node": ""})
     assert params.validate()["action"] == "snapshot_now"
-    for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("shard_id", "shard-9")):
+    for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("instance", "shard-9")):
         with pytest.raises(ParamValidationError, match=param):
             copy.deepcopy(dag.params)[param] = value
+
+
+@pytest.mark.parametrize("dag_id", ["tandem_ops", "tandem_restore"])
+def test_a_conf_of_an_older_client_still_names_the_instance_shard_id(dagbag, dag_id, caplog):
+    """Until the next release, a run triggered with ``shard_id`` (the Param's former name) acts on that
+    instance; with both names given and different it fails without retry."""
+    import logging
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from tandem.airflow.operator_support import requested_instance
+
+    dag = dagbag.dags[dag_id]
+    [task] = dag.tasks
+    log = logging.getLogger("test")
+
+    def instance_of(conf: dict) -> str:
+        params = copy.deepcopy(dag.params)
+        params.update({"plan": "trades", **conf})
+        values = params.validate()
+        return requested_instance(log, task.render_template(task.instance, {"params": values}), values)
+
+    assert instance_of({"instance": "shard-2"}) == "shard-2"
+    assert instance_of({}) == ""
+    assert "deprecated" not in caplog.text
+    assert instance_of({"shard_id": "shard-2"}) == "shard-2"
+    assert "the conf key shard_id is deprecated" in caplog.text
+    assert instance_of({"instance": "shard-2", "shard_id": "shard-2"}) == "shard-2"
+    with pytest.raises(AirflowFailException, match="give instance only"):
+        instance_of({"instance": "shard-1", "shard_id": "shard-2"})
 
 
 def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):

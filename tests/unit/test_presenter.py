@@ -35,18 +35,26 @@ def test_key_filters_are_field_value_items() -> None:
 
 def test_an_action_becomes_the_params_of_its_dag(conf) -> None:
     plan = load_plan("pizza_shop", load_cluster(conf / "cluster.yaml"))
-    assert action_conf(plan, ActionRequest(action="failover_now", shard_id="shop-2")) == {
-        "action": "failover_now", "plan": "pizza_shop", "shard_id": "shop-2", "node": ""}
+    assert action_conf(plan, ActionRequest(action="failover_now", instance="shop-2")) == {
+        "action": "failover_now", "plan": "pizza_shop", "instance": "shop-2", "node": ""}
     assert action_conf(plan, ActionRequest(action="restore", snapshot_id="s-1", confirm=True, force=True)) == {
-        "plan": "pizza_shop", "shard_id": "", "snapshot_id": "s-1", "node": "", "force": True}
+        "plan": "pizza_shop", "instance": "", "snapshot_id": "s-1", "node": "", "force": True}
     with pytest.raises(BadRequest, match="confirm"):
         action_conf(plan, ActionRequest(action="restore"))
     with pytest.raises(BadRequest, match="needs a node"):
         action_conf(plan, ActionRequest(action="drain_node"))
     with pytest.raises(ConfigError, match="not a shard"):
-        action_conf(plan, ActionRequest(action="snapshot_now", shard_id="shop-9"))
+        action_conf(plan, ActionRequest(action="snapshot_now", instance="shop-9"))
     with pytest.raises(ConfigError, match="not a node"):
         action_conf(plan, ActionRequest(action="restart_node", node="node-z"))
+
+
+def test_an_action_body_may_still_name_the_instance_shard_id() -> None:
+    """``shard_id``, the former name of ``instance``, is accepted until the next release; ``instance`` wins."""
+    assert ActionRequest.model_validate({"action": "snapshot_now", "shard_id": "shop-2"}).instance == "shop-2"
+    both = {"action": "snapshot_now", "instance": "shop-1", "shard_id": "shop-2"}
+    assert ActionRequest.model_validate(both).instance == "shop-1"
+    assert "shard_id" not in ActionRequest.model_json_schema()["properties"]
 
 
 def test_a_plan_summary_lists_groups_instances_and_output_columns(conf) -> None:

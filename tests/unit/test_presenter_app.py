@@ -111,7 +111,7 @@ def test_reads_are_limited_to_the_plans_whose_dag_the_user_may_read(app) -> None
 
 def test_a_cookie_post_needs_the_page_header_and_a_bearer_post_does_not(app, fake_airflow: FakeAirflowApi) -> None:
     client = TestClient(app)
-    action = {"action": "snapshot_now", "shard_id": "shard-1"}
+    action = {"action": "snapshot_now", "instance": "shard-1"}
     forged = client.post("/api/v1/plans/trades/actions", json=action, cookies={"_token": "cookie-jwt"})
     assert forged.status_code == 403 and "X-Tandem-Request: 1" in forged.json()["detail"]
     assert fake_airflow.calls == []
@@ -126,12 +126,12 @@ def test_a_cookie_post_needs_the_page_header_and_a_bearer_post_does_not(app, fak
 
 def test_an_action_calls_the_configured_airflow_never_the_request_host(app, fake_airflow: FakeAirflowApi) -> None:
     client = TestClient(app, base_url="http://attacker.invalid:9")
-    response = client.post("/api/v1/plans/trades/actions", json={"action": "failover_now", "shard_id": "shard-1"},
+    response = client.post("/api/v1/plans/trades/actions", json={"action": "failover_now", "instance": "shard-1"},
                            headers={"Authorization": "Bearer api-jwt"})
     assert response.status_code == 201, response.text
     [call] = fake_airflow.calls
     assert call["path"] == "/api/v2/dags/tandem_ops/dagRuns" and call["authorization"] == "Bearer api-jwt"
-    assert call["body"]["conf"] == {"action": "failover_now", "plan": "trades", "shard_id": "shard-1", "node": ""}
+    assert call["body"]["conf"] == {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}
     run = response.json()
     assert run["url"] == f"{fake_airflow.url}/dags/tandem_ops/runs/{run['dag_run_id']}"
 
@@ -141,3 +141,52 @@ def test_the_page_may_be_framed_by_airflow_only(app) -> None:
     assert response.status_code == 200
     assert response.headers["content-security-policy"] == "frame-ancestors 'self'"
     assert response.headers["cache-control"] == "no-store"
+
+
+@pytest.fixture
+def events(database_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The app's database: migrated, with one supervision event per instance of the trades plan."""
+    from tandem.store import Database, migrate
+    from tandem.store.supervision import mark
+
+    with Database(database_url) as db:
+        migrate(db)
+        for instance in ("shard-1", "shard-2"):
+            mark(db, "trades", instance, "DETECTED", f"test: {instance}", node="node-a")
+    monkeypatch.setenv("TANDEM_DATABASE_URL", database_url)
+    return database_url
+
+
+def test_responses_name_the_instance_and_the_deprecated_shard_id_still_works(app, events,
+                                                                               fake_airflow: FakeAirflowApi) -> None:
+    """Until the next release a client of the former names is served: the ``shard_id`` query parameter and
+    body field are accepted, and each response repeats ``instance`` as ``shard_id`` (marked deprecated)."""
+    client = TestClient(app)
+    timeline = "/api/v1/plans/trades/timeline"
+    [event] = client.get(timeline, params={"instance": "shard-2"}).json()["events"]
+    assert (event["instance"], event["shard_id"], event["reason"]) == ("shard-2", "shard-2", "test: shard-2")
+    assert client.get(timeline, params={"shard_id": "shard-2"}).json()["events"] == [event]
+    assert client.get(timeline, params={"instance": "shard-2", "shard_id": "shard-2"}).json()["events"] == [event]
+    differ = client.get(timeline, params={"instance": "shard-1", "shard_id": "shard-2"})
+    assert differ.status_code == 400 and differ.json()["detail"] == (
+        "instance and shard_id (its deprecated name) differ: give instance only")
+    assert client.get("/api/v1/plans/trades/snapshots", params={"shard_id": "shard-9"}).status_code == 400
+    status = client.get("/api/v1/plans/trades/status").json()
+    assert [(i["instance"], i["shard_id"]) for i in status["instances"]] == [("shard-1", "shard-1"),
+                                                                             ("shard-2", "shard-2")]
+
+    acted = client.post("/api/v1/plans/trades/actions", json={"action": "snapshot_now", "shard_id": "shard-2"},
+                        headers={"Authorization": "Bearer api-jwt"})
+    assert acted.status_code == 201, acted.text
+    assert fake_airflow.calls[-1]["body"]["conf"] == {"action": "snapshot_now", "plan": "trades",
+                                                      "instance": "shard-2", "node": ""}
+
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    for model in ("TimelineEvent", "SnapshotInfo", "InstanceStatus", "QuarantineSample", "Event"):
+        assert "instance" in schemas[model]["required"], model
+        assert schemas[model]["properties"]["shard_id"]["deprecated"] is True, model
+    assert set(schemas["ActionRequest"]["properties"]) >= {"action", "instance"}
+    for path in ("/api/v1/plans/{plan}/timeline", "/api/v1/plans/{plan}/snapshots"):
+        parameters = {p["name"]: p for p in spec["paths"][path]["get"]["parameters"]}
+        assert parameters["shard_id"]["deprecated"] is True and not parameters["instance"].get("deprecated"), path

@@ -220,7 +220,7 @@ def _node(status: str | None, error: str | None = None, health: str = "STOPPED")
 def test_a_vacant_lease_says_since_when_and_why() -> None:
     expired = datetime(2026, 1, 1, 10, tzinfo=UTC)
     lease = {"holder": "node-a", "epoch": 3, "valid": False, "expires_at": expired}
-    released = TimelineEvent(id=9, happened_at=expired - timedelta(minutes=1), shard_id="shard-1", kind="RELEASED",
+    released = TimelineEvent(id=9, happened_at=expired - timedelta(minutes=1), instance="shard-1", kind="RELEASED",
                              node="node-a", previous_node=None, epoch=3, reason="instance stopped")
     assert vacancy(lease, released, _node("STOPPED")) == (released.happened_at, "released: instance stopped")
     older = released.model_copy(update={"epoch": 2})

@@ -197,22 +197,25 @@ Then the run ends and the next one starts.
 
 
 def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str, Any]:
-    """Params of ``tandem_ops``: action, plan, shard (empty: every shard), node."""
+    """Params of ``tandem_ops``: action, plan, instance (empty: every instance), node.
+
+    A conf with ``shard_id``, the former name of ``instance``, is still obeyed until the next release
+    (:func:`tandem.airflow.operator_support.requested_instance`)."""
     from airflow.sdk import Param
 
     names = sorted(plans)
-    shards = sorted({shard for plan in plans.values() for shard in plan.shards})
+    instances = sorted({instance for plan in plans.values() for instance in plan.shards})
     return {
         "action": Param("failover_now", type="string", enum=list(OPS_ACTIONS), title="Action",
                         description="failover_now: move the ACTIVE role to a standby now; drain_node: hand the "
                                     "node's ACTIVE roles to others and stop it; restart_node: restart the node's "
                                     "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
-                                    "take a snapshot of each shard's ACTIVE instance now on a standby's host "
+                                    "take a snapshot of each instance's ACTIVE node now on a standby's host "
                                     "(or of the node's instance, here)"),
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
                       description="a plan whose file loads (broken plans: see the DAG's docs)"),
-        "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
-                          description="one shard, or empty for every shard of the plan"),
+        "instance": Param("", type="string", enum=["", *instances], title="Instance",
+                          description="one group instance of the plan (e.g. shop-1), or empty for every one"),
         "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
                       description="required for drain_node and restart_node; for failover_now the preferred "
                                   "standby to take over"),
@@ -223,19 +226,20 @@ OPS_DOC = """### Operate Tandem's plans
 
 Trigger with Params:
 
-- **failover_now** (plan, optional shard, optional node): the ACTIVE role moves to a live hot
+- **failover_now** (plan, optional instance, optional node): the ACTIVE role moves to a live hot
   standby at once (a lease handover; the old active keeps running as PASSIVE). Warm plans stop
   the active and start the plan on another node from a cut of its checkpoint.
-- **drain_node** (plan, node, optional shard): the node's ACTIVE roles go to other nodes; once
+- **drain_node** (plan, node, optional instance): the node's ACTIVE roles go to other nodes; once
   they are promoted, its instances stop. Supervision leaves a drained node down.
-- **restart_node** (plan, node, optional shard): stop the node's instances (failing over first
+- **restart_node** (plan, node, optional instance): stop the node's instances (failing over first
   where they are ACTIVE) and relaunch them as standbys after re-syncing from the active.
-- **snapshot_now** (plan, optional shard, optional node): take a snapshot of each shard's ACTIVE
-  instance now through a run of `tandem_<plan>_snapshot`, on a live standby's host as scheduled
+- **snapshot_now** (plan, optional instance, optional node): take a snapshot of each instance's
+  ACTIVE node now through a run of `tandem_<plan>_snapshot`, on a live standby's host as scheduled
   snapshots are; with a node, of that node's instance, in this task. It is validated and listed by
   `tandem snapshots <plan>`.
 
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
+A conf with `shard_id` (the former name of `instance`) is still obeyed until the next release.
 """
 
 
@@ -284,18 +288,20 @@ DAG or `tandem restore {plan.name}`.
 
 
 def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str, Any]:
-    """Params of ``tandem_restore``: plan, shard, snapshot id, node, force."""
+    """Params of ``tandem_restore``: plan, instance, snapshot id, node, force (``shard_id``: as in
+    :func:`ops_params`)."""
     from airflow.sdk import Param
 
     names = sorted(plans)
-    shards = sorted({shard for plan in plans.values() for shard in plan.shards})
+    instances = sorted({instance for plan in plans.values() for instance in plan.shards})
     return {
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
                       description="a plan whose file loads (broken plans: see the DAG's docs)"),
-        "shard_id": Param("", type="string", enum=["", *shards], title="Shard",
-                          description="one shard, or empty for every shard (ignored when a snapshot id is given)"),
+        "instance": Param("", type="string", enum=["", *instances], title="Instance",
+                          description="one group instance of the plan, or empty for every one (ignored when a "
+                                      "snapshot id is given)"),
         "snapshot_id": Param("", type="string", title="Snapshot id",
-                             description="empty: each shard's newest GOOD snapshot (tandem snapshots <plan>)"),
+                             description="empty: each instance's newest GOOD snapshot (tandem snapshots <plan>)"),
         "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
                       description="the node to start ACTIVE (default: the node the snapshot was cut from)"),
         "force": Param(False, type="boolean", title="Force",
@@ -305,12 +311,13 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
 
 RESTORE_DOC = """### Restore a plan from a snapshot
 
-Trigger with Params (plan, shard or all, snapshot id or the newest GOOD one, node, force). For
-each shard: stop its instances, put the snapshot's checkpoint cut in place of each node's
-checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this shard's rows
-only) and the PostgreSQL outputs to match, then start the ACTIVE instance (the supervisor starts
+Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force). For
+each group instance: stop it on every node, put the snapshot's checkpoint cut in place of each node's
+checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this instance's rows
+only) and the PostgreSQL outputs to match, then start the ACTIVE node (the supervisor starts
 the standbys). The plan reprocesses the input after the cut. A BAD snapshot is refused unless
-forced. The steps are in the task log and the run note.
+forced. The steps are in the task log and the run note. A conf with `shard_id` (the former name
+of `instance`) is still obeyed until the next release.
 """
 
 

@@ -1,22 +1,43 @@
-"""What Tandem's operators share: the cluster configuration, resolved when a task runs, and the run note.
+"""What Tandem's operators share: the cluster configuration, resolved when a task runs, the group instance a
+run asks for, and the run note.
 
 Every operator resolves the cluster configuration at run time (``cluster_config``, a path to
 ``cluster.yaml``, or the environment), so DAG files stay free of I/O beyond reading ``conf/``.
-Errors a retry cannot fix (bad Params, unknown node or shard, failed validation) raise
+Errors a retry cannot fix (bad Params, unknown node or instance, failed validation) raise
 ``AirflowFailException``; anything else may be retried.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
 from tandem.config import ClusterConfig, load_cluster
+
+DEPRECATED_INSTANCE_KEY = "shard_id"
+"""The former name of the Param ``instance`` of ``tandem_ops`` and ``tandem_restore``: a run triggered with it
+(by a client older than the rename) is obeyed until the next release."""
 
 
 def task_cluster(path: str | None) -> ClusterConfig:
     """The cluster configuration of a task: ``path`` (an operator's ``cluster_config``), else the environment's."""
     return load_cluster(Path(path) if path else None)
+
+
+def requested_instance(log: Any, instance: str, params: Mapping[str, Any]) -> str:
+    """The group instance a run asks for: the Param ``instance``, else the deprecated conf key ``shard_id``
+    (empty: every instance). Both given and different: ``AirflowFailException`` (no retry can fix it)."""
+    former = str(params.get(DEPRECATED_INSTANCE_KEY) or "")
+    if not former:
+        return instance
+    if instance and instance != former:
+        raise AirflowFailException(f"the conf gives instance {instance!r} and {DEPRECATED_INSTANCE_KEY} {former!r} "
+                                   f"(its deprecated name): give instance only")
+    log.warning("the conf key %s is deprecated: name the group instance with instance", DEPRECATED_INSTANCE_KEY)
+    return former
 
 
 def set_run_note(log: Any, ti: Any, summary: str) -> None:

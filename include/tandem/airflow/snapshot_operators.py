@@ -18,7 +18,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from tandem.airflow.dags import snapshot_task_id
-from tandem.airflow.operator_support import set_run_note, task_cluster
+from tandem.airflow.operator_support import requested_instance, set_run_note, task_cluster
 from tandem.config import ClusterConfig, load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
@@ -201,7 +201,7 @@ class PruneSnapshotsOperator(BaseOperator):
 
 
 class RestoreSnapshotOperator(BaseOperator):
-    """Restore a plan's shards from a snapshot (by id, or each shard's newest GOOD one) and start them.
+    """Restore a plan's instances from a snapshot (by id, or each instance's newest GOOD one) and start them.
 
     A BAD snapshot is refused unless ``force``. The steps go to the log and the run note. The
     restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
@@ -209,20 +209,21 @@ class RestoreSnapshotOperator(BaseOperator):
     ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.NodeQueue`).
 
     :param plan: plan name. Templated.
-    :param shard_id: one shard, or empty for every shard (ignored with a snapshot id). Templated.
+    :param instance: one group instance, or empty for every one (ignored with a snapshot id). Templated. A
+        run whose conf has ``shard_id``, its deprecated former name, is obeyed too (until the next release).
     :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
     :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
     :param force: restore a BAD snapshot anyway.
     """
 
-    template_fields = ("plan", "shard_id", "snapshot_id", "node", "force")
+    template_fields = ("plan", "instance", "snapshot_id", "node", "force")
     ui_color = "#f5ecdc"
 
-    def __init__(self, *, plan: str, shard_id: str = "", snapshot_id: str = "", node: str = "",
+    def __init__(self, *, plan: str, instance: str = "", snapshot_id: str = "", node: str = "",
                  force: bool | str = False, cluster_config: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
-        self.shard_id = shard_id
+        self.instance = instance
         self.snapshot_id = snapshot_id
         self.node = node
         self.force = force
@@ -236,7 +237,8 @@ class RestoreSnapshotOperator(BaseOperator):
         cluster = task_cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
-            shards = shards_to_restore(cluster, plan, self.snapshot_id, self.shard_id)
+            instance = requested_instance(self.log, self.instance, context["params"])
+            shards = shards_to_restore(cluster, plan, self.snapshot_id, instance)
         except (ConfigError, SnapshotError) as exc:
             raise AirflowFailException(str(exc)) from None
         force = self.force if isinstance(self.force, bool) else str(self.force).lower() == "true"

@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tandem.airflow.operator_support import set_run_note, task_cluster
+from tandem.airflow.operator_support import requested_instance, set_run_note, task_cluster
 from tandem.airflow.snapshot_operators import snapshot_on_hosts, take_snapshots
 from tandem.config import load_plan
 from tandem.errors import ConfigError
@@ -88,14 +88,14 @@ class ReconcilePlanOperator(BaseOperator):
 class PlanOpsOperator(BaseOperator):
     """An operator's action on a plan: ``failover_now``, ``drain_node`` or ``restart_node``.
 
-    - ``failover_now``: hand the ACTIVE role of each selected shard to a live standby (``node``,
+    - ``failover_now``: hand the ACTIVE role of each selected instance to a live standby (``node``,
       when given, is the preferred one); in warm mode stop the active and start the plan on
       another node from a cut of its checkpoint.
-    - ``drain_node``: keep ``node`` out of the selected shards: hand its ACTIVE roles to others,
+    - ``drain_node``: keep ``node`` out of the selected instances: hand its ACTIVE roles to others,
       wait for their promotion, then stop its instances. The supervision DAG leaves it down.
     - ``restart_node``: stop ``node``'s instances (failing over first where it is ACTIVE) and
       relaunch them as standbys after re-syncing them from the active; undoes a drain.
-    - ``snapshot_now``: take a snapshot of each selected shard's ACTIVE instance now through a run
+    - ``snapshot_now``: take a snapshot of each selected instance's ACTIVE node now through a run
       of the snapshot DAG (on a live standby's host, as scheduled snapshots are); with ``node``, of
       that node's instance, in this task.
 
@@ -105,19 +105,20 @@ class PlanOpsOperator(BaseOperator):
 
     :param action: one of failover_now, drain_node, restart_node, snapshot_now. Templated.
     :param plan: plan name. Templated.
-    :param shard_id: one shard, or empty for every shard of the plan. Templated.
+    :param instance: one group instance, or empty for every one of the plan. Templated. A run whose conf
+        has ``shard_id``, its deprecated former name, is obeyed too (until the next release).
     :param node: the node (required for drain_node and restart_node). Templated.
     """
 
-    template_fields = ("action", "plan", "shard_id", "node")
+    template_fields = ("action", "plan", "instance", "node")
     ui_color = "#f5dcdc"
 
-    def __init__(self, *, action: str, plan: str, shard_id: str = "", node: str = "",
+    def __init__(self, *, action: str, plan: str, instance: str = "", node: str = "",
                  cluster_config: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action = action
         self.plan = plan
-        self.shard_id = shard_id
+        self.instance = instance
         self.node = node
         self.cluster_config = cluster_config
 
@@ -130,10 +131,11 @@ class PlanOpsOperator(BaseOperator):
             plan = load_plan(self.plan, cluster)
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
-        shards = [self.shard_id] if self.shard_id else list(plan.shards)
+        instance = requested_instance(self.log, self.instance, context["params"])
+        shards = [instance] if instance else list(plan.shards)
         ti = context["ti"]
         if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
-            return snapshot_on_hosts(self.log, plan, self.shard_id, ti)
+            return snapshot_on_hosts(self.log, plan, instance, ti)
         if self.action == SNAPSHOT_NOW:
             if not self.node:
                 self.log.warning("%s is paused (its runs would wait): snapshotting in this task instead",

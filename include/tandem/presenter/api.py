@@ -115,6 +115,21 @@ def readable_plan(plan: str, plans: Plans, broken: Broken, user: User, auth: Aut
 
 
 Plan = Annotated[PlanConfig, Depends(readable_plan)]
+
+
+def instance_query(
+    instance: Annotated[str | None, Query(description="one group instance, e.g. shop-1")] = None,
+    shard_id: Annotated[str | None, Query(deprecated=True, description="the former name of `instance`, "
+                                                                       "accepted until the next release")] = None,
+) -> str | None:
+    """The group instance a read asks for: ``instance``, or ``shard_id``, its deprecated name (a 400 when both
+    are given and differ)."""
+    if instance and shard_id and instance != shard_id:
+        raise views.BadRequest("instance and shard_id (its deprecated name) differ: give instance only")
+    return instance or shard_id or None
+
+
+Instance = Annotated[str | None, Depends(instance_query)]
 router = APIRouter(dependencies=[Depends(get_user)], responses=ERRORS)
 
 
@@ -138,19 +153,19 @@ def get_status(plan: Plan, cluster: Cluster, db: Db) -> PlanStatus:
 
 
 @router.get("/plans/{plan}/timeline", response_model=Timeline, summary="Failover and supervision events, newest first")
-def get_timeline(plan: Plan, db: Db, shard_id: str | None = None,
+def get_timeline(plan: Plan, instance: Instance, db: Db,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Timeline:
-    return views.timeline(db, plan, shard_id=shard_id or None, limit=limit)
+    return views.timeline(db, plan, shard_id=instance, limit=limit)
 
 
 @router.get("/plans/{plan}/snapshots", response_model=SnapshotCatalog, summary="The snapshot catalog, newest first")
-def get_snapshots(plan: Plan, db: Db, shard_id: str | None = None,
+def get_snapshots(plan: Plan, instance: Instance, db: Db,
                   status: Annotated[list[str] | None, Query(description=f"any of {', '.join(STATUSES)}")] = None,
                   limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SnapshotCatalog:
     unknown = sorted(set(status or ()) - set(STATUSES))
     if unknown:
         raise views.BadRequest(f"unknown snapshot status {', '.join(unknown)} (known: {', '.join(STATUSES)})")
-    return views.snapshot_catalog(db, plan, shard_id=shard_id or None, statuses=tuple(status) if status else None,
+    return views.snapshot_catalog(db, plan, shard_id=instance, statuses=tuple(status) if status else None,
                                   limit=limit)
 
 
@@ -244,8 +259,8 @@ def airflow_ui_url(cluster: ClusterConfig) -> str:
 
 def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
     """The Params of the DAG run that carries out ``body`` (a :class:`BadRequest` for what the DAG would refuse)."""
-    if body.shard_id:
-        plan.check_shard(body.shard_id)
+    if body.instance:
+        plan.check_shard(body.instance)
     if body.node:
         plan.check_node(body.node)
     if body.action in NEEDS_NODE and not body.node:
@@ -253,9 +268,9 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
     if body.action == "restore":
         if not body.confirm:
             raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
-        return {"plan": plan.name, "shard_id": body.shard_id, "snapshot_id": body.snapshot_id, "node": body.node,
+        return {"plan": plan.name, "instance": body.instance, "snapshot_id": body.snapshot_id, "node": body.node,
                 "force": body.force}
-    return {"action": body.action, "plan": plan.name, "shard_id": body.shard_id, "node": body.node}
+    return {"action": body.action, "plan": plan.name, "instance": body.instance, "node": body.node}
 
 
 @router.post("/plans/{plan}/actions", response_model=ActionRun, status_code=201,

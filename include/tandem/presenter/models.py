@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, computed_field
 
 Role = Literal["ACTIVE", "PASSIVE", "BACKUP"]
 Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore"]
@@ -86,12 +86,23 @@ class LeaseState(BaseModel):
                                                   "'expired: node-a is FAILED: …')")
 
 
-class TimelineEvent(BaseModel):
+class OfInstance(BaseModel):
+    """A record of one group instance: ``instance`` names it, ``shard_id`` is its deprecated former name."""
+
+    instance: str = Field(description="the group instance, e.g. shop-1")
+
+    @computed_field(description="deprecated: the former name of `instance`, served until the next release",
+                    json_schema_extra={"deprecated": True})
+    @property
+    def shard_id(self) -> str:
+        return self.instance
+
+
+class TimelineEvent(OfInstance):
     """A failover or supervision event (``tandem.failover_events``)."""
 
     id: int
     happened_at: datetime
-    shard_id: str
     kind: str
     node: str | None
     previous_node: str | None
@@ -99,9 +110,8 @@ class TimelineEvent(BaseModel):
     reason: str
 
 
-class SnapshotInfo(BaseModel):
+class SnapshotInfo(OfInstance):
     id: str
-    shard_id: str
     node: str
     status: Literal["TAKING", "GOOD", "BAD", "PRUNED"]
     batch_id: int | None
@@ -114,10 +124,9 @@ class SnapshotInfo(BaseModel):
     validation: dict[str, Any] | None
 
 
-class InstanceStatus(BaseModel):
+class InstanceStatus(OfInstance):
     """One group instance (one HA unit): its lease, its nodes, and what the supervisor would do now."""
 
-    shard_id: str
     group: str
     standby: Literal["hot", "warm"]
     lease: LeaseState | None
@@ -143,9 +152,8 @@ class SnapshotCatalog(BaseModel):
     snapshots: list[SnapshotInfo]
 
 
-class QuarantineSample(BaseModel):
+class QuarantineSample(OfInstance):
     quarantined_at: datetime
-    shard_id: str
     node: str
     source_file: str
     reason: str
@@ -156,7 +164,7 @@ class QuarantineReport(BaseModel):
     plan: str
     total: int = Field(description="quarantined lines in the Delta table")
     by_reason: dict[str, int]
-    by_instance: dict[str, int] = Field(description="per group instance (shard)")
+    by_instance: dict[str, int] = Field(description="per group instance")
     samples: list[QuarantineSample] = Field(description="the newest quarantined lines")
 
 
@@ -168,7 +176,7 @@ class AggregateRows(BaseModel):
     end: datetime
     rows: list[dict[str, Any]] = Field(
         description="per bucket and key: bucket_start, the keys, measures and ratios merged over every instance, "
-                    "and shards (how many instances contributed)")
+                    "and `shards`: how many group instances contributed (the column keeps its name)")
 
 
 class TableRows(BaseModel):
@@ -178,10 +186,9 @@ class TableRows(BaseModel):
                                                    "instances (how many hold a part)")
 
 
-class Event(BaseModel):
+class Event(OfInstance):
     event_id: str
     event_time: datetime
-    shard_id: str
     payload: dict[str, Any]
 
 
@@ -195,7 +202,9 @@ class EventPage(BaseModel):
 
 class ActionRequest(BaseModel):
     action: Action
-    shard_id: str = Field("", description="one group instance, or empty for every one of the plan")
+    instance: str = Field("", validation_alias=AliasChoices("instance", "shard_id"),
+                          description="one group instance, or empty for every one of the plan (`shard_id`, its "
+                                      "former name, is accepted until the next release)")
     node: str = Field("", description="drain_node / restart_node: the node; failover_now: the preferred standby; "
                                       "restore: the node to start ACTIVE")
     snapshot_id: str = Field("", description="restore: the snapshot (empty: each instance's newest GOOD one)")

@@ -105,12 +105,12 @@ def epoch_millis_fields(plan: PlanConfig) -> list[str]:
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
-    return TimelineEvent(id=row["id"], happened_at=row["happened_at"], shard_id=row["shard_id"], kind=row["kind"],
+    return TimelineEvent(id=row["id"], happened_at=row["happened_at"], instance=row["shard_id"], kind=row["kind"],
                          node=row["node"], previous_node=row["previous_node"], epoch=row["epoch"], reason=row["reason"])
 
 
 def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
-    return SnapshotInfo(id=record.id, shard_id=record.shard_id, node=record.node, status=record.status,
+    return SnapshotInfo(id=record.id, instance=record.shard_id, node=record.node, status=record.status,
                         batch_id=record.batch_id, taken_at=record.taken_at, completed_at=record.completed_at,
                         state_rows=record.state_rows, checkpoint_bytes=record.checkpoint_bytes,
                         state_bytes=record.state_bytes, reason=record.reason,
@@ -118,7 +118,7 @@ def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
 
 
 def _last_role_events(db: Database, plan: str) -> tuple[dict[str, TimelineEvent], dict[str, TimelineEvent]]:
-    """Per shard: the newest change of the ACTIVE role, and the newest release of the lease."""
+    """Per group instance: the newest change of the ACTIVE role, and the newest release of the lease."""
     changes, releases = {}, {}
     for row in newest_of_kinds(db, plan, [*ROLE_CHANGES, RELEASED], RELEASED):
         (releases if row["kind"] == RELEASED else changes)[row["shard_id"]] = _event(row)
@@ -175,7 +175,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
                                expires_at=rows.lease["expires_at"], vacant_since=since, vacancy=reason)
         good = latest_good(db, plan.name, shard)
         instances.append(InstanceStatus(
-            shard_id=shard, group=plan.group_of(shard)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
+            instance=shard, group=plan.group_of(shard)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
             due=[action.describe() for action in decide(view)], last_failover=changes.get(shard),
             last_good_snapshot=_snapshot(good) if good else None))
     return PlanStatus(plan=plan.name, observed_at=database_now(db), instances=instances)
@@ -239,7 +239,7 @@ def _quarantine_summary(path: Path, plan: str, version: Hashable, samples: int) 
         plan=plan, total=counted.num_rows,
         by_reason=dict(Counter(counted["reason"].to_pylist()).most_common()),
         by_instance=dict(sorted(Counter(counted["shard_id"].to_pylist()).items())),
-        samples=[QuarantineSample(quarantined_at=r["quarantined_at"], shard_id=r["shard_id"], node=r["node"],
+        samples=[QuarantineSample(quarantined_at=r["quarantined_at"], instance=r["shard_id"], node=r["node"],
                                   source_file=r["source_file"], reason=r["reason"], raw=r["raw"]) for r in newest])
 
 
@@ -361,5 +361,5 @@ def event_page(db: Database, plan: PlanConfig, output: str, *, cursor: str | Non
     if rows:
         position = (rows[-1]["xid"], rows[-1]["event_id"])
     return EventPage(plan=plan.name, output=output, next_cursor=encode_cursor(position),
-                     events=[Event(event_id=r["event_id"], event_time=r["event_time"], shard_id=r["shard_id"],
+                     events=[Event(event_id=r["event_id"], event_time=r["event_time"], instance=r["shard_id"],
                                    payload=r["payload"]) for r in rows])
