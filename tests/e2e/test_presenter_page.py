@@ -97,7 +97,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             page.get_by_label("Password").fill(admin_password(tmp_path / "airflow" / "simple_auth_manager_passwords.json"))
             page.get_by_role("button", name="Sign in").click()
             page.get_by_role("link", name="Tandem").click()  # the plugin's entry in Airflow's navigation
-            page.wait_for_url("**/plugin/tandem")
+            page.wait_for_url("**/plugin/tandem", timeout=90_000)  # the SPA loads slowly on a busy machine
             tandem = page.frame_locator("iframe").first
             tandem.get_by_role("button", name="trades").click()
             expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible(timeout=30_000)
