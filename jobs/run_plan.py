@@ -11,7 +11,8 @@ import logging
 import sys
 import threading
 
-from tandem.config import load_cluster, load_plan, parse_duration
+from tandem.config import load_cluster, load_plan
+from tandem.declarations import parse_duration
 from tandem.names import ACTIVE, ROLES
 from tandem.runtime.node import install_stop_signals, run_instance
 

@@ -42,6 +42,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tandem.errors import TandemError
 
@@ -89,26 +90,31 @@ def _entries(directory: Path) -> list[Path]:
         return []
 
 
+def source_offsets(offsets_file: Path) -> list[Any]:
+    """Per source of an ``offsets/N`` file, in the order of the query's sources: its offset as JSON (the end
+    of batch N: where the query goes on from), or ``None`` when it had none yet (``-``) or it is not JSON."""
+    lines = offsets_file.read_text().splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise CheckpointError(f"{offsets_file}: not a Spark offset log entry")
+    offsets: list[Any] = []
+    for line in lines[2:]:
+        try:
+            offsets.append(None if line.strip() in ("", "-") else json.loads(line))
+        except json.JSONDecodeError:
+            offsets.append(None)
+    return offsets
+
+
 def source_log_offsets(offsets_file: Path) -> list[int | None]:
     """Per source of an ``offsets/N`` file: the file-source log entry it reached.
 
     -1 when the source had no offset yet (``-``), ``None`` when it is not a file source (its
     ``sources/<i>`` directory holds something else, e.g. Kafka's initial offsets, kept whole).
     """
-    lines = offsets_file.read_text().splitlines()
-    if not lines or not lines[0].startswith("v"):
-        raise CheckpointError(f"{offsets_file}: not a Spark offset log entry")
-    reached: list[int | None] = []
-    for line in lines[2:]:
-        if line.strip() in ("", "-"):
-            reached.append(-1)
-            continue
-        try:
-            offset = json.loads(line)
-        except json.JSONDecodeError:
-            offset = None
-        reached.append(int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset else None)
-    return reached
+    lines = offsets_file.read_text().splitlines()[2:]
+    return [-1 if line.strip() in ("", "-") else
+            int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset else None
+            for line, offset in zip(lines, source_offsets(offsets_file))]
 
 
 def _wanted(source: Path, batch: int) -> tuple[list[Path], list[str]]:

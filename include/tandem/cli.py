@@ -3,7 +3,8 @@
     tandem migrate                      apply the coordination schema migrations
     tandem config check | schema [FILE] validate conf/ and the plans' modules | print the files' JSON Schema
     tandem plan new NAME                a new plan: conf/plans/NAME.yaml and NAME.py, that run as written
-    tandem produce trades --rate 200 --duration 60
+    tandem produce trades --rate 200 --duration 60   to the streams' landing folders or NATS subjects
+    tandem receive [--host H] [--port 8700]       HTTP receiver into nats streams (token: TANDEM_RECEIVER_TOKEN)
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
     tandem run --plan trades --node node-a --instance shard-1 [--available-now]
@@ -33,7 +34,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tandem.config import load_cluster, load_plan, parse_duration
+from tandem.config import load_cluster, load_plan
+from tandem.declarations import parse_duration
 from tandem.errors import TandemError
 from tandem.names import ACTIVE, BACKUP, PASSIVE
 from tandem.show import print_events, print_table, render_aggregates
@@ -114,8 +116,21 @@ def cmd_produce(args: argparse.Namespace) -> int:
         for _ in produce(cluster, plan, rate=args.rate, duration_s=args.duration, seed=args.seed,
                          bad_ratio=args.bad_ratio, on_tick=tick):
             written[1] += 1
-    streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
-    console.print(f"wrote {written[0]} lines in {written[1]} files to {streams}")
+    streams = ", ".join(f"{name} ({stream.source}, {stream.partitions} partitions)"
+                        for name, stream in plan.streams.items())
+    console.print(f"wrote {written[0]} lines in {written[1]} writes (files, or acknowledged NATS batches) to {streams}")
+    return 0
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    """Serve the receiver (HTTP → the plans' nats streams) until interrupted; the token is TANDEM_RECEIVER_TOKEN."""
+    import os
+
+    from tandem.receiver import TOKEN_VARIABLE, serve
+
+    if not os.environ.get(TOKEN_VARIABLE):
+        raise TandemError(f"the receiver needs a token: set {TOKEN_VARIABLE} (clients send it as a Bearer token)")
+    serve(load_cluster(), args.host, args.port)
     return 0
 
 
@@ -505,13 +520,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("migrate", help="apply coordination schema migrations").set_defaults(func=cmd_migrate)
 
-    produce = commands.add_parser("produce", help="write events into the landing directories")
+    produce = commands.add_parser("produce", help="write events to a plan's streams (landing files or NATS subjects)")
     produce.add_argument("plan")
     produce.add_argument("--rate", type=int, default=100, help="events per second (trades, orders or temperatures)")
     produce.add_argument("--duration", type=_duration, default=10.0, help="how long, e.g. '60 seconds'")
     produce.add_argument("--seed", type=int, default=42)
     produce.add_argument("--bad-ratio", type=_ratio, default=0.0, help="share of deliberately bad lines")
     produce.set_defaults(func=cmd_produce)
+
+    receive = commands.add_parser("receive", help="serve the receiver: events over HTTP into the plans' nats streams")
+    receive.add_argument("--host", default="127.0.0.1")
+    receive.add_argument("--port", type=int, default=8700)
+    receive.set_defaults(func=cmd_receive)
 
     query = commands.add_parser("query", help="read a plan's output: merged aggregates, a merged table, or events")
     query.add_argument("plan")

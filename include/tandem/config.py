@@ -20,7 +20,6 @@ variables override paths and URLs:
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable
@@ -33,17 +32,16 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     Field,
     StrictInt,
     StrictStr,
     TypeAdapter,
     ValidationError,
-    WithJsonSchema,
 )
 
 from tandem.declarations import (
     NOT_RESERVED,
+    Duration,
     FieldName,
     GroupConfig,
     OutputConfig,
@@ -55,7 +53,7 @@ from tandem.declarations import (
 )
 from tandem.errors import ConfigError
 from tandem.names import QUARANTINE, QUARANTINE_QUERY
-from tandem.redaction import redact
+from tandem.redaction import redact, redact_url
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -67,36 +65,6 @@ QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """An Airflow queue a node's host worker serves (``airflow edge worker --queues <queue>``)."""
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
                     "@midnight")
-_UNITS = {
-    0.001: ("ms", "millis", "millisecond", "milliseconds"),
-    1.0: ("s", "sec", "secs", "second", "seconds"),
-    60.0: ("m", "min", "mins", "minute", "minutes"),
-    3600.0: ("h", "hour", "hours"),
-    86400.0: ("d", "day", "days"),
-}
-_UNIT_SECONDS = {name: factor for factor, names in _UNITS.items() for name in names}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
-
-
-def parse_duration(text: Any) -> float:
-    """Parse ``"500 ms"``, ``"2 seconds"``, ``"1m"``, ``"1 day"`` or a bare number of seconds into seconds."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected a duration such as '2 seconds', got {text!r}")
-    if isinstance(text, (int, float)):
-        seconds = float(text)
-    else:
-        match = _DURATION.match(str(text).lower())
-        if not match or (match.group(2) and match.group(2) not in _UNIT_SECONDS):
-            raise ValueError(f"expected a duration such as '2 seconds', '500 ms' or '1 day', got {text!r}")
-        number, unit = match.groups()
-        seconds = float(number) * _UNIT_SECONDS.get(unit, 1.0)
-    if not math.isfinite(seconds):
-        raise ValueError(f"must be a finite duration, got {text!r}")
-    if seconds <= 0:
-        raise ValueError(f"must be positive, got {text!r}")
-    return seconds
-
-
 def spark_interval(seconds: float) -> str:
     """Render seconds as an interval string Spark accepts (``"1500 milliseconds"``)."""
     millis = round(seconds * 1000)
@@ -152,10 +120,6 @@ def _storage_root(value: str) -> str:
     return value
 
 
-_DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 seconds", "1 minute", "1 day"]},
-                              {"type": "number", "exclusiveMinimum": 0}],
-                    "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
-Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
 Name = Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63"), NOT_RESERVED]
 Names = Annotated[list[Name], Field(min_length=1), AfterValidator(_unique)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
@@ -259,12 +223,38 @@ class AirflowSection(StrictModel):
     api_url: Annotated[StrictStr, AfterValidator(_http_url)] = "http://127.0.0.1:8080"
 
 
+def _nats_urls(value: str) -> str:
+    """Comma-separated ``nats://`` / ``tls://`` URLs (the form ``TANDEM_NATS_URL`` takes)."""
+    for url in value.split(","):
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise ValueError(f"expected nats:// or tls:// URLs with a host, got {redact_url(url.strip())!r}")
+    return value
+
+
+def _without_credentials(value: str) -> str:
+    if urlsplit(value).username or urlsplit(value).password:
+        raise ValueError(f"{redact_url(value)!r} holds credentials: give them in TANDEM_NATS_URL (the environment), "
+                         "never in cluster.yaml")
+    return value
+
+
+class NatsSection(StrictModel):
+    """The messaging layer: NATS servers with JetStream (``TANDEM_NATS_URL`` overrides ``servers``, and carries
+    credentials), and the prefix of Tandem's subjects and stream names."""
+
+    servers: Annotated[list[Annotated[StrictStr, AfterValidator(_nats_urls), AfterValidator(_without_credentials)]],
+                       Field(min_length=1)]
+    prefix: Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")] = "tandem"
+
+
 class ClusterFile(StrictModel):
     """The shape of ``conf/cluster.yaml``."""
 
     storage_root: Annotated[StrictStr, AfterValidator(_storage_root)] = ".tandem/data"
     database: DatabaseSection = DatabaseSection()
     airflow: AirflowSection = AirflowSection()
+    nats: NatsSection | None = None
     nodes: Annotated[dict[Name, NodeSection], Field(min_length=1)]
 
 
@@ -285,8 +275,17 @@ class NodeConfig:
 
 
 @dataclass(frozen=True)
+class NatsConfig:
+    """Where the messaging layer is: server URLs (from ``TANDEM_NATS_URL`` they may carry credentials: never
+    print them without :func:`tandem.redaction.redact_url`) and the prefix of subjects and stream names."""
+
+    servers: tuple[str, ...]
+    prefix: str = "tandem"
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
-    """``conf/cluster.yaml``: where data lives, the coordination database, and the nodes."""
+    """``conf/cluster.yaml``: where data lives, the coordination database, the nodes and the messaging layer."""
 
     path: Path
     project_root: Path
@@ -294,6 +293,7 @@ class ClusterConfig:
     database_url: str
     airflow_url: str
     nodes: dict[str, NodeConfig]
+    nats: NatsConfig | None = None
 
     @property
     def conf_dir(self) -> Path:
@@ -546,7 +546,22 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         database_url=_from_environment("TANDEM_DATABASE_URL", DatabaseSection, "url") or file.database.url,
         airflow_url=_from_environment("TANDEM_AIRFLOW_URL", AirflowSection, "api_url") or file.airflow.api_url,
         nodes=nodes,
+        nats=_nats(file.nats),
     )
+
+
+def _nats(section: NatsSection | None) -> NatsConfig | None:
+    """The messaging layer: ``TANDEM_NATS_URL`` (comma-separated URLs) wins over ``nats.servers``; set alone, it
+    configures NATS with the default prefix."""
+    override = os.environ.get("TANDEM_NATS_URL")
+    if override:
+        try:
+            _nats_urls(override)
+        except ValueError as exc:
+            raise ConfigError("TANDEM_NATS_URL (environment)", "", str(exc)) from None
+        servers = tuple(url.strip() for url in override.split(",") if url.strip())
+        return NatsConfig(servers, section.prefix if section else "tandem")
+    return NatsConfig(tuple(section.servers), section.prefix) if section else None
 
 
 def load_plan(name: str, cluster: ClusterConfig | None = None) -> PlanConfig:
@@ -583,6 +598,10 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
             except ValidationError as exc:
                 raise error(f"outputs.{name}.table", f"the default table name {exc.errors()[0]['ctx']['error']}: "
                                                      "name the table with table:") from None
+    for name, stream in file.streams.items():
+        if stream.source == "nats" and cluster.nats is None:
+            raise error(f"streams.{name}.source", "a nats stream needs the messaging layer: a nats: section "
+                                                 f"(servers) in {cluster.path} or TANDEM_NATS_URL")
     queries = [q for group in file.groups.values() for q in group.queries]
     for name, group in file.groups.items():
         for index, query in enumerate(group.queries):

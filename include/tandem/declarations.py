@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import zlib
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, \
-    model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, \
+    StrictStr, WithJsonSchema, model_validator
 
 FIELD_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """A field, key, measure, value or table name: also a PostgreSQL identifier (at most 63 bytes) as it is."""
@@ -56,7 +57,44 @@ DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 """Bytes an input line may take unless its stream declares ``max_line_bytes``; longer lines are quarantined unparsed."""
 MAX_LINE_BYTES = 64 * 1024 * 1024
 OUTPUT_KINDS = ("aggregation", "table", "events", "quarantine")
+DEFAULT_RETENTION_S = 7 * 86400.0
+"""How long a ``nats`` stream's messages are kept unless it declares ``retention``."""
 
+
+_UNITS = {
+    0.001: ("ms", "millis", "millisecond", "milliseconds"),
+    1.0: ("s", "sec", "secs", "second", "seconds"),
+    60.0: ("m", "min", "mins", "minute", "minutes"),
+    3600.0: ("h", "hour", "hours"),
+    86400.0: ("d", "day", "days"),
+}
+_UNIT_SECONDS = {name: factor for factor, names in _UNITS.items() for name in names}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def parse_duration(text: Any) -> float:
+    """Parse ``"500 ms"``, ``"2 seconds"``, ``"1m"``, ``"1 day"`` or a bare number of seconds into seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a duration such as '2 seconds', got {text!r}")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(str(text).lower())
+        if not match or (match.group(2) and match.group(2) not in _UNIT_SECONDS):
+            raise ValueError(f"expected a duration such as '2 seconds', '500 ms' or '1 day', got {text!r}")
+        number, unit = match.groups()
+        seconds = float(number) * _UNIT_SECONDS.get(unit, 1.0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite duration, got {text!r}")
+    if seconds <= 0:
+        raise ValueError(f"must be positive, got {text!r}")
+    return seconds
+
+
+_DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 seconds", "1 minute", "1 day"]},
+                              {"type": "number", "exclusiveMinimum": 0}],
+                    "description": "a duration: '500 ms', '2 seconds', '3 minutes', '1 hour', '1 day', or seconds"}
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
 
 def matching(pattern: re.Pattern, what: str) -> AfterValidator:
     """A pydantic check that a string matches ``pattern`` (``what`` says what it must be)."""
@@ -135,23 +173,47 @@ class FieldConfig(StrictModel):
         return out
 
 
+class StreamRetention(StrictModel):
+    """How long the JetStream stream of a ``nats`` stream keeps messages: the oldest go first once any limit is
+    reached. A reader (an instance, a snapshot to restore) that still needs a message retention dropped stops
+    with an error that names the stream and the missing sequences."""
+
+    max_age_s: Duration | None = Field(DEFAULT_RETENTION_S, alias="max_age")
+    max_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
+    max_messages: Annotated[StrictInt, Field(gt=0)] | None = None
+
+
 class StreamConfig(StrictModel):
-    """An input stream: JSON lines in ``landing/<stream>/<partition>/``, ``partitions`` of them.
+    """An input stream: JSON lines, ``partitions`` of them: files in ``landing/<stream>/<partition>/``, or
+    messages on the NATS subjects ``<prefix>.<stream>.<partition>``.
 
     A line over ``max_line_bytes`` is quarantined without being parsed; fields that are not declared
     are skipped however deeply they nest.
     """
 
-    source: Literal["files"] = "files"
+    source: Literal["files", "nats"] = "files"
     """Where the stream's lines come from (:data:`tandem.runtime.sources.SOURCE_KINDS`): ``files``, the
-    landing folders of its partitions."""
+    landing folders of its partitions; ``nats``, a JetStream stream (``retention``)."""
     format: Literal["jsonl"] = "jsonl"
     partitions: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)]
     key: FieldName
     event_time: FieldName
     max_files_per_trigger: Annotated[StrictInt, Field(gt=0)] = 1000
+    """``files``: at most this many new files in one micro-batch."""
+    max_events_per_trigger: Annotated[StrictInt, Field(gt=0)] = 100_000
+    """``nats``: at most this many stream sequences (so at most this many messages) in one micro-batch."""
+    retention: StreamRetention = StreamRetention()
+    """``nats``: the JetStream stream's limits (default: seven days)."""
     max_line_bytes: Annotated[StrictInt, Field(gt=0, le=MAX_LINE_BYTES)] = DEFAULT_MAX_LINE_BYTES
     fields: Annotated[dict[FieldName, FieldConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _settings_of_its_source(self) -> StreamConfig:
+        other = {"files": ("max_events_per_trigger", "retention"), "nats": ("max_files_per_trigger",)}[self.source]
+        misplaced = [name for name in other if name in self.model_fields_set]
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)}: not a setting of a {self.source} stream")
+        return self
 
     @model_validator(mode="after")
     def _named_fields_exist(self) -> StreamConfig:

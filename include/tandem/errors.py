@@ -65,3 +65,8 @@ class LockLost(StoreError):
 
 class PathOutsideRoot(TandemError):
     """A name or a recorded path would lead outside the storage root: nothing is read, written or deleted there."""
+
+
+class DataLoss(TandemError):
+    """Input an instance (or a snapshot to restore) still needs is gone from its source: a stream's retention
+    dropped it. Never retried: the error names the stream and the missing range."""

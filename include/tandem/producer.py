@@ -1,10 +1,12 @@
 """Event producers: realistic events for every stream of a plan, written through the partition layout.
 
-Every event goes to ``landing/<stream>/<partition>/`` with ``partition =``
-:func:`tandem.declarations.partition_of` of its key. A file is written under a hidden temporary
-name (Spark's file source ignores names starting with ``.``) and renamed into place, so readers
-never see half a file. A plan's module may define its own generator (``generator(seed)``); others
-get :class:`DeclaredGenerator`. The same seed gives the same events.
+Every event goes to partition :func:`tandem.declarations.partition_of` of its key, of its stream's
+source (:class:`Destinations`): a ``files`` stream's ``landing/<stream>/<partition>/``, a file written
+under a hidden temporary name (Spark's file source ignores names starting with ``.``) and renamed into
+place, so readers never see half a file; a ``nats`` stream's subject ``<prefix>.<stream>.<partition>``,
+each event with a ``Nats-Msg-Id`` of its own, so that a retry is not a second event, and acknowledged
+by JetStream before the call returns. A plan's module may define its own generator (``generator(seed)``);
+others get :class:`DeclaredGenerator`. The same seed gives the same events.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any, Protocol
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.declarations import StreamConfig, partition_of
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.layout import landing_dir
+from tandem.messaging import JetStream, ensure_declared, partition_subject
 
 
 def write_atomically(directory: Path, lines: Sequence[str], prefix: str = "events") -> Path:
@@ -38,6 +41,51 @@ def write_atomically(directory: Path, lines: Sequence[str], prefix: str = "event
     final = directory / name
     os.rename(temporary, final)
     return final
+
+
+class Destinations:
+    """Where a plan's lines go, stream by stream: the landing folders of a ``files`` stream, the JetStream
+    subjects of a ``nats`` stream (its stream created or checked first). Holds the NATS connection: close it
+    (a context manager)."""
+
+    def __init__(self, cluster: ClusterConfig, plan: PlanConfig) -> None:
+        self.cluster = cluster
+        self.plan = plan
+        self._js: JetStream | None = None
+        self._ready: set[str] = set()
+
+    def write(self, stream: str, partition: int, lines: Sequence[str], ids: Sequence[str] | None = None) -> str:
+        """Write ``lines`` to one partition of ``stream``; return where (a file, or ``nats:<subject>:<first>..<last>``).
+
+        ``ids``: the message id of each line (``nats``; default a new one each): a line published again
+        with its id within the stream's duplicate window is not a second event.
+        """
+        if self.plan.streams[stream].source == "files":
+            return str(write_atomically(landing_dir(self.cluster, stream, partition), lines))
+        nats = self.cluster.nats
+        if nats is None:
+            raise ConfigError(str(self.plan.path), f"streams.{stream}.source", "a nats stream needs the messaging "
+                              f"layer: a nats: section in {self.cluster.path} or TANDEM_NATS_URL")
+        if stream not in self._ready:
+            ensure_declared(nats, self.plan, stream)
+            self._ready.add(stream)
+        if self._js is None:
+            self._js = JetStream(nats.servers, name=f"tandem-producer-{self.plan.name}")
+        subject = partition_subject(nats.prefix, stream, partition)
+        ids = ids or [uuid.uuid4().hex for _ in lines]
+        acks = self._js.publish([(subject, line.encode(), msg_id) for line, msg_id in zip(lines, ids)])
+        return f"nats:{subject}:{acks[0]['seq']}..{acks[-1]['seq']}" if acks else f"nats:{subject}"
+
+    def close(self) -> None:
+        if self._js is not None:
+            self._js.close()
+            self._js = None
+
+    def __enter__(self) -> Destinations:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class EventGenerator(Protocol):
@@ -148,7 +196,7 @@ def partitioned(plan: PlanConfig, lines_by_stream: dict[str, list[tuple[dict[str
     return out
 
 
-def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed: int = 0) -> list[Path]:
+def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed: int = 0) -> list[str]:
     """Write one event at ``at_ms`` into every partition of every stream, with a key that belongs there.
 
     Results are emitted once the watermark passes them; when the input stops, these events (say an
@@ -157,29 +205,36 @@ def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed
     """
     template = generator_for(plan, seed).events(at_ms, 1)
     written = []
-    for stream, declared in plan.streams.items():
-        base = (template.get(stream) or [None])[0] or next(e for events in template.values() for e in events)
-        event = {name: base.get(name, "~") for name in declared.fields}
-        numeric = declared.fields[declared.key].type != "string"
-        placed: dict[int, Any] = {}
-        n = 0
-        while len(placed) < declared.partitions:
-            key = 1_000_000 + n if numeric else f"~watermark-{n}"
-            placed.setdefault(partition_of(key, declared.partitions), key)
-            n += 1
-        for partition, key in sorted(placed.items()):
-            line = json.dumps({**event, declared.key: key, declared.event_time: at_ms})
-            written.append(write_atomically(landing_dir(cluster, stream, partition), [line]))
+    with Destinations(cluster, plan) as out:
+        for stream, declared in plan.streams.items():
+            written += _watermark_events(out, stream, declared, template, at_ms)
     return written
+
+
+def _watermark_events(out: Destinations, stream: str, declared: StreamConfig, template: dict[str, list[dict]],
+                      at_ms: int) -> list[str]:
+    """One event at ``at_ms`` in every partition of ``stream``, shaped like the generator's events."""
+    base = (template.get(stream) or [None])[0] or next(e for events in template.values() for e in events)
+    event = {name: base.get(name, "~") for name in declared.fields}
+    numeric = declared.fields[declared.key].type != "string"
+    placed: dict[int, Any] = {}
+    n = 0
+    while len(placed) < declared.partitions:
+        key = 1_000_000 + n if numeric else f"~watermark-{n}"
+        placed.setdefault(partition_of(key, declared.partitions), key)
+        n += 1
+    return [out.write(stream, partition, [json.dumps({**event, declared.key: key, declared.event_time: at_ms})])
+            for partition, key in sorted(placed.items())]
 
 
 def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: float, seed: int = 42,
             bad_ratio: float = 0.0, clock: Callable[[], float] = time.time,
-            on_tick: Callable[[dict[str, list[tuple[dict, str]]]], None] | None = None) -> Iterator[Path]:
-    """Write about ``rate`` events per second for ``duration_s`` seconds, one file per partition per tick.
+            on_tick: Callable[[dict[str, list[tuple[dict, str]]]], None] | None = None) -> Iterator[str]:
+    """Write about ``rate`` events per second for ``duration_s`` seconds, one write per partition per tick (a
+    file, or a pipelined publish to the partition's subject).
 
     Event times are about the wall clock at the tick. A ``bad_ratio`` share of lines are
-    deliberately bad, to exercise the quarantine. Yields every file written; ``on_tick`` receives
+    deliberately bad, to exercise the quarantine. Yields where each write went; ``on_tick`` receives
     each tick's ``{stream: [(event, line written)]}`` (a bad line differs from ``json.dumps(event)``).
     """
     if rate <= 0 or duration_s <= 0:
@@ -189,16 +244,17 @@ def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: 
     generator = generator_for(plan, seed)
     started = clock()
     ticks = max(1, round(duration_s))
-    for tick in range(ticks):
-        now_ms = int(clock() * 1000)
-        by_stream = {
-            stream: [(event, bad_line(plan.streams[stream], event, generator.random)
-                      if generator.random.random() < bad_ratio else json.dumps(event)) for event in events]
-            for stream, events in generator.events(now_ms, rate).items()}
-        for (stream, partition), lines in sorted(partitioned(plan, by_stream).items()):
-            yield write_atomically(landing_dir(cluster, stream, partition), lines)
-        if on_tick:
-            on_tick(by_stream)
-        delay = started + tick + 1 - clock()
-        if delay > 0:
-            time.sleep(delay)
+    with Destinations(cluster, plan) as out:
+        for tick in range(ticks):
+            now_ms = int(clock() * 1000)
+            by_stream = {
+                stream: [(event, bad_line(plan.streams[stream], event, generator.random)
+                          if generator.random.random() < bad_ratio else json.dumps(event)) for event in events]
+                for stream, events in generator.events(now_ms, rate).items()}
+            for (stream, partition), lines in sorted(partitioned(plan, by_stream).items()):
+                yield out.write(stream, partition, lines)
+            if on_tick:
+                on_tick(by_stream)
+            delay = started + tick + 1 - clock()
+            if delay > 0:
+                time.sleep(delay)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from _conf import edit_yaml as edit
-from tandem.config import load_cluster, load_plan, load_plans, parse_duration, spark_interval
+from tandem.config import load_cluster, load_plan, load_plans, spark_interval
+from tandem.declarations import parse_duration
 from tandem.errors import ConfigError
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.config import load_cluster, load_plans, parse_duration
+from tandem.config import load_cluster, load_plans
+from tandem.declarations import parse_duration
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"

@@ -134,7 +134,7 @@ def test_fallback_keeps_any_master_url_as_written(cluster, monkeypatch, tmp_path
 
 
 def test_application_args_round_trip_through_the_job_parser():
-    from tandem.config import parse_duration
+    from tandem.declarations import parse_duration
 
     args = application_args(KEY, 0.5, "PASSIVE")
     assert args[:6] == ["--plan", "trades", "--node", "node-a", "--instance", "shard-1"]

@@ -237,7 +237,7 @@ def test_every_declarable_source_kind_has_a_reader_and_every_reader_is_declarabl
     from tandem.declarations import StreamConfig
     from tandem.runtime.sources import SOURCE_KINDS
 
-    assert set(get_args(StreamConfig.model_fields["source"].annotation)) == set(SOURCE_KINDS) == {"files"}
+    assert set(get_args(StreamConfig.model_fields["source"].annotation)) == set(SOURCE_KINDS) == {"files", "nats"}
 
 
 def test_every_declarable_output_kind_has_a_module_and_every_module_is_declarable():

@@ -16,7 +16,7 @@ from tandem.errors import ConfigError
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
 from tandem.ops import OPS_ACTIONS
 
-# Durations tandem.config.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
+# Durations tandem.declarations.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
 DURATION_PATTERN = (r"^\s*\d+(\.\d+)?\s*(ms|millis|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?"
                     r"|d|days?)?\s*$")
 RUN_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 2, "retry_delay": timedelta(seconds=20)}

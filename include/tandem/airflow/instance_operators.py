@@ -15,7 +15,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tandem.airflow.dags import LAUNCH, RELAUNCH
 from tandem.airflow.operator_support import task_cluster
-from tandem.config import ClusterConfig, PlanConfig, load_plan, parse_duration
+from tandem.config import ClusterConfig, PlanConfig, load_plan
+from tandem.declarations import parse_duration
 from tandem.errors import ConfigError
 from tandem.names import ACTIVE
 

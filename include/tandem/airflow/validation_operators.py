@@ -12,7 +12,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from tandem.airflow.operator_support import task_cluster
-from tandem.config import load_plan, parse_duration
+from tandem.config import load_plan
+from tandem.declarations import parse_duration
 
 
 class ValidateServingTableOperator(BaseOperator):

@@ -11,7 +11,8 @@ How it works
 
     1. choose the snapshot (:func:`tandem.snapshots.retention.choose_snapshot`: by id, or the
        newest GOOD one; BAD only with ``force``) and re-check its files; a GOOD snapshot whose
-       files broke since is marked BAD and refused;
+       files broke since is marked BAD and refused; one whose cut would go on from messages a
+       ``nats`` stream no longer holds is refused (even with ``force``), naming the stream and range;
     2. stop every instance of the shard (SIGKILL after ``STOP_TIMEOUT_S``: what they did since the
        snapshot is rolled back anyway);
     3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
@@ -53,7 +54,7 @@ from tandem.names import ACTIVE
 from tandem.outputs import kind_of
 from tandem.snapshots.retention import choose_snapshot
 from tandem.snapshots.state_export import STATE_TABLE
-from tandem.snapshots.validation import check_files
+from tandem.snapshots.validation import check_files, lost_input
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -136,13 +137,18 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
         migrate(db)
         chosen = choose_snapshot(catalog.list_snapshots(db, plan.name, shard_id=shard_id), snapshot_id,
                                  latest_good=False, force=force)
-        problems = check_files(under_root(cluster, chosen.checkpoint_path), chosen.query_batches)
+        cut = under_root(cluster, chosen.checkpoint_path)
+        problems = check_files(cut, chosen.query_batches)
         if problems:
             reason = "files: " + "; ".join(problems[:3])
             if chosen.status == catalog.GOOD:
                 chosen = catalog.mark_bad(db, chosen.id, f"found broken before a restore: {reason}")
             if not force:
                 raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
+        lost = lost_input(cluster, cut, chosen.query_batches)
+        if lost:  # even with force: the replay after the cut would miss input, and nothing says what it was
+            raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: the input after its cut is gone: "
+                                  + "; ".join(lost[:3]))
         target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
         report = RestoreReport(plan.name, shard_id, chosen, target)
         node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)

@@ -38,7 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tandem.config import ClusterConfig, PlanConfig, load_plan, parse_duration
+from tandem.config import ClusterConfig, PlanConfig, load_plan
+from tandem.declarations import parse_duration
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import checkpoint_dir, logs_dir
 from tandem.names import ACTIVE

@@ -1,8 +1,9 @@
 """Source kinds: where the lines of a stream come from, one module per kind, registered in :data:`SOURCE_KINDS`.
 
-A stream declares its kind (``source:`` in the plan's YAML, default ``files``). A kind's reader gives
-a streaming DataFrame of ``raw`` (the line's text) and ``source_file`` (where it came from, the id of
-its bad lines in the quarantine); the runtime parses and validates the lines the same way for every kind.
+A stream declares its kind (``source:`` in the plan's YAML, default ``files``; ``nats``: a JetStream
+stream). A kind's reader gives a streaming DataFrame of ``raw`` (the line's text) and ``source_file``
+(where it came from: a file, or ``nats:<subject>:<sequence>``; the id of its bad lines in the
+quarantine); the runtime parses and validates the lines the same way for every kind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Protocol
 from pyspark.sql import DataFrame, SparkSession
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.runtime.sources import files
+from tandem.runtime.sources import files, nats
 
 
 class SourceReader(Protocol):
@@ -20,7 +21,7 @@ class SourceReader(Protocol):
                  stream: str) -> DataFrame: ...
 
 
-SOURCE_KINDS: dict[str, SourceReader] = {"files": files.read}
+SOURCE_KINDS: dict[str, SourceReader] = {"files": files.read, "nats": nats.read}
 
 
 def stream_lines(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,

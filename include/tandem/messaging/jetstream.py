@@ -1,0 +1,237 @@
+"""NATS JetStream for Tandem: the streams it owns, publishing with message ids, reading a sequence range back.
+
+Purpose
+    One small client for every part of Tandem that talks to the messaging layer: the ``nats``
+    source kind (on the driver and the executors), producers, the receiver, and the events
+    outputs published to NATS. It is synchronous (:mod:`tandem.messaging.wire` speaks the protocol).
+
+How it works
+    A Tandem stream is one JetStream stream (Limits retention, file storage) named
+    :func:`stream_name` whose subjects are ``<prefix>.<stream>.<partition>``
+    (:func:`partition_subject`). :meth:`JetStream.ensure_stream` creates it with the declared
+    retention, or checks an existing one against the declaration (one Tandem created is brought to
+    the declaration; one it did not create is refused when it differs). :meth:`JetStream.read`
+    reads the messages of one subject whose stream sequence lies in a closed range, through an
+    ephemeral consumer that acknowledges nothing: the same range gives the same messages every time
+    while the stream holds them, and no reader takes anything away from another.
+
+What it does not do
+    It does not decide what a gap means: the source kind compares the range it needs with the
+    stream's first sequence (:meth:`JetStream.bounds`) and says which messages are gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.config import NatsConfig, PlanConfig
+from tandem.declarations import StreamConfig
+from tandem.errors import ConfigError, DataLoss
+from tandem.messaging.wire import Connection, ProtocolError
+from tandem.redaction import redact_url
+
+OWNER = "tandem"
+"""The ``description`` prefix of the JetStream streams Tandem created (and may bring to their declaration)."""
+DEFAULT_DUPLICATE_WINDOW_S = 120.0
+"""JetStream's own default: a producer's retry with the same message id within it is not stored twice."""
+_NS = 1_000_000_000
+
+
+def stream_name(prefix: str, stream: str) -> str:
+    """The JetStream stream of a Tandem stream (JetStream names take no ``.``: ``tandem_trades``)."""
+    return f"{prefix}_{stream}".replace(".", "_")
+
+
+def partition_subject(prefix: str, stream: str, partition: int) -> str:
+    """The subject of one partition of a Tandem stream: ``<prefix>.<stream>.<partition>``."""
+    return f"{prefix}.{stream}.{partition}"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What a Tandem stream declares of its JetStream stream (``None``: no limit)."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float | None = None
+    max_bytes: int | None = None
+    max_messages: int | None = None
+    duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+
+    def config(self) -> dict[str, Any]:
+        """The JetStream stream configuration (the API's JSON)."""
+        return {"name": self.name, "description": f"{OWNER}: the stream {self.name}", "subjects": list(self.subjects),
+                "retention": "limits", "storage": "file", "discard": "old", "num_replicas": 1,
+                "max_age": int((self.max_age_s or 0) * _NS), "max_bytes": self.max_bytes or -1,
+                "max_msgs": self.max_messages or -1, "duplicate_window": int(self.duplicate_window_s * _NS)}
+
+    def differences(self, config: dict[str, Any]) -> list[str]:
+        """How an existing stream's configuration (the API's JSON) differs from this declaration (``[]``: none)."""
+        wanted = self.config()
+        keys = ("subjects", "retention", "max_age", "max_bytes", "max_msgs", "duplicate_window")
+        found = {**config, "subjects": sorted(config.get("subjects") or [])}
+        wanted["subjects"] = sorted(wanted["subjects"])
+        return [f"{key} {found.get(key)!r} (declared {wanted[key]!r})" for key in keys if found.get(key) != wanted[key]]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The sequences a stream holds: ``first`` to ``last`` (``first == last + 1`` when it holds none)."""
+
+    first: int
+    last: int
+    messages: int
+
+
+def check_not_lost(stream: str, covered: int, bounds: Bounds) -> None:
+    """Raise :class:`DataLoss` unless the stream still holds every message after sequence ``covered`` (pure).
+
+    Lost: the stream's first sequence is past ``covered + 1`` (retention dropped messages not read yet),
+    or its last is before ``covered`` (it was deleted or purged and started again: its sequences no longer
+    mean what the offset says).
+    """
+    if bounds.last < covered:
+        raise DataLoss(f"JetStream stream {stream} holds sequences up to {bounds.last}, but {covered} were read: "
+                       "it was deleted or reset after they were read")
+    if bounds.first > covered + 1:
+        raise DataLoss(f"JetStream stream {stream}: messages {covered + 1}..{bounds.first - 1} are gone (its "
+                       f"retention dropped them; it holds {bounds.first}..{bounds.last}) before they were read")
+
+
+def lost_after(servers: Sequence[str], offsets: Iterable[Any]) -> list[str]:
+    """Of Spark source offsets (a checkpoint's), those of ``nats`` sources (``{"stream", "seq"}``) whose stream no
+    longer holds every message after them: a :class:`DataLoss` message each (``[]``: nothing is lost). Connects
+    only when there is such an offset."""
+    wanted = [o for o in offsets if isinstance(o, dict) and set(o) == {"stream", "seq"}]
+    if not wanted:
+        return []
+    lost = []
+    with JetStream(servers, name="tandem-offsets-check") as js:
+        for offset in wanted:
+            try:
+                check_not_lost(offset["stream"], int(offset["seq"]), js.bounds(offset["stream"]))
+            except DataLoss as exc:
+                lost.append(str(exc))
+            except LookupError as exc:
+                lost.append(f"{exc}: the stream is gone")
+    return lost
+
+
+class StreamMismatch(Exception):
+    """An existing JetStream stream that Tandem did not create differs from the declaration."""
+
+
+class JetStream:
+    """A connection to the first reachable of ``servers`` (not thread-safe: one per thread)."""
+
+    def __init__(self, servers: Sequence[str], *, name: str = "tandem", timeout_s: float = 30.0) -> None:
+        problems = []
+        for server in servers:
+            try:
+                self.connection = Connection(server, timeout_s=timeout_s, name=name)
+                self.server = server
+                break
+            except ConnectionError as exc:
+                problems.append(str(exc))
+        else:
+            raise ConnectionError("; ".join(problems) or "no NATS server configured")
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> JetStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"JetStream({redact_url(self.server)})"
+
+    # --- streams ---------------------------------------------------------------------------------------------
+
+    def ensure_stream(self, spec: StreamSpec) -> str:
+        """Create the stream, or check an existing one: ``created``, ``unchanged`` or ``updated``.
+
+        Raises:
+            StreamMismatch: the stream exists, was not created by Tandem, and differs from ``spec``.
+        """
+        info = self.stream_info(spec.name)
+        if info is None:
+            self.connection.request(f"$JS.API.STREAM.CREATE.{spec.name}", spec.config())
+            return "created"
+        differences = spec.differences(info["config"])
+        if not differences:
+            return "unchanged"
+        if not (info["config"].get("description") or "").startswith(f"{OWNER}:"):
+            raise StreamMismatch(f"JetStream stream {spec.name} exists, was not created by Tandem, and differs from "
+                                 f"the declaration: {'; '.join(differences)}")
+        self.connection.request(f"$JS.API.STREAM.UPDATE.{spec.name}", spec.config())
+        return "updated"
+
+    def stream_info(self, stream: str) -> dict[str, Any] | None:
+        """The stream's configuration and state (the API's JSON), ``None`` when there is no such stream."""
+        try:
+            return self.connection.request(f"$JS.API.STREAM.INFO.{stream}", {})
+        except ProtocolError as exc:
+            if "not found" in str(exc):
+                return None
+            raise
+
+    def bounds(self, stream: str) -> Bounds:
+        """The first and last sequence the stream holds now.
+
+        Raises:
+            LookupError: there is no such stream.
+        """
+        info = self.stream_info(stream)
+        if info is None:
+            raise LookupError(f"no JetStream stream {stream}")
+        state = info["state"]
+        return Bounds(first=state["first_seq"], last=state["last_seq"], messages=state["messages"])
+
+    def delete_stream(self, stream: str) -> bool:
+        """Delete the stream (tests, clean-ups); ``False`` when there was none."""
+        try:
+            return bool(self.connection.request(f"$JS.API.STREAM.DELETE.{stream}", {}).get("success"))
+        except ProtocolError as exc:
+            if "not found" in str(exc):
+                return False
+            raise
+
+    # --- messages --------------------------------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[tuple[str, bytes, str | None]]) -> list[dict[str, Any]]:
+        """Publish ``(subject, payload, message id)`` each; return once JetStream stored every one (its acks).
+
+        A message whose id JetStream stored within the stream's duplicate window is not stored again
+        (its ack says ``duplicate``).
+        """
+        return self.connection.publish(messages)
+
+    def read(self, stream: str, subject: str, first: int, last: int) -> Iterator[list[tuple[int, bytes]]]:
+        """``(sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in order, in
+        chunks; messages the stream no longer holds are simply not there."""
+        return self.connection.read(stream, subject, first, last)
+
+
+def stream_spec(nats: NatsConfig, name: str, stream: StreamConfig) -> StreamSpec:
+    """The JetStream stream of the Tandem stream ``name`` as it declares it: every partition's subject, its retention."""
+    retention = stream.retention
+    return StreamSpec(stream_name(nats.prefix, name), (f"{nats.prefix}.{name}.*",), max_age_s=retention.max_age_s,
+                      max_bytes=retention.max_bytes, max_messages=retention.max_messages)
+
+
+def ensure_declared(nats: NatsConfig, plan: PlanConfig, stream: str) -> str:
+    """Create the JetStream stream of ``stream`` as declared, or check it: ``created``, ``unchanged`` or ``updated``.
+
+    Raises:
+        ConfigError: it exists, Tandem did not create it, and it differs from the declaration.
+    """
+    with JetStream(nats.servers, name=f"tandem-{plan.name}") as js:
+        try:
+            return js.ensure_stream(stream_spec(nats, stream, plan.streams[stream]))
+        except StreamMismatch as exc:
+            raise ConfigError(str(plan.path), f"streams.{stream}.retention", str(exc)) from None

@@ -1,0 +1,180 @@
+"""The ``nats`` source kind: a stream's partitions are subjects of one JetStream stream, read by sequence range.
+
+Purpose
+    Events reach a plan from a broker, as the seeds' distributed deployments require, and every node
+    of an instance (ACTIVE, PASSIVE, BACKUP) reads every event on its own: nothing is acknowledged
+    away, no consumer group competes, and each node's position lives in its own Spark checkpoint, so
+    re-sync, snapshots and restore work as with files.
+
+How it works
+    PySpark's Python data source API (:class:`NatsStreamReader`). An offset is
+    ``{"stream": <JetStream stream>, "seq": N}``: every message of the instance's partitions with a
+    stream sequence up to N has been read. A micro-batch is the range ``(start, end]``, read per
+    partition subject (one Spark task each) through :meth:`tandem.messaging.JetStream.read`: the
+    same range gives the same messages whenever it is replayed. ``latestOffset`` bounds a batch by
+    ``max_events_per_trigger`` sequences (admission control; the engine may ask for everything), and
+    ``Trigger.AvailableNow`` stops at the sequence the stream had when the query started. ``read``
+    yields Arrow record batches of ``raw`` (the message as UTF-8 text, invalid bytes as U+FFFD) and
+    ``source_file`` (``nats:<subject>:<sequence>``, the id of a bad message in the quarantine).
+
+    **Data loss is loud.** Retention drops the oldest messages of the whole stream; when the stream's
+    first sequence is past the next one an instance needs, messages it has not read are gone and
+    the query fails with :class:`tandem.errors.DataLoss`, naming the stream and the missing range
+    (the missing messages may belong to other partitions too: which ones cannot be known once they
+    are gone, so the check is on the range). The supervisor's relaunch fails the same way, and the
+    instance ends BLOCKED with that error.
+
+What it does not do
+    :func:`read` creates the JetStream stream, or checks it against the declaration
+    (:func:`tandem.messaging.ensure_declared`), when the query is built.
+    Credentials never travel in the data source's options (they show in query plans): a URL with
+    credentials is taken from ``TANDEM_NATS_URL`` in the worker's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from tandem.config import ClusterConfig, NatsConfig, PlanConfig
+from tandem.errors import ConfigError
+from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
+from tandem.messaging.jetstream import Bounds, check_not_lost
+
+SOURCE_NAME = "tandem_nats"
+SCHEMA = "raw string, source_file string"
+_ARROW_SCHEMA = pa.schema([("raw", pa.string()), ("source_file", pa.string())])
+
+
+def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str) -> DataFrame:
+    """The messages of the partitions of ``stream`` that instance ``shard_id`` reads, as lines; the stream's
+    JetStream stream is created first, or checked against the declaration."""
+    nats = _nats(cluster, plan, stream)
+    ensure_declared(nats, plan, stream)
+    spark.dataSource.register(NatsSource)
+    subjects = [partition_subject(nats.prefix, stream, p) for p in plan.partitions(shard_id, stream)]
+    return (spark.readStream.format(SOURCE_NAME)
+            .option("servers", ",".join(_without_credentials(s) for s in nats.servers))
+            .option("stream", stream_name(nats.prefix, stream))
+            .option("subjects", json.dumps(subjects))
+            .option("max_events_per_trigger", str(plan.streams[stream].max_events_per_trigger))
+            .load())
+
+
+def _nats(cluster: ClusterConfig, plan: PlanConfig, stream: str) -> NatsConfig:
+    if cluster.nats is None:
+        raise ConfigError(str(plan.path), f"streams.{stream}.source",
+                          f"a nats stream needs the messaging layer: a nats: section in {cluster.path} or TANDEM_NATS_URL")
+    return cluster.nats
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else (parts.hostname or "")
+    return urlunsplit((parts.scheme, f"{host}:{parts.port}" if parts.port else host, "", "", ""))
+
+
+def _servers(option: str) -> list[str]:
+    """The servers to connect to: ``TANDEM_NATS_URL`` of this process (it may carry credentials), else the option."""
+    override = os.environ.get("TANDEM_NATS_URL", "")
+    return [s.strip() for s in (override or option).split(",") if s.strip()]
+
+
+@dataclass(frozen=True)
+class SubjectRange(InputPartition):
+    """One Spark task: the messages of ``subject`` with ``first <= sequence <= last``."""
+
+    subject: str
+    first: int
+    last: int
+
+
+class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The driver's side (offsets, admission, partitions) and the executors' (``read``) of one query's source."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.servers_option = options["servers"]
+        self.stream = options["stream"]
+        self.subjects: list[str] = json.loads(options["subjects"])
+        self.max_events = int(options["max_events_per_trigger"])
+        self.target: int | None = None  # Trigger.AvailableNow: the last sequence when the query started
+        self._js: JetStream | None = None  # the driver's connection, opened when first needed
+
+    def _bounds(self) -> Bounds:
+        try:
+            if self._js is None:
+                self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
+            return self._js.bounds(self.stream)
+        except (OSError, ConnectionError):  # a broken connection: one more try on a new one
+            self._close()
+            self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
+            return self._js.bounds(self.stream)
+
+    def _close(self) -> None:
+        if self._js is not None:
+            self._js.close()
+            self._js = None
+
+    def initialOffset(self) -> dict:
+        bounds = self._bounds()
+        return {"stream": self.stream, "seq": max(bounds.first - 1, 0)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_events)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._bounds().last
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        covered = int(start["seq"])
+        bounds = self._bounds()
+        check_not_lost(self.stream, covered, bounds)
+        end = bounds.last if self.target is None else min(bounds.last, self.target)
+        if not isinstance(limit, ReadAllAvailable) and isinstance(limit, ReadMaxRows):
+            end = min(end, covered + limit.max_rows)
+        return {"stream": self.stream, "seq": max(end, covered)}
+
+    def reportLatestOffset(self) -> dict | None:
+        return {"stream": self.stream, "seq": self._bounds().last}
+
+    def partitions(self, start: dict, end: dict) -> list[SubjectRange]:
+        first, last = int(start["seq"]) + 1, int(end["seq"])
+        return [SubjectRange(subject, first, last) for subject in self.subjects] if last >= first else []
+
+    def read(self, partition: SubjectRange) -> Iterator[pa.RecordBatch]:
+        with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}") as js:
+            check_not_lost(self.stream, partition.first - 1, js.bounds(self.stream))
+            prefix = f"nats:{partition.subject}:"
+            for chunk in js.read(self.stream, partition.subject, partition.first, partition.last):
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([payload.decode("utf-8", "replace") for _, payload in chunk], pa.string()),
+                     pa.array([f"{prefix}{sequence}" for sequence, _ in chunk], pa.string())], schema=_ARROW_SCHEMA)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: nothing is acknowledged (every node reads everything; retention alone drops messages)."""
+
+    def stop(self) -> None:
+        self._close()
+
+
+class NatsSource(DataSource):
+    """``spark.readStream.format("tandem_nats")``: options ``servers``, ``stream``, ``subjects`` (JSON list),
+    ``max_events_per_trigger``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema) -> NatsStreamReader:
+        return NatsStreamReader(dict(self.options))

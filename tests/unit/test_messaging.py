@@ -1,0 +1,194 @@
+"""The messaging layer's pure parts: NATS frames, JetStream reply subjects, the nats source's offsets and
+admission control against a fake stream, losses, and the declarations (no server, no Spark)."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import pytest
+import yaml
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from _conf import edit_yaml
+from tandem.config import load_cluster, load_plan
+from tandem.errors import ConfigError, DataLoss
+from tandem.messaging.jetstream import Bounds, check_not_lost
+from tandem.messaging.wire import Connection, Frame, ack_sequence, parse_frames
+from tandem.runtime.sources.nats import NatsStreamReader, SubjectRange
+
+
+def test_frames_are_parsed_whole_and_a_partial_one_is_left_for_the_next_read() -> None:
+    buffer = bytearray(b"PING\r\nMSG a.b 3 _INBOX.x 5\r\nhello\r\nHMSG s.1 7 $JS.ACK.s.c.1.9.9.1.0 12 15\r\n"
+                       b"NATS/1.0\r\n\r\nabc\r\nMSG a 1 10\r\n0123")
+    frames, used = parse_frames(buffer)
+    assert frames == ["PING", Frame("a.b", 3, "_INBOX.x", b"", b"hello"),
+                      Frame("s.1", 7, "$JS.ACK.s.c.1.9.9.1.0", b"NATS/1.0\r\n\r\n", b"abc")]
+    assert bytes(buffer[used:]) == b"MSG a 1 10\r\n0123"
+    assert parse_frames(bytearray(b"MSG a 1 0\r\n\r\n")) == ([Frame("a", 1, "", b"", b"")], 13)
+
+
+def test_a_payload_may_hold_crlf_and_spaces() -> None:
+    frames, _ = parse_frames(bytearray(b"MSG a 1 _R 9\r\nx\r\ny z\r\nw\r\n"))
+    assert frames == [Frame("a", 1, "_R", b"", b"x\r\ny z\r\nw")]
+
+
+def test_the_stream_sequence_and_pending_come_from_the_reply_subject() -> None:
+    assert ack_sequence("$JS.ACK.tandem_trades.Xy12.1.42.7.1795693234323659184.3") == (42, 3)
+    assert ack_sequence("$JS.ACK.domain.hash.tandem_trades.Xy12.1.42.7.1795693234323659184.0.tok") == (42, 0)
+    assert ack_sequence("_INBOX.abc") is None
+
+
+@pytest.mark.parametrize("covered, bounds, lost", [
+    (0, Bounds(0, 0, 0), None),            # a new, empty stream
+    (0, Bounds(1, 50, 50), None),          # everything still there
+    (10, Bounds(11, 50, 40), None),        # the first message it needs is the first held
+    (50, Bounds(51, 50, 0), None),         # everything expired, but it had read everything
+    (10, Bounds(31, 50, 20), "messages 11..30 are gone"),
+    (10, Bounds(61, 60, 0), "messages 11..60 are gone"),  # all expired, some never read
+    (80, Bounds(1, 50, 50), "holds sequences up to 50, but 80 were read"),  # deleted and made again
+])
+def test_a_loss_is_every_sequence_after_the_offset_that_the_stream_no_longer_holds(covered: int, bounds: Bounds,
+                                                                                    lost: str | None) -> None:
+    if lost is None:
+        check_not_lost("s", covered, bounds)
+    else:
+        with pytest.raises(DataLoss, match=lost):
+            check_not_lost("s", covered, bounds)
+
+
+class FakeJetStream:
+    """A stream's bounds, as the reader's driver side asks for them."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.held = Bounds(first, last, max(last - first + 1, 0))
+
+    def bounds(self, stream: str) -> Bounds:
+        return self.held
+
+    def close(self) -> None:
+        pass
+
+
+def reader(first: int = 1, last: int = 1000, max_events: int = 100) -> NatsStreamReader:
+    made = NatsStreamReader({"servers": "nats://127.0.0.1:1", "stream": "t_trades",
+                             "subjects": '["t.trades.0", "t.trades.2"]', "max_events_per_trigger": str(max_events)})
+    made._js = FakeJetStream(first, last)
+    return made
+
+
+def test_a_new_query_starts_at_the_first_message_held_and_batches_are_bounded() -> None:
+    source = reader(first=201, last=1000, max_events=100)
+    start = source.initialOffset()
+    assert start == {"stream": "t_trades", "seq": 200}
+    assert source.getDefaultReadLimit() == ReadMaxRows(100)
+    end = source.latestOffset(start, ReadMaxRows(100))
+    assert end == {"stream": "t_trades", "seq": 300}
+    assert source.latestOffset(start, ReadAllAvailable()) == {"stream": "t_trades", "seq": 1000}
+    assert source.partitions(start, end) == [SubjectRange("t.trades.0", 201, 300), SubjectRange("t.trades.2", 201, 300)]
+    assert source.partitions(end, end) == []
+
+
+def test_available_now_stops_at_the_last_sequence_when_the_query_started() -> None:
+    source = reader(first=1, last=500, max_events=1000)
+    source.prepareForTriggerAvailableNow()
+    source._js = FakeJetStream(1, 900)  # more was published since
+    assert source.latestOffset({"stream": "t_trades", "seq": 0}, ReadAllAvailable())["seq"] == 500
+    assert source.latestOffset({"stream": "t_trades", "seq": 500}, ReadAllAvailable())["seq"] == 500
+
+
+def test_a_lost_range_fails_the_batch_before_it_is_planned() -> None:
+    with pytest.raises(DataLoss, match=r"t_trades: messages 11\.\.99 are gone"):
+        reader(first=100, last=200).latestOffset({"stream": "t_trades", "seq": 10}, ReadMaxRows(50))
+
+
+def test_a_nats_stream_has_retention_and_event_limits_and_no_file_settings(conf: Path) -> None:
+    def to_nats(plan: dict) -> None:
+        stream = plan["streams"]["trades"]
+        stream.pop("max_files_per_trigger")
+        stream.update(source="nats", retention={"max_age": "2 hours", "max_messages": 5000},
+                      max_events_per_trigger=500)
+
+    edit_yaml(conf / "plans" / "trades.yaml", to_nats)
+    stream = load_plan("trades", load_cluster(conf / "cluster.yaml")).streams["trades"]
+    assert (stream.source, stream.retention.max_age_s, stream.retention.max_messages, stream.max_events_per_trigger) \
+        == ("nats", 7200.0, 5000, 500)
+
+    edit_yaml(conf / "plans" / "trades.yaml", lambda plan: plan["streams"]["trades"].update(max_files_per_trigger=5))
+    with pytest.raises(ConfigError, match=r"trades\.yaml: streams\.trades.*max_files_per_trigger: not a setting of "
+                                          r"a nats stream"):
+        load_plan("trades", load_cluster(conf / "cluster.yaml"))
+
+
+def test_a_nats_stream_needs_the_messaging_layer_and_credentials_stay_out_of_cluster_yaml(
+        conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    edit_yaml(conf / "plans" / "trades.yaml", lambda plan: (plan["streams"]["trades"].pop("max_files_per_trigger"),
+                                                           plan["streams"]["trades"].update(source="nats")))
+    edit_yaml(conf / "cluster.yaml", lambda cluster: cluster.pop("nats"))
+    with pytest.raises(ConfigError, match=r"trades\.yaml: streams\.trades\.source: a nats stream needs the messaging "
+                                          r"layer"):
+        load_plan("trades", load_cluster(conf / "cluster.yaml"))
+    monkeypatch.setenv("TANDEM_NATS_URL", "nats://user:s3cret@10.0.0.1:4222, nats://10.0.0.2:4222")
+    cluster = load_cluster(conf / "cluster.yaml")
+    assert cluster.nats.servers == ("nats://user:s3cret@10.0.0.1:4222", "nats://10.0.0.2:4222")
+    assert load_plan("trades", cluster).streams["trades"].source == "nats"
+
+    monkeypatch.delenv("TANDEM_NATS_URL")
+    edit_yaml(conf / "cluster.yaml", lambda cluster: cluster.update(nats={"servers": ["nats://u:s3cret@h:4222"]}))
+    with pytest.raises(ConfigError) as refused:
+        load_cluster(conf / "cluster.yaml")
+    assert "cluster.yaml: nats.servers" in str(refused.value) and "TANDEM_NATS_URL" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+
+
+def test_the_shipped_cluster_names_a_nats_server_without_credentials() -> None:
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "cluster.yaml").read_text())
+    assert shipped["nats"]["servers"] and all("@" not in url for url in shipped["nats"]["servers"])
+
+
+class FakeSocket:
+    """What a server sends, in the chunks given; what the client sends, recorded."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+        self.sent = bytearray()
+
+    def recv(self, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+
+    def close(self) -> None:
+        pass
+
+
+def connection_over(fake: FakeSocket) -> Connection:
+    made = Connection.__new__(Connection)  # no server: the protocol state only
+    made.url, made.timeout_s, made._socket = "nats://fake:4222", 1.0, fake
+    made._buffer, made._parsed, made._sid, made._inbox = bytearray(), deque(), 1, "_INBOX.me"
+    return made
+
+
+def test_a_range_read_keeps_deliveries_that_arrive_before_the_consumer_is_acknowledged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = iter(["d" * 20, "c" * 8, "e" * 8])  # deliver subject, create request, delete request
+    monkeypatch.setattr("tandem.messaging.wire.secrets.token_hex", lambda n: next(tokens))
+
+    def delivery(sequence: int, pending: int) -> bytes:
+        reply = f"$JS.ACK.s.C1.1.{sequence}.{sequence}.1795693234323659184.{pending}"
+        return f"MSG s.0 2 {reply} 1\r\n{sequence % 10}\r\n".encode()
+
+    answer = b'{"name": "C1", "num_pending": 2}'
+    fake = FakeSocket(delivery(5, 1) + delivery(6, 0) + f"MSG _INBOX.me.r{'c' * 8} 1 {len(answer)}\r\n".encode()
+                      + answer + b"\r\n", b"MSG _INBOX.me.r" + b"e" * 8 + b" 1 2\r\n{}\r\n")
+    got = list(connection_over(fake).read("s", "s.0", 5, 9))
+    assert got == [[(5, b"5"), (6, b"6")]]
+    assert b"CONSUMER.DELETE.s.C1" in fake.sent and b"UNSUB 2" in fake.sent
+
+
+def test_the_client_sends_each_event_to_its_keys_partition_with_a_stable_id() -> None:
+    from tandem.client import content_id
+
+    assert content_id({"b": 1, "a": 2}) == content_id({"a": 2, "b": 1}) != content_id({"a": 2, "b": 2})
+    assert len(content_id({"a": 1})) == 32
