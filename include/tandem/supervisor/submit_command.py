@@ -105,7 +105,8 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
     """A driver's environment: what it needs of the launcher's (``base``, default ``os.environ``; see
     :data:`DRIVER_ENVIRONMENT`), the resolved Tandem settings it reads, and this interpreter for PySpark.
 
-    ``TANDEM_DATABASE_URL`` may hold a password: it reaches the driver here, never on its command line.
+    ``TANDEM_DATABASE_URL`` and ``TANDEM_NATS_URL`` (set when the cluster has a messaging layer) may hold
+    passwords: they reach the driver here, never on its command line.
     """
     inherited = os.environ if base is None else base
     env = {name: value for name, value in inherited.items()
@@ -121,4 +122,6 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PATH": path if path.split(os.pathsep)[:1] == [python_bin] else os.pathsep.join([python_bin, path]),
     })
+    if cluster.nats is not None:
+        env["TANDEM_NATS_URL"] = ",".join(cluster.nats.servers)
     return env
