@@ -1,8 +1,10 @@
 """Every output kind exactly once across failovers, with real spark-submit processes under load.
 
 One instance runs ACTIVE on node-a and hot PASSIVE on node-b while its plan's events stream in.
-node-a is killed with SIGKILL (node-b takes over), relaunched as PASSIVE, then node-b is frozen
-with SIGSTOP past its lease (node-a takes over) and resumed with SIGCONT (it must fence itself).
+The pizza shop's: node-a is killed with SIGKILL (node-b takes over), relaunched as PASSIVE, then
+node-b is frozen with SIGSTOP past its lease (node-a takes over) and resumed with SIGCONT (it must
+fence itself). The temperatures': node-a is frozen and resumed (the kill half of these outputs'
+kind, events from a pattern, is the fourth plan's test, under the supervisor).
 At the end PostgreSQL and Delta hold every expected row exactly once, as the test computes it with
 plain Python from the events it wrote; no epoch was published by two nodes and nothing was
 published under an epoch after the next one was granted.
@@ -64,26 +66,33 @@ def kill_then_pause(pair: Pair, plan: PlanConfig, shard: str) -> None:
     pair.launch("node-a", "PASSIVE")
     pair.wait_running("node-a")
     time.sleep(15)  # node-a processes the backlog as a standby, holding what it would publish
+    pause(pair, plan, shard, "node-b", "node-a")
 
+
+def pause(pair: Pair, plan: PlanConfig, shard: str, active: str = "node-a", standby: str = "node-b") -> None:
+    """SIGSTOP of the ACTIVE past its lease (the standby takes over), SIGCONT: it fences itself."""
+    url = pair.url
     before = lease(url, plan.name, shard)
-    pair.kill("node-b", signal.SIGSTOP)
+    pair.kill(active, signal.SIGSTOP)
     try:
-        promoted = wait_for(lambda: pair.promoted("node-a", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                            "node-a to take over from the paused node-b", detail=lambda: pair.log_tail("node-a"))
-        pair.note(f"SIGSTOP node-b -> node-a PROMOTED at epoch {promoted['epoch']}")
+        promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
+                            f"{standby} to take over from the paused {active}", detail=lambda: pair.log_tail(standby))
+        pair.note(f"SIGSTOP {active} -> {standby} PROMOTED at epoch {promoted['epoch']}")
         time.sleep(5)
     finally:
-        pair.kill("node-b", signal.SIGCONT)
+        pair.kill(active, signal.SIGCONT)
     wait_for(lambda: [e for e in failover_events(url, plan=plan.name, shard=shard)
-                      if e["kind"] == "DEMOTED" and e["node"] == "node-b"], 30,
-             "the resumed node-b to fence itself", detail=lambda: pair.log_tail("node-b"))
+                      if e["kind"] == "DEMOTED" and e["node"] == active], 30,
+             f"the resumed {active} to fence itself", detail=lambda: pair.log_tail(active))
     time.sleep(5)
 
 
 def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, shard: str, rate: int,
-                         first_output: Callable[[str], object], what: str) -> tuple[PlanConfig, Pair, dict[str, list[dict]]]:
-    """The instance as a hot pair while ``rate`` events/s stream in, through :func:`kill_then_pause`; then an
-    event an hour later in every partition, so every result becomes final. Returns the events written."""
+                         first_output: Callable[[str], object], what: str,
+                         failovers: Callable[[Pair, PlanConfig, str], None]
+                         ) -> tuple[PlanConfig, Pair, dict[str, list[dict]]]:
+    """The instance as a hot pair while ``rate`` events/s stream in, through ``failovers``; then an event an hour
+    later in every partition, so every result becomes final. Returns the events written."""
     configure(project, plan_name)
     cluster = load_cluster()
     plan = load_plan(plan_name, cluster)
@@ -93,7 +102,7 @@ def failovers_under_load(project: Path, process_groups: list[int], plan_name: st
         pair.start_pair("node-a", "node-b")
         writer.start()  # after the start: the first batches are not a backlog of the launch time
         wait_for(lambda: first_output(pair.url), 240, what, detail=lambda: pair.log_tail("node-a"))
-        kill_then_pause(pair, plan, shard)
+        failovers(pair, plan, shard)
     finally:
         events = writer.stop()
     advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
@@ -150,7 +159,8 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
     poller.start()
     try:
         plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20,
-                                                  lambda url: published(url)[0], "the first overdue orders")
+                                                  lambda url: published(url)[0], "the first overdue orders",
+                                                  kill_then_pause)
         polled_by_the_failovers = len(poller.received)
     except BaseException:
         poller.stopped.set()
@@ -208,10 +218,11 @@ def temperature_events(url: str, output: str) -> list[dict]:
                  (TEMPERATURES, output))
 
 
-def test_windowed_and_pattern_events_exactly_once_across_kill_and_pause(project: Path, database_url: str,
-                                                                         process_groups: list[int]) -> None:
+def test_windowed_and_pattern_events_exactly_once_across_a_pause(project: Path, database_url: str,
+                                                                   process_groups: list[int]) -> None:
     plan, pair, events = failovers_under_load(project, process_groups, TEMPERATURES, GROUP_1, 10,
-                                              lambda url: temperature_events(url, "avg_temps"), "the first room averages")
+                                              lambda url: temperature_events(url, "avg_temps"), "the first room averages",
+                                              pause)
     cluster, url, readings = pair.cluster, pair.url, events["temps"]
 
     expected = temperature_reference(readings)
@@ -231,4 +242,4 @@ def test_windowed_and_pattern_events_exactly_once_across_kill_and_pause(project:
         lake = read_events_lake(delta_table_dir(cluster, TEMPERATURES, output))
         assert sorted(lake.column("event_id").to_pylist()) == sorted(r["event_id"] for r in got), output
     assert split_brain(url, TEMPERATURES, GROUP_1) == []
-    assert lease(url, TEMPERATURES, GROUP_1)["holder"] == "node-a"
+    assert lease(url, TEMPERATURES, GROUP_1)["holder"] == "node-b"

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""NATS benchmark: the ``nats`` source against the file source, alone and under the trades plan through Tandem.
+
+The same trades (the plan's generator at simulated times, through the partition layout, ~0.5 % bad
+lines) are written once as landing files and published once to an embedded ``nats-server``
+(JetStream, file storage) on their partition subjects, each with a message id. Then, in one Spark
+session (``local[2]``), alternately:
+
+- **source alone**: a streaming query over every partition, available-now, whose ``foreachBatch``
+  materialises every column (``toArrow()``), from the file source (``text`` over the landing folders)
+  and from the ``nats`` source (``tandem_nats``, ``max_events_per_trigger`` as the plan declares);
+  events/s = lines ÷ wall seconds. Target: ``nats`` ≥ 100,000 events/s.
+- **trades through Tandem**: ``run_instance`` of both instances (available-now) on a temp project whose
+  stream is ``source: files``, then one whose stream is ``source: nats``; ratio nats ÷ files of the
+  medians. Target ≥ 0.8.
+
+    python bench/nats.py [--events 300000] [--repeats 3]
+
+Results: ``bench/results/nats.json`` (the publish rate too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "include"))
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import _common as C  # noqa: E402
+import plans as P  # noqa: E402
+import yaml  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+RESULTS = BENCH / "results" / "nats.json"
+PREFIX = "bench"
+SOURCE_TARGET = 100_000
+RATIO_TARGET = 0.8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=300_000, help="trades written (and published)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side, alternating")
+    return parser.parse_args(argv)
+
+
+def landing_lines(input_dir: Path) -> dict[int, list[str]]:
+    """The input's lines per partition of ``trades``, in file order (the order Spark reads them in)."""
+    out: dict[int, list[str]] = {}
+    for directory in sorted((input_dir / "trades").iterdir(), key=lambda p: int(p.name)):
+        for path in sorted(p for p in directory.iterdir() if not p.name.startswith(".")):
+            out.setdefault(int(directory.name), []).extend(path.read_text().splitlines())
+    return out
+
+
+def publish(url: str, lines: dict[int, list[str]]) -> dict:
+    """Every line to its partition's subject with a message id; the publish rate."""
+    from tandem.messaging import JetStream, StreamSpec, partition_subject, stream_name
+
+    name = stream_name(PREFIX, "trades")
+    started = time.perf_counter()
+    with JetStream([url], name="bench-publisher") as js:
+        js.ensure_stream(StreamSpec(name, (f"{PREFIX}.trades.*",), max_age_s=86_400.0))
+        count = 0
+        for partition, partition_lines in lines.items():
+            subject = partition_subject(PREFIX, "trades", partition)
+            for start in range(0, len(partition_lines), 10_000):
+                chunk = partition_lines[start:start + 10_000]
+                js.publish([(subject, line.encode(), f"p{partition}-{start + i}") for i, line in enumerate(chunk)])
+                count += len(chunk)
+        held = js.bounds(name).messages
+    seconds = time.perf_counter() - started
+    assert held == count, f"JetStream holds {held} of the {count} messages published"
+    return {"messages": count, "seconds": round(seconds, 2), "messages_per_s": round(count / seconds, 1)}
+
+
+def source_alone(spark, kind: str, input_dir: Path, url: str, partitions: int, max_events: int,
+                 checkpoint: Path) -> float:
+    """Wall seconds of an available-now query over the whole stream whose sink materialises every column."""
+    import json as _json
+
+    from tandem.messaging import partition_subject, stream_name
+    from tandem.runtime.sources import files, nats
+
+    if kind == "files":
+        frame = files.landing_lines(spark, [input_dir / "trades" / str(p) for p in range(partitions)], 100_000)
+    else:
+        spark.dataSource.register(nats.NatsSource)
+        frame = (spark.readStream.format(nats.SOURCE_NAME).option("servers", url)
+                 .option("stream", stream_name(PREFIX, "trades"))
+                 .option("subjects", _json.dumps([partition_subject(PREFIX, "trades", p) for p in range(partitions)]))
+                 .option("max_events_per_trigger", str(max_events)).load())
+    seen = [0]
+
+    def materialise(batch, batch_id: int) -> None:
+        seen[0] += batch.toArrow().num_rows
+
+    started = time.perf_counter()
+    query = (frame.writeStream.foreachBatch(materialise).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
+def use_nats_stream(conf: Path, url: str) -> None:
+    """The temp project's trades stream over NATS (``bench_trades``), the environment's URL for the server."""
+    os.environ["TANDEM_NATS_URL"] = url
+    cluster = yaml.safe_load((conf / "cluster.yaml").read_text())
+    cluster["nats"] = {"servers": ["nats://127.0.0.1:4222"], "prefix": PREFIX}
+    (conf / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    plan = yaml.safe_load((conf / "plans" / "trades.yaml").read_text())
+    plan["streams"]["trades"].pop("max_files_per_trigger", None)
+    plan["streams"]["trades"]["source"] = "nats"
+    (conf / "plans" / "trades.yaml").write_text(yaml.safe_dump(plan))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    from tandem.config import load_cluster, load_plan
+    from tandem.messaging.server import start_server
+    from tandem.spark_session import build_session
+    from tandem.store import Database, migrate
+
+    work = Path(tempfile.mkdtemp(prefix="tandem-bench-nats-"))
+    server = start_server(work / "jetstream")
+    spark = build_session("tandem-bench-nats", "local[2]", ROOT / "conf" / "spark-defaults.conf")
+    seconds: dict[str, list[float]] = {"files alone": [], "nats alone": [], "tandem files": [], "tandem nats": []}
+    try:
+        plan = load_plan("trades", load_cluster(ROOT / "conf" / "cluster.yaml"))
+        stream = plan.streams["trades"]
+        input_dir = work / "input"
+        trades = P.write_input(plan, args.events, 7, input_dir)
+        lines = landing_lines(input_dir)
+        total = sum(len(v) for v in lines.values())
+        published = publish(server.url, lines)
+        console.print(f"{total:,} lines ({trades:,} trades) in files and on {server.url}: "
+                      f"{published['messages_per_s']:,.0f} acknowledged publishes/s")
+        runs = [(side, False) for side in ("files", "nats")] + [
+            (side, True) for repeat in range(args.repeats)
+            for side in (("files", "nats") if repeat % 2 == 0 else ("nats", "files"))]
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            task = progress.add_task("source alone", total=len(runs))
+            for index, (side, timed) in enumerate(runs):
+                took = source_alone(spark, side, input_dir, server.url, stream.partitions,
+                                    stream.max_events_per_trigger, work / f"checkpoint-{side}-{index}")
+                if timed:
+                    seconds[f"{side} alone"].append(round(took, 2))
+                progress.advance(task)
+            task = progress.add_task("trades through Tandem", total=len(runs))
+            for side, timed in runs:
+                with P.private_storage(f"nats_{side}") as (root, url):
+                    if side == "nats":
+                        use_nats_stream(root / "conf", server.url)
+                        with Database(url) as db:  # the stream exists and holds the input already
+                            migrate(db)
+                    cluster = load_cluster()
+                    run_plan = load_plan("trades", cluster)
+                    if side == "files":
+                        P.land(input_dir, cluster.storage_root)
+                        with Database(url) as db:
+                            migrate(db)
+                    started = time.perf_counter()
+                    P.run_tandem(cluster, run_plan, spark)
+                    if timed:
+                        seconds[f"tandem {side}"].append(round(time.perf_counter() - started, 2))
+                    os.environ.pop("TANDEM_NATS_URL", None)
+                progress.advance(task)
+    finally:
+        spark.stop()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def rate(key: str, count: int) -> float:
+        return round(count / statistics.median(seconds[key]), 1)
+
+    nats_alone, files_alone = rate("nats alone", total), rate("files alone", total)
+    tandem_nats, tandem_files = rate("tandem nats", trades), rate("tandem files", trades)
+    result = {
+        "benchmark": "nats", "when": C.now_iso(), "commit": C.git_commit(ROOT), "machine": C.machine_info(),
+        "events": trades, "lines": total, "repeats": args.repeats, "seconds": seconds, "publish": published,
+        "source_alone": {"nats_events_per_s": nats_alone, "files_events_per_s": files_alone,
+                         "nats_over_files": round(nats_alone / files_alone, 3), "target_events_per_s": SOURCE_TARGET,
+                         "met": nats_alone >= SOURCE_TARGET},
+        "trades_through_tandem": {"nats_events_per_s": tandem_nats, "files_events_per_s": tandem_files,
+                                  "ratio": round(tandem_nats / tandem_files, 3), "target_ratio": RATIO_TARGET,
+                                  "met": tandem_nats / tandem_files >= RATIO_TARGET},
+        "hot_failover": None,
+    }
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    console.print_json(json.dumps({k: result[k] for k in ("source_alone", "trades_through_tandem", "publish")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
