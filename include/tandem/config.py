@@ -346,6 +346,15 @@ class PlanConfig:
         group, index = self.group_of(shard_id)
         return instance_partitions(index, self.groups[group].parallel, self.streams[stream].partitions)
 
+    def publisher_of(self, stream: str) -> str | None:
+        """The output published to ``stream`` (``None``: events come from outside, producers write them)."""
+        return next((name for name, output in self.outputs.items() if output.stream == stream), None)
+
+    @property
+    def input_streams(self) -> list[str]:
+        """The streams producers write to: every stream no output of the plan publishes to."""
+        return [name for name in self.streams if self.publisher_of(name) is None]
+
     def check_shard(self, shard_id: str) -> str:
         """``shard_id`` if it is one of the plan's shards, else a :class:`ConfigError` naming the plan file."""
         if shard_id not in self.shards:
@@ -598,6 +607,20 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
             except ValidationError as exc:
                 raise error(f"outputs.{name}.table", f"the default table name {exc.errors()[0]['ctx']['error']}: "
                                                      "name the table with table:") from None
+    publishers: dict[str, str] = {}
+    for name, output in file.outputs.items():
+        if output.stream is None:
+            continue
+        where = f"outputs.{name}.stream"
+        if output.stream not in file.streams:
+            raise error(where, f"no stream {output.stream!r} is declared (streams: {', '.join(file.streams)})")
+        if file.streams[output.stream].source != "nats":
+            raise error(where, f"stream {output.stream!r} must be a nats stream (source: nats): an output is "
+                               "published to NATS")
+        if output.stream in publishers:
+            raise error(where, f"stream {output.stream!r} is published by output {publishers[output.stream]!r} "
+                               "already: a stream has one publishing output")
+        publishers[output.stream] = name
     for name, stream in file.streams.items():
         if stream.source == "nats" and cluster.nats is None:
             raise error(f"streams.{name}.source", "a nats stream needs the messaging layer: a nats: section "

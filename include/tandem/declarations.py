@@ -290,6 +290,9 @@ class OutputConfig(StrictModel):
     granularities: list[Literal["second", "minute", "hour", "day", "month", "year"]] = []
     """The buckets an aggregation keeps and serves (default: every one, second to year). Per-second
     partials are always kept: every coarser bucket is rolled up from them."""
+    stream: FieldName | None = None
+    """``events``: also publish every event, exactly once, to this ``nats`` stream of the plan, which other
+    groups, other plans and outside consumers read (:mod:`tandem.outputs.relay`)."""
 
     def serving_table(self, plan: str, output: str) -> str:
         """The PostgreSQL table of an aggregation output named ``output``: its ``table``, else ``<plan>_<output>``."""
@@ -303,6 +306,8 @@ class OutputConfig(StrictModel):
             raise ValueError("an events output needs a time field")
         if self.kind == "table" and (not self.values or not self.id):
             raise ValueError("a table output needs values and the id of a contributing row")
+        if self.stream is not None and self.kind != "events":
+            raise ValueError("stream: only an events output is published to a stream")
         if self.kind not in ("table", "aggregation") and (self.values or self.id):
             raise ValueError("values and id belong to table and aggregation outputs")
         if self.kind == "aggregation" and (self.values or (self.id and self.time is None)):

@@ -60,6 +60,10 @@ class Destinations:
         ``ids``: the message id of each line (``nats``; default a new one each): a line published again
         with its id within the stream's duplicate window is not a second event.
         """
+        publisher = self.plan.publisher_of(stream)
+        if publisher is not None:
+            raise ConfigError(str(self.plan.path), f"outputs.{publisher}.stream", f"stream {stream} is published by "
+                              f"output {publisher}: only Tandem writes to it (exactly once), producers do not")
         if self.plan.streams[stream].source == "files":
             return str(write_atomically(landing_dir(self.cluster, stream, partition), lines))
         nats = self.cluster.nats
@@ -126,7 +130,8 @@ class DeclaredGenerator:
 
     def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
         return {name: [{field_name: self.value(stream, field_name, now_ms) for field_name in stream.fields}
-                       for _ in range(count)] for name, stream in self.plan.streams.items()}
+                       for _ in range(count)] for name, stream in self.plan.streams.items()
+                if name in self.plan.input_streams}
 
 
 def numeric_range(greater_than: float | None, at_least: float | None, less_than: float | None,
@@ -197,7 +202,7 @@ def partitioned(plan: PlanConfig, lines_by_stream: dict[str, list[tuple[dict[str
 
 
 def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed: int = 0) -> list[str]:
-    """Write one event at ``at_ms`` into every partition of every stream, with a key that belongs there.
+    """Write one event at ``at_ms`` into every partition of every input stream, with a key that belongs there.
 
     Results are emitted once the watermark passes them; when the input stops, these events (say an
     hour ahead) move every instance's watermark past everything written, so every result is final.
@@ -206,8 +211,8 @@ def advance_watermark(cluster: ClusterConfig, plan: PlanConfig, at_ms: int, seed
     template = generator_for(plan, seed).events(at_ms, 1)
     written = []
     with Destinations(cluster, plan) as out:
-        for stream, declared in plan.streams.items():
-            written += _watermark_events(out, stream, declared, template, at_ms)
+        for stream in plan.input_streams:
+            written += _watermark_events(out, stream, plan.streams[stream], template, at_ms)
     return written
 
 

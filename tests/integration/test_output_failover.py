@@ -21,17 +21,19 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from _ha import Pair, PlanWriter, failover_events, fetch, lease, one_core_nodes, split_brain, wait_for
+from _nats import edit_plan, messaging_layer, nats_server, publish_output, stream_lines
 from _references import pizza_reference, temperature_reference, temperature_row
 from tandem import aggregation
 from tandem.config import PlanConfig, load_cluster, load_plan
 from tandem.layout import delta_table_dir
+from tandem.messaging.server import EmbeddedServer
 from tandem.packaging import build_dist
 from tandem.presenter.views import event_page
 from tandem.producer import advance_watermark
@@ -89,11 +91,15 @@ def pause(pair: Pair, plan: PlanConfig, shard: str, active: str = "node-a", stan
 
 def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, shard: str, rate: int,
                          first_output: Callable[[str], object], what: str,
-                         failovers: Callable[[Pair, PlanConfig, str], None]
+                         failovers: Callable[[Pair, PlanConfig, str], None],
+                         change: Callable[[dict], object] | None = None
                          ) -> tuple[PlanConfig, Pair, dict[str, list[dict]]]:
     """The instance as a hot pair while ``rate`` events/s stream in, through ``failovers``; then an event an hour
-    later in every partition, so every result becomes final. Returns the events written."""
+    later in every partition, so every result becomes final. Returns the events written. ``change``: of the plan's
+    YAML first."""
     configure(project, plan_name)
+    if change is not None:
+        edit_plan(project, plan_name, change)
     cluster = load_cluster()
     plan = load_plan(plan_name, cluster)
     pair = Pair(cluster, plan, build_dist(project), process_groups, shard=shard)
@@ -151,16 +157,31 @@ class EventPoller(threading.Thread):
             self.error = exc
 
 
+@pytest.fixture
+def nats(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    started = nats_server(tmp_path / "jetstream")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Path, database_url: str,
-                                                                     process_groups: list[int]) -> None:
+                                                                     process_groups: list[int], nats: EmbeddedServer,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and the overdue orders published to a NATS stream (issue 26 §3): a consumer of the stream receives every
+    one exactly once, in the order of the events endpoint."""
     with Database(database_url) as db:
         migrate(db)
+    prefix = messaging_layer(project, nats, monkeypatch)
     poller = EventPoller(database_url, load_plan(PLAN), "overdue_orders")
     poller.start()
     try:
-        plan, pair, events = failovers_under_load(project, process_groups, PLAN, SHARD, 20,
-                                                  lambda url: published(url)[0], "the first overdue orders",
-                                                  kill_then_pause)
+        plan, pair, events = failovers_under_load(
+            project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0], "the first overdue orders",
+            kill_then_pause, publish_output("overdue_orders", "overdue", 2, "order_no",
+                                            {"order_no": "string", "customer_name": "string",
+                                             "expiry_time": "epoch_millis"}))
         polled_by_the_failovers = len(poller.received)
     except BaseException:
         poller.stopped.set()
@@ -205,6 +226,17 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
     assert len(poller.received) == len(set(poller.received)), "an event polled twice"
     assert sorted(poller.received) == sorted(r["event_id"] for r in fetch(
         url, "SELECT event_id FROM output_events WHERE plan = %s AND output = 'overdue_orders'", (PLAN,)))
+
+    # a consumer of the NATS stream got every overdue order exactly once, in the outbox's order
+    in_order = [e["payload"]["order_no"] for e in fetch(
+        url, "SELECT payload FROM output_events WHERE plan = %s AND output = 'overdue_orders' ORDER BY xid, event_id",
+        (PLAN,))]
+    wait_for(lambda: len(stream_lines(nats.url, prefix, "overdue")) >= len(in_order), 60,
+             "the relay to publish every overdue order", detail=lambda: f"{len(stream_lines(nats.url, prefix, 'overdue'))}"
+             f" of {len(in_order)} in the stream\n{pair.log_tail('node-a')}")
+    consumed = [line["order_no"] for _, line in stream_lines(nats.url, prefix, "overdue")]
+    assert consumed == in_order
+    assert sorted(consumed) == sorted(overdue)
 
 
 # --- the temperatures --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ What it does not do
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from tandem.config import NatsConfig, PlanConfig
 from tandem.declarations import StreamConfig
 from tandem.errors import ConfigError, DataLoss
-from tandem.messaging.wire import Connection, ProtocolError
+from tandem.messaging.wire import Connection, Message, ProtocolError, parse_headers
 from tandem.redaction import redact_url
 
 OWNER = "tandem"
@@ -203,13 +204,28 @@ class JetStream:
 
     # --- messages --------------------------------------------------------------------------------------------
 
-    def publish(self, messages: Sequence[tuple[str, bytes, str | None]]) -> list[dict[str, Any]]:
-        """Publish ``(subject, payload, message id)`` each; return once JetStream stored every one (its acks).
+    def publish(self, messages: Sequence[Message | tuple[str, bytes, str | None]],
+                refusals: Sequence[int] = ()) -> list[dict[str, Any]]:
+        """Publish each message (``(subject, payload, message id)`` or a :class:`Message`); return once JetStream
+        stored every one (its acks).
 
         A message whose id JetStream stored within the stream's duplicate window is not stored again
-        (its ack says ``duplicate``).
+        (its ack says ``duplicate``). A refusal whose error code is in ``refusals`` is returned as its ack
+        (``{"error": {...}}``) instead of raised.
         """
-        return self.connection.publish(messages)
+        return self.connection.publish(messages, refusals=refusals)
+
+    def message(self, stream: str, sequence: int) -> tuple[dict[str, str], bytes] | None:
+        """``(headers, payload)`` of the message the stream holds at ``sequence``; ``None`` when it holds none there."""
+        try:
+            answer = self.connection.request(f"$JS.API.STREAM.MSG.GET.{stream}", {"seq": sequence})
+        except ProtocolError as exc:
+            if "no message found" in str(exc):
+                return None
+            raise
+        found = answer["message"]
+        headers = parse_headers(base64.b64decode(found["hdrs"])) if found.get("hdrs") else {}
+        return headers, base64.b64decode(found.get("data") or b"")
 
     def read(self, stream: str, subject: str, first: int, last: int) -> Iterator[list[tuple[int, bytes]]]:
         """``(sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in order, in

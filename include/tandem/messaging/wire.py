@@ -12,7 +12,7 @@ Purpose
 How it works
     A request is a ``PUB`` with a reply subject under the connection's inbox (one wildcard
     subscription). :meth:`Connection.publish` pipelines ``HPUB`` frames (the ``Nats-Msg-Id``
-    header) with a window of outstanding ones and matches each acknowledgement to its message by
+    header, and any other a :class:`Message` carries) with a window of outstanding ones and matches each acknowledgement to its message by
     its reply subject. :meth:`Connection.read` creates an ephemeral push consumer (``AckNone``, deliver by start
     sequence, the subject as filter, flow control with idle heartbeats) whose deliver subject is
     an inbox of this connection, and takes the stream sequence and the consumer's pending count
@@ -34,7 +34,7 @@ import secrets
 import socket
 import ssl
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -47,6 +47,32 @@ _READ_SIZE = 1 << 20
 
 class ProtocolError(Exception):
     """The server answered with ``-ERR`` or something this reader does not understand."""
+
+
+class Message(NamedTuple):
+    """A message to publish: its subject, payload, ``Nats-Msg-Id`` (``None``: none) and other headers."""
+
+    subject: str
+    payload: bytes
+    msg_id: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def header_block(self) -> bytes:
+        """The ``NATS/1.0`` header block (``b""`` when the message has no header)."""
+        pairs = ([(MSG_ID, self.msg_id)] if self.msg_id else []) + list(self.headers)
+        if not pairs:
+            return b""
+        return ("NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in pairs) + "\r\n").encode()
+
+
+def parse_headers(block: bytes) -> dict[str, str]:
+    """The headers of a ``NATS/1.0`` header block (pure; a header given twice keeps its first value)."""
+    headers: dict[str, str] = {}
+    for line in block.decode("utf-8", "replace").split("\r\n")[1:]:
+        name, colon, value = line.partition(":")
+        if colon and name.strip():
+            headers.setdefault(name.strip(), value.strip())
+    return headers
 
 
 class Frame(NamedTuple):
@@ -217,11 +243,13 @@ class Connection:
             return answer
         raise ProtocolError(f"no answer to {subject}")
 
-    def publish(self, messages: Sequence[tuple[str, bytes, str | None]], *, window: int = 2_000) -> list[dict[str, Any]]:
-        """Publish ``(subject, payload, message id)`` each and return JetStream's acknowledgement of each
-        (``{"stream", "seq", "duplicate"?}``), in order; at most ``window`` wait for theirs at a time.
+    def publish(self, messages: Sequence[Message | tuple[str, bytes, str | None]], *, window: int = 2_000,
+                refusals: Collection[int] = ()) -> list[dict[str, Any]]:
+        """Publish each message and return JetStream's acknowledgement of each (``{"stream", "seq",
+        "duplicate"?}``), in order; at most ``window`` wait for theirs at a time.
 
-        Raises :class:`ProtocolError` when JetStream refuses one (no stream for its subject, a limit).
+        Raises :class:`ProtocolError` when JetStream refuses one (no stream for its subject, a limit), except for
+        a refusal whose JetStream error code is in ``refusals``: its acknowledgement is then ``{"error": ...}``.
         """
         prefix = f"{self._inbox}.p{secrets.token_hex(4)}."
         acks: list[dict[str, Any] | None] = [None] * len(messages)
@@ -231,14 +259,14 @@ class Connection:
         while sent < len(messages) or waiting:
             out = bytearray()
             while sent < len(messages) and waiting < window:
-                subject, payload, msg_id = messages[sent]
+                message = Message(*messages[sent])
                 reply = f"{prefix}{sent}"
-                if msg_id:
-                    headers = f"NATS/1.0\r\n{MSG_ID}: {msg_id}\r\n\r\n".encode()
-                    out += (f"HPUB {subject} {reply} {len(headers)} {len(headers) + len(payload)}".encode() + CRLF
-                            + headers + payload + CRLF)
+                headers = message.header_block()
+                if headers:
+                    out += (f"HPUB {message.subject} {reply} {len(headers)} {len(headers) + len(message.payload)}"
+                            .encode() + CRLF + headers + message.payload + CRLF)
                 else:
-                    out += f"PUB {subject} {reply} {len(payload)}".encode() + CRLF + payload + CRLF
+                    out += f"PUB {message.subject} {reply} {len(message.payload)}".encode() + CRLF + message.payload + CRLF
                 sent += 1
                 waiting += 1
             if out:
@@ -249,9 +277,9 @@ class Connection:
                     if frame.headers.startswith(b"NATS/1.0 503"):
                         raise ProtocolError(f"no JetStream stream takes subject {messages[index][0]!r}")
                     ack = json.loads(frame.payload)
-                    if "error" in ack:
-                        raise ProtocolError(f"publishing to {messages[index][0]!r}: "
-                                            f"{ack['error'].get('description', ack['error'])}")
+                    error = ack.get("error")
+                    if error and error.get("err_code") not in refusals:
+                        raise ProtocolError(f"publishing to {messages[index][0]!r}: {error.get('description', error)}")
                     acks[index] = ack
                     waiting -= 1
                     if not self._parsed or waiting == 0:

@@ -1,7 +1,7 @@
 """Run one plan instance (plan × shard × node) inside a Spark driver.
 
-``run_instance`` registers the instance, starts the liveness beat and the progress listener,
-starts every query of the plan with its own checkpoint, and waits. It returns when a query
+``run_instance`` registers the instance, starts the liveness beat, the progress listener and
+(when the plan publishes events to a stream) the relay, starts every query of the plan with its own checkpoint, and waits. It returns when a query
 fails (status FAILED), when ``stop`` is set or SIGTERM arrives (status STOPPED), or, with
 ``available_now``, when every query has processed the input present at start.
 """
@@ -28,6 +28,7 @@ from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
+from tandem.runtime.relays import RelayThread, published_to_streams
 from tandem.runtime.roles import RoleController
 from tandem.shared_storage import StorageNotShared, require_shared_storage
 from tandem.spark_session import build_session
@@ -142,6 +143,9 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick,
                                 on_stop_request=lambda _by: stop.set())
         liveness.start()
+        relays = RelayThread(cluster, plan, roles, interval) if published_to_streams(plan) else None
+        if relays is not None:
+            relays.start()
         recorder = ProgressRecorder(key, cluster.database_url)
         spark.streams.addListener(recorder)
         queries: list[StreamingQuery] = []
@@ -162,6 +166,9 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             spark.streams.removeListener(recorder)
             liveness.stop()
             liveness.join(timeout=5)
+            if relays is not None:
+                relays.stop()
+                relays.join(timeout=10)
             roles.stop()
         if result.status == "STOPPED" and liveness.stop_requested_by is not None:
             result = RunResult("STOPPED", f"stopped at the request of {liveness.stop_requested_by}")

@@ -1,0 +1,24 @@
+"""``output_streams``: the last position an events output's relay saw stored in its NATS stream (migration 009)."""
+
+from __future__ import annotations
+
+from tandem.store.outputs import EventPosition
+
+
+def record_relayed(cursor, plan: str, output: str, stream: str, stream_seq: int, position: EventPosition) -> None:
+    """The stream holds the event at ``position`` as message ``stream_seq`` (a later sequence only moves it on)."""
+    cursor.execute(
+        """INSERT INTO output_streams (plan, output, stream, stream_seq, xid, event_id) VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (plan, output) DO UPDATE SET stream = EXCLUDED.stream, stream_seq = EXCLUDED.stream_seq,
+               xid = EXCLUDED.xid, event_id = EXCLUDED.event_id, updated_at = now()
+           WHERE output_streams.stream <> EXCLUDED.stream OR output_streams.stream_seq < EXCLUDED.stream_seq""",
+        (plan, output, stream, stream_seq, position[0], position[1]))
+
+
+def relayed(cursor, plan: str, output: str, stream: str) -> tuple[int, EventPosition] | None:
+    """``(stream sequence, position)`` last recorded for the output in ``stream`` (``None``: nothing yet)."""
+    cursor.execute("SELECT stream_seq, xid, event_id FROM output_streams WHERE plan = %s AND output = %s "
+                   "AND stream = %s", (plan, output, stream))
+    row = cursor.fetchone()
+    return (int(row["stream_seq"]), (int(row["xid"]), row["event_id"])) if row else None
+
