@@ -13,6 +13,10 @@ session (``local[2]``), alternately:
 - **trades through Tandem**: ``run_instance`` of both instances (available-now) on a temp project whose
   stream is ``source: files``, then one whose stream is ``source: nats``; ratio nats ÷ files of the
   medians. Target ≥ 0.8.
+- **an events output published to NATS**: ``--relay-events`` overdue orders in ``output_events`` (as
+  the sink writes them) published by the relay (``tandem.outputs.relay``: expected sequences,
+  positions, a record in PostgreSQL), against the plain acknowledged publishes of the input above;
+  ratio relay ÷ plain.
 
     python bench/nats.py [--events 300000] [--repeats 3]
 
@@ -53,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=300_000, help="trades written (and published)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side, alternating")
+    parser.add_argument("--relay-events", type=int, default=100_000, help="events the relay publishes")
     return parser.parse_args(argv)
 
 
@@ -114,6 +119,52 @@ def source_alone(spark, kind: str, input_dir: Path, url: str, partitions: int, m
     return time.perf_counter() - started
 
 
+def relay(url: str, events: int) -> dict:
+    """Seconds for the relay to publish ``events`` overdue orders written to ``output_events`` beforehand."""
+    from datetime import datetime, timedelta, timezone
+
+    from tandem.config import load_cluster, load_plan
+    from tandem.outputs.relay import Relay
+    from tandem.store import Database, migrate
+    from tandem.store.outputs import insert_events
+    from tandem.store.registry import InstanceKey
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    with P.private_storage("nats_relay") as (root, database_url):
+        os.environ["TANDEM_NATS_URL"] = url
+        conf = root / "conf"
+        cluster_file = yaml.safe_load((conf / "cluster.yaml").read_text())
+        cluster_file["nats"] = {"servers": ["nats://127.0.0.1:4222"], "prefix": "relay"}
+        (conf / "cluster.yaml").write_text(yaml.safe_dump(cluster_file))
+        plan_file = yaml.safe_load((conf / "plans" / "pizza_shop.yaml").read_text())
+        plan_file["streams"]["overdue"] = {"source": "nats", "partitions": 4, "key": "order_no",
+                                           "event_time": "expiry_time", "fields": {
+                                               "order_no": {"type": "string"}, "customer_name": {"type": "string"},
+                                               "expiry_time": {"type": "epoch_millis"}}}
+        plan_file["outputs"]["overdue_orders"]["stream"] = "overdue"
+        (conf / "plans" / "pizza_shop.yaml").write_text(yaml.safe_dump(plan_file))
+        cluster = load_cluster()
+        plan = load_plan("pizza_shop", cluster)
+        key = InstanceKey("pizza_shop", "shop-1", "node-a")
+        with Database(database_url, "bench-relay") as db:
+            migrate(db)
+            for start in range(0, events, 5_000):
+                batch = {f"e-{n:08d}": (t0 + timedelta(milliseconds=n), {
+                    "order_no": f"o-{n}", "customer_name": f"c-{n % 97}", "order_time": n, "expiry_time": n + 30_000})
+                    for n in range(start, min(start + 5_000, events))}
+                db.run(lambda cursor: insert_events(cursor, key, "overdue_orders", batch, 1, start))
+            publisher = Relay(plan, "overdue_orders", cluster.nats, db)
+            try:
+                started = time.perf_counter()
+                stored = publisher.publish_pending()
+                seconds = time.perf_counter() - started
+            finally:
+                publisher.close()
+        os.environ.pop("TANDEM_NATS_URL", None)
+    assert stored == events, f"the relay stored {stored} of {events} events"
+    return {"events": events, "seconds": round(seconds, 2), "events_per_s": round(events / seconds, 1)}
+
+
 def use_nats_stream(conf: Path, url: str) -> None:
     """The temp project's trades stream over NATS (``bench_trades``), the environment's URL for the server."""
     os.environ["TANDEM_NATS_URL"] = url
@@ -148,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         published = publish(server.url, lines)
         console.print(f"{total:,} lines ({trades:,} trades) in files and on {server.url}: "
                       f"{published['messages_per_s']:,.0f} acknowledged publishes/s")
+        relayed = relay(server.url, args.relay_events)
+        console.print(f"the relay published {relayed['events']:,} events of an output: "
+                      f"{relayed['events_per_s']:,.0f} events/s")
         runs = [(side, False) for side in ("files", "nats")] + [
             (side, True) for repeat in range(args.repeats)
             for side in (("files", "nats") if repeat % 2 == 0 else ("nats", "files"))]
@@ -198,10 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         "trades_through_tandem": {"nats_events_per_s": tandem_nats, "files_events_per_s": tandem_files,
                                   "ratio": round(tandem_nats / tandem_files, 3), "target_ratio": RATIO_TARGET,
                                   "met": tandem_nats / tandem_files >= RATIO_TARGET},
+        "output_relay": {**relayed, "plain_publishes_per_s": published["messages_per_s"],
+                         "ratio": round(relayed["events_per_s"] / published["messages_per_s"], 3)},
         "hot_failover": None,
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    console.print_json(json.dumps({k: result[k] for k in ("source_alone", "trades_through_tandem", "publish")}))
+    console.print_json(json.dumps({k: result[k] for k in ("source_alone", "trades_through_tandem", "publish",
+                                                                  "output_relay")}))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a throw-away PostgreSQL database, a project config in a temp dir, Spark."""
+"""Shared fixtures: a throw-away PostgreSQL database, a project config in a temp dir, Spark, a NATS server."""
 
 from __future__ import annotations
 
@@ -46,3 +46,16 @@ def spark():
     session = build_session("tandem-tests", "local[2]", PROJECT / "conf" / "spark-defaults.conf")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def nats_server(tmp_path_factory: pytest.TempPathFactory):
+    """An embedded ``nats-server -js`` on a free port for a module's tests (each test takes a subject prefix of its
+    own: :func:`_nats.messaging_layer`), stopped after them."""
+    from _nats import start_nats
+
+    started = start_nats(tmp_path_factory.mktemp("nats") / "jetstream")
+    try:
+        yield started
+    finally:
+        started.stop()

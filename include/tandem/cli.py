@@ -186,6 +186,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from tandem.config import load_plans_and_errors
     from tandem.presenter.views import plan_status, timeline
     from tandem.store import Database
+    from tandem.store.output_streams import stream_progress
 
     def age(seconds: float | None) -> str:
         if seconds is None:
@@ -230,6 +231,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                         console.print(note, highlight=False)
                     for action in instance.due:
                         console.print(f"  [yellow]due:[/] {escape(action)}")
+                for output, config in plan.outputs.items():
+                    if config.stream is not None:
+                        held, sequence = db.run(lambda c, o=output: stream_progress(c, plan.name, o))
+                        at = "-" if sequence is None else f"{sequence:,}"
+                        console.print(f"{plan.name} / {output} -> NATS stream {config.stream}: {held:,} events in "
+                                      f"PostgreSQL, the stream at sequence {at} (as last recorded)", highlight=False)
                 events = timeline(db, plan, limit=10).events
                 if events:
                     table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from _ha import fetch
-from _nats import messaging_layer, nats_server, stream_lines
+from _nats import messaging_layer, stream_lines
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
@@ -33,14 +32,6 @@ HOT_AT_LEAST = 30.0
 T0 = int(datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc).timestamp() * 1000)
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc))
 
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    started = nats_server(tmp_path / "jetstream")
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def readings(seed: int, count: int, start_ms: int) -> list[dict]:
@@ -69,9 +60,9 @@ def reference(events: list[dict]) -> dict[tuple, tuple[int, float]]:
     return stats
 
 
-def test_a_group_reads_the_stream_another_group_publishes(project: Path, server: EmbeddedServer,
+def test_a_group_reads_the_stream_another_group_publishes(project: Path, nats_server: EmbeddedServer,
                                                           monkeypatch: pytest.MonkeyPatch, spark) -> None:
-    prefix = messaging_layer(project, server, monkeypatch)
+    prefix = messaging_layer(project, nats_server, monkeypatch)
     for name in ("hot_rooms.yaml", "hot_rooms.py"):
         shutil.copy(PLAN_FILES / name, project / "conf" / "plans" / name)
     cluster = load_cluster()
@@ -100,6 +91,6 @@ def test_a_group_reads_the_stream_another_group_publishes(project: Path, server:
 
     hot = fetch(cluster.database_url, "SELECT event_id FROM output_events WHERE plan = %s AND output = 'hot_readings'",
                 (PLAN,))
-    lines = stream_lines(server.url, prefix, "hot")
+    lines = stream_lines(nats_server.url, prefix, "hot")
     assert len(lines) == len(hot) == sum(count for count, _ in reference(written).values()), \
         "the stream holds every hot reading once"

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from _ha import expected_aggregates, fetch
-from _nats import nats_server, use_nats
+from _nats import use_nats
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
@@ -37,14 +36,6 @@ UTC = timezone.utc
 T0 = int(datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC).timestamp() * 1000)
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    started = nats_server(tmp_path_factory.mktemp("nats") / "jetstream")
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def trades(seed: int, count: int, start_ms: int = T0) -> list[dict]:
@@ -92,8 +83,8 @@ def committed_batches(cluster, shard: str) -> list[int]:
 
 
 def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quarantined(
-        project: Path, server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, spark) -> None:
-    prefix = use_nats(project, server, monkeypatch, "trades", max_events_per_trigger=150)
+        project: Path, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, spark) -> None:
+    prefix = use_nats(project, nats_server, monkeypatch, "trades", max_events_per_trigger=150)
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     first = trades(1, 700)
@@ -116,14 +107,14 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
     assert sorted(r["raw"] for r in quarantined) == sorted(bad)
     assert all(r["source_file"].startswith(f"nats:{prefix}.trades.0:") and r["shard_id"] == "shard-1"
                for r in quarantined), quarantined
-    with JetStream([server.url]) as js:
+    with JetStream([nats_server.url]) as js:
         sequences = {int(r["source_file"].rsplit(":", 1)[1]) for r in quarantined}
         assert len(sequences) == 2 and max(sequences) <= js.bounds(stream_name(prefix, "trades")).last
 
 
 def test_messages_retention_dropped_before_they_were_read_stop_the_instance_and_refuse_the_restore(
-        project: Path, server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, spark) -> None:
-    prefix = use_nats(project, server, monkeypatch, "trades", retention={"max_messages": 100})
+        project: Path, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, spark) -> None:
+    prefix = use_nats(project, nats_server, monkeypatch, "trades", retention={"max_messages": 100})
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     with Destinations(cluster, plan) as out:
@@ -148,13 +139,13 @@ def test_messages_retention_dropped_before_they_were_read_stop_the_instance_and_
 
 
 def test_a_stream_is_created_as_declared_and_one_tandem_did_not_create_is_checked(
-        project: Path, server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    prefix = use_nats(project, server, monkeypatch, "trades", retention={"max_age": "1 hour"})
+        project: Path, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = use_nats(project, nats_server, monkeypatch, "trades", retention={"max_age": "1 hour"})
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     assert ensure_declared(cluster.nats, plan, "trades") == "created"
     assert ensure_declared(cluster.nats, plan, "trades") == "unchanged"
-    with JetStream([server.url]) as js:
+    with JetStream([nats_server.url]) as js:
         config = js.stream_info(stream_name(prefix, "trades"))["config"]
         assert (config["subjects"], config["max_age"], config["retention"]) == (
             [f"{prefix}.trades.*"], 3600 * 10**9, "limits")
@@ -165,7 +156,7 @@ def test_a_stream_is_created_as_declared_and_one_tandem_did_not_create_is_checke
     path.write_text(yaml.safe_dump(declared))
     assert ensure_declared(cluster.nats, load_plan("trades", cluster), "trades") == "updated"  # Tandem's own
 
-    with JetStream([server.url]) as js:  # a stream someone else made, for the subjects of another stream
+    with JetStream([nats_server.url]) as js:  # a stream someone else made, for the subjects of another stream
         js.connection.request(f"$JS.API.STREAM.CREATE.{prefix}_orders", {
             "name": f"{prefix}_orders", "subjects": [f"{prefix}.orders.*"], "retention": "limits", "storage": "file",
             "max_age": 0, "num_replicas": 1})
@@ -221,11 +212,11 @@ def test_the_receivers_checks_say_what_spark_says(spark) -> None:
 
 
 def test_the_receiver_publishes_good_events_once_and_answers_400_with_the_reasons_for_bad_ones(
-        project: Path, server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        project: Path, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
     from tandem.receiver import receiver_app
 
-    prefix = use_nats(project, server, monkeypatch, "trades")
+    prefix = use_nats(project, nats_server, monkeypatch, "trades")
     cluster = load_cluster()
     client = TestClient(receiver_app(cluster, "t0ken"))
     url = "/v1/plans/trades/streams/trades/events"
@@ -243,7 +234,7 @@ def test_the_receiver_publishes_good_events_once_and_answers_400_with_the_reason
         {"index": 6, "reasons": ["malformed JSON: not a JSON object"]}]
     assert client.post("/v1/plans/trades/streams/nope/events", json=good, headers=auth).status_code == 404
 
-    with JetStream([server.url]) as js:
+    with JetStream([nats_server.url]) as js:
         name = stream_name(prefix, "trades")
         assert js.bounds(name).messages == 20  # the retried five were not stored again
         stored = sorted((json.loads(payload) for partition in range(2)

@@ -21,14 +21,14 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from _ha import Pair, PlanWriter, failover_events, fetch, lease, one_core_nodes, split_brain, wait_for
-from _nats import edit_plan, messaging_layer, nats_server, publish_output, stream_lines
+from _nats import edit_plan, messaging_layer, publish_output, stream_lines
 from _references import pizza_reference, temperature_reference, temperature_row
 from tandem import aggregation
 from tandem.config import PlanConfig, load_cluster, load_plan
@@ -157,23 +157,15 @@ class EventPoller(threading.Thread):
             self.error = exc
 
 
-@pytest.fixture
-def nats(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    started = nats_server(tmp_path / "jetstream")
-    try:
-        yield started
-    finally:
-        started.stop()
 
-
-def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Path, database_url: str,
-                                                                     process_groups: list[int], nats: EmbeddedServer,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
+        project: Path, database_url: str, process_groups: list[int], nats_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """... and the overdue orders published to a NATS stream (issue 26 §3): a consumer of the stream receives every
     one exactly once, in the order of the events endpoint."""
     with Database(database_url) as db:
         migrate(db)
-    prefix = messaging_layer(project, nats, monkeypatch)
+    prefix = messaging_layer(project, nats_server, monkeypatch)
     poller = EventPoller(database_url, load_plan(PLAN), "overdue_orders")
     poller.start()
     try:
@@ -231,10 +223,12 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(project: Pa
     in_order = [e["payload"]["order_no"] for e in fetch(
         url, "SELECT payload FROM output_events WHERE plan = %s AND output = 'overdue_orders' ORDER BY xid, event_id",
         (PLAN,))]
-    wait_for(lambda: len(stream_lines(nats.url, prefix, "overdue")) >= len(in_order), 60,
-             "the relay to publish every overdue order", detail=lambda: f"{len(stream_lines(nats.url, prefix, 'overdue'))}"
-             f" of {len(in_order)} in the stream\n{pair.log_tail('node-a')}")
-    consumed = [line["order_no"] for _, line in stream_lines(nats.url, prefix, "overdue")]
+    def in_stream() -> list[str]:
+        return [line["order_no"] for _, line in stream_lines(nats_server.url, prefix, "overdue")]
+
+    wait_for(lambda: len(in_stream()) >= len(in_order), 60, "the relay to publish every overdue order",
+             detail=lambda: f"{len(in_stream())} of {len(in_order)} in the stream\n{pair.log_tail('node-a')}")
+    consumed = in_stream()
     assert consumed == in_order
     assert sorted(consumed) == sorted(overdue)
 

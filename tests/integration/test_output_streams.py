@@ -11,12 +11,12 @@ drivers: ``test_output_failover.py``.)
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from _nats import edit_plan, nats_server, publish_output, stream_lines, use_nats
+from _nats import edit_plan, publish_output, stream_lines, use_nats
+from tandem import cli
 from tandem.config import load_cluster, load_plan
 from tandem.messaging import JetStream, stream_name
 from tandem.messaging.server import EmbeddedServer
@@ -29,14 +29,6 @@ pytestmark = pytest.mark.integration
 PLAN, OUTPUT, STREAM = "pizza_shop", "overdue_orders", "overdue"
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    started = nats_server(tmp_path_factory.mktemp("nats") / "jetstream")
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def write_events(url: str, shard: str, numbers: range, per_transaction: int = 25) -> None:
@@ -57,8 +49,8 @@ def outbox(url: str) -> list[str]:
 
 
 @pytest.fixture
-def setup(project: Path, database_url: str, server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch):
-    prefix = use_nats(project, server, monkeypatch, PLAN)
+def setup(project: Path, database_url: str, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch):
+    prefix = use_nats(project, nats_server, monkeypatch, PLAN)
     edit_plan(project, PLAN, publish_output(OUTPUT, STREAM, 3, "order_no",
                                             {"order_no": "string", "expiry_time": "epoch_millis"}))
     with Database(database_url) as db:
@@ -67,8 +59,8 @@ def setup(project: Path, database_url: str, server: EmbeddedServer, monkeypatch:
     return cluster, load_plan(PLAN, cluster), prefix
 
 
-def test_two_relays_and_two_writers_at_once_publish_every_event_once_in_outbox_order(setup, database_url: str,
-                                                                                      server: EmbeddedServer) -> None:
+def test_two_relays_and_two_writers_at_once_publish_every_event_once_in_outbox_order(
+        setup, database_url: str, nats_server: EmbeddedServer, capsys: pytest.CaptureFixture) -> None:
     cluster, plan, prefix = setup
     writers = [threading.Thread(target=write_events, args=(database_url, shard, numbers))
                for shard, numbers in (("shop-1", range(0, 1500)), ("shop-2", range(1500, 3000)))]
@@ -101,19 +93,22 @@ def test_two_relays_and_two_writers_at_once_publish_every_event_once_in_outbox_o
 
     expected = outbox(database_url)
     assert len(expected) == 3000
-    got = stream_lines(server.url, prefix, STREAM)
+    got = stream_lines(nats_server.url, prefix, STREAM)
     assert [line["order_no"] for _, line in got] == expected, "every event once, in the outbox's order"
     assert [sequence for sequence, _ in got] == list(range(1, 3001))
     assert sum(stored) == 3000, "what the relays say they stored is what the stream holds"
+    assert cli.main(["status", PLAN]) == 0
+    assert "pizza_shop / overdue_orders -> NATS stream overdue: 3,000 events in PostgreSQL, the stream at sequence " \
+           "3,000" in " ".join(capsys.readouterr().out.split())
     assert got[5][1]["expiry_time"] == int((T0 + timedelta(seconds=int(got[5][1]["order_no"][2:]))).timestamp() * 1000)
 
 
 def test_a_relay_resumed_after_others_went_on_stores_nothing_and_a_lost_tail_comes_from_postgresql(
-        setup, database_url: str, server: EmbeddedServer) -> None:
+        setup, database_url: str, nats_server: EmbeddedServer) -> None:
     cluster, plan, prefix = setup
     name = stream_name(prefix, STREAM)
     write_events(database_url, "shop-1", range(0, 100))
-    with Database(database_url, "test-relays") as db, JetStream([server.url]) as js:
+    with Database(database_url, "test-relays") as db, JetStream([nats_server.url]) as js:
         frozen, live = Relay(plan, OUTPUT, cluster.nats, db), Relay(plan, OUTPUT, cluster.nats, db)
         try:
             assert frozen.publish_pending() == 100
@@ -133,7 +128,7 @@ def test_a_relay_resumed_after_others_went_on_stores_nothing_and_a_lost_tail_com
             assert live.tail().sequence == 160 and live.tail().position == (last["xid"], last["event_id"])
             write_events(database_url, "shop-1", range(160, 170))
             assert live.publish_pending() == 10
-            lines = stream_lines(server.url, prefix, STREAM)
+            lines = stream_lines(nats_server.url, prefix, STREAM)
             assert [line["order_no"] for _, line in lines] == [f"o-{n}" for n in range(170) if n != 159]
             assert [sequence for sequence, _ in lines] == [s for s in range(1, 171) if s != 160]
 

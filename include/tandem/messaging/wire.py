@@ -11,15 +11,16 @@ Purpose
 
 How it works
     A request is a ``PUB`` with a reply subject under the connection's inbox (one wildcard
-    subscription). :meth:`Connection.publish` pipelines ``HPUB`` frames (the ``Nats-Msg-Id``
-    header, and any other a :class:`Message` carries) with a window of outstanding ones and matches each acknowledgement to its message by
-    its reply subject. :meth:`Connection.read` creates an ephemeral push consumer (``AckNone``, deliver by start
-    sequence, the subject as filter, flow control with idle heartbeats) whose deliver subject is
-    an inbox of this connection, and takes the stream sequence and the consumer's pending count
-    from each message's reply subject (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
-    <consumer seq>.<time>.<pending>``). It stops at the first sequence past the range or when
-    nothing is pending, answers the server's flow-control requests, and deletes the consumer.
-    Headers (a producer's ``Nats-Msg-Id``) are skipped, never parsed.
+    subscription). :meth:`Connection.publish` pipelines ``HPUB`` frames (the ``Nats-Msg-Id`` header,
+    and any other a :class:`Message` carries) with a window of outstanding ones and matches each
+    acknowledgement to its message by its reply subject. :meth:`Connection.read` creates an
+    ephemeral push consumer (``AckNone``, deliver by start sequence, the subject as filter, flow
+    control with idle heartbeats) whose deliver subject is an inbox of this connection, and takes
+    the stream sequence and the consumer's pending count from each message's reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``). It
+    stops at the first sequence past the range or when nothing is pending, answers the server's
+    flow-control requests, and deletes the consumer. Headers of delivered messages are skipped,
+    never parsed (:meth:`tandem.messaging.JetStream.message` reads one message with its headers).
 
 What it does not do
     No reconnects (a broken connection fails the read; Spark retries the task), no TLS client
@@ -266,7 +267,8 @@ class Connection:
                     out += (f"HPUB {message.subject} {reply} {len(headers)} {len(headers) + len(message.payload)}"
                             .encode() + CRLF + headers + message.payload + CRLF)
                 else:
-                    out += f"PUB {message.subject} {reply} {len(message.payload)}".encode() + CRLF + message.payload + CRLF
+                    out += (f"PUB {message.subject} {reply} {len(message.payload)}".encode() + CRLF + message.payload
+                            + CRLF)
                 sent += 1
                 waiting += 1
             if out:

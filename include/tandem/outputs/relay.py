@@ -101,7 +101,8 @@ def tail_of(stream: str, last_sequence: int, last_headers: Mapping[str, str] | N
 
 
 def epoch_millis(value: Any) -> Any:
-    """A payload's time as epoch milliseconds (ISO text as :func:`tandem.store.outputs.to_json` writes it; naive is UTC)."""
+    """A payload's time as epoch milliseconds (ISO text as :func:`tandem.store.outputs.to_json` writes it; naive: UTC)
+    (pure)."""
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
@@ -184,7 +185,8 @@ class Relay:
         js = self._connection()
         last = js.bounds(self.jetstream_name).last
         found = js.message(self.jetstream_name, last) if last else None
-        recorded = None if found else self.db.run(lambda c: relayed(c, self.plan.name, self.output, self.jetstream_name))
+        recorded = None if found else self.db.run(
+            lambda c: relayed(c, self.plan.name, self.output, self.jetstream_name))
         return tail_of(self.jetstream_name, last, found[0] if found else None, recorded)
 
     def publish_pending(self) -> int:

@@ -1,9 +1,10 @@
 """Run one plan instance (plan × shard × node) inside a Spark driver.
 
-``run_instance`` registers the instance, starts the liveness beat, the progress listener and
-(when the plan publishes events to a stream) the relay, starts every query of the plan with its own checkpoint, and waits. It returns when a query
-fails (status FAILED), when ``stop`` is set or SIGTERM arrives (status STOPPED), or, with
-``available_now``, when every query has processed the input present at start.
+``run_instance`` registers the instance, starts the liveness beat, the progress listener and (when
+the plan publishes events to a stream) the relay, starts every query of the plan with its own
+checkpoint, and waits. It returns when a query fails (status FAILED), when ``stop`` is set or
+SIGTERM arrives (status STOPPED), or, with ``available_now``, when every query has processed the
+input present at start.
 """
 
 from __future__ import annotations
