@@ -290,9 +290,10 @@ class OutputConfig(StrictModel):
     granularities: list[Literal["second", "minute", "hour", "day", "month", "year"]] = []
     """The buckets an aggregation keeps and serves (default: every one, second to year). Per-second
     partials are always kept: every coarser bucket is rolled up from them."""
-    stream: FieldName | None = None
+    stream: StrictStr | None = None
     """``events``: also publish every event, exactly once, to this ``nats`` stream of the plan, which other
-    groups, other plans and outside consumers read (:mod:`tandem.outputs.relay`)."""
+    groups, other plans and outside consumers read (:mod:`tandem.outputs.relay`). The plan's loader checks
+    that it names a declared stream."""
 
     def serving_table(self, plan: str, output: str) -> str:
         """The PostgreSQL table of an aggregation output named ``output``: its ``table``, else ``<plan>_<output>``."""

@@ -79,6 +79,17 @@ def with_published_stream(plan: dict) -> None:
     plan["outputs"]["overdue_orders"]["stream"] = "overdue"
 
 
+def test_any_stream_name_may_be_published_to(conf: Path) -> None:
+    def hyphenated(plan: dict) -> None:
+        with_published_stream(plan)
+        plan["streams"]["overdue-orders"] = plan["streams"].pop("overdue")
+        plan["outputs"]["overdue_orders"]["stream"] = "overdue-orders"
+
+    edit_yaml(conf / "plans" / "pizza_shop.yaml", hyphenated)
+    plan = load_plan("pizza_shop", load_cluster(conf / "cluster.yaml"))
+    assert plan.publisher_of("overdue-orders") == "overdue_orders"
+
+
 def test_an_events_output_publishes_to_one_nats_stream_of_the_plan_that_producers_do_not_write(conf: Path) -> None:
     path = conf / "plans" / "pizza_shop.yaml"
     edit_yaml(path, with_published_stream)
