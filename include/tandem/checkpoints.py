@@ -90,19 +90,29 @@ def _entries(directory: Path) -> list[Path]:
         return []
 
 
-def source_offsets(offsets_file: Path) -> list[Any]:
-    """Per source of an ``offsets/N`` file, in the order of the query's sources: its offset as JSON (the end
-    of batch N: where the query goes on from), or ``None`` when it had none yet (``-``) or it is not JSON."""
+def _source_lines(offsets_file: Path) -> list[str]:
+    """The per-source lines of an ``offsets/N`` file (after its version and metadata lines)."""
     lines = offsets_file.read_text().splitlines()
     if not lines or not lines[0].startswith("v"):
         raise CheckpointError(f"{offsets_file}: not a Spark offset log entry")
-    offsets: list[Any] = []
-    for line in lines[2:]:
-        try:
-            offsets.append(None if line.strip() in ("", "-") else json.loads(line))
-        except json.JSONDecodeError:
-            offsets.append(None)
-    return offsets
+    return lines[2:]
+
+
+def _no_offset(line: str) -> bool:
+    return line.strip() in ("", "-")
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def source_offsets(offsets_file: Path) -> list[Any]:
+    """Per source of an ``offsets/N`` file, in the order of the query's sources: its offset as JSON (the end
+    of batch N: where the query goes on from), or ``None`` when it had none yet (``-``) or it is not JSON."""
+    return [None if _no_offset(line) else _json_or_none(line) for line in _source_lines(offsets_file)]
 
 
 def source_log_offsets(offsets_file: Path) -> list[int | None]:
@@ -111,10 +121,14 @@ def source_log_offsets(offsets_file: Path) -> list[int | None]:
     -1 when the source had no offset yet (``-``), ``None`` when it is not a file source (its
     ``sources/<i>`` directory holds something else, e.g. Kafka's initial offsets, kept whole).
     """
-    lines = offsets_file.read_text().splitlines()[2:]
-    return [-1 if line.strip() in ("", "-") else
-            int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset else None
-            for line, offset in zip(lines, source_offsets(offsets_file))]
+    reached: list[int | None] = []
+    for line in _source_lines(offsets_file):
+        if _no_offset(line):
+            reached.append(-1)
+            continue
+        offset = _json_or_none(line)
+        reached.append(int(offset["logOffset"]) if isinstance(offset, dict) and "logOffset" in offset else None)
+    return reached
 
 
 def _wanted(source: Path, batch: int) -> tuple[list[Path], list[str]]:

@@ -573,6 +573,18 @@ def _nats(section: NatsSection | None) -> NatsConfig | None:
     return NatsConfig(tuple(section.servers), section.prefix) if section else None
 
 
+def no_messaging_layer(cluster: ClusterConfig) -> str:
+    """Why a nats stream cannot be used with ``cluster`` (it has no messaging layer)."""
+    return f"a nats stream needs the messaging layer: a nats: section (servers) in {cluster.path} or TANDEM_NATS_URL"
+
+
+def nats_of(cluster: ClusterConfig, plan: PlanConfig, stream: str) -> NatsConfig:
+    """The messaging layer ``stream`` of ``plan`` is on; a :class:`ConfigError` naming the field when there is none."""
+    if cluster.nats is None:
+        raise ConfigError(str(plan.path), f"streams.{stream}.source", no_messaging_layer(cluster))
+    return cluster.nats
+
+
 def load_plan(name: str, cluster: ClusterConfig | None = None) -> PlanConfig:
     """Load the plan ``name`` (``conf/plans/<name>.yaml``), checked against the cluster.
 
@@ -623,8 +635,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         publishers[output.stream] = name
     for name, stream in file.streams.items():
         if stream.source == "nats" and cluster.nats is None:
-            raise error(f"streams.{name}.source", "a nats stream needs the messaging layer: a nats: section "
-                                                 f"(servers) in {cluster.path} or TANDEM_NATS_URL")
+            raise error(f"streams.{name}.source", no_messaging_layer(cluster))
     queries = [q for group in file.groups.values() for q in group.queries]
     for name, group in file.groups.items():
         for index, query in enumerate(group.queries):

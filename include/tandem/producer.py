@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.config import ClusterConfig, PlanConfig
+from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.declarations import StreamConfig, partition_of
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import landing_dir
@@ -66,10 +66,7 @@ class Destinations:
                               f"output {publisher}: only Tandem writes to it (exactly once), producers do not")
         if self.plan.streams[stream].source == "files":
             return str(write_atomically(landing_dir(self.cluster, stream, partition), lines))
-        nats = self.cluster.nats
-        if nats is None:
-            raise ConfigError(str(self.plan.path), f"streams.{stream}.source", "a nats stream needs the messaging "
-                              f"layer: a nats: section in {self.cluster.path} or TANDEM_NATS_URL")
+        nats = nats_of(self.cluster, self.plan, stream)
         if stream not in self._ready:
             ensure_declared(nats, self.plan, stream)
             self._ready.add(stream)
@@ -129,9 +126,9 @@ class DeclaredGenerator:
         return self.random.randint(low, high) if declared.type == "long" else round(self.random.uniform(low, high), 3)
 
     def events(self, now_ms: int, count: int) -> dict[str, list[dict[str, Any]]]:
+        streams = {name: self.plan.streams[name] for name in self.plan.input_streams}
         return {name: [{field_name: self.value(stream, field_name, now_ms) for field_name in stream.fields}
-                       for _ in range(count)] for name, stream in self.plan.streams.items()
-                if name in self.plan.input_streams}
+                       for _ in range(count)] for name, stream in streams.items()}
 
 
 def numeric_range(greater_than: float | None, at_least: float | None, less_than: float | None,

@@ -83,9 +83,10 @@ def receiver_app(cluster: ClusterConfig, token: str) -> FastAPI:
         if plan.streams[stream_name].source != "nats":
             raise HTTPException(409, f"stream {stream_name} of plan {plan_name} reads files, not NATS: the receiver "
                                      "publishes to nats streams only")
-        if plan.publisher_of(stream_name) is not None:
+        publisher = plan.publisher_of(stream_name)
+        if publisher is not None:
             raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is published by its output "
-                                     f"{plan.publisher_of(stream_name)}: only Tandem writes to it")
+                                     f"{publisher}: only Tandem writes to it")
         if (plan_name, stream_name) not in ready:
             ensure_declared(nats, plan, stream_name)
             ready.add((plan_name, stream_name))

@@ -98,13 +98,13 @@ def check_files(snapshot_dir: Path, query_batches: Mapping[str, int]) -> list[st
 def lost_input(cluster: ClusterConfig, snapshot_dir: Path, query_batches: Mapping[str, int]) -> list[str]:
     """What the snapshot's cuts would read next that their sources no longer hold (``[]``: nothing): a ``nats``
     stream whose retention dropped messages after a cut's offset, named with the missing range."""
+    if cluster.nats is None:
+        return []
     offsets = []
     for query, batch in sorted(query_batches.items()):
         entry = snapshot_dir / query / "offsets" / str(batch)
         if entry.is_file():
             offsets += source_offsets(entry)
-    if cluster.nats is None:
-        return []
     return lost_after(cluster.nats.servers, offsets)
 
 

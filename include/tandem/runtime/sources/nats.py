@@ -44,8 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from tandem.config import ClusterConfig, NatsConfig, PlanConfig
-from tandem.errors import ConfigError
+from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
 from tandem.messaging.jetstream import Bounds, check_not_lost
 
@@ -57,7 +56,7 @@ _ARROW_SCHEMA = pa.schema([("raw", pa.string()), ("source_file", pa.string())])
 def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str) -> DataFrame:
     """The messages of the partitions of ``stream`` that instance ``shard_id`` reads, as lines; the stream's
     JetStream stream is created first, or checked against the declaration."""
-    nats = _nats(cluster, plan, stream)
+    nats = nats_of(cluster, plan, stream)
     ensure_declared(nats, plan, stream)
     spark.dataSource.register(NatsSource)
     subjects = [partition_subject(nats.prefix, stream, p) for p in plan.partitions(shard_id, stream)]
@@ -67,13 +66,6 @@ def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id
             .option("subjects", json.dumps(subjects))
             .option("max_events_per_trigger", str(plan.streams[stream].max_events_per_trigger))
             .load())
-
-
-def _nats(cluster: ClusterConfig, plan: PlanConfig, stream: str) -> NatsConfig:
-    if cluster.nats is None:
-        raise ConfigError(str(plan.path), f"streams.{stream}.source",
-                          f"a nats stream needs the messaging layer: a nats: section in {cluster.path} or TANDEM_NATS_URL")
-    return cluster.nats
 
 
 def _without_credentials(url: str) -> str:
