@@ -260,9 +260,14 @@ def one_failover(pair: _ha.Pair, active: str, standby: str, timeout_s: float = 6
     }
 
 
-def hot_failovers(runs: int, rate: int, progress: Progress) -> dict:
-    task = progress.add_task("hot failover: starting node-a ACTIVE + node-b PASSIVE", total=runs + 2)
-    with private_project("hot") as project:
+def hot_failovers(runs: int, rate: int, progress: Progress, label: str = "hot",
+                  configure: Callable[[Path], object] | None = None) -> dict:
+    """``runs`` kill -9 failovers of the trades pair under ``rate`` events/s, then every output checked.
+    ``configure``: a change of the private project's ``conf/`` first (bench/nats.py: the stream over NATS)."""
+    task = progress.add_task(f"{label} failover: starting node-a ACTIVE + node-b PASSIVE", total=runs + 2)
+    with private_project(label) as project:
+        if configure is not None:
+            configure(project.root / "conf")
         cluster = load_cluster()
         plan = load_plan("trades", cluster)
         pair = _ha.Pair(cluster, plan, project.root / "dist" / "tandem.zip", project.groups)
@@ -275,19 +280,19 @@ def hot_failovers(runs: int, rate: int, progress: Progress) -> dict:
             active, standby = "node-a", "node-b"
             results = []
             for run in range(1, runs + 1):
-                progress.update(task, description=f"hot failover {run}/{runs}: kill -9 {active}")
+                progress.update(task, description=f"{label} failover {run}/{runs}: kill -9 {active}")
                 results.append(one_failover(pair, active, standby))
                 r = results[-1]
                 progress.console.log(f"run {run}: kill -9 {active} → PROMOTED {standby} {r['detection_s']:.2f}s, "
                                      f"first output {r['first_publish_s']:.2f}s")
                 if run < runs:  # the killed node rejoins as the hot standby of the next run
-                    progress.update(task, description=f"hot failover {run}/{runs}: relaunching {active} as PASSIVE")
+                    progress.update(task, description=f"{label} failover {run}/{runs}: relaunching {active} as PASSIVE")
                     pair.launch(active, "PASSIVE")
                     pair.wait_running(active)
                     pair.wait_caught_up(active)
                 progress.advance(task)
                 active, standby = standby, active
-            progress.update(task, description="hot failover: checking the outputs against every event written")
+            progress.update(task, description=f"{label} failover: checking the outputs against every event written")
             events, problems = _check_outputs(writer, cluster, pair.url)
             progress.advance(task)
             kinds = [(e["kind"], e["node"], e["epoch"]) for e in _ha.failover_events(pair.url)]

@@ -51,6 +51,7 @@ RESULTS = BENCH / "results" / "nats.json"
 PREFIX = "bench"
 SOURCE_TARGET = 100_000
 RATIO_TARGET = 0.8
+FAILOVER_TARGET_S = 3.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=300_000, help="trades written (and published)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side, alternating")
     parser.add_argument("--relay-events", type=int, default=100_000, help="events the relay publishes")
+    parser.add_argument("--failover-runs", type=int, default=5, help="hot failovers of each side (0: skip)")
+    parser.add_argument("--failover-rate", type=int, default=200, help="trades/s during the failovers")
+    parser.add_argument("--failover-only", action="store_true",
+                        help="only the hot failovers: their key of bench/results/nats.json is replaced, the rest kept")
     return parser.parse_args(argv)
 
 
@@ -165,11 +170,11 @@ def relay(url: str, events: int) -> dict:
     return {"events": events, "seconds": round(seconds, 2), "events_per_s": round(events / seconds, 1)}
 
 
-def use_nats_stream(conf: Path, url: str) -> None:
-    """The temp project's trades stream over NATS (``bench_trades``), the environment's URL for the server."""
+def use_nats_stream(conf: Path, url: str, prefix: str = PREFIX) -> None:
+    """The temp project's trades stream over NATS (``<prefix>_trades``), the environment's URL for the server."""
     os.environ["TANDEM_NATS_URL"] = url
     cluster = yaml.safe_load((conf / "cluster.yaml").read_text())
-    cluster["nats"] = {"servers": ["nats://127.0.0.1:4222"], "prefix": PREFIX}
+    cluster["nats"] = {"servers": ["nats://127.0.0.1:4222"], "prefix": prefix}
     (conf / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     plan = yaml.safe_load((conf / "plans" / "trades.yaml").read_text())
     plan["streams"]["trades"].pop("max_files_per_trigger", None)
@@ -177,9 +182,53 @@ def use_nats_stream(conf: Path, url: str) -> None:
     (conf / "plans" / "trades.yaml").write_text(yaml.safe_dump(plan))
 
 
+def hot_failovers(runs: int, rate: int, url: str, console: Console) -> dict:
+    """bench/failover.py's hot failovers (kill -9 of the ACTIVE of the trades pair under load) with the stream over
+    NATS, and with files as the baseline, in the same run; medians against the 3 s target."""
+    import failover as F
+
+    def over_nats(conf: Path) -> None:
+        use_nats_stream(conf, url, prefix=f"failover{time.time_ns()}")
+
+    sides = {}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for side, configure in (("files", None), ("nats", over_nats)):
+            try:
+                sides[side] = F.hot_failovers(runs, rate, progress, label=side, configure=configure)
+            finally:
+                os.environ.pop("TANDEM_NATS_URL", None)
+    medians = {side: statistics.median(r["first_publish_s"] for r in done["runs"]) for side, done in sides.items()}
+    return {
+        "runs": runs, "input_events_per_s": rate,
+        "definition": "kill -9 of the ACTIVE -> the new ACTIVE's first publish visible to a reader (bench/failover.py)",
+        **{side: {"first_publish_s": [r["first_publish_s"] for r in done["runs"]],
+                  "median_s": round(medians[side], 3), "detection_s": [r["detection_s"] for r in done["runs"]],
+                  "events_written": done["events_written"], "outputs_exact": done["outputs_exact"],
+                  "output_problems": done["output_problems"]} for side, done in sides.items()},
+        "nats_over_files": round(medians["nats"] / medians["files"], 3),
+        "target_median_s": FAILOVER_TARGET_S, "met": medians["nats"] <= FAILOVER_TARGET_S,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
+    if args.failover_only:
+        work = Path(tempfile.mkdtemp(prefix="tandem-bench-nats-"))
+        from tandem.messaging.server import start_server
+
+        server = start_server(work / "jetstream")
+        try:
+            failovers = hot_failovers(args.failover_runs, args.failover_rate, server.url, console)
+        finally:
+            server.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        result = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"benchmark": "nats"}
+        result["hot_failover"] = {**failovers, "when": C.now_iso(), "commit": C.git_commit(ROOT)}
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        console.print_json(json.dumps(result["hot_failover"]))
+        return 0
     from tandem.config import load_cluster, load_plan
     from tandem.messaging.server import start_server
     from tandem.spark_session import build_session
@@ -256,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio": round(relayed["events_per_s"] / published["messages_per_s"], 3)},
         "hot_failover": None,
     }
+    if args.failover_runs:
+        server = start_server(work / "jetstream-failover")
+        try:
+            result["hot_failover"] = hot_failovers(args.failover_runs, args.failover_rate, server.url, console)
+        finally:
+            server.stop()
+            shutil.rmtree(work, ignore_errors=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     console.print_json(json.dumps({k: result[k] for k in ("source_alone", "trades_through_tandem", "publish",
                                                                   "output_relay")}))

@@ -510,7 +510,8 @@ def cmd_airflow_env(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tandem.demo import run_demo
 
-    return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed, failover=not args.no_failover)
+    return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed, failover=not args.no_failover,
+                    only=args.only)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -640,12 +641,15 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_argument("--ensure", action="store_true", help="generate a random password first if there is none")
     login.set_defaults(func=cmd_airflow_login)
 
-    demo = commands.add_parser("demo", help="bring the stack up, run the three plans through Airflow, show their outputs")
+    demo = commands.add_parser("demo", help="bring the stack up, run the bundled plans through Airflow, show their outputs")
     demo.add_argument("--rate", type=int, default=200)
     demo.add_argument("--duration", type=_duration, default=60.0)
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--no-failover", action="store_true",
                       help="the short path: each trades instance once, no standby and no kill -9")
+    demo.add_argument("--only", action="append", metavar="PLAN",
+                      help="run only this plan's part (repeatable; trades, pizza_shop, temperatures, hot_rooms; "
+                           "default: all, in this order)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

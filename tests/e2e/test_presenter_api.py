@@ -197,7 +197,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
 
         # the plan as declared
         plans = {p["name"]: p for p in admin.ok("/plans")}
-        assert set(plans) == {"pizza_shop", "temperatures", "trades"}
+        assert set(plans) == {"hot_rooms", "pizza_shop", "temperatures", "trades"}
         assert plans[PLAN]["groups"] == [{"name": "shop", "parallel": 2, "queries": ["orders", "quarantine"],
                                           "instances": ["shop-1", "shop-2"]}]
         assert {o["name"]: o["kind"] for o in plans[PLAN]["outputs"]} == {

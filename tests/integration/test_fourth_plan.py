@@ -30,13 +30,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from _ha import Pair, PlanWriter, db_now, failover_events, fetch, instance_row, lease, split_brain, wait_for
+from _ha import (Pair, PlanWriter, Reconciling, db_now, failover_events, fetch, instance_row, launched, lease,
+                 register_last_launches, split_brain, wait_for)
 from tandem.checkpoints import committed_batch
 from tandem.config import ClusterConfig, load_cluster, load_plan
 from tandem.lake.tables import read_table, table_exists
@@ -51,7 +51,7 @@ from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
 from tandem.supervisor.health import DEAD
 from tandem.supervisor.launch_decision import ENDED_STATUSES
-from tandem.supervisor.reconcile import Report, Supervisor
+from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -204,58 +204,6 @@ def install_the_plan(project: Path) -> None:
     (plans / "fraud_alerts.yaml").write_text(declared.rstrip("\n") + "\n" + HA)
 
 
-# --- the supervisor ------------------------------------------------------------------------------------------
-
-
-def launched(report: Report, pair: Pair) -> list[tuple[str, str]]:
-    """(node, role) of each launch the report made; each launch's process group is known to ``pair``
-    (to kill it) and registered in its groups (the ``process_groups`` fixture kills them after the test)."""
-    done = []
-    for step in report.steps:
-        if step.action.kind == "LAUNCH" and step.data.get("submit_pid"):
-            assert not step.data["reused"], f"{step.action.node}: the launcher reused a job: {step.line()}"
-            pair.groups.append(step.data["submit_pid"])
-            pair.pgids[step.action.node] = step.data["submit_pid"]
-            done.append((step.action.node, step.action.role))
-    return done
-
-
-def register_last_launches(pair: Pair) -> None:
-    """Register the process group of each node's last launch, as its instance row records it: a launch
-    whose report never came back (it failed, or the test did) is killed too. The database may be gone."""
-    for node in pair.plan.nodes:
-        try:
-            row = instance_row(pair.url, node, PLAN, SHARD)
-        except Exception:  # noqa: BLE001 - kill what is known
-            row = None
-        if row and row["submit_pid"] and row["submit_pid"] not in pair.groups:
-            pair.groups.append(row["submit_pid"])
-
-
-class Reconciling(threading.Thread):
-    """``supervisor.reconcile(SHARD)`` in a thread (a launch waits for RUNNING: a JVM start), so the
-    test goes on meanwhile; :meth:`report` joins it and returns its report, or raises what it raised."""
-
-    def __init__(self, supervisor: Supervisor, cause: str) -> None:
-        super().__init__(name="supervisor-reconcile", daemon=True)
-        self.supervisor, self.cause = supervisor, cause
-        self.result: Report | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.supervisor.reconcile(SHARD, cause=self.cause)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by report()
-            self.error = exc
-
-    def report(self, timeout_s: float) -> Report:
-        self.join(timeout_s)
-        assert not self.is_alive(), f"the supervisor's round ({self.cause}) took more than {timeout_s:g}s"
-        if self.error is not None:
-            raise AssertionError(f"the supervisor's round ({self.cause}) raised {self.error!r}") from self.error
-        return self.result
-
-
 # --- the test ------------------------------------------------------------------------------------------------
 
 
@@ -282,7 +230,7 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
     pair = Pair(cluster, plan, dist, process_groups, shard=SHARD)  # notes, logs, kills; the supervisor launches
     supervisor = Supervisor(cluster, plan, launched_by="test_fourth_plan", py_files=dist, running_timeout_s=300)
     writer = PlanWriter(cluster, plan, rate=10, seed=11)  # the module's generator: card tests among payments
-    relaunch = Reconciling(supervisor, "test: the ACTIVE was killed")
+    relaunch = Reconciling(supervisor, SHARD, "test: the ACTIVE was killed")
     try:
         try:
             writer.start()  # a backlog piles up while the JVMs start: the first alerts are final at the first batches

@@ -1,57 +1,52 @@
-"""Two execution groups linked by a NATS stream (issue 26 §4), in one Spark session with a real nats-server.
+"""Two execution groups linked by a NATS stream, under supervision, through two kill -9 failovers (issue 26 §4).
 
-The plan ``hot_rooms`` (``tests/integration/hot_rooms/``): stage 1 (one instance) reads readings from
-landing files and publishes the hot ones as an events output that is also the NATS stream ``hot``;
-stage 2 (two instances, partitioned by device, not by room) reads ``hot`` and keeps per-room minute
-statistics, merged on read. Stage 2's statistics must equal a plain-Python reference of both stages
-over the readings the test wrote; a second input round goes through both stages again.
+The bundled plan ``hot_rooms`` (``conf/plans/hot_rooms.yaml``), with a real nats-server: readings come in
+over NATS (the stream ``temps``); stage 1 (group ``readings``, one instance) publishes every hot reading as
+the events output ``hot_readings``, which is also the NATS stream ``hot``; stage 2 (group ``rooms``, two
+instances, partitioned by device, not by room) reads ``hot`` and keeps per-room minute statistics, merged
+on read.
+
+Tandem's supervisor launches ``readings-1`` and ``rooms-1`` each as an ACTIVE on node-a and a re-synced
+hot PASSIVE on node-b (four spark-submit jobs) while readings stream in. The ACTIVE of stage 1 is killed
+with ``kill -9`` first; once its PASSIVE has taken over and relayed new hot readings to ``hot``, the
+ACTIVE of stage 2's ``rooms-1``; the input goes on a little longer. ``rooms-2`` starts only after the input ended, in the test's Spark session, and reads
+``hot`` from its first message (a NATS stream is replayable: a late node misses nothing).
+
+Then stage 2's statistics (PostgreSQL and Delta) must equal a plain-Python reference of both stages over
+every reading the test published; the stream ``hot`` must hold every hot reading exactly once; no epoch
+of either instance was published by two nodes.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import shutil
+import signal
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from _ha import fetch
+from _ha import (Pair, PlanWriter, Reconciling, fetch, launched, lease, one_core_nodes, register_last_launches,
+                 split_brain, wait_for)
 from _nats import messaging_layer, stream_lines
 from tandem import aggregation
 from tandem.config import load_cluster, load_plan
-from tandem.declarations import partition_of
 from tandem.messaging.server import EmbeddedServer
-from tandem.producer import Destinations
+from tandem.packaging import build_dist
+from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.runtime.node import run_instance
+from tandem.store import Database, migrate
+from tandem.supervisor.health import DEAD
+from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
-PLAN = "hot_rooms"
-PLAN_FILES = Path(__file__).parent / PLAN
-HOT_AT_LEAST = 30.0
-T0 = int(datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc).timestamp() * 1000)
+PLAN, STAGE_1, STAGE_2, LATE = "hot_rooms", "readings-1", "rooms-1", "rooms-2"
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc))
+TAKEOVER_TIMEOUT_S = 30
 
 
-
-def readings(seed: int, count: int, start_ms: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"room_no": 100 + rng.randrange(10), "device_id": f"d-{rng.randrange(8)}",
-             "temp": round(rng.uniform(20, 40), 1), "time": start_ms + i * 150} for i in range(count)]
-
-
-def write(cluster, plan, events: list[dict]) -> None:
-    by_partition: dict[int, list[str]] = {}
-    for event in events:
-        by_partition.setdefault(partition_of(event["room_no"], 4), []).append(json.dumps(event))
-    with Destinations(cluster, plan) as out:
-        for partition, lines in sorted(by_partition.items()):
-            out.write("temps", partition, lines)
-
-
-def reference(events: list[dict]) -> dict[tuple, tuple[int, float]]:
+def reference(readings: list[dict]) -> dict[tuple, tuple[int, float]]:
     """Both stages in plain Python: the hot readings (once each), then per (minute, room) their count and maximum."""
-    hot = {(e["room_no"], e["device_id"], e["time"], e["temp"]) for e in events if e["temp"] >= HOT_AT_LEAST}
+    hot = {(e["room_no"], e["device_id"], e["time"], e["temp"]) for e in readings if e["temp"] >= HOT_AT_LEAST}
     stats: dict[tuple, tuple[int, float]] = {}
     for room, _, time, temp in hot:
         minute = datetime.fromtimestamp(time // 60_000 * 60, timezone.utc)
@@ -60,37 +55,99 @@ def reference(events: list[dict]) -> dict[tuple, tuple[int, float]]:
     return stats
 
 
-def test_a_group_reads_the_stream_another_group_publishes(project: Path, nats_server: EmbeddedServer,
-                                                          monkeypatch: pytest.MonkeyPatch, spark) -> None:
+def stats(cluster, source: str) -> dict[tuple, tuple[int, float]]:
+    """Stage 2's statistics as a reader gets them (every instance's partial aggregates merged)."""
+    rows = aggregation.query(cluster, PLAN, "minute", *ALL_TIME, source=source)
+    return {(r["bucket_start"], int(r["room_no"])): (r["readings"], r["hottest"]) for r in rows}  # keys are text
+
+
+def kill_the_active(pair: Pair, supervisor: Supervisor) -> int:
+    """kill -9 of the instance's ACTIVE (node-a): node-b takes the lease, publishes at its epoch, and the
+    supervisor sees node-a DEAD. Returns the new epoch."""
+    before = lease(pair.url, PLAN, pair.shard)
+    assert before["holder"] == "node-a", before
+    pair.kill("node-a", signal.SIGKILL)
+    promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
+                        f"node-b to take {pair.shard} over from the killed node-a",
+                        detail=lambda: pair.log_tail("node-b"))
+    pair.note(f"SIGKILL {pair.shard} node-a -> node-b PROMOTED at epoch {promoted['epoch']}")
+    wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), 120, f"node-b to publish {pair.shard}",
+             detail=lambda: pair.log_tail("node-b"))
+    wait_for(lambda: supervisor.observe(pair.shard).view.health("node-a").state == DEAD, 30,
+             f"the supervisor to see {pair.shard} on node-a DEAD")
+    return promoted["epoch"]
+
+
+def test_two_stages_linked_by_a_stream_are_exact_across_kills_of_each_active(
+        project: Path, database_url: str, process_groups: list[int], nats_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch, spark) -> None:
+    with Database(database_url) as db:
+        migrate(db)
     prefix = messaging_layer(project, nats_server, monkeypatch)
-    for name in ("hot_rooms.yaml", "hot_rooms.py"):
-        shutil.copy(PLAN_FILES / name, project / "conf" / "plans" / name)
+    one_core_nodes(project)
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
-    assert plan.input_streams == ["temps"]
+    assert plan.input_streams == ["temps"] and plan.publisher_of("hot") == "hot_readings"
+    assert [s for s in plan.shards] == [STAGE_1, STAGE_2, LATE]
+    dist = build_dist(project)
+    pairs = {shard: Pair(cluster, plan, dist, process_groups, shard=shard) for shard in (STAGE_1, STAGE_2)}
+    supervisors = {shard: Supervisor(cluster, plan, launched_by="test_linked_groups", py_files=dist,
+                                     running_timeout_s=300) for shard in pairs}  # one database connection each
+    writer = PlanWriter(cluster, plan, rate=20, seed=3)  # the temperature plan's readings: rooms drift, jump, run hot
+    starts = {shard: Reconciling(supervisors[shard], shard, "test: start the pair") for shard in pairs}
+    note = pairs[STAGE_1].note
 
-    def stage(group: str) -> None:
-        for shard in (s for s in plan.shards if s.startswith(group)):
-            result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
-            assert result.status == "STOPPED", result.error
+    def in_stream() -> list[dict]:
+        return [line for _, line in stream_lines(nats_server.url, prefix, "hot")]
 
-    def stats(source: str) -> dict[tuple, tuple[int, float]]:
-        rows = aggregation.query(cluster, PLAN, "minute", *ALL_TIME, source=source)
-        return {(r["bucket_start"], int(r["room_no"])): (r["readings"], r["hottest"]) for r in rows}  # keys are text
+    try:
+        try:
+            for start in starts.values():  # both instances at once: their JVM starts overlap
+                start.start()
+            for shard, start in starts.items():
+                report = start.report(600)
+                note("\n".join(report.lines()))
+                assert report.converged and not report.failed, report.lines()
+                assert launched(report, pairs[shard]) == [("node-a", "ACTIVE"), ("node-b", "PASSIVE")], report.lines()
+            writer.start()
+            for shard, pair in pairs.items():
+                wait_for(lambda: pair.first_publish("node-a", lease(pair.url, PLAN, shard)["epoch"]), 240,
+                         f"{shard} to publish", detail=lambda: pair.log_tail("node-a"))
+            kill_the_active(pairs[STAGE_1], supervisors[STAGE_1])
+            relayed = len(in_stream())
+            wait_for(lambda: len(in_stream()) >= relayed + 5, 120, "stage 1's new ACTIVE to relay hot readings",
+                     detail=lambda: pairs[STAGE_1].log_tail("node-b"))
+            kill_the_active(pairs[STAGE_2], supervisors[STAGE_2])  # it had read what the new ACTIVE relayed
+            time.sleep(10)  # stage 2's new ACTIVE reads the stream under input too
+        finally:
+            readings = writer.stop()["temps"]
+        expected = reference(readings)
+        hot_count = sum(count for count, _ in expected.values())
+        assert hot_count >= 20, f"the input must hold hot readings: {hot_count} of {len(readings)}"
+        note(f"{len(readings)} readings published, {hot_count} hot")
+        wait_for(lambda: len(in_stream()) >= hot_count, 180, "stage 1 to relay every hot reading",
+                 detail=lambda: f"{len(in_stream())} of {hot_count}\n{pairs[STAGE_1].log_tail('node-b')}")
+        late = run_instance(cluster, plan, "node-a", LATE, spark=spark, available_now=True)
+        assert late.status == "STOPPED", late.error
+        wait_for(lambda: stats(cluster, "postgres") == expected, 180, "stage 2 to count every hot reading",
+                 detail=lambda: f"{sum(c for c, _ in stats(cluster, 'postgres').values())} of {hot_count} counted\n"
+                                f"{pairs[STAGE_2].log_tail('node-b')}")
+        assert stats(cluster, "delta") == expected
 
-    written: list[dict] = []
-    for round_no, start in enumerate((T0, T0 + 300_000)):
-        events = readings(round_no, 1500, start)
-        written += events
-        write(cluster, plan, events)
-        stage("readings")
-        stage("rooms")
-        expected = reference(written)
-        assert expected and stats("postgres") == expected, f"round {round_no}"
-        assert stats("delta") == expected, f"round {round_no}"
-
-    hot = fetch(cluster.database_url, "SELECT event_id FROM output_events WHERE plan = %s AND output = 'hot_readings'",
-                (PLAN,))
-    lines = stream_lines(nats_server.url, prefix, "hot")
-    assert len(lines) == len(hot) == sum(count for count, _ in reference(written).values()), \
-        "the stream holds every hot reading once"
+        published = [(e["payload"]["room_no"], e["payload"]["device_id"], e["payload"]["time"], e["payload"]["temp"])
+                     for e in fetch(database_url, "SELECT payload FROM output_events WHERE plan = %s "
+                                                  "AND output = 'hot_readings' ORDER BY xid, event_id", (PLAN,))]
+        consumed = [(e["room_no"], e["device_id"], e["time"], e["temp"]) for e in in_stream()]
+        assert consumed == published, "the stream holds the outbox, in its order"
+        assert len(set(consumed)) == len(consumed) == hot_count, "every hot reading once in the stream"
+        for shard in pairs:
+            assert split_brain(database_url, PLAN, shard) == [], shard
+            assert lease(database_url, PLAN, shard)["holder"] == "node-b", shard
+    finally:
+        for start in starts.values():
+            if start.is_alive():  # the test failed during a launch: let it end, then kill what it launched
+                start.join(360)
+        for pair in pairs.values():
+            register_last_launches(pair)
+        for supervisor in supervisors.values():
+            supervisor.close()

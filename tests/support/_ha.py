@@ -47,6 +47,7 @@ from tandem.layout import delta_table_dir, instance_landing_dir
 from tandem.plans.trades import TradeGenerator
 from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
+from tandem.supervisor.reconcile import Report, Supervisor
 
 UTC = timezone.utc
 REPO = Path(__file__).resolve().parents[2]
@@ -131,9 +132,10 @@ class TradeWriter(threading.Thread):
     ended), so no event is ever behind the plan's 10 s watermark: every event must be counted.
     """
 
-    def __init__(self, directory: Path, rate: int = 200, period_s: float = 0.5, seed: int = 1) -> None:
+    def __init__(self, directory: Path | None, rate: int = 200, period_s: float = 0.5, seed: int = 1,
+                 sink: StreamPartition | None = None) -> None:
         super().__init__(name="trade-writer", daemon=True)
-        self.directory = directory
+        self.directory, self.sink = directory, sink  # a landing folder, or a stream partition (files or NATS)
         self.per_tick = max(1, round(rate * period_s))
         self.period_s = period_s
         self.rng = random.Random(seed)
@@ -152,6 +154,9 @@ class TradeWriter(threading.Thread):
                 self.stopping.wait(max(0.0, tick - time.monotonic()))
         except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
             self.error = exc
+        finally:
+            if self.sink is not None:
+                self.sink.close()
 
     def write_tick(self) -> None:
         end_ms = int(time.time() * 1000)
@@ -159,7 +164,10 @@ class TradeWriter(threading.Thread):
         batch = [(end_ms - span_ms + 1 + i * span_ms // self.per_tick, self.rng.choice(SYMBOLS),
                   round(self.rng.uniform(1, 500), 2), self.rng.randint(1, 1000)) for i in range(self.per_tick)]
         lines = [json.dumps({"symbol": s, "price": p, "quantity": q, "timestamp": t}) for t, s, p, q in batch]
-        write_atomically(self.directory, lines)
+        if self.sink is not None:
+            self.sink.write(lines)
+        else:
+            write_atomically(self.directory, lines)
         with self.lock:
             self.events.extend(batch)
             self.files += 1
@@ -184,7 +192,7 @@ class TradeWriter(threading.Thread):
 
 
 class PlanWriter(threading.Thread):
-    """Events of any plan (its generator, at the wall clock) through the partition layout, every
+    """Events of any plan (its generator, at the wall clock) to its streams' partitions (files or NATS), every
     ``period_s``, remembering every event by stream."""
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, rate: int = 40, period_s: float = 0.5,
@@ -196,23 +204,23 @@ class PlanWriter(threading.Thread):
         self.generator = generator_for(plan, seed)
         self.per_tick = max(1, round(rate * period_s))
         self.period_s = period_s
-        self.events: dict[str, list[dict]] = {stream: [] for stream in plan.streams}
+        self.events: dict[str, list[dict]] = {stream: [] for stream in plan.input_streams}
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from tandem.layout import landing_dir
-        from tandem.producer import partitioned
+        from tandem.producer import Destinations, partitioned
 
         try:
-            while not self.stopping.is_set():
-                events = self.generator.events(int(time.time() * 1000), self.per_tick)
-                lines = {stream: [(e, json.dumps(e)) for e in items] for stream, items in events.items()}
-                for (stream, partition), chunk in partitioned(self.plan, lines).items():
-                    write_atomically(landing_dir(self.cluster, stream, partition), chunk)
-                for stream, items in events.items():
-                    self.events[stream].extend(items)
-                self.stopping.wait(self.period_s)
+            with Destinations(self.cluster, self.plan) as destinations:
+                while not self.stopping.is_set():
+                    events = self.generator.events(int(time.time() * 1000), self.per_tick)
+                    lines = {stream: [(e, json.dumps(e)) for e in items] for stream, items in events.items()}
+                    for (stream, partition), chunk in partitioned(self.plan, lines).items():
+                        destinations.write(stream, partition, chunk)
+                    for stream, items in events.items():
+                        self.events[stream].extend(items)
+                    self.stopping.wait(self.period_s)
         except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
             self.error = exc
 
@@ -226,8 +234,30 @@ class PlanWriter(threading.Thread):
         return self.events
 
 
+class StreamPartition:
+    """Lines to one partition of a plan's stream, through the producer's destinations (a landing file, or NATS
+    publishes with a message id each); used from one thread."""
+
+    def __init__(self, cluster: ClusterConfig, plan: PlanConfig, stream: str, partition: int) -> None:
+        from tandem.producer import Destinations
+
+        self.destinations, self.stream, self.partition = Destinations(cluster, plan), stream, partition
+
+    def write(self, lines: list[str]) -> None:
+        self.destinations.write(self.stream, self.partition, lines)
+
+    def close(self) -> None:
+        self.destinations.close()
+
+
 def start_writer(cluster: ClusterConfig, rate: int = 200, seed: int = 1) -> TradeWriter:
-    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=rate, seed=seed)
+    """A :class:`TradeWriter` into the first partition of shard-1's share of the trades stream, files or NATS."""
+    plan = load_plan(PLAN, cluster)
+    if plan.streams["trades"].source == "nats":
+        sink = StreamPartition(cluster, plan, "trades", plan.partitions(SHARD, "trades")[0])
+        writer = TradeWriter(None, rate=rate, seed=seed, sink=sink)
+    else:
+        writer = TradeWriter(instance_landing_dir(cluster, plan, SHARD), rate=rate, seed=seed)
     writer.start()
     return writer
 
@@ -748,3 +778,56 @@ def under_load(hot: "HotPair") -> Iterator["HotPair"]:
         yield hot
     finally:
         hot.stop_load()
+
+
+# ------------------------------------------------------------------------------------------------
+# Instances launched by Tandem's supervisor
+
+
+def launched(report: Report, pair: Pair) -> list[tuple[str, str]]:
+    """(node, role) of each launch the report made; each launch's process group is known to ``pair``
+    (to kill it) and registered in its groups (the ``process_groups`` fixture kills them after the test)."""
+    done = []
+    for step in report.steps:
+        if step.action.kind == "LAUNCH" and step.data.get("submit_pid"):
+            assert not step.data["reused"], f"{step.action.node}: the launcher reused a job: {step.line()}"
+            pair.groups.append(step.data["submit_pid"])
+            pair.pgids[step.action.node] = step.data["submit_pid"]
+            done.append((step.action.node, step.action.role))
+    return done
+
+
+def register_last_launches(pair: Pair) -> None:
+    """Register the process group of each node's last launch, as its instance row records it: a launch
+    whose report never came back (it failed, or the test did) is killed too. The database may be gone."""
+    for node in pair.plan.nodes:
+        try:
+            row = instance_row(pair.url, node, pair.plan.name, pair.shard)
+        except Exception:  # noqa: BLE001 - kill what is known
+            row = None
+        if row and row["submit_pid"] and row["submit_pid"] not in pair.groups:
+            pair.groups.append(row["submit_pid"])
+
+
+class Reconciling(threading.Thread):
+    """``supervisor.reconcile(shard)`` in a thread (a launch waits for RUNNING: a JVM start), so the
+    test goes on meanwhile; :meth:`report` joins it and returns its report, or raises what it raised."""
+
+    def __init__(self, supervisor: Supervisor, shard: str, cause: str) -> None:
+        super().__init__(name=f"supervisor-reconcile-{shard}", daemon=True)
+        self.supervisor, self.shard, self.cause = supervisor, shard, cause
+        self.result: Report | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.supervisor.reconcile(self.shard, cause=self.cause)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by report()
+            self.error = exc
+
+    def report(self, timeout_s: float) -> Report:
+        self.join(timeout_s)
+        assert not self.is_alive(), f"the supervisor's round ({self.cause}) took more than {timeout_s:g}s"
+        if self.error is not None:
+            raise AssertionError(f"the supervisor's round ({self.cause}) raised {self.error!r}") from self.error
+        return self.result

@@ -18,7 +18,7 @@ from tandem.errors import ConfigError
 from tandem.names import OPS_DAG_ID, PLAN_DAG_PURPOSES, RESTORE_DAG_ID, plan_dag_id
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-GOOD = ("pizza_shop", "temperatures", "trades")
+GOOD = ("hot_rooms", "pizza_shop", "temperatures", "trades")
 BROKEN = ("broken", "garbled")
 
 
@@ -170,4 +170,4 @@ def test_config_check_still_reports_each_file(broken_conf: Path, capsys: pytest.
     assert main(["config", "check"]) == 2
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"error: {errors[name]}" for name in BROKEN]
-    assert [line for line in out.splitlines() if ": ok: plan " in line] and out.endswith("3 of 5 plan file(s) valid\n")
+    assert [line for line in out.splitlines() if ": ok: plan " in line] and out.endswith("4 of 6 plan file(s) valid\n")

@@ -236,7 +236,7 @@ def test_config_check_says_what_it_found_and_exits_2_on_a_broken_plan(conf: Path
     assert "plan trades, instances shard-1, shard-2, streams trades (2 partitions)" in good.stdout
     assert "plan temperatures, instances group-1-1, group-2-1, group-2-2" in good.stdout
     assert "outputs delivered_orders (table), overdue_orders (events), order_stats (aggregation)" in good.stdout
-    assert "3 of 3 plan file(s) valid" in good.stdout
+    assert "4 of 4 plan file(s) valid" in good.stdout
     plan = conf / "plans" / "trades.yaml"
     lines = len(plan.read_text().splitlines())
     plan.write_text(plan.read_text() + "keep: 1\nkeep: 2\n")

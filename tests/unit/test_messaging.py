@@ -192,3 +192,17 @@ def test_the_client_sends_each_event_to_its_keys_partition_with_a_stable_id() ->
 
     assert content_id({"b": 1, "a": 2}) == content_id({"a": 2, "b": 1}) != content_id({"a": 2, "b": 2})
     assert len(content_id({"a": 1})) == 32
+
+
+@pytest.mark.parametrize(("servers", "address"), [
+    (("nats://127.0.0.1:4222",), ("127.0.0.1", 4222)),
+    (("nats://10.1.2.3:4222", "nats://localhost:4333"), ("localhost", 4333)),
+    (("tls://localhost",), ("localhost", 4222)),
+    (("nats://nats.example.com:4222",), ("127.0.0.1", None)),
+    ((), ("127.0.0.1", None)),
+])
+def test_an_embedded_server_takes_the_first_local_address_configured_else_a_free_port(
+        servers: tuple[str, ...], address: tuple[str, int | None]) -> None:
+    from tandem.messaging.server import embedded_address
+
+    assert embedded_address(servers) == address

@@ -236,7 +236,7 @@ def test_a_vacant_lease_says_since_when_and_why() -> None:
 def test_the_configuration_is_parsed_again_only_when_a_file_changes(conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
     cluster, plans = configuration.current()
-    assert set(plans) == {"pizza_shop", "temperatures", "trades"}
+    assert set(plans) == {"hot_rooms", "pizza_shop", "temperatures", "trades"}
     assert configuration.current()[1] is plans  # within the second: not even looked at
     time.sleep(1.1)
     assert configuration.current()[1] is plans  # looked at: unchanged files, the same objects

@@ -129,7 +129,7 @@ def test_every_sink_is_named_after_its_output_also_when_its_table_is_not(conf: P
 
     edit_yaml(conf / "plans" / "trades.yaml", lambda plan: plan["outputs"]["trade_aggregates"].pop("table"))
     plans = load_plans(load_cluster(conf / "cluster.yaml"))
-    assert set(plans) == {"pizza_shop", "temperatures", "trades"}
+    assert set(plans) == {"hot_rooms", "pizza_shop", "temperatures", "trades"}
     for plan in plans.values():
         instance = InstanceKey(plan.name, plan.shards[0], plan.nodes[0])
         names = {output: sink_for(plan, output, instance, "postgresql://unused", Path("unused")).output

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def server_binary() -> str:
@@ -31,6 +33,30 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_PORT = 4222
+
+
+def answering(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a NATS server answers at ``url`` (it greets a new connection with ``INFO``)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or DEFAULT_PORT), timeout=timeout_s) as conn:
+            return conn.recv(4) == b"INFO"
+    except OSError:
+        return False
+
+
+def embedded_address(servers: Sequence[str]) -> tuple[str, int | None]:
+    """Where to start an embedded server in place of ``servers`` that do not answer (pure): at the first of them on
+    this machine, so that every process reading ``conf/cluster.yaml`` finds it; else on a free port of 127.0.0.1."""
+    for url in servers:
+        parts = urlsplit(url)
+        if parts.hostname in LOCAL_HOSTS:
+            return parts.hostname, parts.port or DEFAULT_PORT
+    return "127.0.0.1", None
 
 
 @dataclass

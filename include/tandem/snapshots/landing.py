@@ -76,7 +76,8 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
     processed_by: dict[str, frozenset[str]] = {}
     kept_cuts: dict[str, frozenset[str]] = {}
-    readers = [(plan, shard_id) for plan in plans if stream in plan.streams
+    readers = [(plan, shard_id) for plan in plans
+               if stream in plan.streams and plan.streams[stream].source == "files"  # not one of its NATS streams
                for shard_id in plan.shards if partition in plan.partitions(shard_id, stream)]
     for plan, shard_id in readers:
         for node in plan.nodes:
@@ -125,8 +126,8 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: st
     db = db or Database(cluster.database_url, "tandem-maintenance")
     try:
         shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
-        partitions = sorted({(stream, p) for shard in shards for stream in plan.streams
-                             for p in plan.partitions(shard, stream)})
+        partitions = sorted({(stream, p) for shard in shards for stream, declared in plan.streams.items()
+                             if declared.source == "files" for p in plan.partitions(shard, stream)})
         logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
         return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs) for stream, p in partitions}
     finally:
