@@ -12,7 +12,9 @@ Failures, with real kernel mechanisms:
 - :meth:`HostNetwork.crash`: every process of the host killed at once (``SIGKILL``), as a power cut;
 - :meth:`HostNetwork.isolate` / :meth:`HostNetwork.reconnect`: the host's link to the bridge down
   (its processes keep running, nothing reaches them, they reach nothing);
-- :meth:`HostNetwork.cut` / :meth:`HostNetwork.mend`: blackhole routes between two hosts only.
+- :meth:`HostNetwork.cut` / :meth:`HostNetwork.mend`: blackhole routes between two hosts only;
+- :meth:`HostNetwork.cut_address` / :meth:`HostNetwork.mend_address`: one host cut off from one address of
+  another (a service listening there alone, :meth:`HostNetwork.add_address`).
 
 A host may be pinned to its own CPUs (``cpus``, ``taskset``), so that a benchmark measures hosts
 that do not share cores.
@@ -196,6 +198,21 @@ class HostNetwork:
             _ip("-n", self.hosts[here].namespace, "route", "del", "blackhole", f"{self.address(there)}/32",
                 check=False)
         self.cuts.discard((a, b))
+
+    def add_address(self, name: str, octet: int) -> str:
+        """A second address of host ``name`` (``10.213.N.<octet>``): a service listening on it alone can be cut off
+        from a host by itself (:meth:`cut_address`), the host's other services still reachable."""
+        address = f"{SUBNET_PREFIX}.{self.number}.{octet}"
+        _ip("-n", self.hosts[name].namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+        return address
+
+    def cut_address(self, name: str, address: str) -> None:
+        """Host ``name`` reaches nothing at ``address`` any more (a blackhole route; undone by :meth:`mend_address`
+        or when the hosts go down)."""
+        _ip("-n", self.hosts[name].namespace, "route", "add", "blackhole", f"{address}/32")
+
+    def mend_address(self, name: str, address: str) -> None:
+        _ip("-n", self.hosts[name].namespace, "route", "del", "blackhole", f"{address}/32", check=False)
 
     def down(self) -> None:
         """Kill what runs on the hosts, remove the namespaces and the bridge (idempotent)."""

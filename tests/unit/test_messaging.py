@@ -206,3 +206,63 @@ def test_an_embedded_server_takes_the_first_local_address_configured_else_a_free
     from tandem.messaging.server import embedded_address
 
     assert embedded_address(servers) == address
+
+
+class FlakyReads:
+    """JetStream connections whose ``read`` breaks once after the first chunk, as a partition would."""
+
+    def __init__(self, messages: dict[int, bytes], chunk: int) -> None:
+        self.messages, self.chunk, self.broken, self.connections = messages, chunk, False, 0
+
+    def __call__(self, servers, name: str) -> "FlakyReads":
+        self.connections += 1
+        if self.connections == 2:  # the first retry finds the server unreachable
+            raise ConnectionError("NATS at nats://127.0.0.1:1: TimeoutError: timed out")
+        return self
+
+    def __enter__(self) -> "FlakyReads":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def bounds(self, stream: str) -> Bounds:
+        return Bounds(1, max(self.messages), len(self.messages))
+
+    def read(self, stream: str, subject: str, first: int, last: int):
+        held = [(s, p) for s, p in sorted(self.messages.items()) if first <= s <= last]
+        for index in range(0, len(held), self.chunk):
+            yield held[index:index + self.chunk]
+            if not self.broken:
+                self.broken = True
+                raise TimeoutError("timed out")
+
+
+def test_a_read_cut_off_from_nats_waits_and_goes_on_after_the_last_message_it_yielded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tandem.runtime.sources.nats as source_module
+
+    messages = {seq: f'{{"n": {seq}}}'.encode() for seq in range(1, 11)}
+    flaky = FlakyReads(messages, chunk=4)
+    monkeypatch.setattr(source_module, "JetStream", flaky)
+    monkeypatch.setattr(source_module.time, "sleep", lambda seconds: None)
+    batches = list(reader().read(SubjectRange("t.trades.0", 1, 10)))
+    assert [line for batch in batches for line in batch.column("raw").to_pylist()] == [
+        p.decode() for p in messages.values()], "every message once, in order"
+    assert flaky.connections == 3
+
+
+def test_nats_unreachable_past_the_deadline_fails_the_query_naming_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tandem.runtime.sources.nats as source_module
+
+    def unreachable(servers, name: str):
+        raise ConnectionError("NATS at nats://127.0.0.1:1: ConnectionRefusedError")
+
+    clock = iter(range(0, 1000, 30))
+    monkeypatch.setattr(source_module, "JetStream", unreachable)
+    monkeypatch.setattr(source_module.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(source_module.time, "monotonic", lambda: next(clock))
+    source = reader()
+    source._js = None
+    with pytest.raises(ConnectionError, match=r"t_trades: NATS did not answer for 120 s"):
+        source.latestOffset({"stream": "t_trades", "seq": 0}, ReadMaxRows(10))

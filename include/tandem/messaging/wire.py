@@ -294,6 +294,7 @@ class Connection:
              chunk: int = 10_000) -> Iterator[list[tuple[int, bytes]]]:
         """``(stream sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in
         order, in lists of at most ``chunk``; messages the stream no longer holds are not there."""
+        first = max(first, 1)  # sequences start at 1 (an empty stream's bounds say first 0)
         if last < first:
             return
         deliver = f"_INBOX.{secrets.token_hex(10)}"  # push delivery needs interest in the very subject, not a wildcard

@@ -24,6 +24,10 @@ How it works
     are gone, so the check is on the range). The supervisor's relaunch fails the same way, and the
     instance ends BLOCKED with that error.
 
+    **An unreachable server stalls, it does not fail**: a call that finds NATS unreachable (a restarted
+    server, a partition) tries again every second for :data:`UNREACHABLE_FOR_S`, then fails the query; a
+    read goes on after the last message it yielded.
+
 What it does not do
     :func:`read` creates the JetStream stream, or checks it against the declaration
     (:func:`tandem.messaging.ensure_declared`), when the query is built.
@@ -34,7 +38,9 @@ What it does not do
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -48,6 +54,7 @@ from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
 from tandem.messaging.jetstream import Bounds, check_not_lost
 
+log = logging.getLogger(__name__)
 SOURCE_NAME = "tandem_nats"
 SCHEMA = "raw string, source_file string"
 _ARROW_SCHEMA = pa.schema([("raw", pa.string()), ("source_file", pa.string())])
@@ -80,6 +87,30 @@ def _servers(option: str) -> list[str]:
     return [s.strip() for s in (override or option).split(",") if s.strip()]
 
 
+UNREACHABLE_FOR_S = 120.0
+"""How long the source waits for the messaging layer to answer again (a restarted server, a network partition)
+before the query fails: meanwhile the instance stalls, beating, and goes on where it stopped."""
+
+
+class Unreachable:
+    """The wait of one call for NATS: a new try every second until :data:`UNREACHABLE_FOR_S` after the first
+    failure, then the failure raised (naming the stream and how long it waited)."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream, self.since = stream, None
+
+    def wait_after(self, exc: OSError) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("JetStream stream %s: NATS does not answer (%s): trying again for %.0f s", self.stream, exc,
+                        UNREACHABLE_FOR_S)
+        if now - self.since >= UNREACHABLE_FOR_S:
+            raise ConnectionError(f"JetStream stream {self.stream}: NATS did not answer for {UNREACHABLE_FOR_S:.0f} s: "
+                                  f"{exc}") from exc
+        time.sleep(1.0)
+
+
 @dataclass(frozen=True)
 class SubjectRange(InputPartition):
     """One Spark task: the messages of ``subject`` with ``first <= sequence <= last``."""
@@ -101,14 +132,15 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._js: JetStream | None = None  # the driver's connection, opened when first needed
 
     def _bounds(self) -> Bounds:
-        try:
-            if self._js is None:
-                self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
-            return self._js.bounds(self.stream)
-        except (OSError, ConnectionError):  # a broken connection: one more try on a new one
-            self._close()
-            self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
-            return self._js.bounds(self.stream)
+        waiting = Unreachable(self.stream)
+        while True:
+            try:
+                if self._js is None:
+                    self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
+                return self._js.bounds(self.stream)
+            except OSError as exc:  # a broken connection or none: a new one, until the deadline
+                self._close()
+                waiting.wait_after(exc)
 
     def _close(self) -> None:
         if self._js is not None:
@@ -142,13 +174,21 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [SubjectRange(subject, first, last) for subject in self.subjects] if last >= first else []
 
     def read(self, partition: SubjectRange) -> Iterator[pa.RecordBatch]:
-        with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}") as js:
-            check_not_lost(self.stream, partition.first - 1, js.bounds(self.stream))
-            prefix = f"nats:{partition.subject}:"
-            for chunk in js.read(self.stream, partition.subject, partition.first, partition.last):
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array([payload.decode("utf-8", "replace") for _, payload in chunk], pa.string()),
-                     pa.array([f"{prefix}{sequence}" for sequence, _ in chunk], pa.string())], schema=_ARROW_SCHEMA)
+        prefix, first = f"nats:{partition.subject}:", partition.first
+        waiting = Unreachable(self.stream)
+        while True:
+            try:
+                with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}") as js:
+                    check_not_lost(self.stream, first - 1, js.bounds(self.stream))
+                    for chunk in js.read(self.stream, partition.subject, first, partition.last):
+                        yield pa.RecordBatch.from_arrays(
+                            [pa.array([payload.decode("utf-8", "replace") for _, payload in chunk], pa.string()),
+                             pa.array([f"{prefix}{sequence}" for sequence, _ in chunk], pa.string())],
+                            schema=_ARROW_SCHEMA)
+                        first = chunk[-1][0] + 1  # a retry resumes after what was yielded
+                    return
+            except OSError as exc:
+                waiting.wait_after(exc)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: nothing is acknowledged (every node reads everything; retention alone drops messages)."""
