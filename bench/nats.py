@@ -17,8 +17,11 @@ session (``local[2]``), alternately:
   the sink writes them) published by the relay (``tandem.outputs.relay``: expected sequences,
   positions, a record in PostgreSQL), against the plain acknowledged publishes of the input above;
   ratio relay ÷ plain.
+- **hot failover**: bench/failover.py's hot failovers (kill -9 of the ACTIVE of the trades pair under load)
+  with the stream over files, then over NATS, in the same run; target: median ≤ 3 s over NATS.
 
-    python bench/nats.py [--events 300000] [--repeats 3]
+    python bench/nats.py [--events 300000] [--repeats 3] [--failover-runs 5]
+    python bench/nats.py --failover-only      # the failovers alone; the other keys of the results are kept
 
 Results: ``bench/results/nats.json`` (the publish rate too).
 """
