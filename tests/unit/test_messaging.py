@@ -266,3 +266,13 @@ def test_nats_unreachable_past_the_deadline_fails_the_query_naming_the_stream(mo
     source._js = None
     with pytest.raises(ConnectionError, match=r"t_trades: NATS did not answer for 120 s"):
         source.latestOffset({"stream": "t_trades", "seq": 0}, ReadMaxRows(10))
+
+
+def test_messages_become_lines_with_their_subject_and_sequence_and_invalid_utf8_is_replaced() -> None:
+    from tandem.runtime.sources.nats import arrow_batch
+
+    good = arrow_batch("nats:t.trades.0:", [(7, b'{"a": "\xc3\xa9"}'), (9, b"")])
+    assert good.to_pydict() == {"raw": ['{"a": "é"}', ""], "source_file": ["nats:t.trades.0:7", "nats:t.trades.0:9"]}
+    mixed = arrow_batch("nats:s.1:", [(1, b"ok"), (2, b"\xff\xfebad")])
+    assert mixed.column("raw").to_pylist() == ["ok", "\ufffd\ufffdbad"]
+    assert mixed.column("source_file").to_pylist() == ["nats:s.1:1", "nats:s.1:2"]

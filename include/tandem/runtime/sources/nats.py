@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -181,10 +182,7 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}") as js:
                     check_not_lost(self.stream, first - 1, js.bounds(self.stream))
                     for chunk in js.read(self.stream, partition.subject, first, partition.last):
-                        yield pa.RecordBatch.from_arrays(
-                            [pa.array([payload.decode("utf-8", "replace") for _, payload in chunk], pa.string()),
-                             pa.array([f"{prefix}{sequence}" for sequence, _ in chunk], pa.string())],
-                            schema=_ARROW_SCHEMA)
+                        yield arrow_batch(prefix, chunk)
                         first = chunk[-1][0] + 1  # a retry resumes after what was yielded
                     return
             except OSError as exc:
@@ -195,6 +193,18 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._close()
+
+
+def arrow_batch(prefix: str, chunk: list[tuple[int, bytes]]) -> pa.RecordBatch:
+    """``(sequence, payload)`` messages as a record batch of :data:`SCHEMA` (pure): the payload as UTF-8 text (invalid
+    bytes as U+FFFD, so the line is quarantined with its reason) and ``<prefix><sequence>`` as its source."""
+    sequences, payloads = zip(*chunk)
+    try:
+        raw = pa.array(payloads, pa.binary()).cast(pa.string())  # validated at once; the usual case
+    except pa.ArrowInvalid:
+        raw = pa.array([payload.decode("utf-8", "replace") for payload in payloads], pa.string())
+    sources = pc.binary_join_element_wise(prefix, pa.array(sequences, pa.int64()).cast(pa.string()), "")
+    return pa.RecordBatch.from_arrays([raw, sources], schema=_ARROW_SCHEMA)
 
 
 class NatsSource(DataSource):
