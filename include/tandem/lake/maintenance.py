@@ -1,0 +1,100 @@
+"""Upkeep of a Delta table under live appends: small files compacted, a checkpoint, and a vacuum that keeps every
+version a kept snapshot needs.
+
+Purpose
+    Every micro-batch of every instance appends a few small files to each output table: a minute of the
+    demo left 138 parquet files in 23 commits in the trades table, and every read (the page's quarantine
+    panel, merge-on-read, a restore's time travel) lists and opens them all. Compaction rewrites them into
+    few large files, a checkpoint spares readers replaying the JSON log, and vacuum deletes the files no
+    version still needed references.
+
+How it works
+    :func:`maintain_table` runs delta-rs's ``optimize.compact()``, ``create_checkpoint()`` and
+    ``vacuum()`` on the newest version. The instances keep appending meanwhile: an append commits whatever
+    a compaction does (delta-rs retries it), and a compaction that lost the race to an append fails with
+    ``CommitFailedError`` and is tried again on the new version (:data:`ATTEMPTS`), so no append is lost and
+    no batch is written twice (the appends' application transactions survive compaction). Vacuum never
+    deletes a file of the versions in ``keep`` (the kept snapshots' versions of the table: a restore rolls
+    an instance back to one of them by time travel) nor a file removed less than ``retention_hours`` ago
+    (a reader of an older version still at work), and never a file the log does not mention yet (an append
+    in flight: the vacuum is not ``full``).
+
+What it does not do
+    Decide which versions are needed (:func:`kept_versions` from the snapshot catalog's records) or when to
+    run (the maintenance DAG); PostgreSQL retention.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+ATTEMPTS = 8
+"""How many times a compaction or vacuum that lost a race to an append is tried again."""
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    """What :func:`maintain_table` did to one table."""
+
+    path: str
+    version_before: int
+    version_after: int
+    files_before: int
+    files_after: int
+    files_compacted: int
+    files_written: int
+    files_vacuumed: int
+    kept_versions: tuple[int, ...]
+    retries: int
+
+    def describe(self) -> str:
+        """One line for a task log."""
+        return (f"{self.path}: {self.files_before} -> {self.files_after} data files (compacted {self.files_compacted} "
+                f"into {self.files_written}), versions {self.version_before} -> {self.version_after}, checkpoint "
+                f"written, {self.files_vacuumed} unreferenced files vacuumed (versions kept for snapshots: "
+                f"{', '.join(map(str, self.kept_versions)) or 'none'}), {self.retries} retries after racing appends")
+
+
+def kept_versions(recorded: Iterable[Mapping[str, int]], table: str, latest: int) -> tuple[int, ...]:
+    """The versions of ``table`` that snapshots recorded (their ``output_versions``), oldest first, up to ``latest``
+    (pure). A version after ``latest`` cannot exist; it is left out rather than passed to vacuum."""
+    return tuple(sorted({int(versions[table]) for versions in recorded
+                         if table in versions and 0 <= int(versions[table]) <= latest}))
+
+
+def _retrying(action: Callable[[], object], sleep: Callable[[float], None]) -> tuple[object, int]:
+    """``action()``, tried again after a commit conflict with a concurrent writer; its result and the retries."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return action(), attempt
+        except CommitFailedError:
+            if attempt == ATTEMPTS - 1:
+                raise
+            sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_hours: int = 168,
+                   sleep: Callable[[float], None] = time.sleep) -> Upkeep:
+    """Compact, checkpoint and vacuum the Delta table at ``path`` while others append to it.
+
+    ``keep``: versions whose files vacuum must keep (the kept snapshots'); ``retention_hours``: files removed
+    more recently than this are kept too (default: Delta's own week).
+    """
+    before = DeltaTable(str(path))
+    version_before, files_before = before.version(), len(before.file_uris())
+    metrics, compact_retries = _retrying(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
+    DeltaTable(str(path)).create_checkpoint()
+    vacuumed, vacuum_retries = _retrying(lambda: DeltaTable(str(path)).vacuum(
+        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, keep_versions=list(keep)),
+        sleep)
+    after = DeltaTable(str(path))
+    return Upkeep(str(path), version_before, after.version(), files_before, len(after.file_uris()),
+                  int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)), len(vacuumed),
+                  tuple(keep), compact_retries + vacuum_retries)

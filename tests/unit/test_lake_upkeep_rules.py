@@ -1,0 +1,36 @@
+"""Which versions of a Delta table vacuum must keep for the kept snapshots (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from deltalake.exceptions import CommitFailedError
+
+from tandem.lake import maintenance
+from tandem.lake.maintenance import kept_versions
+
+
+def test_the_kept_versions_are_those_snapshots_recorded_for_the_table_once_each_oldest_first() -> None:
+    recorded = [{"trades": 40, "quarantine": 7}, {"trades": 12}, {"quarantine": 3}, {"trades": 40}, {"trades": 99}]
+    assert kept_versions(recorded, "trades", latest=60) == (12, 40)
+    assert kept_versions(recorded, "quarantine", latest=60) == (3, 7)
+    assert kept_versions(recorded, "other", latest=60) == ()
+
+
+def test_a_commit_conflict_is_tried_again_and_the_last_one_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    outcomes = iter([CommitFailedError("conflict"), CommitFailedError("conflict"), "done"])
+
+    def action() -> str:
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert maintenance._retrying(action, waits.append) == ("done", 2)
+    assert waits == [0.2, 0.4]
+
+    def always() -> None:
+        raise CommitFailedError("conflict")
+
+    with pytest.raises(CommitFailedError):
+        maintenance._retrying(always, waits.append)
