@@ -1,4 +1,4 @@
-"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention).
+"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention, Delta upkeep).
 
 One DAG per ``conf/plans/*.yaml``.
 """
@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
-from tandem.airflow.snapshot_operators import CleanLandingOperator
+from tandem.airflow.snapshot_operators import CleanLandingOperator, DeltaUpkeepOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
@@ -18,7 +18,8 @@ cluster, plans = load_for_dags(__file__)
 for plan in plans.values():
     with DAG(
         dag_id=plan_dag_id(plan.name, "maintenance"),
-        description=f"Delete input of plan {plan.name} that no restart or restore needs",
+        description=f"Delete input of plan {plan.name} that no restart or restore needs; compact and vacuum its Delta "
+                    "tables",
         schedule="@hourly",
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
         catchup=False,
@@ -28,4 +29,5 @@ for plan in plans.values():
         doc_md=maintenance_doc(plan),
     ) as dag:
         CleanLandingOperator(task_id="landing_retention", plan=plan.name, cluster_config=str(cluster.path))
+        DeltaUpkeepOperator(task_id="delta_upkeep", plan=plan.name, cluster_config=str(cluster.path))
     globals()[dag.dag_id] = dag

@@ -33,6 +33,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     TypeAdapter,
@@ -186,6 +187,19 @@ class SnapshotConfig(StrictModel):
     suite: SuiteName | None = None
 
 
+class MaintenanceConfig(StrictModel):
+    """Upkeep of a plan's Delta tables by its maintenance DAG (:mod:`tandem.batch.upkeep`).
+
+    ``compact``: rewrite each table's small files into few large ones (and write a log checkpoint), under
+    the live appends. ``vacuum_retention``: files a commit removed are deleted once they are older than this,
+    except those of the versions kept snapshots recorded (a restore's time travel needs them); a reader of an
+    older version must finish within it.
+    """
+
+    compact: StrictBool = True
+    vacuum_retention_s: Duration = Field(7 * 86400.0, alias="vacuum_retention")
+
+
 class PlanFile(StrictModel):
     """The shape of ``conf/plans/<name>.yaml``."""
 
@@ -202,6 +216,7 @@ class PlanFile(StrictModel):
     validation: ValidationConfig = ValidationConfig()
     ha: HAConfig = HAConfig()
     snapshot: SnapshotConfig = SnapshotConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
 
 
 # --- cluster.yaml --------------------------------------------------------------------------------------------
@@ -329,6 +344,7 @@ class PlanConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ha: HAConfig = field(default_factory=HAConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     @property
     def shards(self) -> tuple[str, ...]:
@@ -669,6 +685,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         validation=validation,
         ha=file.ha,
         snapshot=snapshot,
+        maintenance=file.maintenance,
     )
 
 

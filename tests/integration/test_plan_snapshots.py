@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import yaml
 from _ha import mismatches
 from _references import PIZZA_T0, arrival_order, decided_orders, make_orders, temperature_reference_at
 from tandem.aggregation.spec import spec_for
+from tandem.batch.upkeep import maintain_plan_tables
 from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
@@ -36,6 +38,7 @@ from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
+from tandem.store import Database
 from test_pizza_shop_plan import assert_outputs_equal_the_reference as assert_pizza_outputs
 from test_temperatures_plan import T0 as TEMPS_T0
 from test_temperatures_plan import assert_outputs_equal_the_reference as assert_temperature_outputs
@@ -259,7 +262,8 @@ def as_trades(events: list[dict]) -> list[tuple[int, str, float, int]]:
 def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_cut(project, database_url,
                                                                                   spark) -> None:
     """Its table is not named after its output: restoring shard-1 still puts shard-1's slice back at the cut
-    (PostgreSQL and Delta) and leaves shard-2's alone; the quarantine is kept; the replay adds up exactly."""
+    (PostgreSQL and Delta) and leaves shard-2's alone, also after the Delta tables were compacted and vacuumed
+    since the cut; the quarantine is kept; the replay adds up exactly."""
     declare_the_default_table(project)
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
@@ -286,6 +290,14 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
     write_atomically(landing["shard-1"], [bad_lines[1][0]])
     write_trades(landing["shard-2"], other, per_file=100)
     run_all(cluster, plan, spark)
+    # the maintenance DAG's Delta upkeep between the cut and the restore, with no retention: only the versions the
+    # snapshot recorded keep their files (issue 27 §3)
+    no_retention = replace(plan, maintenance=plan.maintenance.model_copy(update={"vacuum_retention_s": 0.0}))
+    with Database(database_url) as db:
+        upkeeps = maintain_plan_tables(cluster, no_retention, db)
+    assert any(u.files_compacted and u.files_vacuumed and u.kept_versions for u in upkeeps), \
+        [u.describe() for u in upkeeps]
+    assert mismatches(cluster, as_trades(trades + other)) == [], "the upkeep changed what the tables hold"
     report = restore_shard(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
     assert mismatches(cluster, as_trades(before + other)) == [], \
         "shard-1 is not back at its cut, or shard-2 is not as it was:\n" + "\n".join(report.lines())

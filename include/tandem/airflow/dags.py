@@ -328,4 +328,10 @@ Hourly. **landing_retention** deletes input files of `landing/<stream>/<partitio
 every node's checkpoint has processed (a committed batch read them) and that every kept GOOD
 snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
 and the task log says why per file group (e.g. "after the cut of snapshot …").
+
+**delta_upkeep** compacts the small files of each Delta output table into few large ones, writes a log
+checkpoint and vacuums files removed more than {human_duration(plan.maintenance.vacuum_retention_s)} ago
+(`maintenance.vacuum_retention`), except those of the versions the kept snapshots recorded: a restore can
+still roll an instance back to them. The instances keep appending meanwhile; a compaction that loses a race
+to an append is tried again. Off with `maintenance: {{compact: false}}`.
 """

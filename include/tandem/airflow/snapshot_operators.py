@@ -283,3 +283,36 @@ class CleanLandingOperator(BaseOperator):
             for line in decision.describe() or ["no landing files"]:
                 self.log.info("landing/%s: %s", partition, line)
         return {partition: len(decision.delete) for partition, decision in decisions.items()}
+
+
+class DeltaUpkeepOperator(BaseOperator):
+    """Compact, checkpoint and vacuum a plan's Delta tables under its live appends, keeping every version a kept
+    snapshot needs (:func:`tandem.batch.upkeep.maintain_plan_tables`).
+
+    :param plan: plan name. Templated.
+    """
+
+    template_fields = ("plan",)
+    ui_color = "#e8f5dc"
+
+    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cluster_config = cluster_config
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from tandem.batch.upkeep import maintain_plan_tables
+        from tandem.store import Database
+
+        cluster = task_cluster(self.cluster_config)
+        plan = load_plan(self.plan, cluster)
+        with Database(cluster.database_url, "tandem-maintenance") as db:
+            upkeeps = maintain_plan_tables(cluster, plan, db)
+        for upkeep in upkeeps:
+            self.log.info("%s", upkeep.describe())
+        if not upkeeps:
+            self.log.info("%s: no Delta table to maintain (maintenance.compact off, or no output written yet)",
+                          plan.name)
+        return [{"table": u.path, "files_before": u.files_before, "files_after": u.files_after,
+                 "files_vacuumed": u.files_vacuumed} for u in upkeeps]
+
