@@ -26,6 +26,7 @@ import yaml
 from _ha import mismatches
 from _references import PIZZA_T0, arrival_order, decided_orders, make_orders, temperature_reference_at
 from tandem.aggregation.spec import spec_for
+from tandem.airflow.snapshot_operators import DeltaUpkeepOperator
 from tandem.batch.upkeep import maintain_plan_tables
 from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
@@ -297,6 +298,8 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
         upkeeps = maintain_plan_tables(cluster, no_retention, db)
     assert any(u.files_compacted and u.files_vacuumed and u.kept_versions for u in upkeeps), \
         [u.describe() for u in upkeeps]
+    done = DeltaUpkeepOperator(task_id="delta_upkeep", plan="trades").execute({})  # the DAG's task: the YAML's week
+    assert {Path(u["table"]).name for u in done} == {"quarantine", "trade_aggregates"}, done
     assert mismatches(cluster, as_trades(trades + other)) == [], "the upkeep changed what the tables hold"
     report = restore_shard(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
     assert mismatches(cluster, as_trades(before + other)) == [], \
