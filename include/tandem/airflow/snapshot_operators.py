@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tandem.airflow.dags import snapshot_task_id
 from tandem.airflow.operator_support import requested_instance, set_run_note, task_cluster
-from tandem.config import ClusterConfig, load_plan
+from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
 
@@ -176,25 +176,33 @@ class TakeSnapshotOperator(BaseOperator):
         return take_snapshots(self.log, cluster, plan, [self.shard_id], context["ti"], node=self.node or None)
 
 
-class PruneSnapshotsOperator(BaseOperator):
-    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per shard, prune the rest.
+class PlanTaskOperator(BaseOperator):
+    """A task over one whole plan (its name templated), with the cluster and the plan loaded where it runs.
 
     :param plan: plan name. Templated.
     """
 
     template_fields = ("plan",)
-    ui_color = "#dcecf5"
 
     def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.cluster_config = cluster_config
 
+    def loaded(self) -> tuple[ClusterConfig, PlanConfig]:
+        cluster = task_cluster(self.cluster_config)
+        return cluster, load_plan(self.plan, cluster)
+
+
+class PruneSnapshotsOperator(PlanTaskOperator):
+    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per shard, prune the rest."""
+
+    ui_color = "#dcecf5"
+
     def execute(self, context: Any) -> list[str]:
         from tandem.snapshots.take import prune_snapshots
 
-        cluster = task_cluster(self.cluster_config)
-        decisions = prune_snapshots(cluster, load_plan(self.plan, cluster)).describe()
+        decisions = prune_snapshots(*self.loaded()).describe()
         for line in decisions:
             self.log.info("%s", line)
         return decisions
@@ -260,52 +268,32 @@ class RestoreSnapshotOperator(BaseOperator):
         return {"plan": plan.name, "shards": shards, "summary": lines}
 
 
-class CleanLandingOperator(BaseOperator):
-    """Delete a plan's landing files that every instance and every kept GOOD snapshot have processed.
+class CleanLandingOperator(PlanTaskOperator):
+    """Delete a plan's landing files that every instance and every kept GOOD snapshot have processed."""
 
-    :param plan: plan name. Templated.
-    """
-
-    template_fields = ("plan",)
     ui_color = "#e8f5dc"
-
-    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.plan = plan
-        self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
         from tandem.snapshots.landing import clean_plan_landing
 
-        cluster = task_cluster(self.cluster_config)
-        decisions = clean_plan_landing(cluster, load_plan(self.plan, cluster))
+        decisions = clean_plan_landing(*self.loaded())
         for partition, decision in decisions.items():
             for line in decision.describe() or ["no landing files"]:
                 self.log.info("landing/%s: %s", partition, line)
         return {partition: len(decision.delete) for partition, decision in decisions.items()}
 
 
-class DeltaUpkeepOperator(BaseOperator):
+class DeltaUpkeepOperator(PlanTaskOperator):
     """Compact, checkpoint and vacuum a plan's Delta tables under its live appends, keeping every version a kept
-    snapshot needs (:func:`tandem.batch.upkeep.maintain_plan_tables`).
+    snapshot needs (:func:`tandem.batch.upkeep.maintain_plan_tables`)."""
 
-    :param plan: plan name. Templated.
-    """
-
-    template_fields = ("plan",)
     ui_color = "#e8f5dc"
-
-    def __init__(self, *, plan: str, cluster_config: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.plan = plan
-        self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from tandem.batch.upkeep import maintain_plan_tables
         from tandem.store import Database
 
-        cluster = task_cluster(self.cluster_config)
-        plan = load_plan(self.plan, cluster)
+        cluster, plan = self.loaded()
         with Database(cluster.database_url, "tandem-maintenance") as db:
             upkeeps = maintain_plan_tables(cluster, plan, db)
         for upkeep in upkeeps:
