@@ -18,7 +18,7 @@ The tests share one stack and run in order:
 1. host-a crashes under load; node-b takes over, node-a's relaunch waits until host-a is back;
 2. the ACTIVE's host cut off from everything for 20 s: it is fenced, the standby takes over, and
    after the partition heals the old active is re-synced and rejoins as PASSIVE;
-3. the control host's Airflow stopped for two minutes: in that window host-a and host-b are
+3. the control host's Airflow stopped for a minute: in that window host-a and host-b are
    partitioned from each other only (nothing fails over), then the active is killed (kill -9);
 4. a scheduled snapshot and 5. ``tandem_ops`` snapshot_now, both taken on the standby's host;
 6. a restore with the PASSIVE's driver frozen (its host's worker stops it) and the ACTIVE stopped
@@ -79,7 +79,7 @@ RESTORE = "tandem_restore"
 OPS = "tandem_ops"
 NODES = ("node-a", "node-b")
 HOST_OF_NODE = {**HOST_OF, BACKUP_NODE: BACKUP_HOST}
-AIRFLOW_DOWN_S = 120
+AIRFLOW_DOWN_S = 60
 PARTITION_S = 20
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
 
@@ -299,7 +299,7 @@ def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts
 
 
 def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_hosts: OnHosts) -> None:
-    """The control host's Airflow is stopped for two minutes: the active keeps publishing; host-a and
+    """The control host's Airflow is stopped for a minute: the active keeps publishing; host-a and
     host-b cut off from each other only (both still reach PostgreSQL) for 20 s of that window change
     nothing, since nodes never talk to each other; a kill -9 of the active then still fails over by
     itself, and when Airflow returns its supervisor brings the killed node back on its host as

@@ -262,10 +262,16 @@ def test_windowed_and_pattern_events_exactly_once_across_a_pause(project: Path, 
              detail=lambda: ", ".join(f"{o}: {len(rows(o))} of {len(expected[o])}, missing "
                                       f"{sorted(expected[o] - set(rows(o)))[:2]}, extra {sorted(set(rows(o)) - expected[o])[:2]}"
                                       for o in WINDOWED))
+    def in_lake(output: str) -> list[str]:
+        return sorted(read_events_lake(delta_table_dir(cluster, TEMPERATURES, output)).column("event_id").to_pylist())
+
+    # each batch appends to Delta right after its PostgreSQL commit: the last batch's append may still be on its way
+    wait_for(lambda: all(len(in_lake(o)) >= len(temperature_events(url, o)) for o in WINDOWED), 60,
+             "the Delta copies to catch up with PostgreSQL",
+             detail=lambda: ", ".join(f"{o}: {len(in_lake(o))} of {len(temperature_events(url, o))}" for o in WINDOWED))
     for output in WINDOWED:
         got = temperature_events(url, output)
         assert len(got) == len({temperature_row(output, r["payload"]) for r in got}), f"{output}: a row twice"
-        lake = read_events_lake(delta_table_dir(cluster, TEMPERATURES, output))
-        assert sorted(lake.column("event_id").to_pylist()) == sorted(r["event_id"] for r in got), output
+        assert in_lake(output) == sorted(r["event_id"] for r in got), output
     assert split_brain(url, TEMPERATURES, GROUP_1) == []
     assert lease(url, TEMPERATURES, GROUP_1)["holder"] == "node-b"
