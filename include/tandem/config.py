@@ -372,10 +372,11 @@ class PlanConfig:
         return [name for name in self.streams if self.publisher_of(name) is None]
 
     def check_shard(self, shard_id: str) -> str:
-        """``shard_id`` if it is one of the plan's shards, else a :class:`ConfigError` naming the plan file."""
+        """``shard_id`` if it is one of the plan's group instances, else a :class:`ConfigError` naming the plan file
+        and its groups (where the instances come from)."""
         if shard_id not in self.shards:
-            raise ConfigError(str(self.path), "shards", f"{shard_id!r} is not a shard of plan {self.name} "
-                                                        f"(shards: {', '.join(self.shards)})")
+            raise ConfigError(str(self.path), "groups", f"{shard_id!r} is not an instance of plan {self.name} "
+                                                        f"(instances: {', '.join(self.shards)})")
         return shard_id
 
     def check_node(self, node: str) -> str:

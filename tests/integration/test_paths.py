@@ -46,7 +46,7 @@ def test_a_snapshot_of_a_shard_outside_the_plan_is_refused_before_anything_is_re
     with Database(cluster.database_url) as db:
         migrate(db)
         for shard, node in ((HOSTILE, "node-a"), ("shard-9", None), ("shard-1", "node-z")):
-            with pytest.raises(ConfigError, match=r"trades.yaml: (shards|nodes): .* is not a (shard|node) of plan"):
+            with pytest.raises(ConfigError, match=r"trades.yaml: (groups|nodes): .* is not an? (instance|node) of plan"):
                 take_snapshot(cluster, plan, shard, spark=None, node=node, db=db)
         rows = db.run(lambda cursor: (cursor.execute("SELECT count(*) AS n FROM snapshots"), cursor.fetchone())[1])
     assert rows["n"] == 0
@@ -82,14 +82,14 @@ def test_tandem_run_refuses_an_unknown_shard_with_one_line_before_starting_spark
                            "--shard", "shard-9"], env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: {Path(os.environ['TANDEM_CONF_DIR']) / 'plans' / 'trades.yaml'}: shards: 'shard-9' is not a shard "
-        "of plan trades (shards: shard-1, shard-2)"]
+        f"error: {Path(os.environ['TANDEM_CONF_DIR']) / 'plans' / 'trades.yaml'}: groups: 'shard-9' is not an "
+        "instance of plan trades (instances: shard-1, shard-2)"]
 
 
 def test_ops_actions_refuse_a_shard_or_node_of_another_plan(project: Path) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
-    with pytest.raises(OpsRefused, match="'shard-9' is not a shard of plan trades"):
+    with pytest.raises(OpsRefused, match="'shard-9' is not an instance of plan trades"):
         run_ops_action(cluster, plan, "failover_now", None, ["shard-9"], launched_by="test")
     with pytest.raises(OpsRefused, match="'node-z' is not a node of plan trades"):
         run_ops_action(cluster, plan, "failover_now", "node-z", ["shard-1"], launched_by="test")

@@ -191,7 +191,7 @@ def test_launch_without_dist_says_run_make_dist(cluster):
 
 def test_launch_rejects_a_shard_or_node_outside_the_plan(cluster):
     plan = load_plan("trades", cluster)
-    with pytest.raises(LaunchRejected, match=r"trades.yaml: shards: 'shard-9' is not a shard of plan trades"):
+    with pytest.raises(LaunchRejected, match=r"trades.yaml: groups: 'shard-9' is not an instance of plan trades"):
         launch_instance(cluster, plan, "shard-9", "node-a")
     with pytest.raises(LaunchRejected, match=r"trades.yaml: nodes: 'node-z' is not a node of plan trades"):
         launch_instance(cluster, plan, "shard-1", "node-z")

@@ -43,7 +43,7 @@ def test_an_action_becomes_the_params_of_its_dag(conf) -> None:
         action_conf(plan, ActionRequest(action="restore"))
     with pytest.raises(BadRequest, match="needs a node"):
         action_conf(plan, ActionRequest(action="drain_node"))
-    with pytest.raises(ConfigError, match="not a shard"):
+    with pytest.raises(ConfigError, match="not an instance"):
         action_conf(plan, ActionRequest(action="snapshot_now", instance="shop-9"))
     with pytest.raises(ConfigError, match="not a node"):
         action_conf(plan, ActionRequest(action="restart_node", node="node-z"))
