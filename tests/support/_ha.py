@@ -253,11 +253,8 @@ class StreamPartition:
 def start_writer(cluster: ClusterConfig, rate: int = 200, seed: int = 1) -> TradeWriter:
     """A :class:`TradeWriter` into the first partition of shard-1's share of the trades stream, files or NATS."""
     plan = load_plan(PLAN, cluster)
-    if plan.streams["trades"].source == "nats":
-        sink = StreamPartition(cluster, plan, "trades", plan.partitions(SHARD, "trades")[0])
-        writer = TradeWriter(None, rate=rate, seed=seed, sink=sink)
-    else:
-        writer = TradeWriter(instance_landing_dir(cluster, plan, SHARD), rate=rate, seed=seed)
+    sink = StreamPartition(cluster, plan, "trades", plan.partitions(SHARD, "trades")[0])
+    writer = TradeWriter(None, rate=rate, seed=seed, sink=sink)
     writer.start()
     return writer
 

@@ -14,8 +14,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 

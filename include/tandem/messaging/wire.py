@@ -23,9 +23,9 @@ How it works
     never parsed (:meth:`tandem.messaging.JetStream.message` reads one message with its headers).
 
 What it does not do
-    No reconnects (a broken connection fails the read; Spark retries the task), no TLS client
-    certificates, no NKEY / JWT credentials: user and password or a token in the URL, and TLS when
-    the URL's scheme is ``tls`` or the server requires it.
+    No reconnects (a broken connection fails the call; the nats source and the relay open a new
+    one), no TLS client certificates, no NKEY / JWT credentials: user and password or a token in
+    the URL, and TLS when the URL's scheme is ``tls`` or the server requires it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ def relayed(cursor, plan: str, output: str, stream: str) -> tuple[int, EventPosi
     return (int(row["stream_seq"]), (int(row["xid"]), row["event_id"])) if row else None
 
 
-
 def stream_progress(cursor, plan: str, output: str) -> tuple[int, int | None]:
     """``(events the output holds in PostgreSQL, the stream sequence last recorded for it)`` (``None``: none yet)."""
     cursor.execute("""SELECT (SELECT count(*) FROM output_events WHERE plan = %s AND output = %s) AS events,
