@@ -1,4 +1,5 @@
-"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention, Delta upkeep).
+"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention, Delta upkeep, PostgreSQL
+retention).
 
 One DAG per ``conf/plans/*.yaml``.
 """
@@ -10,7 +11,7 @@ from datetime import datetime, timezone
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
-from tandem.airflow.snapshot_operators import CleanLandingOperator, DeltaUpkeepOperator
+from tandem.airflow.snapshot_operators import CleanLandingOperator, DeltaUpkeepOperator, PostgresRetentionOperator
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
@@ -19,7 +20,7 @@ for plan in plans.values():
     with DAG(
         dag_id=plan_dag_id(plan.name, "maintenance"),
         description=f"Delete input of plan {plan.name} that no restart or restore needs; compact and vacuum its Delta "
-                    "tables",
+                    "tables, delete its old PostgreSQL rows",
         schedule="@hourly",
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
         catchup=False,
@@ -30,4 +31,5 @@ for plan in plans.values():
     ) as dag:
         CleanLandingOperator(task_id="landing_retention", plan=plan.name, cluster_config=str(cluster.path))
         DeltaUpkeepOperator(task_id="delta_upkeep", plan=plan.name, cluster_config=str(cluster.path))
+        PostgresRetentionOperator(task_id="postgres_retention", plan=plan.name, cluster_config=str(cluster.path))
     globals()[dag.dag_id] = dag

@@ -12,6 +12,7 @@
     tandem stop trades shard-1 node-a   stop it wherever it runs (a stop request its driver obeys)
     tandem snapshot trades [--instance shard-1] [--node node-a]  take a snapshot of the ACTIVE instance now
     tandem snapshots trades [--instance shard-1] [--state ID [--key symbol=IBM]] [--prune]
+    tandem maintain trades              what the maintenance DAG does, now: landing, Delta and PostgreSQL retention
     tandem restore trades [--snapshot ID | --latest-good] [--instance shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
@@ -324,6 +325,30 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    """The maintenance DAG's tasks, now: landing retention, Delta upkeep, PostgreSQL retention."""
+    from tandem.batch.trim import trim_plan_rows
+    from tandem.batch.upkeep import maintain_plan_tables
+    from tandem.snapshots.landing import clean_plan_landing
+    from tandem.store import Database
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    for partition, decision in clean_plan_landing(cluster, plan).items():
+        for line in decision.describe():
+            console.print(f"landing {partition}: {line}", highlight=False)
+    with Database(cluster.database_url, "tandem-maintenance") as db:
+        with console.status(f"compacting and vacuuming the Delta tables of {plan.name}"):
+            upkeeps = maintain_plan_tables(cluster, plan, db)
+        for upkeep in upkeeps:
+            console.print(upkeep.describe(), highlight=False)
+        with console.status(f"deleting old PostgreSQL rows of {plan.name}"):
+            trimmed = trim_plan_rows(plan, db)
+        for part in trimmed:
+            console.print(part.describe(), highlight=False)
+    return 0
+
+
 def cmd_snapshots(args: argparse.Namespace) -> int:
     """List a plan's snapshots; or show one snapshot's exported state; or prune now."""
     from tandem.layout import delta_table_dir
@@ -609,6 +634,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_argument("--limit", type=int, default=50)
     snapshots.add_argument("--json", action="store_true")
     snapshots.set_defaults(func=cmd_snapshots)
+
+    maintain = commands.add_parser("maintain", help="run a plan's maintenance now (landing, Delta and PostgreSQL "
+                                                     "retention, as its maintenance DAG does)")
+    maintain.add_argument("plan")
+    maintain.set_defaults(func=cmd_maintain)
 
     restore = commands.add_parser("restore", help="restore a plan's instances from a snapshot and start them")
     restore.add_argument("plan")

@@ -20,6 +20,7 @@ variables override paths and URLs:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -187,17 +188,40 @@ class SnapshotConfig(StrictModel):
     suite: SuiteName | None = None
 
 
-class MaintenanceConfig(StrictModel):
-    """Upkeep of a plan's Delta tables by its maintenance DAG (:mod:`tandem.batch.upkeep`).
+Granularity = Literal["second", "minute", "hour", "day", "month", "year"]
 
-    ``compact``: rewrite each table's small files into few large ones (and write a log checkpoint), under
+
+class RetentionConfig(StrictModel):
+    """How long PostgreSQL keeps a plan's rows before its maintenance DAG deletes them (:mod:`tandem.batch.trim`).
+
+    ``partials``: per granularity, how old (by bucket start) an aggregation's partials may get; a granularity
+    not named is kept for good (default: seconds for two days, coarser buckets for good). ``heartbeats``: the
+    per-batch progress rows. ``publish_log``: the published positions. ``contributions``: the ids that make a
+    table's or a fact aggregation's rows apply once (never one a kept snapshot's replay may bring again).
+    ``failover_events``: supervision and role events. The newest row of each kind that something still reads
+    (an instance's last progress, last published batch and furthest position, each node's last event of each
+    kind) is kept whatever its age.
+    """
+
+    partials_s: dict[Granularity, Duration] = Field({"second": 2 * 86400.0}, alias="partials")
+    heartbeats_s: Duration = Field(86400.0, alias="heartbeats")
+    publish_log_s: Duration = Field(2 * 86400.0, alias="publish_log")
+    contributions_s: Duration = Field(30 * 86400.0, alias="contributions")
+    failover_events_s: Duration = Field(30 * 86400.0, alias="failover_events")
+
+
+class MaintenanceConfig(StrictModel):
+    """Upkeep of a plan's storage by its maintenance DAG (:mod:`tandem.batch.upkeep`, :mod:`tandem.batch.trim`).
+
+    ``compact``: rewrite each Delta table's small files into few large ones (and write a log checkpoint), under
     the live appends. ``vacuum_retention``: files a commit removed are deleted once they are older than this,
     except those of the versions kept snapshots recorded (a restore's time travel needs them); a reader of an
-    older version must finish within it.
+    older version must finish within it. ``retention``: how long PostgreSQL keeps each kind of row.
     """
 
     compact: StrictBool = True
     vacuum_retention_s: Duration = Field(7 * 86400.0, alias="vacuum_retention")
+    retention: RetentionConfig = RetentionConfig()
 
 
 class PlanFile(StrictModel):
@@ -659,6 +683,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
             if queries.count(query) > 1:
                 raise error(f"groups.{name}.queries[{index}]", f"query {query!r} is listed in more than one group "
                                                                "(a query runs in exactly one group)")
+    _check_retention(file, error)
     outputs, groups = _with_quarantine(file, error)
     if file.module is not None and path.with_suffix(".py").is_file():
         raise error("module", f"names {file.module!r}, but {path.with_suffix('.py').name} beside the plan is its "
@@ -688,6 +713,30 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         snapshot=snapshot,
         maintenance=file.maintenance,
     )
+
+
+def _check_retention(file: PlanFile, error: Callable[[str, str], ConfigError]) -> None:
+    """Refuse retentions that would delete rows the running plan still writes or reads."""
+    retention = file.maintenance.retention
+    kept = retention.partials_s
+    order = list(Granularity.__args__)
+    for granularity, seconds in kept.items():
+        if seconds <= file.watermark:
+            raise error(f"maintenance.retention.partials.{granularity}",
+                        f"must be longer than the plan's watermark ({file.watermark:g} s): the stream still adds to "
+                        "buckets that young")
+    for index, finer in enumerate(order):
+        coarser = next((g for g in order[index + 1:] if kept.get(g, math.inf) < kept.get(finer, math.inf)), None)
+        if coarser is not None:
+            raise error(f"maintenance.retention.partials.{finer if finer in kept else coarser}",
+                        f"keeps {finer} partials longer than {coarser} ones: a coarser bucket is rolled up from finer "
+                        "ones, keep it at least as long")
+    for where, seconds, needed, what in (
+            ("heartbeats", retention.heartbeats_s, file.ha.stall_timeout_s, "ha.stall_timeout"),
+            ("failover_events", retention.failover_events_s, file.ha.launch_window_s, "ha.launch_window")):
+        if seconds <= needed:
+            raise error(f"maintenance.retention.{where}", f"must be longer than {what} ({needed:g} s): the "
+                                                          "supervisor reads that far back")
 
 
 def _with_quarantine(file: PlanFile, error: Callable[[str, str], ConfigError]

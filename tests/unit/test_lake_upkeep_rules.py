@@ -1,4 +1,4 @@
-"""Which versions of a Delta table vacuum must keep for the kept snapshots (pure)."""
+"""Which versions of a Delta table vacuum must keep for the kept snapshots, which contribution ids may go (pure)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,15 @@ def test_a_commit_conflict_is_tried_again_and_the_last_one_raised(monkeypatch: p
 
     with pytest.raises(CommitFailedError):
         maintenance._retrying(always, waits.append)
+
+
+def test_contribution_ids_go_after_the_retention_and_an_hour_before_the_oldest_kept_snapshot() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from tandem.batch.trim import contributions_cutoff
+
+    now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
+    month = 30 * 86400.0
+    assert contributions_cutoff(now, month, None) == now - timedelta(days=30)
+    assert contributions_cutoff(now, month, now - timedelta(days=2)) == now - timedelta(days=30)
+    assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40, hours=1)

@@ -322,6 +322,7 @@ of `instance`) is still obeyed until the next release.
 
 
 def maintenance_doc(plan: PlanConfig) -> str:
+    retention = plan.maintenance.retention
     return f"""### Maintenance of plan `{plan.name}`
 
 Hourly. **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
@@ -334,4 +335,18 @@ checkpoint and vacuums files removed more than {human_duration(plan.maintenance.
 (`maintenance.vacuum_retention`), except those of the versions the kept snapshots recorded: a restore can
 still roll an instance back to them. The instances keep appending meanwhile; a compaction that loses a race
 to an append is tried again. Off with `maintenance: {{compact: false}}`.
+
+**postgres_retention** deletes PostgreSQL rows older than `maintenance.retention` declares: aggregation
+partials of {_partials_kept(plan)}; progress rows after {human_duration(retention.heartbeats_s)}, published
+positions after {human_duration(retention.publish_log_s)}, contribution ids after
+{human_duration(retention.contributions_s)} (never one a kept snapshot's replay may bring again) and supervision
+events after {human_duration(retention.failover_events_s)}. The newest row of each kind that the supervisor, a
+standby or this page reads is kept whatever its age.
 """
+
+
+def _partials_kept(plan: PlanConfig) -> str:
+    kept = plan.maintenance.retention.partials_s
+    if not kept:
+        return "every granularity kept for good"
+    return ", ".join(f"{g} buckets after {human_duration(s)}" for g, s in kept.items()) + " (coarser ones kept)"

@@ -304,3 +304,23 @@ class DeltaUpkeepOperator(PlanTaskOperator):
         return [{"table": u.path, "files_before": u.files_before, "files_after": u.files_after,
                  "files_vacuumed": u.files_vacuumed} for u in upkeeps]
 
+
+
+class PostgresRetentionOperator(PlanTaskOperator):
+    """Delete a plan's PostgreSQL rows older than its ``maintenance.retention`` (:func:`tandem.batch.trim.trim_plan_rows`):
+    aggregation partials per granularity, progress, published positions, contribution ids, supervision events."""
+
+    ui_color = "#e8f5dc"
+
+    def execute(self, context: Any) -> dict[str, int]:
+        from tandem.batch.trim import trim_plan_rows
+        from tandem.store import Database
+
+        cluster, plan = self.loaded()
+        with Database(cluster.database_url, "tandem-maintenance") as db:
+            trimmed = trim_plan_rows(plan, db)
+        totals: dict[str, int] = {}
+        for part in trimmed:
+            self.log.info("%s", part.describe())
+            totals[part.table] = totals.get(part.table, 0) + part.rows
+        return totals

@@ -1,0 +1,88 @@
+"""Delete a plan's old bookkeeping rows from PostgreSQL, keeping the newest row of each kind something reads.
+
+Each function deletes the rows of one table older than a cutoff, in chunks of :data:`CHUNK` rows, one short
+transaction each (a running plan writes to these tables all the time and must not wait on a long delete), and
+returns how many rows went. What stays whatever its age, and who reads it:
+
+- ``heartbeats``: each (instance, query)'s newest row (the page's and the supervisor's last progress);
+- ``publish_log``: each (instance, output)'s newest batch, and the row holding the furthest published position
+  of each (plan, shard, output) (a hot standby trims its held outputs by it);
+- ``failover_events``: each (shard, node, kind)'s newest event (drain marks, the page's last role change);
+- ``output_contributions``: those not in the lake yet (a standby copies them after a failover);
+- aggregation partials: only the named granularity's rows go; coarser buckets stay.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg2 import sql
+
+from tandem.store.db import Database
+
+CHUNK = 20_000
+"""Rows deleted per transaction."""
+
+
+def _delete_in_chunks(db: Database, table: str | sql.Composable, where: str, params: dict[str, Any]) -> int:
+    """Delete the rows of ``table`` matching ``where`` (SQL over alias ``t`` and ``params``), chunk by chunk."""
+    statement = sql.SQL("DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT t.ctid FROM {table} t WHERE {where} "
+                        "LIMIT %(chunk)s))").format(
+        table=sql.Identifier(table) if isinstance(table, str) else table, where=sql.SQL(where))
+    deleted = 0
+    while True:
+        def work(cursor) -> int:
+            cursor.execute(statement, {**params, "chunk": CHUNK})
+            return cursor.rowcount
+
+        count = db.run(work, attempts=3)
+        deleted += count
+        if count < CHUNK:
+            return deleted
+
+
+def trim_heartbeats(db: Database, plan: str, before: datetime) -> int:
+    """Delete ``plan``'s progress rows recorded before ``before``, but each (instance, query)'s newest."""
+    return _delete_in_chunks(db, "heartbeats", """t.plan = %(plan)s AND t.recorded_at < %(before)s
+        AND EXISTS (SELECT 1 FROM heartbeats n WHERE n.instance_id = t.instance_id AND n.query_name = t.query_name
+                    AND (n.recorded_at, n.id) > (t.recorded_at, t.id))""", {"plan": plan, "before": before})
+
+
+def trim_publish_log(db: Database, plan: str, before: datetime) -> int:
+    """Delete ``plan``'s published positions logged before ``before``, but each (instance, output)'s newest batch
+    and each (shard, output)'s furthest position."""
+    return _delete_in_chunks(db, "publish_log", """t.plan = %(plan)s AND t.published_at < %(before)s
+        AND EXISTS (SELECT 1 FROM publish_log n WHERE n.instance_id = t.instance_id AND n.output = t.output
+                    AND n.batch_id > t.batch_id)
+        AND (t.watermark IS NULL OR EXISTS (
+            SELECT 1 FROM publish_log w WHERE w.plan = t.plan AND w.shard_id = t.shard_id AND w.output = t.output
+            AND (w.watermark, w.batch_id, w.instance_id) > (t.watermark, t.batch_id, t.instance_id)))""",
+                             {"plan": plan, "before": before})
+
+
+def trim_failover_events(db: Database, plan: str, before: datetime) -> int:
+    """Delete ``plan``'s supervision events before ``before``, but each (shard, node, kind)'s newest."""
+    return _delete_in_chunks(db, "failover_events", """t.plan = %(plan)s AND t.happened_at < %(before)s
+        AND EXISTS (SELECT 1 FROM failover_events n WHERE n.plan = t.plan AND n.shard_id = t.shard_id
+                    AND n.node IS NOT DISTINCT FROM t.node AND n.kind = t.kind
+                    AND (n.happened_at, n.id) > (t.happened_at, t.id))""", {"plan": plan, "before": before})
+
+
+def trim_contributions(db: Database, plan: str, shard_id: str, before: datetime) -> int:
+    """Delete the contribution ids of ``plan``'s instance ``shard_id`` applied before ``before`` and in the lake."""
+    return _delete_in_chunks(db, "output_contributions", """t.plan = %(plan)s AND t.applied_at < %(before)s
+        AND t.shard_id = %(shard)s AND t.in_lake""", {"plan": plan, "shard": shard_id, "before": before})
+
+
+def trim_partials(db: Database, table: str, plan: str, granularity: str, before: datetime) -> int:
+    """Delete ``plan``'s aggregation partials of ``granularity`` whose bucket starts before ``before``."""
+    def exists(cursor) -> bool:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS found", (sql.Identifier(table).as_string(cursor),))
+        return cursor.fetchone()["found"]
+
+    if not db.run(exists, attempts=3):  # created by the first publish
+        return 0
+    return _delete_in_chunks(db, table, "t.plan = %(plan)s AND t.granularity = %(granularity)s "
+                                        "AND t.bucket_start < %(before)s",
+                             {"plan": plan, "granularity": granularity, "before": before})
