@@ -13,6 +13,7 @@
     tandem snapshot trades [--instance shard-1] [--node node-a]  take a snapshot of the ACTIVE instance now
     tandem snapshots trades [--instance shard-1] [--state ID [--key symbol=IBM]] [--prune]
     tandem maintain trades              what the maintenance DAG does, now: landing, Delta and PostgreSQL retention
+    tandem backfill trades --start T --end T [--instance shard-1]   recompute a closed range, late events included
     tandem restore trades [--snapshot ID | --latest-good] [--instance shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
@@ -349,6 +350,61 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Recompute a closed range of a plan's outputs from its retained input and replace it; or list backfills."""
+    from tandem.batch.backfill import check_backfill, run_backfill
+    from tandem.spark_session import build_session
+    from tandem.store import Database, migrate
+    from tandem.store.backfills import list_backfills
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    with Database(cluster.database_url, "tandem-backfill") as db:
+        migrate(db)
+        if args.list:
+            table = Table("id", "status", "range", "instances", "started", "outcome", box=box.SIMPLE_HEAD)
+            for record in list_backfills(db, plan.name):
+                table.add_row(record.id, record.status, f"{record.range_start:%Y-%m-%d %H:%M:%S} .. "
+                              f"{record.range_end:%H:%M:%S}", ", ".join(record.shards),
+                              f"{record.started_at:%Y-%m-%d %H:%M:%S}", escape(record.error or _added(record.report)))
+            console.print(table)
+            return 0
+        if args.start is None or args.end is None:
+            raise TandemError("tandem backfill: give --start and --end (or --list)")
+        shards = [plan.check_shard(s) for s in args.shard] if args.shard else list(plan.shards)
+        node = cluster.node(plan.check_node(args.node or plan.nodes[0]))
+        check_backfill(cluster, plan, db, args.start, args.end, shards)  # refused before Spark starts
+        with Progress(TextColumn("[bold]backfill {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
+                      console=console) as progress:
+            task = progress.add_task("backfill", total=len(shards) * (1 + len(plan.outputs)), what=plan.name)
+
+            def step(line: str) -> None:
+                progress.update(task, what=f"{plan.name}: {line}")
+                progress.advance(task)
+
+            spark = build_session(f"tandem-backfill:{plan.name}", node.spark_master, cluster.spark_defaults)
+            try:
+                done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=shards,
+                                    requested_by="tandem backfill", step=step)
+            finally:
+                spark.stop()
+            progress.update(task, completed=progress.tasks[0].total)
+    console.print(f"backfill {done.id}: {done.status}, {_added(done.report)}", highlight=False)
+    for shard, outputs in done.report.items():
+        for output, outcome in outputs.items():
+            console.print(f"  {shard} {output}: {json.dumps(outcome, default=str)}", markup=False, highlight=False)
+    return 0
+
+
+def _added(report: dict) -> str:
+    """How many events a backfill's recomputed outputs gained, in words."""
+    outcomes = [o for outputs in report.values() for o in outputs.values() if o.get("recomputed")]
+    if not outcomes:
+        return "nothing recomputed"
+    added = sum(o["events_after"] - o["events_before"] for o in outcomes)
+    return f"{added:+d} events in {sum(o['seconds_after'] for o in outcomes)} seconds"
+
+
 def cmd_snapshots(args: argparse.Namespace) -> int:
     """List a plan's snapshots; or show one snapshot's exported state; or prune now."""
     from tandem.layout import delta_table_dir
@@ -634,6 +690,18 @@ def build_parser() -> argparse.ArgumentParser:
     snapshots.add_argument("--limit", type=int, default=50)
     snapshots.add_argument("--json", action="store_true")
     snapshots.set_defaults(func=cmd_snapshots)
+
+    backfill = commands.add_parser("backfill", help="recompute a closed event-time range of a plan's outputs from its "
+                                                     "retained input (late events included) and replace it")
+    backfill.add_argument("plan")
+    backfill.add_argument("--start", type=_parse_time, help="first instant of the range (ISO; UTC when no zone)")
+    backfill.add_argument("--end", type=_parse_time, help="end of the range (excluded); at or before the slowest "
+                                                          "instance's watermark")
+    backfill.add_argument("--instance", "--shard", dest="shard", action="append",
+                          help="an instance to backfill (repeatable; default: every instance)")
+    backfill.add_argument("--node", help="whose Spark master runs the recomputation (default: the plan's first node)")
+    backfill.add_argument("--list", action="store_true", help="list the plan's backfills instead")
+    backfill.set_defaults(func=cmd_backfill)
 
     maintain = commands.add_parser("maintain", help="run a plan's maintenance now (landing, Delta and PostgreSQL "
                                                      "retention, as its maintenance DAG does)")

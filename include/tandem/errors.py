@@ -70,3 +70,7 @@ class PathOutsideRoot(TandemError):
 class DataLoss(TandemError):
     """Input an instance (or a snapshot to restore) still needs is gone from its source: a stream's retention
     dropped it. Never retried: the error names the stream and the missing range."""
+
+
+class BackfillRefused(TandemError):
+    """A backfill may not run: its range is not closed, its input is gone, or it overlaps a running one."""

@@ -77,6 +77,11 @@ def snapshot_dir(cluster: ClusterConfig, plan: str, snapshot_id: str) -> Path:
     return _place(cluster, "snapshots", plan, snapshot_id)
 
 
+def backfill_dir(cluster: ClusterConfig, plan: str, backfill_id: str) -> Path:
+    """A backfill's scratch space (its queries' checkpoints and recomputed rows): ``backfills/<plan>/<id>/``."""
+    return _place(cluster, "backfills", plan, backfill_id)
+
+
 def logs_dir(cluster: ClusterConfig, plan: str, shard_id: str) -> Path:
     """Where the driver logs of one shard's instances go: ``logs/<plan>/<shard_id>/``."""
     return _place(cluster, "logs", plan, shard_id)

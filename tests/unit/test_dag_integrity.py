@@ -45,7 +45,7 @@ def test_every_dag_file_imports_without_errors(dagbag):
 
 def test_each_plan_has_its_dags_and_there_is_one_ops_and_one_restore_dag(dagbag, plans):
     expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise", "snapshot",
-                                                                       "maintenance")}
+                                                                       "maintenance", "backfill")}
     assert set(dagbag.dag_ids) == expected | {"tandem_ops", "tandem_restore"}
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 
@@ -59,6 +59,19 @@ def test_tags_and_retries_on_every_dag_and_task(dagbag, plans):
         assert dag.tasks, dag_id
         for task in dag.tasks:
             assert task.retries >= 1, f"{dag_id}.{task.task_id}"
+
+
+def test_backfill_dag_shape(dagbag, plans):
+    cluster = load_cluster(PROJECT / "conf" / "cluster.yaml")
+    for name, plan in plans.items():
+        dag = dagbag.dags[f"tandem_{name}_backfill"]
+        assert dag.schedule is None and set(dag.params) == {"start", "end", "instance"}
+        register, recompute, report = (dag.get_task(t) for t in ("register", "recompute", "report"))
+        assert register.downstream_task_ids == {"recompute"} and recompute.downstream_task_ids == {"report"}
+        assert recompute.task_type == "SparkSubmitOperator"
+        assert recompute._conn_id == cluster.node(plan.nodes[0]).airflow_conn_id
+        assert recompute.application.endswith("jobs/backfill.py")
+        assert report.trigger_rule == "all_done"
 
 
 def test_run_dag_shape(dagbag, plans):

@@ -26,14 +26,14 @@ def test_a_commit_conflict_is_tried_again_and_the_last_one_raised(monkeypatch: p
             raise outcome
         return outcome
 
-    assert maintenance._retrying(action, waits.append) == ("done", 2)
+    assert maintenance.retry_on_conflict(action, waits.append) == ("done", 2)
     assert waits == [0.2, 0.4]
 
     def always() -> None:
         raise CommitFailedError("conflict")
 
     with pytest.raises(CommitFailedError):
-        maintenance._retrying(always, waits.append)
+        maintenance.retry_on_conflict(always, waits.append)
 
 
 def test_contribution_ids_go_after_the_retention_and_an_hour_before_the_oldest_kept_snapshot() -> None:

@@ -6,6 +6,7 @@ appears several times and readers keep its newest version before merging shards.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,10 @@ import pyarrow.dataset as ds
 
 from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import AggregationSpec
-from tandem.lake.tables import append_once, read_table
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from tandem.lake.maintenance import retry_on_conflict
+from tandem.lake.tables import append_once, read_table, string_literal
 
 _ARROW_TYPES = {"double precision": pa.float64(), "bigint": pa.int64(), "bytea": pa.binary(), "text": pa.string()}
 UTC_MICROS = pa.timestamp("us", tz="UTC")
@@ -33,11 +37,41 @@ def arrow_schema(spec: AggregationSpec) -> pa.Schema:
 def append_rows(path: Path, spec: AggregationSpec, rows: list[dict[str, Any]], *, node: str,
                 published_at: datetime, app_id: str, batch_id: int) -> bool:
     """Append the rows written to PostgreSQL for one micro-batch, once."""
+    return append_once(path, _rows_table(spec, rows, node, published_at), app_id=app_id, version=batch_id,
+                       partition_by=["granularity"])
+
+
+NEWEST_FIRST = [("epoch", "descending"), ("batch_id", "descending"), ("published_at", "descending")]
+"""The order of a key's versions, newest first: a backfill's rows carry the shard's last published (epoch, batch)
+and come after that batch's own rows."""
+
+
+def _rows_table(spec: AggregationSpec, rows: list[dict[str, Any]], node: str, published_at: datetime) -> pa.Table:
     binary = spec.distinct_columns
-    table = pa.Table.from_pylist([{**row, **{c: None if row[c] is None else bytes(row[c]) for c in binary},
-                                   "node": node, "published_at": published_at} for row in rows],
-                                 schema=arrow_schema(spec))
-    return append_once(path, table, app_id=app_id, version=batch_id, partition_by=["granularity"])
+    return pa.Table.from_pylist([{**row, **{c: None if row[c] is None else bytes(row[c]) for c in binary},
+                                  "node": node, "published_at": published_at} for row in rows],
+                                schema=arrow_schema(spec))
+
+
+def replace_range(path: Path, spec: AggregationSpec, shard_id: str, start: datetime, end: datetime,
+                  written: list[dict[str, Any]], *, node: str, published_at: datetime, app_id: str) -> int:
+    """The Delta side of :func:`tandem.aggregation.postgres.replace_range`: the shard's seconds in ``[start, end)``
+    replaced by the recomputed ones (one commit with a predicate, tried again after a conflict with a live append),
+    then the rebuilt coarser buckets appended (their newest version wins on read). Returns the rows written."""
+    seconds = [row for row in written if row["granularity"] == "second"]
+    coarser = [row for row in written if row["granularity"] != "second"]
+    predicate = (f"granularity = 'second' AND shard_id = {string_literal(shard_id)} "
+                 f"AND bucket_start >= '{start.isoformat()}' AND bucket_start < '{end.isoformat()}'")
+    path.mkdir(parents=True, exist_ok=True)
+    retry_on_conflict(lambda: write_deltalake(str(path), _rows_table(spec, seconds, node, published_at),
+                                              mode="overwrite", predicate=predicate, partition_by=["granularity"],
+                                              commit_properties=CommitProperties(
+                                                  app_transactions=[Transaction(f"{app_id}/seconds", 0)])),
+                      time.sleep)
+    if coarser:
+        retry_on_conflict(lambda: append_once(path, _rows_table(spec, coarser, node, published_at), app_id=app_id,
+                                              version=0, partition_by=["granularity"]), time.sleep)
+    return len(written)
 
 
 def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,
@@ -54,7 +88,7 @@ def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: da
     if table.num_rows == 0:
         return []
     identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
-    table = table.sort_by([*[(c, "ascending") for c in identity], ("epoch", "descending"), ("batch_id", "descending")])
+    table = table.sort_by([*[(c, "ascending") for c in identity], *NEWEST_FIRST])
     latest: dict[tuple, dict[str, Any]] = {}
     for row in table.to_pylist():
         row["bucket_start"] = row["bucket_start"].astimezone(timezone.utc)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
+
 from tandem.aggregation import sketches
 from tandem.aggregation.granularity import bucket_start
 from tandem.aggregation.merge import MergedRow, with_ratios
@@ -33,6 +35,30 @@ def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, 
             _union_children(cursor, aggregates.Sketches(spec, plan, shard_id, granularity, child), spec, rows)
         written.extend(rows)
     return written
+
+
+def replace_range(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: pa.Table, start: datetime,
+                  end: datetime, epoch: int, batch_id: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Replace one plan's shard seconds in ``[start, end)`` with ``seconds`` (a recomputation of that range) and
+    rebuild every coarser bucket overlapping it from its children; the caller holds the table's publishers off
+    (:func:`tandem.store.aggregates.lock_for_replace`) in the same transaction.
+
+    Returns the rows written (without the plan column) and how many seconds (and events they counted) were there
+    before.
+    """
+    replaced = aggregates.delete_seconds(cursor, spec, plan, shard_id, start, end)
+    written: list[dict[str, Any]] = []
+    if seconds.num_rows:
+        aggregates.stage_batch(cursor, spec, seconds)
+        written = aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id)
+    for granularity in spec.granularities[1:]:
+        child = spec.child_of(granularity)
+        rows = aggregates.rebuild_buckets(cursor, spec, MERGE_SQL, plan, shard_id, epoch, batch_id, granularity,
+                                          child, start, end)
+        if spec.distinct_columns:
+            _union_children(cursor, aggregates.Sketches(spec, plan, shard_id, granularity, child), spec, rows)
+        written.extend(rows)
+    return written, replaced
 
 
 def _union_children(cursor, stored: aggregates.Sketches, spec: AggregationSpec, rows: list[dict[str, Any]]) -> None:

@@ -27,6 +27,9 @@ OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_dela
 SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}
 RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+BACKFILL_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+"""A recompute whose Spark job died goes on with the same RUNNING backfill (replacing a range twice is harmless);
+one that failed is FAILED in ``tandem.backfills`` and its retry refused: trigger the DAG again."""
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
 log = logging.getLogger(__name__)
 NODE_EXECUTOR = "EdgeExecutor"
@@ -350,3 +353,34 @@ def _partials_kept(plan: PlanConfig) -> str:
     if not kept:
         return "every granularity kept for good"
     return ", ".join(f"{g} buckets after {human_duration(s)}" for g, s in kept.items()) + " (coarser ones kept)"
+
+
+def backfill_params(plan: PlanConfig) -> dict[str, Any]:
+    """The Params of ``tandem_<plan>_backfill``: the range and the instances."""
+    from airflow.sdk import Param
+
+    return {
+        "start": Param("", type="string", minLength=1, title="Start",
+                       description="first instant of the range, ISO (UTC when no zone), e.g. 2026-11-26T10:00:00Z"),
+        "end": Param("", type="string", minLength=1, title="End",
+                     description="end of the range (excluded); at or before the slowest instance's watermark"),
+        "instance": Param("", type="string", enum=["", *plan.shards], title="Instance",
+                          description="one instance, or empty for every instance of the plan"),
+    }
+
+
+def backfill_doc(plan: PlanConfig) -> str:
+    return f"""### Backfill of plan `{plan.name}`
+
+Recomputes a closed event-time range of the plan's outputs from the landing files still retained, **late events
+included**, with the plan's own query functions, and replaces the range while the instances keep running.
+Trigger with Params `start`, `end` (ISO, UTC when no zone) and optionally one `instance`.
+
+**register** refuses a range that is not closed (ends after the slowest instance's watermark), whose input
+retention deleted (names the files), or that overlaps a running backfill of the plan; else records it RUNNING in
+`tandem.backfills`. **recompute** is the provider's `SparkSubmitOperator` running `jobs/backfill.py` on node
+`{plan.nodes[0]}`'s Spark connection: each instance's queries run as finite `availableNow` queries over all its
+retained input in one first micro-batch, then each aggregation's seconds in the range are replaced and its coarser
+buckets rebuilt, in one PostgreSQL transaction and in Delta. **report** writes the outcome to the log and the run's
+note, and fails unless the backfill is DONE. Also `tandem backfill {plan.name} --start … --end …`.
+"""

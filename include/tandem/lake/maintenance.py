@@ -68,7 +68,7 @@ def kept_versions(recorded: Iterable[Mapping[str, int]], table: str, latest: int
                          if table in versions and 0 <= int(versions[table]) <= latest}))
 
 
-def _retrying(action: Callable[[], object], sleep: Callable[[float], None]) -> tuple[object, int]:
+def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], None]) -> tuple[object, int]:
     """``action()``, tried again after a commit conflict with a concurrent writer; its result and the retries."""
     for attempt in range(ATTEMPTS):
         try:
@@ -89,9 +89,9 @@ def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_hours: int
     """
     before = DeltaTable(str(path))
     version_before, files_before = before.version(), len(before.file_uris())
-    metrics, compact_retries = _retrying(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
+    metrics, compact_retries = retry_on_conflict(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
     DeltaTable(str(path)).create_checkpoint()
-    vacuumed, vacuum_retries = _retrying(lambda: DeltaTable(str(path)).vacuum(
+    vacuumed, vacuum_retries = retry_on_conflict(lambda: DeltaTable(str(path)).vacuum(
         retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, keep_versions=list(keep)),
         sleep)
     after = DeltaTable(str(path))

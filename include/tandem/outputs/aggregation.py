@@ -252,12 +252,11 @@ def restore(db: Database, plan: PlanConfig, output: str, path: Path, shard_id: s
 
 
 def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
-    """The newest version (highest epoch, then batch) of every (granularity, bucket, keys, shard) in ``rows`` (pure)."""
+    """The newest version (highest epoch, then batch, then publish time) of every (granularity, bucket, keys, shard) in ``rows`` (pure)."""
     identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
     if rows.num_rows == 0:
         return rows
-    ordered = rows.sort_by([*[(c, "ascending") for c in identity], ("epoch", "descending"),
-                            ("batch_id", "descending")])
+    ordered = rows.sort_by([*[(c, "ascending") for c in identity], *agg_delta.NEWEST_FIRST])
     changed = None  # row i+1 starts a new key
     for column in identity:
         values = ordered.column(column).combine_chunks()

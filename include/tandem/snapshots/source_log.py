@@ -74,16 +74,39 @@ def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | No
             for index, limit in enumerate(reached)]
 
 
+def processed_file_times(query_dir: Path | str) -> dict[str, int]:
+    """Every file any file source of the query read by its last committed batch: path (``file:`` URI) -> the file's
+    modification time as logged (ms since the epoch); empty when nothing was committed yet."""
+    query_dir = Path(query_dir)
+    batch = committed_batch(query_dir)
+    if batch is None or not (query_dir / "offsets" / str(batch)).is_file():
+        return {}
+    times: dict[str, int] = {}
+    for index, limit in enumerate(source_log_offsets(query_dir / "offsets" / str(batch))):
+        log_dir = query_dir / "sources" / str(index)
+        for entry in sorted(log_dir.iterdir()) if limit is not None and log_dir.is_dir() else []:
+            match = _LOG_ENTRY.match(entry.name)
+            if match and int(match.group(1)) <= limit:
+                times.update((record["path"], int(record.get("timestamp") or 0)) for record in _logged_records(entry))
+    return times
+
+
 def _logged_paths(entry: Path) -> list[str]:
+    return [record["path"] for record in _logged_records(entry)]
+
+
+def _logged_records(entry: Path) -> list[dict]:
     lines = entry.read_text().splitlines()
     if not lines or not lines[0].startswith("v"):
         raise CheckpointError(f"{entry}: not a Spark file-source log entry")
-    paths = []
+    records = []
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         try:
-            paths.append(json.loads(line)["path"])
+            record = json.loads(line)
+            record["path"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise CheckpointError(f"{entry}: line {number} is not a file-source log record") from None
-    return paths
+        records.append(record)
+    return records

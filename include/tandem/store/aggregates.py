@@ -121,6 +121,51 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
     return cursor.fetchall()
 
 
+def lock_for_replace(cursor, spec: Any) -> None:
+    """Hold off every publisher of the aggregation's table until this transaction ends (readers go on): a range
+    replaced while a stream rolls up a bucket over it must not be rolled up from children read before it."""
+    cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(spec.table)))
+
+
+def delete_seconds(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> dict[str, int]:
+    """Delete one plan's shard per-second rows in ``[start, end)``; how many ``seconds`` and the ``events`` they
+    counted."""
+    cursor.execute(sql.SQL("WITH gone AS (DELETE FROM {table} WHERE plan = %s AND shard_id = %s "
+                           "AND granularity = 'second' AND bucket_start >= %s AND bucket_start < %s "
+                           "RETURNING {count}) SELECT count(*) AS seconds, COALESCE(sum({count}), 0) AS events "
+                           "FROM gone").format(table=sql.Identifier(spec.table),
+                                               count=sql.Identifier(spec.version_column)),
+                   (plan, shard_id, start, end))
+    row = cursor.fetchone()
+    return {"seconds": int(row["seconds"]), "events": int(row["events"])}
+
+
+def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int,
+                    batch_id: int, granularity: str, child: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Replace one plan's shard buckets of ``granularity`` overlapping ``[start, end)`` with their recomputation from
+    their ``child`` buckets (whatever their counts: a recomputed range may hold fewer events); the rows written."""
+    params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
+              "child": child, "start": start, "end": end}
+    span = sql.SQL("bucket_start >= date_trunc(%(granularity)s, %(start)s::timestamptz) AND bucket_start < %(end)s")
+    cursor.execute(sql.SQL("DELETE FROM {table} WHERE plan = %(plan)s AND shard_id = %(shard_id)s "
+                           "AND granularity = %(granularity)s AND {span}").format(table=sql.Identifier(spec.table),
+                                                                                   span=span), params)
+    cursor.execute(sql.SQL(
+        """INSERT INTO {table} ({columns})
+           SELECT %(plan)s, %(granularity)s, date_trunc(%(granularity)s, c.bucket_start) AS bucket,
+                  {child_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
+           FROM {table} c
+           WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s
+             AND c.bucket_start >= date_trunc(%(granularity)s, %(start)s::timestamptz)
+             AND c.bucket_start < date_trunc(%(granularity)s, %(end)s::timestamptz - interval '1 microsecond')
+                                  + ('1 ' || %(granularity)s)::interval
+           GROUP BY bucket{group_keys}
+           RETURNING {returning}""").format(
+        child_keys=each("c.{0}, ", spec.keys), merged=sql.SQL(", ").join(_merged(m, merge) for m in spec.measures),
+        group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params)
+    return cursor.fetchall()
+
+
 def _equals_parameters(columns: list[str] | tuple[str, ...], parameter: str) -> list[sql.Composed]:
     """``"a" = %(<parameter>_0)s``, ``"b" = %(<parameter>_1)s`` …: parameters are numbered, so a column named
     like another parameter (``plan``, ``bucket``) cannot take its value."""

@@ -68,3 +68,12 @@ def first_publish_after(db: Database, plan: str, shard_id: str, epoch: int) -> d
         return dict(row) if row else None
 
     return db.run(work, attempts=3)
+
+
+def last_published(cursor, plan: str, shard_id: str, output: str) -> tuple[int, int]:
+    """The (epoch, batch) of the newest batch of ``output`` any instance of ``(plan, shard_id)`` published ((0, 0)
+    before any)."""
+    cursor.execute("""SELECT epoch, batch_id FROM publish_log WHERE plan = %s AND shard_id = %s AND output = %s
+                      ORDER BY epoch DESC, batch_id DESC LIMIT 1""", (plan, shard_id, output))
+    row = cursor.fetchone()
+    return (int(row["epoch"]), int(row["batch_id"])) if row else (0, 0)

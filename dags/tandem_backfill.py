@@ -1,0 +1,50 @@
+"""``tandem_<plan>_backfill``: recompute a closed range of a plan's outputs (late events included), from the UI.
+
+One DAG per ``conf/plans/*.yaml``; triggered with Params ``start``, ``end`` and optionally ``instance``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG
+
+from tandem.airflow.backfill_operators import BackfillReportOperator, RegisterBackfillOperator
+from tandem.airflow.dags import BACKFILL_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags
+from tandem.names import plan_dag_id
+
+cluster, plans = load_for_dags(__file__)
+
+for plan in plans.values():
+    node = cluster.node(plan.nodes[0])
+    with DAG(
+        dag_id=plan_dag_id(plan.name, "backfill"),
+        description=f"Recompute a closed event-time range of plan {plan.name}'s outputs from its retained input",
+        schedule=None,
+        start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        is_paused_upon_creation=False,  # on demand only: a trigger must run
+        params=backfill_params(plan),
+        default_args=BACKFILL_DEFAULT_ARGS,
+        tags=["tandem", plan.name, "batch"],
+        doc_md=backfill_doc(plan),
+    ) as dag:
+        register = RegisterBackfillOperator(task_id="register", plan=plan.name, cluster_config=str(cluster.path),
+                                            start="{{ params.start }}", end="{{ params.end }}",
+                                            instance="{{ params.instance }}")
+        recompute = SparkSubmitOperator(
+            task_id="recompute",
+            conn_id=node.airflow_conn_id,
+            application=str(cluster.project_root / "jobs" / "backfill.py"),
+            py_files=str(cluster.project_root / "dist" / "tandem.zip"),
+            properties_file=str(cluster.spark_defaults),
+            driver_memory=node.driver_memory,
+            name=f"tandem-backfill:{plan.name}",
+            application_args=["--plan", plan.name, "--backfill-id", "{{ ti.xcom_pull(task_ids='register') }}"],
+        )
+        report = BackfillReportOperator(task_id="report", plan=plan.name, cluster_config=str(cluster.path),
+                                        backfill_id="{{ ti.xcom_pull(task_ids='register') }}",
+                                        trigger_rule="all_done")
+        register >> recompute >> report
+    globals()[dag.dag_id] = dag

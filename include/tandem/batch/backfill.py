@@ -1,0 +1,267 @@
+"""Backfill: recompute a closed event-time range of a plan's outputs from its retained input, then replace it.
+
+Purpose
+    A stream drops events later than its watermark, and a fixed query bug leaves wrong results behind. A backfill
+    recomputes ``[start, end)`` of the plan's outputs from the landing files still retained, late events included,
+    with the plan's own query functions, and puts the result in place while the plan keeps running.
+
+How it works
+    1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`tandem.store.backfills.register`): the
+       range must be closed (its end at or before the slowest instance's event-time watermark: the stream will
+       not write into it again), every landing file the instances read that may hold its events (modified at or
+       after ``start``) must still exist, its streams must be files (not yet NATS), and no running backfill of
+       the plan may overlap it. A registered backfill is RUNNING in ``tandem.backfills``.
+    2. Recompute, per instance (:func:`recompute`): each of the instance's queries runs as a finite streaming
+       query (``Trigger.AvailableNow``) over every retained file of its partitions in one first micro-batch, so
+       nothing is late inside it; each batch's rows go to scratch files under ``backfills/<plan>/<id>/``.
+    3. Replace, per output, as its kind says (:func:`replace_output`). An aggregation of Spark's partials: the
+       instance's seconds in the range are replaced and every coarser bucket overlapping it is rebuilt from its
+       children in one PostgreSQL transaction that holds the table's publishers off, then in Delta (one commit
+       with a predicate for the seconds, an append of the rebuilt buckets). Other kinds are reported as not
+       recomputed yet.
+    4. The report (per instance and output: seconds and events before and after) is stored with the backfill.
+
+What it does not do
+    It never stops, fences or waits for a running instance (only its transaction serialises with their
+    publishes), never reads input the retention deleted, and leaves ranges the stream still writes alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from tandem.aggregation import delta as agg_delta
+from tandem.aggregation import postgres as agg_postgres
+from tandem.aggregation.spec import spec_for
+from tandem.checkpoints import query_dirs
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import BackfillRefused
+from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir
+from tandem.names import QUARANTINE_QUERY
+from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
+from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
+from tandem.snapshots.source_log import processed_file_times
+from tandem.store import Database
+from tandem.store import aggregates
+from tandem.store import backfills as catalog
+from tandem.store.heartbeats import query_positions
+from tandem.store.publish_log import last_published
+from tandem.store.registry import InstanceKey
+
+log = logging.getLogger(__name__)
+
+ALL_FILES = 2**31 - 1
+"""``maxFilesPerTrigger`` of a recomputation: every retained file in the first micro-batch."""
+BATCH_COLUMN = "_backfill_batch"
+LISTED = 5
+"""How many missing files a refusal names."""
+
+Step = Callable[[str], None]
+"""Called with a line before each step of a backfill (a progress bar, a task log)."""
+
+
+# --- refusals (pure) ---------------------------------------------------------------------------------------------
+
+
+def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: list[str]) -> dict[str, datetime | None]:
+    """Per instance, the event time up to which it will not write again: the furthest watermark any of its nodes
+    reached, of its slowest query with a watermark (``positions``: ``(instance, query)`` -> watermark, the instance
+    as ``<plan>/<shard>/<node>``); ``None`` when none of its queries has one yet."""
+    furthest: dict[tuple[str, str], datetime] = {}
+    for (instance, query), watermark in positions.items():
+        key = (instance.split("/")[1], query)
+        if watermark is not None and (key not in furthest or watermark > furthest[key]):
+            furthest[key] = watermark
+    return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
+
+
+def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, datetime | None]) -> str | None:
+    """Why ``[start, end)`` cannot be backfilled for these instances (``closed``: :func:`closed_until`), or ``None``."""
+    if start.tzinfo is None or end.tzinfo is None:
+        return "start and end must carry a time zone (e.g. 2026-11-26T10:00:00Z)"
+    if start >= end:
+        return f"the range is empty: start {start.isoformat()} is not before end {end.isoformat()}"
+    for shard, until in closed.items():
+        if until is None:
+            return f"instance {shard} has no event-time watermark yet: no range of it is closed"
+        if end > until:
+            return (f"the range is not closed: it ends at {end.isoformat()}, after instance {shard}'s watermark "
+                    f"{until.isoformat()} (the stream may still write into it); end it at or before that")
+    return None
+
+
+def missing_input(processed: Mapping[str, int], start: datetime, exists: Callable[[Path], bool]) -> list[Path]:
+    """The files an instance read (``processed``: URI -> modification time in ms) that may hold events at or after
+    ``start`` (modified then or later) and no longer exist, oldest first."""
+    since_ms = start.timestamp() * 1000
+    gone = [(mtime, Path(unquote(urlsplit(uri).path))) for uri, mtime in processed.items() if mtime >= since_ms]
+    return [path for _, path in sorted(gone) if not exists(path)]
+
+
+def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
+                   shards: list[str]) -> None:
+    """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``shards`` cannot be backfilled now."""
+    remote = [name for name, stream in plan.streams.items() if stream.source != "files"]
+    if remote:
+        raise BackfillRefused(f"plan {plan.name} reads {', '.join(remote)} over NATS: a backfill recomputes from "
+                              "retained landing files only (not yet from the messaging layer)")
+    positions = {key: watermark for key, (watermark, _) in
+                 query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).items()}
+    reason = refusal_of_range(start, end, closed_until(positions, shards))
+    if reason:
+        raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
+    for shard in shards:
+        processed: dict[str, int] = {}
+        for node in plan.nodes:
+            for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard, node)).values():
+                processed.update(processed_file_times(query_dir))
+        gone = missing_input(processed, start, Path.exists)
+        if gone:
+            raise BackfillRefused(
+                f"backfill of plan {plan.name}: {len(gone)} input file(s) of instance {shard} that may hold events "
+                f"of the range are no longer retained: {', '.join(map(str, gone[:LISTED]))}"
+                + (f" and {len(gone) - LISTED} more" if len(gone) > LISTED else ""))
+
+
+# --- recompute ---------------------------------------------------------------------------------------------------
+
+
+def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+              scratch: Path) -> dict[str, pa.Table]:
+    """Run the instance's queries (not the quarantine) over all its retained input as finite queries; per output,
+    every row they emitted, with the micro-batch it came in as :data:`BATCH_COLUMN`."""
+    whole = dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES})
+                                               for name, stream in plan.streams.items()})
+    ctx = PlanContext(cluster, whole, InstanceKey(plan.name, shard_id, "backfill"), spark)
+    specs = check_plan_module(plan, load_plan_module(plan))
+    default_provider = spark.conf.get(STATE_STORE_PROVIDER)
+    rows: dict[str, list[pa.Table]] = {}
+    for name in ctx.queries:
+        if name == QUARANTINE_QUERY:
+            continue
+        definition = define(ctx, specs[name])
+        spark.conf.set(STATE_STORE_PROVIDER,
+                       ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
+        folder = scratch / "rows" / name
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def keep(frame: DataFrame, batch_id: int, folder: Path = folder) -> None:
+            table = frame.toArrow()
+            table = table.append_column(BATCH_COLUMN, pa.repeat(pa.scalar(batch_id, pa.int64()), table.num_rows))
+            pq.write_table(table, folder / f"{batch_id}.parquet")
+
+        query = (definition.frame.writeStream.queryName(f"backfill:{plan.name}/{shard_id}:{name}")
+                 .outputMode(definition.output_mode)
+                 .option("checkpointLocation", str(scratch / "checkpoints" / name))
+                 .foreachBatch(keep).trigger(availableNow=True).start())
+        spark.conf.set(STATE_STORE_PROVIDER, default_provider)
+        query.awaitTermination()
+        emitted = [pq.read_table(f) for f in sorted(folder.glob("*.parquet"))]
+        if not emitted:
+            continue
+        table = pa.concat_tables(emitted, promote_options="default")
+        spec = specs[name]
+        for value, output in spec.routes.items():
+            part = table if value == ALL_ROWS else table.filter(pc.equal(table[spec.route_by], value))
+            rows.setdefault(output, []).append(part)
+    return {output: pa.concat_tables(parts, promote_options="default") for output, parts in rows.items()}
+
+
+# --- replace -----------------------------------------------------------------------------------------------------
+
+
+def newest_seconds(rows: pa.Table, keys: tuple[str, ...], start: datetime, end: datetime) -> pa.Table:
+    """Per (second, keys) in ``[start, end)``, the row of the latest micro-batch (an update-mode query emits a
+    second again when it changes) (pure)."""
+    start_us, end_us = pa.scalar(start, agg_delta.UTC_MICROS), pa.scalar(end, agg_delta.UTC_MICROS)
+    bucket = rows["bucket_start"].cast(agg_delta.UTC_MICROS)
+    rows = rows.set_column(rows.schema.get_field_index("bucket_start"), "bucket_start", bucket)
+    rows = rows.filter(pc.and_(pc.greater_equal(rows["bucket_start"], start_us), pc.less(rows["bucket_start"], end_us)))
+    latest: dict[tuple, dict[str, Any]] = {}
+    for row in sorted(rows.to_pylist(), key=lambda r: r[BATCH_COLUMN]):
+        latest[(row["bucket_start"], *(row[k] for k in keys))] = row
+    return pa.Table.from_pylist(list(latest.values()), schema=rows.schema).drop_columns([BATCH_COLUMN])
+
+
+def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
+                   rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
+    """Put the recomputed ``rows`` of one instance's ``output`` in place for ``[start, end)`` (``None``: it emitted
+    none); what changed."""
+    declared = plan.outputs[output]
+    if declared.kind != "aggregation" or declared.id:
+        return {"recomputed": False, "why": f"{declared.kind} outputs{' by id' if declared.id else ''} are not "
+                                            "backfilled yet"}
+    spec = spec_for(plan, output)
+    columns = ["bucket_start", *spec.keys, *spec.measure_columns]
+    if rows is None:  # the recomputation emitted nothing: the range holds no second any more
+        seconds = agg_delta.arrow_schema(spec).empty_table().select(columns)
+    else:
+        seconds = newest_seconds(rows, spec.keys, start, end).select(columns)
+    counted = spec.version_column
+
+    def work(cursor) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        aggregates.ensure_table(cursor, spec)
+        aggregates.lock_for_replace(cursor, spec)
+        # read under the lock: the rows written carry the newest published batch, so a batch published before
+        # them never wins over them in Delta, and every batch after them rolls up from the replaced children
+        epoch, batch_id = last_published(cursor, plan.name, shard_id, output)
+        return agg_postgres.replace_range(cursor, spec, plan.name, shard_id, seconds, start, end, epoch, batch_id)
+
+    written, before = db.run(work, attempts=3)
+    agg_delta.replace_range(delta_table_dir(cluster, plan.name, output), spec, shard_id, start, end, written,
+                            node=f"backfill:{backfill_id}", published_at=datetime.now(timezone.utc),
+                            app_id=f"backfill/{backfill_id}/{shard_id}/{output}")
+    return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
+            "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
+            "rows_written": len(written)}
+
+
+# --- the whole backfill ------------------------------------------------------------------------------------------
+
+
+def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: SparkSession, start: datetime,
+                 end: datetime, *, shards: list[str] | None = None, requested_by: str = "tandem backfill",
+                 backfill_id: str | None = None, step: Step = log.info) -> catalog.BackfillRecord:
+    """Check, register (or take over the registered ``backfill_id``), recompute and replace ``[start, end)`` of
+    ``shards`` (default: every instance of the plan); the finished record (DONE, or FAILED with the error, which
+    is raised again)."""
+    if backfill_id is None:
+        shards = [plan.check_shard(s) for s in shards] if shards else list(plan.shards)
+        check_backfill(cluster, plan, db, start, end, shards)
+        record = catalog.register(db, plan.name, start, end, shards, requested_by)
+    else:
+        record = catalog.get_backfill(db, backfill_id)
+        if record is None or record.status != catalog.RUNNING:
+            raise BackfillRefused(f"no RUNNING backfill {backfill_id!r} of plan {plan.name}")
+    report: dict[str, Any] = {}
+    scratch = backfill_dir(cluster, plan.name, record.id)
+    try:
+        for shard in record.shards:
+            step(f"{shard}: recomputing {record.range_start.isoformat()} .. {record.range_end.isoformat()}")
+            recomputed = recompute(spark, cluster, plan, shard, scratch / shard)
+            report[shard] = {}
+            for output in plan.outputs:
+                if output not in recomputed and plan.outputs[output].kind == "quarantine":
+                    continue
+                step(f"{shard}: replacing {output}")
+                report[shard][output] = replace_output(cluster, plan, db, shard, output, recomputed.get(output),
+                                                       record.range_start, record.range_end, record.id)
+    except Exception as exc:
+        catalog.finish(db, record.id, catalog.FAILED, report, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    catalog.finish(db, record.id, catalog.DONE, report)
+    return catalog.get_backfill(db, record.id)

@@ -1,0 +1,90 @@
+"""``backfills``: the catalog of recomputations of a closed range of a plan's outputs (migration 011)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from psycopg2.extras import Json
+
+from tandem.errors import BackfillRefused
+from tandem.store.db import Database
+from tandem.store.locks import lock_key
+
+RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
+
+
+@dataclass(frozen=True)
+class BackfillRecord:
+    """One row of the catalog."""
+
+    id: str
+    plan: str
+    range_start: datetime
+    range_end: datetime
+    shards: tuple[str, ...]
+    status: str
+    requested_by: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _record(row: dict[str, Any]) -> BackfillRecord:
+    return BackfillRecord(**{**row, "shards": tuple(row["shards"])})
+
+
+def register(db: Database, plan: str, start: datetime, end: datetime, shards: list[str],
+             requested_by: str) -> BackfillRecord:
+    """Insert a RUNNING backfill of ``[start, end)``, or :class:`BackfillRefused` naming a RUNNING one it overlaps.
+
+    Checked and inserted under the plan's backfill lock (a transaction-level advisory lock), so two requests at
+    once cannot both pass the check.
+    """
+    backfill_id = f"{plan}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+    def work(cursor) -> BackfillRecord:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("backfill", plan))
+        cursor.execute("""SELECT id, range_start, range_end, shards FROM backfills
+                          WHERE plan = %s AND status = 'RUNNING' AND range_start < %s AND %s < range_end
+                            AND shards && %s
+                          ORDER BY started_at LIMIT 1""", (plan, end, start, shards))
+        other = cursor.fetchone()
+        if other is not None:
+            raise BackfillRefused(f"backfill {other['id']} of plan {plan} is running over "
+                                  f"[{other['range_start'].isoformat()}, {other['range_end'].isoformat()}) for "
+                                  f"{', '.join(other['shards'])}: it overlaps; wait for it to end")
+        cursor.execute("""INSERT INTO backfills (id, plan, range_start, range_end, shards, requested_by)
+                          VALUES (%s, %s, %s, %s, %s, %s) RETURNING *""",
+                       (backfill_id, plan, start, end, shards, requested_by))
+        return _record(cursor.fetchone())
+
+    return db.run(work, attempts=3)
+
+
+def finish(db: Database, backfill_id: str, status: str, report: dict[str, Any], error: str | None = None) -> None:
+    """Mark a RUNNING backfill DONE or FAILED with its report (and error)."""
+    db.run(lambda cursor: cursor.execute(
+        """UPDATE backfills SET status = %s, report = %s, error = %s, finished_at = now()
+           WHERE id = %s AND status = 'RUNNING'""", (status, Json(report), error, backfill_id)), attempts=3)
+
+
+def get_backfill(db: Database, backfill_id: str) -> BackfillRecord | None:
+    def work(cursor) -> BackfillRecord | None:
+        cursor.execute("SELECT * FROM backfills WHERE id = %s", (backfill_id,))
+        row = cursor.fetchone()
+        return None if row is None else _record(row)
+
+    return db.run(work, attempts=3)
+
+
+def list_backfills(db: Database, plan: str, limit: int = 20) -> list[BackfillRecord]:
+    """A plan's backfills, newest first."""
+    def work(cursor) -> list[BackfillRecord]:
+        cursor.execute("SELECT * FROM backfills WHERE plan = %s ORDER BY started_at DESC, id LIMIT %s", (plan, limit))
+        return [_record(row) for row in cursor.fetchall()]
+
+    return db.run(work, attempts=3)

@@ -1,0 +1,59 @@
+"""spark-submit entrypoint: recompute and replace a closed range of a plan's outputs (a backfill).
+
+    spark-submit --properties-file conf/spark-defaults.conf --py-files dist/tandem.zip \
+        jobs/backfill.py --plan trades --start 2026-11-26T10:00:00Z --end 2026-11-26T10:30:00Z [--instance shard-1]
+    ... jobs/backfill.py --plan trades --backfill-id ID      (one the backfill DAG's first task registered)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import datetime, timezone
+
+from tandem.batch.backfill import run_backfill
+from tandem.config import load_cluster, load_plan
+from tandem.errors import TandemError
+from tandem.spark_session import build_session
+from tandem.store import Database, migrate
+
+
+def _time(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
+    parser.add_argument("--start", type=_time, help="first instant of the range (ISO; UTC when no zone)")
+    parser.add_argument("--end", type=_time, help="end of the range, excluded")
+    parser.add_argument("--instance", action="append", help="an instance to backfill (repeatable; default: all)")
+    parser.add_argument("--backfill-id", help="run a backfill registered already (its range and instances)")
+    args = parser.parse_args(argv)
+    if args.backfill_id is None and (args.start is None or args.end is None):
+        parser.error("give --start and --end, or --backfill-id")
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    log = logging.getLogger("tandem.backfill")
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    spark = build_session(f"tandem-backfill:{plan.name}", None, cluster.spark_defaults)
+    try:
+        with Database(cluster.database_url, "tandem-backfill") as db:
+            migrate(db)
+            done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=args.instance,
+                                backfill_id=args.backfill_id, requested_by="spark-submit jobs/backfill.py")
+        log.info("backfill %s %s: %s", done.id, done.status, done.report)
+        return 0
+    except TandemError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

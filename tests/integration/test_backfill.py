@@ -1,0 +1,135 @@
+"""Backfill (issue 27 §1) of the trades plan on real Spark, PostgreSQL and Delta, while its instances run.
+
+Trades of the first 30 s are published by both instances; a trade a minute later moves their watermarks past them;
+then late trades of those 30 s arrive and the stream drops them (asserted: the published aggregates are those of
+the on-time trades only). With both instances running and trades still coming in, ``tandem backfill`` recomputes
+the 30 s from the landing files: afterwards the merged aggregates of every granularity equal a plain-Python
+reference over every trade, late ones included, in PostgreSQL and in Delta, and the report counts exactly the late
+trades as added. Refusals: a range the stream still writes into, an empty range, an overlapping running backfill,
+input that retention deleted, and a plan fed over NATS.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from tandem import aggregation
+from tandem.batch.backfill import run_backfill
+from tandem.config import load_cluster, load_plan
+from tandem.errors import BackfillRefused
+from tandem.layout import landing_dir
+from tandem.runtime.node import run_instance
+from tandem.store import Database, migrate
+from tandem.store import backfills as catalog
+from test_trades_plan import ALL_TIME, GRANULARITIES, assert_matches, expected_aggregates, make_events, write_events
+
+pytestmark = pytest.mark.integration
+UTC = timezone.utc
+T0_MS = int(datetime(2024, 12, 31, 23, 59, 50, tzinfo=UTC).timestamp() * 1000)
+START = datetime.fromtimestamp(T0_MS / 1000, UTC)
+END = START + timedelta(seconds=30)
+
+
+def partition_of(event: dict) -> int:
+    return ["IBM", "WSO2", "ORCL"].index(event["symbol"]) % 2
+
+
+def land(cluster, events: list[dict], per_file: int = 50) -> None:
+    for partition in (0, 1):
+        mine = [e for e in events if partition_of(e) == partition]
+        if mine:
+            write_events(landing_dir(cluster, "trades", partition), mine, per_file)
+
+
+def published_count(db: Database) -> int:
+    return db.run(lambda cur: (cur.execute("SELECT COALESCE(sum(trade_count), 0) AS n FROM trade_aggregates "
+                                           "WHERE granularity = 'second'"), cur.fetchone())[1])["n"]
+
+
+def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_run(project: Path, database_url: str,
+                                                                                   spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    on_time = make_events(7, 300, 29_000)
+    ahead = [{"symbol": s, "price": 10.0, "quantity": 1, "timestamp": T0_MS + 60_000} for s in ("IBM", "WSO2")]
+    land(cluster, on_time)
+    for shard in plan.shards:
+        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    land(cluster, ahead)
+    for shard in plan.shards:
+        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    late = [{**e, "timestamp": e["timestamp"] % 29_000 + T0_MS} for e in make_events(8, 40, 29_000)]
+    land(cluster, late, per_file=40)
+    with Database(database_url) as db:
+        migrate(db)
+        # the stream drops them: its aggregates are those of the trades that came on time
+        for shard in plan.shards:
+            assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+        assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME),
+                       expected_aggregates(on_time + ahead, "second"), "late trades dropped by the stream")
+
+        # refusals before anything runs
+        with pytest.raises(BackfillRefused, match="not closed"):
+            run_backfill(cluster, plan, db, spark, START, START + timedelta(seconds=55))
+        with pytest.raises(BackfillRefused, match="empty"):
+            run_backfill(cluster, plan, db, spark, END, START)
+        other = catalog.register(db, "trades", START + timedelta(seconds=20), END + timedelta(seconds=5),
+                                 ["shard-1"], "test")
+        with pytest.raises(BackfillRefused, match=f"backfill {other.id} .* overlaps"):
+            run_backfill(cluster, plan, db, spark, START, END)
+        catalog.finish(db, other.id, catalog.FAILED, {}, "test")
+
+        # the backfill, while both instances run and trades keep coming
+        stop = threading.Event()
+        running = [threading.Thread(target=run_instance, args=(cluster, plan, "node-a", shard),
+                                    kwargs={"spark": spark, "stop": stop}, daemon=True) for shard in plan.shards]
+        for thread in running:
+            thread.start()
+        more: list[dict] = []
+
+        def produce() -> None:
+            for i in range(12):
+                batch = [{**e, "timestamp": T0_MS + 61_000 + i * 500 + n} for n, e in
+                         enumerate(make_events(100 + i, 20, 1))]
+                land(cluster, batch, per_file=20)
+                more.extend(batch)
+                time.sleep(0.5)
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        try:
+            done = run_backfill(cluster, plan, db, spark, START, END, requested_by="test")
+            producer.join(60)
+            everything = on_time + ahead + late + more
+            deadline = time.monotonic() + 120
+            while published_count(db) != len(everything) and time.monotonic() < deadline:
+                time.sleep(1)
+        finally:
+            stop.set()
+            for thread in running:
+                thread.join(120)
+        assert not producer.is_alive()
+
+    assert done.status == catalog.DONE, done.error
+    added = sum(o["events_after"] - o["events_before"] for outputs in done.report.values() for o in outputs.values()
+                if o.get("recomputed"))
+    assert added == len(late)
+    for granularity in GRANULARITIES:
+        expected = expected_aggregates(everything, granularity)
+        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME), expected, f"postgres {granularity}")
+        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
+                       f"delta {granularity}")
+
+    # input that retention deleted, and a plan fed over NATS, are refused before anything is registered
+    gone = min(landing_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)
+    gone.unlink()
+    with Database(database_url) as db:
+        with pytest.raises(BackfillRefused, match=f"instance shard-1 .* no longer retained: {gone}"):
+            run_backfill(cluster, plan, db, spark, START, END)
+        with pytest.raises(BackfillRefused, match="over NATS"):
+            run_backfill(cluster, load_plan("hot_rooms", cluster), db, spark, START, END)
+        assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, other.id]

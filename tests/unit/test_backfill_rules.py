@@ -1,0 +1,50 @@
+"""The pure decisions of a backfill: which ranges are closed, which input is gone, which recomputed seconds count."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+
+from tandem.batch.backfill import BATCH_COLUMN, closed_until, missing_input, newest_seconds, refusal_of_range
+
+UTC = timezone.utc
+T = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
+
+
+def test_an_instance_is_closed_up_to_its_slowest_query_at_its_furthest_node() -> None:
+    positions = {("p/shard-1/node-a", "aggregates"): T, ("p/shard-1/node-b", "aggregates"): T + timedelta(seconds=5),
+                 ("p/shard-1/node-a", "alerts"): T + timedelta(seconds=3), ("p/shard-1/node-a", "quarantine"): None,
+                 ("p/shard-2/node-a", "quarantine"): None}
+    assert closed_until(positions, ["shard-1", "shard-2", "shard-3"]) == {
+        "shard-1": T + timedelta(seconds=3), "shard-2": None, "shard-3": None}
+
+
+def test_only_a_closed_non_empty_range_with_zones_may_be_backfilled() -> None:
+    closed = {"shard-1": T, "shard-2": T - timedelta(seconds=1)}
+    assert refusal_of_range(T - timedelta(minutes=5), T - timedelta(seconds=1), closed) is None
+    assert "not closed" in refusal_of_range(T - timedelta(minutes=5), T, closed)
+    assert "shard-2" in refusal_of_range(T - timedelta(minutes=5), T, closed)
+    assert "empty" in refusal_of_range(T, T, closed)
+    assert "time zone" in refusal_of_range(T.replace(tzinfo=None), T, closed)
+    assert "no event-time watermark" in refusal_of_range(T - timedelta(minutes=5), T, {"shard-1": None})
+
+
+def test_missing_input_is_what_was_read_since_the_start_and_is_gone_oldest_first() -> None:
+    start_ms = int(T.timestamp() * 1000)
+    processed = {"file:///l/0/a%20b.jsonl": start_ms + 5, "file:///l/0/old.jsonl": start_ms - 1,
+                 "file:///l/0/kept.jsonl": start_ms + 1, "file:///l/0/first.jsonl": start_ms}
+    kept = {Path("/l/0/kept.jsonl")}
+    assert missing_input(processed, T, lambda p: p in kept) == [Path("/l/0/first.jsonl"), Path("/l/0/a b.jsonl")]
+
+
+def test_the_newest_batch_of_each_second_in_the_range_counts() -> None:
+    rows = pa.table({"bucket_start": pa.array([T, T, T + timedelta(seconds=1), T - timedelta(seconds=1),
+                                               T + timedelta(seconds=9)], pa.timestamp("us", tz="UTC")),
+                     "symbol": ["IBM", "IBM", "IBM", "IBM", "IBM"], "trade_count": [1, 3, 2, 7, 4],
+                     BATCH_COLUMN: [0, 1, 0, 0, 0]})
+    seconds = newest_seconds(rows, ("symbol",), T, T + timedelta(seconds=9))
+    assert sorted((r["bucket_start"], r["trade_count"]) for r in seconds.to_pylist()) == [
+        (T, 3), (T + timedelta(seconds=1), 2)]
+    assert BATCH_COLUMN not in seconds.column_names
