@@ -270,8 +270,9 @@ class OutputConfig(StrictModel):
 
     ``key``: the fields that identify a row: an aggregation's grouping keys, a table's key, or the
     fields an event's id is computed from (the same inputs give the same id on every replica).
-    ``time``: an event's time field (events are read by time range), or the field that buckets the
-    facts of an aggregation that has an ``id``. ``values``: a table's
+    ``time``: an event's time field (events are read by time range), the field that buckets the
+    facts of an aggregation that has an ``id``, or when a table's contributing row happened (optional; a
+    backfill bounds its range by it, :mod:`tandem.batch.backfill`). ``values``: a table's
     numeric value fields; ``merge: sum`` adds the instances' partial values on read. ``id``: the
     fields that identify a row contributing to a table, or a fact of an aggregation computed by the
     sink (``id`` given: each fact is added to its second's partial once, whoever publishes it; without

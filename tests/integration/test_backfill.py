@@ -7,24 +7,34 @@ the 30 s from the landing files: afterwards the merged aggregates of every granu
 reference over every trade, late ones included, in PostgreSQL and in Delta, and the report counts exactly the late
 trades as added. Refusals: a range the stream still writes into, an empty range, an overlapping running backfill,
 input that retention deleted, and a plan fed over NATS.
+
+The pizza shop's outputs are published once by id: orders (and their deliveries) arriving after the watermark
+passed them are dropped by the stream; a backfill of their range, while both instances run, publishes their
+overdue notifications, delivered counts and order statistics once each (every output then equals the plan's
+reference over all orders, in PostgreSQL and Delta), and a second backfill of the same range publishes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from _references import PIZZA_T0, make_orders
 from tandem import aggregation
 from tandem.batch.backfill import run_backfill
 from tandem.config import load_cluster, load_plan
 from tandem.errors import BackfillRefused
 from tandem.layout import landing_dir
+from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
+from tandem.store.leases import read_lease
+from test_pizza_shop_plan import assert_outputs_equal_the_reference
 from test_trades_plan import ALL_TIME, GRANULARITIES, assert_matches, expected_aggregates, make_events, write_events
 
 pytestmark = pytest.mark.integration
@@ -133,3 +143,60 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         with pytest.raises(BackfillRefused, match="over NATS"):
             run_backfill(cluster, load_plan("hot_rooms", cluster), db, spark, START, END)
         assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, other.id]
+
+
+def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project: Path, database_url: str,
+                                                                         spark) -> None:
+    cluster = load_cluster()
+    plan = load_plan("pizza_shop", cluster)
+    orders, deliveries = make_orders(4, 60)  # 0.7 s apart from PIZZA_T0: the last expires at T0 + 71.3 s
+    late_numbers = {o["order_no"] for o in orders[::4]}
+    on_time = {"orders": [o for o in orders if o["order_no"] not in late_numbers],
+               "deliveries": [d for d in deliveries if d["order_no"] not in late_numbers]}
+    late = {"orders": [o for o in orders if o["order_no"] in late_numbers],
+            "deliveries": [d for d in deliveries if d["order_no"] in late_numbers]}
+    write_streams(cluster, plan, on_time)
+    advance_watermark(cluster, plan, PIZZA_T0 + 120_000)  # watermark T0 + 110 s: every order of T0 .. 72 s decided
+    for shard in plan.shards:
+        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    write_streams(cluster, plan, late)
+    for shard in plan.shards:  # the late orders and their deliveries are dropped
+        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    start = datetime.fromtimestamp(PIZZA_T0 / 1000, UTC)
+    with Database(database_url) as db:
+        stop = threading.Event()
+        running = [threading.Thread(target=run_instance, args=(cluster, plan, "node-a", shard),
+                                    kwargs={"spark": spark, "stop": stop}, daemon=True) for shard in plan.shards]
+        for thread in running:
+            thread.start()
+        try:
+            deadline = time.monotonic() + 120  # the ACTIVE's lease: the backfill publishes under it
+            while not all(holder(db, shard) for shard in plan.shards) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            first = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
+            again = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90), shards=["shop-1"])
+        finally:
+            stop.set()
+            for thread in running:
+                thread.join(120)
+
+    assert first.status == again.status == catalog.DONE, (first.error, again.error)
+    _, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
+    published = {output: sum(first.report[s][output]["published"] for s in plan.shards)
+                 for output in ("overdue_orders", "order_stats", "delivered_orders")}
+    late_overdue = late_numbers & overdue
+    assert published == {"overdue_orders": len(late_overdue), "order_stats": len(late_numbers),
+                         "delivered_orders": len(late_numbers - overdue)}
+    assert all(first.report[s]["overdue_orders"]["no_longer_produced"] == 0 for s in plan.shards)
+    assert [o["published"] for o in again.report["shop-1"].values() if o.get("recomputed")] == [0, 0, 0]
+
+
+def write_streams(cluster, plan, streams: dict[str, list[dict]]) -> None:
+    for (stream, partition), lines in partitioned(plan, {name: [(e, json.dumps(e)) for e in events]
+                                                         for name, events in streams.items()}).items():
+        write_atomically(landing_dir(cluster, stream, partition), lines)
+
+
+def holder(db: Database, shard: str) -> str | None:
+    lease = read_lease(db, "pizza_shop", shard)
+    return None if lease is None or lease.expired_for_s > 0 else lease.holder

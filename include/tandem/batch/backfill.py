@@ -50,6 +50,8 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import BackfillRefused
 from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir
 from tandem.names import QUARANTINE_QUERY
+from tandem.outputs import sink_for
+from tandem.outputs.base import BatchInfo
 from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
 from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
 from tandem.snapshots.source_log import processed_file_times
@@ -57,6 +59,8 @@ from tandem.store import Database
 from tandem.store import aggregates
 from tandem.store import backfills as catalog
 from tandem.store.heartbeats import query_positions
+from tandem.store import outputs as store_outputs
+from tandem.store.leases import read_lease
 from tandem.store.publish_log import last_published
 from tandem.store.registry import InstanceKey
 
@@ -198,11 +202,12 @@ def newest_seconds(rows: pa.Table, keys: tuple[str, ...], start: datetime, end: 
 def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
                    rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
     """Put the recomputed ``rows`` of one instance's ``output`` in place for ``[start, end)`` (``None``: it emitted
-    none); what changed."""
+    none), as its kind allows; what changed."""
     declared = plan.outputs[output]
-    if declared.kind != "aggregation" or declared.id:
-        return {"recomputed": False, "why": f"{declared.kind} outputs{' by id' if declared.id else ''} are not "
-                                            "backfilled yet"}
+    if declared.id or declared.kind == "events":
+        return publish_missing(cluster, plan, db, shard_id, output, rows, start, end, backfill_id)
+    if declared.kind != "aggregation":
+        return {"recomputed": False, "why": f"{declared.kind} outputs without id are not backfilled"}
     spec = spec_for(plan, output)
     columns = ["bucket_start", *spec.keys, *spec.measure_columns]
     if rows is None:  # the recomputation emitted nothing: the range holds no second any more
@@ -226,6 +231,60 @@ def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard
     return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
             "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
             "rows_written": len(written)}
+
+
+BACKFILL_BATCH = -1
+"""The batch id rows published by a backfill carry (PostgreSQL's ``batch_id``, the Delta rows and the
+``publish_log`` row of the lease holder); the Delta commit's application id names the backfill."""
+EXAMPLES = 5
+
+
+def in_range(rows: pa.Table, field: str, start: datetime, end: datetime) -> pa.Table:
+    """The rows whose ``field`` (a timestamp, or epoch milliseconds) lies in ``[start, end)`` (pure)."""
+    column = rows[field]
+    if pa.types.is_integer(column.type):
+        column = pc.cast(pc.multiply(column, 1000), pa.int64()).cast(agg_delta.UTC_MICROS)
+    elif pa.types.is_timestamp(column.type) and column.type.tz is None:
+        column = column.cast(pa.timestamp("us")).cast(agg_delta.UTC_MICROS)
+    else:
+        column = column.cast(agg_delta.UTC_MICROS)
+    return rows.filter(pc.and_(pc.greater_equal(column, pa.scalar(start, agg_delta.UTC_MICROS)),
+                               pc.less(column, pa.scalar(end, agg_delta.UTC_MICROS))))
+
+
+def publish_missing(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
+                    rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
+    """An output published once by id (events, tables and aggregations of facts): publish the recomputed rows of
+    ``[start, end)`` (by the output's ``time``) the stream never published, through the instance's own sink under
+    the ACTIVE's lease, so each is published once whoever comes first; count those the recomputation no longer
+    produces (events: a notification cannot be unsent; a table's or fact's applied value is not subtracted)."""
+    declared = plan.outputs[output]
+    if declared.time is None:
+        return {"recomputed": False, "why": f"{output} declares no time field: its range cannot be bounded"}
+    sink = sink_for(plan, output, InstanceKey(plan.name, shard_id, "backfill"), cluster.database_url,
+                    delta_table_dir(cluster, plan.name, output))
+    table, id_column = sink.table, sink.id_column
+    recomputed = {} if rows is None else sink.identities(in_range(rows.drop_columns([BATCH_COLUMN]), declared.time,
+                                                                  start, end))
+    known = db.run(lambda cursor: store_outputs.known_ids(cursor, table, id_column, plan.name, output,
+                                                          list(recomputed)), attempts=3) if recomputed else set()
+    missing = {i: row for i, row in recomputed.items() if i not in known}
+    if missing:
+        lease = read_lease(db, plan.name, shard_id)
+        if lease is None or lease.holder is None or lease.expired_for_s > 0:
+            raise BackfillRefused(f"backfill of plan {plan.name}: instance {shard_id} has no ACTIVE node to publish "
+                                  f"{len(missing)} missing rows of {output} under its lease: start it, then again")
+        holder = InstanceKey(plan.name, shard_id, lease.holder)
+        sink.instance = holder
+        sink.write(missing, BatchInfo(holder, BACKFILL_BATCH, lease.epoch, datetime.now(timezone.utc),
+                                      f"backfill-{backfill_id}"))
+    outcome: dict[str, Any] = {"recomputed": True, "rows": len(recomputed), "published": len(missing),
+                               "already_published": len(known)}
+    if declared.kind == "events":
+        published = db.run(lambda cursor: store_outputs.read_events(cursor, plan.name, output, start, end), attempts=3)
+        gone = sorted(e["event_id"] for e in published if e["shard_id"] == shard_id and e["event_id"] not in recomputed)
+        outcome.update(no_longer_produced=len(gone), examples=gone[:EXAMPLES])
+    return outcome
 
 
 # --- the whole backfill ------------------------------------------------------------------------------------------

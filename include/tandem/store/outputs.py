@@ -91,6 +91,11 @@ def _ids(cursor, table: str, id_column: str, condition: str, plan: str, output: 
     return [row["id"] for row in cursor.fetchall()]
 
 
+def known_ids(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> set[str]:
+    """Of ``ids``, those already published (in PostgreSQL, in the lake or not)."""
+    return set(_ids(cursor, table, id_column, "TRUE", plan, output, ids))
+
+
 def not_in_lake(cursor, table: str, id_column: str, plan: str, output: str, ids: Sequence[str]) -> list[str]:
     """Of ``ids``, those whose rows are in PostgreSQL but not yet in the Delta copy."""
     return _ids(cursor, table, id_column, "NOT in_lake", plan, output, ids)
