@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG
 
-from tandem.airflow.backfill_operators import BackfillReportOperator, RegisterBackfillOperator
-from tandem.airflow.dags import BACKFILL_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags
+from tandem.airflow.batch_operators import BackfillReportOperator, RegisterBackfillOperator
+from tandem.airflow.dags import BATCH_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
@@ -26,7 +26,7 @@ for plan in plans.values():
         catchup=False,
         is_paused_upon_creation=False,  # on demand only: a trigger must run
         params=backfill_params(plan),
-        default_args=BACKFILL_DEFAULT_ARGS,
+        default_args=BATCH_DEFAULT_ARGS,
         tags=["tandem", plan.name, "batch"],
         doc_md=backfill_doc(plan),
     ) as dag:

@@ -217,11 +217,26 @@ class MaintenanceConfig(StrictModel):
     the live appends. ``vacuum_retention``: files a commit removed are deleted once they are older than this,
     except those of the versions kept snapshots recorded (a restore's time travel needs them); a reader of an
     older version must finish within it. ``retention``: how long PostgreSQL keeps each kind of row.
+    ``keep_input``: landing files younger than this stay even once processed (not given: only what a restart or
+    a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back.
     """
 
     compact: StrictBool = True
     vacuum_retention_s: Duration = Field(7 * 86400.0, alias="vacuum_retention")
     retention: RetentionConfig = RetentionConfig()
+    keep_input_s: Duration | None = Field(None, alias="keep_input")
+
+
+class ReconcileConfig(StrictModel):
+    """The daily reconcile of a plan's outputs against a batch recomputation (:mod:`tandem.batch.reconcile`).
+
+    ``tolerance``: how many extra or different keys a run accepts before it fails (late events the stream
+    dropped by design are counted apart and never fail it). ``repair``: hand the day to a backfill when the run
+    found differences. The day's input must still be retained (``maintenance.keep_input`` of a day or more).
+    """
+
+    tolerance: Annotated[StrictInt, Field(ge=0)] = 0
+    repair: StrictBool = False
 
 
 class PlanFile(StrictModel):
@@ -241,6 +256,7 @@ class PlanFile(StrictModel):
     ha: HAConfig = HAConfig()
     snapshot: SnapshotConfig = SnapshotConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    reconcile: ReconcileConfig = ReconcileConfig()
 
 
 # --- cluster.yaml --------------------------------------------------------------------------------------------
@@ -369,6 +385,7 @@ class PlanConfig:
     ha: HAConfig = field(default_factory=HAConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
 
     @property
     def shards(self) -> tuple[str, ...]:
@@ -712,6 +729,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         ha=file.ha,
         snapshot=snapshot,
         maintenance=file.maintenance,
+        reconcile=file.reconcile,
     )
 
 

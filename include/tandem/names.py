@@ -10,7 +10,7 @@ ROLES = (ACTIVE, PASSIVE, BACKUP)
 """A node's roles: the ACTIVE publishes; a PASSIVE takes over first; a BACKUP only when no PASSIVE can."""
 STANDBY_ROLES = (PASSIVE, BACKUP)
 
-PLAN_DAG_PURPOSES = ("run", "supervise", "snapshot", "maintenance", "validate", "backfill")
+PLAN_DAG_PURPOSES = ("run", "supervise", "snapshot", "maintenance", "validate", "backfill", "reconcile")
 """Each plan has one DAG per purpose, ``tandem_<plan>_<purpose>``."""
 OPS_DAG_ID = "tandem_ops"
 RESTORE_DAG_ID = "tandem_restore"

@@ -45,7 +45,7 @@ def test_every_dag_file_imports_without_errors(dagbag):
 
 def test_each_plan_has_its_dags_and_there_is_one_ops_and_one_restore_dag(dagbag, plans):
     expected = {f"tandem_{name}_{kind}" for name in plans for kind in ("run", "validate", "supervise", "snapshot",
-                                                                       "maintenance", "backfill")}
+                                                                       "maintenance", "backfill", "reconcile")}
     assert set(dagbag.dag_ids) == expected | {"tandem_ops", "tandem_restore"}
     assert {"tandem_trades_run", "tandem_trades_validate"} <= set(dagbag.dag_ids)
 
@@ -72,6 +72,16 @@ def test_backfill_dag_shape(dagbag, plans):
         assert recompute._conn_id == cluster.node(plan.nodes[0]).airflow_conn_id
         assert recompute.application.endswith("jobs/backfill.py")
         assert report.trigger_rule == "all_done"
+
+
+def test_reconcile_dag_is_partitioned_by_day_and_reports_an_asset(dagbag, plans):
+    for name in plans:
+        dag = dagbag.dags[f"tandem_{name}_reconcile"]
+        assert type(dag.timetable).__name__ == "CronPartitionTimetable"
+        day, compare, verdict = (dag.get_task(t) for t in ("day", "reconcile", "verdict"))
+        assert day.downstream_task_ids == {"reconcile"} and compare.downstream_task_ids == {"verdict"}
+        assert compare.task_type == "SparkSubmitOperator" and compare.application.endswith("jobs/reconcile.py")
+        assert [a.name for a in verdict.outlets] == [f"tandem_{name}_reconciliations"]
 
 
 def test_run_dag_shape(dagbag, plans):

@@ -21,7 +21,7 @@ DAG_ID_TEXT = re.compile(r"tandem_\{[^}]*\}_(" + "|".join(PLAN_DAG_PURPOSES) + r
 def test_plan_dag_ids() -> None:
     assert [plan_dag_id("trades", p) for p in PLAN_DAG_PURPOSES] == [
         "tandem_trades_run", "tandem_trades_supervise", "tandem_trades_snapshot", "tandem_trades_maintenance",
-        "tandem_trades_validate", "tandem_trades_backfill"]
+        "tandem_trades_validate", "tandem_trades_backfill", "tandem_trades_reconcile"]
     with pytest.raises(ValueError, match="has no 'ops' DAG"):
         plan_dag_id("trades", "ops")
 

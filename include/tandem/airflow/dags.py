@@ -13,7 +13,7 @@ from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans_and_errors
 from tandem.errors import ConfigError
-from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
+from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, plan_dag_id
 from tandem.ops import OPS_ACTIONS
 
 # Durations tandem.declarations.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
@@ -27,9 +27,10 @@ OPS_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_dela
 SNAPSHOT_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
 MAINTENANCE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(minutes=5)}
 RESTORE_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
-BACKFILL_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
-"""A recompute whose Spark job died goes on with the same RUNNING backfill (replacing a range twice is harmless);
-one that failed is FAILED in ``tandem.backfills`` and its retry refused: trigger the DAG again."""
+BATCH_DEFAULT_ARGS: dict[str, Any] = {"owner": "tandem", "retries": 1, "retry_delay": timedelta(seconds=30)}
+"""The backfill and reconcile DAGs. A recompute whose Spark job died goes on with the same RUNNING backfill
+(replacing a range twice is harmless); one that failed is FAILED in ``tandem.backfills`` and its retry refused:
+trigger the DAG again."""
 SUPERVISE_MAX_WATCH = timedelta(hours=1)
 log = logging.getLogger(__name__)
 NODE_EXECUTOR = "EdgeExecutor"
@@ -383,4 +384,27 @@ retention deleted (names the files), or that overlaps a running backfill of the 
 retained input in one first micro-batch, then each aggregation's seconds in the range are replaced and its coarser
 buckets rebuilt, in one PostgreSQL transaction and in Delta. **report** writes the outcome to the log and the run's
 note, and fails unless the backfill is DONE. Also `tandem backfill {plan.name} --start … --end …`.
+"""
+
+def reconcile_params() -> dict[str, Any]:
+    """The Params of ``tandem_<plan>_reconcile``: an explicit day (a manual run; empty: the run's partition)."""
+    from airflow.sdk import Param
+
+    return {"day": Param("", type="string", pattern=r"^(\d{4}-\d{2}-\d{2})?$", title="Day",
+                         description="the UTC day to reconcile, YYYY-MM-DD (empty: the run's partition, else yesterday)")}
+
+
+def reconcile_doc(plan: PlanConfig) -> str:
+    return f"""### Reconcile of plan `{plan.name}`
+
+Daily at 01:00 UTC, for the day before (runs are partitioned by day: Airflow's backfill, in the UI or
+`airflow backfill create --dag-id {plan_dag_id(plan.name, "reconcile")} --from-date … --to-date …`, runs it over a
+month). **day** resolves the day (Param `day`, else the run's partition key), **reconcile** runs
+`jobs/reconcile.py` with the provider's `SparkSubmitOperator`: each instance's queries recompute the day from the
+retained landing files as a backfill would, and every output is compared with what was published, key by key:
+`late` (the stream counted fewer events: dropped by the watermark, by design), `extra` (published, not
+recomputed) and `different`. The counts and examples go to the Delta table `delta/{plan.name}/reconciliations`
+and, with `reconcile.repair: true` ({plan.reconcile.repair}), the day goes to a backfill. **verdict** logs them,
+writes the run's note and the asset event, and fails when extra + different exceed `reconcile.tolerance`
+({plan.reconcile.tolerance}). Paused when created: the day's input must be retained (`maintenance.keep_input`).
 """

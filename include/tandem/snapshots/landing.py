@@ -27,6 +27,7 @@ What it does not do
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from tandem.checkpoints import CheckpointError, query_dirs
@@ -91,7 +92,9 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
                 seen = _read(under_root(cluster, snapshot.checkpoint_path) / query, directory.parent, logs)
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
-    decision = decide_landing_retention(files, processed_by, kept_cuts)
+    keep_input = max((plan.maintenance.keep_input_s or 0.0 for plan, _ in readers), default=0.0)
+    recent = [f for f in files if time.time() - Path(f).stat().st_mtime < keep_input] if keep_input else []
+    decision = decide_landing_retention(files, processed_by, kept_cuts, recent)
     for path in decision.delete:
         Path(path).unlink(missing_ok=True)
     for line in decision.describe():

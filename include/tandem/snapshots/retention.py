@@ -237,7 +237,8 @@ def files_of_stream(by_source: Sequence[Collection[str] | None], stream_dir: str
 
 
 def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Collection[str]],
-                             kept_cuts: Mapping[str, Collection[str]]) -> LandingDecision:
+                             kept_cuts: Mapping[str, Collection[str]],
+                             recent: Collection[str] = ()) -> LandingDecision:
     """Which landing files every instance and every kept snapshot's cut have processed (may be deleted).
 
     Args:
@@ -250,6 +251,8 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
         kept_cuts: per kept GOOD snapshot (of every plan reading this directory; one key per query
             cut when a snapshot holds several), the files its cut had read, i.e. those processed at
             or before the cut.
+        recent: files younger than a reader plan's ``maintenance.keep_input`` (a backfill or a
+            reconcile run recomputes from them).
     """
     processed = {instance: {landing_file_key(f) for f in listed} for instance, listed in processed_by.items()}
     cuts = {snapshot: {landing_file_key(f) for f in listed} for snapshot, listed in kept_cuts.items()}
@@ -264,6 +267,8 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
             keep[original] = "hidden or temporary file (the file source ignores it; a producer may be writing it)"
         elif not processed:
             keep[original] = "no instance given: nothing shows the file was processed"
+        elif original in recent:
+            keep[original] = "younger than maintenance.keep_input (a backfill or reconcile recomputes from it)"
         elif not cuts:
             keep[original] = "no good snapshot kept: a restore from scratch would need every file"
         elif missing_instances:

@@ -166,6 +166,15 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
     return cursor.fetchall()
 
 
+def seconds_between(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """One plan's shard per-second rows in ``[start, end)``: bucket start, keys and measures (sketches as bytes)."""
+    cursor.execute(sql.SQL("SELECT {columns} FROM {table} WHERE plan = %s AND shard_id = %s AND granularity = 'second' "
+                           "AND bucket_start >= %s AND bucket_start < %s").format(
+        columns=identifiers(["bucket_start", *spec.keys, *spec.measure_columns]), table=sql.Identifier(spec.table)),
+        (plan, shard_id, start, end))
+    return [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()} for row in cursor.fetchall()]
+
+
 def _equals_parameters(columns: list[str] | tuple[str, ...], parameter: str) -> list[sql.Composed]:
     """``"a" = %(<parameter>_0)s``, ``"b" = %(<parameter>_1)s`` …: parameters are numbered, so a column named
     like another parameter (``plan``, ``bucket``) cannot take its value."""

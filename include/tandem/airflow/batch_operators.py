@@ -1,13 +1,15 @@
-"""Airflow operators of a plan's backfill DAG: register the range, then (after the Spark job) report the outcome.
+"""Airflow operators of a plan's batch DAGs, around the provider's ``SparkSubmitOperator`` that does the work.
 
-``tandem_<plan>_backfill`` is ``register`` (:class:`RegisterBackfillOperator`) -> ``recompute`` (the provider's
-``SparkSubmitOperator`` running ``jobs/backfill.py --backfill-id``) -> ``report`` (:class:`BackfillReportOperator`,
-whatever ``recompute`` did). The work itself is :mod:`tandem.batch.backfill`'s.
+``tandem_<plan>_backfill`` is ``register`` (:class:`RegisterBackfillOperator`) -> ``recompute`` (``jobs/backfill.py
+--backfill-id``) -> ``report`` (:class:`BackfillReportOperator`, whatever ``recompute`` did);
+``tandem_<plan>_reconcile`` is ``day`` (:class:`ReconcileDayOperator`) -> ``reconcile`` (``jobs/reconcile.py``) ->
+``verdict`` (:class:`ReconcileVerdictOperator`). The work itself is :mod:`tandem.batch.backfill`'s and
+:mod:`tandem.batch.reconcile`'s.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -103,3 +105,65 @@ class BackfillReportOperator(PlanTaskOperator):
         if record.status != catalog.DONE:
             raise AirflowFailException(lines[0] + (f": {record.error}" if record.error else ""))
         return {"id": record.id, "status": record.status, "report": record.report}
+
+
+class ReconcileDayOperator(PlanTaskOperator):
+    """The UTC day a reconcile run covers (``YYYY-MM-DD``): Param ``day``, else the run's partition key (the
+    schedule's: the previous day), else yesterday."""
+
+    template_fields = ("plan", "day")
+    ui_color = "#f5e6dc"
+
+    def __init__(self, *, day: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.day = day
+
+    def execute(self, context: Any) -> str:
+        chosen = (self.day or context.get("partition_key") or
+                  f"{datetime.now(timezone.utc) - timedelta(days=1):%Y-%m-%d}").strip()
+        try:
+            datetime.strptime(chosen, "%Y-%m-%d")
+        except ValueError:
+            raise AirflowFailException(f"day: expected YYYY-MM-DD, got {chosen!r}") from None
+        self.log.info("reconciling plan %s over %s (UTC)", self.plan, chosen)
+        return chosen
+
+
+class ReconcileVerdictOperator(PlanTaskOperator):
+    """Read what the run's reconcile stored, log it, put it in the run's note and the asset event; fail when the
+    extra and different keys exceed ``reconcile.tolerance`` (late events dropped by design never fail it).
+
+    :param run_id: the run id the reconcile job stored its rows under. Templated.
+    """
+
+    template_fields = ("plan", "run_id")
+    ui_color = "#f5e6dc"
+
+    def __init__(self, *, run_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_id = run_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.batch.reconcile import KINDS, reconciliation_rows, summary
+
+        cluster, plan = self.loaded()
+        rows = reconciliation_rows(cluster, plan, self.run_id)
+        if not rows:
+            raise AirflowFailException(f"the reconcile of run {self.run_id} stored nothing (see its log)")
+        counts = summary(rows)
+        lines = [f"reconcile of {plan.name} {rows[0]['range_start']:%Y-%m-%d}: "
+                 + ", ".join(f"{counts[k]} {k}" for k in KINDS)]
+        for row in rows:
+            lines.append(f"{row['shard_id']} {row['output']}: {row['compared']} compared, "
+                         + ", ".join(f"{row[k]} {k}" for k in KINDS)
+                         + (f" (skipped: {row['skipped']})" if row["skipped"] else f"; examples {row['examples']}"))
+        for line in lines:
+            self.log.info("%s", line)
+        set_run_note(self.log, context["ti"], "\n".join(lines))
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = {"run_id": self.run_id, **counts}
+        real = counts["extra"] + counts["different"]
+        if real > plan.reconcile.tolerance:
+            raise AirflowFailException(f"{lines[0]}: {real} real differences, more than reconcile.tolerance "
+                                       f"{plan.reconcile.tolerance}")
+        return {"run_id": self.run_id, **counts}
