@@ -14,7 +14,7 @@ from airflow.sdk import DAG, Asset, CronPartitionTimetable
 
 from tandem.airflow.batch_operators import ReconcileDayOperator, ReconcileVerdictOperator
 from tandem.airflow.dags import BATCH_DEFAULT_ARGS, load_for_dags, reconcile_doc, reconcile_params
-from tandem.batch.reconcile import RECONCILIATIONS
+from tandem.batch.reconciliations import RECONCILIATIONS
 from tandem.layout import delta_table_dir
 from tandem.names import plan_dag_id
 

@@ -13,7 +13,8 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 from tandem.batch.backfill import run_backfill
-from tandem.batch.reconcile import reconcile, summary
+from tandem.batch.reconcile import reconcile
+from tandem.batch.reconciliations import summary
 from tandem.config import load_cluster, load_plan
 from tandem.errors import TandemError
 from tandem.spark_session import build_session

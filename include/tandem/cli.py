@@ -239,6 +239,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         at = "-" if sequence is None else f"{sequence:,}"
                         console.print(f"{plan.name} / {output} -> NATS stream {config.stream}: {held:,} events in "
                                       f"PostgreSQL, the stream at sequence {at} (as last recorded)", highlight=False)
+                for line in batch_lines(cluster, plan, db):
+                    console.print(line, highlight=False, markup=False)
                 events = timeline(db, plan, limit=10).events
                 if events:
                     table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
@@ -255,6 +257,24 @@ def cmd_status(args: argparse.Namespace) -> int:
         for name, error in broken.items():
             print_error(TandemError(f"plan {name} is broken, not shown: {error}"))
     return 2 if broken else 0
+
+
+def batch_lines(cluster, plan, db) -> list[str]:
+    """The plan's newest backfill and reconcile run, a line each (none: no line)."""
+    from tandem.batch.reconciliations import KINDS, reconciliation_rows, summary
+    from tandem.store.backfills import list_backfills
+
+    lines = []
+    for record in list_backfills(db, plan.name, limit=1):
+        lines.append(f"{plan.name}: last backfill {record.id} {record.status} "
+                     f"({record.range_start:%Y-%m-%d %H:%M:%S} .. {record.range_end:%Y-%m-%d %H:%M:%S}): "
+                     + (record.error or _added(record.report)))
+    rows = reconciliation_rows(cluster, plan)
+    if rows:
+        counts = summary(rows)
+        lines.append(f"{plan.name}: last reconcile {rows[0]['run_id']} of {rows[0]['range_start']:%Y-%m-%d %H:%M} .. "
+                     f"{rows[0]['range_end']:%Y-%m-%d %H:%M}: " + ", ".join(f"{counts[k]} {k}" for k in KINDS))
+    return lines
 
 
 def cmd_run(args: argparse.Namespace) -> int:

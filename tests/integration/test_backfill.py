@@ -26,6 +26,8 @@ import pytest
 from _references import PIZZA_T0, make_orders
 from tandem import aggregation
 from tandem.batch.backfill import run_backfill
+from tandem.batch.reconcile import reconcile
+from tandem.batch.reconciliations import reconciliation_rows, summary
 from tandem.config import load_cluster, load_plan
 from tandem.errors import BackfillRefused
 from tandem.layout import landing_dir
@@ -46,6 +48,10 @@ END = START + timedelta(seconds=30)
 
 def partition_of(event: dict) -> int:
     return ["IBM", "WSO2", "ORCL"].index(event["symbol"]) % 2
+
+
+def shard_of(event: dict) -> str:
+    return f"shard-{partition_of(event) + 1}"
 
 
 def land(cluster, events: list[dict], per_file: int = 50) -> None:
@@ -93,6 +99,14 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
             run_backfill(cluster, plan, db, spark, START, END)
         catalog.finish(db, other.id, catalog.FAILED, {}, "test")
 
+        # reconcile finds exactly the late trades' (second, symbol) keys, and nothing the watermark does not explain
+        before = reconcile(cluster, plan, db, spark, START, END, run_id="before")
+        late_keys = {shard: {(e["timestamp"] // 1000, e["symbol"]) for e in late if shard_of(e) == shard}
+                     for shard in plan.shards}
+        assert {o.shard_id: (o.counts["late"], o.real) for o in before} == {
+            shard: (len(keys), 0) for shard, keys in late_keys.items()}
+        assert reconciliation_rows(cluster, plan)[0]["run_id"] == "before"
+
         # the backfill, while both instances run and trades keep coming
         stop = threading.Event()
         running = [threading.Thread(target=run_instance, args=(cluster, plan, "node-a", shard),
@@ -113,6 +127,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         producer.start()
         try:
             done = run_backfill(cluster, plan, db, spark, START, END, requested_by="test")
+            after = reconcile(cluster, plan, db, spark, START, END, run_id="after")  # nothing left to find
             producer.join(60)
             everything = on_time + ahead + late + more
             deadline = time.monotonic() + 120
@@ -125,6 +140,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         assert not producer.is_alive()
 
     assert done.status == catalog.DONE, done.error
+    assert summary(after) == {"late": 0, "extra": 0, "different": 0}
     added = sum(o["events_after"] - o["events_before"] for outputs in done.report.values() for o in outputs.values()
                 if o.get("recomputed"))
     assert added == len(late)
@@ -173,6 +189,8 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
             deadline = time.monotonic() + 120  # the ACTIVE's lease: the backfill publishes under it
             while not all(holder(db, shard) for shard in plan.shards) and time.monotonic() < deadline:
                 time.sleep(0.5)
+            found = summary(reconcile(cluster, plan, db, spark, start, start + timedelta(seconds=90),
+                                      run_id="pizza-before"))
             first = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
             again = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90), shards=["shop-1"])
         finally:
@@ -188,6 +206,7 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
     assert published == {"overdue_orders": len(late_overdue), "order_stats": len(late_numbers),
                          "delivered_orders": len(late_numbers - overdue)}
     assert all(first.report[s]["overdue_orders"]["no_longer_produced"] == 0 for s in plan.shards)
+    assert found == {"late": sum(published.values()), "extra": 0, "different": 0}
     assert [o["published"] for o in again.report["shop-1"].values() if o.get("recomputed")] == [0, 0, 0]
 
 

@@ -48,3 +48,31 @@ def test_the_newest_batch_of_each_second_in_the_range_counts() -> None:
     assert sorted((r["bucket_start"], r["trade_count"]) for r in seconds.to_pylist()) == [
         (T, 3), (T + timedelta(seconds=1), 2)]
     assert BATCH_COLUMN not in seconds.column_names
+
+
+def test_partials_differ_as_late_extra_or_different() -> None:
+    from tandem.batch.reconcile import Outcome, compare_partials
+
+    def row(second: int, symbol: str, count: int, total: float) -> dict:
+        return {"bucket_start": T + timedelta(seconds=second), "symbol": symbol, "trade_count": count,
+                "price_sum": total}
+
+    published = [row(0, "IBM", 2, 3.0), row(1, "IBM", 1, 1.0), row(2, "IBM", 1, 1.0), row(3, "IBM", 2, 0.1 + 0.2)]
+    recomputed = [row(0, "IBM", 3, 4.0), row(1, "IBM", 1, 2.0), row(3, "IBM", 2, 0.3), row(4, "IBM", 1, 5.0)]
+    outcome = compare_partials(Outcome("shard-1", "trades"), published, recomputed, ("symbol",),
+                               ["trade_count", "price_sum"], "trade_count")
+    assert outcome.counts == {"late": 2, "extra": 1, "different": 1} and outcome.real == 2 and outcome.compared == 5
+    assert [e["bucket_start"] for e in outcome.examples["late"]] == [str(T), str(T + timedelta(seconds=4))]
+    assert outcome.examples["different"] == [{"bucket_start": str(T + timedelta(seconds=1)), "symbol": "IBM",
+                                               "price_sum": [1.0, 2.0]}]
+
+
+def test_ids_differ_as_late_extra_or_different_and_without_the_published_side_only_as_late() -> None:
+    from tandem.batch.reconcile import Outcome, compare_ids
+
+    recomputed = {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}}
+    outcome = compare_ids(Outcome("s", "events"), {"a": {"n": 1, "extra": 0}, "b": {"n": 9}, "d": {"n": 4}},
+                          recomputed)
+    assert outcome.counts == {"late": 1, "extra": 1, "different": 1}
+    assert outcome.examples == {"late": [{"id": "c"}], "extra": [{"id": "d"}], "different": [{"id": "b"}]}
+    assert compare_ids(Outcome("s", "facts"), None, {"x": {}}).counts == {"late": 1, "extra": 0, "different": 0}

@@ -144,7 +144,7 @@ class ReconcileVerdictOperator(PlanTaskOperator):
         self.run_id = run_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.batch.reconcile import KINDS, reconciliation_rows, summary
+        from tandem.batch.reconciliations import KINDS, reconciliation_rows, summary
 
         cluster, plan = self.loaded()
         rows = reconciliation_rows(cluster, plan, self.run_id)

@@ -14,10 +14,11 @@ How it works
     - ``extra``: published, but the recomputation does not produce it;
     - ``different``: both have it, with other values, and the stream did not merely miss events.
 
-    The counts and a few examples are appended to the Delta table ``delta/<plan>/reconciliations`` (one row per
-    instance and output), returned for the DAG's asset event, and shown by ``tandem status``. A run fails when
-    its extra and different keys exceed ``reconcile.tolerance``; ``reconcile.repair: true`` then hands the range
-    to a backfill (which adds the late events and replaces the aggregations).
+    The counts and a few examples are appended to the Delta table ``delta/<plan>/reconciliations``
+    (:mod:`tandem.batch.reconciliations`, one row per instance and output), returned for the DAG's asset event,
+    and shown by ``tandem status``. A run fails when its extra and different keys exceed
+    ``reconcile.tolerance``; ``reconcile.repair: true`` hands the range to a backfill (which adds the late
+    events and replaces the aggregations).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import math
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -37,17 +38,13 @@ from tandem.aggregation.spec import AggregationSpec, spec_for
 from tandem.batch.backfill import BATCH_COLUMN, check_backfill, in_range, newest_seconds, recompute
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import backfill_dir, delta_table_dir
-from tandem.lake.tables import append_once, read_table
+from tandem.batch.reconciliations import KINDS, store_outcomes
 from tandem.outputs import sink_for
 from tandem.store import Database
 from tandem.store import aggregates
 from tandem.store import outputs as store_outputs
 from tandem.store.registry import InstanceKey
 
-RECONCILIATIONS = "reconciliations"
-"""The Delta table (``delta/<plan>/reconciliations``) of every reconcile run's counts, one row per instance and
-output."""
-KINDS = ("late", "extra", "different")
 EXAMPLES = 5
 RELATIVE = 1e-9
 """Sums of doubles recomputed in another order may differ in the last bits."""
@@ -68,6 +65,11 @@ class Outcome:
         self.counts[kind] += 1
         if len(self.examples[kind]) < EXAMPLES:
             self.examples[kind].append(example)
+
+    def row(self) -> dict[str, Any]:
+        """What :func:`tandem.batch.reconciliations.store_outcomes` stores of it."""
+        return {"shard_id": self.shard_id, "output": self.output, "compared": self.compared, **self.counts,
+                "examples": json.dumps(self.examples, default=str), "skipped": self.skipped}
 
     @property
     def real(self) -> int:
@@ -94,7 +96,7 @@ def compare_partials(outcome: Outcome, published: list[Mapping[str, Any]], recom
 
     ours, theirs = by_key(recomputed), by_key(published)
     outcome.compared += len(set(ours) | set(theirs))
-    for key in sorted(set(ours) | set(theirs), key=str):
+    for key in sorted(set(ours) | set(theirs), key=lambda k: (k[0], *map(str, k[1:]))):
         label = {"bucket_start": str(key[0]), **dict(zip(keys, key[1:]))}
         if key not in theirs:
             outcome.add("late", {**label, "recomputed": ours[key][count], "published": 0})
@@ -178,39 +180,5 @@ def reconcile(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: Spa
                          for output in plan.outputs if plan.outputs[output].kind != "quarantine"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _store(cluster, plan, outcomes, start, end, run_id)
+    store_outcomes(cluster, plan, [o.row() for o in outcomes], start, end, run_id)
     return outcomes
-
-
-def _store(cluster: ClusterConfig, plan: PlanConfig, outcomes: list[Outcome], start: datetime, end: datetime,
-           run_id: str) -> None:
-    now = datetime.now(timezone.utc)
-    rows = pa.Table.from_pylist([
-        {"run_id": run_id, "reconciled_at": now, "range_start": start, "range_end": end, "shard_id": o.shard_id,
-         "output": o.output, "compared": o.compared, **{k: o.counts[k] for k in KINDS},
-         "examples": json.dumps(o.examples, default=str), "skipped": o.skipped} for o in outcomes],
-        schema=RECONCILIATION_SCHEMA)
-    append_once(delta_table_dir(cluster, plan.name, RECONCILIATIONS), rows, app_id=f"reconcile/{run_id}", version=0)
-
-
-RECONCILIATION_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("reconciled_at", pa.timestamp("us", tz="UTC")),
-    ("range_start", pa.timestamp("us", tz="UTC")), ("range_end", pa.timestamp("us", tz="UTC")),
-    ("shard_id", pa.string()), ("output", pa.string()), ("compared", pa.int64()),
-    *[(k, pa.int64()) for k in KINDS], ("examples", pa.string()), ("skipped", pa.string())])
-
-
-def reconciliation_rows(cluster: ClusterConfig, plan: PlanConfig, run_id: str | None = None) -> list[dict[str, Any]]:
-    """The stored rows of one reconcile run (default: the plan's newest; none yet: ``[]``)."""
-    rows = read_table(delta_table_dir(cluster, plan.name, RECONCILIATIONS)).to_pylist()
-    if run_id is None and rows:
-        run_id = max(rows, key=lambda r: r["reconciled_at"])["run_id"]
-    return [r for r in rows if r["run_id"] == run_id]
-
-
-def summary(outcomes: list[Outcome] | list[dict[str, Any]]) -> dict[str, int]:
-    """Counts of every kind over a run's outcomes (or its stored rows)."""
-    def count(o, kind):
-        return o.counts[kind] if isinstance(o, Outcome) else o[kind]
-
-    return {kind: sum(count(o, kind) for o in outcomes) for kind in KINDS}
