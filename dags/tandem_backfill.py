@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG
 
-from tandem.airflow.batch_operators import BackfillReportOperator, RegisterBackfillOperator
+from tandem.airflow.batch_operators import BackfillReportOperator, RegisterBackfillOperator, plan_spark_job
 from tandem.airflow.dags import BATCH_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
-    node = cluster.node(plan.nodes[0])
     with DAG(
         dag_id=plan_dag_id(plan.name, "backfill"),
         description=f"Recompute a closed event-time range of plan {plan.name}'s outputs from its retained input",
@@ -33,16 +31,8 @@ for plan in plans.values():
         register = RegisterBackfillOperator(task_id="register", plan=plan.name, cluster_config=str(cluster.path),
                                             start="{{ params.start }}", end="{{ params.end }}",
                                             instance="{{ params.instance }}")
-        recompute = SparkSubmitOperator(
-            task_id="recompute",
-            conn_id=node.airflow_conn_id,
-            application=str(cluster.project_root / "jobs" / "backfill.py"),
-            py_files=str(cluster.project_root / "dist" / "tandem.zip"),
-            properties_file=str(cluster.spark_defaults),
-            driver_memory=node.driver_memory,
-            name=f"tandem-backfill:{plan.name}",
-            application_args=["--plan", plan.name, "--backfill-id", "{{ ti.xcom_pull(task_ids='register') }}"],
-        )
+        recompute = plan_spark_job("recompute", cluster, plan, "backfill.py",
+                                   ["--backfill-id", "{{ ti.xcom_pull(task_ids='register') }}"])
         report = BackfillReportOperator(task_id="report", plan=plan.name, cluster_config=str(cluster.path),
                                         backfill_id="{{ ti.xcom_pull(task_ids='register') }}",
                                         trigger_rule="all_done")

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, CronPartitionTimetable
 
-from tandem.airflow.batch_operators import ReconcileDayOperator, ReconcileVerdictOperator
+from tandem.airflow.batch_operators import ReconcileDayOperator, ReconcileVerdictOperator, plan_spark_job
 from tandem.airflow.dags import BATCH_DEFAULT_ARGS, load_for_dags, reconcile_doc, reconcile_params
 from tandem.batch.reconciliations import RECONCILIATIONS
 from tandem.layout import delta_table_dir
@@ -21,7 +20,6 @@ from tandem.names import plan_dag_id
 cluster, plans = load_for_dags(__file__)
 
 for plan in plans.values():
-    node = cluster.node(plan.nodes[0])
     with DAG(
         dag_id=plan_dag_id(plan.name, "reconcile"),
         description=f"Compare the previous day of plan {plan.name}'s outputs with a batch recomputation",
@@ -37,17 +35,8 @@ for plan in plans.values():
     ) as dag:
         day = ReconcileDayOperator(task_id="day", plan=plan.name, cluster_config=str(cluster.path),
                                    day="{{ params.day }}")
-        compare = SparkSubmitOperator(
-            task_id="reconcile",
-            conn_id=node.airflow_conn_id,
-            application=str(cluster.project_root / "jobs" / "reconcile.py"),
-            py_files=str(cluster.project_root / "dist" / "tandem.zip"),
-            properties_file=str(cluster.spark_defaults),
-            driver_memory=node.driver_memory,
-            name=f"tandem-reconcile:{plan.name}",
-            application_args=["--plan", plan.name, "--day", "{{ ti.xcom_pull(task_ids='day') }}",
-                              "--run-id", "{{ run_id }}"],
-        )
+        compare = plan_spark_job("reconcile", cluster, plan, "reconcile.py",
+                                 ["--day", "{{ ti.xcom_pull(task_ids='day') }}", "--run-id", "{{ run_id }}"])
         verdict = ReconcileVerdictOperator(
             task_id="verdict", plan=plan.name, cluster_config=str(cluster.path), run_id="{{ run_id }}",
             outlets=[Asset(name=f"tandem_{plan.name}_reconciliations",

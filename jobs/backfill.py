@@ -8,15 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from datetime import datetime, timezone
 
 from tandem.batch.backfill import run_backfill
-from tandem.config import load_cluster, load_plan
-from tandem.errors import TandemError
-from tandem.spark_session import build_session
-from tandem.store import Database, migrate
+from tandem.batch.job import run_plan_job
 
 
 def _time(text: str) -> datetime:
@@ -35,24 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.backfill_id is None and (args.start is None or args.end is None):
         parser.error("give --start and --end, or --backfill-id")
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    log = logging.getLogger("tandem.backfill")
-    cluster = load_cluster()
-    plan = load_plan(args.plan, cluster)
-    spark = build_session(f"tandem-backfill:{plan.name}", None, cluster.spark_defaults)
-    try:
-        with Database(cluster.database_url, "tandem-backfill") as db:
-            migrate(db)
-            done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=args.instance,
-                                backfill_id=args.backfill_id, requested_by="spark-submit jobs/backfill.py")
+    def work(cluster, plan, db, spark, log) -> None:
+        done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=args.instance,
+                            backfill_id=args.backfill_id, requested_by="spark-submit jobs/backfill.py")
         log.info("backfill %s %s: %s", done.id, done.status, done.report)
-        return 0
-    except TandemError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        spark.stop()
+
+    return run_plan_job("backfill", args.plan, work)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,13 @@ recomputation, store the differences, and repair them with a backfill when the p
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from datetime import datetime, timedelta, timezone
 
 from tandem.batch.backfill import run_backfill
+from tandem.batch.job import run_plan_job
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import summary
-from tandem.config import load_cluster, load_plan
-from tandem.errors import TandemError
-from tandem.spark_session import build_session
-from tandem.store import Database, migrate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,29 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True, help="stored with the differences (once per run id)")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    log = logging.getLogger("tandem.reconcile")
-    cluster = load_cluster()
-    plan = load_plan(args.plan, cluster)
     start = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc)
     end = start + timedelta(days=1)
-    spark = build_session(f"tandem-reconcile:{plan.name}", None, cluster.spark_defaults)
-    try:
-        with Database(cluster.database_url, "tandem-reconcile") as db:
-            migrate(db)
-            outcomes = reconcile(cluster, plan, db, spark, start, end, run_id=args.run_id)
-            counts = summary(outcomes)
-            log.info("reconcile %s %s: %s", plan.name, args.day, counts)
-            if plan.reconcile.repair and (counts["late"] or counts["different"]):
-                done = run_backfill(cluster, plan, db, spark, start, end, requested_by=f"reconcile {args.run_id}")
-                log.info("repaired by backfill %s: %s", done.id, done.status)
-        return 0
-    except TandemError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        spark.stop()
+
+    def work(cluster, plan, db, spark, log) -> None:
+        outcomes = reconcile(cluster, plan, db, spark, start, end, run_id=args.run_id)
+        counts = summary(outcomes)
+        log.info("reconcile %s %s: %s", plan.name, args.day, counts)
+        if plan.reconcile.repair and (counts["late"] or counts["different"]):
+            done = run_backfill(cluster, plan, db, spark, start, end, requested_by=f"reconcile {args.run_id}")
+            log.info("repaired by backfill %s: %s", done.id, done.status)
+
+    return run_plan_job("reconcile", args.plan, work)
 
 
 if __name__ == "__main__":

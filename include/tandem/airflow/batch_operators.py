@@ -16,7 +16,27 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tandem.airflow.operator_support import set_run_note
 from tandem.airflow.snapshot_operators import PlanTaskOperator
+from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import BackfillRefused, ConfigError
+
+
+def plan_spark_job(task_id: str, cluster: ClusterConfig, plan: PlanConfig, script: str, application_args: list[str]):
+    """The provider's ``SparkSubmitOperator`` running ``jobs/<script>`` for ``plan`` on its first node's Spark
+    connection (the finite jobs it is made for); the driver inherits the worker's environment, no secret goes on
+    the command line."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    node = cluster.node(plan.nodes[0])
+    return SparkSubmitOperator(
+        task_id=task_id,
+        conn_id=node.airflow_conn_id,
+        application=str(cluster.project_root / "jobs" / script),
+        py_files=str(cluster.project_root / "dist" / "tandem.zip"),
+        properties_file=str(cluster.spark_defaults),
+        driver_memory=node.driver_memory,
+        name=f"tandem-{task_id}:{plan.name}",
+        application_args=["--plan", plan.name, *application_args],
+    )
 
 
 def _moment(name: str, text: str) -> datetime:

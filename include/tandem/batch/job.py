@@ -1,0 +1,37 @@
+"""What the finite Spark jobs of ``jobs/`` share: logging, the plan, one Spark session and the database, and the
+exit code (a refusal or any Tandem error is one logged line and exit code 1)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from tandem.config import ClusterConfig, PlanConfig, load_cluster, load_plan
+from tandem.errors import TandemError
+from tandem.spark_session import build_session
+from tandem.store import Database, migrate
+
+Work = Callable[[ClusterConfig, PlanConfig, Database, SparkSession, logging.Logger], None]
+
+
+def run_plan_job(purpose: str, plan_name: str, work: Work) -> int:
+    """Run ``work`` for plan ``plan_name`` under ``spark-submit`` (the session takes its master from there); 0 when
+    it returns, 1 after a :class:`TandemError` (logged)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    log = logging.getLogger(f"tandem.{purpose}")
+    cluster = load_cluster()
+    plan = load_plan(plan_name, cluster)
+    spark = build_session(f"tandem-{purpose}:{plan.name}", None, cluster.spark_defaults)
+    try:
+        with Database(cluster.database_url, f"tandem-{purpose}") as db:
+            migrate(db)
+            work(cluster, plan, db, spark, log)
+        return 0
+    except TandemError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        spark.stop()
