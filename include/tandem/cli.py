@@ -268,7 +268,7 @@ def batch_lines(cluster, plan, db) -> list[str]:
     for record in list_backfills(db, plan.name, limit=1):
         lines.append(f"{plan.name}: last backfill {record.id} {record.status} "
                      f"({record.range_start:%Y-%m-%d %H:%M:%S} .. {record.range_end:%Y-%m-%d %H:%M:%S}): "
-                     + (record.error or _added(record.report)))
+                     + record.outcome())
     rows = reconciliation_rows(cluster, plan)
     if rows:
         counts = summary(rows)
@@ -386,7 +386,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             for record in list_backfills(db, plan.name):
                 table.add_row(record.id, record.status, f"{record.range_start:%Y-%m-%d %H:%M:%S} .. "
                               f"{record.range_end:%H:%M:%S}", ", ".join(record.shards),
-                              f"{record.started_at:%Y-%m-%d %H:%M:%S}", escape(record.error or _added(record.report)))
+                              f"{record.started_at:%Y-%m-%d %H:%M:%S}", escape(record.outcome()))
             console.print(table)
             return 0
         if args.start is None or args.end is None:
@@ -409,20 +409,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             finally:
                 spark.stop()
             progress.update(task, completed=progress.tasks[0].total)
-    console.print(f"backfill {done.id}: {done.status}, {_added(done.report)}", highlight=False)
+    console.print(f"backfill {done.id}: {done.status}, {done.outcome()}", highlight=False)
     for shard, outputs in done.report.items():
         for output, outcome in outputs.items():
             console.print(f"  {shard} {output}: {json.dumps(outcome, default=str)}", markup=False, highlight=False)
     return 0
-
-
-def _added(report: dict) -> str:
-    """How many events a backfill's recomputed outputs gained, in words."""
-    outcomes = [o for outputs in report.values() for o in outputs.values() if o.get("recomputed")]
-    if not outcomes:
-        return "nothing recomputed"
-    added = sum(o["events_after"] - o["events_before"] for o in outcomes)
-    return f"{added:+d} events in {sum(o['seconds_after'] for o in outcomes)} seconds"
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:

@@ -131,7 +131,7 @@ class Api:
 
 
 READ_PATHS = ["/plans", f"/plans/{PLAN}", f"/plans/{PLAN}/status", f"/plans/{PLAN}/timeline",
-              f"/plans/{PLAN}/snapshots", f"/plans/{PLAN}/quarantine",
+              f"/plans/{PLAN}/snapshots", f"/plans/{PLAN}/quarantine", f"/plans/{PLAN}/batch",
               f"/plans/{PLAN}/outputs/order_stats/aggregates", f"/plans/{PLAN}/outputs/delivered_orders/rows",
               f"/plans/{PLAN}/outputs/overdue_orders/events"]
 
@@ -254,6 +254,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         assert "PROMOTED" in kinds
         assert {s["id"]: s["status"] for s in admin.ok(f"/plans/{PLAN}/snapshots")["snapshots"]} == {good: "GOOD", bad: "BAD"}
         assert [s["id"] for s in admin.ok(f"/plans/{PLAN}/snapshots", status="BAD")["snapshots"]] == [bad]
+        assert admin.ok(f"/plans/{PLAN}/batch") == {"plan": PLAN, "backfills": [], "reconcile": None}
         quarantine = admin.ok(f"/plans/{PLAN}/quarantine", samples=5)
         assert quarantine["total"] == 2 and sum(quarantine["by_instance"].values()) == 2
         assert sorted(quarantine["by_reason"]) == ["field 'order_no' must not be empty (got )",

@@ -98,7 +98,7 @@ def test_reads_are_limited_to_the_plans_whose_dag_the_user_may_read(app) -> None
     assert [p["name"] for p in client.get("/api/v1/plans").json()] == ["trades"]
     assert client.get("/api/v1/plans/trades").status_code == 200
     for path in ("/plans/pizza_shop", "/plans/pizza_shop/status", "/plans/pizza_shop/timeline",
-                 "/plans/pizza_shop/snapshots", "/plans/pizza_shop/quarantine",
+                 "/plans/pizza_shop/snapshots", "/plans/pizza_shop/quarantine", "/plans/pizza_shop/batch",
                  "/plans/pizza_shop/outputs/order_stats/aggregates", "/plans/pizza_shop/outputs/delivered_orders/rows",
                  "/plans/pizza_shop/outputs/overdue_orders/events"):
         response = client.get(f"/api/v1{path}")
@@ -190,3 +190,21 @@ def test_responses_name_the_instance_and_the_deprecated_shard_id_still_works(app
     for path in ("/api/v1/plans/{plan}/timeline", "/api/v1/plans/{plan}/snapshots"):
         parameters = {p["name"]: p for p in spec["paths"][path]["get"]["parameters"]}
         assert parameters["shard_id"]["deprecated"] is True and not parameters["instance"].get("deprecated"), path
+
+
+def test_a_backfill_from_the_page_triggers_the_plans_backfill_dag_with_its_range(app,
+                                                                                 fake_airflow: FakeAirflowApi) -> None:
+    app.dependency_overrides[auth_manager] = lambda: FakeAuthManager(TRADES_ONLY | {("POST", "tandem_trades_backfill")})
+    client = TestClient(app)
+    headers = {"Authorization": "Bearer api-jwt"}
+    bad = client.post("/api/v1/plans/trades/actions", json={"action": "backfill", "start": "yesterday", "end": ""},
+                      headers=headers)
+    assert bad.status_code == 400 and "ISO time" in bad.json()["detail"] and fake_airflow.calls == []
+    response = client.post("/api/v1/plans/trades/actions", headers=headers,
+                           json={"action": "backfill", "start": "2026-11-26T10:00:00Z", "end": "2026-11-26T10:30:00Z",
+                                 "instance": "shard-2"})
+    assert response.status_code == 201, response.text
+    [call] = fake_airflow.calls
+    assert call["path"] == "/api/v2/dags/tandem_trades_backfill/dagRuns"
+    assert call["body"]["conf"] == {"start": "2026-11-26T10:00:00Z", "end": "2026-11-26T10:30:00Z",
+                                    "instance": "shard-2"}

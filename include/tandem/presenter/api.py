@@ -33,11 +33,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from tandem.config import ClusterConfig, ConfigError, PlanConfig
 from tandem.errors import TandemError
-from tandem.names import OPS_DAG_ID, RESTORE_DAG_ID
+from tandem.names import OPS_DAG_ID, RESTORE_DAG_ID, plan_dag_id
 from tandem.presenter import access, configuration, views
 from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
-    ActionRequest, ActionRun, AggregateRows, BrokenPlanSummary, EventPage, PlanEntry, PlanStatus, PlanSummary, Problem,
+    ActionRequest, ActionRun, AggregateRows, BatchReport, BrokenPlanSummary, EventPage, PlanEntry, PlanStatus, PlanSummary, Problem,
     QuarantineReport, SnapshotCatalog, TableRows, Timeline,
 )
 from tandem.store.db import Database
@@ -46,6 +46,7 @@ from tandem.store.snapshots import STATUSES
 API_VERSION = "v1"
 ACTION_DAGS = {"failover_now": OPS_DAG_ID, "drain_node": OPS_DAG_ID, "restart_node": OPS_DAG_ID,
                "snapshot_now": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
+"""The DAG each action triggers; ``backfill`` triggers the plan's own ``tandem_<plan>_backfill``."""
 NEEDS_NODE = {"drain_node", "restart_node"}
 PAGE_HEADER = "X-Tandem-Request"
 """The header a POST authenticated by the UI's cookie must carry (value ``1``): the page's ``fetch`` sends it,
@@ -169,6 +170,12 @@ def get_snapshots(plan: Plan, instance: Instance, db: Db,
                                   limit=limit)
 
 
+@router.get("/plans/{plan}/batch", response_model=BatchReport,
+            summary="The plan's newest backfills and its newest reconcile run (differences per instance and output)")
+def get_batch(plan: Plan, cluster: Cluster, db: Db, limit: Annotated[int, Query(ge=1, le=100)] = 10) -> BatchReport:
+    return views.batch_report(db, cluster, plan, limit=limit)
+
+
 @router.get("/plans/{plan}/quarantine", response_model=QuarantineReport,
             summary="Quarantined input lines: counts by reason and instance, and the newest ones (cached a few "
                     "seconds while the quarantine table is unchanged)")
@@ -265,6 +272,14 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
         plan.check_node(body.node)
     if body.action in NEEDS_NODE and not body.node:
         raise views.BadRequest(f"{body.action} needs a node (nodes of {plan.name}: {', '.join(plan.nodes)})")
+    if body.action == "backfill":
+        for name, value in (("start", body.start), ("end", body.end)):
+            try:
+                datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise views.BadRequest(f"backfill needs {name} as an ISO time such as 2026-11-26T10:00:00Z, "
+                                       f"got {value!r}") from None
+        return {"start": body.start.strip(), "end": body.end.strip(), "instance": body.instance}
     if body.action == "restore":
         if not body.confirm:
             raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
@@ -280,7 +295,7 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
              responses={502: {"model": Problem, "description": "Airflow's API refused or did not answer"}})
 def act(plan: Plan, body: ActionRequest, request: Request, cluster: Cluster, user: User, auth: AuthManager,
         teams: Teams) -> ActionRun:
-    dag_id = ACTION_DAGS[body.action]
+    dag_id = ACTION_DAGS.get(body.action) or plan_dag_id(plan.name, body.action)
     access.check_trigger(auth, user, dag_id, teams)
     params = action_conf(plan, body)
     base = airflow_api_url(cluster)

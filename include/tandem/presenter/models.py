@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, computed_field
 
 Role = Literal["ACTIVE", "PASSIVE", "BACKUP"]
-Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore"]
+Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore", "backfill"]
 
 
 class GroupSummary(BaseModel):
@@ -152,6 +152,42 @@ class SnapshotCatalog(BaseModel):
     snapshots: list[SnapshotInfo]
 
 
+class BackfillInfo(BaseModel):
+    id: str
+    status: str
+    range_start: datetime
+    range_end: datetime
+    instances: list[str]
+    requested_by: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: str = Field(description="what the backfill changed, in words (or its error)")
+
+
+class ReconcileRow(OfInstance):
+    output: str
+    compared: int
+    late: int
+    extra: int
+    different: int
+    examples: str
+    skipped: str | None = None
+
+
+class ReconcileRun(BaseModel):
+    run_id: str
+    reconciled_at: datetime
+    range_start: datetime
+    range_end: datetime
+    rows: list[ReconcileRow]
+
+
+class BatchReport(BaseModel):
+    plan: str
+    backfills: list[BackfillInfo] = Field(description="the newest first")
+    reconcile: ReconcileRun | None = Field(None, description="the newest reconcile run, if any")
+
+
 class QuarantineSample(OfInstance):
     quarantined_at: datetime
     node: str
@@ -210,6 +246,8 @@ class ActionRequest(BaseModel):
     snapshot_id: str = Field("", description="restore: the snapshot (empty: each instance's newest GOOD one)")
     force: bool = Field(False, description="restore: accept a snapshot marked BAD")
     confirm: bool = Field(False, description="restore rewinds the plan's outputs: it must be confirmed")
+    start: str = Field("", description="backfill: the first instant of the range (ISO, UTC when no zone)")
+    end: str = Field("", description="backfill: the end of the range, excluded")
 
 
 class ActionRun(BaseModel):

@@ -30,10 +30,12 @@ from tandem.names import ACTIVE
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import CappedCursor
 from tandem.presenter.models import (
-    AggregateRows, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState,
+    AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState,
     OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample, SnapshotCatalog, SnapshotInfo,
-    TableRows, Timeline, TimelineEvent,
+    ReconcileRow, ReconcileRun, TableRows, Timeline, TimelineEvent,
 )
+from tandem.batch.reconciliations import reconciliation_rows
+from tandem.store.backfills import list_backfills
 from tandem.store.db import Database
 from tandem.store.leases import newest_of_kinds, recent_events
 from tandem.store.outputs import START, EventPosition, events_after, newest_events, read_table_rows
@@ -196,6 +198,22 @@ def snapshot_catalog(db: Database, plan: PlanConfig, *, shard_id: str | None = N
         plan.check_shard(shard_id)
     records = list_snapshots(db, plan.name, shard_id=shard_id, statuses=statuses, limit=limit)
     return SnapshotCatalog(plan=plan.name, snapshots=[_snapshot(r) for r in records])
+
+
+def batch_report(db: Database, cluster: ClusterConfig, plan: PlanConfig, *, limit: int = 10) -> BatchReport:
+    """A plan's newest backfills and its newest reconcile run."""
+    backfills = [BackfillInfo(id=r.id, status=r.status, range_start=r.range_start, range_end=r.range_end,
+                              instances=list(r.shards), requested_by=r.requested_by, started_at=r.started_at,
+                              finished_at=r.finished_at, outcome=r.outcome())
+                 for r in list_backfills(db, plan.name, limit=limit)]
+    rows = reconciliation_rows(cluster, plan)
+    run = None if not rows else ReconcileRun(
+        run_id=rows[0]["run_id"], reconciled_at=rows[0]["reconciled_at"], range_start=rows[0]["range_start"],
+        range_end=rows[0]["range_end"],
+        rows=[ReconcileRow(instance=r["shard_id"], **{k: r[k] for k in ("output", "compared", "late", "extra",
+                                                                          "different", "examples", "skipped")})
+              for r in rows])
+    return BatchReport(plan=plan.name, backfills=backfills, reconcile=run)
 
 
 QUARANTINE_SUMMARIES: VersionedCache[QuarantineReport] = VersionedCache(ttl_s=QUARANTINE_TTL_S)

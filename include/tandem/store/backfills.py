@@ -33,6 +33,24 @@ class BackfillRecord:
     error: str | None = None
 
 
+    def outcome(self) -> str:
+        """What the backfill changed, in words (or its error)."""
+        if self.error:
+            return self.error
+        outcomes = [o for outputs in self.report.values() for o in outputs.values() if o.get("recomputed")]
+        if not outcomes:
+            return "running" if self.status == RUNNING else "nothing recomputed"
+        replaced = [o for o in outcomes if "events_after" in o]
+        parts = []
+        if replaced:
+            parts.append(f"{sum(o['events_after'] - o['events_before'] for o in replaced):+d} events in "
+                         f"{sum(o['seconds_after'] for o in replaced)} seconds")
+        published = sum(o.get("published", 0) for o in outcomes)
+        if published or len(replaced) < len(outcomes):
+            parts.append(f"{published} rows published once by id")
+        return ", ".join(parts)
+
+
 def _record(row: dict[str, Any]) -> BackfillRecord:
     return BackfillRecord(**{**row, "shards": tuple(row["shards"])})
 
