@@ -160,6 +160,8 @@ def check_page(browser, base: str, token: str, database_url: str, epoch: int, tm
         feed = page.get_by_test_id("feed-overdue_orders")
         expect(feed).to_contain_text("expiry_time=2025-", timeout=30_000)
         expect(feed).not_to_contain_text("expiry_time=17")  # epoch millis of 2025 start with 17…
+        expect(page.get_by_test_id("backfill")).to_be_visible()  # the backfill form, with no backfill yet
+        expect(page.locator("#batch")).to_contain_text("no backfills yet")
         page.screenshot(path=tmp_path / "pizza-page.png", full_page=True)
     finally:
         context.close()
