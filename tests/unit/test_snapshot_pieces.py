@@ -43,6 +43,13 @@ def test_newest_per_key_takes_the_highest_epoch_then_batch_of_each_key() -> None
                       ("second", T[0], "IBM", "s2"): 3}
 
 
+def test_of_two_versions_of_one_batch_the_later_published_wins() -> None:
+    """A backfill's rows carry the last published (epoch, batch) and a later publish time."""
+    rows = partials([("minute", T[0], "IBM", "s1", 1, 4, 10), ("minute", T[0], "IBM", "s1", 1, 4, 13)])
+    rows = rows.append_column("published_at", pa.array([T[1], T[0]], pa.timestamp("us", tz="UTC")))
+    assert newest_per_key(rows, TRADES).column("trade_count").to_pylist() == [10]
+
+
 @pytest.mark.parametrize("count", [0, 1])
 def test_newest_per_key_of_no_or_one_row(count: int) -> None:
     rows = partials([("second", T[0], "IBM", "s1", 1, 1, 1)][:count])

@@ -256,7 +256,8 @@ def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
     identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
     if rows.num_rows == 0:
         return rows
-    ordered = rows.sort_by([*[(c, "ascending") for c in identity], *agg_delta.NEWEST_FIRST])
+    newest_first = [(c, order) for c, order in agg_delta.NEWEST_FIRST if c in rows.column_names]
+    ordered = rows.sort_by([*[(c, "ascending") for c in identity], *newest_first])
     changed = None  # row i+1 starts a new key
     for column in identity:
         values = ordered.column(column).combine_chunks()
