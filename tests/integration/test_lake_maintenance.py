@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
-from tandem.lake.history import roll_back_slice, version_at_batch
+from tandem.lake.history import roll_back_slice, vacuumed_files, version_at_batch
 from tandem.lake.maintenance import kept_versions, maintain_table
 from tandem.lake.tables import append_once, read_table
 
@@ -104,3 +104,5 @@ def test_without_the_kept_version_vacuum_removes_what_time_travel_to_it_needs(tm
     maintain_table(path, keep=(), retention_hours=0)
     with pytest.raises(Exception):  # noqa: B017 - delta-rs or pyarrow, whichever opens a vacuumed file first
         read_table(path, version=old - 5)
+    assert vacuumed_files(path, old - 5)  # what a restore checks before it stops anything
+    assert vacuumed_files(path, DeltaTable(str(path)).version()) == []

@@ -71,6 +71,18 @@ def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | No
     return read_table(path, ds.field("shard_id") == shard_id, version=version)
 
 
+def vacuumed_files(path: Path, version: int) -> list[str]:
+    """The files the Delta table at ``path`` names at ``version`` that are gone from storage (vacuumed), or the
+    reason the version cannot be read at all; empty when time travel to it works (or there is no table)."""
+    if not table_exists(path):
+        return []
+    try:
+        uris = DeltaTable(str(path), version=version).file_uris()
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds for a version whose log is gone
+        return [f"version {version} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
+    return sorted(f for f in (uri.removeprefix("file://") for uri in uris) if not Path(f).exists())
+
+
 def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
     """The instance's rows in files added to the table after ``version`` or removed from it since.
 

@@ -47,7 +47,7 @@ from typing import Any
 from tandem.checkpoints import cut_checkpoint, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
-from tandem.lake.history import roll_back_slice
+from tandem.lake.history import roll_back_slice, vacuumed_files
 from tandem.lake.tables import table_exists
 from tandem.layout import checkpoint_dir, delta_table_dir, under_root
 from tandem.names import ACTIVE
@@ -149,6 +149,9 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
         if lost:  # even with force: the replay after the cut would miss input, and nothing says what it was
             raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: the input after its cut is gone: "
                                   + "; ".join(lost[:3]))
+        gone = vacuumed_versions(cluster, plan, chosen)
+        if gone:  # even with force: the instance's rows at the cut cannot be read back
+            raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: " + "; ".join(gone[:3]))
         target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
         report = RestoreReport(plan.name, shard_id, chosen, target)
         node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)
@@ -176,6 +179,23 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
             for line in supervisor.reconcile(shard_id, cause=f"restore from {chosen.id}").lines():
                 report.add(line)
     return report
+
+
+def vacuumed_versions(cluster: ClusterConfig, plan: PlanConfig, snapshot: catalog.SnapshotRecord) -> list[str]:
+    """For each Delta table a restore from ``snapshot`` rolls back (not those published once by id, which are kept),
+    why its recorded version can no longer be read: files vacuumed, or the version gone from the log."""
+    problems = []
+    for table, path in plan_output_tables(cluster, plan).items():
+        version = snapshot.output_versions.get(table)
+        declared = plan.outputs.get(table)
+        kept_as_is = declared is not None and (declared.id or declared.kind != "aggregation")
+        if version is None or kept_as_is:
+            continue
+        gone = vacuumed_files(path, version)
+        if gone:
+            problems.append(f"Delta table {table} at version {version} lost {len(gone)} file(s) "
+                            f"({gone[0]}): vacuumed after the snapshot was no longer kept")
+    return problems
 
 
 def _put_cut(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
