@@ -13,9 +13,8 @@ from airflow.sdk import DAG, Asset, CronPartitionTimetable
 
 from tandem.airflow.batch_operators import ReconcileDayOperator, ReconcileVerdictOperator, plan_spark_job
 from tandem.airflow.dags import BATCH_DEFAULT_ARGS, load_for_dags, reconcile_doc, reconcile_params
-from tandem.batch.reconciliations import RECONCILIATIONS
 from tandem.layout import delta_table_dir
-from tandem.names import plan_dag_id
+from tandem.names import RECONCILIATIONS, plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
 

@@ -22,6 +22,8 @@ def plan_dag_id(plan: str, purpose: str) -> str:
         raise ValueError(f"a plan has no {purpose!r} DAG; its DAGs are {', '.join(PLAN_DAG_PURPOSES)}")
     return f"tandem_{plan}_{purpose}"
 
+RECONCILIATIONS = "reconciliations"
+"""The Delta table ``delta/<plan>/reconciliations`` of a plan's reconcile runs (:mod:`tandem.batch.reconciliations`)."""
 QUARANTINE = "quarantine"
 """The kind of a plan's quarantine output, its implicit name, and the name of the runtime's query that
 fills it with the bad lines of every stream."""

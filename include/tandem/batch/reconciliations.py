@@ -14,8 +14,8 @@ import pyarrow as pa
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.lake.tables import append_once, read_table
 from tandem.layout import delta_table_dir
+from tandem.names import RECONCILIATIONS
 
-RECONCILIATIONS = "reconciliations"
 KINDS = ("late", "extra", "different")
 """``late``: the stream counted fewer events (the watermark dropped them, by design); ``extra``: published but not
 recomputed; ``different``: other values."""
