@@ -54,12 +54,17 @@ def processed_files(query_dir: Path | str, source_index: int = 0) -> frozenset[s
 
 def _logged_up_to(log_dir: Path, limit: int) -> frozenset[str]:
     """The paths a file-source log lists in its entries up to ``limit`` (compacted ones included)."""
-    paths: set[str] = set()
+    return frozenset(record["path"] for record in _records_up_to(log_dir, limit))
+
+
+def _records_up_to(log_dir: Path, limit: int) -> list[dict]:
+    """The records (``path``, ``timestamp`` …) a file-source log holds in its entries up to ``limit``."""
+    records: list[dict] = []
     for entry in sorted(log_dir.iterdir()) if log_dir.is_dir() else []:
         match = _LOG_ENTRY.match(entry.name)
         if match and int(match.group(1)) <= limit:
-            paths.update(_logged_paths(entry))
-    return frozenset(paths)
+            records += _logged_records(entry)
+    return records
 
 
 def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | None]:
@@ -81,18 +86,9 @@ def processed_file_times(query_dir: Path | str) -> dict[str, int]:
     batch = committed_batch(query_dir)
     if batch is None or not (query_dir / "offsets" / str(batch)).is_file():
         return {}
-    times: dict[str, int] = {}
-    for index, limit in enumerate(source_log_offsets(query_dir / "offsets" / str(batch))):
-        log_dir = query_dir / "sources" / str(index)
-        for entry in sorted(log_dir.iterdir()) if limit is not None and log_dir.is_dir() else []:
-            match = _LOG_ENTRY.match(entry.name)
-            if match and int(match.group(1)) <= limit:
-                times.update((record["path"], int(record.get("timestamp") or 0)) for record in _logged_records(entry))
-    return times
-
-
-def _logged_paths(entry: Path) -> list[str]:
-    return [record["path"] for record in _logged_records(entry)]
+    return {record["path"]: int(record.get("timestamp") or 0)
+            for index, limit in enumerate(source_log_offsets(query_dir / "offsets" / str(batch))) if limit is not None
+            for record in _records_up_to(query_dir / "sources" / str(index), limit)}
 
 
 def _logged_records(entry: Path) -> list[dict]:
