@@ -104,6 +104,21 @@ def test_without_any_batch_the_time_since_start_counts():
     assert evaluate(just_started, LIMITS).state == HEALTHY
 
 
+def test_a_long_micro_batch_whose_spark_work_advances_is_slow_not_stalled():
+    # a loaded machine: the batch started 90 s ago, but a task of it completed 2 s ago
+    slow = evaluate(running(waiting_input_age_s=80.0, last_batch_age_s=90.0, work_age_s=2.0), LIMITS)
+    assert slow.state == HEALTHY and "long micro-batch" in slow.evidence
+    first = running(last_batch_age_s=None, waiting_input_age_s=40.0, started_age_s=120.0, work_age_s=1.0)
+    assert evaluate(first, LIMITS).state == HEALTHY
+
+
+def test_a_micro_batch_whose_work_stopped_advancing_is_stalled():
+    stuck = evaluate(running(waiting_input_age_s=80.0, last_batch_age_s=90.0, work_age_s=31.0), LIMITS)
+    assert stuck.state == STALLED and "Spark work last advanced 31.0s ago" in stuck.evidence
+    # work advancing does not hide a stall that batches would not show either: the older of the two never wins
+    assert evaluate(running(waiting_input_age_s=80.0, last_batch_age_s=5.0, work_age_s=300.0), LIMITS).state == HEALTHY
+
+
 def test_dead_wins_over_stalled():
     assert evaluate(running(beat_age_s=10.0, waiting_input_age_s=100.0, last_batch_age_s=100.0), LIMITS).state == DEAD
 
@@ -117,3 +132,17 @@ def test_a_failure_that_repeats_at_the_same_batch_is_blocked_a_first_one_is_fail
     assert failure in twice.evidence and "2 runs in a row" in twice.evidence
     recorded = evaluate(running(status="BLOCKED", error="failed 2 runs in a row at the same batch: x"), LIMITS)
     assert recorded.state == BLOCKED and recorded.status == "BLOCKED"
+
+
+@pytest.mark.parametrize(("before", "now", "advanced"), [
+    ({}, {}, False),                      # nothing runs
+    ({}, {3: 0}, True),                   # a stage started
+    ({3: 4}, {3: 4}, False),              # the same stage, no task completed: stuck so far
+    ({3: 4}, {3: 5}, True),               # a task completed
+    ({3: 4}, {}, False),                  # the stage ended and nothing started (the batch's Python part)
+    ({3: 4}, {5: 0}, True),               # the next stage started
+])
+def test_spark_work_advanced_when_a_stage_starts_or_a_task_completes(before, now, advanced):
+    from tandem.runtime.listener import work_advanced
+
+    assert work_advanced(before, now) is advanced

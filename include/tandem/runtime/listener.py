@@ -90,17 +90,45 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and value == value and abs(value) != float("inf") else None
 
 
+class SparkWorkProbe:
+    """Whether the driver's Spark work advanced since the previous call: a stage started, or a task of a running
+    stage completed (Spark's status tracker). A micro-batch may take longer than the stall timeout on a loaded
+    machine; while this says yes, it is slow, not stuck."""
+
+    def __init__(self, spark) -> None:
+        self.tracker = spark.sparkContext.statusTracker()
+        self.seen: dict[int, int] = {}  # active stage id -> tasks completed at the previous call
+
+    def __call__(self) -> bool:
+        now: dict[int, int] = {}
+        for stage_id in self.tracker.getActiveStageIds():
+            info = self.tracker.getStageInfo(stage_id)
+            if info is not None:
+                now[stage_id] = info.numCompletedTasks
+        advanced = work_advanced(self.seen, now)
+        self.seen = now
+        return advanced
+
+
+def work_advanced(before: dict[int, int], now: dict[int, int]) -> bool:
+    """Whether a stage in ``now`` is new or completed more tasks than in ``before`` (stage id -> tasks completed;
+    pure)."""
+    return any(stage not in before or done > before[stage] for stage, done in now.items())
+
+
 class LivenessBeat(threading.Thread):
     """A daemon thread that records a liveness beat every ``interval_s``, batches or not, and then
     runs ``on_beat`` (the role controller's lease renewal or take-over).
 
     A beat also reads the instance's stop request: when someone asked it to stop (from any host),
-    ``on_stop_request`` is called with who asked, once.
+    ``on_stop_request`` is called with who asked, once. ``work_probe`` (a :class:`SparkWorkProbe`) tells each beat
+    whether the driver's work advanced since the previous one.
     """
 
     def __init__(self, instance: InstanceKey, database_url: str, interval_s: float,
                  on_beat: Callable[[], None] = lambda: None,
-                 on_stop_request: Callable[[str], None] = lambda requested_by: None) -> None:
+                 on_stop_request: Callable[[str], None] = lambda requested_by: None,
+                 work_probe: Callable[[], bool] = lambda: False) -> None:
         super().__init__(name="tandem-liveness", daemon=True)
         self.instance = instance
         self.interval_s = interval_s
@@ -109,13 +137,18 @@ class LivenessBeat(threading.Thread):
         self.host = socket.gethostname()
         self.on_beat = on_beat
         self.on_stop_request = on_stop_request
+        self.work_probe = work_probe
         self.stop_requested_by: str | None = None
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                requested_by = beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at)
+                advanced = self.work_probe()
+            except Exception:  # the status tracker is gone while Spark stops: no evidence of work
+                advanced = False
+            try:
+                requested_by = beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at, advanced)
             except Exception as exc:  # PostgreSQL may be restarting; keep beating
                 log.warning("liveness beat failed: %s", exc)
             else:

@@ -26,7 +26,7 @@ from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
-from tandem.runtime.listener import LivenessBeat, ProgressRecorder
+from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.relays import RelayThread, published_to_streams
@@ -142,7 +142,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
                                standby_role=BACKUP if role == BACKUP else PASSIVE)
         roles.start(wants_active=role == ACTIVE)
         liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick,
-                                on_stop_request=lambda _by: stop.set())
+                                on_stop_request=lambda _by: stop.set(), work_probe=SparkWorkProbe(spark))
         liveness.start()
         relays = RelayThread(cluster, plan, roles, interval) if published_to_streams(plan) else None
         if relays is not None:

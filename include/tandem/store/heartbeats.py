@@ -37,21 +37,25 @@ def record_progress(db: Database, progress: BatchProgress) -> None:
     db.run(lambda cursor: cursor.execute(f"INSERT INTO heartbeats ({columns}) VALUES ({placeholders})", row))
 
 
-def beat(db: Database, instance_id: str, host: str, pid: int, started_at: datetime) -> str | None:
-    """Record one liveness beat (independent of micro-batches).
+def beat(db: Database, instance_id: str, host: str, pid: int, started_at: datetime,
+         work_advanced: bool = False) -> str | None:
+    """Record one liveness beat (independent of micro-batches); ``work_advanced``: the driver saw Spark work of
+    the instance advance since its previous beat (``work_at`` becomes now; a new run starts with none).
 
     Returns who asked this instance to stop (:func:`tandem.store.registry.request_stop`), ``None``
     when nobody did.
     """
     def work(cursor) -> str | None:
         cursor.execute(
-            """INSERT INTO liveness (instance_id, host, pid, beat_at, beats, started_at)
-               VALUES (%s, %s, %s, now(), 1, %s)
+            """INSERT INTO liveness (instance_id, host, pid, beat_at, beats, started_at, work_at)
+               VALUES (%(id)s, %(host)s, %(pid)s, now(), 1, %(started)s, CASE WHEN %(advanced)s THEN now() END)
                ON CONFLICT (instance_id) DO UPDATE
                SET host = EXCLUDED.host, pid = EXCLUDED.pid, beat_at = now(),
                    beats = CASE WHEN liveness.started_at = EXCLUDED.started_at THEN liveness.beats + 1 ELSE 1 END,
+                   work_at = CASE WHEN %(advanced)s THEN now()
+                                  WHEN liveness.started_at = EXCLUDED.started_at THEN liveness.work_at END,
                    started_at = EXCLUDED.started_at""",
-            (instance_id, host, pid, started_at))
+            {"id": instance_id, "host": host, "pid": pid, "started": started_at, "advanced": work_advanced})
         cursor.execute(
             """SELECT stop_requested_by FROM plan_instances
                WHERE instance_id = %s AND stop_requested_at IS NOT NULL""", (instance_id,))

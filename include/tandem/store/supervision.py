@@ -46,7 +46,8 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
             """SELECT i.*, EXTRACT(EPOCH FROM now() - l.beat_at)::float8 AS beat_age_s,
                       EXTRACT(EPOCH FROM now() - i.launched_at)::float8 AS launched_age_s,
                       EXTRACT(EPOCH FROM now() - i.started_at)::float8 AS started_age_s,
-                      EXTRACT(EPOCH FROM i.started_at)::float8 AS started_epoch, l.beat_at
+                      EXTRACT(EPOCH FROM i.started_at)::float8 AS started_epoch, l.beat_at,
+                      EXTRACT(EPOCH FROM now() - l.work_at)::float8 AS work_age_s
                FROM plan_instances i LEFT JOIN liveness l USING (instance_id)
                WHERE i.plan = %(plan)s AND i.shard_id = %(shard)s""", params)
         instances = {row["node"]: dict(row) for row in cursor.fetchall()}

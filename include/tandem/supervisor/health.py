@@ -10,7 +10,8 @@ DEAD     no liveness beat within the heartbeat timeout (killed, frozen, host los
 FAILED   the instance ended with an error (a query stopped with an exception)
 BLOCKED  it failed the same way at the same batch :data:`REPEATS_TO_BLOCK` runs in a row (a
          deterministic failure, not a crash): relaunching it would fail again; an operator must look
-STALLED  beating, but no micro-batch for ``stall_timeout`` while unprocessed input waits
+STALLED  beating, but neither a micro-batch nor any Spark work (a task completing) for ``stall_timeout``
+         while unprocessed input waits
 STOPPED  ended cleanly (stopped by an operator or a supervisor)
 MISSING  never launched on this node
 ======== ==================================================================================
@@ -66,6 +67,8 @@ class InstanceObservation:
             for each query its latest batch and the oldest of those (``None``: no batch recently).
         waiting_input_age_s: age of the oldest input file that arrived after that batch started
             (``None``: nothing waits).
+        work_age_s: since the driver last saw its Spark work advance (a stage started, a task completed)
+            in its current run (``None``: not yet, or a driver that does not say).
     """
 
     node: str
@@ -80,6 +83,7 @@ class InstanceObservation:
     started_age_s: float | None = None
     last_batch_age_s: float | None = None
     waiting_input_age_s: float | None = None
+    work_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,10 +142,15 @@ def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
 
     waiting = obs.waiting_input_age_s
     quiet_for = obs.last_batch_age_s if obs.last_batch_age_s is not None else obs.started_age_s
+    if quiet_for is not None and obs.work_age_s is not None:
+        quiet_for = min(quiet_for, obs.work_age_s)  # a long micro-batch whose tasks complete is slow, not stuck
     if waiting is not None and waiting >= limits.stall_timeout_s and (quiet_for is None or quiet_for >= limits.stall_timeout_s):
         last = ("no micro-batch since it started " + _age(obs.started_age_s) if obs.last_batch_age_s is None
                 else f"last micro-batch started {_age(obs.last_batch_age_s)}")
-        return verdict(STALLED, f"input has waited {waiting:.1f}s and {last} "
+        work = "" if obs.work_age_s is None else f", Spark work last advanced {_age(obs.work_age_s)}"
+        return verdict(STALLED, f"input has waited {waiting:.1f}s and {last}{work} "
                                 f"(stall timeout {limits.stall_timeout_s:g}s); liveness beat {_age(obs.beat_age_s)}")
     backlog = "" if waiting is None else f", input waiting {waiting:.1f}s"
+    if waiting is not None and obs.work_age_s is not None and (obs.last_batch_age_s or 0.0) >= limits.stall_timeout_s:
+        backlog += f", in a long micro-batch (Spark work advanced {_age(obs.work_age_s)})"
     return verdict(HEALTHY, f"liveness beat {_age(obs.beat_age_s)}{backlog}")

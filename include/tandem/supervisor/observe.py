@@ -79,7 +79,7 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
             failure=row.get("failure"), failure_repeats=int(row.get("failure_repeats") or 0),
             beat_age_s=row["beat_age_s"], launched_age_s=row["launched_age_s"], started_age_s=row["started_age_s"],
             last_batch_age_s=None if batch_start is None else max(0.0, rows.now_epoch - batch_start),
-            waiting_input_age_s=waiting,
+            waiting_input_age_s=waiting, work_age_s=row.get("work_age_s"),
         )
     lease = None
     if rows.lease is not None:

@@ -1,0 +1,69 @@
+"""A long micro-batch is slow, not stalled, while its Spark work advances (issue 25's leftover, seen again in CI).
+
+The driver's liveness beat asks Spark's status tracker whether a stage started or a task completed since the
+previous beat (``SparkWorkProbe``) and records when it last did (``liveness.work_at``); the supervisor's observer
+reads its age. Real Spark (the shared session), real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from tandem.config import load_cluster, load_plan
+from tandem.runtime.listener import SparkWorkProbe
+from tandem.store import Database, migrate
+from tandem.store.heartbeats import beat
+from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
+from tandem.supervisor.observe import observe_shard
+
+pytestmark = pytest.mark.integration
+
+
+def probes_while(spark, job, every_s: float = 0.5) -> list[bool]:
+    """What the probe said every ``every_s`` while ``job(spark)`` ran in another thread (after a first call)."""
+    probe = SparkWorkProbe(spark)
+    probe()
+    runner = threading.Thread(target=job, args=(spark,))
+    runner.start()
+    said = []
+    while runner.is_alive():
+        time.sleep(every_s)
+        said.append(probe())
+    runner.join()
+    return said
+
+
+def test_the_probe_sees_tasks_complete_and_nothing_while_one_task_hangs(spark) -> None:
+    many_short = probes_while(spark, lambda s: s.sparkContext.parallelize(range(8), 8)
+                              .map(lambda x: time.sleep(0.6) or x).count())
+    assert many_short.count(True) >= 3, many_short
+    one_long = probes_while(spark, lambda s: s.sparkContext.parallelize(range(1), 1)
+                            .map(lambda x: time.sleep(4) or x).count())
+    # the stage's start is seen once (or not at all when it started before the first probe), then nothing moves
+    assert one_long.count(True) <= 1 and one_long[-3:] == [False] * 3, one_long
+
+
+def test_the_supervisor_reads_when_the_work_last_advanced(project, database_url: str) -> None:
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    key = InstanceKey("trades", "shard-1", "node-a")
+    started = datetime.now(timezone.utc)
+    with Database(database_url) as db:
+        migrate(db)
+        register_nodes(db, cluster)
+        record_start(db, key, host="h", pid=1, pid_started_at=1.0, ancestors=[], spark_app_id="app",
+                     trigger_interval_s=1.0, checkpoint_root="/tmp/x")
+        record_status(db, key, "RUNNING")
+        beat(db, key.id, "h", 1, started)
+        assert observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None
+        beat(db, key.id, "h", 1, started, work_advanced=True)
+        time.sleep(1.2)
+        beat(db, key.id, "h", 1, started)  # no work since: the age grows
+        age = observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s
+        assert age is not None and 1.0 <= age < 10.0, age
+        beat(db, key.id, "h", 1, datetime.now(timezone.utc))  # a new run has seen no work yet
+        assert observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None
