@@ -53,6 +53,7 @@ from _ha import (
     first_publish,
     group_alive,
     instance_row,
+    latest_watermark,
     lease,
     level_with,
     mismatches,
@@ -129,7 +130,16 @@ class OnHosts:
         print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
 
     def logs(self, node: str) -> str:
-        return f"{instance_row(self.url, node)}\n{self.airflow.worker_log(HOST_OF_NODE[node]).read_text()[-3000:]}"
+        """What explains a wait on ``node`` that timed out: its row, why it was last launched or stopped, its
+        newest watermarks, the tails of its driver's log and of its host's worker log."""
+        row = instance_row(self.url, node)
+        events = [f"{e['happened_at']:%H:%M:%S} {e['node']} {e['kind']} {e['epoch']} {str(e['detail'])[:300]}"
+                  for e in failover_events(self.url)[-12:]]
+        marks = {n: latest_watermark(self.url, n, None) for n in NODES}
+        driver = Path(row["log_path"]) if row and row.get("log_path") else None
+        driver_tail = driver.read_text(errors="replace")[-4000:] if driver and driver.is_file() else "(no driver log)"
+        return "\n".join([str(row), "failover events:", *events, f"watermarks {marks}", f"driver log {driver}:",
+                          driver_tail, "worker log:", self.airflow.worker_log(HOST_OF_NODE[node]).read_text()[-1500:]])
 
     def both_running(self) -> tuple[str, str]:
         """Wait for one ACTIVE lease holder and one PASSIVE, both RUNNING; (active, standby)."""
@@ -268,8 +278,9 @@ def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts
         wait_for(lambda: publish_log(url, active), 60, f"{active} to publish")
         # a standby relaunched by the previous test may still be in its first batch: failover in
         # seconds is the promise of a hot standby, so cut only once it has read what the active has
+        # (on a CI machine twice as slow as an idle one, a relaunch and its re-sync took 2 minutes)
         launched = {node: instance_row(url, node)["started_at"] for node in NODES}
-        wait_for(lambda: level_with(url, standby, active, since=launched), 120, f"{standby} to be hot",
+        wait_for(lambda: level_with(url, standby, active, since=launched), 300, f"{standby} to be hot",
                  detail=lambda: on_hosts.logs(standby))
         before, since = lease(url), db_now(url)
         airflow.network.isolate(HOST_OF[active])
