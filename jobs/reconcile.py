@@ -3,6 +3,7 @@ recomputation, store the differences, and repair them with a backfill when the p
 
     spark-submit --properties-file conf/spark-defaults.conf --py-files dist/tandem.zip \
         jobs/reconcile.py --plan trades --day 2026-11-25 --run-id manual-1
+    ... jobs/reconcile.py --plan trades --start 2026-11-25T10:00:00+00:00 --end 2026-11-25T11:00:00+00:00 --run-id r-2
 """
 
 from __future__ import annotations
@@ -20,22 +21,38 @@ from tandem.batch.reconciliations import summary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
-    parser.add_argument("--day", required=True, help="the UTC day to reconcile, YYYY-MM-DD")
+    span = parser.add_mutually_exclusive_group(required=True)
+    span.add_argument("--day", help="the UTC day to reconcile, YYYY-MM-DD")
+    span.add_argument("--start", type=_instant, help="the start of the range to reconcile (ISO 8601, with an offset)")
+    parser.add_argument("--end", type=_instant, help="the end of the range (with --start)")
     parser.add_argument("--run-id", required=True, help="stored with the differences (once per run id)")
     args = parser.parse_args(argv)
+    if (args.start is None) != (args.end is None):
+        parser.error("--start and --end go together")
 
-    start = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-    end = start + timedelta(days=1)
+    if args.day:
+        start = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+        end = start + timedelta(days=1)
+    else:
+        start, end = args.start, args.end
+    label = args.day or f"{start.isoformat()} .. {end.isoformat()}"
 
     def work(cluster, plan, db, spark, log) -> None:
         outcomes = reconcile(cluster, plan, db, spark, start, end, run_id=args.run_id)
         counts = summary(outcomes)
-        log.info("reconcile %s %s: %s", plan.name, args.day, counts)
+        log.info("reconcile %s %s: %s", plan.name, label, counts)
         if plan.reconcile.repair and (counts["late"] or counts["different"]):
             done = run_backfill(cluster, plan, db, spark, start, end, requested_by=f"reconcile {args.run_id}")
             log.info("repaired by backfill %s: %s", done.id, done.status)
 
     return run_plan_job("reconcile", args.plan, work)
+
+
+def _instant(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset (write e.g. {text}+00:00)")
+    return moment
 
 
 if __name__ == "__main__":
