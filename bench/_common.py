@@ -11,7 +11,9 @@ import io
 import json
 import os
 import platform
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -227,6 +229,27 @@ def drop_database(url: str) -> None:
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         conn.close()
+
+
+@contextmanager
+def private_storage(label: str, repo: Path, server_url: str, keep: bool = False):
+    """A temp copy of ``repo``'s conf/, a storage root and a database, selected through the environment (the
+    ``TANDEM_*`` variables) for the run; yields (project folder, database URL). Removed after, unless ``keep``."""
+    root = Path(tempfile.mkdtemp(prefix=f"tandem-{label}-"))
+    url = create_database(server_url, label)
+    shutil.copytree(repo / "conf", root / "conf")
+    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT",
+                                            "TANDEM_DATABASE_URL")}
+    os.environ.update({"TANDEM_HOME": str(repo), "TANDEM_CONF_DIR": str(root / "conf"),
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+    try:
+        yield root, url
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        if not keep:
+            drop_database(url)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def checkpoint(server_url: str) -> None:

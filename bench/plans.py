@@ -39,7 +39,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -62,25 +61,6 @@ and at 20 000 trades (3 s per instance) they were a tenth of the run."""
 RESULTS = BENCH / "results" / "plans.json"
 START_MS = 1_750_000_000_000
 FINAL_MS = START_MS + 30 * 86_400_000
-
-
-@contextmanager
-def private_storage(label: str):
-    """A temp conf/ copy, storage root and database, selected through the environment for the run."""
-    root = Path(tempfile.mkdtemp(prefix=f"tandem-plans-{label}-"))
-    url = C.create_database(SERVER_URL, f"plans_{label}")
-    shutil.copytree(ROOT / "conf", root / "conf")
-    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT",
-                                            "TANDEM_DATABASE_URL")}
-    os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
-                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
-    try:
-        yield root, url
-    finally:
-        for key, value in saved.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-        C.drop_database(url)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def write_input(plan, events: int, seed: int, input_dir: Path) -> int:
@@ -191,7 +171,7 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
             (side, True) for repeat in range(repeats)
             for side in (("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain"))]
         for side, timed in runs:
-            with private_storage(f"{name}_{side}") as (root, url):
+            with C.private_storage(f"plans_{name}_{side}", ROOT, SERVER_URL) as (root, url):
                 cluster = load_cluster()
                 plan = load_plan(name, cluster)
                 land(input_dir, cluster.storage_root)
@@ -224,7 +204,7 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
     from tandem.config import load_cluster, load_plan
     from tandem.packaging import build_dist
 
-    with private_storage(f"{name}_failover") as (root, url):
+    with C.private_storage(f"plans_{name}_failover", ROOT, SERVER_URL) as (root, url):
         path = root / "conf" / "plans" / f"{name}.yaml"
         declared = yaml.safe_load(path.read_text())
         for group in declared["groups"].values():
