@@ -25,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 def probes_while(spark, job, every_s: float = 0.5) -> list[bool]:
     """What the probe said every ``every_s`` while ``job(spark)`` ran in another thread (after a first call)."""
-    probe = SparkWorkProbe(spark)
+    probe = SparkWorkProbe(spark, every_s / 2)
+    probe.start()
+    time.sleep(every_s)
     probe()
     runner = threading.Thread(target=job, args=(spark,))
     runner.start()
@@ -34,6 +36,7 @@ def probes_while(spark, job, every_s: float = 0.5) -> list[bool]:
         time.sleep(every_s)
         said.append(probe())
     runner.join()
+    probe.stop()
     return said
 
 
@@ -42,9 +45,10 @@ def test_the_probe_sees_tasks_complete_and_nothing_while_one_task_hangs(spark) -
                               .map(lambda x: time.sleep(0.6) or x).count())
     assert many_short.count(True) >= 3, many_short
     one_long = probes_while(spark, lambda s: s.sparkContext.parallelize(range(1), 1)
-                            .map(lambda x: time.sleep(4) or x).count())
-    # the stage's start is seen once (or not at all when it started before the first probe), then nothing moves
-    assert one_long.count(True) <= 1 and one_long[-3:] == [False] * 3, one_long
+                            .map(lambda x: time.sleep(5) or x).count())
+    # the stage's start is seen (unless it started before the first probe), then nothing moves while its one task
+    # sleeps (the shared session may still be finishing an earlier test's stage at the start)
+    assert one_long[-3:] == [False] * 3, one_long
 
 
 def test_the_supervisor_reads_when_the_work_last_advanced(project, database_url: str) -> None:

@@ -90,24 +90,44 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and value == value and abs(value) != float("inf") else None
 
 
-class SparkWorkProbe:
+class SparkWorkProbe(threading.Thread):
     """Whether the driver's Spark work advanced since the previous call: a stage started, or a task of a running
-    stage completed (Spark's status tracker). A micro-batch may take longer than the stall timeout on a loaded
+    stage completed (Spark's status tracker, polled every ``interval_s`` by this daemon thread, so that a JVM slow
+    to answer never delays a liveness beat). A micro-batch may take longer than the stall timeout on a loaded
     machine; while this says yes, it is slow, not stuck."""
 
-    def __init__(self, spark) -> None:
+    def __init__(self, spark, interval_s: float) -> None:
+        super().__init__(name="tandem-work-probe", daemon=True)
         self.tracker = spark.sparkContext.statusTracker()
-        self.seen: dict[int, int] = {}  # active stage id -> tasks completed at the previous call
+        self.interval_s = interval_s
+        self.seen: dict[int, int] = {}  # active stage id -> tasks completed at the previous poll
+        self.advanced = threading.Event()
+        self.stopping = threading.Event()
 
-    def __call__(self) -> bool:
+    def poll(self) -> None:
         now: dict[int, int] = {}
         for stage_id in self.tracker.getActiveStageIds():
             info = self.tracker.getStageInfo(stage_id)
             if info is not None:
                 now[stage_id] = info.numCompletedTasks
-        advanced = work_advanced(self.seen, now)
+        if work_advanced(self.seen, now):
+            self.advanced.set()
         self.seen = now
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval_s):
+            try:
+                self.poll()
+            except Exception:  # the status tracker is gone while Spark stops: no evidence of work
+                return
+
+    def __call__(self) -> bool:
+        advanced = self.advanced.is_set()
+        self.advanced.clear()
         return advanced
+
+    def stop(self) -> None:
+        self.stopping.set()
 
 
 def work_advanced(before: dict[int, int], now: dict[int, int]) -> bool:
@@ -144,11 +164,8 @@ class LivenessBeat(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                advanced = self.work_probe()
-            except Exception:  # the status tracker is gone while Spark stops: no evidence of work
-                advanced = False
-            try:
-                requested_by = beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at, advanced)
+                requested_by = beat(self.db, self.instance.id, self.host, os.getpid(), self.started_at,
+                                    self.work_probe())
             except Exception as exc:  # PostgreSQL may be restarting; keep beating
                 log.warning("liveness beat failed: %s", exc)
             else:

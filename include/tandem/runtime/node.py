@@ -141,8 +141,10 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
                                standby_role=BACKUP if role == BACKUP else PASSIVE)
         roles.start(wants_active=role == ACTIVE)
+        work = SparkWorkProbe(spark, plan.heartbeat.interval_s)
+        work.start()
         liveness = LivenessBeat(key, cluster.database_url, plan.heartbeat.interval_s, on_beat=roles.tick,
-                                on_stop_request=lambda _by: stop.set(), work_probe=SparkWorkProbe(spark))
+                                on_stop_request=lambda _by: stop.set(), work_probe=work)
         liveness.start()
         relays = RelayThread(cluster, plan, roles, interval) if published_to_streams(plan) else None
         if relays is not None:
@@ -166,6 +168,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             recorder.wait_until_recorded(queries)
             spark.streams.removeListener(recorder)
             liveness.stop()
+            work.stop()
             liveness.join(timeout=5)
             if relays is not None:
                 relays.stop()
