@@ -283,15 +283,14 @@ class ReconcileThread(threading.Thread):
 
 def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: Path) -> dict:
     """``jobs/reconcile.py`` through spark-submit for each plan over its last closed ``span_s`` (minutes)."""
-    from tandem.batch.backfill import closed_until
+    from tandem.batch.backfill import instances_closed_until
     from tandem.store import Database
-    from tandem.store.heartbeats import query_positions
 
     results = {}
     with Database(cluster.database_url) as db:
         for name, plan in plans.items():
-            positions = {key: mark for key, (mark, _) in query_positions(db, name, datetime(1970, 1, 1, tzinfo=UTC)).items()}
-            closed = min(filter(None, closed_until(positions, list(plan.shards)).values()), default=datetime.now(UTC))
+            closed = min(filter(None, instances_closed_until(db, plan, list(plan.shards)).values()),
+                         default=datetime.now(UTC))
             end = closed.replace(second=0, microsecond=0) - timedelta(minutes=1)
             start = end - timedelta(seconds=span_s)
             command = ["spark-submit", "--master", "local[1]", "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),

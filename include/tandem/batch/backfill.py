@@ -91,6 +91,13 @@ def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: l
     return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
 
 
+def instances_closed_until(db: Database, plan: PlanConfig, shards: list[str]) -> dict[str, datetime | None]:
+    """:func:`closed_until` of ``shards`` from every progress row of ``plan`` in PostgreSQL."""
+    positions = {key: watermark for key, (watermark, _) in
+                 query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).items()}
+    return closed_until(positions, shards)
+
+
 def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, datetime | None]) -> str | None:
     """Why ``[start, end)`` cannot be backfilled for these instances (``closed``: :func:`closed_until`), or ``None``."""
     if start.tzinfo is None or end.tzinfo is None:
@@ -121,9 +128,7 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
     if remote:
         raise BackfillRefused(f"plan {plan.name} reads {', '.join(remote)} over NATS: a backfill recomputes from "
                               "retained landing files only (not yet from the messaging layer)")
-    positions = {key: watermark for key, (watermark, _) in
-                 query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).items()}
-    reason = refusal_of_range(start, end, closed_until(positions, shards))
+    reason = refusal_of_range(start, end, instances_closed_until(db, plan, shards))
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
     for shard in shards:
