@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
 from tandem.lake.history import roll_back_slice, vacuumed_files, version_at_batch
-from tandem.lake.maintenance import kept_versions, maintain_table
+from tandem.lake.maintenance import kept_versions, maintain_table, oldest_readable_version
 from tandem.lake.tables import append_once, read_table
 
 pytestmark = pytest.mark.integration
@@ -106,3 +106,35 @@ def test_without_the_kept_version_vacuum_removes_what_time_travel_to_it_needs(tm
         read_table(path, version=old - 5)
     assert vacuumed_files(path, old - 5)  # what a restore checks before it stops anything
     assert vacuumed_files(path, DeltaTable(str(path)).version()) == []
+
+
+def test_the_log_cleanup_keeps_every_commit_a_kept_version_needs(tmp_path: Path) -> None:
+    """Commits before the newest checkpoint at or below the kept version go; the kept version still reads exactly
+    and a snapshot's bisection still finds its cut; the same cleanup keeping nothing makes that version unreadable."""
+    path = tmp_path / "delta" / "out"
+    app = "shard-1/out/q"
+    for batch_id in range(10):
+        append_once(path, batch("shard-1", batch_id), app, batch_id)
+    first = maintain_table(path, keep=(), retention_hours=0, log_retention_s=0)
+    checkpoint = oldest_readable_version(path)
+    assert first.log_entries_removed >= 10 and checkpoint > 0, first
+    versions = {}
+    for batch_id in range(10, 20):
+        append_once(path, batch("shard-1", batch_id), app, batch_id)
+        versions[batch_id] = DeltaTable(str(path)).version()
+    kept = version_at_batch(path, app, 14)  # the bisection starts at the oldest version the log holds
+    assert kept == versions[14]
+    at_kept = rows_of(read_table(path, version=kept))
+    assert {row[1] for row in at_kept} == set(range(15))
+
+    second = maintain_table(path, keep=(kept,), retention_hours=0, log_retention_s=0)
+    assert second.log_entries_removed == 0 and oldest_readable_version(path) == checkpoint, second
+    assert rows_of(read_table(path, version=kept)) == at_kept
+    assert version_at_batch(path, app, 14) == kept
+    with pytest.raises(ValueError, match="cleaned up"):
+        version_at_batch(path, app, 3)  # before the oldest commit left
+
+    third = maintain_table(path, keep=(), retention_hours=0, log_retention_s=0)
+    assert third.log_entries_removed > 0 and oldest_readable_version(path) > kept, third
+    assert vacuumed_files(path, kept), "without keeping it, the version's log is gone"
+    assert rows_of(read_table(path)) == sorted(row for b in range(20) for row in rows_of(batch("shard-1", b)))

@@ -263,8 +263,8 @@ def as_trades(events: list[dict]) -> list[tuple[int, str, float, int]]:
 def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_cut(project, database_url,
                                                                                   spark) -> None:
     """Its table is not named after its output: restoring shard-1 still puts shard-1's slice back at the cut
-    (PostgreSQL and Delta) and leaves shard-2's alone, also after the Delta tables were compacted and vacuumed
-    since the cut; the quarantine is kept; the replay adds up exactly."""
+    (PostgreSQL and Delta) and leaves shard-2's alone, also after the Delta tables were compacted, vacuumed and
+    their logs cleaned before and since the cut; the quarantine is kept; the replay adds up exactly."""
     declare_the_default_table(project)
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
@@ -278,9 +278,16 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
                   "field 'quantity' must be > 0 (got -4)")]  # one before the cut, one after
     reasons = sorted(reason for _, reason in bad_lines)
 
-    write_trades(landing["shard-1"], before, per_file=100)
+    for part in (before[:100], before[100:]):  # two micro-batches: two commits per table
+        write_trades(landing["shard-1"], part, per_file=100)
+        run_one(cluster, plan, "shard-1", spark)
     write_atomically(landing["shard-1"], [bad_lines[0][0]])
     run_one(cluster, plan, "shard-1", spark)
+    # the maintenance DAG's Delta upkeep with no retention (issue 27 §3), before the cut and between it and the
+    # restore: only the versions the snapshot records keep their files and the commits from a checkpoint before them
+    no_retention = replace(plan, maintenance=plan.maintenance.model_copy(update={"vacuum_retention_s": 0.0}))
+    with Database(database_url) as db:  # the cut's bisection and the restore's time travel start at its checkpoint
+        assert any(u.log_entries_removed for u in maintain_plan_tables(cluster, no_retention, db))
     snapshot = take_snapshot(cluster, plan, "shard-1", spark, node="node-a")
     assert snapshot.good, snapshot.summary()
     assert mismatches(cluster, as_trades(before)) == [], "at the cut"
@@ -291,9 +298,6 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
     write_atomically(landing["shard-1"], [bad_lines[1][0]])
     write_trades(landing["shard-2"], other, per_file=100)
     run_all(cluster, plan, spark)
-    # the maintenance DAG's Delta upkeep between the cut and the restore, with no retention: only the versions the
-    # snapshot recorded keep their files (issue 27 §3)
-    no_retention = replace(plan, maintenance=plan.maintenance.model_copy(update={"vacuum_retention_s": 0.0}))
     with Database(database_url) as db:
         upkeeps = maintain_plan_tables(cluster, no_retention, db)
     assert any(u.files_compacted and u.files_vacuumed and u.kept_versions for u in upkeeps), \

@@ -46,3 +46,25 @@ def test_contribution_ids_go_after_the_retention_and_an_hour_before_the_oldest_k
     assert contributions_cutoff(now, month, None) == now - timedelta(days=30)
     assert contributions_cutoff(now, month, now - timedelta(days=2)) == now - timedelta(days=30)
     assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40, hours=1)
+
+
+def test_log_entries_expire_before_the_newest_checkpoint_at_or_below_the_oldest_kept_version() -> None:
+    from tandem.lake.maintenance import expired_log_entries, log_version
+
+    def name(version: int, suffix: str = "json") -> str:
+        return f"{version:020d}.{suffix}"
+
+    log = [(name(v), 100.0 + v) for v in range(0, 31)] + [(name(10, "checkpoint.parquet"), 110.5),
+                                                        (name(20, "checkpoint.parquet"), 120.5),
+                                                        (name(9, "crc"), 109.0), ("_last_checkpoint", 1.0),
+                                                        (".00000000000000000031.json.tmp", 1.0)]
+    assert log_version(name(20, "checkpoint.parquet")) == 20 and log_version("_last_checkpoint") is None
+    # a snapshot keeps version 25: time travel to it starts at checkpoint 20, so everything before 20 may go
+    assert expired_log_entries(log, floor=25, cutoff=1e9) == sorted(
+        [name(v) for v in range(20)] + [name(10, "checkpoint.parquet"), name(9, "crc")])
+    # keeping version 15 keeps checkpoint 10 and every commit from it on
+    assert expired_log_entries(log, floor=15, cutoff=1e9) == sorted([name(v) for v in range(10)] + [name(9, "crc")])
+    # only entries older than the retention go: a reader may be loading version 5 right now
+    assert expired_log_entries(log, floor=25, cutoff=105.0) == [name(v) for v in range(5)]
+    # no checkpoint at or below the kept version: its commits from 0 on are all needed
+    assert expired_log_entries(log, floor=9, cutoff=1e9) == []

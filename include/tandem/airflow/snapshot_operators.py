@@ -302,7 +302,7 @@ class DeltaUpkeepOperator(PlanTaskOperator):
             self.log.info("%s: no Delta table to maintain (maintenance.compact off, or no output written yet)",
                           plan.name)
         return [{"table": u.path, "files_before": u.files_before, "files_after": u.files_after,
-                 "files_vacuumed": u.files_vacuumed} for u in upkeeps]
+                 "files_vacuumed": u.files_vacuumed, "log_entries_removed": u.log_entries_removed} for u in upkeeps]
 
 
 

@@ -2,7 +2,9 @@
 
 Each table is maintained by :func:`tandem.lake.maintenance.maintain_table` under the plan's live appends, with
 the plan's declared ``maintenance.vacuum_retention`` and, as versions to keep, those the plan's TAKING and GOOD
-snapshots recorded for the table (a TAKING snapshot is recording them now; a GOOD one may be restored).
+snapshots recorded for the table (a TAKING snapshot is recording them now; a GOOD one may be restored). The
+vacuum retention is delta-rs's whole hours (a declared 20 minutes keeps removed files an hour); the log cleanup
+uses it as declared.
 """
 
 from __future__ import annotations
@@ -28,5 +30,6 @@ def maintain_plan_tables(cluster: ClusterConfig, plan: PlanConfig, db: Database)
     done = []
     for table, path in plan_output_tables(cluster, plan).items():
         keep = kept_versions(recorded, table, DeltaTable(str(path)).version())
-        done.append(maintain_table(path, keep=keep, retention_hours=retention_hours))
+        done.append(maintain_table(path, keep=keep, retention_hours=retention_hours,
+                                   log_retention_s=plan.maintenance.vacuum_retention_s))
     return done

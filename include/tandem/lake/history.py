@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
 
+from tandem.lake.maintenance import oldest_readable_version
 from tandem.lake.tables import read_table, string_literal, table_exists
 
 
@@ -40,7 +41,8 @@ def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
     """The newest version of the Delta table at ``path`` holding no batch of ``app_id`` after ``batch_id``.
 
     ``None`` when the table does not exist yet (nothing to roll back to: a rollback empties the
-    instance's slice).
+    instance's slice). The search starts at the oldest version the log still holds (maintenance cleans the
+    log before a checkpoint); a ``ValueError`` says so when even that one holds a later batch.
     """
     if not table_exists(path):
         return None
@@ -52,7 +54,11 @@ def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
 
     if not beyond(latest):
         return latest
-    low, high = 0, latest  # beyond(high) holds; find the first version where it does
+    oldest = oldest_readable_version(path)
+    if oldest > 0 and beyond(oldest):
+        raise ValueError(f"{path}: the Delta log before version {oldest} was cleaned up by maintenance, and "
+                         f"{app_id} had committed batches after {batch_id} by then")
+    low, high = oldest, latest  # beyond(high) holds; find the first version where it does
     while low < high:
         middle = (low + high) // 2
         if beyond(middle):

@@ -5,8 +5,9 @@ Purpose
     Every micro-batch of every instance appends a few small files to each output table: a minute of the
     demo left 138 parquet files in 23 commits in the trades table, and every read (the page's quarantine
     panel, merge-on-read, a restore's time travel) lists and opens them all. Compaction rewrites them into
-    few large files, a checkpoint spares readers replaying the JSON log, and vacuum deletes the files no
-    version still needed references.
+    few large files, a checkpoint spares readers replaying the JSON log, vacuum deletes the files no
+    version still needed references, and a log cleanup deletes the commits before a checkpoint no kept
+    version needs (one JSON per micro-batch otherwise accumulates for delta-rs's default 30 days).
 
 How it works
     :func:`maintain_table` runs delta-rs's ``optimize.compact()``, ``create_checkpoint()`` and
@@ -17,11 +18,15 @@ How it works
     deletes a file of the versions in ``keep`` (the kept snapshots' versions of the table: a restore rolls
     an instance back to one of them by time travel) nor a file removed less than ``retention_hours`` ago
     (a reader of an older version still at work), and never a file the log does not mention yet (an append
-    in flight: the vacuum is not ``full``).
+    in flight: the vacuum is not ``full``). The log cleanup (:func:`expired_log_entries`) deletes the log
+    entries of versions before the newest checkpoint at or below the oldest kept version (time travel to a
+    kept version starts from that checkpoint), and only those older than ``log_retention_s`` (a reader
+    loading an older version now); delta-rs's own ``cleanup_metadata`` knows no kept versions.
 
 What it does not do
     Decide which versions are needed (:func:`kept_versions` from the snapshot catalog's records) or when to
-    run (the maintenance DAG); PostgreSQL retention.
+    run (the maintenance DAG); PostgreSQL retention. Time travel to a version before the cleaned log fails
+    (:func:`oldest_readable_version` says where it starts).
 """
 
 from __future__ import annotations
@@ -52,13 +57,15 @@ class Upkeep:
     files_vacuumed: int
     kept_versions: tuple[int, ...]
     retries: int
+    log_entries_removed: int = 0
 
     def describe(self) -> str:
         """One line for a task log."""
         return (f"{self.path}: {self.files_before} -> {self.files_after} data files (compacted {self.files_compacted} "
                 f"into {self.files_written}), versions {self.version_before} -> {self.version_after}, checkpoint "
                 f"written, {self.files_vacuumed} unreferenced files vacuumed (versions kept for snapshots: "
-                f"{', '.join(map(str, self.kept_versions)) or 'none'}), {self.retries} retries after racing appends")
+                f"{', '.join(map(str, self.kept_versions)) or 'none'}), {self.log_entries_removed} expired log "
+                f"entries removed, {self.retries} retries after racing appends")
 
 
 def kept_versions(recorded: Iterable[Mapping[str, int]], table: str, latest: int) -> tuple[int, ...]:
@@ -66,6 +73,48 @@ def kept_versions(recorded: Iterable[Mapping[str, int]], table: str, latest: int
     (pure). A version after ``latest`` cannot exist; it is left out rather than passed to vacuum."""
     return tuple(sorted({int(versions[table]) for versions in recorded
                          if table in versions and 0 <= int(versions[table]) <= latest}))
+
+
+def log_version(name: str) -> int | None:
+    """The version a ``_delta_log`` file belongs to (``00000000000000000042.json``, ``….checkpoint.parquet``,
+    ``….crc``), ``None`` for any other file (``_last_checkpoint``, temporary files)."""
+    head = name[:20]
+    return int(head) if len(head) == 20 and head.isdigit() and name[20:21] == "." else None
+
+
+def expired_log_entries(entries: Iterable[tuple[str, float]], floor: int, cutoff: float) -> list[str]:
+    """The ``_delta_log`` files (name, modified at) a reader of any version from ``floor`` on no longer needs (pure).
+
+    Those of versions before the newest checkpoint at or below ``floor``, modified before ``cutoff``. None
+    without such a checkpoint (every version up to ``floor`` is then read from the commits before it).
+    """
+    entries = list(entries)
+    checkpoints = [v for name, _ in entries if ".checkpoint." in name and (v := log_version(name)) is not None
+                   and v <= floor]
+    if not checkpoints:
+        return []
+    boundary = max(checkpoints)
+    return sorted(name for name, modified in entries
+                  if (v := log_version(name)) is not None and v < boundary and modified < cutoff)
+
+
+def oldest_readable_version(path: Path) -> int:
+    """The oldest version of the Delta table at ``path`` time travel can load: 0 while its log is whole, else the
+    oldest checkpoint a log cleanup left."""
+    names = [entry.name for entry in (path / "_delta_log").iterdir()]
+    if any(log_version(name) == 0 and name.endswith(".json") for name in names):
+        return 0
+    return min((v for name in names if ".checkpoint." in name and (v := log_version(name)) is not None), default=0)
+
+
+def clean_log(path: Path, floor: int, log_retention_s: float, now: Callable[[], float] = time.time) -> int:
+    """Delete the :func:`expired_log_entries` of the table at ``path``; how many."""
+    log = path / "_delta_log"
+    entries = [(entry.name, entry.stat().st_mtime) for entry in log.iterdir() if entry.is_file()]
+    expired = expired_log_entries(entries, floor, now() - log_retention_s)
+    for name in expired:
+        (log / name).unlink(missing_ok=True)
+    return len(expired)
 
 
 def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], None]) -> tuple[object, int]:
@@ -81,20 +130,24 @@ def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], Non
 
 
 def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_hours: int = 168,
-                   sleep: Callable[[float], None] = time.sleep) -> Upkeep:
-    """Compact, checkpoint and vacuum the Delta table at ``path`` while others append to it.
+                   log_retention_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> Upkeep:
+    """Compact, checkpoint, vacuum and clean the log of the Delta table at ``path`` while others append to it.
 
-    ``keep``: versions whose files vacuum must keep (the kept snapshots'); ``retention_hours``: files removed
-    more recently than this are kept too (default: Delta's own week).
+    ``keep``: versions whose files and log vacuum and log cleanup must keep (the kept snapshots');
+    ``retention_hours``: files removed more recently than this are kept too (default: Delta's own week);
+    ``log_retention_s``: log entries modified more recently than this are kept (``None``: no log cleanup).
     """
     before = DeltaTable(str(path))
     version_before, files_before = before.version(), len(before.file_uris())
     metrics, compact_retries = retry_on_conflict(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
-    DeltaTable(str(path)).create_checkpoint()
+    checkpointed = DeltaTable(str(path))
+    checkpointed.create_checkpoint()
     vacuumed, vacuum_retries = retry_on_conflict(lambda: DeltaTable(str(path)).vacuum(
         retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, keep_versions=list(keep)),
         sleep)
+    removed = 0 if log_retention_s is None else clean_log(path, min(keep, default=checkpointed.version()),
+                                                          log_retention_s)
     after = DeltaTable(str(path))
     return Upkeep(str(path), version_before, after.version(), files_before, len(after.file_uris()),
                   int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)), len(vacuumed),
-                  tuple(keep), compact_retries + vacuum_retries)
+                  tuple(keep), compact_retries + vacuum_retries, removed)
