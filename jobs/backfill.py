@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
 
 from tandem.batch.backfill import run_backfill
 from tandem.batch.job import run_plan_job
-
-
-def _time(text: str) -> datetime:
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+from tandem.declarations import instant_argument
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
-    parser.add_argument("--start", type=_time, help="first instant of the range (ISO; UTC when no zone)")
-    parser.add_argument("--end", type=_time, help="end of the range, excluded")
+    parser.add_argument("--start", type=instant_argument, help="first instant of the range (ISO; UTC when no zone)")
+    parser.add_argument("--end", type=instant_argument, help="end of the range, excluded")
     parser.add_argument("--instance", action="append", help="an instance to backfill (repeatable; default: all)")
     parser.add_argument("--backfill-id", help="run a backfill registered already (its range and instances)")
     args = parser.parse_args(argv)

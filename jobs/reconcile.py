@@ -16,6 +16,7 @@ from tandem.batch.backfill import run_backfill
 from tandem.batch.job import run_plan_job
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import summary
+from tandem.declarations import instant_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
     span = parser.add_mutually_exclusive_group(required=True)
     span.add_argument("--day", help="the UTC day to reconcile, YYYY-MM-DD")
-    span.add_argument("--start", type=_instant, help="the start of the range to reconcile (ISO 8601, with an offset)")
-    parser.add_argument("--end", type=_instant, help="the end of the range (with --start)")
+    span.add_argument("--start", type=instant_argument, help="the start of the range to reconcile (ISO; UTC when no zone)")
+    parser.add_argument("--end", type=instant_argument, help="the end of the range (with --start)")
     parser.add_argument("--run-id", required=True, help="stored with the differences (once per run id)")
     args = parser.parse_args(argv)
     if (args.start is None) != (args.end is None):
@@ -46,13 +47,6 @@ def main(argv: list[str] | None = None) -> int:
             log.info("repaired by backfill %s: %s", done.id, done.status)
 
     return run_plan_job("reconcile", args.plan, work)
-
-
-def _instant(text: str) -> datetime:
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset (write e.g. {text}+00:00)")
-    return moment
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tandem.config import load_cluster, load_plan
-from tandem.declarations import parse_duration
+from tandem.declarations import instant_argument, parse_duration
 from tandem.errors import TandemError
 from tandem.names import ACTIVE, BACKUP, PASSIVE
 from tandem.show import print_events, print_table, render_aggregates
@@ -50,14 +50,7 @@ errors = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 def _parse_time(text: str) -> datetime:
     """An ISO time (UTC when no zone is given) or ``now`` (an argparse type: a bad value is a usage error)."""
-    if text == "now":
-        return datetime.now(timezone.utc)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an ISO time such as 2026-01-31T12:00:00Z or 'now', got {text!r}") \
-            from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return datetime.now(timezone.utc) if text == "now" else instant_argument(text)
 
 
 def _duration(text: str) -> float:

@@ -20,12 +20,13 @@ Outputs
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import re
 import zlib
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, \
@@ -89,6 +90,24 @@ def parse_duration(text: Any) -> float:
     if seconds <= 0:
         raise ValueError(f"must be positive, got {text!r}")
     return seconds
+
+
+def parse_instant(text: Any) -> datetime:
+    """Parse an ISO 8601 time (``2026-11-26T10:00:00Z``, ``2026-11-26 10:00+01:00``) into an aware datetime; one
+    that names no zone is UTC."""
+    try:
+        moment = datetime.fromisoformat(str(text).strip())
+    except ValueError:
+        raise ValueError(f"expected an ISO time such as 2026-11-26T10:00:00Z, got {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def instant_argument(text: str) -> datetime:
+    """:func:`parse_instant` as an argparse type (a bad value is a usage error naming the option)."""
+    try:
+        return parse_instant(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _DURATION_SCHEMA = {"anyOf": [{"type": "string", "examples": ["500 ms", "2 seconds", "1 minute", "1 day"]},

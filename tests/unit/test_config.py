@@ -8,7 +8,7 @@ import pytest
 
 from _conf import edit_yaml as edit
 from tandem.config import load_cluster, load_plan, load_plans, spark_interval
-from tandem.declarations import parse_duration
+from tandem.declarations import parse_duration, parse_instant
 from tandem.errors import ConfigError
 
 
@@ -86,6 +86,23 @@ def test_parse_duration(text, seconds: float) -> None:
 def test_parse_duration_rejects(text) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "utc"),
+    [("2026-11-26T10:00:00Z", "2026-11-26T10:00:00+00:00"), ("2026-11-26 10:00", "2026-11-26T10:00:00+00:00"),
+     (" 2026-11-26T11:30:00+01:00 ", "2026-11-26T10:30:00+00:00"), ("2026-11-26", "2026-11-26T00:00:00+00:00")],
+)
+def test_parse_instant_reads_iso_times_as_utc_when_they_name_no_zone(text: str, utc: str) -> None:
+    from datetime import timezone
+
+    assert parse_instant(text).astimezone(timezone.utc).isoformat() == utc
+
+
+@pytest.mark.parametrize("text", ["", "now", "yesterday", "26/11/2026 10:00", "2026-13-01T00:00:00Z"])
+def test_parse_instant_rejects_with_an_example(text: str) -> None:
+    with pytest.raises(ValueError, match="expected an ISO time such as 2026-11-26T10:00:00Z"):
+        parse_instant(text)
 
 
 def test_spark_interval_keeps_milliseconds() -> None:

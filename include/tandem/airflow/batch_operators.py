@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from tandem.airflow.operator_support import set_run_note
 from tandem.airflow.snapshot_operators import PlanTaskOperator
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.declarations import parse_instant
 from tandem.errors import BackfillRefused, ConfigError
 
 
@@ -41,11 +42,9 @@ def plan_spark_job(task_id: str, cluster: ClusterConfig, plan: PlanConfig, scrip
 
 def _moment(name: str, text: str) -> datetime:
     try:
-        moment = datetime.fromisoformat(str(text).strip())
-    except ValueError:
-        raise AirflowFailException(f"Param {name}: expected an ISO time such as 2026-11-26T10:00:00Z, got {text!r}") \
-            from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+        return parse_instant(text)
+    except ValueError as exc:
+        raise AirflowFailException(f"Param {name}: {exc}") from None
 
 
 class RegisterBackfillOperator(PlanTaskOperator):

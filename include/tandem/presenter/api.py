@@ -32,6 +32,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from tandem.config import ClusterConfig, ConfigError, PlanConfig
+from tandem.declarations import parse_instant
 from tandem.errors import TandemError
 from tandem.names import OPS_DAG_ID, RESTORE_DAG_ID, plan_dag_id
 from tandem.presenter import access, configuration, views
@@ -275,10 +276,9 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
     if body.action == "backfill":
         for name, value in (("start", body.start), ("end", body.end)):
             try:
-                datetime.fromisoformat(value.strip())
-            except ValueError:
-                raise views.BadRequest(f"backfill needs {name} as an ISO time such as 2026-11-26T10:00:00Z, "
-                                       f"got {value!r}") from None
+                parse_instant(value)
+            except ValueError as exc:
+                raise views.BadRequest(f"backfill needs {name}: {exc}") from None
         return {"start": body.start.strip(), "end": body.end.strip(), "instance": body.instance}
     if body.action == "restore":
         if not body.confirm:
