@@ -301,7 +301,7 @@ class ReconcileThread(threading.Thread):
 
 
 def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: Path) -> dict:
-    """``jobs/reconcile.py`` through spark-submit for each plan over its last closed ``span_s`` (minutes)."""
+    """``jobs/reconcile.py`` through spark-submit for each plan over its last closed ``span_s`` seconds."""
     from tandem.batch.backfill import instances_closed_until
     from tandem.store import Database
 
@@ -313,7 +313,7 @@ def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: P
             end = closed.replace(second=0, microsecond=0) - timedelta(minutes=1)
             start = end - timedelta(seconds=span_s)
             command = ["spark-submit", "--master", "local[1]", "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
-                       "--py-files", str(dist), str(ROOT / "jobs" / "reconcile.py"),
+                       "--py-files", str(dist), str(dist.parent.parent / "jobs" / "reconcile.py"),
                        "--plan", name, "--start", start.isoformat(), "--end", end.isoformat(), "--run-id", f"soak-{name}"]
             began = time.monotonic()
             with open(log_dir / f"reconcile-{name}.log", "w") as log:

@@ -49,7 +49,8 @@ def private_airflow_env(tmp_path: Path) -> dict[str, str]:
     """
     code = tmp_path / "code"
     (code / "jobs").mkdir(parents=True)
-    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
+    for job in (REPO / "jobs").glob("*.py"):  # the entrypoints beside the dist built from the same checkout
+        shutil.copy(job, code / "jobs" / job.name)
     build_dist(code)
     home = tmp_path / "airflow"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -94,7 +95,8 @@ def code_home(tmp_path: Path) -> Path:
     dist/ may be older), both nodes on local[1]; returns the env file the stack script sources."""
     code = tmp_path / "code"
     (code / "jobs").mkdir(parents=True)
-    shutil.copy(REPO / "jobs" / "run_plan.py", code / "jobs" / "run_plan.py")
+    for job in (REPO / "jobs").glob("*.py"):  # the entrypoints beside the dist built from the same checkout
+        shutil.copy(job, code / "jobs" / job.name)
     for shared in (".venv", "dags", "plugins"):
         (code / shared).symlink_to(REPO / shared)
     build_dist(code)
