@@ -308,7 +308,7 @@ def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: P
     results = {}
     with Database(cluster.database_url) as db:
         for name, plan in plans.items():
-            closed = min(filter(None, instances_closed_until(db, plan, list(plan.shards)).values()),
+            closed = min(filter(None, instances_closed_until(cluster, db, plan, list(plan.shards)).values()),
                          default=datetime.now(UTC))
             end = closed.replace(second=0, microsecond=0) - timedelta(minutes=1)
             start = end - timedelta(seconds=span_s)

@@ -9,18 +9,24 @@ readings, not the plan's functions.
 from __future__ import annotations
 
 import json
+import os
 import random
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import psycopg2
 import psycopg2.extras
 import pytest
 from _references import temperature_reference, temperature_row
+from tandem.batch.backfill import check_backfill
+from tandem.batch.reconcile import reconcile
+from tandem.batch.reconciliations import summary
 from tandem.config import load_cluster, load_plan
+from tandem.errors import BackfillRefused
 from tandem.lake.tables import read_table
-from tandem.layout import delta_table_dir, landing_dir
+from tandem.layout import delta_table_dir, instance_landing_dir, landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
+from tandem.store import Database
 from tandem.outputs.events import read_events_lake
 
 pytestmark = pytest.mark.integration
@@ -75,6 +81,28 @@ def test_every_output_equals_the_reference_with_two_groups_and_three_instances(p
     reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
     assert len(reasons) == 4 and any("field 'temp' is not a number" in r for r in reasons), reasons
     assert any("field 'temp' must be a finite number" in r for r in reasons), reasons
+    reconcile_by_arrival(cluster, plan, database_url, spark)
+
+
+def reconcile_by_arrival(cluster, plan, database_url: str, spark) -> None:
+    """group-2 keeps no state, so no watermark: its instances are closed by what they have read (issue 27 §2). The
+    readings' range reconciles with no difference in any group; a file that landed inside it and is not read yet
+    makes it open again (refused, naming the instance)."""
+    start = datetime.fromtimestamp(T0 / 1000, tz=UTC)
+    end = start + timedelta(minutes=55)  # group-1's watermark: the sentinel an hour later, less 10 s
+    with Database(database_url) as db:
+        outcomes = reconcile(cluster, plan, db, spark, start, end, run_id="temperatures-by-arrival")
+        assert summary(outcomes) == {"late": 0, "extra": 0, "different": 0}, [o.row() for o in outcomes]
+        compared = {(o.shard_id, o.output): o.compared for o in outcomes}
+        assert compared[("group-2-1", "high_temps")] and compared[("group-2-2", "high_temps")], compared
+
+        pending = instance_landing_dir(cluster, plan, "group-2-1") / "late.jsonl"
+        pending.write_text(json.dumps({"room_no": 101, "device_id": "d101-1", "temp": 45.0, "time": T0}) + "\n")
+        landed_at = start + timedelta(minutes=30)
+        os.utime(pending, (landed_at.timestamp(), landed_at.timestamp()))
+        with pytest.raises(BackfillRefused, match="not closed.*instance group-2-1's watermark 2025-06-01T12:29:50"):
+            check_backfill(cluster, plan, db, start, end, ["group-2-1", "group-2-2"])
+        check_backfill(cluster, plan, db, start, landed_at - timedelta(seconds=10), ["group-2-1", "group-2-2"])
 
 
 def assert_outputs_equal_the_reference(cluster, plan, database_url: str, readings: list[dict]) -> None:

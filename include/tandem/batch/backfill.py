@@ -8,7 +8,8 @@ Purpose
 How it works
     1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`tandem.store.backfills.register`): the
        range must be closed (its end at or before the slowest instance's event-time watermark: the stream will
-       not write into it again), every landing file the instances read that may hold its events (modified at or
+       not write into it again; an instance whose queries keep no state has no watermark and is judged by
+       arrival, :func:`read_through`), every landing file the instances read that may hold its events (modified at or
        after ``start``) must still exist, its streams must be files (not yet NATS), and no running backfill of
        the plan may overlap it. A registered backfill is RUNNING in ``tandem.backfills``.
     2. Recompute, per instance (:func:`recompute`): each of the instance's queries runs as a finite streaming
@@ -31,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,10 +47,10 @@ from pyspark.sql import DataFrame, SparkSession
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.spec import spec_for
-from tandem.checkpoints import query_dirs
+from tandem.checkpoints import committed_batch, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import BackfillRefused
-from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir
+from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir, instance_landing_dirs
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import sink_for
 from tandem.outputs.base import BatchInfo
@@ -91,11 +93,43 @@ def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: l
     return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
 
 
-def instances_closed_until(db: Database, plan: PlanConfig, shards: list[str]) -> dict[str, datetime | None]:
-    """:func:`closed_until` of ``shards`` from every progress row of ``plan`` in PostgreSQL."""
+def read_through(landed: Mapping[Path, int], processed: Collection[Path], now_ms: int, lateness_s: float) -> datetime:
+    """For an instance whose queries keep no state (each event is written when it is read, none is dropped as late):
+    the event time up to which it will not write again, judged by arrival (pure). It has read every file that landed
+    before the oldest one it has not read yet (``landed``: path -> modification time in ms; ``now_ms`` when it read
+    them all); an event landing later than the plan's watermark delay (``lateness_s``) after its event time is late
+    by the plan's own definition, and a recomputation of an earlier range would miss it."""
+    pending = [modified for path, modified in landed.items() if path not in processed]
+    return datetime.fromtimestamp(min(pending, default=now_ms) / 1000 - lateness_s, tz=timezone.utc)
+
+
+def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> datetime | None:
+    """:func:`read_through` of an instance from the node that read furthest, when every query of it committed a
+    batch with no state (a Spark checkpoint has a ``state`` folder once a query keeps state); else ``None``."""
+    folders = [folder for stream in instance_landing_dirs(cluster, plan, shard_id).values() for folder in stream]
+    landed = {path: int(path.stat().st_mtime * 1000) for folder in folders if folder.is_dir()
+              for path in folder.iterdir() if path.is_file() and not path.name.startswith((".", "_"))}
+    now_ms = int(time.time() * 1000)
+    furthest = None
+    for node in plan.nodes:
+        queries = query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node))
+        if not queries or any(committed_batch(q) is None or (q / "state").exists() for q in queries.values()):
+            continue
+        read = [{Path(unquote(urlsplit(uri).path)) for uri in processed_file_times(q)} for q in queries.values()]
+        through = min(read_through(landed, files, now_ms, plan.watermark_s) for files in read)
+        furthest = through if furthest is None else max(furthest, through)
+    return furthest
+
+
+def instances_closed_until(cluster: ClusterConfig, db: Database, plan: PlanConfig,
+                           shards: list[str]) -> dict[str, datetime | None]:
+    """:func:`closed_until` of ``shards`` from every progress row of ``plan`` in PostgreSQL; for an instance whose
+    queries keep no state (no watermark either), :func:`read_through` of its checkpoints and landing files."""
     positions = {key: watermark for key, (watermark, _) in
                  query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).items()}
-    return closed_until(positions, shards)
+    closed = closed_until(positions, shards)
+    return {shard: until if until is not None else _stateless_read_through(cluster, plan, shard)
+            for shard, until in closed.items()}
 
 
 def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, datetime | None]) -> str | None:
@@ -106,7 +140,8 @@ def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, dateti
         return f"the range is empty: start {start.isoformat()} is not before end {end.isoformat()}"
     for shard, until in closed.items():
         if until is None:
-            return f"instance {shard} has no event-time watermark yet: no range of it is closed"
+            return (f"instance {shard} has no event-time watermark yet (nor, keeping no state, has it read any "
+                    "input): no range of it is closed")
         if end > until:
             return (f"the range is not closed: it ends at {end.isoformat()}, after instance {shard}'s watermark "
                     f"{until.isoformat()} (the stream may still write into it); end it at or before that")
@@ -128,7 +163,7 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
     if remote:
         raise BackfillRefused(f"plan {plan.name} reads {', '.join(remote)} over NATS: a backfill recomputes from "
                               "retained landing files only (not yet from the messaging layer)")
-    reason = refusal_of_range(start, end, instances_closed_until(db, plan, shards))
+    reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, shards))
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
     for shard in shards:
