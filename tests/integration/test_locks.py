@@ -1,15 +1,20 @@
-"""Advisory locks that die with their PostgreSQL session are noticed before the next action (issue 9, item 8)."""
+"""Advisory locks that die with their PostgreSQL session are noticed before the next action (issue 9, item 8), and a
+backfill whose job died (its run lock free) stops refusing overlapping ones (issue 27)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg2
 import pytest
 
+from tandem.batch.backfill import run_backfill
 from tandem.config import load_cluster, load_plan
-from tandem.errors import LockLost
+from tandem.errors import BackfillRefused, LockLost
+from tandem.store import backfills as catalog
+from tandem.store import migrate
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.supervisor.reconcile import Supervisor
@@ -77,3 +82,36 @@ def test_no_action_happens_after_the_supervision_lock_is_lost_mid_reconcile(proj
     assert kinds == ["LOCK_LOST"], f"something was done after the lock was lost: {events}"
     assert "stopped before: launch" in events[0]["reason"]
     assert instances == []
+
+
+def test_a_backfill_whose_job_ended_without_finishing_refuses_overlaps_only_until_it_counts_as_abandoned(
+        project: Path, database_url: str) -> None:
+    """A RUNNING backfill refuses an overlapping one while its job holds its run lock, and while it is recent (its
+    job may still be starting); once its lock is free and it is older than ``ABANDONED_AFTER_S``, the next overlapping
+    registration marks it FAILED as abandoned and its job, should it start late, is refused."""
+    start = datetime(2026, 11, 26, 10, tzinfo=timezone.utc)
+    end = start + timedelta(minutes=30)
+    with Database(database_url) as db:
+        migrate(db)
+
+        def age(backfill_id: str) -> None:
+            db.run(lambda cursor: cursor.execute(
+                "UPDATE backfills SET started_at = started_at - make_interval(secs => %s) WHERE id = %s",
+                (catalog.ABANDONED_AFTER_S + 60, backfill_id)))
+
+        first = catalog.register(db, "trades", start, end, ["shard-1"], "test")
+        age(first.id)
+        with AdvisoryLock(database_url, "backfill", catalog.run_lock_name(first.id)):  # its job runs
+            with pytest.raises(BackfillRefused, match=f"backfill {first.id} .* overlaps"):
+                catalog.register(db, "trades", start, end, ["shard-1"], "test")
+        recent = catalog.register(db, "trades", start, end, ["shard-2"], "test")  # no job yet, but just registered
+        with pytest.raises(BackfillRefused, match=f"backfill {recent.id} .* overlaps"):
+            catalog.register(db, "trades", start + timedelta(minutes=5), end, ["shard-2"], "test")
+
+        second = catalog.register(db, "trades", start + timedelta(minutes=5), end, ["shard-1"], "test")
+        abandoned = catalog.get_backfill(db, first.id)
+        assert (abandoned.status, second.status) == (catalog.FAILED, catalog.RUNNING)
+        assert abandoned.error.startswith("abandoned: ") and second.id in abandoned.error, abandoned.error
+        cluster = load_cluster()
+        with pytest.raises(BackfillRefused, match=f"no RUNNING backfill '{first.id}'.*FAILED: abandoned"):
+            run_backfill(cluster, load_plan("trades", cluster), db, None, start, end, backfill_id=first.id)

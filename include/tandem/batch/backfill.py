@@ -61,6 +61,7 @@ from tandem.store import Database
 from tandem.store import aggregates
 from tandem.store import backfills as catalog
 from tandem.store.heartbeats import query_positions
+from tandem.store.locks import AdvisoryLock
 from tandem.store import outputs as store_outputs
 from tandem.store.leases import read_lease
 from tandem.store.publish_log import last_published
@@ -339,11 +340,17 @@ def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: 
     if backfill_id is None:
         shards = [plan.check_shard(s) for s in shards] if shards else list(plan.shards)
         check_backfill(cluster, plan, db, start, end, shards)
-        record = catalog.register(db, plan.name, start, end, shards, requested_by)
-    else:
+        backfill_id = catalog.register(db, plan.name, start, end, shards, requested_by).id
+    with AdvisoryLock(cluster.database_url, "backfill", catalog.run_lock_name(backfill_id)):  # held while it runs
         record = catalog.get_backfill(db, backfill_id)
         if record is None or record.status != catalog.RUNNING:
-            raise BackfillRefused(f"no RUNNING backfill {backfill_id!r} of plan {plan.name}")
+            raise BackfillRefused(f"no RUNNING backfill {backfill_id!r} of plan {plan.name}"
+                                  + (f" (it is {record.status}: {record.error})" if record and record.error else ""))
+        return _run_registered(cluster, plan, db, spark, record, step)
+
+
+def _run_registered(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: SparkSession,
+                    record: catalog.BackfillRecord, step: Step) -> catalog.BackfillRecord:
     report: dict[str, Any] = {}
     scratch = backfill_dir(cluster, plan.name, record.id)
     try:

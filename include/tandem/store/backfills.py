@@ -14,6 +14,15 @@ from tandem.store.db import Database
 from tandem.store.locks import lock_key
 
 RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
+ABANDONED_AFTER_S = 600.0
+"""How long after its registration a RUNNING backfill whose job holds no run lock (:func:`run_lock_name`) counts as
+abandoned (its job was killed or its host lost, or it never started): a registration it overlaps marks it FAILED
+instead of being refused by it forever. Long enough for a queued ``spark-submit`` to start on a loaded machine."""
+
+
+def run_lock_name(backfill_id: str) -> str:
+    """The advisory lock (scope ``backfill``) a backfill's job holds while it runs; its session ends with the job."""
+    return f"run/{backfill_id}"
 
 
 @dataclass(frozen=True)
@@ -60,18 +69,29 @@ def register(db: Database, plan: str, start: datetime, end: datetime, shards: li
     """Insert a RUNNING backfill of ``[start, end)``, or :class:`BackfillRefused` naming a RUNNING one it overlaps.
 
     Checked and inserted under the plan's backfill lock (a transaction-level advisory lock), so two requests at
-    once cannot both pass the check.
+    once cannot both pass the check. An overlapping one registered over :data:`ABANDONED_AFTER_S` ago whose run
+    lock is free is abandoned: it is marked FAILED, saying so, and does not refuse this one.
     """
     backfill_id = f"{plan}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
     def work(cursor) -> BackfillRecord:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("backfill", plan))
-        cursor.execute("""SELECT id, range_start, range_end, shards FROM backfills
+        cursor.execute("""SELECT id, range_start, range_end, shards, started_at,
+                                 now() - started_at > make_interval(secs => %s) AS old FROM backfills
                           WHERE plan = %s AND status = 'RUNNING' AND range_start < %s AND %s < range_end
                             AND shards && %s
-                          ORDER BY started_at LIMIT 1""", (plan, end, start, shards))
-        other = cursor.fetchone()
-        if other is not None:
+                          ORDER BY started_at""", (ABANDONED_AFTER_S, plan, end, start, shards))
+        for other in cursor.fetchall():
+            if other["old"]:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s) AS free",
+                               lock_key("backfill", run_lock_name(other["id"])))
+                if cursor.fetchone()["free"]:
+                    cursor.execute("""UPDATE backfills SET status = 'FAILED', finished_at = now(), error = %s
+                                      WHERE id = %s""",
+                                   (f"abandoned: registered at {other['started_at'].isoformat()}, its job no longer "
+                                    f"runs (killed, its host lost, or never started); found by {backfill_id}",
+                                    other["id"]))
+                    continue
             raise BackfillRefused(f"backfill {other['id']} of plan {plan} is running over "
                                   f"[{other['range_start'].isoformat()}, {other['range_end'].isoformat()}) for "
                                   f"{', '.join(other['shards'])}: it overlaps; wait for it to end")
