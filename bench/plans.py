@@ -119,7 +119,7 @@ def run_tandem(cluster, plan, spark) -> None:
 def run_plain(cluster, plan, spark, url: str) -> None:
     from tandem.layout import checkpoint_dir, delta_table_dir
     from tandem.runtime.plan_api import PlanContext, instance_queries
-    from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
+    from tandem.runtime.node import start_query
     from tandem.store.registry import InstanceKey
 
     class PlainContext(PlanContext):
@@ -139,17 +139,13 @@ def run_plain(cluster, plan, spark, url: str) -> None:
             route.output = "+".join(outputs.values())
             return route
 
-    default = spark.conf.get(STATE_STORE_PROVIDER)
     for shard in plan.shards:
         ctx = PlainContext(cluster, plan, InstanceKey(plan.name, shard, "plain"), spark)
-        queries = []
-        for definition in instance_queries(ctx):
-            spark.conf.set(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default)
-            queries.append(definition.frame.writeStream.outputMode(definition.output_mode)
-                           .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", shard, "plain",
-                                                                            definition.name)))
-                           .foreachBatch(definition.sink).trigger(availableNow=True).start())
-        spark.conf.set(STATE_STORE_PROVIDER, default)
+        queries = [start_query(spark, definition, definition.frame.writeStream.outputMode(definition.output_mode)
+                               .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", shard, "plain",
+                                                                                definition.name)))
+                               .foreachBatch(definition.sink).trigger(availableNow=True))
+                   for definition in instance_queries(ctx)]
         for query in queries:
             query.awaitTermination()
             if query.exception() is not None:

@@ -54,7 +54,7 @@ from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir, instanc
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import sink_for
 from tandem.outputs.base import BatchInfo
-from tandem.runtime.node import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
+from tandem.runtime.node import start_query
 from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
 from tandem.snapshots.source_log import processed_file_times
 from tandem.store import Database
@@ -191,14 +191,11 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
                                                for name, stream in plan.streams.items()})
     ctx = PlanContext(cluster, whole, InstanceKey(plan.name, shard_id, "backfill"), spark)
     specs = check_plan_module(plan, load_plan_module(plan))
-    default_provider = spark.conf.get(STATE_STORE_PROVIDER)
     rows: dict[str, list[pa.Table]] = {}
     for name in ctx.queries:
         if name == QUARANTINE_QUERY:
             continue
         definition = define(ctx, specs[name])
-        spark.conf.set(STATE_STORE_PROVIDER,
-                       ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
         folder = scratch / "rows" / name
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -207,11 +204,10 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
             table = table.append_column(BATCH_COLUMN, pa.repeat(pa.scalar(batch_id, pa.int64()), table.num_rows))
             pq.write_table(table, folder / f"{batch_id}.parquet")
 
-        query = (definition.frame.writeStream.queryName(f"backfill:{plan.name}/{shard_id}:{name}")
-                 .outputMode(definition.output_mode)
-                 .option("checkpointLocation", str(scratch / "checkpoints" / name))
-                 .foreachBatch(keep).trigger(availableNow=True).start())
-        spark.conf.set(STATE_STORE_PROVIDER, default_provider)
+        query = start_query(spark, definition, definition.frame.writeStream
+                            .queryName(f"backfill:{plan.name}/{shard_id}:{name}").outputMode(definition.output_mode)
+                            .option("checkpointLocation", str(scratch / "checkpoints" / name))
+                            .foreachBatch(keep).trigger(availableNow=True))
         query.awaitTermination()
         emitted = [pq.read_table(f) for f in sorted(folder.glob("*.parquet"))]
         if not emitted:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import psutil
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
@@ -84,12 +84,8 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
     """Start every query of the plan, each with its own checkpoint directory (``publishers`` gets each
     query's ``foreachBatch`` publisher by query name)."""
     queries = []
-    default_provider = ctx.spark.conf.get(STATE_STORE_PROVIDER)
     for definition in definitions:
         checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.shard_id, ctx.instance.node, definition.name)
-        # a query copies the session's settings when it starts: set its state store provider just for it
-        ctx.spark.conf.set(STATE_STORE_PROVIDER,
-                           ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
         publisher = MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint)
         if publishers is not None:
             publishers[definition.name] = publisher
@@ -101,9 +97,19 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
         )
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=spark_interval(max(trigger_interval_s, definition.min_trigger_interval_s)))
-        queries.append(writer.start())
-    ctx.spark.conf.set(STATE_STORE_PROVIDER, default_provider)
+        queries.append(start_query(ctx.spark, definition, writer))
     return queries
+
+
+def start_query(spark: SparkSession, definition: QueryDefinition, writer: DataStreamWriter) -> StreamingQuery:
+    """``writer.start()`` with the state store ``definition`` declares: a query copies the session's settings when
+    it starts, so the provider is set just for it and the session's own is put back."""
+    default_provider = spark.conf.get(STATE_STORE_PROVIDER)
+    spark.conf.set(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
+    try:
+        return writer.start()
+    finally:
+        spark.conf.set(STATE_STORE_PROVIDER, default_provider)
 
 
 def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
