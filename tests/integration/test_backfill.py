@@ -6,7 +6,7 @@ the on-time trades only). With both instances running and trades still coming in
 the 30 s from the landing files: afterwards the merged aggregates of every granularity equal a plain-Python
 reference over every trade, late ones included, in PostgreSQL and in Delta, and the report counts exactly the late
 trades as added. Refusals: a range the stream still writes into, an empty range, an overlapping running backfill,
-input that retention deleted, and a plan fed over NATS.
+input that retention deleted.
 
 The pizza shop's outputs are published once by id: orders (and their deliveries) arriving after the watermark
 passed them are dropped by the stream; a backfill of their range, while both instances run, publishes their
@@ -150,14 +150,12 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
                        f"delta {granularity}")
 
-    # input that retention deleted, and a plan fed over NATS, are refused before anything is registered
+    # input that retention deleted is refused before anything is registered (NATS: test_nats_source.py)
     gone = min(landing_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)
     gone.unlink()
     with Database(database_url) as db:
         with pytest.raises(BackfillRefused, match=f"instance shard-1 .* no longer retained: {gone}"):
             run_backfill(cluster, plan, db, spark, START, END)
-        with pytest.raises(BackfillRefused, match="over NATS"):
-            run_backfill(cluster, load_plan("hot_rooms", cluster), db, spark, START, END)
         assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, other.id]
 
 

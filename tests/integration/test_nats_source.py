@@ -4,14 +4,16 @@ The trades plan's stream is declared ``source: nats``; events are published to i
 subjects with message ids, and each instance reads its partitions in sequence ranges of at most
 ``max_events_per_trigger``. Outputs are compared with the test's own aggregates of what it
 published; bad messages are quarantined with their subject and sequence; a message retention dropped
-before an instance read it stops the instance with an error that names the stream and the range.
+before an instance read it stops the instance with an error that names the stream and the range. Trades the
+watermark dropped are recomputed by a backfill from the messages the stream holds; once retention dropped messages
+published since a range's start, a backfill of it is refused.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -19,9 +21,10 @@ import yaml
 from _ha import expected_aggregates, fetch
 from _nats import use_nats
 from tandem import aggregation
+from tandem.batch.backfill import check_backfill, run_backfill
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
-from tandem.errors import ConfigError, SnapshotRefused
+from tandem.errors import BackfillRefused, ConfigError, SnapshotRefused
 from tandem.lake.tables import read_table
 from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.messaging import JetStream, StreamSpec, ensure_declared, stream_name
@@ -30,6 +33,7 @@ from tandem.producer import Destinations
 from tandem.runtime.node import run_instance
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.take import take_snapshot
+from tandem.store import Database
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -111,6 +115,21 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
         sequences = {int(r["source_file"].rsplit(":", 1)[1]) for r in quarantined}
         assert len(sequences) == 2 and max(sequences) <= js.bounds(stream_name(prefix, "trades")).last
 
+    # trades of the first minute published now are behind both watermarks: the stream drops them, a backfill of that
+    # minute recomputes it from the messages the stream still holds (issue 27 §1)
+    late = trades(5, 80, T0)
+    late = [e for e in late if e["timestamp"] < T0 + 60_000]
+    with Destinations(cluster, plan) as out:
+        publish(out, late, 2)
+    for shard in plan.shards:
+        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    assert_exact(cluster, first + second)  # the late trades were dropped
+    start = datetime.fromtimestamp(T0 / 1000, tz=UTC)
+    with Database(cluster.database_url) as db:
+        done = run_backfill(cluster, plan, db, spark, start, start + timedelta(minutes=1))
+    assert done.status == "DONE", done.error
+    assert_exact(cluster, first + second + late)
+
 
 def test_messages_retention_dropped_before_they_were_read_stop_the_instance_and_refuse_the_restore(
         project: Path, nats_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, spark) -> None:
@@ -136,6 +155,10 @@ def test_messages_retention_dropped_before_they_were_read_stop_the_instance_and_
     result = run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True)
     assert result.status == "FAILED"
     assert gone in result.error, result.error
+    start = datetime.fromtimestamp(T0 / 1000, tz=UTC)  # a backfill of shard-1's first 30 s needs messages since then
+    with Database(cluster.database_url) as db, pytest.raises(
+            BackfillRefused, match=rf"JetStream stream {stream_name(prefix, 'trades')} no longer holds sequences 1..110"):
+        check_backfill(cluster, plan, db, start, start + timedelta(seconds=30), ["shard-1"])
 
 
 def test_a_stream_is_created_as_declared_and_one_tandem_did_not_create_is_checked(

@@ -32,14 +32,12 @@ def test_only_a_closed_non_empty_range_with_zones_may_be_backfilled() -> None:
     assert "no event-time watermark" in refusal_of_range(T - timedelta(minutes=5), T, {"shard-1": None})
 
 
-def test_an_instance_without_state_is_closed_by_arrival_up_to_its_oldest_unread_file_less_the_lateness() -> None:
+def test_an_instance_without_state_is_closed_by_arrival_up_to_its_oldest_unread_input_less_the_lateness() -> None:
     ms = int(T.timestamp() * 1000)
-    landed = {Path("/l/0/a"): ms - 60_000, Path("/l/0/b"): ms - 30_000, Path("/l/1/c"): ms - 45_000}
     now = ms + 5_000
-    assert read_through(landed, set(landed), now, 10.0) == T + timedelta(seconds=5 - 10), "all read: now, less 10 s"
-    assert read_through(landed, {Path("/l/0/a")}, now, 10.0) == T - timedelta(seconds=45 + 10), "c is the oldest unread"
-    assert read_through(landed, set(), now, 0.0) == T - timedelta(seconds=60)
-    assert read_through({}, set(), now, 10.0) == T - timedelta(seconds=5), "nothing landed: now, less 10 s"
+    assert read_through([], now, 10.0) == T + timedelta(seconds=5 - 10), "all read: now, less 10 s"
+    assert read_through([ms - 30_000, ms - 45_000], now, 10.0) == T - timedelta(seconds=45 + 10), "the oldest unread"
+    assert read_through([ms - 60_000], now, 0.0) == T - timedelta(seconds=60)
 
 
 def test_missing_input_is_what_was_read_since_the_start_and_is_gone_oldest_first() -> None:

@@ -13,7 +13,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from _conf import edit_yaml
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError, DataLoss
-from tandem.messaging.jetstream import Bounds, check_not_lost
+from tandem.messaging.jetstream import Bounds, check_not_lost, dropped_since
 from tandem.messaging.wire import Connection, Frame, ack_sequence, parse_frames
 from tandem.runtime.sources.nats import NatsStreamReader, SubjectRange
 
@@ -68,6 +68,23 @@ class FakeJetStream:
 
     def close(self) -> None:
         pass
+
+
+def test_a_backfill_needs_every_message_published_since_its_start() -> None:
+    from datetime import datetime, timezone
+
+    start = datetime(2026, 11, 26, 10, tzinfo=timezone.utc)
+    whole = {"first_seq": 1, "first_ts": "2026-11-26T09:00:00Z", "messages": 50}
+    assert dropped_since("s", whole, start) is None, "nothing was ever dropped"
+    older = {"first_seq": 40, "first_ts": "2026-11-26T09:59:59.999999999Z", "messages": 11}
+    assert dropped_since("s", older, start) is None, "only messages published before the start were dropped"
+    newer = {"first_seq": 40, "first_ts": "2026-11-26T10:00:00.5Z", "messages": 11}
+    assert dropped_since("s", newer, start) == (
+        "JetStream stream s no longer holds sequences 1..39 (its retention dropped them; the oldest it holds, 40, was "
+        "published at 2026-11-26T10:00:00.500000+00:00): messages published at or after 2026-11-26T10:00:00+00:00 "
+        "may be among them")
+    empty = {"first_seq": 51, "first_ts": "0001-01-01T00:00:00Z", "messages": 0}
+    assert "holds no message any more (its retention dropped sequences 1..50)" in dropped_since("s", empty, start)
 
 
 def reader(first: int = 1, last: int = 1000, max_events: int = 100) -> NatsStreamReader:

@@ -2,24 +2,27 @@
 
 Purpose
     A stream drops events later than its watermark, and a fixed query bug leaves wrong results behind. A backfill
-    recomputes ``[start, end)`` of the plan's outputs from the landing files still retained, late events included,
-    with the plan's own query functions, and puts the result in place while the plan keeps running.
+    recomputes ``[start, end)`` of the plan's outputs from the input still retained (landing files, the messages of
+    a ``nats`` stream), late events included, with the plan's own query functions, and puts the result in place
+    while the plan keeps running.
 
 How it works
-    1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`tandem.store.backfills.register`): the
-       range must be closed (its end at or before the slowest instance's event-time watermark: the stream will
-       not write into it again; an instance whose queries keep no state has no watermark and is judged by
-       arrival, :func:`read_through`), every landing file the instances read that may hold its events (modified at or
-       after ``start``) must still exist, its streams must be files (not yet NATS), and no running backfill of
-       the plan may overlap it. A registered backfill is RUNNING in ``tandem.backfills``.
+    1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`dropped_messages`,
+       :func:`tandem.store.backfills.register`): the range must be closed (its end at or before the slowest
+       instance's event-time watermark: the stream will not write into it again; an instance whose queries keep no
+       state has no watermark and is judged by arrival, :func:`read_through`), every landing file the instances
+       read that may hold its events (modified at or after ``start``) must still exist, as must every message of
+       a ``nats`` stream published at or after it, and no running backfill of the plan may overlap it. A
+       registered backfill is RUNNING in ``tandem.backfills``.
     2. Recompute, per instance (:func:`recompute`): each of the instance's queries runs as a finite streaming
-       query (``Trigger.AvailableNow``) over every retained file of its partitions in one first micro-batch, so
-       nothing is late inside it; each batch's rows go to scratch files under ``backfills/<plan>/<id>/``.
+       query (``Trigger.AvailableNow``) over all the retained input of its partitions (landing files, messages)
+       in one first micro-batch, so nothing is late inside it; each batch's rows go to scratch files under
+       ``backfills/<plan>/<id>/``.
     3. Replace, per output, as its kind says (:func:`replace_output`). An aggregation of Spark's partials: the
        instance's seconds in the range are replaced and every coarser bucket overlapping it is rebuilt from its
        children in one PostgreSQL transaction that holds the table's publishers off, then in Delta (one commit
-       with a predicate for the seconds, an append of the rebuilt buckets). Other kinds are reported as not
-       recomputed yet.
+       with a predicate for the seconds, an append of the rebuilt buckets). Outputs published once by id: the
+       rows the stream never published are published (:func:`publish_missing`).
     4. The report (per instance and output: seconds and events before and after) is stored with the backfill.
 
 What it does not do
@@ -33,7 +36,7 @@ import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,10 +50,12 @@ from pyspark.sql import DataFrame, SparkSession
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.spec import spec_for
-from tandem.checkpoints import committed_batch, query_dirs
-from tandem.config import ClusterConfig, PlanConfig
+from tandem.checkpoints import committed_batch, query_dirs, source_offsets
+from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.errors import BackfillRefused
 from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir, instance_landing_dirs
+from tandem.messaging import JetStream, partition_subject, stream_name
+from tandem.messaging.jetstream import dropped_since
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import sink_for
 from tandem.outputs.base import BatchInfo
@@ -70,7 +75,8 @@ from tandem.store.registry import InstanceKey
 log = logging.getLogger(__name__)
 
 ALL_FILES = 2**31 - 1
-"""``maxFilesPerTrigger`` of a recomputation: every retained file in the first micro-batch."""
+"""``maxFilesPerTrigger`` (and a ``nats`` stream's events per trigger) of a recomputation: all its retained input in
+the first micro-batch."""
 BATCH_COLUMN = "_backfill_batch"
 LISTED = 5
 """How many missing files a refusal names."""
@@ -94,14 +100,37 @@ def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: l
     return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
 
 
-def read_through(landed: Mapping[Path, int], processed: Collection[Path], now_ms: int, lateness_s: float) -> datetime:
+def read_through(pending_ms: Iterable[int], now_ms: int, lateness_s: float) -> datetime:
     """For an instance whose queries keep no state (each event is written when it is read, none is dropped as late):
-    the event time up to which it will not write again, judged by arrival (pure). It has read every file that landed
-    before the oldest one it has not read yet (``landed``: path -> modification time in ms; ``now_ms`` when it read
-    them all); an event landing later than the plan's watermark delay (``lateness_s``) after its event time is late
-    by the plan's own definition, and a recomputation of an earlier range would miss it."""
+    the event time up to which it will not write again, judged by arrival (pure). It has read everything that
+    arrived before the oldest input it has not read yet (``pending_ms``: when each such landing file was written or
+    message published; ``now_ms`` when it read everything); an event arriving later than the plan's watermark delay
+    (``lateness_s``) after its event time is late by the plan's own definition, and a recomputation of an earlier
+    range would miss it."""
+    return datetime.fromtimestamp(min(pending_ms, default=now_ms) / 1000 - lateness_s, tz=timezone.utc)
+
+
+def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query_dir: Path,
+                  landed: Mapping[Path, int]) -> list[int]:
+    """When each input the query of ``query_dir`` has not read by its last committed batch arrived (ms): landing
+    files of the instance it did not process, and per partition subject of each ``nats`` source the first message
+    after its offset."""
+    processed = {Path(unquote(urlsplit(uri).path)) for uri in processed_file_times(query_dir)}
     pending = [modified for path, modified in landed.items() if path not in processed]
-    return datetime.fromtimestamp(min(pending, default=now_ms) / 1000 - lateness_s, tz=timezone.utc)
+    offsets = [o for o in source_offsets(query_dir / "offsets" / str(committed_batch(query_dir)))
+               if isinstance(o, dict) and set(o) == {"stream", "seq"}]
+    for name, stream in plan.streams.items():
+        if stream.source != "nats" or not plan.partitions(shard_id, name):
+            continue
+        nats = nats_of(cluster, plan, name)
+        read = [int(o["seq"]) for o in offsets if o["stream"] == stream_name(nats.prefix, name)]
+        with JetStream(nats.servers, name="tandem-backfill-check") as js:
+            for partition in plan.partitions(shard_id, name):
+                published = js.published_after(stream_name(nats.prefix, name),
+                                               partition_subject(nats.prefix, name, partition), min(read, default=0))
+                if published is not None:
+                    pending.append(int(published.timestamp() * 1000))
+    return pending
 
 
 def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> datetime | None:
@@ -116,8 +145,8 @@ def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: 
         queries = query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node))
         if not queries or any(committed_batch(q) is None or (q / "state").exists() for q in queries.values()):
             continue
-        read = [{Path(unquote(urlsplit(uri).path)) for uri in processed_file_times(q)} for q in queries.values()]
-        through = min(read_through(landed, files, now_ms, plan.watermark_s) for files in read)
+        through = min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
+                      for q in queries.values())
         furthest = through if furthest is None else max(furthest, through)
     return furthest
 
@@ -160,13 +189,12 @@ def missing_input(processed: Mapping[str, int], start: datetime, exists: Callabl
 def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
                    shards: list[str]) -> None:
     """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``shards`` cannot be backfilled now."""
-    remote = [name for name, stream in plan.streams.items() if stream.source != "files"]
-    if remote:
-        raise BackfillRefused(f"plan {plan.name} reads {', '.join(remote)} over NATS: a backfill recomputes from "
-                              "retained landing files only (not yet from the messaging layer)")
     reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, shards))
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
+    dropped = dropped_messages(cluster, plan, shards, start)
+    if dropped:
+        raise BackfillRefused(f"backfill of plan {plan.name}: {'; '.join(dropped)}")
     for shard in shards:
         processed: dict[str, int] = {}
         for node in plan.nodes:
@@ -180,6 +208,24 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
                 + (f" and {len(gone) - LISTED} more" if len(gone) > LISTED else ""))
 
 
+def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str], start: datetime) -> list[str]:
+    """For each ``nats`` stream the instances read, why messages published at or after ``start`` may be gone
+    (:func:`tandem.messaging.jetstream.dropped_since`); a message is published after the events it holds, as a
+    landing file is written after them."""
+    reasons = []
+    for name, stream in plan.streams.items():
+        if stream.source != "nats" or not any(plan.partitions(shard, name) for shard in shards):
+            continue
+        nats = nats_of(cluster, plan, name)
+        with JetStream(nats.servers, name="tandem-backfill-check") as js:
+            info = js.stream_info(stream_name(nats.prefix, name))
+        if info is None:
+            reasons.append(f"JetStream stream {stream_name(nats.prefix, name)} of {name} does not exist")
+        elif (reason := dropped_since(stream_name(nats.prefix, name), info["state"], start)) is not None:
+            reasons.append(reason)
+    return reasons
+
+
 # --- recompute ---------------------------------------------------------------------------------------------------
 
 
@@ -187,7 +233,8 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
               scratch: Path) -> dict[str, pa.Table]:
     """Run the instance's queries (not the quarantine) over all its retained input as finite queries; per output,
     every row they emitted, with the micro-batch it came in as :data:`BATCH_COLUMN`."""
-    whole = dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES})
+    whole = dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES,
+                                                                               "max_events_per_trigger": ALL_FILES})
                                                for name, stream in plan.streams.items()})
     ctx = PlanContext(cluster, whole, InstanceKey(plan.name, shard_id, "backfill"), spark)
     specs = check_plan_module(plan, load_plan_module(plan))

@@ -23,8 +23,9 @@ What it does not do
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tandem.config import NatsConfig, PlanConfig
@@ -99,6 +100,24 @@ def check_not_lost(stream: str, covered: int, bounds: Bounds) -> None:
     if bounds.first > covered + 1:
         raise DataLoss(f"JetStream stream {stream}: messages {covered + 1}..{bounds.first - 1} are gone (its "
                        f"retention dropped them; it holds {bounds.first}..{bounds.last}) before they were read")
+
+
+def dropped_since(stream: str, state: Mapping[str, Any], since: datetime) -> str | None:
+    """Why the stream may no longer hold every message published at or after ``since`` (pure; ``state``: the stream
+    info's ``first_seq``, ``first_ts``, ``messages``), or ``None``: its retention dropped messages, and the oldest
+    one it still holds was published after ``since`` (or it holds none)."""
+    first = int(state["first_seq"])
+    if first <= 1:
+        return None
+    if int(state["messages"]) == 0:
+        return (f"JetStream stream {stream} holds no message any more (its retention dropped sequences "
+                f"1..{first - 1}): messages published at or after {since.isoformat()} may be among them")
+    oldest = datetime.fromisoformat(str(state["first_ts"]))
+    if oldest <= since:
+        return None
+    return (f"JetStream stream {stream} no longer holds sequences 1..{first - 1} (its retention dropped them; the "
+            f"oldest it holds, {first}, was published at {oldest.isoformat()}): messages published at or after "
+            f"{since.isoformat()} may be among them")
 
 
 def lost_after(servers: Sequence[str], offsets: Iterable[Any]) -> list[str]:
@@ -226,6 +245,17 @@ class JetStream:
         found = answer["message"]
         headers = parse_headers(base64.b64decode(found["hdrs"])) if found.get("hdrs") else {}
         return headers, base64.b64decode(found.get("data") or b"")
+
+    def published_after(self, stream: str, subject: str, sequence: int) -> datetime | None:
+        """When the stream's first message of ``subject`` after ``sequence`` was published; ``None``: none yet."""
+        try:
+            answer = self.connection.request(f"$JS.API.STREAM.MSG.GET.{stream}",
+                                             {"seq": sequence + 1, "next_by_subj": subject})
+        except ProtocolError as exc:
+            if "no message found" in str(exc):
+                return None
+            raise
+        return datetime.fromisoformat(answer["message"]["time"])
 
     def read(self, stream: str, subject: str, first: int, last: int) -> Iterator[list[tuple[int, bytes]]]:
         """``(sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in order, in
