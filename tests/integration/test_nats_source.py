@@ -114,6 +114,11 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
     with JetStream([nats_server.url]) as js:
         sequences = {int(r["source_file"].rsplit(":", 1)[1]) for r in quarantined}
         assert len(sequences) == 2 and max(sequences) <= js.bounds(stream_name(prefix, "trades")).last
+        # when the first message of a subject after an offset was published (a stateless instance's closed range)
+        last = js.bounds(stream_name(prefix, "trades")).last
+        assert js.published_after(stream_name(prefix, "trades"), f"{prefix}.trades.0", last) is None
+        oldest = js.published_after(stream_name(prefix, "trades"), f"{prefix}.trades.1", 0)
+        assert oldest is not None and abs(datetime.now(UTC) - oldest) < timedelta(minutes=10), oldest
 
     # trades of the first minute published now are behind both watermarks: the stream drops them, a backfill of that
     # minute recomputes it from the messages the stream still holds (issue 27 §1)
