@@ -359,9 +359,9 @@ def publish_missing(cluster: ClusterConfig, plan: PlanConfig, db: Database, shar
             raise BackfillRefused(f"backfill of plan {plan.name}: instance {shard_id} has no ACTIVE node to publish "
                                   f"{len(missing)} missing rows of {output} under its lease: start it, then again")
         holder = InstanceKey(plan.name, shard_id, lease.holder)
-        batch = BatchInfo(holder, BACKFILL_BATCH, lease.epoch, datetime.now(timezone.utc), f"backfill-{backfill_id}")
-        sink_for(plan, output, holder, cluster.database_url, delta_table_dir(cluster, plan.name, output)).write(
-            missing, batch)
+        sink.instance = holder  # the same sink: identities() recorded the rows' schema its write() needs
+        sink.write(missing, BatchInfo(holder, BACKFILL_BATCH, lease.epoch, datetime.now(timezone.utc),
+                                      f"backfill-{backfill_id}"))
     outcome: dict[str, Any] = {"recomputed": True, "rows": len(recomputed), "published": len(missing),
                                "already_published": len(known)}
     if declared.kind == "events":
