@@ -526,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                     reconciling.join()
                 results["reconcile"] = reconciling.results if reconciling is not None else None
                 problems = wait_exact(console, cluster, plans, url, events)
+                if any(problems.values()):  # the database is dropped at the end: keep what tells lag from loss
+                    results["diagnostics"] = diagnostics(url, events)
                 with Database(url) as db:  # GOOD (kept), PRUNED (good, replaced by newer ones), BAD, TAKING
                     results["snapshots"] = {name: dict(Counter(s.status for s in catalog.list_snapshots(db, name)))
                                             for name in PLANS}
@@ -566,6 +568,20 @@ def wait_running(console: Console, url: str, plans: dict) -> None:
                 return
             time.sleep(5)
     raise RuntimeError(f"the supervisors did not launch every pair within 15 minutes ({pairs} of {expected})")
+
+
+def diagnostics(url: str, events: dict) -> dict:
+    """When the outputs differ: each instance's status and newest watermark against its plan's newest event (behind
+    it: the instance had not caught up; past it with rows missing: lost), and the last failover events."""
+    newest = {name: max((int(e.get("time") or e.get("timestamp") or 0) for items in by_stream.values()
+                         for e in items), default=0) for name, by_stream in events.items()}
+    instances = fetch(url, "SELECT plan, shard_id, node, role, status, error, started_at FROM plan_instances "
+                           "ORDER BY plan, shard_id, node")
+    watermarks = fetch(url, "SELECT instance_id, query_name, max(watermark) AS watermark, max(batch_id) AS batch, "
+                            "max(recorded_at) AS recorded_at FROM heartbeats GROUP BY 1, 2 ORDER BY 1, 2")
+    recent = fetch(url, "SELECT plan, shard_id, node, kind, epoch, happened_at, detail FROM failover_events "
+                        "ORDER BY happened_at DESC LIMIT 60")
+    return {"newest_event_ms": newest, "instances": instances, "watermarks": watermarks, "failover_events": recent}
 
 
 def wait_exact(console: Console, cluster, plans: dict, url: str, events: dict) -> dict[str, list[str]]:
