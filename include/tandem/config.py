@@ -217,7 +217,8 @@ class MaintenanceConfig(StrictModel):
     the live appends. ``vacuum_retention``: files a commit removed are deleted once they are older than this,
     except those of the versions kept snapshots recorded (a restore's time travel needs them), in whole hours
     (delta-rs's unit, rounded up); the log's commits before a checkpoint go once they are older than it, except
-    those a kept version needs. A reader of an older version must finish within it. ``retention``: how long PostgreSQL keeps each kind of row.
+    those a kept version needs. A reader of an older version must finish within it. ``retention``: how long
+    PostgreSQL keeps each kind of row.
     ``keep_input``: landing files younger than this stay even once processed (not given: only what a restart or
     a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back.
     """

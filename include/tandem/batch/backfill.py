@@ -136,19 +136,17 @@ def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query
 def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> datetime | None:
     """:func:`read_through` of an instance from the node that read furthest, when every query of it committed a
     batch with no state (a Spark checkpoint has a ``state`` folder once a query keeps state); else ``None``."""
+    per_node = [query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)) for node in plan.nodes]
+    stateless = [queries for queries in per_node if queries and all(
+        committed_batch(q) is not None and not (q / "state").exists() for q in queries.values())]
+    if not stateless:
+        return None
     folders = [folder for stream in instance_landing_dirs(cluster, plan, shard_id).values() for folder in stream]
     landed = {path: int(path.stat().st_mtime * 1000) for folder in folders if folder.is_dir()
               for path in folder.iterdir() if path.is_file() and not path.name.startswith((".", "_"))}
     now_ms = int(time.time() * 1000)
-    furthest = None
-    for node in plan.nodes:
-        queries = query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node))
-        if not queries or any(committed_batch(q) is None or (q / "state").exists() for q in queries.values()):
-            continue
-        through = min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
-                      for q in queries.values())
-        furthest = through if furthest is None else max(furthest, through)
-    return furthest
+    return max(min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
+                   for q in queries.values()) for queries in stateless)
 
 
 def instances_closed_until(cluster: ClusterConfig, db: Database, plan: PlanConfig,
@@ -217,11 +215,12 @@ def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str]
         if stream.source != "nats" or not any(plan.partitions(shard, name) for shard in shards):
             continue
         nats = nats_of(cluster, plan, name)
+        jetstream = stream_name(nats.prefix, name)
         with JetStream(nats.servers, name="tandem-backfill-check") as js:
-            info = js.stream_info(stream_name(nats.prefix, name))
+            info = js.stream_info(jetstream)
         if info is None:
-            reasons.append(f"JetStream stream {stream_name(nats.prefix, name)} of {name} does not exist")
-        elif (reason := dropped_since(stream_name(nats.prefix, name), info["state"], start)) is not None:
+            reasons.append(f"JetStream stream {jetstream} of {name} does not exist")
+        elif (reason := dropped_since(jetstream, info["state"], start)) is not None:
             reasons.append(reason)
     return reasons
 

@@ -82,6 +82,11 @@ def log_version(name: str) -> int | None:
     return int(head) if len(head) == 20 and head.isdigit() and name[20:21] == "." else None
 
 
+def checkpoint_version(name: str) -> int | None:
+    """The version a ``_delta_log`` checkpoint file holds (``….checkpoint.parquet``), ``None`` for any other file."""
+    return log_version(name) if ".checkpoint." in name else None
+
+
 def expired_log_entries(entries: Iterable[tuple[str, float]], floor: int, cutoff: float) -> list[str]:
     """The ``_delta_log`` files (name, modified at) a reader of any version from ``floor`` on no longer needs (pure).
 
@@ -89,8 +94,7 @@ def expired_log_entries(entries: Iterable[tuple[str, float]], floor: int, cutoff
     without such a checkpoint (every version up to ``floor`` is then read from the commits before it).
     """
     entries = list(entries)
-    checkpoints = [v for name, _ in entries if ".checkpoint." in name and (v := log_version(name)) is not None
-                   and v <= floor]
+    checkpoints = [v for name, _ in entries if (v := checkpoint_version(name)) is not None and v <= floor]
     if not checkpoints:
         return []
     boundary = max(checkpoints)
@@ -104,7 +108,7 @@ def oldest_readable_version(path: Path) -> int:
     names = [entry.name for entry in (path / "_delta_log").iterdir()]
     if any(log_version(name) == 0 and name.endswith(".json") for name in names):
         return 0
-    return min((v for name in names if ".checkpoint." in name and (v := log_version(name)) is not None), default=0)
+    return min((v for name in names if (v := checkpoint_version(name)) is not None), default=0)
 
 
 def clean_log(path: Path, floor: int, log_retention_s: float, now: Callable[[], float] = time.time) -> int:
