@@ -19,6 +19,14 @@ log = logging.getLogger(__name__)
 QUALITY_METRICS = "tandem_quality"
 
 
+def own_query_name(instance: InstanceKey, full_name: str | None) -> str | None:
+    """The plan's name of a query of ``instance`` (Spark's query name is ``<instance id>:<query>``), or ``None`` for
+    a query of anything else: a listener hears every query of its Spark session, and a session may run another
+    instance's queries (one still stopping, a recomputation, a test's)."""
+    prefix, _, name = (full_name or "").rpartition(":")
+    return name if prefix == instance.id and name else None
+
+
 def _timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -46,7 +54,9 @@ class ProgressRecorder(StreamingQueryListener):
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         progress = event.progress
-        name = (progress.name or "").rsplit(":", 1)[-1]
+        name = own_query_name(self.instance, progress.name)
+        if name is None:
+            return
         states = progress.stateOperators or []
         quality = (progress.observedMetrics or {}).get(QUALITY_METRICS)
         row = BatchProgress(
