@@ -9,6 +9,8 @@
 #   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin, random password, 0600)
 #   5. .tandem/env.sh (sourced by every make target and by the tests)
 #   6. `airflow db migrate` (skipped when already done for this metadata DB + Airflow version)
+#   7. a class-data sharing archive for the Spark JVMs, .tandem/spark-cds.jsa (skipped when one exists for
+#      this Java and pyspark; optional: without it drivers start as before, only slower)
 #
 # Environment it honours (all optional):
 #   TANDEM_PYTHON          Python 3.11 interpreter used to create .venv (default: python3.11)
@@ -250,6 +252,12 @@ export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="\$((TANDEM_AIRFLOW_PORT + 713))
 export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="\$((TANDEM_AIRFLOW_PORT + 714))"
 # pick up new DAG files within 30 s (default 300 s)
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=30
+
+# Spark JVMs (drivers, in-process sessions) map the classes recorded by step 7 of scripts/setup.sh
+# instead of loading them again; a JVM that cannot use the archive warns once and starts as before.
+if [ -z "\${SPARK_SUBMIT_OPTS:-}" ] && [ -s $(sq "$STATE/spark-cds.jsa") ]; then
+  export SPARK_SUBMIT_OPTS=$(sq "-XX:SharedArchiveFile=$STATE/spark-cds.jsa")
+fi
 EOF
 
 # Spark node connections (AIRFLOW_CONN_...) from conf/cluster.yaml, when the CLI offers them.
@@ -302,6 +310,36 @@ else
     fi
     rm -f "$AIRFLOW_HOME"/.migrated-*
     touch "$MIGRATE_STAMP"
+fi
+
+# --- 7. class-data sharing archive for the Spark JVMs ----------------------------------------------
+# A Spark driver spends seconds loading and verifying the same ~20,000 classes at every start; a dynamic
+# CDS archive recorded once (scripts/spark_cds_training.py) lets each JVM map them instead. The archive
+# fits one JVM build and one class path, so it is keyed on both; it is written to a temporary name,
+# checked by a second run that uses it, and only then renamed (a truncated archive crashes the JVM).
+CDS_ARCHIVE="$STATE/spark-cds.jsa"
+PYSPARK_VERSION="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("pyspark"))')"
+CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_VERSION" | sha256sum | cut -c1-16)"
+CDS_STAMP="$STATE/.spark-cds-$CDS_KEY"
+if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then
+    log "Spark class-data sharing archive up to date"
+else
+    log "recording the Spark class-data sharing archive (one Spark job, ~30 s)"
+    rm -f "$CDS_ARCHIVE" "$STATE"/.spark-cds-*
+    CDS_TMP="$STATE/spark-cds.jsa.tmp"
+    CDS_LOG="$STATE/spark-cds.log"
+    rm -f "$CDS_TMP"
+    if SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$CDS_TMP" spark-submit --master 'local[1]' \
+            "$ROOT/scripts/spark_cds_training.py" >"$CDS_LOG" 2>&1 \
+        && SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$CDS_TMP" spark-submit --master 'local[1]' \
+            "$ROOT/scripts/spark_cds_training.py" >>"$CDS_LOG" 2>&1; then
+        mv -f "$CDS_TMP" "$CDS_ARCHIVE"
+        touch "$CDS_STAMP"
+        log "wrote .tandem/spark-cds.jsa"
+    else
+        rm -f "$CDS_TMP"
+        log "WARNING: no Spark class-data sharing archive (see .tandem/spark-cds.log); drivers start without it"
+    fi
 fi
 
 log "done. Load the environment with:  . .tandem/env.sh"
