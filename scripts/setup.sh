@@ -318,8 +318,9 @@ fi
 # fits one JVM build and one class path, so it is keyed on both; it is written to a temporary name,
 # checked by a second run that uses it, and only then renamed (a truncated archive crashes the JVM).
 CDS_ARCHIVE="$STATE/spark-cds.jsa"
-PYSPARK_VERSION="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("pyspark"))')"
-CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_VERSION" | sha256sum | cut -c1-16)"
+# pyspark's version and folder: the jars on the class path (a venv made again at another path moves them)
+PYSPARK_JARS="$("$VENV/bin/python" -c 'import os, pyspark; print(pyspark.__version__, os.path.dirname(pyspark.__file__))')"
+CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_JARS" | sha256sum | cut -c1-16)"
 CDS_STAMP="$STATE/.spark-cds-$CDS_KEY"
 if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then
     log "Spark class-data sharing archive up to date"

@@ -3,7 +3,7 @@
 Run under ``spark-submit`` with ``-XX:ArchiveClassesAtExit=<archive>``: the JVM writes the classes this job
 loaded into the archive when it exits, and every later JVM started with ``-XX:SharedArchiveFile=<archive>``
 maps them instead of loading and verifying them again (a driver's start and first query measured here:
-14-15 s without, 9 s with). The job touches what a plan's driver does first: a session, a Python data source, a
+14-15 s without, 9 s with). The job touches much of what a plan's driver does first: a session, a file source, a
 stateful streaming query with a watermark under ``availableNow`` into ``foreachBatch``, Arrow to Python.
 """
 

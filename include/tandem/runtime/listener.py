@@ -19,12 +19,17 @@ log = logging.getLogger(__name__)
 QUALITY_METRICS = "tandem_quality"
 
 
+def instance_query_name(instance: InstanceKey, query: str) -> str:
+    """Spark's name of the plan's query ``query`` run by ``instance``: ``<instance id>:<query>``."""
+    return f"{instance.id}:{query}"
+
+
 def own_query_name(instance: InstanceKey, full_name: str | None) -> str | None:
-    """The plan's name of a query of ``instance`` (Spark's query name is ``<instance id>:<query>``), or ``None`` for
-    a query of anything else: a listener hears every query of its Spark session, and a session may run another
+    """The plan's name of a query of ``instance`` (the inverse of :func:`instance_query_name`), or ``None`` for a
+    query of anything else: a listener hears every query of its Spark session, and a session may run another
     instance's queries (one still stopping, a recomputation, a test's)."""
     prefix, _, name = (full_name or "").rpartition(":")
-    return name if prefix == instance.id and name else None
+    return name if name and full_name == instance_query_name(instance, name) else None
 
 
 def _timestamp(text: str | None) -> datetime | None:

@@ -26,7 +26,7 @@ from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
-from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe
+from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.relays import RelayThread, published_to_streams
@@ -90,7 +90,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
         if publishers is not None:
             publishers[definition.name] = publisher
         writer = (
-            definition.frame.writeStream.queryName(f"{ctx.instance.id}:{definition.name}")
+            definition.frame.writeStream.queryName(instance_query_name(ctx.instance, definition.name))
             .outputMode(definition.output_mode)
             .option("checkpointLocation", str(checkpoint))
             .foreachBatch(publisher)
