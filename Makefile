@@ -6,7 +6,7 @@
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
 #   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
-#   make test     setup + test-tools + dist + pytest (PYTEST_ARGS="-x -q tests" by default)
+#   make test     setup + test-tools + dist + pytest (two xdist workers by default; PYTEST_ARGS overrides)
 #   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux (apt-get, only what is missing)
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
@@ -19,7 +19,7 @@ SHELL := /bin/bash
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
-PYTEST_ARGS ?= -x -q tests
+PYTEST_ARGS ?= -x -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 help:
 	@sed -n '1,14s/^# \{0,1\}//p' "$(ROOT)/Makefile"

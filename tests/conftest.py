@@ -11,7 +11,33 @@ import pytest
 from _project import PROJECT, create_database, drop_database, kill_groups, use_project
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# `make test` runs two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: a worker takes whole
+# modules (their module fixtures start once) in collection order. The longest modules go first so that the two
+# workers end close together (longest-processing-time first). Seconds from a full run of the suite on one worker;
+# modules not listed take about a minute or less.
+MODULE_SECONDS = {
+    "hosts/test_airflow_on_hosts.py": 1360,
+    "integration/test_output_failover.py": 810,
+    "integration/test_failover.py": 800,
+    "integration/test_supervise.py": 560,
+    "integration/test_dags.py": 260,
+    "integration/test_fourth_plan.py": 240,
+    "integration/test_linked_groups.py": 230,
+    "e2e/test_presenter_page.py": 220,
+    "integration/test_backfill.py": 140,
+    "e2e/test_airflow_trades.py": 120,
+    "integration/test_launcher.py": 110,
+    "e2e/test_presenter_api.py": 100,
+    "integration/test_hostile_input.py": 85,
+}
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the longest modules first (a stable sort: tests keep their order within a module)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: -MODULE_SECONDS.get(item.nodeid.split("::")[0].removeprefix("tests/"), 0))
 
 
 @pytest.fixture
