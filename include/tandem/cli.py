@@ -357,9 +357,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         for upkeep in upkeeps:
             console.print(upkeep.describe(), highlight=False)
         with console.status(f"deleting old PostgreSQL rows of {plan.name}"):
-            trimmed = trim_plan_rows(plan, db)
-        for part in trimmed:
-            console.print(part.describe(), highlight=False)
+            retention = trim_plan_rows(plan, db)
+        for line in retention.describe():
+            console.print(line, highlight=False)
     return 0
 
 

@@ -129,6 +129,30 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
     assert all(totals[t] > 0 for t in expected)
 
 
+def test_after_a_retention_run_new_rows_reuse_the_space_of_the_deleted_ones(db: Database) -> None:
+    """The retention run vacuums what it trimmed: this server runs with autovacuum off, so without it the
+    deleted rows' space is never reused and the table grows by what is written, whatever the retention."""
+    def write_seconds(start: datetime, count: int) -> None:
+        db.run(lambda c: c.execute(
+            "INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, shard_id, price_sum, trade_count, "
+            "quantity_sum, price_min, price_max, epoch, batch_id) SELECT 'trades', 'second', %s + make_interval("
+            "secs => n), 'IBM', 'shard-1', 1.0, 1, 1, 1.0, 1.0, 1, 1 FROM generate_series(1, %s) n", (start, count)))
+
+    def heap_bytes() -> int:
+        return rows(db, "SELECT pg_relation_size('trade_aggregates') AS b")[0]["b"]
+
+    retention_s = load_plan("trades").maintenance.retention.partials_s["second"]
+    now = catalog.database_now(db)
+    write_seconds(now - timedelta(seconds=retention_s) - 2 * DAY, 20_000)  # all older than the retention
+    written = heap_bytes()
+    totals = PostgresRetentionOperator(task_id="postgres_retention", plan="trades").execute({})
+    assert totals["trade_aggregates"] == 20_000
+    write_seconds(now - HOUR, 20_000)  # as many new rows: they fit where the deleted ones were
+    assert heap_bytes() <= written * 1.1, (written, heap_bytes())
+    [stats] = rows(db, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'trade_aggregates'")
+    assert stats["vacuum_count"] >= 1
+
+
 def identity(table: str):
     keys = {"trade_aggregates": ("granularity", "bucket_start", "shard_id"), "heartbeats": ("id",),
             "publish_log": ("instance_id", "batch_id"), "failover_events": ("id",),

@@ -48,6 +48,15 @@ def test_contribution_ids_go_after_the_retention_and_an_hour_before_the_oldest_k
     assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40, hours=1)
 
 
+def test_a_table_is_vacuumed_once_its_dead_rows_pass_fifty_and_a_fifth_of_the_live_ones() -> None:
+    from tandem.store.trim import needs_vacuum
+
+    assert not needs_vacuum(live_rows=0, dead_rows=50)
+    assert needs_vacuum(live_rows=0, dead_rows=51)
+    assert not needs_vacuum(live_rows=10_000, dead_rows=2_050)
+    assert needs_vacuum(live_rows=10_000, dead_rows=2_051)
+
+
 def test_log_entries_expire_before_the_newest_checkpoint_at_or_below_the_oldest_kept_version() -> None:
     from tandem.lake.maintenance import expired_log_entries, log_version
 

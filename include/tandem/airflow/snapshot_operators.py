@@ -308,7 +308,8 @@ class DeltaUpkeepOperator(PlanTaskOperator):
 
 class PostgresRetentionOperator(PlanTaskOperator):
     """Delete a plan's PostgreSQL rows older than its ``maintenance.retention`` (:func:`tandem.batch.trim.trim_plan_rows`):
-    aggregation partials per granularity, progress, published positions, contribution ids, supervision events."""
+    aggregation partials per granularity, progress, published positions, contribution ids, supervision events; then
+    VACUUM of the tables with many dead rows."""
 
     ui_color = "#e8f5dc"
 
@@ -318,9 +319,10 @@ class PostgresRetentionOperator(PlanTaskOperator):
 
         cluster, plan = self.loaded()
         with Database(cluster.database_url, "tandem-maintenance") as db:
-            trimmed = trim_plan_rows(plan, db)
+            retention = trim_plan_rows(plan, db)
+        for line in retention.describe():
+            self.log.info("%s", line)
         totals: dict[str, int] = {}
-        for part in trimmed:
-            self.log.info("%s", part.describe())
+        for part in retention.trimmed:
             totals[part.table] = totals.get(part.table, 0) + part.rows
         return totals

@@ -5,6 +5,8 @@ deletes and what they always keep are :mod:`tandem.store.trim`'s. Ages are measu
 Contribution ids are kept longer when a kept snapshot needs them: a restore replays the input after the
 snapshot's cut, and each row the replay brings again must find its id to be applied once; so no id applied
 later than an hour before a shard's oldest TAKING or GOOD snapshot goes (:func:`contributions_cutoff`).
+Then the tables with many dead rows are vacuumed (:func:`tandem.store.trim.vacuum_bloated`): deleted rows only
+free their space for new ones after a VACUUM, and autovacuum may be off.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ class Trimmed:
                 f"{self.before.isoformat(timespec='seconds')} deleted")
 
 
+@dataclass(frozen=True)
+class Retention:
+    """What one retention run of a plan did: rows deleted per table and granularity, tables vacuumed."""
+
+    trimmed: list[Trimmed]
+    vacuumed: list[str]
+
+    def describe(self) -> list[str]:
+        return [part.describe() for part in self.trimmed] + [
+            f"vacuumed (dead rows made reusable): {', '.join(self.vacuumed) or 'none needed'}"]
+
+
 def contributions_cutoff(now: datetime, retention_s: float, oldest_kept_snapshot: datetime | None) -> datetime:
     """Contribution ids applied before this instant may go: older than the retention, and than the shard's oldest
     kept snapshot less :data:`SNAPSHOT_MARGIN` (``None``: the shard has no kept snapshot)."""
@@ -46,9 +60,9 @@ def contributions_cutoff(now: datetime, retention_s: float, oldest_kept_snapshot
     return cutoff
 
 
-def trim_plan_rows(plan: PlanConfig, db: Database) -> list[Trimmed]:
+def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
     """Delete ``plan``'s PostgreSQL rows older than its declared retention (what :mod:`tandem.store.trim` keeps
-    stays); one :class:`Trimmed` per table and granularity."""
+    stays; one :class:`Trimmed` per table and granularity), then vacuum the tables that need it."""
     retention = plan.maintenance.retention
     now = catalog.database_now(db)
 
@@ -74,4 +88,4 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> list[Trimmed]:
         before = contributions_cutoff(now, retention.contributions_s, oldest.get(shard_id))
         done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before), before,
                             f"instance {shard_id}"))
-    return done
+    return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))

@@ -10,6 +10,9 @@ returns how many rows went. What stays whatever its age, and who reads it:
 - ``failover_events``: each (shard, node, kind)'s newest event (drain marks, the page's last role change);
 - ``output_contributions``: those not in the lake yet (a standby copies them after a failover);
 - aggregation partials: only the named granularity's rows go; coarser buckets stay.
+
+Deleted and updated rows leave dead row versions that only VACUUM makes reusable; :func:`vacuum_bloated` runs it
+on the tables that need it (autovacuum's own rule), so the tables stay bounded where autovacuum is off or behind.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from tandem.store.db import Database
 
 CHUNK = 20_000
 """Rows deleted per transaction."""
+VACUUM_BASE_ROWS = 50
+VACUUM_SCALE = 0.2
+"""A table needs VACUUM once its dead rows pass ``VACUUM_BASE_ROWS + VACUUM_SCALE * live rows`` (PostgreSQL's
+defaults for autovacuum)."""
 
 
 def _delete_in_chunks(db: Database, table: str | sql.Composable, where: str, params: dict[str, Any]) -> int:
@@ -86,3 +93,31 @@ def trim_partials(db: Database, table: str, plan: str, granularity: str, before:
     return _delete_in_chunks(db, table, "t.plan = %(plan)s AND t.granularity = %(granularity)s "
                                         "AND t.bucket_start < %(before)s",
                              {"plan": plan, "granularity": granularity, "before": before})
+
+
+def needs_vacuum(live_rows: int, dead_rows: int) -> bool:
+    """Whether a table's dead row versions pass autovacuum's default threshold (pure)."""
+    return dead_rows > VACUUM_BASE_ROWS + VACUUM_SCALE * live_rows
+
+
+def vacuum_bloated(db: Database, trimmed: set[str] = frozenset()) -> list[str]:
+    """``VACUUM (ANALYZE)`` the tables of Tandem's schema that :func:`needs_vacuum` by PostgreSQL's statistics, and
+    those in ``trimmed`` (rows just deleted: the statistics may not count them yet); returns the tables vacuumed.
+
+    A table another VACUUM holds is skipped (``SKIP_LOCKED``); VACUUM does not block the plans' reads and writes."""
+    def tables(cursor) -> list[str]:
+        cursor.execute("SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables "
+                       "WHERE schemaname = current_schema() ORDER BY relname")
+        return [row["relname"] for row in cursor.fetchall()
+                if row["relname"] in trimmed or needs_vacuum(row["n_live_tup"], row["n_dead_tup"])]
+
+    due = db.run(tables, attempts=3)
+    conn = db.connection()
+    conn.autocommit = True  # VACUUM cannot run inside a transaction
+    try:
+        with conn.cursor() as cursor:
+            for table in due:
+                cursor.execute(sql.SQL("VACUUM (ANALYZE, SKIP_LOCKED) {}").format(sql.Identifier(table)))
+    finally:
+        conn.autocommit = False
+    return due
