@@ -79,9 +79,10 @@ def test_partials_differ_as_late_extra_or_different() -> None:
 def test_ids_differ_as_late_extra_or_different_and_without_the_published_side_only_as_late() -> None:
     from tandem.batch.reconcile import Outcome, compare_ids
 
-    recomputed = {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}}
-    outcome = compare_ids(Outcome("s", "events"), {"a": {"n": 1, "extra": 0}, "b": {"n": 9}, "d": {"n": 4}},
-                          recomputed)
-    assert outcome.counts == {"late": 1, "extra": 1, "different": 1}
-    assert outcome.examples == {"late": [{"id": "c"}], "extra": [{"id": "d"}], "different": [{"id": "b"}]}
+    recomputed = {"a": {"n": 1, "avg": 31.469999999999995}, "b": {"n": 2}, "c": {"n": 3}}
+    published = {"a": {"n": 1, "avg": 31.470000000000002, "extra": 0}, "b": {"n": 9}, "d": {"n": 4}}
+    outcome = compare_ids(Outcome("s", "events"), published, recomputed)
+    assert outcome.counts == {"late": 1, "extra": 1, "different": 1}  # a's average: the same sum in another order
+    assert outcome.examples == {"late": [{"id": "c"}], "extra": [{"id": "d"}], "different": [{"id": "b", "n": [9, 2]}]}
+    assert compare_ids(Outcome("s", "e"), {"a": {"avg": 31.48}}, {"a": {"avg": 31.47}}).counts["different"] == 1
     assert compare_ids(Outcome("s", "facts"), None, {"x": {}}).counts == {"late": 1, "extra": 0, "different": 0}

@@ -112,12 +112,15 @@ def compare_partials(outcome: Outcome, published: list[Mapping[str, Any]], recom
 
 def compare_ids(outcome: Outcome, published: Mapping[str, Any] | None, recomputed: Mapping[str, Any]) -> Outcome:
     """Outputs published once by id: late when recomputed but never published; with ``published`` (events: id ->
-    payload), extra when only published and different when the payloads differ (pure)."""
+    payload), extra when only published and different when the payloads differ (pure; doubles within
+    :data:`RELATIVE`, as a reading's average summed in another order may differ in the last bits)."""
     outcome.compared += len(set(recomputed) | set(published or {}))
     for event_id, row in sorted(recomputed.items()):
         if published is not None and event_id in published:
-            if {k: published[event_id].get(k) for k in row} != row:
-                outcome.add("different", {"id": event_id})
+            differing = {k: [published[event_id].get(k), v] for k, v in row.items()
+                         if not _same(published[event_id].get(k), v)}
+            if differing:
+                outcome.add("different", {"id": event_id, **differing})
         elif published is None or event_id not in published:
             outcome.add("late", {"id": event_id})
     for event_id in sorted(set(published or {}) - set(recomputed)):
