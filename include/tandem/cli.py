@@ -344,10 +344,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from tandem.batch.trim import trim_plan_rows
     from tandem.batch.upkeep import maintain_plan_tables
     from tandem.snapshots.landing import clean_plan_landing
-    from tandem.store import Database
+    from tandem.store import Database, migrate
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
+    with Database(cluster.database_url, "tandem-maintenance") as db:
+        migrate(db)  # a database no plan has run on yet has nothing to trim, but its tables are read
     for partition, decision in clean_plan_landing(cluster, plan).items():
         for line in decision.describe():
             console.print(f"landing {partition}: {line}", highlight=False)
