@@ -28,8 +28,8 @@ orders delivered per customer and order counts, the temperatures' averages, aler
 Bounded: after a warm-up (the first hour, or the first half of a shorter run), a series is bounded when the mean
 of its last quarter-of-the-rest samples is within 10 % (plus a small absolute slack) of the mean of the samples
 before them, i.e. it does not keep growing. A driver's memory is judged by its peaks instead (the last quarter's
-highest sample against the highest before): a killed driver launched again regrows to its working size. The published events table is an output, not upkeep: its growth per
-hour is reported, not judged. Latency: the p99 of the last sample periods (a quarter of the run) is
+highest sample against the highest before): a killed driver launched again regrows to its working size. The
+published events table is an output, not upkeep: its growth per hour is reported, not judged. Latency: the p99 of the last sample periods (a quarter of the run) is
 compared with the first hour's (target within 20 %).
 
     python bench/soak.py [--hours 2] [--kill-every 15m] [--sample-every 5m] [--maintain-every 20m]
@@ -201,16 +201,19 @@ def series_of(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def boundedness(points: list[tuple[float, float]], warmup_s: float, slack: float) -> dict:
-    """Whether a series stopped growing after ``warmup_s`` (pure): the mean of the last quarter of the samples
-    after the warm-up against the mean of the ones between (see the module's docstring)."""
+def boundedness(points: list[tuple[float, float]], warmup_s: float, slack: float, by: str = "mean") -> dict:
+    """Whether a series stopped growing after ``warmup_s`` (pure): the mean (``by="peak"``: the highest) of the
+    last quarter of the samples after the warm-up against that of the ones between (see the module's docstring).
+    Peaks suit a process's memory: a driver killed and launched again starts small and grows back to its working
+    size, which is not growth; a leak raises the peak."""
     after = [v for t, v in points if t >= warmup_s]
     if len(after) < 4:
         return {"bounded": None, "why": f"{len(after)} samples after the warm-up: too few to tell"}
     tail = max(1, len(after) // 4)
-    before, last = statistics.fmean(after[:-tail]), statistics.fmean(after[-tail:])
+    summary = {"mean": statistics.fmean, "peak": max}[by]
+    before, last = summary(after[:-tail]), summary(after[-tail:])
     limit = before * (1 + GROWTH_LIMIT) + slack
-    return {"bounded": last <= limit, "before_mean": round(before, 1), "last_mean": round(last, 1),
+    return {"bounded": last <= limit, f"before_{by}": round(before, 1), f"last_{by}": round(last, 1),
             "limit": round(limit, 1)}
 
 
@@ -222,20 +225,6 @@ def growth_per_hour(points: list[tuple[float, float]], warmup_s: float) -> float
     return round(statistics.linear_regression([t for t, _ in after], [v for _, v in after]).slope * 3600, 1)
 
 
-def peak_boundedness(points: list[tuple[float, float]], warmup_s: float, slack: float) -> dict:
-    """Whether a series' peaks stopped rising after ``warmup_s`` (pure): the highest of the last quarter of the
-    samples after the warm-up against the highest of the ones between. For a process's memory: a driver killed and
-    launched again starts small and grows back to its working size, which is not growth; a leak raises the peak."""
-    after = [v for t, v in points if t >= warmup_s]
-    if len(after) < 4:
-        return {"bounded": None, "why": f"{len(after)} samples after the warm-up: too few to tell"}
-    tail = max(1, len(after) // 4)
-    before, last = max(after[:-tail]), max(after[-tail:])
-    limit = before * (1 + GROWTH_LIMIT) + slack
-    return {"bounded": last <= limit, "before_peak": round(before, 1), "last_peak": round(last, 1),
-            "limit": round(limit, 1)}
-
-
 def summarise(samples: list[dict], warmup_s: float) -> dict:
     verdicts = {}
     for name, points in series_of(samples).items():
@@ -244,8 +233,7 @@ def summarise(samples: list[dict], warmup_s: float) -> dict:
                               "growth_per_hour": growth_per_hour(points, warmup_s)}
             continue
         kind = name.split(":")[0]
-        judge = peak_boundedness if kind == "rss_bytes" else boundedness
-        verdicts[name] = judge(points, warmup_s, SLACK[kind])
+        verdicts[name] = boundedness(points, warmup_s, SLACK[kind], by="peak" if kind == "rss_bytes" else "mean")
     known = [v["bounded"] for v in verdicts.values() if v["bounded"] is not None]
     return {"bounded": bool(known) and all(known), "series": verdicts}
 

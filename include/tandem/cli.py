@@ -350,10 +350,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, cluster)
     with Database(cluster.database_url, "tandem-maintenance") as db:
         migrate(db)  # a database no plan has run on yet has nothing to trim, but its tables are read
-    for partition, decision in clean_plan_landing(cluster, plan).items():
-        for line in decision.describe():
-            console.print(f"landing {partition}: {line}", highlight=False)
-    with Database(cluster.database_url, "tandem-maintenance") as db:
+        for partition, decision in clean_plan_landing(cluster, plan, db=db).items():
+            for line in decision.describe():
+                console.print(f"landing {partition}: {line}", highlight=False)
         with console.status(f"compacting and vacuuming the Delta tables of {plan.name}"):
             upkeeps = maintain_plan_tables(cluster, plan, db)
         for upkeep in upkeeps:

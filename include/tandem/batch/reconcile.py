@@ -117,8 +117,8 @@ def compare_ids(outcome: Outcome, published: Mapping[str, Any] | None, recompute
     outcome.compared += len(set(recomputed) | set(published or {}))
     for event_id, row in sorted(recomputed.items()):
         if published is not None and event_id in published:
-            differing = {k: [published[event_id].get(k), v] for k, v in row.items()
-                         if not _same(published[event_id].get(k), v)}
+            theirs = published[event_id]
+            differing = {k: [theirs.get(k), v] for k, v in row.items() if not _same(theirs.get(k), v)}
             if differing:
                 outcome.add("different", {"id": event_id, **differing})
         elif published is None or event_id not in published:

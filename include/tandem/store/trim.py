@@ -17,6 +17,7 @@ on the tables that need it (autovacuum's own rule), so the tables stay bounded w
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
@@ -100,7 +101,7 @@ def needs_vacuum(live_rows: int, dead_rows: int) -> bool:
     return dead_rows > VACUUM_BASE_ROWS + VACUUM_SCALE * live_rows
 
 
-def vacuum_bloated(db: Database, trimmed: set[str] = frozenset()) -> list[str]:
+def vacuum_bloated(db: Database, trimmed: AbstractSet[str] = frozenset()) -> list[str]:
     """``VACUUM (ANALYZE)`` the tables of Tandem's schema that :func:`needs_vacuum` by PostgreSQL's statistics, and
     those in ``trimmed`` (rows just deleted: the statistics may not count them yet); returns the tables vacuumed.
 
@@ -119,5 +120,6 @@ def vacuum_bloated(db: Database, trimmed: set[str] = frozenset()) -> list[str]:
             for table in due:
                 cursor.execute(sql.SQL("VACUUM (ANALYZE, SKIP_LOCKED) {}").format(sql.Identifier(table)))
     finally:
-        conn.autocommit = False
+        if not conn.closed:  # a lost connection raises its own error; Database opens a new one next time
+            conn.autocommit = False
     return due
