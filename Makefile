@@ -11,18 +11,20 @@
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
+#   make spark-cluster       a Spark standalone master + 2 workers from the pyspark wheel (spark://127.0.0.1:7077)
+#   make spark-cluster-down  stop it (logs and work folders stay in .tandem/spark-cluster)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup test-tools up down status dist test demo clean lint pg-stop
+.PHONY: help setup test-tools up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
 PYTEST_ARGS ?= -x -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 help:
-	@sed -n '1,14s/^# \{0,1\}//p' "$(ROOT)/Makefile"
+	@sed -n '1,16s/^# \{0,1\}//p' "$(ROOT)/Makefile"
 
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
@@ -68,3 +70,10 @@ lint:
 # stop the private PostgreSQL cluster (only exists when no server answered on 127.0.0.1:5432)
 pg-stop:
 	@bash "$(ROOT)/scripts/provision_postgres.sh" stop
+
+spark-cluster: setup
+	@$(ENV) && python -m tandem.spark_cluster up --dir .tandem/spark-cluster
+
+spark-cluster-down:
+	@if [ -f "$(ROOT)/.tandem/env.sh" ]; then $(ENV) && python -m tandem.spark_cluster down --dir .tandem/spark-cluster; \
+	 else echo "nothing to stop (.tandem/env.sh missing)"; fi

@@ -48,6 +48,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import _common as C  # noqa: E402
+import engine  # noqa: E402
 from psycopg2 import sql  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
@@ -158,14 +159,15 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
     from tandem.store import Database, migrate
 
     input_dir = Path(tempfile.mkdtemp(prefix=f"tandem-plans-input-{name}-"))
-    seconds: dict[str, list[float]] = {"tandem": [], "plain": []}
+    anchors = {f"engine{index}": config for index, config in enumerate(engine.CONFIGS, start=1)}
+    seconds: dict[str, list[float]] = {"tandem": [], "plain": [], **{side: [] for side in anchors}}
     try:
         plan = load_plan(name, load_cluster(ROOT / "conf" / "cluster.yaml"))
         primary = write_input(plan, events, 7, input_dir)
         # one untimed run of each side first: the JVM's JIT and the Python workers warm up on whichever runs first
         runs = [(side, False) for side in ("plain", "tandem")] + [
             (side, True) for repeat in range(repeats)
-            for side in (("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain"))]
+            for side in (("plain", "tandem") if repeat % 2 == 0 else ("tandem", "plain")) + tuple(anchors)]
         for side, timed in runs:
             with C.private_storage(f"plans_{name}_{side}", ROOT, SERVER_URL) as (root, url):
                 cluster = load_cluster()
@@ -175,7 +177,10 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
                 with Database(url) as db:
                     migrate(db)
                 started = time.perf_counter()
-                run_tandem(cluster, plan, spark) if side == "tandem" else run_plain(cluster, plan, spark, url)
+                if side in anchors:
+                    engine.run_engine(cluster, plan, spark, anchors[side], root / "engine-checkpoints")
+                else:
+                    run_tandem(cluster, plan, spark) if side == "tandem" else run_plain(cluster, plan, spark, url)
                 if timed:
                     seconds[side].append(round(time.perf_counter() - started, 2))
             progress.advance(task)
@@ -183,7 +188,10 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
         shutil.rmtree(input_dir, ignore_errors=True)
     tandem_rate = primary / statistics.median(seconds["tandem"])
     plain_rate = primary / statistics.median(seconds["plain"])
+    anchor = engine.summary(primary, {anchors[side].name: seconds.pop(side) for side in anchors}, tandem_rate)
     return {"events": primary, "seconds": seconds, "tandem_events_per_s": round(tandem_rate, 1),
+            "engine_best_events_per_s": anchor["best_events_per_s"], "engine_ratio": anchor["engine_ratio"],
+            "engine_ratio_met": anchor["engine_ratio"] >= 0.9, "engine": anchor,
             "plain_events_per_s": round(plain_rate, 1), "ratio": round(tandem_rate / plain_rate, 3),
             "target_ratio": 0.9, "met": tandem_rate / plain_rate >= 0.9,
             "failover": None}
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for name in names:
-            task = progress.add_task(name, total=2 * args.repeats + 2 + args.failovers)
+            task = progress.add_task(name, total=(2 + len(engine.CONFIGS)) * args.repeats + 2 + args.failovers)
             results["plans"][name] = {"run": run, **measure(name, sizes[name], args.repeats, spark, progress, task)}
             if not args.failovers and name in kept and kept[name].get("failover"):
                 results["plans"][name]["failover"] = {**kept[name]["failover"],

@@ -2,7 +2,7 @@
 """Soak benchmark: the three plans supervised by Airflow for hours, with failovers, snapshots, upkeep, a reconcile.
 
 A private project (a copy of conf/ with trades, pizza_shop and temperatures only, one instance per group on
-node-a/node-b at ``local[1]``: trades as a hot pair, the others with warm standbys, see :data:`HOT`), a private database and a private Airflow stack
+node-a/node-b at ``local[1]``: trades as a hot pair, the others with cold standbys, see :data:`HOT`), a private database and a private Airflow stack
 (``scripts/airflow_stack.sh``: API server, scheduler, triggerer, DAG processor). Each plan's supervision DAG and
 scheduled snapshot DAG run unpaused; the harness
 
@@ -15,7 +15,9 @@ scheduled snapshot DAG run unpaused; the harness
 - after ``--reconcile-after`` reconciles each plan's last closed ``--reconcile-span`` with ``jobs/reconcile.py``
   through ``spark-submit`` (differences recorded; none expected);
 - every ``--sample-every`` records: Delta data files and log entries per table, PostgreSQL size per table (bytes,
-  ``pg_total_relation_size``), each instance's RSS (every process of its ``spark-submit`` group and its driver),
+  ``pg_total_relation_size``), files per landing folder (what each stream lists every trigger) and per
+  ``retained/`` folder, each instance's memory (the PSS of every process of its ``spark-submit`` group and its driver; each
+  process is recorded too), the ACTIVE queries' micro-batch durations (p50/p99/max from their progress rows),
   end-to-end latency p50/p99 (trades: a second's last event written at the wall clock → its per-second partial
   committed, ``updated_at - (bucket end)``, over the seconds of the last sample period), and the lag (the largest
   ``now - watermark`` of the ACTIVE instances' newest progress rows; it includes each plan's 10 s watermark delay).
@@ -75,8 +77,10 @@ WARMUP_S = 3600.0
 GROWTH_LIMIT = 0.10
 WATERMARK_KEY = "~watermark-"
 """The keys of the events ``advance_watermark`` writes last (one per partition, an hour ahead)."""
-SLACK = {"delta_files": 16, "delta_log_entries": 16, "postgres_bytes": 2 << 20, "rss_bytes": 96 << 20}
-"""Absolute growth a series may show on top of :data:`GROWTH_LIMIT` (a file or two per table, a few pages)."""
+SLACK = {"delta_files": 16, "delta_log_entries": 16, "postgres_bytes": 2 << 20, "memory_bytes": 96 << 20,
+         "landing_files": 600}
+"""Absolute growth a series may show on top of :data:`GROWTH_LIMIT` (a file or two per table, a few pages; a landing
+folder: five minutes of a partition's files, which maintenance moves out in steps)."""
 PUBLISHED = {"postgres_bytes:output_events": "the events the plans published (an output, kept like a topic's messages)"}
 """Series that are what the plans publish, not upkeep: they grow with the input by design, so their growth per
 hour is reported beside the verdicts instead of being judged."""
@@ -91,13 +95,13 @@ def duration(text: str) -> float:
 
 
 HOT = ("trades",)
-"""The plans run as hot pairs (both nodes run); the others have warm standbys (started on failover from the failed
+"""The plans run as hot pairs (both nodes run); the others have cold standbys (started on failover from the failed
 active's checkpoint): on 2 cores, eight drivers (every instance twice) spent 30 to 60 s per micro-batch."""
 
 
 def soak_plans(conf: Path, retention: str, snapshot_every: str, keep_input: str, trigger: str) -> None:
     """The project's plans for the soak: the three plans only, one instance per group (hot pairs for :data:`HOT`,
-    warm standbys for the others), short retentions (so storage reaches its steady state in the soak's first hour),
+    cold standbys for the others), short retentions (so storage reaches its steady state in the soak's first hour),
     scheduled snapshots, ``trigger`` between micro-batches."""
     for path in (conf / "plans").glob("*.yaml"):
         if path.stem not in PLANS:
@@ -106,7 +110,7 @@ def soak_plans(conf: Path, retention: str, snapshot_every: str, keep_input: str,
         plan = yaml.safe_load(path.read_text())
         for group in plan["groups"].values():
             group["parallel"] = 1
-        plan["ha"] = {"standby": "hot" if path.stem in HOT else "warm", "stall_timeout": "60 seconds",
+        plan["ha"] = {"standby": "hot" if path.stem in HOT else "cold", "stall_timeout": "60 seconds",
                       "launch_timeout": "4 minutes"}
         plan["trigger_interval"] = trigger
         plan["snapshot"] = {**plan.get("snapshot", {}), "interval": snapshot_every, "keep": 2}
@@ -143,22 +147,48 @@ def postgres_sizes(url: str) -> dict[str, int]:
     return {row["name"]: int(row["bytes"]) for row in rows}
 
 
-def instance_rss(url: str) -> dict[str, int]:
-    """RSS of each RUNNING instance's processes (its spark-submit group and its driver), by instance id."""
+def input_files(storage: Path) -> dict[str, int]:
+    """Files per ``landing/<stream>/<partition>`` (what each stream lists every trigger) and per ``retained/…``
+    (processed input kept for backfills and reconciles, never listed by the streams)."""
+    return {f"{place}/{folder.parent.name}/{folder.name}": sum(1 for f in folder.iterdir() if f.is_file())
+            for place in ("landing", "retained") for folder in sorted((storage / place).glob("*/*"))
+            if folder.is_dir()}
+
+
+def instance_processes_memory(url: str) -> dict[str, list[dict]]:
+    """Each RUNNING instance's processes (its spark-submit group and its driver) with their RSS and PSS, by instance
+    id. Their PSS adds up to the instance's memory: a child the JVM has forked and not yet exec'd (named after the
+    forking thread, e.g. "stream executio") and the pyspark daemon's forked workers share their parent's pages,
+    which their RSS counts again."""
     from tandem.supervisor.processes import instance_processes
     from tandem.supervisor.stopping import instance_key
 
-    rss = {}
+    found = {}
     for record in fetch(url, "SELECT * FROM plan_instances WHERE status = 'RUNNING'"):
         processes = instance_processes(record, instance_key(record["plan"], record["shard_id"], record["node"]))
-        total = 0
+        found[record["instance_id"]] = []
         for process in processes.members:
             try:
-                total += process.memory_info().rss
+                memory = process.memory_full_info()
+                found[record["instance_id"]].append({"pid": process.pid, "name": process.name(),
+                                                     "rss": memory.rss, "pss": memory.pss,
+                                                     "cmd": " ".join(process.cmdline()[-2:])[-80:]})
             except psutil.Error:
                 continue
-        rss[record["instance_id"]] = total
-    return rss
+    return found
+
+
+def batch_durations(url: str, since: datetime) -> dict[str, dict]:
+    """Per plan and query of the ACTIVE instances: micro-batch durations (ms) since ``since``, p50/p99/max."""
+    rows = fetch(url, """SELECT h.plan || '/' || h.query_name AS query, h.batch_duration_ms AS ms FROM heartbeats h
+                         JOIN plan_instances i USING (instance_id)
+                         WHERE i.role = 'ACTIVE' AND h.recorded_at >= %s AND h.batch_duration_ms IS NOT NULL""",
+                 (since,))
+    by_query: dict[str, list[float]] = {}
+    for row in rows:
+        by_query.setdefault(row["query"], []).append(float(row["ms"]))
+    return {query: {"n": len(values), "p50": C.percentile(values, 50), "p99": C.percentile(values, 99),
+                    "max": max(values)} for query, values in sorted(by_query.items())}
 
 
 def latencies(url: str, since: datetime) -> list[float]:
@@ -180,15 +210,18 @@ def lag_s(url: str) -> float | None:
 
 def sample(url: str, storage: Path, started: float, since: datetime) -> dict:
     values = latencies(url, since)
+    processes = instance_processes_memory(url)
     return {"t_s": round(time.time() - started, 1), "delta": delta_counts(storage), "postgres_bytes": postgres_sizes(url),
-            "rss_bytes": instance_rss(url), "latency_s": {"count": len(values), "p50": C.percentile(values, 50),
-                                                         "p99": C.percentile(values, 99)},
-            "lag_s": lag_s(url)}
+            "input_files": input_files(storage),
+            "memory_bytes": {instance: sum(p["pss"] for p in members) for instance, members in processes.items()},
+            "processes": processes, "latency_s": {"count": len(values), "p50": C.percentile(values, 50),
+                                                  "p99": C.percentile(values, 99)},
+            "batch_ms": batch_durations(url, since), "lag_s": lag_s(url)}
 
 
 def series_of(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
     """Every sampled quantity as (t, value) points, by name (``delta_files:<table>``, ``postgres_bytes:<table>``,
-    ``rss_bytes:<instance>``)."""
+    ``memory_bytes:<instance>``)."""
     series: dict[str, list[tuple[float, float]]] = {}
     for point in samples:
         for table, counts in point["delta"].items():
@@ -196,8 +229,11 @@ def series_of(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
             series.setdefault(f"delta_log_entries:{table}", []).append((point["t_s"], counts["log_entries"]))
         for table, size in point["postgres_bytes"].items():
             series.setdefault(f"postgres_bytes:{table}", []).append((point["t_s"], size))
-        for instance, size in point["rss_bytes"].items():
-            series.setdefault(f"rss_bytes:{instance}", []).append((point["t_s"], size))
+        for instance, size in point["memory_bytes"].items():
+            series.setdefault(f"memory_bytes:{instance}", []).append((point["t_s"], size))
+        for folder, count in point.get("input_files", {}).items():
+            if folder.startswith("landing/"):  # retained/ grows with keep_input by design, like the input itself
+                series.setdefault(f"landing_files:{folder.removeprefix('landing/')}", []).append((point["t_s"], count))
     return series
 
 
@@ -233,7 +269,7 @@ def summarise(samples: list[dict], warmup_s: float) -> dict:
                               "growth_per_hour": growth_per_hour(points, warmup_s)}
             continue
         kind = name.split(":")[0]
-        verdicts[name] = boundedness(points, warmup_s, SLACK[kind], by="peak" if kind == "rss_bytes" else "mean")
+        verdicts[name] = boundedness(points, warmup_s, SLACK[kind], by="peak" if kind == "memory_bytes" else "mean")
     known = [v["bounded"] for v in verdicts.values() if v["bounded"] is not None]
     return {"bounded": bool(known) and all(known), "series": verdicts}
 
@@ -305,6 +341,10 @@ class ReconcileThread(threading.Thread):
             self.results = {"error": repr(exc)}
 
 
+RECONCILE_TIMEOUT_S = 2400.0
+"""A reconcile is background work (lowered priority) on a saturated machine: the pizza shop's took over 30 min."""
+
+
 def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: Path) -> dict:
     """``jobs/reconcile.py`` through spark-submit for each plan over its last closed ``span_s`` seconds."""
     from tandem.batch.backfill import instances_closed_until
@@ -321,11 +361,15 @@ def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: P
                        "--py-files", str(dist), str(dist.parent.parent / "jobs" / "reconcile.py"),
                        "--plan", name, "--start", start.isoformat(), "--end", end.isoformat(), "--run-id", f"soak-{name}"]
             began = time.monotonic()
-            with open(log_dir / f"reconcile-{name}.log", "w") as log:
-                done = subprocess.run(command, env={**os.environ, "PYSPARK_PYTHON": sys.executable}, stdout=log,
-                                      stderr=subprocess.STDOUT, timeout=1800)
-            results[name] = {"start": start.isoformat(), "end": end.isoformat(), "exit_code": done.returncode,
-                             "seconds": round(time.monotonic() - began, 1), **reconcile_counts(cluster, plan)}
+            results[name] = {"start": start.isoformat(), "end": end.isoformat()}
+            try:
+                with open(log_dir / f"reconcile-{name}.log", "w") as log:
+                    done = subprocess.run(command, env={**os.environ, "PYSPARK_PYTHON": sys.executable}, stdout=log,
+                                          stderr=subprocess.STDOUT, timeout=RECONCILE_TIMEOUT_S)
+                results[name] |= {"exit_code": done.returncode, **reconcile_counts(cluster, plan)}
+            except subprocess.TimeoutExpired:  # the next plan's reconcile still runs
+                results[name]["error"] = f"not done after {RECONCILE_TIMEOUT_S:.0f} s (log: {log.name})"
+            results[name]["seconds"] = round(time.monotonic() - began, 1)
     return results
 
 

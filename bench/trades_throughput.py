@@ -48,6 +48,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table  # noqa: E402
 
 import _common as C  # noqa: E402
+import engine  # noqa: E402
 import plain_trades  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.lake.tables import read_table  # noqa: E402
@@ -79,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-profile", action="store_true",
                         help="skip the instrumented profile runs and the JSON-parse micro-benchmark")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
+    parser.add_argument("--no-engine", action="store_true",
+                        help="skip the engine anchor (the plan's queries into materialise-only sinks, bench/engine.py)")
     parser.add_argument("--latency-rate", type=int, default=2_000, help="events per second")
     parser.add_argument("--latency-files-per-s", type=int, default=5)
     parser.add_argument("--latency-duration", type=float, default=60.0, help="measured seconds")
@@ -285,6 +288,14 @@ class Bench:
         return {"side": "plain", "label": label, "wall_s": round(wall, 3),
                 "events_per_s": round(inp.lines / wall), "database": database, "delta_root": str(out), **conditions,
                 "batches": summarize_batches(self.batches.take())}
+
+    def run_engine(self, inp: C.InputSet, config: engine.EngineConfig) -> dict:
+        """The engine anchor (:mod:`engine`) over the same input: no database, no Delta table is written."""
+        cluster, plan = self.use_tandem_project(inp.directory.parents[2], self.server)
+        conditions = self.settle()
+        wall = engine.run_engine(cluster, plan, self.spark, config, self.workdir / "engine-checkpoints")
+        return {"config": config.name, "wall_s": round(wall, 3), **conditions,
+                "other_processes_cpu_s": self.disturbance()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -809,6 +820,24 @@ def main(argv: list[str] | None = None) -> int:
                 "pairs": pairs, "runs": runs, "discarded_disturbed_runs": discarded,
             })
 
+            if not args.no_engine:
+                progress.update(phase, description="engine anchor (the plan's queries, materialise-only sinks)",
+                                total=args.runs * len(engine.CONFIGS), completed=0)
+                anchor_runs: list[dict] = state.get("engine_runs", [])
+                for index in range(args.runs):  # the configurations alternate, like the two sides
+                    for config in engine.CONFIGS:
+                        if sum(r["config"] == config.name for r in anchor_runs) <= index:
+                            anchor_runs.append(bench.run_engine(inp, config))
+                            state.put("engine_runs", anchor_runs)
+                            console.print(f"engine anchor, {config.name}: {anchor_runs[-1]['wall_s']:.1f} s = "
+                                          f"{inp.lines / anchor_runs[-1]['wall_s']:,.0f}/s")
+                        progress.advance(phase)
+                anchor = engine.summary(inp.lines, {c.name: [r["wall_s"] for r in anchor_runs if r["config"] == c.name]
+                                                    for c in engine.CONFIGS}, tandem_eps)
+                results.update({"engine_ratio": anchor["engine_ratio"], "engine_best_events_per_s":
+                                anchor["best_events_per_s"], "engine": {**anchor, "runs": anchor_runs,
+                                                                        "method": engine.__doc__.strip()}})
+
             if not args.no_profile:
                 progress.update(phase, description="profile runs (instrumented, not in the medians)", total=None)
                 profile = state.get("profile", {})
@@ -865,6 +894,9 @@ def show(results: dict) -> None:
     table.add_row("plain", f"{results['plain_events_per_s']:,}", str(results["plain_wall_s_median"]))
     console.print(table)
     console.print(f"ratio (median of pairs) {results['ratio']} (target ≥ 0.9), outputs_match={results['outputs_match']}")
+    if "engine" in results:
+        console.print(f"engine anchor: best {results['engine']['best']} = {results['engine_best_events_per_s']:,}/s; "
+                      f"Tandem / engine-best {results['engine_ratio']} (target ≥ 0.9)")
     if "latency" in results:
         lat = results["latency"]
         console.print(f"latency tandem @ {lat['rate_events_per_s']}/s, trigger {lat['trigger_s']} s: "

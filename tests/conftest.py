@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _project import PROJECT, create_database, drop_database, kill_groups, use_project
+from _project import PROJECT, ProcessGroups, create_database, drop_database, kill_groups, use_project
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
@@ -62,7 +62,7 @@ def project(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) 
 @pytest.fixture
 def process_groups() -> Iterator[list[int]]:
     """Process groups (spark-submit PIDs started with their own session) to SIGKILL after the test."""
-    groups: list[int] = []
+    groups = ProcessGroups()
     yield groups
     kill_groups(groups)
 

@@ -6,7 +6,7 @@ Purpose
     instance stands instead of reprocessing everything since its own (old or missing) checkpoint.
     :func:`cut_checkpoint` copies the part of one query's checkpoint that a restart at its last
     committed batch N needs into another instance's own checkpoint location (never shared); the
-    supervisor's re-sync (:mod:`tandem.supervisor.resync`) and the snapshots
+    supervisor's re-sync (:mod:`tandem.resync`) and the snapshots
     (:mod:`tandem.snapshots.take`) use it; the runtime recovers interrupted swaps before Spark reads
     a checkpoint. Below the runtime, the supervisor and the snapshots: it imports none of them.
 
@@ -71,6 +71,9 @@ class CutInfo:
     bytes: int
     query_id: str | None = None
     skipped: tuple[str, ...] = field(default=(), repr=False)
+    committed_at: float | None = None
+    """When the batch was committed (its commit file's modification time, the storage's clock): batches replayed
+    from the cut started after it."""
 
 
 def committed_batch(query_dir: Path) -> int | None:
@@ -235,6 +238,7 @@ def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *
     batch = committed_batch(source)
     if batch is None:
         return CutInfo(None, 0, 0)
+    committed_at = (source / "commits" / str(batch)).stat().st_mtime
 
     wanted, unknown = _wanted(source, batch)
     if unknown:
@@ -268,7 +272,7 @@ def cut_checkpoint(source_query_dir: Path | str, target_query_dir: Path | str, *
         shutil.rmtree(staged, ignore_errors=True)
         raise
     log.info("cut %s at batch %d into %s: %d files, %d bytes", source, batch, target, files, size)
-    return CutInfo(batch, files, size, query_id, tuple(skipped))
+    return CutInfo(batch, files, size, query_id, tuple(skipped), committed_at)
 
 
 def _write_metadata(source: Path, staged: Path, new_query_id: bool) -> str | None:

@@ -39,7 +39,7 @@ from rich.table import Table
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import instant_argument, parse_duration
 from tandem.errors import TandemError
-from tandem.names import ACTIVE, BACKUP, PASSIVE
+from tandem.names import ACTIVE, ROLES
 from tandem.show import print_events, print_table, render_aggregates
 
 console = Console()
@@ -659,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("plan")
     launch.add_argument("shard", metavar="instance", help="an instance of the plan, e.g. shop-1")
     launch.add_argument("node")
-    launch.add_argument("--role", choices=(ACTIVE, PASSIVE, BACKUP), default=ACTIVE)
+    launch.add_argument("--role", choices=ROLES, default=ACTIVE)
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
     launch.add_argument("--resync-from", metavar="NODE",
                         help="first copy a cut of NODE's checkpoint over this node's (its instance must be stopped: "

@@ -159,14 +159,16 @@ class HAConfig(StrictModel):
     """High availability of a plan: how standbys wait, and when the supervisor calls an instance stuck.
 
     ``standby: hot`` runs the passive node's plan all the time (it takes over by itself);
-    ``warm`` starts it only on failover, from a cut of the failed active's checkpoint.
+    ``warm`` keeps a standby running with its Spark session built and its queries not started: it
+    takes over by itself and starts them from a cut of the failed active's checkpoint; ``cold``
+    runs no standby: the supervisor starts the plan on another node on failover, from such a cut.
     ``stall_timeout``: an instance that made no progress for this long while input waits is STALLED.
     ``launch_timeout``: how long a launched instance may take to send its first liveness beat.
     ``max_launches`` within ``launch_window``: how often the supervisor launches one node's
     instance before it gives up on it (a crash loop) until an operator restarts the node.
     """
 
-    standby: Literal["hot", "warm"] = "hot"
+    standby: Literal["hot", "warm", "cold"] = "hot"
     stall_timeout_s: Duration = Field(30.0, alias="stall_timeout")
     launch_timeout_s: Duration = Field(180.0, alias="launch_timeout")
     max_launches: PositiveInt = 5
@@ -219,8 +221,9 @@ class MaintenanceConfig(StrictModel):
     (delta-rs's unit, rounded up); the log's commits before a checkpoint go once they are older than it, except
     those a kept version needs. A reader of an older version must finish within it. ``retention``: how long
     PostgreSQL keeps each kind of row.
-    ``keep_input``: landing files younger than this stay even once processed (not given: only what a restart or
-    a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back.
+    ``keep_input``: input files younger than this stay even once processed (not given: only what a restart or
+    a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back; once no
+    restart or restore needs them they move from ``landing/`` to ``retained/``, out of what the streams list.
     """
 
     compact: StrictBool = True

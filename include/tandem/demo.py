@@ -40,7 +40,7 @@ from tandem.errors import TandemError
 from tandem.redaction import redact_url
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
-from tandem.names import ACTIVE, BACKUP, PASSIVE, plan_dag_id
+from tandem.names import ACTIVE, PASSIVE, ROLES, plan_dag_id
 from tandem.messaging.server import EmbeddedServer, answering, embedded_address, start_server
 from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.presenter.views import plan_status, timeline
@@ -250,7 +250,7 @@ def _stop_supervision(console: Console, client: AirflowClient) -> None:
 def _pair_ready(instance) -> bool:
     """An ACTIVE holding the lease and every other node RUNNING as its standby, all healthy."""
     return bool(instance.lease and instance.lease.valid) and all(
-        n.status == "RUNNING" and n.health == "HEALTHY" and n.role in (ACTIVE, PASSIVE, BACKUP)
+        n.status == "RUNNING" and n.health == "HEALTHY" and n.role in ROLES
         for n in instance.nodes)
 
 

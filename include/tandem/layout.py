@@ -40,6 +40,31 @@ def landing_dir(cluster: ClusterConfig, stream: str, partition: int) -> Path:
     return _place(cluster, "landing", stream, str(partition))
 
 
+def input_files(directory: Path) -> list[Path]:
+    """The input files of a landing or retained folder, sorted; hidden and ``_`` files (a producer's names while it
+    writes, which Spark skips too) left out; none when the folder does not exist."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(Path(e.path) for e in entries if e.is_file() and not e.name.startswith((".", "_")))
+    except FileNotFoundError:
+        return []
+
+
+def retained_dir(cluster: ClusterConfig, stream: str, partition: int) -> Path:
+    """Input files of one partition that every reader has processed, kept for backfills and reconciles until
+    ``maintenance.keep_input``: ``retained/<stream>/<partition>/``. Out of ``landing/``, so a stream's listing of its
+    folder each trigger costs what is unprocessed, not what is retained."""
+    return _place(cluster, "retained", *landing_dir(cluster, stream, partition).parts[-2:])
+
+
+def retained_twin(cluster: ClusterConfig, landing_file: Path) -> Path:
+    """Where landing retention moves ``landing/<stream>/<partition>/<name>``: ``retained/<stream>/<partition>/<name>``."""
+    stream, partition, name = under_root(cluster, landing_file).parts[-3:]
+    if not partition.isdigit() or landing_dir(cluster, stream, int(partition)) != Path(landing_file).parent:
+        raise PathOutsideRoot(f"{landing_file} is not a file of a landing folder (<root>/landing/<stream>/<partition>)")
+    return retained_dir(cluster, stream, int(partition)) / name
+
+
 def instance_landing_dirs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> dict[str, list[Path]]:
     """The landing folders one instance reads, by stream: its share of every stream's partitions."""
     return {stream: [landing_dir(cluster, stream, p) for p in plan.partitions(shard_id, stream)]

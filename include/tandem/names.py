@@ -5,10 +5,12 @@ Pure constants and functions: no imports from the rest of the package, so anythi
 
 from __future__ import annotations
 
-ACTIVE, PASSIVE, BACKUP = "ACTIVE", "PASSIVE", "BACKUP"
-ROLES = (ACTIVE, PASSIVE, BACKUP)
-"""A node's roles: the ACTIVE publishes; a PASSIVE takes over first; a BACKUP only when no PASSIVE can."""
-STANDBY_ROLES = (PASSIVE, BACKUP)
+ACTIVE, PASSIVE, BACKUP, WARM = "ACTIVE", "PASSIVE", "BACKUP", "WARM"
+ROLES = (ACTIVE, PASSIVE, BACKUP, WARM)
+"""A node's roles: the ACTIVE publishes; a PASSIVE (hot: its queries run) takes over first; a BACKUP only when no
+PASSIVE can; a WARM standby has its Spark session built but no query running, and starts them from a cut of the
+previous holder's checkpoint when it takes over."""
+STANDBY_ROLES = (PASSIVE, BACKUP, WARM)
 
 PLAN_DAG_PURPOSES = ("run", "supervise", "snapshot", "maintenance", "validate", "backfill", "reconcile")
 """Each plan has one DAG per purpose, ``tandem_<plan>_<purpose>``."""

@@ -12,6 +12,8 @@ How it works
     the file and compares (:func:`storage_verdict`, pure), and records the result per node
     (``storage_checks``). A launch refuses a node whose own check fails, and a plan any of whose
     other nodes last failed its check (:func:`plan_storage_problems`, pure).
+    On a Spark cluster the executors read checkpoints, landing files and Delta tables too: a small Spark job
+    reads the marker on the executors registered when an instance starts (:func:`require_executor_storage`).
 """
 
 from __future__ import annotations
@@ -128,3 +130,42 @@ def require_shared_storage(db: Database, cluster: ClusterConfig, plan: PlanConfi
     if problems:
         raise StorageNotShared(f"plan {plan.name} is not started: not every node sees the shared storage root "
                                f"{cluster.storage_root}: " + "; ".join(problems))
+
+
+def executor_problems(recorded: str, seen: Mapping[str, str | None], marker: Path, recorded_root: str) -> list[str]:
+    """The executor hosts whose marker token is missing or another storage's, each with the reason (pure)."""
+    return [f"executor host {host}: {verdict.detail}" for host, token in sorted(seen.items())
+            if not (verdict := storage_verdict(recorded, token, marker, recorded_root)).ok]
+
+
+def executor_tokens(spark, marker: Path) -> dict[str, str | None]:
+    """What the marker file holds as each executor host reads it (a job of a few tasks per executor core)."""
+    path = str(marker)
+
+    def read(_: int) -> tuple[str, str | None]:
+        import socket as host_socket
+
+        try:
+            with open(path) as handle:
+                return host_socket.gethostname(), handle.read().strip() or None
+        except OSError:
+            return host_socket.gethostname(), None
+
+    tasks = 4 * max(spark.sparkContext.defaultParallelism, 1)
+    return dict(spark.sparkContext.parallelize(range(tasks), tasks).map(read).distinct().collect())
+
+
+def require_executor_storage(db: Database, cluster: ClusterConfig, node: str, spark) -> None:
+    """On a Spark cluster (not ``local``), refuse when an executor cannot see the storage root the marker names.
+
+    Raises:
+        StorageNotShared: naming each executor host that reads no marker, or another storage's.
+    """
+    if spark.sparkContext.master.startswith("local"):
+        return
+    row = db.run(storage_checks.read_marker)
+    marker = cluster.storage_root / MARKER_NAME
+    problems = executor_problems(row["token"], executor_tokens(spark, marker), marker, row["storage_root"])
+    if problems:
+        raise StorageNotShared(f"node {node}'s Spark cluster ({spark.sparkContext.master}) cannot see the shared "
+                               f"storage root {cluster.storage_root} on every executor: " + "; ".join(problems))

@@ -24,7 +24,7 @@ import pytest
 from _airflow import code_home
 from _ha import TradeFeed, configure_one_shard, fetch, instance_row, lease, wait_for
 from _page import assert_shown_whole
-from _project import kill_groups
+from _project import ProcessGroups, kill_groups
 from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
@@ -42,7 +42,7 @@ def stop_plan_after(project: Path, database_url: str) -> Iterator[None]:
     """After the stack is down: kill every instance the supervisor launched (they outlive Airflow) by
     the process group recorded for it in this test's database (no graceful stop: the database goes next)."""
     yield
-    groups = []
+    groups = ProcessGroups()
     for node in ("node-a", "node-b"):
         try:
             row = instance_row(database_url, node)
@@ -62,6 +62,24 @@ def supervision_runs(airflow: AirflowClient) -> list[dict]:
 def task_states(airflow: AirflowClient, run_id: str) -> dict[str, str]:
     return {t["task_id"]: t["state"] for t in airflow.task_instances(SUPERVISE, run_id)}
 
+
+
+def open_tandem_page(page, tries: int = 3) -> None:
+    """Through the plugin's entry in Airflow's navigation. On a busy machine a click can land while the SPA is still
+    rendering the page the sign-in redirected to, and go nowhere: it is repeated (a link that never leads to the page
+    still fails)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, tries + 1):
+        page.wait_for_load_state("load")
+        page.get_by_role("link", name="Tandem").click()
+        try:
+            page.wait_for_url("**/plugin/tandem", timeout=45_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries:
+                raise
+            print(f"click {attempt} on the Tandem entry left the page at {page.url}: clicking again")
 
 
 def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request(
@@ -96,8 +114,7 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             page.get_by_label("Username").fill("admin")
             page.get_by_label("Password").fill(admin_password(tmp_path / "airflow" / "simple_auth_manager_passwords.json"))
             page.get_by_role("button", name="Sign in").click()
-            page.get_by_role("link", name="Tandem").click()  # the plugin's entry in Airflow's navigation
-            page.wait_for_url("**/plugin/tandem", timeout=90_000)  # the SPA loads slowly on a busy machine
+            open_tandem_page(page)
             tandem = page.frame_locator("iframe").first
             tandem.get_by_role("button", name="trades").click()
             expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible(timeout=30_000)

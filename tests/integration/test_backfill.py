@@ -2,7 +2,8 @@
 
 Trades of the first 30 s are published by both instances; a trade a minute later moves their watermarks past them;
 then late trades of those 30 s arrive and the stream drops them (asserted: the published aggregates are those of
-the on-time trades only). With both instances running and trades still coming in, ``tandem backfill`` recomputes
+the on-time trades only). A snapshot of each instance, then landing retention with ``keep_input`` moves every
+processed file to ``retained/`` (out of the folders the streams list). With both instances running and trades still coming in, ``tandem backfill`` recomputes
 the 30 s from the landing files: afterwards the merged aggregates of every granularity equal a plain-Python
 reference over every trade, late ones included, in PostgreSQL and in Delta, and the report counts exactly the late
 trades as added. Refusals: a range the stream still writes into, an empty range, an overlapping running backfill,
@@ -16,6 +17,7 @@ reference over all orders, in PostgreSQL and Delta), and a second backfill of th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -30,9 +32,11 @@ from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import reconciliation_rows, summary
 from tandem.config import load_cluster, load_plan
 from tandem.errors import BackfillRefused
-from tandem.layout import landing_dir
+from tandem.layout import landing_dir, retained_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
+from tandem.snapshots.landing import clean_plan_landing
+from tandem.snapshots.take import take_snapshot
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
 from tandem.store.leases import read_lease
@@ -87,6 +91,17 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
             assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
         assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME),
                        expected_aggregates(on_time + ahead, "second"), "late trades dropped by the stream")
+
+        # landing retention moves what no restart or restore needs, but keep_input keeps, out of the streams'
+        # folders: the reconcile and the backfill below recompute from retained/
+        for shard in plan.shards:
+            assert take_snapshot(cluster, plan, shard, spark, node="node-a", db=db).record.status == "GOOD"
+        keeping = dataclasses.replace(plan, maintenance=plan.maintenance.model_copy(update={"keep_input_s": 3600.0}))
+        landed = {p: sorted(f.name for f in landing_dir(cluster, "trades", p).glob("*.jsonl")) for p in (0, 1)}
+        retention = clean_plan_landing(cluster, keeping, db=db)
+        assert {p: sorted(f.name for f in retained_dir(cluster, "trades", p).glob("*.jsonl")) for p in (0, 1)} == landed
+        assert not [*landing_dir(cluster, "trades", 0).glob("*.jsonl"), *landing_dir(cluster, "trades", 1).glob("*.jsonl")]
+        assert sum(len(d.retire) for d in retention.values()) == len(landed[0]) + len(landed[1])
 
         # refusals before anything runs
         with pytest.raises(BackfillRefused, match="not closed"):
@@ -151,10 +166,11 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
                        f"delta {granularity}")
 
     # input that retention deleted is refused before anything is registered (NATS: test_nats_source.py)
-    gone = min(landing_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)
+    gone = min(retained_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)
     gone.unlink()
     with Database(database_url) as db:
-        with pytest.raises(BackfillRefused, match=f"instance shard-1 .* no longer retained: {gone}"):
+        with pytest.raises(BackfillRefused, match=f"instance shard-1 .* no longer retained: "
+                                                  f"{landing_dir(cluster, 'trades', 0) / gone.name}"):
             run_backfill(cluster, plan, db, spark, START, END)
         assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, other.id]
 

@@ -52,7 +52,7 @@ from _ha import (
     under_load,
     wait_for,
 )
-from _project import kill_groups, use_project
+from _project import ProcessGroups, kill_groups, use_project
 from tandem.checkpoints import checkpoint_lineage
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import committed_version
@@ -80,7 +80,7 @@ def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
     """node-a ACTIVE and node-b PASSIVE on a PostgreSQL cluster of their own, for the whole class.
     Every process group launched is killed afterwards (before the cluster is removed), whatever happened."""
     root = tmp_path_factory.mktemp("hot-pair")
-    groups: list[int] = []
+    groups = ProcessGroups()
     server = PrivatePostgres(root / "pg", free_port())
     shared: HotPair | None = None
     with pytest.MonkeyPatch.context() as monkeypatch:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from _ha import wait_for
 from _nats import edit_plan, publish_output, stream_lines, use_nats
 from tandem import cli
 from tandem.config import load_cluster, load_plan

@@ -11,7 +11,7 @@ import pytest
 
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError, PathOutsideRoot
-from tandem.layout import checkpoint_dir, landing_dir, snapshot_dir, under_root
+from tandem.layout import checkpoint_dir, landing_dir, retained_twin, snapshot_dir, under_root
 from tandem.snapshots.take import prune_snapshots, take_snapshot
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -28,6 +28,16 @@ def test_no_place_is_built_from_a_name_that_is_not_one_folder(project: Path, nam
                   lambda: snapshot_dir(cluster, "trades", name)):
         with pytest.raises(PathOutsideRoot, match="cannot name a folder under the storage root"):
             build()
+
+
+def test_a_landing_file_retires_to_its_twin_under_retained_and_nothing_else_does(project: Path) -> None:
+    cluster = load_cluster()
+    landed = landing_dir(cluster, "trades", 1) / "t-1.jsonl"
+    assert retained_twin(cluster, landed) == cluster.storage_root / "retained" / "trades" / "1" / "t-1.jsonl"
+    for other in (checkpoint_dir(cluster, "trades", "shard-1", "node-a") / "x", landing_dir(cluster, "trades", 1),
+                  cluster.storage_root / "landing" / "trades" / "x" / "t-1.jsonl", Path("/etc/landing/trades/1/t")):
+        with pytest.raises(PathOutsideRoot):
+            retained_twin(cluster, other)
 
 
 def test_a_recorded_path_is_used_only_under_the_root(project: Path) -> None:

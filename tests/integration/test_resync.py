@@ -21,7 +21,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, landing_dir
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
-from tandem.supervisor.resync import resync_instance
+from tandem.resync import resync_instance
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc

@@ -1,9 +1,9 @@
 """The supervisor with real spark-submit processes and PostgreSQL (no Airflow scheduler).
 
 kill -9 an instance → observation says DEAD → reconcile stops what is left of it, re-syncs it
-from the active and relaunches it as PASSIVE; warm mode starts the plan on the passive node
-from a cut of the failed active, and again from the newest checkpoint when both nodes die; the
-operator's failover / drain / restart move roles cleanly.
+from the active and relaunches it as PASSIVE; in warm mode the WARM standby takes over by itself
+from a cut of the failed active, and the supervisor starts the plan again from the newest
+checkpoint when both nodes die; the operator's failover / drain / restart move roles cleanly.
 
 The hot kill test and the operator test share one plan (``TestHotSupervision``): the second starts
 from the pair the first leaves running. Teardown kills the launched process groups (no graceful
@@ -135,44 +135,46 @@ def assert_all_published(supervisor: Supervisor, feed: TradeFeed) -> None:
              f"{feed.count} trades to be published (have {feed.published(url)})")
 
 
-def test_warm_losing_both_nodes_restarts_the_plan_from_the_checkpoint(supervised) -> None:
-    """kill -9 the warm active under steady load: the supervisor starts the plan on the standby node
-    from a cut of the dead active's checkpoint (the standby did not run before; it resumes after the
-    cut's batch). Then kill -9 that node as soon as it ran a batch: for a while no node of the plan
-    runs. The supervisor starts the plan again after the newest committed batch of the last
-    checkpoint; every event is published once, by one publisher per epoch."""
+def test_warm_standby_takes_over_by_itself_and_losing_both_nodes_restarts_from_the_checkpoint(supervised) -> None:
+    """Warm mode under steady load: node-b runs as the WARM standby (its Spark session built, no query).
+    kill -9 the active: node-b takes the lease by itself, without a supervisor round, copies a cut of
+    node-a's checkpoint over its own and resumes after the cut's batch. Then kill -9 node-b as soon as
+    it ran a batch: no node of the plan runs. The supervisor starts the plan on node-a after the newest
+    committed batch of node-b's checkpoint, and node-b comes back WARM; every event is published once,
+    by one publisher per epoch."""
     supervisor = supervised("warm")
     url = supervisor.cluster.database_url
     writer = start_writer(supervisor.cluster, rate=100)
     try:
         report = supervisor.reconcile(SHARD, cause="test bootstrap")
-        assert [(s.action.kind, s.action.node) for s in report.steps] == [("LAUNCH", "node-a")], report.lines()
+        assert [(s.action.kind, s.action.node, s.action.role) for s in report.steps] == [
+            ("LAUNCH", "node-a", "ACTIVE"), ("LAUNCH", "node-b", "WARM")], report.lines()
         wait_for(lambda: len(fetch(url, "SELECT 1 FROM publish_log WHERE instance_id LIKE '%%/node-a'")) >= 3, 120,
                  "node-a to publish")
+        assert (instance(supervisor, "node-b")["role"], health(supervisor, "node-b")) == ("WARM", "HEALTHY")
+        assert fetch(url, "SELECT count(*) AS n FROM heartbeats WHERE node = 'node-b'")[0]["n"] == 0, \
+            "a warm standby runs no query"
 
         kill9(supervisor, "node-a")
-        wait_for(lambda: health(supervisor, "node-a") == "DEAD", 30, "node-a to be DEAD")
-        report = supervisor.reconcile(SHARD, cause="test: warm active killed")
-        assert report.converged, report.lines()
-        assert [(s.action.kind, s.action.node) for s in report.steps] == [("STOP", "node-a"), ("LAUNCH", "node-b")], \
-            report.lines()
-        launch = report.steps[1]
-        assert (launch.action.role, launch.action.resync_from) == ("ACTIVE", "node-a")
-        cut_of_a = launch.data["cut"]["aggregates"]["batch_id"]
+        wait_for(lambda: read_lease(Database(url), "trades", SHARD).holder == "node-b", 60,
+                 "node-b to take the lease by itself")
+        [resync] = [e for e in events(supervisor) if e["kind"] == "RESYNC"]
+        assert (resync["node"], resync["previous_node"]) == ("node-b", "node-a"), resync
+        cut_of_a = resync["detail"]["aggregates"]["batch_id"]
         assert cut_of_a is not None
-        assert read_lease(Database(url), "trades", SHARD).holder == "node-b"
-        assert instance(supervisor, "node-a")["status"] == "STOPPED", "the failed node stays down as the warm standby"
         assert first_batch(url, "node-b") == cut_of_a + 1, "node-b did not resume after node-a's last committed batch"
         kill9(supervisor, "node-b")  # the second node dies as soon as the plan ran a batch there
-        wait_for(lambda: health(supervisor, "node-b") == "DEAD", 30, "node-b to be DEAD")
-        assert health(supervisor, "node-a") == "STOPPED"  # no node of the plan runs now
+        wait_for(lambda: health(supervisor, "node-b") == "DEAD" and health(supervisor, "node-a") == "DEAD", 30,
+                 "both nodes to be DEAD")
 
         relaunched_at = fetch(url, "SELECT clock_timestamp() AS t")[0]["t"]
         report = supervisor.reconcile(SHARD, cause="test: both nodes killed")
         assert report.converged, report.lines()
-        assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"], report.lines()
-        launch = report.steps[1]
-        assert (launch.action.node, launch.action.role, launch.action.resync_from) == ("node-a", "ACTIVE", "node-b")
+        assert [(s.action.kind, s.action.node) for s in report.steps] == [
+            ("STOP", "node-a"), ("STOP", "node-b"), ("LAUNCH", "node-a"), ("LAUNCH", "node-b")], report.lines()
+        launch, warm = report.steps[2], report.steps[3]
+        assert (launch.action.role, launch.action.resync_from) == ("ACTIVE", "node-b")
+        assert (warm.action.role, warm.action.resync_from) == ("WARM", None)
         cut = launch.data["cut"]["aggregates"]["batch_id"]
         wait_for(lambda: len(fetch(url, "SELECT 1 FROM publish_log WHERE instance_id LIKE %s AND published_at > %s",
                                    ("%/node-a", relaunched_at))) >= 5, 120,
@@ -372,7 +374,7 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
     operator's restart (after the cause is gone) brings it back and nothing is lost."""
     import yaml
 
-    configure_one_shard(project, "warm")
+    configure_one_shard(project, "cold")
     plan_path = project / "conf" / "plans" / "trades.yaml"
     declared = yaml.safe_load(plan_path.read_text())
     declared["nodes"] = ["node-a"]  # one node: every relaunch is this node's

@@ -554,11 +554,17 @@ class Pair:
         return first_publish(self.url, node, epoch, self.plan.name, self.shard)
 
     def log_tail(self, node: str, lines: int = 30) -> str:
-        from tandem.supervisor.launcher import log_tail
-
+        """For a failed wait: the node's instance row, its log's Tandem and ERROR lines (a query's error is
+        followed by its plan, which fills any tail), then the log's last ``lines`` lines."""
         row = instance_row(self.url, node, self.plan.name, self.shard)
         path = row and row["log_path"]
-        return f"--- {path} ---\n{log_tail(path, lines)}" if path else f"(no log for {node})"
+        if not path or not Path(path).is_file():
+            return f"(no log for {node})"
+        text = Path(path).read_text(errors="replace").splitlines()
+        notable = [line for line in text if " tandem." in line or " ERROR " in line][-15:]
+        error = f", error {row['error'][:500]!r}" if row.get("error") else ""
+        return (f"--- {path}: {row['status']} {row['role']} at epoch {row['epoch']}{error} ---\n"
+                + "\n".join(notable) + "\n[…]\n" + "\n".join(text[-lines:]))
 
 
 # ------------------------------------------------------------------------------------------------

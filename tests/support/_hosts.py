@@ -257,23 +257,25 @@ def add_backup_node(project: Path) -> None:
     plan_path.write_text(yaml.safe_dump(plan))
 
 
-def _cli_on_host(network: HostNetwork, host: str, argv: list[str]) -> dict:
-    """``tandem <argv> --json`` run on ``host``; its JSON line."""
+def _cli_on_host(network: HostNetwork, host: str, argv: list[str], local_ip: str = "127.0.0.1") -> dict:
+    """``tandem <argv> --json`` run on ``host``; its JSON line. ``local_ip``: the address its Spark drivers bind
+    (the host's own when executors on other hosts must reach them)."""
     done = network.run(host, [sys.executable, "-m", "tandem.cli", *argv, "--json"],
-                       env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=REPO)
+                       env={**os.environ, "SPARK_LOCAL_IP": local_ip}, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"tandem {argv[0]} on {host} failed:\n{done.stdout}\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node: str, role: str,
-                   trigger: str | None = None, resync_from: str | None = None, replace: bool = False) -> NodeLaunch:
+                   trigger: str | None = None, resync_from: str | None = None, replace: bool = False,
+                   local_ip: str = "127.0.0.1") -> NodeLaunch:
     """``tandem launch`` run on ``host``: the re-sync and the instance's ``spark-submit`` happen there."""
     argv = ["launch", plan, shard, node, "--role", role]
     argv += ["--trigger-interval", trigger] if trigger else []
     argv += ["--resync-from", resync_from] if resync_from else []
     argv += ["--replace"] if replace else []
-    job = _cli_on_host(network, host, argv)
+    job = _cli_on_host(network, host, argv, local_ip)
     return NodeLaunch(LaunchedJob(job["instance_id"], job["reused"], job["reason"], job["status"], job["submit_pid"],
                                   None, None, job["log_path"]), job["cut"])
 
@@ -306,10 +308,15 @@ class HostPair(Pair):
 
     network: HostNetwork | None = None
     host_of: dict[str, str] = field(default_factory=lambda: dict(HOST_OF))
+    drivers_on_host_address: bool = False
+    """Drivers bind their host's address instead of 127.0.0.1: executors on other hosts (a Spark cluster) must
+    reach them."""
 
     def launch(self, node: str, role: str) -> int:
-        job = launch_on_host(self.network, self.host_of[node], self.plan.name, self.shard, node, role,
-                             self.trigger).job
+        host = self.host_of[node]
+        local_ip = self.network.address(host) if self.drivers_on_host_address else "127.0.0.1"
+        job = launch_on_host(self.network, host, self.plan.name, self.shard, node, role, self.trigger,
+                             local_ip=local_ip).job
         assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
         self.groups.append(job.submit_pid)
         self.pgids[node] = job.submit_pid

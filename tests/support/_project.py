@@ -14,6 +14,8 @@ import psutil
 import psycopg2
 import pytest
 
+from tandem.supervisor.processes import START_TIME_TOLERANCE_S
+
 PROJECT = Path(__file__).resolve().parents[2]
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
 
@@ -56,9 +58,44 @@ def use_project(root: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) 
     return root
 
 
+class ProcessGroups(list):
+    """Process groups a test started (spark-submit PIDs, each the leader of its own session), each with its leader's
+    start time when it was recorded: PIDs wrap around within minutes on a busy machine (``pid_max`` 32768), and a
+    group id recorded by one test can name another test's new group by the time the first one tears down."""
+
+    def __init__(self, groups=()) -> None:
+        super().__init__()
+        self.leader_started: dict[int, float | None] = {}
+        self.extend(groups)
+
+    def append(self, pgid: int) -> None:
+        if pgid not in self.leader_started:
+            try:
+                self.leader_started[pgid] = psutil.Process(pgid).create_time()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                self.leader_started[pgid] = None
+        super().append(pgid)
+
+    def extend(self, pgids) -> None:
+        for pgid in pgids:
+            self.append(pgid)
+
+    def reused(self, pgid: int) -> bool:
+        """Whether ``pgid`` now leads a group other than the one recorded (a live leader started at another time)."""
+        try:
+            started = psutil.Process(pgid).create_time()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False  # no leader: whatever still has this group id is what is left of the recorded group
+        recorded = self.leader_started.get(pgid)
+        return recorded is None or abs(started - recorded) > START_TIME_TOLERANCE_S
+
+
 def kill_groups(groups: list[int]) -> None:
-    """SIGKILL every process of the given process groups (spark-submit PIDs started with their own session)."""
+    """SIGKILL every process of the given process groups (spark-submit PIDs started with their own session); with
+    :class:`ProcessGroups`, a group id that another group has taken meanwhile is left alone."""
     for pgid in groups:
+        if isinstance(groups, ProcessGroups) and groups.reused(pgid):
+            continue
         for process in psutil.process_iter():
             try:
                 if os.getpgid(process.pid) == pgid:
@@ -69,8 +106,6 @@ def kill_groups(groups: list[int]) -> None:
             os.waitpid(pgid, os.WNOHANG)
         except ChildProcessError:
             pass
-
-
 
 
 def _trades_spec():

@@ -102,7 +102,7 @@ CASES = {
     "keep as text": (PLAN, section("snapshot", keep="3"), "snapshot.keep", "an integer"),
     "keep as fraction": (PLAN, section("snapshot", keep=2.5), "snapshot.keep", "an integer"),
     "launches as boolean": (PLAN, section("ha", max_launches=True), "ha.max_launches", "an integer"),
-    "standby cold": (PLAN, section("ha", standby="cold"), "ha.standby", "one of hot, warm"),
+    "standby lukewarm": (PLAN, section("ha", standby="lukewarm"), "ha.standby", "one of hot, warm, cold"),
     "negative timeout": (PLAN, section("ha", stall_timeout="-5 s"), "ha.stall_timeout", "duration"),
     "vacuum retention as text": (PLAN, section("maintenance", vacuum_retention="soon"), "maintenance.vacuum_retention",
                                  "duration"),
@@ -286,6 +286,6 @@ def test_the_schema_accepts_the_shipped_files_and_refuses_broken_ones(conf: Path
     jsonschema.validate(cluster, schemas["cluster.yaml"])
     jsonschema.validate(plan, schemas["plans/<name>.yaml"])
     for broken, schema in (({**cluster, "replicas": 3}, "cluster.yaml"), ({**plan, "groups": "shard-1"}, "plans/<name>.yaml"),
-                           ({**plan, "ha": {"standby": "cold"}}, "plans/<name>.yaml")):
+                           ({**plan, "ha": {"standby": "lukewarm"}}, "plans/<name>.yaml")):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, schemas[schema])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tandem.supervisor.decisions import (
     ACTIVE,
     BACKUP,
+    COLD,
     HOT,
     MAX_LAUNCHES,
     PASSIVE,
@@ -23,6 +24,7 @@ from tandem.supervisor.decisions import (
     snapshot_node,
     takeover_deadline_s,
 )
+from tandem.names import WARM as WARM_ROLE
 from tandem.supervisor.health import BLOCKED, DEAD, FAILED, HEALTHY, MISSING, STALLED, STARTING, STOPPED, InstanceHealth
 
 TTL = 3.0
@@ -159,15 +161,56 @@ def test_warm_failover_starts_the_passive_node_from_a_cut_of_the_failed_active()
     assert len(actions) == 2
 
 
-def test_warm_standbys_do_not_run():
+def test_cold_standbys_do_not_run():
+    world = view(inst("a", STOPPED, PASSIVE), inst("b", role=ACTIVE), inst("c", MISSING, None), holder="b",
+                 standby=COLD)
+    assert decide(world) == []
+
+
+def test_cold_failed_active_is_not_relaunched_once_the_passive_node_is_active():
+    world = view(inst("a", FAILED, ACTIVE), inst("b", role=ACTIVE), holder="b", epoch=2, standby=COLD)
+    assert decide(world) == []
+
+
+def test_cold_failover_starts_the_next_node_from_a_cut_of_the_failed_active():
+    world = view(inst("a", DEAD, ACTIVE), inst("b", STOPPED, PASSIVE), holder="a", valid=False, standby=COLD)
+    assert decide(world)[1] == Launch("b", ACTIVE, "warm failover: a is DEAD", resync_from="a")
+
+
+def test_warm_mode_keeps_one_warm_standby_on_the_node_after_the_active():
     world = view(inst("a", STOPPED, PASSIVE), inst("b", role=ACTIVE), inst("c", MISSING, None), holder="b",
                  standby=WARM)
-    assert decide(world) == []
+    [launch] = decide(world)
+    assert (launch.node, launch.role, launch.resync_from) == ("c", WARM_ROLE, None)  # it cuts when it takes over
+    running = view(inst("a", STOPPED, PASSIVE), inst("b", role=ACTIVE), inst("c", role=WARM_ROLE), holder="b",
+                   standby=WARM)
+    assert decide(running) == []  # one warm standby is enough: a stays down
 
 
-def test_warm_failed_active_is_not_relaunched_once_the_passive_node_is_active():
+def test_warm_failed_active_comes_back_as_the_warm_standby():
     world = view(inst("a", FAILED, ACTIVE), inst("b", role=ACTIVE), holder="b", epoch=2, standby=WARM)
-    assert decide(world) == []
+    [launch] = decide(world)
+    assert (launch.node, launch.role) == ("a", WARM_ROLE)
+    over = view(inst("a", FAILED, ACTIVE), inst("b", role=ACTIVE), holder="b", epoch=2, standby=WARM,
+                launches={"a": MAX_LAUNCHES})
+    [blocked] = decide(over)
+    assert isinstance(blocked, Blocked) and blocked.node == "a"
+
+
+def test_a_live_warm_standby_takes_the_lease_by_itself():
+    world = view(inst("a", DEAD, ACTIVE), inst("b", role=WARM_ROLE), holder="a", valid=False, expired_for_s=0.2,
+                 standby=WARM)
+    stop, wait = decide(world)
+    assert isinstance(stop, Stop) and stop.node == "a"
+    assert isinstance(wait, AwaitPromotion) and wait.previous_holder == "a"
+
+
+def test_a_warm_standby_that_does_not_take_the_lease_is_restarted_as_active_from_a_cut():
+    world = view(inst("a", DEAD, ACTIVE), inst("b", role=WARM_ROLE), holder="a", valid=False,
+                 expired_for_s=takeover_deadline_s(TTL) + 1, standby=WARM)
+    actions = decide(world)
+    assert actions[-2] == Stop("b", actions[-2].reason) and actions[-1].role == ACTIVE
+    assert actions[-1].resync_from == "a"  # its own checkpoint is as old as its last run
 
 
 def test_warm_failover_wraps_around_the_node_order():
@@ -277,3 +320,9 @@ def test_when_every_node_is_blocked_nothing_is_launched_and_the_shard_says_why()
     actions = decide(world)
     assert all(isinstance(a, Blocked) for a in actions) and not actionable(actions)
     assert "each is BLOCKED or drained" in actions[-1].reason
+
+
+def test_a_warm_standby_left_from_warm_mode_becomes_the_hot_passive_after_a_re_sync():
+    world = view(inst("a", role=ACTIVE), inst("b", role=WARM_ROLE), holder="a", standby=HOT)
+    stop, launch = decide(world)
+    assert stop.node == "b" and (launch.node, launch.role, launch.resync_from) == ("b", PASSIVE, "a")

@@ -33,7 +33,7 @@ def test_warm_standby_and_durations(conf: Path) -> None:
 
 
 @pytest.mark.parametrize(("section", "field", "fragment"), [
-    ({"standby": "cold"}, "ha.standby", "hot, warm"),
+    ({"standby": "lukewarm"}, "ha.standby", "hot, warm, cold"),
     ({"stall_timeout": "soon"}, "ha.stall_timeout", "duration"),
     ({"stall_timout": "1 s"}, "ha.stall_timout", "unknown field"),
     ({"standby": 1}, "ha.standby", "a string"),

@@ -97,11 +97,15 @@ def test_input_that_just_arrived_is_not_a_stall():
     assert evaluate(running(waiting_input_age_s=5.0, last_batch_age_s=600.0), LIMITS).state == HEALTHY
 
 
-def test_without_any_batch_the_time_since_start_counts():
-    never = running(last_batch_age_s=None, waiting_input_age_s=40.0, started_age_s=50.0)
-    assert evaluate(never, LIMITS).state == STALLED
-    just_started = running(last_batch_age_s=None, waiting_input_age_s=40.0, started_age_s=10.0)
-    assert evaluate(just_started, LIMITS).state == HEALTHY
+def test_without_any_batch_the_time_since_start_counts_against_the_launch_timeout():
+    # the first micro-batch of a run loads state, starts Python workers and catches up the input that waited
+    first = running(last_batch_age_s=None, waiting_input_age_s=100.0, started_age_s=110.0)
+    assert evaluate(first, LIMITS).state == HEALTHY
+    never = evaluate(running(last_batch_age_s=None, waiting_input_age_s=125.0, started_age_s=130.0), LIMITS)
+    assert never.state == STALLED
+    assert "no micro-batch since it started 130.0s ago" in never.evidence and "launch timeout" in never.evidence
+    # after its first micro-batch, the stall timeout again
+    assert evaluate(running(last_batch_age_s=45.0, waiting_input_age_s=40.0, started_age_s=110.0), LIMITS).state == STALLED
 
 
 def test_a_long_micro_batch_whose_spark_work_advances_is_slow_not_stalled():
@@ -146,3 +150,11 @@ def test_spark_work_advanced_when_a_stage_starts_or_a_task_completes(before, now
     from tandem.runtime.listener import work_advanced
 
     assert work_advanced(before, now) is advanced
+
+
+def test_a_warm_standby_runs_no_query_and_is_healthy_while_it_beats() -> None:
+    warm = running(role="WARM", epoch=0, last_batch_age_s=None, waiting_input_age_s=900.0, work_age_s=None)
+    assert evaluate(warm, LIMITS).state == HEALTHY  # input waits for the ACTIVE, not for it
+    assert evaluate(running(role="WARM", beat_age_s=3.5), LIMITS).state == DEAD
+    # once it took over its queries are judged like any ACTIVE's, from the take-over (STARTING, then RUNNING)
+    assert evaluate(running(role="ACTIVE", status="STARTING", last_batch_age_s=None), LIMITS).state == STARTING

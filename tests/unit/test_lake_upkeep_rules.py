@@ -36,16 +36,27 @@ def test_a_commit_conflict_is_tried_again_and_the_last_one_raised(monkeypatch: p
         maintenance.retry_on_conflict(always, waits.append)
 
 
-def test_contribution_ids_go_after_the_retention_and_an_hour_before_the_oldest_kept_snapshot() -> None:
+def test_contribution_ids_go_after_the_retention_and_before_what_a_kept_snapshot_replays() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from tandem.batch.trim import contributions_cutoff
+    from tandem.batch.trim import contributions_cutoff, replay_needs_since
+    from tandem.store.snapshots import GOOD, SnapshotRecord
 
     now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
     month = 30 * 86400.0
     assert contributions_cutoff(now, month, None) == now - timedelta(days=30)
     assert contributions_cutoff(now, month, now - timedelta(days=2)) == now - timedelta(days=30)
-    assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40, hours=1)
+    assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40)
+
+    def snapshot(replay_from: datetime | None) -> SnapshotRecord:
+        return SnapshotRecord(id="s", plan="trades", shard_id="shard-1", instance_id="trades/shard-1/node-a",
+                              node="node-a", taken_at=now, checkpoint_path="/x", status=GOOD, replay_from=replay_from)
+
+    # the cut's earliest commit, less the clock margin; an hour before the start when it was not recorded
+    assert replay_needs_since(snapshot(now - timedelta(seconds=20))) == now - timedelta(minutes=5, seconds=20)
+    assert replay_needs_since(snapshot(None)) == now - timedelta(hours=1)
+    # a commit "after" the snapshot started (clocks that disagree) never moves the bound past the start
+    assert replay_needs_since(snapshot(now + timedelta(minutes=2))) == now - timedelta(minutes=5)
 
 
 def test_a_table_is_vacuumed_once_its_dead_rows_pass_fifty_and_a_fifth_of_the_live_ones() -> None:

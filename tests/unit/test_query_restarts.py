@@ -2,20 +2,48 @@
 
 from __future__ import annotations
 
-from tandem.runtime.node import MAX_QUERY_RESTARTS, restartable
+from tandem.runtime.node import (
+    CPU_SATURATED_PRESSURE,
+    QUERY_RESTART_WINDOW_S,
+    RESTART_BACKOFF_MAX_S,
+    SATURATED_RESTART_WINDOW_S,
+    parse_cpu_pressure,
+    restart_backoff_s,
+    restartable,
+)
 
 WORKER = "Python worker failed to connect back.\n=== Streaming Query ===\nIdentifier: pizza_shop/shop-1/node-a:orders"
 
 
-def test_a_python_worker_that_did_not_connect_back_in_time_is_started_again_a_few_times() -> None:
-    assert restartable(WORKER, 0)
-    assert restartable("Timed out while waiting for the Python worker to connect back after 10000 ms", 1)
-    assert not restartable(WORKER, MAX_QUERY_RESTARTS)  # then the instance fails, and supervision decides
+def test_a_python_worker_that_did_not_connect_back_in_time_is_started_again_for_a_few_minutes() -> None:
+    assert restartable(WORKER, 0.0)
+    assert restartable("Timed out while waiting for the Python worker to connect back after 10000 ms", 110.0)
+    assert not restartable(WORKER, QUERY_RESTART_WINDOW_S)  # then the instance fails, and supervision decides
+
+
+def test_on_a_saturated_cpu_the_failures_are_ridden_out_longer() -> None:
+    assert restartable(WORKER, QUERY_RESTART_WINDOW_S + 1, cpu_pressure=CPU_SATURATED_PRESSURE)
+    assert not restartable(WORKER, QUERY_RESTART_WINDOW_S + 1, cpu_pressure=CPU_SATURATED_PRESSURE - 1)
+    assert not restartable(WORKER, QUERY_RESTART_WINDOW_S + 1, cpu_pressure=None)  # unknown: the short window
+    assert not restartable(WORKER, SATURATED_RESTART_WINDOW_S, cpu_pressure=99.0)
+    assert not restartable("ZeroDivisionError: division by zero", 0.0, cpu_pressure=99.0)
+
+
+def test_cpu_pressure_is_the_last_minutes_share_of_some_task_waiting() -> None:
+    text = ("some avg10=1.12 avg60=24.24 avg300=50.80 total=4366089012\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert parse_cpu_pressure(text) == 24.24
+    assert parse_cpu_pressure("") is None and parse_cpu_pressure("some avg10=1.0\n") is None
+
+
+def test_each_start_in_a_row_waits_longer_up_to_a_bound() -> None:
+    waits = [restart_backoff_s(n) for n in range(1, 20)]
+    assert waits[:3] == [2.0, 4.0, 6.0] and waits == sorted(waits) and max(waits) == RESTART_BACKOFF_MAX_S
 
 
 def test_any_other_failure_ends_the_instance() -> None:
-    assert not restartable("[STATE_STORE_CANNOT_CREATE_COLUMN_FAMILY_WITH_RESERVED_CHARS] ...", 0)
-    assert not restartable("ZeroDivisionError: division by zero", 0)
+    assert not restartable("[STATE_STORE_CANNOT_CREATE_COLUMN_FAMILY_WITH_RESERVED_CHARS] ...", 0.0)
+    assert not restartable("ZeroDivisionError: division by zero", 0.0)
 
 
 def test_a_failure_reads_the_same_when_a_relaunch_fails_the_same_way():

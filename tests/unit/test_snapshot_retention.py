@@ -239,6 +239,22 @@ def test_processed_files_that_are_gone_already_are_ignored() -> None:
     assert decision.keep == {}
 
 
+def test_recent_files_nothing_else_needs_leave_landing_for_retained_and_the_others_stay() -> None:
+    decision = decide_landing_retention(files(1, 2, 3, 4), processed_by={"a": files(1, 2, 3, 4), "b": files(1, 2, 3)},
+                                        kept_cuts={"s": files(1, 2, 3)}, recent=files(2, 3, 4))
+    assert decision.delete == tuple(files(1))
+    assert decision.retire == tuple(files(2, 3))  # younger than keep_input: a backfill may still read them
+    assert decision.keep == {files(4)[0]: "not yet processed by b"}  # recent or not, a reader still needs it
+    assert "move 2 file(s) to retained/" in decision.describe()[1]
+
+
+def test_recent_files_stay_in_landing_while_a_restart_or_a_restore_needs_them() -> None:
+    no_snapshot = decide_landing_retention(files(1), processed_by={"a": files(1)}, kept_cuts={}, recent=files(1))
+    after_cut = decide_landing_retention(files(1), processed_by={"a": files(1)}, kept_cuts={"s": []},
+                                         recent=files(1))
+    assert no_snapshot.retire == after_cut.retire == no_snapshot.delete == after_cut.delete == ()
+
+
 def test_describe_counts_files_per_reason() -> None:
     decision = decide_landing_retention(files(1, 2, 3, 4), processed_by={"a": files(1, 2, 3), "b": files(1, 2)},
                                         kept_cuts={"s": files(1, 2, 3)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.shared_storage import plan_storage_problems, storage_verdict
+from tandem.shared_storage import executor_problems, plan_storage_problems, storage_verdict
 
 MARKER = Path("/shared/tandem/.tandem-storage")
 
@@ -43,3 +43,12 @@ def test_only_failed_checks_of_the_plan_s_own_nodes_block_it() -> None:
     }
     assert plan_storage_problems(["node-a", "node-b", "node-c"], checks) == ["node-b (host h2): missing on this host"]
     assert plan_storage_problems(["node-a", "node-c"], checks) == []
+
+
+def test_executor_hosts_that_read_no_marker_or_another_storages_are_named() -> None:
+    marker = Path("/shared/tandem/.tandem-storage")
+    seen = {"worker-1": "abc", "worker-2": None, "worker-3": "other"}
+    problems = executor_problems("abc", seen, marker, "/shared/tandem")
+    assert [p.split(":")[0] for p in problems] == ["executor host worker-2", "executor host worker-3"]
+    assert "missing on this host" in problems[0] and "belongs to another storage" in problems[1]
+    assert executor_problems("abc", {"worker-1": "abc"}, marker, "/shared/tandem") == []

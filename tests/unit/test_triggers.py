@@ -114,10 +114,11 @@ def test_run_fires_on_a_stalled_instance_with_waiting_input(world):
     landing.mkdir(parents=True)
     waiting = landing / "events-1.jsonl"
     waiting.write_text("{}\n")
-    os.utime(waiting, (time.time() - 45, time.time() - 45))
+    # no micro-batch since it started: judged by the launch timeout (180 s), which the waiting input passed
+    os.utime(waiting, (time.time() - 245, time.time() - 245))
     event = first_event(trigger_for(cluster))
     assert event["health"] == "STALLED" and event["node"] == "node-a"
-    assert "input has waited 4" in event["evidence"]
+    assert "input has waited 24" in event["evidence"] and "launch timeout" in event["evidence"]
 
 
 def test_run_waits_while_the_hot_standby_takes_the_expired_lease_and_ends_quietly_at_its_deadline(world):

@@ -13,7 +13,7 @@ from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans_and_errors
 from tandem.errors import ConfigError
-from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, plan_dag_id
+from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, WARM, plan_dag_id
 from tandem.ops import OPS_ACTIONS
 
 # Durations tandem.declarations.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
@@ -124,7 +124,8 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
                                   title="Trigger interval",
                                   description="micro-batch interval, e.g. '500 ms', '1 second', '2 seconds'"),
         "role": Param(ACTIVE, type="string", enum=list(ROLES), title="Role",
-                      description="ACTIVE takes the lease when it is free; PASSIVE and BACKUP are hot standbys"),
+                      description="ACTIVE takes the lease when it is free; PASSIVE and BACKUP are hot standbys; "
+                                  "WARM builds its Spark session and starts its queries when it takes over"),
         "resync_from": Param("", type="string", enum=["", *plan.nodes], title="Re-sync from",
                              description="first copy a cut of this node's checkpoint over the launched node's "
                                          "(empty: start from its own checkpoint)"),
@@ -178,9 +179,19 @@ aggregates of that window. Fails when an expectation fails; the log names it wit
 """
 
 
+REACT_DOC = {
+    "hot": ("the hot standby has taken the lease by itself; the failed node comes back as PASSIVE after "
+            "re-syncing from the active; a BACKUP moves up when no PASSIVE is left."),
+    "warm": ("the WARM standby has taken the lease by itself and started its queries from a cut of the "
+             "failed active's checkpoint; the failed node comes back as the WARM standby."),
+    "cold": "the plan is started on the next node from a cut of the failed active's checkpoint; the failed node stays down.",
+}
+"""What the supervise DAG's react step does, per standby mode."""
+
+
 def supervise_doc(plan: PlanConfig) -> str:
-    roles = ", ".join(f"`{node}` {role}" for node, role in zip(
-        plan.nodes, [ACTIVE, PASSIVE, *[BACKUP] * max(0, len(plan.nodes) - 2)]))
+    standbys = {"hot": [PASSIVE, *[BACKUP] * max(0, len(plan.nodes) - 2)], "warm": [WARM]}.get(plan.ha.standby, [])
+    roles = ", ".join(f"`{node}` {role}" for node, role in zip(plan.nodes, [ACTIVE, *standbys]))
     return f"""### Supervise plan `{plan.name}` ({plan.ha.standby} standby)
 
 Each run is one epoch of the plan's cluster (initial roles: {roles}):
@@ -191,9 +202,7 @@ Each run is one epoch of the plan's cluster (initial roles: {roles}):
    second and fires when an instance is DEAD (no liveness beat for {human_duration(plan.heartbeat.timeout_s)}),
    FAILED, or STALLED (no progress for {human_duration(plan.ha.stall_timeout_s)} while input waits);
    after {human_duration(SUPERVISE_MAX_WATCH.total_seconds())} without a problem it ends quietly;
-3. **react** fails over and repairs: {'a warm standby is started from a cut of the failed active' + chr(39) + 's checkpoint;'
-   if plan.ha.standby == "warm" else 'the hot standby has taken the lease by itself;'} the failed node
-   comes back as PASSIVE after re-syncing from the active; a BACKUP moves up when no PASSIVE is left.
+3. **react** fails over and repairs: {REACT_DOC[plan.ha.standby]}
 
 Every decision is in `tandem.failover_events` (`tandem status {plan.name}`) and in the task logs.
 Then the run ends and the next one starts.

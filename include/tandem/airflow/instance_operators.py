@@ -39,7 +39,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
     :param node: node name from ``cluster.yaml``, one of the plan's nodes. Templated.
     :param shard_id: one of the plan's shards. Templated.
     :param trigger_interval: micro-batch interval such as ``"1 second"``; empty means the plan's. Templated.
-    :param role: ACTIVE, PASSIVE or BACKUP. Templated.
+    :param role: ACTIVE, PASSIVE, BACKUP or WARM. Templated.
     :param resync_from: a node whose checkpoint is cut and copied over this node's first; empty: none. Templated.
     :param expires_at: ISO time after which the launch is refused (a late task of an old decision). Templated.
     :param action: ``launch`` keeps a live instance; ``relaunch`` stops it here first. Templated.

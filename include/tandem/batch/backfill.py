@@ -2,22 +2,22 @@
 
 Purpose
     A stream drops events later than its watermark, and a fixed query bug leaves wrong results behind. A backfill
-    recomputes ``[start, end)`` of the plan's outputs from the input still retained (landing files, the messages of
-    a ``nats`` stream), late events included, with the plan's own query functions, and puts the result in place
-    while the plan keeps running.
+    recomputes ``[start, end)`` of the plan's outputs from the input still retained (landing files, those landing
+    retention moved to ``retained/``, the messages of a ``nats`` stream), late events included, with the plan's own
+    query functions, and puts the result in place while the plan keeps running.
 
 How it works
     1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`dropped_messages`,
        :func:`tandem.store.backfills.register`): the range must be closed (its end at or before the slowest
        instance's event-time watermark: the stream will not write into it again; an instance whose queries keep no
        state has no watermark and is judged by arrival, :func:`read_through`), every landing file the instances
-       read that may hold its events (modified at or after ``start``) must still exist, as must every message of
-       a ``nats`` stream published at or after it, and no running backfill of the plan may overlap it. A
-       registered backfill is RUNNING in ``tandem.backfills``.
+       read that may hold its events (modified at or after ``start``) must still exist (in ``landing/`` or
+       ``retained/``), as must every message of a ``nats`` stream published at or after it, and no running
+       backfill of the plan may overlap it. A registered backfill is RUNNING in ``tandem.backfills``.
     2. Recompute, per instance (:func:`recompute`): each of the instance's queries runs as a finite streaming
-       query (``Trigger.AvailableNow``) over all the retained input of its partitions (landing files, messages)
-       in one first micro-batch, so nothing is late inside it; each batch's rows go to scratch files under
-       ``backfills/<plan>/<id>/``.
+       query (``Trigger.AvailableNow``) over all the retained input of its partitions (landing and retained
+       files, linked into one scratch folder first; messages) in one first micro-batch, so nothing is late inside
+       it; each batch's rows go to scratch files under ``backfills/<plan>/<id>/``.
     3. Replace, per output, as its kind says (:func:`replace_output`). An aggregation of Spark's partials: the
        instance's seconds in the range are replaced and every coarser bucket overlapping it is rebuilt from its
        children in one PostgreSQL transaction that holds the table's publishers off, then in Delta (one commit
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -52,8 +53,17 @@ from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.spec import spec_for
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
 from tandem.config import ClusterConfig, PlanConfig, nats_of
-from tandem.errors import BackfillRefused
-from tandem.layout import backfill_dir, checkpoint_dir, delta_table_dir, instance_landing_dirs
+from tandem.errors import BackfillRefused, PathOutsideRoot
+from tandem.layout import (
+    backfill_dir,
+    checkpoint_dir,
+    delta_table_dir,
+    input_files,
+    instance_landing_dirs,
+    landing_dir,
+    retained_dir,
+    retained_twin,
+)
 from tandem.messaging import JetStream, partition_subject, stream_name
 from tandem.messaging.jetstream import dropped_since
 from tandem.names import QUARANTINE_QUERY
@@ -142,8 +152,7 @@ def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: 
     if not stateless:
         return None
     folders = [folder for stream in instance_landing_dirs(cluster, plan, shard_id).values() for folder in stream]
-    landed = {path: int(path.stat().st_mtime * 1000) for folder in folders if folder.is_dir()
-              for path in folder.iterdir() if path.is_file() and not path.name.startswith((".", "_"))}
+    landed = {path: int(path.stat().st_mtime * 1000) for folder in folders for path in input_files(folder)}
     now_ms = int(time.time() * 1000)
     return max(min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
                    for q in queries.values()) for queries in stateless)
@@ -184,6 +193,16 @@ def missing_input(processed: Mapping[str, int], start: datetime, exists: Callabl
     return [path for _, path in sorted(gone) if not exists(path)]
 
 
+def still_retained(cluster: ClusterConfig, landing_file: Path) -> bool:
+    """Whether an input file is still where it landed, or where landing retention moves it (``retained/``)."""
+    if landing_file.exists():
+        return True
+    try:
+        return retained_twin(cluster, landing_file).exists()
+    except PathOutsideRoot:  # not a landing file of this storage root: it was where it was read, or nowhere
+        return False
+
+
 def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
                    shards: list[str]) -> None:
     """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``shards`` cannot be backfilled now."""
@@ -198,7 +217,7 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
         for node in plan.nodes:
             for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard, node)).values():
                 processed.update(processed_file_times(query_dir))
-        gone = missing_input(processed, start, Path.exists)
+        gone = missing_input(processed, start, lambda path: still_retained(cluster, path))
         if gone:
             raise BackfillRefused(
                 f"backfill of plan {plan.name}: {len(gone)} input file(s) of instance {shard} that may hold events "
@@ -228,14 +247,55 @@ def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str]
 # --- recompute ---------------------------------------------------------------------------------------------------
 
 
+def gather_input(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, folder: Path) -> dict[str, list[Path]]:
+    """Link every input file still retained for the instance's ``files`` streams (``landing/`` and ``retained/``)
+    into ``folder/<stream>/<partition>/``; the folders by stream. The recomputation reads this one set: landing
+    retention may move a file from one place to the other meanwhile, and a file read in both places (or in
+    neither) would count twice (or not at all). Landing is listed first, so a file moved in between is found."""
+    gathered: dict[str, list[Path]] = {}
+    for stream, declared in plan.streams.items():
+        if declared.source != "files":
+            continue
+        for partition in plan.partitions(shard_id, stream):
+            landing, retained = landing_dir(cluster, stream, partition), retained_dir(cluster, stream, partition)
+            names = sorted({path.name for path in (*input_files(landing), *input_files(retained))})
+            target = folder / stream / str(partition)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                _link_either((landing / name, retained / name), target / name)
+            gathered.setdefault(stream, []).append(target)
+    return gathered
+
+
+def _link_either(sources: tuple[Path, ...], target: Path) -> None:
+    for source in sources:
+        try:
+            os.link(source, target)
+            return
+        except FileNotFoundError:
+            continue
+        except OSError:  # another file system (a symbolic link under the root): copy, keeping the modification time
+            if source.exists():
+                shutil.copy2(source, target)
+                return
+    raise BackfillRefused(f"input file {sources[0].name} disappeared while the recomputation gathered it (deleted "
+                          f"from {' and '.join(str(s.parent) for s in sources)} by landing retention): run it again")
+
+
+def in_one_batch(plan: PlanConfig) -> PlanConfig:
+    """``plan`` with no admission limit on its streams: a finite run reads all its input in one micro-batch, so
+    nothing is late inside it (pure)."""
+    return dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES,
+                                                                              "max_events_per_trigger": ALL_FILES})
+                                              for name, stream in plan.streams.items()})
+
+
 def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
               scratch: Path) -> dict[str, pa.Table]:
-    """Run the instance's queries (not the quarantine) over all its retained input as finite queries; per output,
-    every row they emitted, with the micro-batch it came in as :data:`BATCH_COLUMN`."""
-    whole = dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES,
-                                                                               "max_events_per_trigger": ALL_FILES})
-                                               for name, stream in plan.streams.items()})
-    ctx = PlanContext(cluster, whole, InstanceKey(plan.name, shard_id, "backfill"), spark)
+    """Run the instance's queries (not the quarantine) over all its retained input (:func:`gather_input`) as finite
+    queries; per output, every row they emitted, with the micro-batch it came in as :data:`BATCH_COLUMN`."""
+    ctx = PlanContext(cluster, in_one_batch(plan), InstanceKey(plan.name, shard_id, "backfill"), spark,
+                      input_folders=gather_input(cluster, plan, shard_id, scratch / "input"))
     specs = check_plan_module(plan, load_plan_module(plan))
     rows: dict[str, list[pa.Table]] = {}
     for name in ctx.queries:

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from tandem.config import ClusterConfig, PlanConfig, load_cluster, load_plan
 from tandem.errors import TandemError
-from tandem.spark_session import build_session
+from tandem.spark_session import build_session, lower_priority
 from tandem.store import Database, migrate
 
 Work = Callable[[ClusterConfig, PlanConfig, Database, SparkSession, logging.Logger], None]
@@ -24,6 +24,7 @@ def run_plan_job(purpose: str, plan_name: str, work: Work) -> int:
     log = logging.getLogger(f"tandem.{purpose}")
     cluster = load_cluster()
     plan = load_plan(plan_name, cluster)
+    lower_priority()  # a recomputation beside the plan's live queries yields the CPU to them
     spark = build_session(f"tandem-{purpose}:{plan.name}", None, cluster.spark_defaults)
     try:
         with Database(cluster.database_url, f"tandem-{purpose}") as db:

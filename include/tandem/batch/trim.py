@@ -4,7 +4,8 @@
 deletes and what they always keep are :mod:`tandem.store.trim`'s. Ages are measured on PostgreSQL's clock.
 Contribution ids are kept longer when a kept snapshot needs them: a restore replays the input after the
 snapshot's cut, and each row the replay brings again must find its id to be applied once; so no id applied
-later than an hour before a shard's oldest TAKING or GOOD snapshot goes (:func:`contributions_cutoff`).
+after the earliest commit of a shard's oldest TAKING or GOOD snapshot's cut (its ``replay_from``, less
+:data:`CLOCK_MARGIN`) goes (:func:`replay_needs_since`, :func:`contributions_cutoff`).
 Then the tables with many dead rows are vacuumed (:func:`tandem.store.trim.vacuum_bloated`): deleted rows only
 free their space for new ones after a VACUUM, and autovacuum may be off.
 """
@@ -21,8 +22,11 @@ from tandem.store import snapshots as catalog
 from tandem.store import trim
 
 SNAPSHOT_MARGIN = timedelta(hours=1)
-"""How much earlier than a kept snapshot's start contribution ids stay: a batch published before the cut
-started but not committed in it is replayed after a restore."""
+"""For a snapshot that recorded no ``replay_from`` (taken before it was): how much earlier than its start
+contribution ids stay (a batch published before the cut started but not committed in it is replayed)."""
+CLOCK_MARGIN = timedelta(minutes=5)
+"""``replay_from`` comes from the checkpoint storage's clock (a commit file's age), ``applied_at`` from
+PostgreSQL's: the ids stay this much longer, for clocks that disagree."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,20 @@ class Retention:
             f"vacuumed (dead rows made reusable): {', '.join(self.vacuumed) or 'none needed'}"]
 
 
-def contributions_cutoff(now: datetime, retention_s: float, oldest_kept_snapshot: datetime | None) -> datetime:
-    """Contribution ids applied before this instant may go: older than the retention, and than the shard's oldest
-    kept snapshot less :data:`SNAPSHOT_MARGIN` (``None``: the shard has no kept snapshot)."""
+def replay_needs_since(snapshot: catalog.SnapshotRecord) -> datetime:
+    """The earliest ``applied_at`` of a contribution a restore from ``snapshot`` may bring again (pure)."""
+    if snapshot.replay_from is None:
+        return snapshot.taken_at - SNAPSHOT_MARGIN
+    return min(snapshot.replay_from, snapshot.taken_at) - CLOCK_MARGIN
+
+
+def contributions_cutoff(now: datetime, retention_s: float, replay_needs: datetime | None) -> datetime:
+    """Contribution ids applied before this instant may go: older than the retention, and than what a restore of
+    the shard's kept snapshots needs (``replay_needs``: the earliest :func:`replay_needs_since`; ``None``: the
+    shard has no kept snapshot)."""
     cutoff = now - timedelta(seconds=retention_s)
-    if oldest_kept_snapshot is not None:
-        cutoff = min(cutoff, oldest_kept_snapshot - SNAPSHOT_MARGIN)
+    if replay_needs is not None:
+        cutoff = min(cutoff, replay_needs)
     return cutoff
 
 
@@ -81,11 +93,12 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
                                    ("publish_log", retention.publish_log_s, trim.trim_publish_log),
                                    ("failover_events", retention.failover_events_s, trim.trim_failover_events)):
         done.append(Trimmed(table, delete(db, plan.name, ago(seconds)), ago(seconds)))
-    oldest: dict[str, datetime] = {}
+    needs: dict[str, datetime] = {}
     for snapshot in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING, catalog.GOOD)):
-        oldest[snapshot.shard_id] = min(snapshot.taken_at, oldest.get(snapshot.shard_id, snapshot.taken_at))
+        since = replay_needs_since(snapshot)
+        needs[snapshot.shard_id] = min(since, needs.get(snapshot.shard_id, since))
     for shard_id in plan.shards:
-        before = contributions_cutoff(now, retention.contributions_s, oldest.get(shard_id))
+        before = contributions_cutoff(now, retention.contributions_s, needs.get(shard_id))
         done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before), before,
                             f"instance {shard_id}"))
     return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, computed_field
 
-Role = Literal["ACTIVE", "PASSIVE", "BACKUP"]
+Role = Literal["ACTIVE", "PASSIVE", "BACKUP", "WARM"]
 Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore", "backfill"]
 
 
@@ -32,7 +32,7 @@ class PlanSummary(BaseModel):
     state: Literal["ok"] = Field(description="ok: the plan's file loads (BrokenPlanSummary: one that does not)")
     description: str
     nodes: list[str]
-    standby: Literal["hot", "warm"]
+    standby: Literal["hot", "warm", "cold"]
     groups: list[GroupSummary]
     outputs: list[OutputSummary]
     epoch_millis_fields: list[str] = Field(
@@ -128,7 +128,7 @@ class InstanceStatus(OfInstance):
     """One group instance (one HA unit): its lease, its nodes, and what the supervisor would do now."""
 
     group: str
-    standby: Literal["hot", "warm"]
+    standby: Literal["hot", "warm", "cold"]
     lease: LeaseState | None
     nodes: list[NodeState]
     due: list[str] = Field(description="what the supervisor's next decision would do (empty: nothing)")

@@ -14,8 +14,10 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 from pyspark.errors import StreamingQueryException
@@ -25,17 +27,19 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.layout import checkpoint_dir
-from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES
+from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
+from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
 from tandem.runtime.relays import RelayThread, published_to_streams
 from tandem.runtime.roles import RoleController
-from tandem.shared_storage import StorageNotShared, require_shared_storage
+from tandem.shared_storage import StorageNotShared, require_executor_storage, require_shared_storage
 from tandem.spark_session import build_session
 from tandem.store.db import Database
+from tandem.store.leases import promoted_from
 from tandem.store.migrations import migrate
-from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
+from tandem.store.registry import InstanceKey, record_start, record_status, record_takeover, register_nodes
 
 log = logging.getLogger(__name__)
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
@@ -54,13 +58,55 @@ TRANSIENT_START_ERRORS = ("Python worker failed to connect back",
                           "Timed out while waiting for the Python worker to connect back")
 """Query failures that say nothing about the query: Spark waits a fixed 10 s for a new Python worker
 (``transformWithStateInPandas``) to connect back, which a busy machine can miss."""
-MAX_QUERY_RESTARTS = 5
-"""Transient failures in a row (without a completed batch between them) before the instance fails."""
+QUERY_RESTART_WINDOW_S = 180.0
+"""How long a query's transient failures in a row (no completed batch between them) are ridden out in place before
+the instance fails: the bursts that starve a new Python worker (a failover's JVM starting beside the snapshot DAG's
+on a two-core machine) last minutes; five quick retries (30 s of waits) did not outlast one in the soak."""
+SATURATED_RESTART_WINDOW_S = 600.0
+"""The window while the host's CPU is saturated (:data:`CPU_SATURATED_PRESSURE`): under a two-worker test suite a
+``transformWithStateInPandas`` query's start failed this way for 84 s and more in a row on both nodes of a pair, and
+a failure that lasts as long as the load would fail the instance over to a node as loaded."""
+CPU_SATURATED_PRESSURE = 50.0
+"""Percent of the last minute in which some task waited for a CPU (Linux PSI ``some avg60``)."""
+RESTART_BACKOFF_MAX_S = 20.0
 
 
-def restartable(error: str, restarts: int) -> bool:
-    """Whether a query that failed with ``error`` is started again from its checkpoint (pure)."""
-    return restarts < MAX_QUERY_RESTARTS and any(text in error for text in TRANSIENT_START_ERRORS)
+def restart_window_s(cpu_pressure: float | None) -> float:
+    """How long transient start failures in a row are ridden out at this CPU pressure (pure)."""
+    saturated = cpu_pressure is not None and cpu_pressure >= CPU_SATURATED_PRESSURE
+    return SATURATED_RESTART_WINDOW_S if saturated else QUERY_RESTART_WINDOW_S
+
+
+def restartable(error: str, failing_for_s: float, cpu_pressure: float | None = None) -> bool:
+    """Whether a query that failed with ``error``, failing since ``failing_for_s`` ago without completing a batch,
+    is started again from its checkpoint, the host's CPU pressure being ``cpu_pressure`` (pure)."""
+    return failing_for_s < restart_window_s(cpu_pressure) and any(text in error for text in TRANSIENT_START_ERRORS)
+
+
+def parse_cpu_pressure(text: str) -> float | None:
+    """``some avg60`` of ``/proc/pressure/cpu`` (pure); ``None`` when the text has none."""
+    for line in text.splitlines():
+        if line.startswith("some "):
+            fields = dict(item.split("=", 1) for item in line.split()[1:] if "=" in item)
+            try:
+                return float(fields["avg60"])
+            except (KeyError, ValueError):
+                return None
+    return None
+
+
+def cpu_pressure() -> float | None:
+    """This host's CPU pressure (:func:`parse_cpu_pressure`); ``None`` where the kernel does not report it."""
+    try:
+        return parse_cpu_pressure(Path("/proc/pressure/cpu").read_text())
+    except OSError:
+        return None
+
+
+def restart_backoff_s(restarts: int) -> float:
+    """Seconds to wait before the ``restarts``-th start in a row (pure): longer each time, at most
+    :data:`RESTART_BACKOFF_MAX_S`."""
+    return min(2.0 * restarts, RESTART_BACKOFF_MAX_S)
 
 
 _SPARK_RUN_IDS = re.compile(r"(id|runId) = [0-9a-f-]{36}")
@@ -101,15 +147,22 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
     return queries
 
 
+_PROVIDER_SWAP = threading.Lock()
+"""Held while a query starts with its own provider: queries of instances in one driver start from several threads,
+and an unguarded swap could read another start's provider as the session's own and leave it there for good."""
+
+
 def start_query(spark: SparkSession, definition: QueryDefinition, writer: DataStreamWriter) -> StreamingQuery:
     """``writer.start()`` with the state store ``definition`` declares: a query copies the session's settings when
     it starts, so the provider is set just for it and the session's own is put back."""
-    default_provider = spark.conf.get(STATE_STORE_PROVIDER)
-    spark.conf.set(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
-    try:
-        return writer.start()
-    finally:
-        spark.conf.set(STATE_STORE_PROVIDER, default_provider)
+    with _PROVIDER_SWAP:
+        default_provider = spark.conf.get(STATE_STORE_PROVIDER)
+        spark.conf.set(STATE_STORE_PROVIDER,
+                       ROCKSDB_PROVIDER if definition.state_store == "rocksdb" else default_provider)
+        try:
+            return writer.start()
+        finally:
+            spark.conf.set(STATE_STORE_PROVIDER, default_provider)
 
 
 def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
@@ -119,7 +172,9 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
     """Run the plan's queries for one shard on one node until they end, fail, or are stopped.
 
     ``role`` is the role the instance is launched for: ACTIVE takes the lease at start when it is
-    free (or its own node's), PASSIVE and BACKUP process everything and take over on expiry.
+    free (or its own node's), PASSIVE and BACKUP process everything and take over on expiry, WARM
+    builds its session and queries but starts them only once it has taken the lease, from a cut of
+    the previous holder's checkpoint (:func:`await_warm_takeover`).
     """
     plan.check_shard(shard_id)
     cluster.node(plan.check_node(node))
@@ -141,11 +196,14 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
         try:
             require_shared_storage(db, cluster, plan, node)
+            require_executor_storage(db, cluster, node, spark)
         except StorageNotShared as exc:
             record_status(db, key, "FAILED", str(exc))
             raise
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
-                               standby_role=BACKUP if role == BACKUP else PASSIVE)
+                               standby_role=role if role in STANDBY_ROLES else PASSIVE)
+        promoted = threading.Event()
+        roles.on_promote(lambda _epoch: promoted.set())
         roles.start(wants_active=role == ACTIVE)
         work = SparkWorkProbe(spark, plan.heartbeat.interval_s)
         work.start()
@@ -162,11 +220,15 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             ctx = PlanContext(cluster, plan, key, spark)
             definitions = instance_queries(ctx)
             publishers: dict[str, MicroBatchPublisher] = {}
-            queries = start_queries(ctx, definitions, roles, interval, available_now, publishers)
-            record_status(db, key, "RUNNING")
-            result = _wait(queries, [d.name for d in definitions], publishers, roles, stop, available_now,
-                           lambda i: start_queries(ctx, [definitions[i]], roles, interval, available_now,
-                                                   publishers)[0])
+            if role == WARM and not await_warm_takeover(db, cluster, plan, key, roles, promoted, stop):
+                result = RunResult("STOPPED")
+            else:
+                queries = start_queries(ctx, definitions, roles, interval, available_now, publishers)
+                roles.queries_run()
+                record_status(db, key, "RUNNING")
+                result = _wait(queries, [d.name for d in definitions], publishers, roles, stop, available_now,
+                               lambda i: start_queries(ctx, [definitions[i]], roles, interval, available_now,
+                                                       publishers)[0])
         except Exception as exc:
             result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
@@ -187,6 +249,24 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         return result
 
 
+def await_warm_takeover(db: Database, cluster: ClusterConfig, plan: PlanConfig, key: InstanceKey,
+                        roles: RoleController, promoted: threading.Event, stop: threading.Event) -> bool:
+    """A WARM standby waits, its session and queries built, until its role controller has taken the lease;
+    then it copies a cut of the previous holder's checkpoint over its own, so the queries it starts next resume
+    where the last ACTIVE committed. ``False`` when it is stopped first."""
+    record_status(db, key, "RUNNING")
+    log.info("%s is a WARM standby: its queries start when it takes the lease", key.id)
+    while not promoted.wait(WAIT_POLL_S):
+        if stop.is_set():
+            return False
+    epoch = roles.epoch
+    record_takeover(db, key)
+    previous = promoted_from(db, plan.name, key.shard_id, epoch) if epoch is not None else None
+    if previous is not None and previous != key.node:
+        resync_recorded(db, cluster, plan, key.shard_id, previous, key.node)
+    return True
+
+
 def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str, MicroBatchPublisher],
           roles: RoleController, stop: threading.Event, available_now: bool,
           restart: Callable[[int], StreamingQuery]) -> RunResult:
@@ -194,6 +274,7 @@ def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str,
     (``restart(i)``, from its checkpoint: nothing it published is lost or repeated). A promotion that
     could not publish what was held fails the instance too."""
     restarts = [0] * len(queries)
+    failing_since: list[float | None] = [None] * len(queries)
     while not stop.is_set():
         if roles.failure:
             return RunResult("FAILED", roles.failure, f"promotion: {roles.failure}")
@@ -202,15 +283,18 @@ def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str,
             if error is None:
                 continue
             text = str(error.desc if hasattr(error, "desc") else error)
-            if query.lastProgress is not None:
-                restarts[i] = 0  # it completed a batch since it last started: only failures in a row count
-            if not restartable(text, restarts[i]):
+            if query.lastProgress is not None or failing_since[i] is None:
+                # it completed a batch since it last started (or never failed): only failures in a row count
+                restarts[i], failing_since[i] = 0, time.monotonic()
+            failing_for = time.monotonic() - failing_since[i]
+            if not restartable(text, failing_for, pressure := cpu_pressure()):
                 return RunResult("FAILED", f"query {query.name} failed: {text}",
                                  failure_of(names[i], text, publishers.get(names[i])))
             restarts[i] += 1
-            log.warning("query %s failed at a transient step (%s); starting it again (%d of %d)", query.name,
-                        text.splitlines()[0][:200], restarts[i], MAX_QUERY_RESTARTS)
-            stop.wait(2.0 * restarts[i])
+            log.warning("query %s failed at a transient step (%s); starting it again (start %d in a row, failing "
+                        "for %.0f s of the %.0f s ridden out at CPU pressure %s %%)", query.name,
+                        text.splitlines()[0][:200], restarts[i], failing_for, restart_window_s(pressure), pressure)
+            stop.wait(restart_backoff_s(restarts[i]))
             queries[i] = restart(i)
         running = [q for q in queries if q.isActive]
         if available_now and not running:

@@ -60,6 +60,9 @@ class PlanContext:
     plan: PlanConfig
     instance: InstanceKey
     spark: SparkSession
+    input_folders: Mapping[str, list[Path]] | None = None
+    """A recomputation's gathered input (:func:`tandem.batch.backfill.gather_input`): its ``files`` streams read
+    these folders instead of their landing folders."""
     _streams: dict[str, DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -81,7 +84,8 @@ class PlanContext:
             raise PlanError(f"{self.plan.path}: streams: a query reads {name!r}, which is not declared "
                             f"(streams: {', '.join(self.plan.streams)})")
         if name not in self._streams:
-            lines = stream_lines(self.spark, self.cluster, self.plan, self.instance.shard_id, name)
+            lines = stream_lines(self.spark, self.cluster, self.plan, self.instance.shard_id, name,
+                                 folders=(self.input_folders or {}).get(name))
             self._streams[name] = parse_and_validate(lines, record_schema(self.plan.streams[name]))
         return self._streams[name]
 

@@ -1,4 +1,4 @@
-"""This instance's role (ACTIVE / PASSIVE / BACKUP) and fencing epoch, kept by the heartbeat thread.
+"""This instance's role (ACTIVE / PASSIVE / BACKUP / WARM) and fencing epoch, kept by the heartbeat thread.
 
 Purpose
     Only the ACTIVE instance of a (plan, shard) publishes. A hot standby processes everything,
@@ -7,15 +7,15 @@ Purpose
 
 How it works
     Every heartbeat interval :meth:`RoleController.tick` renews the lease (ACTIVE) or tries to
-    take it (a PASSIVE takes an expired lease at once, a BACKUP only after one more lease
-    period, so a live passive wins; either takes a lease handed over to its node at once). On
+    take it (a PASSIVE or WARM standby takes an expired lease at once, a BACKUP only after one more
+    lease period, so a live passive wins; each takes a lease handed over to its node at once). On
     taking it, the controller first publishes every held output with the new epoch
     (``promote``), then lets live batches through. A refused renewal or a
     publish refused by the fence demotes the instance; its outputs are held again.
 
 What it does not do
-    It does not start or stop Spark queries, and it does not move BACKUP to PASSIVE: the
-    supervisor does that.
+    It does not start or stop Spark queries (a WARM standby's run loop starts them once it is
+    ACTIVE), and it does not move BACKUP to PASSIVE: the supervisor does that.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 
 from tandem.errors import FencedError, StoreError
-from tandem.names import ACTIVE, BACKUP, PASSIVE, STANDBY_ROLES
+from tandem.names import ACTIVE, BACKUP, PASSIVE, STANDBY_ROLES, WARM
 from tandem.store.db import Database
 from tandem.store.leases import record_event, release, renew, try_acquire
 from tandem.store.registry import InstanceKey
@@ -49,7 +49,7 @@ class RoleController:
 
     def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = PASSIVE) -> None:
         if standby_role not in STANDBY_ROLES:
-            raise ValueError(f"standby role must be PASSIVE or BACKUP, got {standby_role!r}")
+            raise ValueError(f"standby role must be one of {', '.join(STANDBY_ROLES)}, got {standby_role!r}")
         self.instance = instance
         self.ttl_s = ttl_s
         self.standby_role = standby_role
@@ -69,6 +69,14 @@ class RoleController:
     def on_promote(self, flush: Callable[[int], None]) -> None:
         """Run ``flush(epoch)`` under the lock right after the lease is taken (publish held outputs)."""
         self._on_promote.append(flush)
+
+    def queries_run(self) -> None:
+        """A WARM standby's queries now run: demoted, it waits as a PASSIVE (hot) standby."""
+        with self.lock:
+            if self.standby_role == WARM:
+                self.standby_role = PASSIVE
+                if self.epoch is None:  # demoted before its queries started: its recorded role was WARM
+                    self._record_role()
 
     def on_tick(self, work: Callable[[], None]) -> None:
         """Run ``work()`` every heartbeat (e.g. trim held outputs by the active's position)."""

@@ -1,4 +1,5 @@
-"""Delete landing files nothing can need any more: processed by every instance and inside every kept snapshot.
+"""Delete landing files nothing can need any more (processed by every instance and inside every kept snapshot), or
+move them out of the streams' folders while a backfill may still want them.
 
 Purpose
     Input files must not pile up either. Once the snapshot DAG has pruned old snapshots, a landing
@@ -16,6 +17,11 @@ How it works
     it); a query (or cut) that does not read the stream, or reads no files (not a file source), is
     left out of both.
 
+    A file nothing but a backfill or reconcile needs any more (younger than a reader plan's
+    ``maintenance.keep_input``) moves to ``retained/<stream>/<partition>/`` instead of being deleted, and is
+    deleted there once older than ``keep_input``: a file source lists its whole folder every trigger, so a
+    landing folder that kept a day of processed input would make every micro-batch pay for the day.
+
     The maintenance DAG (``tandem_<plan>_maintenance``) runs it hourly; ``tandem snapshots <plan>
     --prune`` runs it after pruning.
 
@@ -27,13 +33,14 @@ What it does not do
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
 from tandem.checkpoints import CheckpointError, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError
-from tandem.layout import checkpoint_dir, landing_dir, under_root
+from tandem.layout import checkpoint_dir, input_files, landing_dir, retained_dir, retained_twin, under_root
 from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream
 from tandem.snapshots.source_log import processed_files_by_source
 from tandem.store import snapshots as catalog
@@ -93,13 +100,27 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
     keep_input = max((plan.maintenance.keep_input_s or 0.0 for plan, _ in readers), default=0.0)
-    recent = [f for f in files if time.time() - Path(f).stat().st_mtime < keep_input] if keep_input else []
+    recent = [f for f in files if _younger(Path(f), keep_input)] if keep_input else []
     decision = decide_landing_retention(files, processed_by, kept_cuts, recent)
     for path in decision.delete:
         Path(path).unlink(missing_ok=True)
-    for line in decision.describe():
+    retained = retained_dir(cluster, stream, partition)
+    if decision.retire:
+        retained.mkdir(parents=True, exist_ok=True)
+    for path in decision.retire:  # a rename keeps the file's modification time: its age stays its age
+        os.replace(path, retained_twin(cluster, Path(path)))
+    # each retained file was processed by every instance and every kept cut when it moved: only backfills want it
+    expired = [path for path in input_files(retained) if not _younger(path, keep_input)]
+    for path in expired:
+        path.unlink(missing_ok=True)
+    for line in decision.describe() + ([f"delete {len(expired)} retained file(s): older than "
+                                        "maintenance.keep_input"] if expired else []):
         log.info("landing %s: %s", directory, line)
     return decision
+
+
+def _younger(path: Path, seconds: float) -> bool:
+    return time.time() - path.stat().st_mtime < seconds
 
 
 def _every_plan(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, PlanConfig]:

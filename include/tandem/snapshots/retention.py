@@ -188,21 +188,29 @@ def _newest_first(rows: Iterable[SnapshotRecord]) -> list[SnapshotRecord]:
 
 @dataclass(frozen=True)
 class LandingDecision:
-    """Which files of one landing directory may be deleted, and why each other file stays.
+    """Which files of one landing directory may be deleted, which leave it for ``retained/``, and why each other
+    file stays.
 
-    ``delete`` holds the paths as they were given in ``files``, sorted; ``keep`` maps every other
-    given path to the reason it stays.
+    ``delete`` and ``retire`` hold the paths as they were given in ``files``, sorted; ``keep`` maps every other
+    given path to the reason it stays. A retired file is one no restart and no restore needs any more but a
+    backfill or reconcile may (younger than ``maintenance.keep_input``): it moves to
+    :func:`tandem.layout.retained_dir`, out of the folder the streams list every trigger.
     """
 
     delete: tuple[str, ...]
     keep: Mapping[str, str]
+    retire: tuple[str, ...] = ()
 
     def describe(self) -> list[str]:
-        """One line per reason with its file count (for task logs), deletions first."""
+        """One line per reason with its file count (for task logs), deletions and moves first."""
         lines = []
         if self.delete:
             lines.append(f"delete {len(self.delete)} file(s): processed by every instance and inside every "
                          "kept snapshot's cut")
+        if self.retire:
+            lines.append(f"move {len(self.retire)} file(s) to retained/: processed by every instance and inside "
+                         "every kept snapshot's cut, younger than maintenance.keep_input (a backfill or reconcile "
+                         "recomputes from them)")
         counts: dict[str, int] = defaultdict(int)
         for reason in self.keep.values():
             counts[reason] += 1
@@ -252,11 +260,12 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
             cut when a snapshot holds several), the files its cut had read, i.e. those processed at
             or before the cut.
         recent: files younger than a reader plan's ``maintenance.keep_input`` (a backfill or a
-            reconcile run recomputes from them).
+            reconcile run recomputes from them): retired instead of deleted once nothing else needs them.
     """
     processed = {instance: {landing_file_key(f) for f in listed} for instance, listed in processed_by.items()}
     cuts = {snapshot: {landing_file_key(f) for f in listed} for snapshot, listed in kept_cuts.items()}
     delete: list[str] = []
+    retire: list[str] = []
     keep: dict[str, str] = {}
     for original in files:
         key = landing_file_key(original)
@@ -267,8 +276,6 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
             keep[original] = "hidden or temporary file (the file source ignores it; a producer may be writing it)"
         elif not processed:
             keep[original] = "no instance given: nothing shows the file was processed"
-        elif original in recent:
-            keep[original] = "younger than maintenance.keep_input (a backfill or reconcile recomputes from it)"
         elif not cuts:
             keep[original] = "no good snapshot kept: a restore from scratch would need every file"
         elif missing_instances:
@@ -278,9 +285,11 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
                               if len(missing_cuts) == 1 else
                               f"after the cuts of snapshots {', '.join(missing_cuts)} "
                               "(a restore from them reprocesses this file)")
+        elif original in recent:
+            retire.append(original)
         else:
             delete.append(original)
-    return LandingDecision(tuple(sorted(delete)), keep)
+    return LandingDecision(tuple(sorted(delete)), keep, tuple(sorted(retire)))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ What it does not do
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -66,8 +65,6 @@ from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
 PROGRESS_WAIT_S = 10.0
-SNAPSHOT_NICENESS = 10
-"""Snapshots are background work: the process taking them (and its Spark JVM) yields CPU to the plan's queries."""
 VACUUM_RETENTION_H = 1
 
 
@@ -79,23 +76,13 @@ class QueryOutput:
     state_value_names: tuple[str, ...] = ()
 
 
-def lower_priority() -> int:
-    """Give this process (and the Spark JVM it starts afterwards) a lower CPU priority than the running queries.
-
-    Call it before building the snapshot's Spark session, in a process that does nothing else (the
-    snapshot task, ``tandem snapshot``). Returns the new niceness.
-    """
-    current = os.nice(0)
-    return current if current >= SNAPSHOT_NICENESS else os.nice(SNAPSHOT_NICENESS - current)
-
-
 def snapshot_session(cluster: ClusterConfig, plan: PlanConfig):
     """A local Spark session for taking snapshots of ``plan`` in this process, at lower CPU priority.
 
     One core (``local[1]``) and the largest driver memory of the plan's nodes: the export holds the
     whole state of an instance in the driver (as Arrow) on its way to Delta.
     """
-    from tandem.spark_session import build_session
+    from tandem.spark_session import build_session, lower_priority
 
     lower_priority()
     memory = max((cluster.node(n).driver_memory for n in plan.nodes), key=_memory_bytes, default="1g")
@@ -210,6 +197,7 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
     outputs = plan_outputs(cluster, plan, instance.shard_id)
     batches: dict[str, int] = {}
     lineages: dict[str, str] = {}
+    committed: list[float] = []
     copied = 0
     for query, directory in sorted(live.items()):
         cut = cut_checkpoint(directory, target / query, new_query_id=False)
@@ -217,6 +205,8 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
             log.info("snapshot %s: %s has committed nothing yet, left out", record.id, query)
             continue
         batches[query] = cut.batch_id
+        if cut.committed_at is not None:
+            committed.append(cut.committed_at)
         lineages[query] = cut.query_id or checkpoint_lineage(target / query)
         copied += cut.bytes
     if not batches:
@@ -229,8 +219,10 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
             version = version_at_batch(path, f"{instance.id}/{output}/{lineages[query]}", batch)
             if version is not None:
                 versions[output] = version
+    # a restore replays each query from the batch after its cut: none started before the earliest cut's commit
     catalog.record_contents(db, record.id, batch_id=batches[(stateful or sorted(batches))[0]], query_batches=batches,
-                            checkpoint_bytes=copied, output_versions=versions)
+                            checkpoint_bytes=copied, output_versions=versions,
+                            replay_from_age_s=max(0.0, time.time() - min(committed)) if committed else None)
 
     exports, operators = [], {}
     expected = 0

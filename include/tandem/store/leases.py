@@ -132,6 +132,18 @@ def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None
         raise FencedError(f"{plan}/{shard_id}: {node} publishes with epoch {epoch} but the lease is held by {current}")
 
 
+def promoted_from(db: Database, plan: str, shard_id: str, epoch: int) -> str | None:
+    """The node that held the lease before ``epoch`` was taken (its PROMOTED event), or ``None``."""
+    def work(cursor) -> str | None:
+        cursor.execute("""SELECT previous_node FROM failover_events
+                          WHERE plan = %s AND shard_id = %s AND kind = 'PROMOTED' AND epoch = %s
+                          ORDER BY happened_at DESC LIMIT 1""", (plan, shard_id, epoch))
+        row = cursor.fetchone()
+        return row["previous_node"] if row else None
+
+    return db.run(work)
+
+
 def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
     def work(cursor) -> LeaseState | None:
         cursor.execute(

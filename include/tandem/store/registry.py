@@ -97,6 +97,14 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
     ))
 
 
+def record_takeover(db: Database, key: InstanceKey) -> None:
+    """A warm standby that took the lease starts its queries: STARTING again, its run's clock from now (its
+    first micro-batch is judged from here, not from when its session was built)."""
+    db.run(lambda cursor: cursor.execute(
+        "UPDATE plan_instances SET status = 'STARTING', started_at = now(), updated_at = now() WHERE instance_id = %s",
+        (key.id,)))
+
+
 def record_status(db: Database, key: InstanceKey, status: str, error: str | None = None, *,
                   failure: str | None = None) -> None:
     """Move an instance to RUNNING, STOPPED or FAILED (with the error text).

@@ -40,7 +40,8 @@ from tandem.store.registry import instance_id as make_instance_id
 TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
 STATUSES = (TAKING, GOOD, BAD, PRUNED)
 _COLUMNS = ("id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at, checkpoint_path, state_rows, "
-            "checkpoint_bytes, state_bytes, query_batches, output_versions, status, validation, reason, pruned_at")
+            "checkpoint_bytes, state_bytes, query_batches, output_versions, status, validation, reason, pruned_at, "
+            "replay_from")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class SnapshotRecord:
     validation: Mapping[str, Any] | None = None
     reason: str | None = None
     pruned_at: datetime | None = None
+    replay_from: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "SnapshotRecord":
@@ -122,8 +124,10 @@ def begin_snapshot(db: Database, *, plan: str, shard_id: str, node: str, snapsho
 def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = None,
                     checkpoint_bytes: int | None = None, state_rows: int | None = None,
                     state_bytes: int | None = None, output_versions: Mapping[str, int] | None = None,
-                    query_batches: Mapping[str, int] | None = None) -> SnapshotRecord:
-    """Record what a TAKING snapshot holds so far: the cut's batch (per query too), sizes, Delta output versions.
+                    query_batches: Mapping[str, int] | None = None,
+                    replay_from_age_s: float | None = None) -> SnapshotRecord:
+    """Record what a TAKING snapshot holds so far: the cut's batch (per query too), sizes, Delta output versions,
+    and how long ago (``replay_from_age_s``) its earliest commit was: ``replay_from`` is that long before now.
 
     Fields left ``None`` keep their value; ``output_versions`` and ``query_batches`` are merged into those recorded.
     The batch of the cut, once recorded, cannot change.
@@ -146,10 +150,11 @@ def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = No
             f"""UPDATE snapshots SET batch_id = COALESCE(%s, batch_id),
                        checkpoint_bytes = COALESCE(%s, checkpoint_bytes), state_rows = COALESCE(%s, state_rows),
                        state_bytes = COALESCE(%s, state_bytes), output_versions = output_versions || %s::jsonb,
-                       query_batches = query_batches || %s::jsonb
+                       query_batches = query_batches || %s::jsonb,
+                       replay_from = COALESCE(now() - make_interval(secs => %s), replay_from)
                 WHERE id = %s RETURNING {_COLUMNS}""",
             (batch_id, checkpoint_bytes, state_rows, state_bytes, json_text(versions), json_text(batches),
-             snapshot_id))
+             replay_from_age_s, snapshot_id))
         return SnapshotRecord.from_row(cursor.fetchone())
 
     return db.run(work)

@@ -15,14 +15,17 @@ How it works
        write to its checkpoint). A drained node hands its ACTIVE role over and is stopped.
        An instance that failed the same way at the same batch again is BLOCKED: recorded once, then
        never relaunched until an operator restarts its node (relaunching it would fail again).
-    2. No live ACTIVE: with a live hot standby, wait for it to take the expired lease by itself
-       (failover never waits for Airflow); if it does not within two lease periods, or nobody
-       runs, start the plan as ACTIVE: warm mode on the next node after the failed active, from a
-       cut of the failed active's checkpoint; hot mode on the last holder's node (its own
+    2. No live ACTIVE: with a live standby (hot, or warm), wait for it to take the expired lease by
+       itself (failover never waits for Airflow); if it does not within two lease periods, restart
+       it as ACTIVE (a warm one from a cut of the last holder's checkpoint). When nobody runs,
+       start the plan as ACTIVE: warm and cold mode on the next node after the failed active, from
+       a cut of the failed active's checkpoint; hot mode on the last holder's node (its own
        checkpoint is the newest) or, when that node is drained, elsewhere from a cut of it.
     3. A live ACTIVE: hot mode launches every missing standby after re-syncing it from the active
        (the first one as PASSIVE when no live PASSIVE exists, the others as BACKUP) and moves a
-       BACKUP up to PASSIVE when no PASSIVE is left. Warm standbys do not run.
+       BACKUP up to PASSIVE when no PASSIVE is left. Warm mode keeps one WARM standby running (its
+       session built, no query: it cuts the checkpoint when it takes over), on the first node after
+       the active. Cold mode runs no standby.
 
     The initial roles follow the plan's node order: first ACTIVE, second PASSIVE, rest BACKUP.
     After a failover the roles stay where they are; the supervisor never moves a healthy ACTIVE.
@@ -38,9 +41,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tandem.names import ACTIVE, BACKUP, PASSIVE
+from tandem.names import WARM as WARM_ROLE  # the role; WARM below is the plan's standby mode
 from tandem.supervisor.health import BLOCKED, DEAD, STALLED, InstanceHealth
 
-HOT, WARM = "hot", "warm"
+HOT, WARM, COLD = "hot", "warm", "cold"
 
 MAX_LAUNCHES = 5
 """Default: launches of one node's instance within the launch window before the supervisor gives up on it."""
@@ -217,7 +221,7 @@ def _budget_block(view: ShardView, node: str) -> Blocked:
 
 def standby_role(health: InstanceHealth) -> str:
     """The standby role of an instance that does not hold the lease (one launched as ACTIVE waits as PASSIVE)."""
-    return BACKUP if health.role == BACKUP else PASSIVE
+    return health.role if health.role in (BACKUP, WARM_ROLE) else PASSIVE
 
 
 def _standby_preference(view: ShardView, exclude: str | None) -> list[str]:
@@ -272,8 +276,10 @@ def decide(view: ShardView) -> list[Action]:
             actions.append(Stop(node, "node drained"))
     if active is None:
         return actions + _start_active(view)
-    if view.standby == WARM:
+    if view.standby == COLD:
         return actions
+    if view.standby == WARM:
+        return actions + _warm_standby(view, active)
     return actions + _hot_standbys(view, active)
 
 
@@ -304,7 +310,9 @@ def _start_active(view: ShardView) -> list[Action]:
         if _over_budget(view, node):
             return [_budget_block(view, node)]
         why = f"the lease expired {expired_for:.0f}s ago and standby {node} did not take it"
-        return [Stop(node, why), Launch(node, ACTIVE, why)]
+        holder = lease.holder if lease else None
+        stale = view.health(node).role == WARM_ROLE and holder not in (None, node)  # a WARM standby ran no query
+        return [Stop(node, why), Launch(node, ACTIVE, why, resync_from=holder if stale else None)]
 
     source = lease.holder if lease else None
     candidates = [n for n in view.candidates if not _over_budget(view, n)]
@@ -316,7 +324,7 @@ def _start_active(view: ShardView) -> list[Action]:
             return [Blocked(None, f"no node may run plan {view.plan} shard {view.shard_id}: each is BLOCKED or "
                                   "drained")]
         return [Blocked(None, f"every node of plan {view.plan} shard {view.shard_id} is drained")]
-    if view.standby == WARM:
+    if view.standby in (WARM, COLD):
         target = _after(candidates, source)[0]
         why = (f"warm failover: {source} is {view.health(source).state}" if source in view.instances
                and source != target else "no ACTIVE instance runs")
@@ -325,6 +333,18 @@ def _start_active(view: ShardView) -> list[Action]:
         why = "no instance of the shard runs"
     resync = source if source is not None and source != target and source in view.nodes else None
     return [Launch(target, ACTIVE, why, resync_from=resync)]
+
+
+def _warm_standby(view: ShardView, active: str) -> list[Action]:
+    """Warm mode: one standby runs, WARM, on the first node after the active that may run it."""
+    standbys = [n for n in _after(view.candidates, active) if n != active]
+    if any(view.alive(n) for n in standbys):
+        return []
+    for node in standbys:
+        if not _over_budget(view, node):
+            health = view.health(node)
+            return [Launch(node, WARM_ROLE, f"no warm standby runs ({node}: {health.state}: {health.evidence})")]
+    return [_budget_block(view, standbys[0])] if standbys else []
 
 
 def _hot_standbys(view: ShardView, active: str) -> list[Action]:
@@ -342,9 +362,11 @@ def _hot_standbys(view: ShardView, active: str) -> list[Action]:
         health = view.health(node)
         actions.append(Launch(node, role, f"{health.state}: {health.evidence}", resync_from=active))
     if not has_passive:
-        backups = [n for n in standbys if view.alive(n) and standby_role(view.health(n)) == BACKUP]
+        backups = sorted((n for n in standbys if view.alive(n) and standby_role(view.health(n)) in (BACKUP, WARM_ROLE)),
+                         key=lambda n: standby_role(view.health(n)) == WARM_ROLE)
         if backups:
             node = backups[0]
-            why = "no PASSIVE is left: move the BACKUP up"
-            actions += [Stop(node, why), Launch(node, PASSIVE, why)]
+            warm = standby_role(view.health(node)) == WARM_ROLE  # left from warm mode: it ran no query
+            why = f"no PASSIVE is left: move the {'WARM standby' if warm else 'BACKUP'} up"
+            actions += [Stop(node, why), Launch(node, PASSIVE, why, resync_from=active if warm else None)]
     return actions

@@ -4,14 +4,15 @@ An observation is a handful of numbers the observer read from PostgreSQL and the
 directory at one moment; :func:`evaluate` turns it into one of:
 
 ======== ==================================================================================
-HEALTHY  running: liveness beat fresh, and no input waiting longer than the stall timeout
+HEALTHY  running: liveness beat fresh, and no input waiting longer than the stall timeout (a WARM
+         standby runs no query: its fresh beat is enough)
 STARTING launched or starting, still within the launch timeout
 DEAD     no liveness beat within the heartbeat timeout (killed, frozen, host lost)
 FAILED   the instance ended with an error (a query stopped with an exception)
 BLOCKED  it failed the same way at the same batch :data:`REPEATS_TO_BLOCK` runs in a row (a
          deterministic failure, not a crash): relaunching it would fail again; an operator must look
 STALLED  beating, but neither a micro-batch nor any Spark work (a task completing) for ``stall_timeout``
-         while unprocessed input waits
+         (before a run's first micro-batch: ``launch_timeout``) while unprocessed input waits
 STOPPED  ended cleanly (stopped by an operator or a supervisor)
 MISSING  never launched on this node
 ======== ==================================================================================
@@ -20,6 +21,8 @@ MISSING  never launched on this node
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tandem.names import WARM
 
 HEALTHY = "HEALTHY"
 STARTING = "STARTING"
@@ -55,7 +58,7 @@ class InstanceObservation:
     Attributes:
         node: the node the instance runs on.
         status: ``plan_instances.status`` (``None`` when the instance was never recorded).
-        role: the role the instance last recorded (ACTIVE / PASSIVE / BACKUP).
+        role: the role the instance last recorded (ACTIVE / PASSIVE / BACKUP / WARM).
         epoch: the fencing epoch it last recorded (0 while a standby).
         error: the recorded error of a FAILED or killed instance.
         failure: the recorded failure of its last FAILED run (query, batch, error's first line).
@@ -139,17 +142,26 @@ def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
                              f"(heartbeat timeout {limits.heartbeat_timeout_s:g}s)")
     if obs.status == "STARTING":
         return verdict(STARTING, f"starting its queries, liveness beat {_age(obs.beat_age_s)}")
+    if obs.role == WARM:
+        return verdict(HEALTHY, f"WARM standby (session built, queries start when it takes over), liveness beat "
+                                f"{_age(obs.beat_age_s)}")
 
     waiting = obs.waiting_input_age_s
     quiet_for = obs.last_batch_age_s if obs.last_batch_age_s is not None else obs.started_age_s
     if quiet_for is not None and obs.work_age_s is not None:
         quiet_for = min(quiet_for, obs.work_age_s)  # a long micro-batch whose tasks complete is slow, not stuck
-    if waiting is not None and waiting >= limits.stall_timeout_s and (quiet_for is None or quiet_for >= limits.stall_timeout_s):
-        last = ("no micro-batch since it started " + _age(obs.started_age_s) if obs.last_batch_age_s is None
+    # A run's first micro-batch is still starting (state loaded, Python workers started, the input that waited
+    # during a failover caught up): judged by the launch timeout, or a loaded machine fails each new ACTIVE over in
+    # turn as STALLED, every relaunch adding a JVM start to the load (the soak's flapping loop).
+    first = obs.last_batch_age_s is None
+    limit, named = ((max(limits.stall_timeout_s, limits.launch_timeout_s), "launch timeout, before its first "
+                     "micro-batch") if first else (limits.stall_timeout_s, "stall timeout"))
+    if waiting is not None and waiting >= limit and (quiet_for is None or quiet_for >= limit):
+        last = ("no micro-batch since it started " + _age(obs.started_age_s) if first
                 else f"last micro-batch started {_age(obs.last_batch_age_s)}")
         work = "" if obs.work_age_s is None else f", Spark work last advanced {_age(obs.work_age_s)}"
         return verdict(STALLED, f"input has waited {waiting:.1f}s and {last}{work} "
-                                f"(stall timeout {limits.stall_timeout_s:g}s); liveness beat {_age(obs.beat_age_s)}")
+                                f"({named} {limit:g}s); liveness beat {_age(obs.beat_age_s)}")
     backlog = "" if waiting is None else f", input waiting {waiting:.1f}s"
     if waiting is not None and obs.work_age_s is not None and (obs.last_batch_age_s or 0.0) >= limits.stall_timeout_s:
         backlog += f", in a long micro-batch (Spark work advanced {_age(obs.work_age_s)})"

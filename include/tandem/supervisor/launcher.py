@@ -114,7 +114,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
     Args:
         plan: a plan name or a loaded plan.
         trigger_interval: e.g. ``"1 second"`` or seconds; the plan's interval when omitted.
-        role: ACTIVE (takes the lease when free), PASSIVE or BACKUP (hot standbys).
+        role: ACTIVE (takes the lease when free), PASSIVE or BACKUP (hot standbys), WARM (queries start on take-over).
         launched_by: who asked (recorded on the instance row).
         py_files: the zipped ``tandem`` package (default ``<project_root>/dist/tandem.zip``).
         application: the entry point (default ``<project_root>/jobs/run_plan.py``).
@@ -230,6 +230,10 @@ def _with_tail(message: str, path: str | None) -> str:
     return f"{message}\n--- last lines of {path} ---\n{tail}" if tail else f"{message} (log: {path or 'none'})"
 
 
+EXIT_CONFIRM_S = 1.0
+"""How long a launched process that looked gone must stay gone before the launch counts as failed."""
+
+
 def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
                        node: str | None = None, *, timeout_s: float = 180.0, poll_s: float = 1.0) -> dict[str, Any]:
     """Poll the instance row until RUNNING and return it.
@@ -254,9 +258,14 @@ def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | 
                     f"instance {key.id} {row['status']} before RUNNING: {row['error'] or 'no error recorded'}",
                     row["log_path"]))
             if recorded_on_this_host(row) and not instance_process_alive(row, key):
-                row = get_instance(db, key.id)  # it may have just moved on
+                # it may have just moved on; and a process caught in one of spark-submit's execs (bash, spark-class,
+                # java) can show no command line for an instant: it has exited only if it is still gone a moment later
+                time.sleep(EXIT_CONFIRM_S)
+                row = get_instance(db, key.id)
                 if row["status"] == "RUNNING":
                     return row
+                if row["status"] in ENDED_STATUSES or instance_process_alive(row, key):
+                    continue  # ended: said with its error above; alive: it was between two execs
                 raise LaunchError(_with_tail(
                     f"instance {key.id}: its process (submit pid {row['submit_pid']}, driver pid {row['pid']}) "
                     f"exited while {row['status']}", row["log_path"]))

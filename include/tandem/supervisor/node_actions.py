@@ -9,7 +9,7 @@ Purpose
 
 How it works
     A re-sync copies a consistent cut of ``resync_from``'s checkpoint over the node's own
-    (:func:`~tandem.supervisor.resync.resync_instance`, on the shared storage); a failed cut is
+    (:func:`~tandem.resync.resync_instance`, on the shared storage); a failed cut is
     recorded (``RESYNC_FAILED``) and the node starts from its own checkpoint, which is consistent
     too, only older. Then :func:`~tandem.supervisor.launcher.launch_instance` submits the driver
     (or finds it running). A relaunch (``replace``) first stops the node's instance *on its host*,
@@ -27,12 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.checkpoints import CheckpointError
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.resync import resync_recorded
 from tandem.store.db import Database
-from tandem.store.supervision import mark
 from tandem.supervisor.launcher import LaunchRejected, LaunchedJob, launch_instance
-from tandem.supervisor.resync import resync_instance
 from tandem.supervisor.stopping import StopResult, stop_instance
 
 log = logging.getLogger(__name__)
@@ -114,21 +112,7 @@ def resync_then_launch(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, 
     cut = None
     if resync_from:
         with Database(cluster.database_url, "tandem-resync") as db:
-            try:
-                cuts = resync_instance(cluster, plan, shard_id, resync_from, node)
-            except CheckpointError as exc:
-                logger.warning("re-sync of %s from %s failed, launching from its own checkpoint: %s",
-                               node, resync_from, exc)
-                mark(db, plan.name, shard_id, "RESYNC_FAILED", str(exc)[:2000], node=node, previous_node=resync_from)
-            else:
-                cut = {q: {"batch_id": c.batch_id, "files": c.files, "bytes": c.bytes} for q, c in cuts.items()}
-                summary = ", ".join(f"{q} at batch {c.batch_id} ({c.files} files, {c.bytes} bytes)"
-                                    if c.batch_id is not None else f"{q}: nothing committed"
-                                    for q, c in cuts.items()) or "no checkpoint"
-                mark(db, plan.name, shard_id, "RESYNC",
-                     f"checkpoint cut of {resync_from} copied to {node}: {summary}",
-                     node=node, previous_node=resync_from, detail=cut)
-                logger.info("re-synced %s from %s: %s", node, resync_from, summary)
+            cut = resync_recorded(db, cluster, plan, shard_id, resync_from, node, logger)
     job = launch_instance(cluster, plan, shard_id, node, trigger_interval, role=role, launched_by=launched_by,
                           py_files=py_files)
     return NodeLaunch(job, cut)

@@ -6,12 +6,12 @@ trigger (which fires when the decision has something to do) and ``tandem status`
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
+from tandem import layout
 from tandem.layout import instance_landing_dirs
 from tandem.store.db import Database
 from tandem.store.supervision import ShardRows, read_shard
@@ -34,18 +34,14 @@ def thresholds(plan: PlanConfig) -> Thresholds:
 
 
 def progress_window_s(plan: PlanConfig) -> float:
-    """How far back progress rows are read: long enough to tell a stall, short enough to stay cheap."""
-    return 2 * plan.ha.stall_timeout_s + 60.0
+    """How far back progress rows (and waiting input) are read: long enough to tell a stall, including one before a
+    run's first micro-batch (judged by the launch timeout), short enough to stay cheap."""
+    return 2 * max(plan.ha.stall_timeout_s, plan.ha.launch_timeout_s) + 60.0
 
 
 def input_files(directory: Path) -> list[float]:
-    """Modification times of the input files in a landing directory (hidden and ``_`` files skipped)."""
-    try:
-        with os.scandir(directory) as entries:
-            return [e.stat().st_mtime for e in entries
-                    if e.is_file() and not e.name.startswith((".", "_"))]
-    except FileNotFoundError:
-        return []
+    """Modification times of the input files in a landing directory (:func:`tandem.layout.input_files`)."""
+    return [path.stat().st_mtime for path in layout.input_files(directory)]
 
 
 def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> float | None:

@@ -11,7 +11,7 @@ How it works
     an action failed. Each decision is recorded before it is carried out (its kind, the node,
     the reason), so the events tell what the supervisor meant to do even if it died meanwhile.
     Acting goes through the launcher (idempotent detached ``spark-submit``, ``stop_instance``)
-    and :func:`~tandem.supervisor.resync.resync_instance`; a launch waits until the instance
+    and :func:`~tandem.resync.resync_instance`; a launch waits until the instance
     reports RUNNING, so the next round sees the world it made. One PostgreSQL advisory lock per
     (plan, shard) serialises the supervision DAG and the ops DAG.
 

@@ -8,6 +8,7 @@ quarantine); the runtime parses and validates the lines the same way for every k
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
@@ -25,6 +26,9 @@ SOURCE_KINDS: dict[str, SourceReader] = {"files": files.read, "nats": nats.read}
 
 
 def stream_lines(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
-                 stream: str) -> DataFrame:
-    """The lines of ``stream`` that instance ``shard_id`` reads, from the stream's declared source kind."""
+                 stream: str, folders: list[Path] | None = None) -> DataFrame:
+    """The lines of ``stream`` that instance ``shard_id`` reads, from the stream's declared source kind; or, given
+    ``folders`` (a recomputation's gathered input of a ``files`` stream), the files in those."""
+    if folders is not None:
+        return files.landing_lines(spark, folders, plan.streams[stream].max_files_per_trigger)
     return SOURCE_KINDS[plan.streams[stream].source](spark, cluster, plan, shard_id, stream)
