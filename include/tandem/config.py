@@ -16,13 +16,17 @@ variables override paths and URLs:
 - ``TANDEM_STORAGE_ROOT``: overrides ``storage_root``
 - ``TANDEM_DATABASE_URL``: overrides ``database.url``
 - ``TANDEM_AIRFLOW_URL``: overrides ``airflow.api_url``
+- ``TANDEM_SCRATCH_DIR``: the host-local folder of the drivers' temporary files (default:
+  ``<temp dir>/tandem-<digest of the storage root>``; see :attr:`ClusterConfig.scratch_root`)
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,6 +358,17 @@ class ClusterConfig:
     airflow_url: str
     nodes: dict[str, NodeConfig]
     nats: NatsConfig | None = None
+    scratch_dir: Path | None = None
+    """``TANDEM_SCRATCH_DIR`` when set (see :attr:`scratch_root`)."""
+
+    @property
+    def scratch_root(self) -> Path:
+        """The host-local folder of the drivers' temporary files (one folder per instance under it):
+        ``TANDEM_SCRATCH_DIR``, or ``<temp dir>/tandem-<digest of the storage root>`` so that two projects
+        on one host stay apart."""
+        if self.scratch_dir is not None:
+            return self.scratch_dir
+        return Path(tempfile.gettempdir()) / f"tandem-{hashlib.sha256(str(self.storage_root).encode()).hexdigest()[:12]}"
 
     @property
     def conf_dir(self) -> Path:
@@ -619,6 +634,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         airflow_url=_from_environment("TANDEM_AIRFLOW_URL", AirflowSection, "api_url") or file.airflow.api_url,
         nodes=nodes,
         nats=_nats(file.nats),
+        scratch_dir=Path(os.environ["TANDEM_SCRATCH_DIR"]).resolve() if os.environ.get("TANDEM_SCRATCH_DIR") else None,
     )
 
 

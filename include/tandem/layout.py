@@ -17,11 +17,16 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot
 
 
-def _place(cluster: ClusterConfig, *names: str) -> Path:
+def place_under(base: Path, *names: str, what: str) -> Path:
+    """``base/<name>/…``, each name one folder (refused otherwise, naming ``what`` the base is)."""
     for name in names:
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
-            raise PathOutsideRoot(f"{name!r} cannot name a folder under the storage root {cluster.storage_root}")
-    return cluster.storage_root.joinpath(*names)
+            raise PathOutsideRoot(f"{name!r} cannot name a folder under {what} {base}")
+    return base.joinpath(*names)
+
+
+def _place(cluster: ClusterConfig, *names: str) -> Path:
+    return place_under(cluster.storage_root, *names, what="the storage root")
 
 
 def under_root(cluster: ClusterConfig, path: Path | str) -> Path:

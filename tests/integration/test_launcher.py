@@ -21,7 +21,7 @@ from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes
 from tandem.supervisor import LaunchError, launch_instance, stop_instance, wait_until_running
 from tandem.supervisor.processes import is_instance_cmdline
-from tandem.supervisor.submit_command import DRIVER_ENVIRONMENT_PREFIXES, child_environment
+from tandem.supervisor.submit_command import DRIVER_ENVIRONMENT_PREFIXES, child_environment, scratch_dir
 from tandem.packaging import build_dist
 
 pytestmark = pytest.mark.integration
@@ -136,6 +136,12 @@ def test_launch_runs_detached_reuses_the_running_job_publishes_and_stops(launch_
     assert os.getpgid(row["pid"]) == job.submit_pid
     for pid in (job.submit_pid, row["pid"]):  # the JVM (spark-submit) and the Python driver: no secret of the launcher
         assert outside_the_allow_list(pid, cluster) == {}
+    scratch = scratch_dir(cluster, KEY)  # the driver's temporary files: in its own folder on this host
+    assert scratch == launch_project / "scratch" / "trades" / "shard-1" / "node-a"
+    assert f"-Djava.io.tmpdir={scratch}" in psutil.Process(job.submit_pid).cmdline()
+    assert psutil.Process(row["pid"]).environ()["TMPDIR"] == str(scratch)
+    wait_for(lambda: any(p.name.startswith("blockmgr-") for p in scratch.iterdir()), 30,
+             "Spark's block manager folder in the instance's scratch folder")
 
     again = launch_instance(cluster, plan, "shard-1", "node-a", "1 second", launched_by="test_launcher retry",
                             py_files=dist(launch_project))
@@ -175,12 +181,16 @@ def test_a_job_that_dies_before_running_raises_with_the_log_tail(launch_project,
         wait_until_running(cluster, "trades", "shard-2", "node-b", timeout_s=120)
     assert "exited while LAUNCHING" in str(caught.value)
 
-    # The dead job is not reused: the next launch submits again (and is stopped straight away).
+    # The dead job is not reused: the next launch submits again (and is stopped straight away), in a scratch folder
+    # emptied of what the dead one left there.
+    leftover = scratch_dir(cluster, InstanceKey("trades", "shard-2", "node-b")) / "blockmgr-of-a-killed-driver"
+    leftover.mkdir()
     second = launch_instance(cluster, "trades", "shard-2", "node-b", application=broken,
                              py_files=dist(launch_project))
     process_groups.append(second.submit_pid)
     assert not second.reused and second.submit_pid != job.submit_pid
     assert "process is gone" in second.reason
+    assert not leftover.exists() and leftover.parent.is_dir()
     result = stop_instance(cluster, "trades/shard-2/node-b", timeout_s=20)
     assert result.status == "STOPPED"
     assert group_members(second.submit_pid) == []

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from tandem import cli
 from tandem.airflow.snapshot_operators import PostgresRetentionOperator
 from tandem.config import load_plan
 from tandem.store import Database, migrate, trim
@@ -127,6 +128,30 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
     assert snapshot_of_reads(db) == before
     assert totals["trade_aggregates"] == 4  # the reference is not vacuous: every table lost rows
     assert all(totals[t] > 0 for t in expected)
+
+
+def test_tandem_maintain_migrates_a_fresh_database_trims_and_says_what_it_did(project: Path, database_url: str,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    """``tandem maintain`` runs the maintenance DAG's steps from the CLI, also on a database no plan has run on yet
+    (it used to fail there reading the snapshot catalog)."""
+    assert cli.main(["maintain", "trades"]) == 0
+    first = " ".join(capsys.readouterr().out.split())
+    assert "trade_aggregates (second partials of trade_aggregates): 0 rows older than" in first, first
+    assert "vacuumed (dead rows made reusable):" in first
+
+    with Database(database_url) as db:
+        now = catalog.database_now(db)
+        for granularity, age in (("second", 3 * DAY), ("second", HOUR), ("minute", 3 * DAY)):
+            insert(db, "trade_aggregates", {
+                "plan": "trades", "granularity": granularity, "bucket_start": (now - age).replace(microsecond=0),
+                "symbol": "IBM", "shard_id": "shard-1", "price_sum": 1.0, "trade_count": 1, "quantity_sum": 1,
+                "price_min": 1.0, "price_max": 1.0, "epoch": 1, "batch_id": 1})
+        assert cli.main(["maintain", "trades"]) == 0
+        second = " ".join(capsys.readouterr().out.split())
+        assert "trade_aggregates (second partials of trade_aggregates): 1 rows older than" in second, second
+        left = rows(db, "SELECT granularity, bucket_start FROM trade_aggregates ORDER BY granularity")
+        assert [(r["granularity"], now - r["bucket_start"] < DAY) for r in left] == [("minute", False),
+                                                                                    ("second", True)]
 
 
 def test_after_a_retention_run_new_rows_reuse_the_space_of_the_deleted_ones(db: Database) -> None:

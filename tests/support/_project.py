@@ -49,11 +49,13 @@ def drop_database(url: str) -> None:
 
 
 def use_project(root: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of conf/ in ``root``; storage and database private to it, code from the repo (env set with ``monkeypatch``)."""
+    """A copy of conf/ in ``root``; storage, drivers' scratch folders and database private to it, code from the repo
+    (env set with ``monkeypatch``)."""
     shutil.copytree(PROJECT / "conf", root / "conf")
     monkeypatch.setenv("TANDEM_HOME", str(PROJECT))
     monkeypatch.setenv("TANDEM_CONF_DIR", str(root / "conf"))
     monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(root / "data"))
+    monkeypatch.setenv("TANDEM_SCRATCH_DIR", str(root / "scratch"))
     monkeypatch.setenv("TANDEM_DATABASE_URL", database_url)
     return root
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from tandem.config import load_cluster, load_plan
 from tandem.store.registry import InstanceKey
 from tandem.supervisor.launch_decision import decide_launch
 from tandem.supervisor.launcher import LaunchError, LaunchRejected, launch_instance, log_path_for
-from tandem.supervisor.processes import is_instance_cmdline
-from tandem.supervisor.submit_command import application_args, build_submit_command, child_environment
+from tandem.supervisor.processes import is_instance_cmdline, runs_instance
+from tandem.errors import PathOutsideRoot
+from tandem.supervisor.submit_command import (application_args, build_submit_command, child_environment,
+                                             reset_scratch_dir, scratch_dir)
 
 PROJECT = Path(__file__).resolve().parents[2]
 KEY = InstanceKey("trades", "shard-1", "node-a")
@@ -26,7 +29,7 @@ KEY = InstanceKey("trades", "shard-1", "node-a")
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The real conf/ copied into a temp project (no database is touched by these tests)."""
     shutil.copytree(PROJECT / "conf", tmp_path / "conf")
-    for name in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL"):
+    for name in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_SCRATCH_DIR"):
         monkeypatch.delenv(name, raising=False)
     return load_cluster(tmp_path / "conf" / "cluster.yaml")
 
@@ -159,6 +162,27 @@ def test_cmdline_matches_only_the_same_instance():
     assert not is_instance_cmdline([], KEY)
 
 
+class ExecingProcess:
+    """A stand-in for a process in the middle of spark-submit's execs: no command line for its first reads."""
+
+    def __init__(self, empty_reads: int, cmdline: list[str]) -> None:
+        self.empty_reads, self.full, self.reads = empty_reads, cmdline, 0
+
+    def cmdline(self) -> list[str]:
+        self.reads += 1
+        return [] if self.reads <= self.empty_reads else self.full
+
+
+def test_a_process_between_two_execs_is_still_the_instances():
+    driver = ["python", "/p/jobs/run_plan.py", "--plan", "trades", "--node", "node-a", "--instance", "shard-1"]
+    between = ExecingProcess(3, driver)
+    assert runs_instance(between, KEY, window_s=5, poll_s=0.001) and between.reads == 4
+    assert not runs_instance(ExecingProcess(3, driver), InstanceKey("trades", "shard-2", "node-a"), window_s=5,
+                             poll_s=0.001)
+    gone_for_good = ExecingProcess(10**9, driver)  # a process whose command line stays empty is not the instance's
+    assert not runs_instance(gone_for_good, KEY, window_s=0.05, poll_s=0.001) and gone_for_good.reads > 1
+
+
 def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
     needed = {"PATH": "/usr/bin", "HOME": "/home/t", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
               "JAVA_HOME": "/jvm", "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": "/lib"}
@@ -176,6 +200,39 @@ def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
     assert env["TANDEM_DATABASE_URL"] == cluster.database_url
     assert env["PYSPARK_PYTHON"] == sys.executable
     assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
+
+
+def test_a_driver_keeps_its_temporary_files_in_its_instance_scratch_folder(cluster):
+    scratch = Path("/scratch/trades/shard-1/node-a")
+    env = child_environment(cluster, base={"TMPDIR": "/tmp", "SPARK_SUBMIT_OPTS": "-XX:SharedArchiveFile=/a.jsa "},
+                            scratch=scratch)
+    assert env["TMPDIR"] == str(scratch)
+    assert env["SPARK_SUBMIT_OPTS"] == "-XX:SharedArchiveFile=/a.jsa -Djava.io.tmpdir=/scratch/trades/shard-1/node-a"
+    assert child_environment(cluster, base={}, scratch=scratch)["SPARK_SUBMIT_OPTS"] == f"-Djava.io.tmpdir={scratch}"
+    spaced = child_environment(cluster, base={}, scratch=Path('/my "temp" dir'))["SPARK_SUBMIT_OPTS"]
+    assert spaced == '"-Djava.io.tmpdir=/my \\"temp\\" dir"'  # one option to Spark's launcher, which splits on spaces
+    assert "SPARK_SUBMIT_OPTS" not in child_environment(cluster, base={})
+
+
+def test_scratch_folders_are_per_instance_on_the_host_and_apart_per_project(cluster, tmp_path, monkeypatch):
+    place = scratch_dir(cluster, KEY)
+    assert place.parent.parent.parent == cluster.scratch_root
+    assert place.parts[-3:] == ("trades", "shard-1", "node-a")
+    assert cluster.scratch_root.parent == Path(tempfile.gettempdir())  # local disk, not the shared storage root
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "another-root"))
+    assert load_cluster(cluster.path).scratch_root != cluster.scratch_root
+    monkeypatch.setenv("TANDEM_SCRATCH_DIR", str(tmp_path / "fast-disk"))
+    assert scratch_dir(load_cluster(cluster.path), KEY) == tmp_path / "fast-disk" / "trades" / "shard-1" / "node-a"
+    with pytest.raises(PathOutsideRoot, match="cannot name a folder under the scratch root"):
+        scratch_dir(cluster, InstanceKey("trades", "..", "node-a"))
+
+
+def test_a_launch_starts_with_an_empty_scratch_folder(tmp_path):
+    place = tmp_path / "trades" / "shard-1" / "node-a"
+    (place / "blockmgr-left-by-a-killed-driver").mkdir(parents=True)
+    (place / "librocksdbjni123.so").write_bytes(b"x")
+    assert reset_scratch_dir(place) == place and place.is_dir() and list(place.iterdir()) == []
+    assert reset_scratch_dir(tmp_path / "new") == tmp_path / "new" and (tmp_path / "new").is_dir()
 
 
 def test_log_path_is_per_plan_shard_and_node_with_a_utc_timestamp(cluster):

@@ -13,9 +13,10 @@ How it works
     the job that is already there and launching a new one. A launch builds the command
     (:func:`~tandem.supervisor.submit_command.build_submit_command`), starts it in a new session (its
     own process group) with output to ``<storage_root>/logs/<plan>/<shard>/<node>-<UTC time>.log``,
-    and records it (status LAUNCHING, ``submit_pid``, log path). The driver then records STARTING,
-    RUNNING, its host, PID, Spark application id and a liveness beat itself; ``wait_until_running``
-    waits for that. Stopping is :mod:`tandem.supervisor.stopping`.
+    and records it (status LAUNCHING, ``submit_pid``, log path); the driver's temporary files go to the
+    instance's own scratch folder, emptied first (:func:`~tandem.supervisor.submit_command.scratch_dir`).
+    The driver then records STARTING, RUNNING, its host, PID, Spark application id and a liveness beat
+    itself; ``wait_until_running`` waits for that. Stopping is :mod:`tandem.supervisor.stopping`.
 
 What it does not do
     It does not decide roles or fail over, and it does not restart a job that died: a later
@@ -51,7 +52,8 @@ from tandem.supervisor.launch_decision import ENDED_STATUSES, decide_launch
 from tandem.supervisor.processes import (instance_process_alive, kill_group, process_start_time,
                                          recorded_on_this_host, track_child)
 from tandem.shared_storage import StorageNotShared, require_shared_storage
-from tandem.supervisor.submit_command import APPLICATION_SCRIPT, build_submit_command, child_environment
+from tandem.supervisor.submit_command import (APPLICATION_SCRIPT, build_submit_command, child_environment,
+                                             reset_scratch_dir, scratch_dir)
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +171,9 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                                            application=application, role=role)
             log.info("instance %s: master %s from %s", key.id, command.master, command.master_source)
             log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
-            process = _spawn(command.argv, log_path, child_environment(cluster), cwd=cluster.project_root)
+            scratch = reset_scratch_dir(scratch_dir(cluster, key))
+            process = _spawn(command.argv, log_path, child_environment(cluster, scratch=scratch),
+                             cwd=cluster.project_root)
             try:
                 record_launch(db, key, submit_pid=process.pid, submit_started_at=process_start_time(process.pid),
                               log_path=str(log_path), launched_by=launched_by,
@@ -258,8 +262,8 @@ def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | 
                     f"instance {key.id} {row['status']} before RUNNING: {row['error'] or 'no error recorded'}",
                     row["log_path"]))
             if recorded_on_this_host(row) and not instance_process_alive(row, key):
-                # it may have just moved on; and a process caught in one of spark-submit's execs (bash, spark-class,
-                # java) can show no command line for an instant: it has exited only if it is still gone a moment later
+                # it may have just moved on (the row read before the driver recorded its own PID), or be caught in an
+                # exec longer than verified_process reads again: it has exited only if it is still gone a moment later
                 time.sleep(EXIT_CONFIRM_S)
                 row = get_instance(db, key.id)
                 if row["status"] == "RUNNING":

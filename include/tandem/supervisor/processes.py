@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -85,9 +86,26 @@ def verified_process(pid: int | None, started_at: float | None, key: InstanceKey
     try:
         if abs(process.create_time() - started_at) > START_TIME_TOLERANCE_S:
             return None
-        return process if is_instance_cmdline(process.cmdline(), key) else None
+        return process if runs_instance(process, key) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+EXEC_WINDOW_S = 1.0
+"""How long an empty command line is read again: ``spark-submit`` execs ``spark-class``, which execs ``java`` (same
+PID), and a process in the middle of an exec shows no command line for an instant."""
+
+
+def runs_instance(process: psutil.Process, key: InstanceKey, *, window_s: float = EXEC_WINDOW_S,
+                  poll_s: float = 0.05) -> bool:
+    """Whether ``process`` (already matched by PID and start time) runs ``key``; an empty command line is read
+    again for up to ``window_s`` before it counts as another program's."""
+    deadline = time.monotonic() + window_s
+    while True:
+        cmdline = process.cmdline()
+        if cmdline or time.monotonic() >= deadline:
+            return is_instance_cmdline(cmdline, key)
+        time.sleep(poll_s)
 
 
 def recorded_on_this_host(row: Mapping[str, Any]) -> bool:

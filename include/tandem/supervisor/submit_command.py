@@ -4,12 +4,14 @@
 ``SparkSubmitHook``: the master comes from the node's Airflow connection, or from ``spark_master``
 in ``cluster.yaml`` when no connection is available (e.g. from the CLI). The application is
 ``jobs/run_plan.py`` with :func:`application_args`; :func:`child_environment` is all the driver
-gets of its launcher's environment (:data:`DRIVER_ENVIRONMENT`).
+gets of its launcher's environment (:data:`DRIVER_ENVIRONMENT`), with its temporary files in the
+instance's own :func:`scratch_dir`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, NodeConfig, spark_interval
+from tandem.layout import place_under
 from tandem.names import ACTIVE
 from tandem.store.registry import InstanceKey
 
@@ -101,9 +104,32 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
     return NodeSparkSubmitHook(**kwargs)
 
 
-def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def scratch_dir(cluster: ClusterConfig, key: InstanceKey) -> Path:
+    """The host-local folder of one instance's temporary files: ``<scratch root>/<plan>/<shard>/<node>``.
+
+    Its driver's ``java.io.tmpdir`` and ``TMPDIR`` (:func:`child_environment`), so Spark's ``spark-*`` and
+    ``blockmgr-*`` folders and the native libraries it extracts go there: on the launcher's host
+    (:attr:`~tandem.config.ClusterConfig.scratch_root`), not under the shared storage root, since Spark wants fast
+    local disk for them. :func:`reset_scratch_dir` empties it before each launch: a driver killed with SIGKILL
+    cannot remove them itself, and a host that fails over often would otherwise fill its temp dir.
+    """
+    return place_under(cluster.scratch_root, key.plan, key.shard_id, key.node, what="the scratch root")
+
+
+def reset_scratch_dir(place: Path) -> Path:
+    """Remove what an earlier run left in ``place`` (see :func:`scratch_dir`) and create it empty."""
+    shutil.rmtree(place, ignore_errors=True)
+    place.mkdir(parents=True, exist_ok=True)
+    return place
+
+
+def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None,
+                      scratch: Path | None = None) -> dict[str, str]:
     """A driver's environment: what it needs of the launcher's (``base``, default ``os.environ``; see
     :data:`DRIVER_ENVIRONMENT`), the resolved Tandem settings it reads, and this interpreter for PySpark.
+
+    ``scratch``: the instance's :func:`scratch_dir`, made its ``TMPDIR`` and, appended to the launcher's
+    ``SPARK_SUBMIT_OPTS``, the JVM's ``java.io.tmpdir``.
 
     ``TANDEM_DATABASE_URL`` and ``TANDEM_NATS_URL`` (set when the cluster has a messaging layer) may hold
     passwords: they reach the driver here, never on its command line.
@@ -124,4 +150,16 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
     })
     if cluster.nats is not None:
         env["TANDEM_NATS_URL"] = ",".join(cluster.nats.servers)
+    if scratch is not None:
+        env["TMPDIR"] = str(scratch)
+        env["SPARK_SUBMIT_OPTS"] = " ".join(
+            filter(None, [env.get("SPARK_SUBMIT_OPTS", "").strip(), java_option("java.io.tmpdir", str(scratch))]))
     return env
+
+
+def java_option(name: str, value: str) -> str:
+    """``-D<name>=<value>``, quoted the way Spark's launcher splits ``SPARK_SUBMIT_OPTS`` when it must be."""
+    option = f"-D{name}={value}"
+    if not any(char.isspace() or char in "\"'\\" for char in option):
+        return option
+    return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
