@@ -102,7 +102,7 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 
 def outside_the_allow_list(pid: int, cluster: ClusterConfig) -> dict[str, str]:
     """Variables of the live process ``pid`` (its ``/proc/<pid>/environ``) that the launcher should not have passed."""
-    passed = set(child_environment(cluster))
+    passed = set(child_environment(cluster, scratch=scratch_dir(cluster, KEY)))  # TMPDIR and SPARK_SUBMIT_OPTS too
     return {name: value for name, value in psutil.Process(pid).environ().items()
             if MARKER in value or name.startswith("AIRFLOW") or not (
                 name in passed or name in SET_BY_SPARK_SUBMIT or name.startswith(DRIVER_ENVIRONMENT_PREFIXES))}
