@@ -63,6 +63,7 @@ ENV TANDEM_HOME=/opt/tandem \
     AIRFLOW__CORE__EXECUTOR=LocalExecutor \
     AIRFLOW__EDGE__API_RETRIES=100000 \
     AIRFLOW__EDGE__API_RETRY_WAIT_MAX=10 \
+    AIRFLOW__API_AUTH__JWT_LEEWAY=120 \
     PYSPARK_PYTHON=python \
     PYSPARK_DRIVER_PYTHON=python \
     SPARK_SUBMIT_OPTS=-XX:SharedArchiveFile=/opt/tandem/spark-cds.jsa

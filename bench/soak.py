@@ -29,8 +29,10 @@ orders delivered per customer and order counts, the temperatures' averages, aler
 
 Bounded: after a warm-up (the first hour, or the first half of a shorter run), a series is bounded when the mean
 of its last quarter-of-the-rest samples is within 10 % (plus a small absolute slack) of the mean of the samples
-before them, i.e. it does not keep growing. A driver's memory is judged by its peaks instead (the last quarter's
-highest sample against the highest before): a killed driver launched again regrows to its working size. The
+before them, i.e. it does not keep growing. Both windows span whole maintenance cycles (``--maintain-every``
+over ``--sample-every`` samples each, the older window trimmed at its start): storage is a sawtooth that upkeep
+cuts down each cycle, and a window of part of a cycle sees only its rising edge. A driver's memory is judged by
+its peaks instead (the last quarter's highest sample against the highest before): a killed driver launched again regrows to its working size. The
 published events table is an output, not upkeep: its growth per hour is reported, not judged. Latency: the p99 of the last sample periods (a quarter of the run) is
 compared with the first hour's (target within 20 %).
 
@@ -237,17 +239,21 @@ def series_of(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def boundedness(points: list[tuple[float, float]], warmup_s: float, slack: float, by: str = "mean") -> dict:
+def boundedness(points: list[tuple[float, float]], warmup_s: float, slack: float, by: str = "mean",
+                cycle: int = 1) -> dict:
     """Whether a series stopped growing after ``warmup_s`` (pure): the mean (``by="peak"``: the highest) of the
-    last quarter of the samples after the warm-up against that of the ones between (see the module's docstring).
-    Peaks suit a process's memory: a driver killed and launched again starts small and grows back to its working
-    size, which is not growth; a leak raises the peak."""
+    last quarter of the samples after the warm-up against that of the ones between (see the module's docstring),
+    both windows a whole number of ``cycle`` samples (one maintenance cycle). Peaks suit a process's memory: a
+    driver killed and launched again starts small and grows back to its working size, which is not growth; a
+    leak raises the peak."""
     after = [v for t, v in points if t >= warmup_s]
-    if len(after) < 4:
+    cycle = max(1, min(cycle, len(after) // 2))
+    if len(after) < 4 or len(after) < 2 * cycle:
         return {"bounded": None, "why": f"{len(after)} samples after the warm-up: too few to tell"}
-    tail = max(1, len(after) // 4)
+    tail = max(cycle, len(after) // 4 // cycle * cycle)
+    head = (len(after) - tail) % cycle
     summary = {"mean": statistics.fmean, "peak": max}[by]
-    before, last = summary(after[:-tail]), summary(after[-tail:])
+    before, last = summary(after[head:-tail]), summary(after[-tail:])
     limit = before * (1 + GROWTH_LIMIT) + slack
     return {"bounded": last <= limit, f"before_{by}": round(before, 1), f"last_{by}": round(last, 1),
             "limit": round(limit, 1)}
@@ -261,7 +267,8 @@ def growth_per_hour(points: list[tuple[float, float]], warmup_s: float) -> float
     return round(statistics.linear_regression([t for t, _ in after], [v for _, v in after]).slope * 3600, 1)
 
 
-def summarise(samples: list[dict], warmup_s: float) -> dict:
+def summarise(samples: list[dict], warmup_s: float, cycle: int = 1) -> dict:
+    """Every series' verdict; ``cycle``: samples per maintenance cycle (see :func:`boundedness`)."""
     verdicts = {}
     for name, points in series_of(samples).items():
         if name in PUBLISHED:
@@ -269,7 +276,8 @@ def summarise(samples: list[dict], warmup_s: float) -> dict:
                               "growth_per_hour": growth_per_hour(points, warmup_s)}
             continue
         kind = name.split(":")[0]
-        verdicts[name] = boundedness(points, warmup_s, SLACK[kind], by="peak" if kind == "memory_bytes" else "mean")
+        verdicts[name] = boundedness(points, warmup_s, SLACK[kind], by="peak" if kind == "memory_bytes" else "mean",
+                                     cycle=cycle)
     known = [v["bounded"] for v in verdicts.values() if v["bounded"] is not None]
     return {"bounded": bool(known) and all(known), "series": verdicts}
 
@@ -587,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             for writer in writers.values():
                 writer.stopping.set()
             stop_instances(url)
-        results.update(summarise(samples, warmup_s))
+        results.update(summarise(samples, warmup_s, cycle=max(1, round(args.maintain_every / args.sample_every))))
         results["outputs_exact"] = not any(problems.values())
         results["output_problems"] = problems
         results["latency"] = latency_summary(samples, warmup_s)

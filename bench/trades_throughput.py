@@ -433,7 +433,6 @@ def _frame_label(args) -> str:
 
 @contextmanager
 def instrumented(side: str):
-    import psycopg2.extras
     from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
     timers = Timers()
@@ -451,8 +450,8 @@ def instrumented(side: str):
         timers.wrap(aggregation_kind.AggregateSink, "publish", "aggregates sink total")
         timers.wrap(quarantine_kind.QuarantineSink, "publish", "quarantine sink total")
         timers.wrap(aggregates, "stage_batch", "pg: COPY into temp table")
-        timers.wrap(agg_postgres, "upsert_and_roll_up", "pg: upsert + roll-ups (incl. RETURNING fetch)")
-        timers.wrap(psycopg2.extras.RealDictCursor, "fetchall", "pg: fetchall as dicts (part of upsert)")
+        timers.wrap(agg_postgres, "upsert_and_roll_up", "pg: upsert + roll-ups (incl. RETURNING copied out)")
+        timers.wrap(aggregates, "copied_out", "pg: rows copied out as Arrow (part of upsert)")
         timers.wrap(aggregation_kind, "record_published", "pg: publish_log row")
         timers.wrap(agg_delta, "append_rows", "delta: aggregates append_rows total")
         timers.wrap(agg_delta, "append_once", "delta: aggregates append_once")

@@ -236,6 +236,10 @@ case "\$AIRFLOW__CORE__EXECUTOR" in
     # random waits, as little as a minute, and the worker exits) and is back within 10 s of its return
     export AIRFLOW__EDGE__API_RETRIES="\${AIRFLOW__EDGE__API_RETRIES:-100000}"
     export AIRFLOW__EDGE__API_RETRY_WAIT_MAX="\${AIRFLOW__EDGE__API_RETRY_WAIT_MAX:-10}"
+    # a worker's request token is valid for [api_auth] jwt_leeway seconds, and the API server accepts it that
+    # much longer: by default 2 x 10 s, so a request queued behind a stalled API server (23 s seen) was refused
+    # with 403, which the worker does not retry: it exited
+    export AIRFLOW__API_AUTH__JWT_LEEWAY="\${AIRFLOW__API_AUTH__JWT_LEEWAY:-120}"
     ;;
 esac
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager

@@ -88,6 +88,11 @@ def login_hint(path: Path | None = None) -> str:
     return f"login {ADMIN}, password in {path or passwords_file()}"
 
 
+TRIGGER_ATTEMPTS = 4
+TRIGGER_RETRY_S = 2.0
+"""A trigger that met a server error is tried again after this many seconds times its attempt number."""
+
+
 @dataclass
 class AirflowClient:
     """Token-authenticated calls to one Airflow API server."""
@@ -147,14 +152,27 @@ class AirflowClient:
             raise AirflowError(f"cannot {'pause' if paused else 'unpause'} {dag_id}: "
                                f"{response.status_code} {response.text[:200]}")
 
-    def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str | None = None) -> str:
-        """Trigger a run with ``conf`` (the DAG's Params); return its run id."""
+    def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str | None = None,
+                attempts: int = TRIGGER_ATTEMPTS) -> str:
+        """Trigger a run with ``conf`` (the DAG's Params); return its run id.
+
+        A server error (an API server whose metadata database is briefly unreachable answers 500) is tried again
+        with the same run id, ``attempts`` times in all; a retry answered "already exists" (409) found the run the
+        attempt before created.
+        """
         run_id = run_id or f"tandem__{uuid.uuid4().hex[:12]}"
-        response = self.request("POST", f"/dags/{dag_id}/dagRuns",
-                                json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
-        if not response.ok:
-            raise AirflowError(f"cannot trigger {dag_id}: {response.status_code} {response.text[:300]}")
-        return response.json()["dag_run_id"]
+        for attempt in range(1, attempts + 1):
+            response = self.request("POST", f"/dags/{dag_id}/dagRuns",
+                                    json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
+            if response.ok:
+                return response.json()["dag_run_id"]
+            if response.status_code == 409 and attempt > 1:
+                return run_id
+            if response.status_code < 500 or attempt == attempts:
+                raise AirflowError(f"cannot trigger {dag_id}: {response.status_code} {response.text[:300]}"
+                                   + (f" (after {attempt} attempts)" if attempt > 1 else ""))
+            time.sleep(TRIGGER_RETRY_S * attempt)
+        raise AssertionError("unreachable")
 
     def runs(self, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
         """The DAG's runs (newest first), optionally of one type (``scheduled``, ``manual``)."""

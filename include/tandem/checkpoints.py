@@ -142,6 +142,8 @@ def _wanted(source: Path, batch: int) -> tuple[list[Path], list[str]]:
             match = _LOG_ENTRY.match(entry.name)
             if match and int(match.group(1)) <= batch:
                 wanted.append(entry.relative_to(source))
+    if not (source / "offsets" / str(batch)).is_file():
+        raise CheckpointError(f"{source}: batch {batch} is committed but its offsets file is missing")
     reached = source_log_offsets(source / "offsets" / str(batch))
     for source_log in _entries(source / "sources"):
         index = int(source_log.name) if source_log.name.isdigit() else None
@@ -332,6 +334,27 @@ def recover_swaps(root: Path) -> list[str]:
 def query_dirs(instance_root: Path) -> dict[str, Path]:
     """The queries of an instance's checkpoint root (one directory per query)."""
     return {p.name: p for p in _entries(instance_root) if p.is_dir()}
+
+
+GUARD_WINDOW_S = 600.0
+"""A node's checkpoint guards landing files while its instance beat, or the checkpoint changed, this recently:
+longer than a failed instance waits for its restart and a re-sync's copy for its driver's first beat
+(:func:`tandem.snapshots.retention.guarding_nodes`)."""
+
+
+def last_changed(instance_root: Path) -> float | None:
+    """When an instance's checkpoint last changed (a batch's offsets or commit, a query or the root written), as a
+    POSIX time; ``None`` when it has none. A re-sync writes new directories, so it counts as a change."""
+    directories = [instance_root]
+    for query in query_dirs(instance_root).values():
+        directories += [query, query / "offsets", query / "commits"]
+    times = []
+    for directory in directories:
+        try:
+            times.append(directory.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return max(times, default=None)
 
 
 def checkpoint_lineage(checkpoint: Path | None) -> str:

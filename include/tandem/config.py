@@ -16,8 +16,9 @@ variables override paths and URLs:
 - ``TANDEM_STORAGE_ROOT``: overrides ``storage_root``
 - ``TANDEM_DATABASE_URL``: overrides ``database.url``
 - ``TANDEM_AIRFLOW_URL``: overrides ``airflow.api_url``
-- ``TANDEM_SCRATCH_DIR``: the host-local folder of the drivers' temporary files (default:
-  ``<temp dir>/tandem-<digest of the storage root>``; see :attr:`ClusterConfig.scratch_root`)
+- ``TANDEM_SCRATCH_DIR``: the host-local folder of the drivers' temporary files, relative to the project
+  root when relative (default: ``<temp dir>/tandem-<digest of the storage root>``; see
+  :attr:`ClusterConfig.scratch_root`)
 """
 
 from __future__ import annotations
@@ -357,18 +358,11 @@ class ClusterConfig:
     database_url: str
     airflow_url: str
     nodes: dict[str, NodeConfig]
+    scratch_root: Path
+    """The host-local folder of the drivers' temporary files (one folder per instance under it):
+    ``TANDEM_SCRATCH_DIR`` (relative: to the project root), or ``<temp dir>/tandem-<digest of the storage root>``
+    so that two projects on one host stay apart (:func:`default_scratch_root`)."""
     nats: NatsConfig | None = None
-    scratch_dir: Path | None = None
-    """``TANDEM_SCRATCH_DIR`` when set (see :attr:`scratch_root`)."""
-
-    @property
-    def scratch_root(self) -> Path:
-        """The host-local folder of the drivers' temporary files (one folder per instance under it):
-        ``TANDEM_SCRATCH_DIR``, or ``<temp dir>/tandem-<digest of the storage root>`` so that two projects
-        on one host stay apart."""
-        if self.scratch_dir is not None:
-            return self.scratch_dir
-        return Path(tempfile.gettempdir()) / f"tandem-{hashlib.sha256(str(self.storage_root).encode()).hexdigest()[:12]}"
 
     @property
     def conf_dir(self) -> Path:
@@ -626,16 +620,23 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
                          driver_memory=node.driver_memory, airflow_queue=node.airflow_queue)
         for name, node in file.nodes.items()
     }
+    storage = storage if storage.is_absolute() else (root / storage).resolve()
+    scratch = os.environ.get("TANDEM_SCRATCH_DIR")
     return ClusterConfig(
         path=path,
         project_root=root,
-        storage_root=storage if storage.is_absolute() else (root / storage).resolve(),
+        storage_root=storage,
         database_url=_from_environment("TANDEM_DATABASE_URL", DatabaseSection, "url") or file.database.url,
         airflow_url=_from_environment("TANDEM_AIRFLOW_URL", AirflowSection, "api_url") or file.airflow.api_url,
         nodes=nodes,
         nats=_nats(file.nats),
-        scratch_dir=Path(os.environ["TANDEM_SCRATCH_DIR"]).resolve() if os.environ.get("TANDEM_SCRATCH_DIR") else None,
+        scratch_root=(root / scratch).resolve() if scratch else default_scratch_root(storage),
     )
+
+
+def default_scratch_root(storage_root: Path) -> Path:
+    """``<temp dir>/tandem-<digest of the storage root>``: host-local, and apart for each project on the host."""
+    return Path(tempfile.gettempdir()) / f"tandem-{hashlib.sha256(str(storage_root).encode()).hexdigest()[:12]}"
 
 
 def _nats(section: NatsSection | None) -> NatsConfig | None:

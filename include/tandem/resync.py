@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from tandem.checkpoints import CheckpointError, CutInfo, cut_checkpoint, query_dirs
+from tandem.checkpoints import GUARD_WINDOW_S, CheckpointError, CutInfo, cut_checkpoint, last_changed, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import checkpoint_dir
 from tandem.store.db import Database
@@ -35,14 +36,29 @@ def resync_recorded(db: Database, cluster: ClusterConfig, plan: PlanConfig, shar
                     target_node: str, logger: logging.Logger | logging.LoggerAdapter | None = None,
                     ) -> dict[str, dict[str, Any]] | None:
     """:func:`resync_instance` with its outcome in ``failover_events`` (RESYNC with the cut of each query, or
-    RESYNC_FAILED): the cut per query, or ``None`` when it failed (the target then starts from its own checkpoint)."""
+    RESYNC_FAILED): the cut per query, or ``None`` when it failed (the target then starts from its own checkpoint).
+
+    Raises:
+        CheckpointError: the re-sync failed and the target's own checkpoint was left behind by landing retention
+            (unchanged for longer than :data:`~tandem.checkpoints.GUARD_WINDOW_S`): input it has not read
+            may be gone, and a start from it would skip that input silently.
+    """
     logger = logger or log
     try:
         cuts = resync_instance(cluster, plan, shard_id, source_node, target_node)
     except CheckpointError as exc:
+        changed = last_changed(checkpoint_dir(cluster, plan.name, shard_id, target_node, ""))
+        idle_s = None if changed is None else time.time() - changed
+        left_behind = idle_s is not None and idle_s > GUARD_WINDOW_S
+        why = (f"re-sync of {target_node} from {source_node} failed ({exc}) and {target_node}'s own checkpoint "
+               f"is unchanged for {idle_s:.0f} s: landing retention no longer keeps the input it has not read, "
+               f"so it does not start from it; repair {source_node}'s checkpoint or restore a snapshot "
+               f"(tandem restore {plan.name})") if left_behind else str(exc)
+        mark(db, plan.name, shard_id, "RESYNC_FAILED", why[:2000], node=target_node, previous_node=source_node)
+        if left_behind:
+            raise CheckpointError(why) from exc
         logger.warning("re-sync of %s from %s failed, starting from its own checkpoint: %s",
                        target_node, source_node, exc)
-        mark(db, plan.name, shard_id, "RESYNC_FAILED", str(exc)[:2000], node=target_node, previous_node=source_node)
         return None
     cut = {q: {"batch_id": c.batch_id, "files": c.files, "bytes": c.bytes} for q, c in cuts.items()}
     summary = ", ".join(f"{q} at batch {c.batch_id} ({c.files} files, {c.bytes} bytes)"

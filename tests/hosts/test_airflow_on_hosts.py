@@ -152,7 +152,7 @@ class OnHosts:
     def takes_over(self, standby: str, epoch: int, failed_at: float, what: str) -> dict:
         """Wait for ``standby`` to be PROMOTED above ``epoch`` by itself and to publish; note both times."""
         promoted = wait_for(lambda: promotion(self.url, standby, epoch), TAKEOVER_TIMEOUT_S,
-                            f"{standby} to take over", detail=lambda: f"lease {lease(self.url)}")
+                            f"{standby} to take over", detail=lambda: f"lease {lease(self.url)}\n{self.logs(standby)}")
         first = wait_for(lambda: first_publish(self.url, standby, promoted["epoch"]), TAKEOVER_TIMEOUT_S,
                          f"{standby} to publish", detail=lambda: self.logs(standby))
         self.note(f"{what} -> PROMOTED {standby} {promoted['happened_at'].timestamp() - failed_at:.2f}s, "

@@ -10,6 +10,7 @@ files); every appended batch's rows are remembered and compared with the table a
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -72,7 +73,7 @@ def test_compaction_and_vacuum_under_live_appends_lose_nothing_and_keep_a_snapsh
     keep = kept_versions([{"out": snapshot_version}, {"other": 3}], "out", DeltaTable(str(path)).version())
     assert keep == (snapshot_version,)
     try:
-        upkeeps = [maintain_table(path, keep=keep, retention_hours=0) for _ in range(3)]
+        upkeeps = [maintain_table(path, keep=keep, retention_s=0) for _ in range(3)]
     finally:
         ends = [appender.stop() for appender in appenders]
     for upkeep in upkeeps:
@@ -101,7 +102,7 @@ def test_without_the_kept_version_vacuum_removes_what_time_travel_to_it_needs(tm
         append_once(path, batch("shard-1", batch_id), "shard-1/out/q", batch_id)
     old = DeltaTable(str(path)).version()
     append_once(path, batch("shard-1", 10), "shard-1/out/q", 10)
-    maintain_table(path, keep=(), retention_hours=0)
+    maintain_table(path, keep=(), retention_s=0)
     with pytest.raises(Exception):  # noqa: B017 - delta-rs or pyarrow, whichever opens a vacuumed file first
         read_table(path, version=old - 5)
     assert vacuumed_files(path, old - 5)  # what a restore checks before it stops anything
@@ -115,7 +116,7 @@ def test_the_log_cleanup_keeps_every_commit_a_kept_version_needs(tmp_path: Path)
     app = "shard-1/out/q"
     for batch_id in range(10):
         append_once(path, batch("shard-1", batch_id), app, batch_id)
-    first = maintain_table(path, keep=(), retention_hours=0, log_retention_s=0)
+    first = maintain_table(path, keep=(), retention_s=0, log_retention_s=0)
     checkpoint = oldest_readable_version(path)
     assert first.log_entries_removed >= 10 and checkpoint > 0, first
     versions = {}
@@ -127,14 +128,36 @@ def test_the_log_cleanup_keeps_every_commit_a_kept_version_needs(tmp_path: Path)
     at_kept = rows_of(read_table(path, version=kept))
     assert {row[1] for row in at_kept} == set(range(15))
 
-    second = maintain_table(path, keep=(kept,), retention_hours=0, log_retention_s=0)
+    second = maintain_table(path, keep=(kept,), retention_s=0, log_retention_s=0)
     assert second.log_entries_removed == 0 and oldest_readable_version(path) == checkpoint, second
     assert rows_of(read_table(path, version=kept)) == at_kept
     assert version_at_batch(path, app, 14) == kept
     with pytest.raises(ValueError, match="cleaned up"):
         version_at_batch(path, app, 3)  # before the oldest commit left
 
-    third = maintain_table(path, keep=(), retention_hours=0, log_retention_s=0)
+    third = maintain_table(path, keep=(), retention_s=0, log_retention_s=0)
     assert third.log_entries_removed > 0 and oldest_readable_version(path) > kept, third
     assert vacuumed_files(path, kept), "without keeping it, the version's log is gone"
     assert rows_of(read_table(path)) == sorted(row for b in range(20) for row in rows_of(batch("shard-1", b)))
+
+
+def test_vacuum_keeps_files_removed_within_the_retention_to_the_second_and_deletes_them_after(tmp_path: Path) -> None:
+    """delta-rs counts a vacuum's retention in whole hours; the upkeep keeps the declared seconds: the files a
+    compaction removed stay while it is younger than the retention (the version before it still reads) and go
+    once it is older (``now`` moved on instead of waiting)."""
+    path = tmp_path / "delta" / "out"
+    app = "shard-1/out/q"
+    for batch_id in range(6):
+        append_once(path, batch("shard-1", batch_id), app, batch_id)
+    before_compaction = DeltaTable(str(path)).version()
+    first = maintain_table(path, retention_s=1200)  # compacts 6 files into 1
+    assert first.files_compacted == 6 and first.files_vacuumed == 0, first
+    append_once(path, batch("shard-1", 6), app, 6)
+    within = maintain_table(path, retention_s=1200, now=lambda: time.time() + 1100)
+    assert within.files_vacuumed == 0, within  # removed 1,100 s "ago": a reader of the version before may be at work
+    assert rows_of(read_table(path, version=before_compaction)) == sorted(
+        row for b in range(6) for row in rows_of(batch("shard-1", b)))
+    after = maintain_table(path, retention_s=1200, now=lambda: time.time() + 1300)
+    assert after.files_vacuumed == 6 + 2, after  # the first 6, then the compacted file and batch 6 of the 2nd run
+    assert vacuumed_files(path, before_compaction)
+    assert rows_of(read_table(path)) == sorted(row for b in range(7) for row in rows_of(batch("shard-1", b)))

@@ -58,3 +58,49 @@ def test_a_demotion_during_a_renewal_that_hangs_waits_for_it_instead_of_failing(
             "SELECT role FROM plan_instances WHERE instance_id = %s", (KEY.id,)), cursor.fetchone())[1])
     assert [(e["kind"], e["reason"]) for e in events][-1] == ("DEMOTED", "fenced while publishing"), events
     assert role["role"] == "PASSIVE"
+
+
+def test_a_renewal_cut_off_before_its_commit_does_not_hold_the_standbys_take_over(project, database_url):
+    """The active's renewal reached PostgreSQL but its COMMIT never did (its host was cut off between the two):
+    its session sits idle in the transaction, holding the lease row's lock. The standby must still take the
+    lease once it expires (CI's partition test waited 20 s for a take-over blocked on that lock). The server ends
+    the cut-off session after the ttl; the old active, reconnected, finds the lease taken and demotes."""
+    cluster = load_cluster()
+    standby_key = InstanceKey(KEY.plan, KEY.shard_id, "node-b")
+    with Database(cluster.database_url) as db:
+        migrate(db)
+        register_nodes(db, cluster)
+        for key in (KEY, standby_key):
+            db.run(lambda cursor, key=key: cursor.execute(
+                """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, updated_at)
+                   VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (key.id, key.plan, key.shard_id, key.node)))
+    active = RoleController(KEY, cluster.database_url, ttl_s=2)
+    active.start(wants_active=True)
+    standby = RoleController(standby_key, cluster.database_url, ttl_s=2)
+    standby.start(wants_active=False)
+    assert (active.role, standby.role) == ("ACTIVE", "PASSIVE")
+    cut_off = active.db.connection()
+    with cut_off.cursor() as cursor:  # the renewal's UPDATE, on the active's own session; no COMMIT follows
+        cursor.execute("UPDATE leases SET renewed_at = now() WHERE plan = %s AND shard_id = %s",
+                       (KEY.plan, KEY.shard_id))
+
+    def take_over() -> None:
+        deadline = time.monotonic() + 30
+        while standby.role != "ACTIVE" and time.monotonic() < deadline:
+            standby.tick()
+            time.sleep(0.5)
+
+    taking = threading.Thread(target=take_over, name="standby-liveness")
+    taking.start()
+    taking.join(timeout=40)
+    try:
+        assert not taking.is_alive(), "the standby's take-over still waits for the cut-off renewal's row lock"
+        assert standby.role == "ACTIVE"
+        for _ in range(3):  # its session was ended (the beat fails and reconnects), then the renewal is refused
+            active.tick()
+        assert active.role == "PASSIVE"
+    finally:
+        cut_off.close()  # releases the lock if the server did not (without the fix), so the thread can end
+        taking.join(timeout=30)
+        active.stop()
+        standby.stop()

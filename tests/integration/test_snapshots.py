@@ -7,8 +7,10 @@ cut's file-source log) give the state and the outputs at the cut.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -32,12 +34,13 @@ import pyarrow.dataset as ds
 
 from tandem import cli
 from _project import TRADES
-from tandem.checkpoints import committed_batch
+from tandem.checkpoints import GUARD_WINDOW_S, CheckpointError, committed_batch, cut_checkpoint, query_dirs
 from tandem.config import load_cluster, load_plan
 from tandem.errors import SnapshotRefused
 from tandem.lake.tables import read_table
 from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir
 from tandem.packaging import build_dist
+from tandem.resync import resync_recorded
 from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.landing import clean_plan_landing
@@ -168,8 +171,22 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     landing = instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD)
     before = {str(p) for p in landing.iterdir() if p.is_file()}
     assert oldest_kept_cut < before
+    # node-b: the first snapshot's cut, unchanged for longer than the guard window (a cold standby killed long ago,
+    # not the lease holder): it holds no landing file back, and a failed re-sync does not start it from there
+    stale = checkpoint_dir(cluster, PLAN, SHARD, "node-b", "")
+    for query in ("aggregates", "quarantine"):
+        cut_checkpoint(Path(taken[0].record.checkpoint_path) / query, stale / query)
+    assert not oldest_kept_cut <= processed_files(stale / "aggregates")
+    long_ago = time.time() - GUARD_WINDOW_S - 60
+    for directory in [stale, *[d / sub for d in query_dirs(stale).values() for sub in ("", "offsets", "commits")]]:
+        os.utime(directory, (long_ago, long_ago))
+    broken = checkpoint_dir(cluster, PLAN, SHARD, "node-x", "aggregates") / "commits"
+    broken.mkdir(parents=True)
+    (broken / "0").write_text("v1\n{}\n")
     with Database(cluster.database_url, "test") as db:
         assert catalog.get_snapshot(db, newest.id).status == catalog.BAD
+        with pytest.raises(CheckpointError, match="landing retention no longer keeps the input it has not read"):
+            resync_recorded(db, cluster, plan, SHARD, "node-x", "node-b")
 
         # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection) ...
         prune_snapshots(cluster, plan, db=db)
@@ -180,7 +197,8 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     assert not Path(taken[0].record.checkpoint_path).exists()
     assert read_state(delta_table_dir(cluster, PLAN, STATE_TABLE), taken[0].record.id) == []
     assert Path(taken[1].record.checkpoint_path).is_dir()
-    # landing retention deletes the input files inside the oldest kept cut (node-a processed everything), no other
+    # landing retention deletes the input files inside the oldest kept cut (node-a processed everything, node-b is
+    # left behind), no other
     assert {str(p) for p in landing.iterdir() if p.is_file()} == before - oldest_kept_cut
 
     # restore the newest good snapshot: outputs roll back to the cut, then the rest of the input adds up exactly

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from psycopg2 import sql
 
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
@@ -66,7 +67,7 @@ def seconds(start: datetime) -> pa.Table:
 def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_names(db: Database) -> None:
     start = datetime(2026, 1, 2, 3, 4, 0, tzinfo=timezone.utc)
 
-    def publish(cursor) -> list[dict]:
+    def publish(cursor) -> pa.Table:
         aggregates.ensure_table(cursor, SPEC)
         aggregates.stage_batch(cursor, SPEC, seconds(start))
         return agg_postgres.upsert_and_roll_up(cursor, SPEC, "plan", "shard-1", epoch=1, batch_id=0)
@@ -79,12 +80,12 @@ def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_na
     assert (minute_a["order"], minute_a[INJECTION], minute_a["group"]) == (5, 4.0, 3)
     found = db.run(lambda cursor: agg_postgres.rows_of_seconds(cursor, SPEC, "plan", "shard-1",
                                                                {(start, "a", "c1", "k")}))
-    assert sorted(row["granularity"] for row in found) == ["minute", "second"]
+    assert sorted(found.column("granularity").to_pylist()) == ["minute", "second"]
 
     # restore: the Delta rows of the shard back into PostgreSQL, all of them and only the touched keys
     # (without the sketches: CSV cannot carry them as they are, which is the restore's business, not quoting's)
     without_sketches = replace(SPEC, measures=SPEC.measures[:2])
-    delta_rows = pa.Table.from_pylist([dict(row) for row in written]).drop_columns(["group"])
+    delta_rows = written.drop_columns(["group"])
     assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows) == 5
     assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows,
                                   touched=delta_rows.slice(0, 1)) == 1
@@ -116,6 +117,48 @@ def test_a_shard_slice_is_restored_by_a_predicate_that_matches_only_its_shard_id
     assert sorted(read_table(path).to_pylist(), key=str) == sorted(
         [{"shard_id": shards[0], "value": 1}, {"shard_id": "x", "value": 2}, {"shard_id": "x", "value": 20},
          {"shard_id": shards[2], "value": 3}], key=str)
+
+
+def test_rows_copied_out_are_the_values_psycopg2_reads(db: Database) -> None:
+    """A publish's rows come back through COPY as CSV (``aggregates.copied_out``): every value a key, a measure or a
+    time can hold reads back as psycopg2 reads it, text that looks like NULL, a hex string or a number included, in
+    an ``INSERT … RETURNING`` (what a publish runs) and a ``SELECT``."""
+    schema = pa.schema([("id", pa.int64()), (INJECTION, pa.string()), ("x", pa.float64()), ("n", pa.int64()),
+                        ("t", pa.timestamp("us", tz="UTC")), ("b", pa.binary())])
+    texts = ["", "NA", "null", "NULL", "\\N", "a,b", 'say "hi"', "line\nbreak", "tab\there", "ünïcødé", "\\x41", "1e5"]
+    doubles = [0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308, float("nan"), float("inf"), float("-inf"), 5e-324]
+    longs = [0, -9223372036854775808, 9223372036854775807]
+    times = [datetime(1900, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc),
+             datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)]
+    blobs = [b"", b"\x00\xff,\n\"", None]
+    count = max(len(texts), len(doubles))
+    rows = [(i, texts[i % len(texts)], doubles[i % len(doubles)], longs[i % len(longs)], times[i % len(times)],
+             blobs[i % len(blobs)]) for i in range(count)]
+    table = sql.Identifier("copied out")
+    columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
+
+    def insert_and_read(cursor) -> tuple[pa.Table, pa.Table, list[tuple]]:
+        cursor.execute(sql.SQL('CREATE TABLE {} (id bigint, {} text, x double precision, n bigint, t timestamptz, '
+                               'b bytea)').format(table, sql.Identifier(INJECTION)))
+        returned = aggregates.copied_out(cursor, sql.SQL("INSERT INTO {} ({}) VALUES {} RETURNING {}").format(
+            table, columns, sql.SQL(", ").join(sql.SQL("%s") for _ in rows), columns), rows, schema)
+        selected = aggregates.copied_out(cursor, sql.SQL("SELECT {} FROM {} WHERE id >= %s").format(
+            columns, table), (0,), schema)
+        cursor.execute(sql.SQL("SELECT {} FROM {} ORDER BY id").format(columns, table))
+        return returned, selected, [tuple(row.values()) for row in cursor.fetchall()]
+
+    returned, selected, fetched = db.run(insert_and_read)
+
+    def comparable(values) -> list[str]:
+        return [v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime)
+                else repr(bytes(v) if isinstance(v, memoryview) else v) for v in values]
+
+    expected = comparable(v for row in fetched for v in row)
+    for got in (returned, selected):
+        assert got.schema == schema
+        assert comparable(v for row in got.sort_by("id").to_pylist() for v in row.values()) == expected
+    assert comparable(r[1] for r in fetched) == comparable(texts[i % len(texts)] for i in range(count))
+    assert victim_exists(db)
 
 
 def test_the_reserved_words_refused_in_plans_are_the_servers(db: Database) -> None:

@@ -158,7 +158,9 @@ def test_warm_standby_takes_over_by_itself_and_losing_both_nodes_restarts_from_t
         kill9(supervisor, "node-a")
         wait_for(lambda: read_lease(Database(url), "trades", SHARD).holder == "node-b", 60,
                  "node-b to take the lease by itself")
-        [resync] = [e for e in events(supervisor) if e["kind"] == "RESYNC"]
+        # the lease first, then the cut of node-a's checkpoint (its RESYNC event), then the queries
+        [resync] = wait_for(lambda: [e for e in events(supervisor) if e["kind"] == "RESYNC"], 60,
+                            "node-b to copy a cut of node-a's checkpoint")
         assert (resync["node"], resync["previous_node"]) == ("node-b", "node-a"), resync
         cut_of_a = resync["detail"]["aggregates"]["batch_id"]
         assert cut_of_a is not None

@@ -547,6 +547,16 @@ class Pair:
         wait_for(lambda: level_with(self.url, standby, active, slack_s, self.launched_at, self.plan.name, self.shard),
                  timeout_s, f"{standby} to process what {active} has", detail=lambda: self.log_tail(standby))
 
+    @staticmethod
+    def other(node: str) -> str:
+        """The pair's other node."""
+        return ({"node-a", "node-b"} - {node}).pop()
+
+    def roles(self) -> tuple[str, str]:
+        """(the node holding the lease, the other node of the pair)."""
+        holder = lease(self.url, self.plan.name, self.shard)["holder"]
+        return holder, self.other(holder)
+
     def promoted(self, node: str, above_epoch: int) -> dict | None:
         return promotion(self.url, node, above_epoch, self.plan.name, self.shard)
 
@@ -716,8 +726,7 @@ class HotPair:
 
     def roles(self) -> tuple[str, str]:
         """(the lease holder, the other node)."""
-        holder = lease(self.url)["holder"]
-        return holder, ({"node-a", "node-b"} - {holder}).pop()
+        return self.pair.roles()
 
     def relaunch(self, node: str) -> None:
         """Launch ``node`` again as PASSIVE, once its last liveness beat is older than the heartbeat

@@ -7,6 +7,8 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,48 @@ def test_the_cli_says_where_the_password_is_and_never_prints_it(tmp_path: Path) 
     again = subprocess.run([sys.executable, "-m", "tandem.cli", "airflow-login", "--ensure"], env=env,
                            capture_output=True, text=True, timeout=60, check=True)
     assert "generated" not in again.stdout
+
+
+class FlakyAirflow(BaseHTTPRequestHandler):
+    """A fake API server: a token for anyone; the first POST of a run answers 500 after creating it (its database
+    commit succeeded, the answer did not), later ones 409."""
+
+    created: list[str] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/auth/token":
+            return self._answer(201, {"access_token": "t"})
+        if self.path.endswith("/refused/dagRuns"):
+            return self._answer(400, {"detail": "bad conf"})
+        if body["dag_run_id"] in self.created:
+            return self._answer(409, {"detail": "exists"})
+        self.created.append(body["dag_run_id"])
+        return self._answer(500, {"detail": {"reason": "Database error"}})
+
+
+def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run_id(monkeypatch) -> None:
+    server = HTTPServer(("127.0.0.1", 0), FlakyAirflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr("tandem.airflow_rest.TRIGGER_RETRY_S", 0.01)
+    client = AirflowClient(f"http://127.0.0.1:{server.server_port}", "admin", "secret")
+    try:
+        assert client.trigger("plan_maintenance", {}, run_id="r-1") == "r-1"  # 500, then 409: it exists once
+        assert FlakyAirflow.created == ["r-1"]
+        with pytest.raises(AirflowError, match="cannot trigger refused: 400"):
+            client.trigger("refused", {})  # a client error is not tried again
+        with pytest.raises(AirflowError, match="cannot trigger other: 500"):
+            client.trigger("other", {}, run_id="r-2", attempts=1)
+    finally:
+        server.shutdown()

@@ -6,7 +6,7 @@ import pytest
 from deltalake.exceptions import CommitFailedError
 
 from tandem.lake import maintenance
-from tandem.lake.maintenance import kept_versions
+from tandem.lake.maintenance import kept_versions, versions_before_removals
 
 
 def test_the_kept_versions_are_those_snapshots_recorded_for_the_table_once_each_oldest_first() -> None:
@@ -88,3 +88,19 @@ def test_log_entries_expire_before_the_newest_checkpoint_at_or_below_the_oldest_
     assert expired_log_entries(log, floor=25, cutoff=105.0) == [name(v) for v in range(5)]
     # no checkpoint at or below the kept version: its commits from 0 on are all needed
     assert expired_log_entries(log, floor=9, cutoff=1e9) == []
+
+
+def commit(version: int, at_ms: int, operation: str = "WRITE", mode: str | None = "Append") -> dict:
+    return {"version": version, "timestamp": at_ms, "operation": operation,
+            "operationParameters": {} if mode is None else {"mode": mode}}
+
+
+def test_the_versions_kept_for_the_retention_are_those_before_each_recent_commit_that_removed_files() -> None:
+    history = [commit(9, 9_000), commit(8, 8_000, "OPTIMIZE", None), commit(7, 7_000), commit(6, 6_000, "DELETE"),
+               commit(5, 5_000, "WRITE", "Overwrite"), commit(4, 4_000, "OPTIMIZE", None), commit(3, 3_000),
+               commit(2, 2_000, "STREAMING UPDATE", "Append"), commit(0, 500, "WRITE", "ErrorIfExists")]
+    # appends remove nothing; OPTIMIZE, DELETE and an overwrite do; the one at 4,000 ms is older than the retention
+    assert versions_before_removals(history, since_ms=5_000) == (4, 5, 7)
+    assert versions_before_removals(history, since_ms=0) == (3, 4, 5, 7)
+    assert versions_before_removals(history, since_ms=10_000) == ()
+    assert versions_before_removals([commit(0, 9_000, "OPTIMIZE", None)], since_ms=0) == ()  # no version before 0

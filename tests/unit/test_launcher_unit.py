@@ -223,6 +223,9 @@ def test_scratch_folders_are_per_instance_on_the_host_and_apart_per_project(clus
     assert load_cluster(cluster.path).scratch_root != cluster.scratch_root
     monkeypatch.setenv("TANDEM_SCRATCH_DIR", str(tmp_path / "fast-disk"))
     assert scratch_dir(load_cluster(cluster.path), KEY) == tmp_path / "fast-disk" / "trades" / "shard-1" / "node-a"
+    monkeypatch.setenv("TANDEM_SCRATCH_DIR", "scratch")  # relative: to the project root, wherever the command runs
+    monkeypatch.chdir(tmp_path)
+    assert load_cluster(cluster.path).scratch_root == cluster.project_root / "scratch"
     with pytest.raises(PathOutsideRoot, match="cannot name a folder under the scratch root"):
         scratch_dir(cluster, InstanceKey("trades", "..", "node-a"))
 

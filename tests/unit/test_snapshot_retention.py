@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tandem.errors import SnapshotError, SnapshotRefused
+from tandem.checkpoints import GUARD_WINDOW_S
 from tandem.snapshots.retention import (
     KEEP,
     PRUNE,
@@ -15,6 +16,7 @@ from tandem.snapshots.retention import (
     choose_snapshot,
     decide_landing_retention,
     decide_retention,
+    guarding_nodes,
     landing_file_key,
 )
 from tandem.store.snapshots import BAD, GOOD, PRUNED, TAKING, SnapshotRecord
@@ -349,3 +351,19 @@ def test_a_query_that_has_read_nothing_yet_may_read_any_stream() -> None:
     assert files_of_stream([], ORDERS) == frozenset()  # nothing committed: it has processed nothing
     assert files_of_stream([frozenset({"/data/landing/orders/1/a"}), frozenset()], DELIVERIES) == frozenset()
     assert files_of_stream([None], ORDERS) is None  # not a file source: it guards nothing
+
+
+def test_the_holder_and_the_nodes_that_beat_or_checkpointed_lately_guard_landing_files() -> None:
+    nodes = ["node-a", "node-b", "node-c", "node-d"]
+    old = GUARD_WINDOW_S + 1
+    beats = {"node-a": 2.0, "node-b": old, "node-c": old}
+    changes = {"node-a": 5.0, "node-b": old, "node-c": 30.0, "node-d": old}
+    # node-b: killed long ago, not the holder: its next launch re-syncs; node-c: re-synced just now, not beating yet
+    assert guarding_nodes(nodes, "node-d", beats, changes) == {"node-a", "node-c", "node-d"}
+    # the holder's checkpoint counts however old (it resumes from it)
+    assert guarding_nodes(nodes, "node-b", beats, changes) == {"node-a", "node-b", "node-c"}
+    assert guarding_nodes(nodes, "node-b", {}, {}) == {"node-b"}
+
+
+def test_without_a_lease_every_node_guards_landing_files() -> None:
+    assert guarding_nodes(["node-a", "node-b"], None, {}, {}) == {"node-a", "node-b"}

@@ -12,30 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tandem.aggregation.merge import MergedRow, merge_partials
-from tandem.aggregation.spec import AggregationSpec
+from tandem.aggregation.spec import UTC_MICROS, AggregationSpec
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from tandem.lake.maintenance import retry_on_conflict
 from tandem.lake.tables import append_once, read_table, string_literal
 
-_ARROW_TYPES = {"double precision": pa.float64(), "bigint": pa.int64(), "bytea": pa.binary(), "text": pa.string()}
-UTC_MICROS = pa.timestamp("us", tz="UTC")
-
-
 def arrow_schema(spec: AggregationSpec) -> pa.Schema:
-    return pa.schema(
-        [("granularity", pa.string()), ("bucket_start", UTC_MICROS),
-         *[(k, pa.string()) for k in spec.keys], ("shard_id", pa.string()),
-         *[(m.column, _ARROW_TYPES[m.sql_type]) for m in spec.measures],
-         ("epoch", pa.int64()), ("batch_id", pa.int64()), ("node", pa.string()), ("published_at", UTC_MICROS)]
-    )
+    """The Delta table's columns: a written row's, then who published it and when."""
+    return pa.schema([*spec.written_schema, ("node", pa.string()), ("published_at", UTC_MICROS)])
 
 
-def append_rows(path: Path, spec: AggregationSpec, rows: list[dict[str, Any]], *, node: str,
-                published_at: datetime, app_id: str, batch_id: int) -> bool:
+def append_rows(path: Path, spec: AggregationSpec, rows: pa.Table, *, node: str, published_at: datetime, app_id: str,
+                batch_id: int) -> bool:
     """Append the rows written to PostgreSQL for one micro-batch, once."""
     return append_once(path, _rows_table(spec, rows, node, published_at), app_id=app_id, version=batch_id,
                        partition_by=["granularity"])
@@ -46,20 +39,21 @@ NEWEST_FIRST = [("epoch", "descending"), ("batch_id", "descending"), ("published
 and come after that batch's own rows."""
 
 
-def _rows_table(spec: AggregationSpec, rows: list[dict[str, Any]], node: str, published_at: datetime) -> pa.Table:
-    binary = spec.distinct_columns
-    return pa.Table.from_pylist([{**row, **{c: None if row[c] is None else bytes(row[c]) for c in binary},
-                                  "node": node, "published_at": published_at} for row in rows],
-                                schema=arrow_schema(spec))
+def _rows_table(spec: AggregationSpec, rows: pa.Table, node: str, published_at: datetime) -> pa.Table:
+    count = rows.num_rows
+    return (rows.select(spec.written_schema.names)
+            .append_column("node", pa.repeat(pa.scalar(node, pa.string()), count))
+            .append_column("published_at", pa.repeat(pa.scalar(published_at, UTC_MICROS), count))
+            .cast(arrow_schema(spec)))
 
 
 def replace_range(path: Path, spec: AggregationSpec, shard_id: str, start: datetime, end: datetime,
-                  written: list[dict[str, Any]], *, node: str, published_at: datetime, app_id: str) -> int:
+                  written: pa.Table, *, node: str, published_at: datetime, app_id: str) -> int:
     """The Delta side of :func:`tandem.aggregation.postgres.replace_range`: the shard's seconds in ``[start, end)``
     replaced by the recomputed ones (one commit with a predicate, tried again after a conflict with a live append),
     then the rebuilt coarser buckets appended (their newest version wins on read). Returns the rows written."""
-    seconds = [row for row in written if row["granularity"] == "second"]
-    coarser = [row for row in written if row["granularity"] != "second"]
+    is_second = pc.equal(written["granularity"], "second")
+    seconds, coarser = written.filter(is_second), written.filter(pc.invert(is_second))
     predicate = (f"granularity = 'second' AND shard_id = {string_literal(shard_id)} "
                  f"AND bucket_start >= '{start.isoformat()}' AND bucket_start < '{end.isoformat()}'")
     path.mkdir(parents=True, exist_ok=True)
@@ -68,10 +62,10 @@ def replace_range(path: Path, spec: AggregationSpec, shard_id: str, start: datet
                                               commit_properties=CommitProperties(
                                                   app_transactions=[Transaction(f"{app_id}/seconds", 0)])),
                       time.sleep)
-    if coarser:
+    if coarser.num_rows:
         retry_on_conflict(lambda: append_once(path, _rows_table(spec, coarser, node, published_at), app_id=app_id,
                                               version=0, partition_by=["granularity"]), time.sleep)
-    return len(written)
+    return written.num_rows
 
 
 def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,

@@ -20,62 +20,62 @@ from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
 from tandem.store import aggregates
 
 
-def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, epoch: int,
-                       batch_id: int) -> list[dict[str, Any]]:
+def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, epoch: int, batch_id: int) -> pa.Table:
     """Upsert the staged seconds of one plan's shard and recompute every touched coarser bucket.
 
     The seconds are staged by :func:`tandem.store.aggregates.stage_batch`. Returns every written row
-    (without the plan column: the Delta copy lives under the plan's own folder).
+    (``spec.written_schema``: without the plan column, as the Delta copy lives under the plan's own folder).
     """
-    written = aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id)
+    written = [aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id)]
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
         rows = aggregates.roll_up(cursor, spec, MERGE_SQL, plan, shard_id, epoch, batch_id, granularity, child)
-        if spec.distinct_columns:
-            _union_children(cursor, aggregates.Sketches(spec, plan, shard_id, granularity, child), spec, rows)
-        written.extend(rows)
-    return written
+        written.append(_with_children_sketches(cursor, spec, plan, shard_id, granularity, child, rows))
+    return pa.concat_tables(written)
 
 
 def replace_range(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: pa.Table, start: datetime,
-                  end: datetime, epoch: int, batch_id: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                  end: datetime, epoch: int, batch_id: int) -> tuple[pa.Table, dict[str, int]]:
     """Replace one plan's shard seconds in ``[start, end)`` with ``seconds`` (a recomputation of that range) and
     rebuild every coarser bucket overlapping it from its children; the caller holds the table's publishers off
     (:func:`tandem.store.aggregates.lock_for_replace`) in the same transaction.
 
-    Returns the rows written (without the plan column) and how many seconds (and events they counted) were there
+    Returns the rows written (``spec.written_schema``) and how many seconds (and events they counted) were there
     before.
     """
     replaced = aggregates.delete_seconds(cursor, spec, plan, shard_id, start, end)
-    written: list[dict[str, Any]] = []
+    written = [spec.written_schema.empty_table()]
     if seconds.num_rows:
         aggregates.stage_batch(cursor, spec, seconds)
-        written = aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id)
+        written.append(aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id))
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
         rows = aggregates.rebuild_buckets(cursor, spec, MERGE_SQL, plan, shard_id, epoch, batch_id, granularity,
                                           child, start, end)
-        if spec.distinct_columns:
-            _union_children(cursor, aggregates.Sketches(spec, plan, shard_id, granularity, child), spec, rows)
-        written.extend(rows)
-    return written, replaced
+        written.append(_with_children_sketches(cursor, spec, plan, shard_id, granularity, child, rows))
+    return pa.concat_tables(written), replaced
 
 
-def _union_children(cursor, stored: aggregates.Sketches, spec: AggregationSpec, rows: list[dict[str, Any]]) -> None:
-    """Set each rolled-up row's sketches to the union of its children's (the rows returned are updated too)."""
-    for row in rows:
+def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, shard_id: str, granularity: str, child: str,
+                            rows: pa.Table) -> pa.Table:
+    """``rows`` rolled up to ``granularity``, each distinct measure's sketch set to the union of its children's
+    (stored, and returned); ``rows`` as they are when the aggregation has no distinct measure."""
+    if not spec.distinct_columns or not rows.num_rows:
+        return rows
+    stored = aggregates.Sketches(spec, plan, shard_id, granularity, child)
+    updated = rows.to_pylist()
+    for row in updated:
         children = stored.children(cursor, row)
         for column in spec.distinct_columns:
             row[column] = sketches.union(c[column] for c in children)
         stored.store(cursor, row)
+    return pa.Table.from_pylist(updated, schema=spec.written_schema)
 
 
 def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: set[tuple],
-                    granularities: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+                    granularities: tuple[str, ...] | None = None) -> pa.Table:
     """A shard's rows of every bucket (of ``granularities``, default the spec's) containing one of ``seconds``
-    (``(second, *keys)``)."""
-    if not seconds:
-        return []
+    (``(second, *keys)``), in ``spec.written_schema``."""
     wanted = sorted({(g, bucket_start(second[0], g), *second[1:]) for second in seconds
                      for g in granularities or spec.granularities},
                     key=str)

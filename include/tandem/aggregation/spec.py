@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from tandem.aggregation.granularity import GRANULARITIES
 
 # How partial values of a measure combine across shards and from child buckets to parents.
@@ -14,6 +16,8 @@ KINDS = (*MERGE_SQL, "distinct")
 SQL_TYPES = {"double": "double precision", "long": "bigint", "string": "text", "epoch_millis": "bigint"}
 HLL_LG_K = 12
 """log2 of the HLL sketches' buckets: relative standard error ≈ 1.04 / sqrt(2^12) = 1.6 %."""
+ARROW_TYPES = {"double precision": pa.float64(), "bigint": pa.int64(), "bytea": pa.binary(), "text": pa.string()}
+UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,15 @@ class AggregationSpec:
     @property
     def distinct_columns(self) -> list[str]:
         return [m.column for m in self.measures if m.kind == "distinct"]
+
+    @property
+    def written_schema(self) -> pa.Schema:
+        """A published row's columns, as a publish returns them (the serving table's, without ``plan`` and
+        ``updated_at``)."""
+        return pa.schema([("granularity", pa.string()), ("bucket_start", UTC_MICROS),
+                          *[(k, pa.string()) for k in self.keys], ("shard_id", pa.string()),
+                          *[(m.column, ARROW_TYPES[m.sql_type]) for m in self.measures],
+                          ("epoch", pa.int64()), ("batch_id", pa.int64())])
 
     @property
     def version_column(self) -> str:

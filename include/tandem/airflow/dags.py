@@ -339,9 +339,11 @@ def maintenance_doc(plan: PlanConfig) -> str:
     return f"""### Maintenance of plan `{plan.name}`
 
 Hourly. **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
-every node's checkpoint has processed (a committed batch read them) and that every kept GOOD
+every guarding node's checkpoint has processed (a committed batch read them) and that every kept GOOD
 snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
-and the task log says why per file group (e.g. "after the cut of snapshot …").
+and the task log says why per file group (e.g. "after the cut of snapshot …"). A node guards while it
+holds the lease, beats or checkpoints; one left behind (a standby down for 10 minutes) re-syncs from the
+holder before it runs again, and the log names it.
 
 **delta_upkeep** compacts the small files of each Delta output table into few large ones, writes a log
 checkpoint and vacuums files removed more than {human_duration(plan.maintenance.vacuum_retention_s)} ago

@@ -20,17 +20,20 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tandem.config import ClusterConfig, PlanConfig, load_cluster, load_plan
 from tandem.errors import TandemError
+from tandem.layout import InputMtimes
 from tandem.store.db import Database
 
 
-def health_finding(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> dict[str, Any] | None:
-    """The first shard of the plan that needs the supervisor, as a JSON-able event payload (or ``None``)."""
+def health_finding(db: Database, cluster: ClusterConfig, plan: PlanConfig,
+                   inputs: InputMtimes | None = None) -> dict[str, Any] | None:
+    """The first shard of the plan that needs the supervisor, as a JSON-able event payload (or ``None``);
+    ``inputs``: the landing folders as the previous polls saw them."""
     from tandem.supervisor.decisions import actionable, decide
     from tandem.supervisor.health import FAILING
     from tandem.supervisor.observe import observe_shard
 
     for shard in plan.shards:
-        view = observe_shard(db, cluster, plan, shard).view
+        view = observe_shard(db, cluster, plan, shard, inputs).view
         actions = decide(view)
         if not actionable(actions):
             continue
@@ -85,12 +88,13 @@ class StreamHealthTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         cluster, plan = await asyncio.to_thread(self._load)
         db = Database(cluster.database_url, "tandem-trigger")
+        inputs = InputMtimes()
         polls = 0
         try:
             while True:
                 polls += 1
                 try:
-                    finding = await asyncio.to_thread(health_finding, db, cluster, plan)
+                    finding = await asyncio.to_thread(health_finding, db, cluster, plan, inputs)
                 except TandemError as exc:  # PostgreSQL restarting: keep watching
                     self.log.warning("observing plan %s failed (poll %d): %s", self.plan, polls, exc)
                     finding = None

@@ -50,7 +50,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
-from tandem.aggregation.spec import spec_for
+from tandem.aggregation.spec import UTC_MICROS, spec_for
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
 from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.errors import BackfillRefused, PathOutsideRoot
@@ -59,6 +59,7 @@ from tandem.layout import (
     checkpoint_dir,
     delta_table_dir,
     input_files,
+    input_mtimes,
     instance_landing_dirs,
     landing_dir,
     retained_dir,
@@ -152,7 +153,7 @@ def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: 
     if not stateless:
         return None
     folders = [folder for stream in instance_landing_dirs(cluster, plan, shard_id).values() for folder in stream]
-    landed = {path: int(path.stat().st_mtime * 1000) for folder in folders for path in input_files(folder)}
+    landed = {path: int(mtime * 1000) for folder in folders for path, mtime in input_mtimes(folder).items()}
     now_ms = int(time.time() * 1000)
     return max(min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
                    for q in queries.values()) for queries in stateless)
@@ -332,8 +333,8 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
 def newest_seconds(rows: pa.Table, keys: tuple[str, ...], start: datetime, end: datetime) -> pa.Table:
     """Per (second, keys) in ``[start, end)``, the row of the latest micro-batch (an update-mode query emits a
     second again when it changes) (pure)."""
-    start_us, end_us = pa.scalar(start, agg_delta.UTC_MICROS), pa.scalar(end, agg_delta.UTC_MICROS)
-    bucket = rows["bucket_start"].cast(agg_delta.UTC_MICROS)
+    start_us, end_us = pa.scalar(start, UTC_MICROS), pa.scalar(end, UTC_MICROS)
+    bucket = rows["bucket_start"].cast(UTC_MICROS)
     rows = rows.set_column(rows.schema.get_field_index("bucket_start"), "bucket_start", bucket)
     rows = rows.filter(pc.and_(pc.greater_equal(rows["bucket_start"], start_us), pc.less(rows["bucket_start"], end_us)))
     latest: dict[tuple, dict[str, Any]] = {}
@@ -354,12 +355,12 @@ def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard
     spec = spec_for(plan, output)
     columns = ["bucket_start", *spec.keys, *spec.measure_columns]
     if rows is None:  # the recomputation emitted nothing: the range holds no second any more
-        seconds = agg_delta.arrow_schema(spec).empty_table().select(columns)
+        seconds = spec.written_schema.empty_table().select(columns)
     else:
         seconds = newest_seconds(rows, spec.keys, start, end).select(columns)
     counted = spec.version_column
 
-    def work(cursor) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def work(cursor) -> tuple[pa.Table, dict[str, int]]:
         aggregates.ensure_table(cursor, spec)
         aggregates.lock_for_replace(cursor, spec)
         # read under the lock: the rows written carry the newest published batch, so a batch published before
@@ -373,7 +374,7 @@ def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard
                             app_id=f"backfill/{backfill_id}/{shard_id}/{output}")
     return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
             "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
-            "rows_written": len(written)}
+            "rows_written": written.num_rows}
 
 
 BACKFILL_BATCH = -1
@@ -386,13 +387,13 @@ def in_range(rows: pa.Table, field: str, start: datetime, end: datetime) -> pa.T
     """The rows whose ``field`` (a timestamp, or epoch milliseconds) lies in ``[start, end)`` (pure)."""
     column = rows[field]
     if pa.types.is_integer(column.type):
-        column = pc.cast(pc.multiply(column, 1000), pa.int64()).cast(agg_delta.UTC_MICROS)
+        column = pc.cast(pc.multiply(column, 1000), pa.int64()).cast(UTC_MICROS)
     elif pa.types.is_timestamp(column.type) and column.type.tz is None:
-        column = column.cast(pa.timestamp("us")).cast(agg_delta.UTC_MICROS)
+        column = column.cast(pa.timestamp("us")).cast(UTC_MICROS)
     else:
-        column = column.cast(agg_delta.UTC_MICROS)
-    return rows.filter(pc.and_(pc.greater_equal(column, pa.scalar(start, agg_delta.UTC_MICROS)),
-                               pc.less(column, pa.scalar(end, agg_delta.UTC_MICROS))))
+        column = column.cast(UTC_MICROS)
+    return rows.filter(pc.and_(pc.greater_equal(column, pa.scalar(start, UTC_MICROS)),
+                               pc.less(column, pa.scalar(end, UTC_MICROS))))
 
 
 def publish_missing(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,

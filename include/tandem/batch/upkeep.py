@@ -2,14 +2,11 @@
 
 Each table is maintained by :func:`tandem.lake.maintenance.maintain_table` under the plan's live appends, with
 the plan's declared ``maintenance.vacuum_retention`` and, as versions to keep, those the plan's TAKING and GOOD
-snapshots recorded for the table (a TAKING snapshot is recording them now; a GOOD one may be restored). The
-vacuum retention is delta-rs's whole hours (a declared 20 minutes keeps removed files an hour); the log cleanup
-uses it as declared.
+snapshots recorded for the table (a TAKING snapshot is recording them now; a GOOD one may be restored). Vacuum
+and the log cleanup keep removed files and log entries for the declared ``maintenance.vacuum_retention``.
 """
 
 from __future__ import annotations
-
-import math
 
 from deltalake import DeltaTable
 
@@ -26,10 +23,9 @@ def maintain_plan_tables(cluster: ClusterConfig, plan: PlanConfig, db: Database)
         return []
     recorded = [s.output_versions for s in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING,
                                                                                           catalog.GOOD))]
-    retention_hours = math.ceil(plan.maintenance.vacuum_retention_s / 3600)
     done = []
     for table, path in plan_output_tables(cluster, plan).items():
         keep = kept_versions(recorded, table, DeltaTable(str(path)).version())
-        done.append(maintain_table(path, keep=keep, retention_hours=retention_hours,
+        done.append(maintain_table(path, keep=keep, retention_s=plan.maintenance.vacuum_retention_s,
                                    log_retention_s=plan.maintenance.vacuum_retention_s))
     return done

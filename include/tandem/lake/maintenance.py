@@ -16,12 +16,15 @@ How it works
     ``CommitFailedError`` and is tried again on the new version (:data:`ATTEMPTS`), so no append is lost and
     no batch is written twice (the appends' application transactions survive compaction). Vacuum never
     deletes a file of the versions in ``keep`` (the kept snapshots' versions of the table: a restore rolls
-    an instance back to one of them by time travel) nor a file removed less than ``retention_hours`` ago
+    an instance back to one of them by time travel) nor a file removed less than ``retention_s`` ago
     (a reader of an older version still at work), and never a file the log does not mention yet (an append
-    in flight: the vacuum is not ``full``). The log cleanup (:func:`expired_log_entries`) deletes the log
-    entries of versions before the newest checkpoint at or below the oldest kept version (time travel to a
-    kept version starts from that checkpoint), and only those older than ``log_retention_s`` (a reader
-    loading an older version now); delta-rs's own ``cleanup_metadata`` knows no kept versions.
+    in flight: the vacuum is not ``full``). delta-rs counts its retention in whole hours, so the retention
+    is kept exactly by keeping, too, the version before each commit that removed files within it
+    (:func:`versions_before_removals`): a file removed by commit ``r`` is one of version ``r - 1``'s.
+    The log cleanup (:func:`expired_log_entries`) deletes the log entries of versions before the newest
+    checkpoint at or below the oldest kept version (time travel to a kept version starts from that checkpoint),
+    and only those older than ``log_retention_s`` (a reader loading an older version now); delta-rs's own
+    ``cleanup_metadata`` knows no kept versions.
 
 What it does not do
     Decide which versions are needed (:func:`kept_versions` from the snapshot catalog's records) or when to
@@ -73,6 +76,26 @@ def kept_versions(recorded: Iterable[Mapping[str, int]], table: str, latest: int
     (pure). A version after ``latest`` cannot exist; it is left out rather than passed to vacuum."""
     return tuple(sorted({int(versions[table]) for versions in recorded
                          if table in versions and 0 <= int(versions[table]) <= latest}))
+
+
+APPEND_OPERATIONS = frozenset({"WRITE", "STREAMING UPDATE"})
+"""Commits that only add files (a ``WRITE`` in another mode than ``Append`` may remove some; version 0, the
+table's creation, has no version before it)."""
+
+
+def versions_before_removals(history: Iterable[Mapping], since_ms: float) -> tuple[int, ...]:
+    """The version before each commit at or after ``since_ms`` (ms since the epoch) that may have removed files
+    (pure; ``history``: delta-rs's ``DeltaTable.history()`` entries). Keeping those versions keeps every file
+    removed since then."""
+    before = set()
+    for commit in history:
+        if commit.get("timestamp", 0) < since_ms or "version" not in commit or commit["version"] < 1:
+            continue
+        operation = commit.get("operation", "")
+        mode = str((commit.get("operationParameters") or {}).get("mode", "Append"))
+        if operation not in APPEND_OPERATIONS or mode not in ("Append", "ErrorIfExists"):
+            before.add(int(commit["version"]) - 1)
+    return tuple(sorted(before))
 
 
 def log_version(name: str) -> int | None:
@@ -133,12 +156,13 @@ def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], Non
     raise AssertionError("unreachable")
 
 
-def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_hours: int = 168,
-                   log_retention_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> Upkeep:
+def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_s: float = 7 * 86400.0,
+                   log_retention_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
+                   now: Callable[[], float] = time.time) -> Upkeep:
     """Compact, checkpoint, vacuum and clean the log of the Delta table at ``path`` while others append to it.
 
     ``keep``: versions whose files and log vacuum and log cleanup must keep (the kept snapshots');
-    ``retention_hours``: files removed more recently than this are kept too (default: Delta's own week);
+    ``retention_s``: files removed more recently than this are kept too (default: Delta's own week);
     ``log_retention_s``: log entries modified more recently than this are kept (``None``: no log cleanup).
     """
     before = DeltaTable(str(path))
@@ -146,10 +170,13 @@ def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_hours: int
     metrics, compact_retries = retry_on_conflict(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
     checkpointed = DeltaTable(str(path))
     checkpointed.create_checkpoint()
+    oldest = oldest_readable_version(path)  # a version whose log is gone has no reader left to protect
+    recent = [v for v in versions_before_removals(checkpointed.history(), (now() - retention_s) * 1000)
+              if v >= oldest]
+    protected = sorted(set(keep) | set(recent))
     vacuumed, vacuum_retries = retry_on_conflict(lambda: DeltaTable(str(path)).vacuum(
-        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, keep_versions=list(keep)),
-        sleep)
-    removed = 0 if log_retention_s is None else clean_log(path, min(keep, default=checkpointed.version()),
+        retention_hours=0, dry_run=False, enforce_retention_duration=False, keep_versions=protected), sleep)
+    removed = 0 if log_retention_s is None else clean_log(path, min(protected, default=checkpointed.version()),
                                                           log_retention_s)
     after = DeltaTable(str(path))
     return Upkeep(str(path), version_before, after.version(), files_before, len(after.file_uris()),

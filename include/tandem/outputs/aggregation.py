@@ -90,7 +90,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         key = batch.instance
         position = self.position()
 
-        def write(cursor, indices: list[int]) -> list[dict]:
+        def write(cursor, indices: list[int]) -> pa.Table:
             # COPY first: a publisher frozen in the middle of a COPY (SIGSTOP, a stalled VM) is "active", not
             # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
             # the lease's FOR SHARE lock then, or the take-over would wait for as long as it is frozen.
@@ -100,7 +100,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
                 aggregates.ensure_table(cursor, self.spec)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
                                                       batch.batch_id)
-            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), newest, None)
+            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, newest, None)
             return written
 
         written, _ = self.refusals.run(write, list(range(rows.num_rows)), lambda i: rows.slice(i, 1).to_pylist()[0],
@@ -115,7 +115,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         # active dies between the PostgreSQL commit and the Delta append, the standby still
         # holds (and on promotion republishes) these rows instead of dropping them.
         record_position(self.db, key, self.output, batch.batch_id, position)
-        return len(written)
+        return written.num_rows
 
     def identities(self, rows: pa.Table) -> dict[tuple, dict]:
         self._see(rows)
@@ -159,12 +159,12 @@ class FactAggregateSink(HeldById):
         key = batch.instance
         spec = self.spec
 
-        def work(cursor, ids: list[str]) -> tuple[list[dict], list[str]]:
+        def work(cursor, ids: list[str]) -> tuple[pa.Table, list[str]]:
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, spec)
             new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in ids})
-            written: list[dict] = []
+            written = spec.written_schema.empty_table()
             if new:
                 seconds = add_facts(cursor, spec, key.plan, key.shard_id, [rows[i] for i in new], self._second)
                 aggregates.stage_batch(cursor, spec, seconds)
@@ -172,22 +172,22 @@ class FactAggregateSink(HeldById):
                                                           batch.batch_id)
             pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, ids)
             if set(pending) - new:  # applied by an active that died before its Delta append: copy their rows now
-                written += agg_postgres.rows_of_seconds(cursor, spec, key.plan, key.shard_id,
-                                                        {self._second(rows[i]) for i in pending})
-            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(written), None, None)
+                written = pa.concat_tables([written, agg_postgres.rows_of_seconds(
+                    cursor, spec, key.plan, key.shard_id, {self._second(rows[i]) for i in pending})])
+            record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, None, None)
             return written, pending
 
         applied, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
-        written, pending = applied or ([], [])
+        written, pending = applied or (spec.written_schema.empty_table(), [])
         self.table_ready = True
         if pending:
             fence(self.db, batch)
-            if written:
+            if written.num_rows:
                 agg_delta.append_rows(self.delta_path, spec, written, node=key.node, published_at=batch.published_at,
                                       app_id=batch.app_id(self.output), batch_id=batch.batch_id)
             self.db.run(lambda cursor: store.mark_in_lake(cursor, self.table, self.id_column, key.plan, self.output,
                                                           pending))
-        return len(written)
+        return written.num_rows
 
 
 def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: list[dict[str, Any]],
@@ -197,7 +197,7 @@ def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: li
     for fact in facts:
         groups.setdefault(second_of(fact), []).append(fact)
     current = agg_postgres.rows_of_seconds(cursor, spec, plan, shard_id, set(groups), granularities=("second",))
-    by_group = {(r["bucket_start"], *(r[k] for k in spec.keys)): r for r in current}
+    by_group = {(r["bucket_start"], *(r[k] for k in spec.keys)): r for r in current.to_pylist()}
     out = []
     for group, members in groups.items():
         row = {"bucket_start": group[0], **dict(zip(spec.keys, group[1:]))}

@@ -21,6 +21,7 @@ What it does not do
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
@@ -38,6 +39,11 @@ def takeover_grace_s(standby_role: str, ttl_s: float) -> float:
     return ttl_s if standby_role == BACKUP else 0.0
 
 
+def idle_transaction_limit(ttl_s: float) -> dict[str, str]:
+    """The session setting that ends a transaction left idle longer than the lease ttl (pure)."""
+    return {"idle_in_transaction_session_timeout": f"{math.ceil(ttl_s * 1000)}ms"}
+
+
 class RoleController:
     """Holds the role and epoch of one instance; ``lock`` serialises publishing and role changes.
 
@@ -45,6 +51,11 @@ class RoleController:
     threads (a fenced publish demotes): ``_db_lock`` lets one thread at a time use it. (Without it a
     demotion during a renewal that hangs on a cut-off network raised "connection cannot be
     re-entered recursively" and failed the query.) Lock order: ``lock`` before ``_db_lock``.
+
+    The connection's transactions lock the lease row (a renewal, a take-over). One cut off by a network
+    partition between its ``UPDATE`` and its ``COMMIT`` would hold that lock until the server notices,
+    and every standby's take-over would wait for it: PostgreSQL ends a session idle in a transaction
+    longer than the lease ttl (:func:`idle_transaction_limit`), which releases the lock.
     """
 
     def __init__(self, instance: InstanceKey, database_url: str, ttl_s: float, standby_role: str = PASSIVE) -> None:
@@ -56,7 +67,7 @@ class RoleController:
         self.epoch: int | None = None
         self.lock = threading.RLock()
         self._db_lock = threading.Lock()
-        self.db = Database(database_url, "tandem-roles")
+        self.db = Database(database_url, "tandem-roles", settings=idle_transaction_limit(ttl_s))
         self._on_promote: list[Callable[[int], None]] = []
         self._on_tick: list[Callable[[], None]] = []
         self.failure: str | None = None

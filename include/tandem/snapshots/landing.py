@@ -13,9 +13,10 @@ How it works
     directory; per query checkpoint of every node of the shard, the files its committed batches
     read of this stream (:func:`tandem.snapshots.retention.files_of_stream` over every source of
     the query: a pizza-shop query reads orders and deliveries); per query cut of every kept GOOD
-    snapshot, the same. A node whose checkpoint exists counts, running or not (it may resume from
-    it); a query (or cut) that does not read the stream, or reads no files (not a file source), is
-    left out of both.
+    snapshot, the same. The checkpoints of :func:`tandem.snapshots.retention.guarding_nodes` count (the
+    lease holder's, those of nodes that beat or whose checkpoint changed lately): a node left behind
+    launches after a re-sync that replaces its checkpoint. A query (or cut) that does not read the stream,
+    or reads no files (not a file source), is left out of both.
 
     A file nothing but a backfill or reconcile needs any more (younger than a reader plan's
     ``maintenance.keep_input``) moves to ``retained/<stream>/<partition>/`` instead of being deleted, and is
@@ -37,20 +38,26 @@ import os
 import time
 from pathlib import Path
 
-from tandem.checkpoints import CheckpointError, query_dirs
+from tandem.checkpoints import CheckpointError, last_changed, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError
-from tandem.layout import checkpoint_dir, input_files, landing_dir, retained_dir, retained_twin, under_root
-from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream
+from tandem.layout import checkpoint_dir, input_mtimes, landing_dir, retained_dir, retained_twin, under_root
+from tandem.names import WARM
+from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream, guarding_nodes
 from tandem.snapshots.source_log import processed_files_by_source
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
+from tandem.store.leases import read_lease
+from tandem.store.registry import get_instance, instance_id
 
 log = logging.getLogger(__name__)
 
 
 SourceLogs = dict[Path, list[frozenset[str] | None] | None]
 """Per query checkpoint (or cut) read in one retention run: what each of its sources processed."""
+
+Guards = dict[tuple[str, str], list[str]]
+"""Per (plan, shard) read in one retention run: the nodes whose checkpoints guard landing files."""
 
 
 def _read(query_dir: Path, stream_dir: Path, logs: SourceLogs) -> frozenset[str] | None:
@@ -70,7 +77,7 @@ def _read(query_dir: Path, stream_dir: Path, logs: SourceLogs) -> frozenset[str]
 
 
 def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, partition: int,
-                  db: Database, logs: SourceLogs | None = None) -> LandingDecision:
+                  db: Database, logs: SourceLogs | None = None, guards: Guards | None = None) -> LandingDecision:
     """Delete the files of ``landing/<stream>/<partition>`` that every reader has processed for good.
 
     ``plans``: every plan (the readers are the instances of every plan whose share of ``stream``
@@ -80,15 +87,19 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
         PathOutsideRoot: a kept snapshot's recorded cut lies outside the storage root; nothing is deleted.
     """
     logs = {} if logs is None else logs
+    guards = {} if guards is None else guards
     directory = landing_dir(cluster, stream, partition)
-    files = [str(p) for p in sorted(directory.iterdir()) if p.is_file()] if directory.is_dir() else []
+    landed = input_mtimes(directory)  # one listing for the decision and the ages (hidden and _ files: not input)
+    files = [str(path) for path in landed]
     processed_by: dict[str, frozenset[str]] = {}
     kept_cuts: dict[str, frozenset[str]] = {}
     readers = [(plan, shard_id) for plan in plans
                if stream in plan.streams and plan.streams[stream].source == "files"  # not one of its NATS streams
                for shard_id in plan.shards if partition in plan.partitions(shard_id, stream)]
     for plan, shard_id in readers:
-        for node in plan.nodes:
+        if (plan.name, shard_id) not in guards:  # once per run: a shard reads several partitions
+            guards[plan.name, shard_id] = _guarding(cluster, plan, shard_id, db)
+        for node in guards[plan.name, shard_id]:
             for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
                 seen = _read(query_dir, directory.parent, logs)
                 if seen is not None:
@@ -100,7 +111,8 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
     keep_input = max((plan.maintenance.keep_input_s or 0.0 for plan, _ in readers), default=0.0)
-    recent = [f for f in files if _younger(Path(f), keep_input)] if keep_input else []
+    now = time.time()
+    recent = [str(path) for path, mtime in landed.items() if now - mtime < keep_input] if keep_input else []
     decision = decide_landing_retention(files, processed_by, kept_cuts, recent)
     for path in decision.delete:
         Path(path).unlink(missing_ok=True)
@@ -108,9 +120,12 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     if decision.retire:
         retained.mkdir(parents=True, exist_ok=True)
     for path in decision.retire:  # a rename keeps the file's modification time: its age stays its age
-        os.replace(path, retained_twin(cluster, Path(path)))
+        try:
+            os.replace(path, retained_twin(cluster, Path(path)))
+        except FileNotFoundError:  # another retention run (the scheduled one beside a triggered one) moved it
+            continue
     # each retained file was processed by every instance and every kept cut when it moved: only backfills want it
-    expired = [path for path in input_files(retained) if not _younger(path, keep_input)]
+    expired = [path for path, mtime in input_mtimes(retained).items() if now - mtime >= keep_input]
     for path in expired:
         path.unlink(missing_ok=True)
     for line in decision.describe() + ([f"delete {len(expired)} retained file(s): older than "
@@ -119,8 +134,25 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     return decision
 
 
-def _younger(path: Path, seconds: float) -> bool:
-    return time.time() - path.stat().st_mtime < seconds
+def _guarding(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, db: Database) -> list[str]:
+    """The nodes of the shard whose checkpoints guard landing files (:func:`guarding_nodes` on what is read now)."""
+    lease = read_lease(db, plan.name, shard_id)
+    now = time.time()
+    beats, changes = {}, {}
+    for node in plan.nodes:
+        row = get_instance(db, instance_id(plan.name, shard_id, node))
+        if row and row["beat_age_s"] is not None and row["role"] != WARM:  # a WARM standby runs no query
+            beats[node] = float(row["beat_age_s"])
+        changed = last_changed(checkpoint_dir(cluster, plan.name, shard_id, node, ""))
+        if changed is not None:
+            changes[node] = now - changed
+    guarding = guarding_nodes(plan.nodes, lease.holder if lease else None, beats, changes)
+    for node in sorted(set(plan.nodes) - guarding):
+        if node in changes:
+            log.info("landing retention: %s/%s/%s left behind: not the lease holder, no beat for %s, checkpoint "
+                     "unchanged for %.0f s (it launches again after a re-sync)", plan.name, shard_id, node,
+                     f"{beats[node]:.0f} s" if node in beats else "ever", changes[node])
+    return [node for node in plan.nodes if node in guarding]
 
 
 def _every_plan(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, PlanConfig]:
@@ -153,7 +185,9 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: st
         partitions = sorted({(stream, p) for shard in shards for stream, declared in plan.streams.items()
                              if declared.source == "files" for p in plan.partitions(shard, stream)})
         logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
-        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs) for stream, p in partitions}
+        guards: Guards = {}
+        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs, guards)
+                for stream, p in partitions}
     finally:
         if owned:
             db.close()

@@ -37,6 +37,13 @@ How it works
     ``.<name>.tmp`` before renaming it into place. Paths are compared after normalisation
     (:func:`landing_file_key`), so ``file:`` URIs from Spark's logs match plain paths.
 
+    Which checkpoints count (:func:`guarding_nodes`): the lease holder's (it resumes from its own), every
+    node's whose instance beat or whose checkpoint changed within :data:`GUARD_WINDOW_S` (it runs, or is being
+    launched from a fresh re-sync), and every node's while the shard has no lease yet. Any other node's
+    checkpoint is left behind: such a node launches again after a re-sync from the holder, which replaces its
+    checkpoint (a cold standby killed and never needed again would otherwise hold every file back forever); a
+    re-sync that fails does not fall back to a checkpoint left behind (:mod:`tandem.resync`).
+
     Choosing a snapshot: by id, a GOOD one is returned, a BAD one only with ``force``, a TAKING or
     PRUNED one never (it is incomplete or gone); without an id, the newest GOOD snapshot of the
     one (plan, shard) the rows belong to.
@@ -57,6 +64,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import unquote, urlsplit
 
+from tandem.checkpoints import GUARD_WINDOW_S
 from tandem.errors import SnapshotError, SnapshotRefused
 from tandem.store.snapshots import BAD, GOOD, PRUNED, TAKING, SnapshotRecord
 
@@ -242,6 +250,21 @@ def files_of_stream(by_source: Sequence[Collection[str] | None], stream_dir: str
     if reading:
         return frozenset().union(*reading)
     return frozenset() if any(not listed for listed in files) else None
+
+
+def guarding_nodes(nodes: Iterable[str], holder: str | None, beat_age_s: Mapping[str, float],
+                   checkpoint_age_s: Mapping[str, float], window_s: float = GUARD_WINDOW_S) -> frozenset[str]:
+    """The nodes of a shard whose own checkpoints landing retention must respect (pure; see the module).
+
+    ``holder``: the lease's holder, ``None`` while the shard has no lease (then every node counts);
+    ``beat_age_s`` / ``checkpoint_age_s``: seconds since each node's instance beat and its checkpoint last
+    changed (a node missing from one has none).
+    """
+    nodes = list(nodes)
+    if holder is None:
+        return frozenset(nodes)
+    return frozenset(node for node in nodes if node == holder or beat_age_s.get(node, window_s + 1) <= window_s
+                     or checkpoint_age_s.get(node, window_s + 1) <= window_s)
 
 
 def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Collection[str]],

@@ -2,9 +2,13 @@
 
 An aggregation's spec (:class:`tandem.aggregation.spec.AggregationSpec`) names the table, its keys
 and measures; it is passed in and read only (``table``, ``keys``, ``measures``, ``measure_columns``,
-``distinct_columns``, ``version_column``), never imported: the store sits below
+``distinct_columns``, ``version_column``, ``written_schema``), never imported: the store sits below
 :mod:`tandem.aggregation`, which merges sketches, computes ratios and decides which buckets to
 read. Every name from the spec is quoted (:mod:`tandem.store.identifiers`); values are parameters.
+
+The rows a publish writes come back as Arrow tables through ``COPY (… RETURNING …) TO STDOUT``
+(:func:`copied_out`): a catch-up batch writes hundreds of thousands of rows, and fetching them as
+Python dicts, then building Arrow from those for Delta, cost more than the statements themselves.
 """
 
 from __future__ import annotations
@@ -86,24 +90,46 @@ def stage_batch(cursor, spec: Any, seconds: pa.Table) -> None:
         identifiers(columns)), buffer)
 
 
-def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batch_id: int) -> list[dict[str, Any]]:
-    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (without the plan column)."""
+def copied_out(cursor, statement: sql.Composable, params: Mapping[str, Any] | tuple, schema: pa.Schema) -> pa.Table:
+    """The rows of ``statement`` (a query, or an ``INSERT``/``UPDATE``/``DELETE`` with ``RETURNING``), in
+    ``schema``'s columns and order, through ``COPY … TO STDOUT`` as CSV (bytea arrives as hex text and is decoded).
+
+    The session must print timestamps as ISO in UTC and doubles exactly (Tandem's session settings do).
+    """
+    buffer = io.BytesIO()
+    inlined = cursor.mogrify(statement, params).decode()  # COPY takes no parameters
+    cursor.copy_expert(f"COPY ({inlined}) TO STDOUT WITH (FORMAT csv, HEADER true)", buffer)
+    buffer.seek(0)
+    binary = [field.name for field in schema if pa.types.is_binary(field.type)]
+    table = pacsv.read_csv(buffer, parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                           convert_options=pacsv.ConvertOptions(
+                               column_types={f.name: pa.string() if f.name in binary else f.type for f in schema},
+                               null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False))
+    for name in binary:
+        hexed = table.column(name).to_pylist()
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 pa.array([None if v is None else bytes.fromhex(v[2:]) for v in hexed], pa.binary()))
+    return table.select(schema.names).cast(schema)
+
+
+def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batch_id: int) -> pa.Table:
+    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (``spec.written_schema``)."""
     params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
-    cursor.execute(sql.SQL(
+    return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, 'second', bucket_start, {keys}%(shard_id)s, {measures}, %(epoch)s, %(batch_id)s
            FROM _batch
            {conflict}
-           RETURNING {returning}""").format(keys=each("{0}, ", spec.keys), **_parts(spec)), params)
-    return cursor.fetchall()
+           RETURNING {returning}""").format(keys=each("{0}, ", spec.keys), **_parts(spec)), params,
+        spec.written_schema)
 
 
 def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int, batch_id: int,
-            granularity: str, child: str) -> list[dict[str, Any]]:
+            granularity: str, child: str) -> pa.Table:
     """Recompute one plan's shard buckets of ``granularity`` touched by the staged seconds from their ``child``
     buckets (``merge``: the SQL aggregate of each measure kind but distinct, whose sketches are left NULL);
     the rows written."""
-    cursor.execute(sql.SQL(
+    return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
            FROM (SELECT DISTINCT {keys}date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
@@ -117,8 +143,7 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
         keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
         group_keys=each(", p.{0}", spec.keys), **_parts(spec)),
         {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
-         "child": child})
-    return cursor.fetchall()
+         "child": child}, spec.written_schema)
 
 
 def lock_for_replace(cursor, spec: Any) -> None:
@@ -141,7 +166,7 @@ def delete_seconds(cursor, spec: Any, plan: str, shard_id: str, start: datetime,
 
 
 def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int,
-                    batch_id: int, granularity: str, child: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
+                    batch_id: int, granularity: str, child: str, start: datetime, end: datetime) -> pa.Table:
     """Replace one plan's shard buckets of ``granularity`` overlapping ``[start, end)`` with their recomputation from
     their ``child`` buckets (whatever their counts: a recomputed range may hold fewer events); the rows written."""
     params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
@@ -150,7 +175,7 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
     cursor.execute(sql.SQL("DELETE FROM {table} WHERE plan = %(plan)s AND shard_id = %(shard_id)s "
                            "AND granularity = %(granularity)s AND {span}").format(table=sql.Identifier(spec.table),
                                                                                    span=span), params)
-    cursor.execute(sql.SQL(
+    return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, %(granularity)s, date_trunc(%(granularity)s, c.bucket_start) AS bucket,
                   {child_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
@@ -162,8 +187,7 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
            GROUP BY bucket{group_keys}
            RETURNING {returning}""").format(
         child_keys=each("c.{0}, ", spec.keys), merged=sql.SQL(", ").join(_merged(m, merge) for m in spec.measures),
-        group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params)
-    return cursor.fetchall()
+        group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params, spec.written_schema)
 
 
 def seconds_between(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
@@ -217,17 +241,18 @@ class Sketches:
                                      **{f"sketch_{i}": row[c] for i, c in enumerate(self.spec.distinct_columns)}})
 
 
-def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterable[tuple]) -> list[dict[str, Any]]:
-    """A shard's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query)."""
+def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterable[tuple]) -> pa.Table:
+    """A shard's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query), in
+    ``spec.written_schema``."""
     wanted = tuple(tuple(w) for w in wanted)
     if not wanted:
-        return []
-    cursor.execute(
+        return spec.written_schema.empty_table()
+    return copied_out(
+        cursor,
         sql.SQL("SELECT {returning} FROM {table} WHERE plan = %s AND shard_id = %s AND ({columns}) IN %s").format(
             returning=_returning(spec), table=sql.Identifier(spec.table),
             columns=identifiers(["granularity", "bucket_start", *spec.keys])),
-        (plan, shard_id, wanted))
-    return [dict(row) for row in cursor.fetchall()]
+        (plan, shard_id, wanted), spec.written_schema)
 
 
 def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,

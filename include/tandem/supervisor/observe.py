@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
-from tandem import layout
-from tandem.layout import instance_landing_dirs
+from tandem.layout import InputMtimes, instance_landing_dirs
 from tandem.store.db import Database
 from tandem.store.supervision import ShardRows, read_shard
 from tandem.supervisor.decisions import LeaseView, ShardView
@@ -39,19 +38,17 @@ def progress_window_s(plan: PlanConfig) -> float:
     return 2 * max(plan.ha.stall_timeout_s, plan.ha.launch_timeout_s) + 60.0
 
 
-def input_files(directory: Path) -> list[float]:
-    """Modification times of the input files in a landing directory (:func:`tandem.layout.input_files`)."""
-    return [path.stat().st_mtime for path in layout.input_files(directory)]
-
-
 def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> float | None:
     """Age of the oldest file modified after ``after_epoch`` (``None`` when there is none)."""
     newer = [m for m in mtimes if m > after_epoch]
     return max(0.0, now_epoch - min(newer)) if newer else None
 
 
-def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> ShardObservation:
-    """Read one (plan, shard) and evaluate every configured node's instance."""
+def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+                  inputs: InputMtimes | None = None) -> ShardObservation:
+    """Read one (plan, shard) and evaluate every configured node's instance (``inputs``: what a poller remembers of
+    the landing folders between observations)."""
+    inputs = inputs or InputMtimes()
     window = progress_window_s(plan)
     rows = read_shard(db, plan.name, shard_id, progress_window_s=window, launch_window_s=plan.ha.launch_window_s)
     limits = thresholds(plan)
@@ -67,7 +64,7 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
         if row["status"] == "RUNNING":
             if mtimes is None:
                 mtimes = [m for directories in instance_landing_dirs(cluster, plan, shard_id).values()
-                          for directory in directories for m in input_files(directory)]
+                          for directory in directories for m in inputs.of(directory).values()]
             since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
             waiting = oldest_after(mtimes, since, time.time())
         observations[node] = InstanceObservation(
