@@ -37,6 +37,25 @@ MODULE_SECONDS = {
 }
 
 
+# Modules that run several drivers under load: the suite's scheduler runs one of them at a time (_scheduling.py).
+HEAVY_MODULES = {
+    "hosts/test_airflow_on_hosts.py",
+    "integration/test_supervise.py",
+    "integration/test_output_failover.py",
+    "integration/test_failover.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would answer for loadfile first
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` that never runs two heavy modules at the same time."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from _scheduling import OneHeavyModuleAtATime
+
+    return OneHeavyModuleAtATime(config, log, heavy=HEAVY_MODULES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist, the longest modules first (a stable sort: tests keep their order within a module)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -119,7 +119,7 @@ class TestOneHotPairUnderLoad:
         app_id = BatchInfo(InstanceKey("trades", SHARD, active), 0, 0, datetime.now(UTC), lineage).app_id(
             "trade_aggregates")  # the active's Delta application transaction
         assert committed_version(delta_path, app_id) is not None, app_id
-        # Pause it inside a publishing transaction if possible: it then holds the lease row FOR SHARE.
+        # Pause it inside a publishing transaction if possible: it then holds the lease row FOR KEY SHARE.
         paused_at, open_transaction = pause_inside_publish(pair, active)
         try:
             promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,

@@ -11,6 +11,7 @@ import pytest
 from tandem.config import load_cluster
 from tandem.runtime.roles import RoleController
 from tandem.store import Database
+from tandem.store.leases import check_fence, read_lease
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, register_nodes
 
@@ -60,25 +61,31 @@ def test_a_demotion_during_a_renewal_that_hangs_waits_for_it_instead_of_failing(
     assert role["role"] == "PASSIVE"
 
 
+def _active_and_standby(database_url: str, ttl_s: float) -> tuple[RoleController, RoleController]:
+    """Node-a ACTIVE and node-b PASSIVE for ``KEY``'s shard, both registered as running."""
+    standby_key = InstanceKey(KEY.plan, KEY.shard_id, "node-b")
+    with Database(database_url) as db:
+        migrate(db)
+        register_nodes(db, load_cluster())
+        for key in (KEY, standby_key):
+            db.run(lambda cursor, key=key: cursor.execute(
+                """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, updated_at)
+                   VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (key.id, key.plan, key.shard_id, key.node)))
+    active = RoleController(KEY, database_url, ttl_s=ttl_s)
+    active.start(wants_active=True)
+    standby = RoleController(standby_key, database_url, ttl_s=ttl_s)
+    standby.start(wants_active=False)
+    assert (active.role, standby.role) == ("ACTIVE", "PASSIVE")
+    return active, standby
+
+
 def test_a_renewal_cut_off_before_its_commit_does_not_hold_the_standbys_take_over(project, database_url):
     """The active's renewal reached PostgreSQL but its COMMIT never did (its host was cut off between the two):
     its session sits idle in the transaction, holding the lease row's lock. The standby must still take the
     lease once it expires (CI's partition test waited 20 s for a take-over blocked on that lock). The server ends
     the cut-off session after the ttl; the old active, reconnected, finds the lease taken and demotes."""
     cluster = load_cluster()
-    standby_key = InstanceKey(KEY.plan, KEY.shard_id, "node-b")
-    with Database(cluster.database_url) as db:
-        migrate(db)
-        register_nodes(db, cluster)
-        for key in (KEY, standby_key):
-            db.run(lambda cursor, key=key: cursor.execute(
-                """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, updated_at)
-                   VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (key.id, key.plan, key.shard_id, key.node)))
-    active = RoleController(KEY, cluster.database_url, ttl_s=2)
-    active.start(wants_active=True)
-    standby = RoleController(standby_key, cluster.database_url, ttl_s=2)
-    standby.start(wants_active=False)
-    assert (active.role, standby.role) == ("ACTIVE", "PASSIVE")
+    active, standby = _active_and_standby(cluster.database_url, ttl_s=2)
     cut_off = active.db.connection()
     with cut_off.cursor() as cursor:  # the renewal's UPDATE, on the active's own session; no COMMIT follows
         cursor.execute("UPDATE leases SET renewed_at = now() WHERE plan = %s AND shard_id = %s",
@@ -103,4 +110,85 @@ def test_a_renewal_cut_off_before_its_commit_does_not_hold_the_standbys_take_ove
         cut_off.close()  # releases the lock if the server did not (without the fix), so the thread can end
         taking.join(timeout=30)
         active.stop()
+        standby.stop()
+
+
+def test_an_active_publishing_for_longer_than_its_lease_keeps_it(project, database_url):
+    """A live active's publish (its fence check, then one statement as slow as 2.5 lease periods, as a roll-up
+    on a saturated machine) must not cost it the lease: its beats go on renewing while the publish holds the
+    role lock and the lease row's fence lock, and the standby beating meanwhile takes nothing. (CI's supervised
+    pair under load failed over by itself: the beat thread waited for the publish's role lock, and a renewal
+    waited for the publish's FOR SHARE row lock behind the standby's take-over.) The publish then commits."""
+    cluster = load_cluster()
+    active, standby = _active_and_standby(cluster.database_url, ttl_s=2)
+    active.on_tick(lambda: None)  # periodic work under the role lock, like trimming held outputs
+    epoch = active.epoch
+    committed: list[bool] = []
+
+    def publish() -> None:
+        with active.lock, Database(cluster.database_url) as db:
+            def write(cursor) -> None:
+                check_fence(cursor, KEY.plan, KEY.shard_id, KEY.node, epoch)
+                cursor.execute("SELECT pg_sleep(5)")
+            db.run(write, attempts=1)
+            committed.append(True)
+
+    def beats(roles: RoleController, until: float) -> None:
+        while time.monotonic() < until:
+            roles.tick()
+            time.sleep(0.5)
+
+    until = time.monotonic() + 7
+    threads = [threading.Thread(target=publish, name="query"),
+               threading.Thread(target=beats, args=(active, until), name="active-liveness"),
+               threading.Thread(target=beats, args=(standby, until), name="standby-liveness")]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(3.5)  # the publish is 3.5 s into its 5-s statement, past the ttl since it began
+        with Database(cluster.database_url) as db:
+            mid_publish = read_lease(db, KEY.plan, KEY.shard_id)
+        for thread in threads:
+            thread.join(timeout=60)
+        assert mid_publish.expired_for_s < 0, f"the lease lapsed while its holder published: {mid_publish}"
+        assert committed == [True]
+        assert (active.role, active.epoch, standby.role) == ("ACTIVE", epoch, "PASSIVE")
+        with Database(cluster.database_url) as db:
+            lease = read_lease(db, KEY.plan, KEY.shard_id)
+        assert (lease.holder, lease.epoch) == (KEY.node, epoch)
+    finally:
+        active.stop()
+        standby.stop()
+
+
+def test_a_promotion_publishing_what_was_held_for_longer_than_the_lease_keeps_it(project, database_url):
+    """The standby takes the lease and publishes what it held, which takes 2.5 lease periods on a busy
+    machine; the node it took over from, back as a standby, beats meanwhile. The lease must stay with the new
+    active (renewed while it publishes), not lapse to the old one in the middle of the promotion."""
+    cluster = load_cluster()
+    active, standby = _active_and_standby(cluster.database_url, ttl_s=2)
+    standby.on_promote(lambda epoch: time.sleep(5))
+    active.stop()  # gives the lease up
+
+    def holder() -> str | None:
+        with Database(cluster.database_url) as db:
+            return read_lease(db, KEY.plan, KEY.shard_id).holder
+
+    promoting = threading.Thread(target=standby.tick, name="node-b-liveness")  # takes the lease, publishes 5 s
+    promoting.start()
+    returned = RoleController(KEY, cluster.database_url, ttl_s=2)  # node-a, back as a standby
+    try:
+        deadline = time.monotonic() + 10
+        while holder() != "node-b" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        returned.start(wants_active=False)
+        while promoting.is_alive():
+            returned.tick()
+            time.sleep(0.5)
+        with Database(cluster.database_url) as db:
+            lease = read_lease(db, KEY.plan, KEY.shard_id)
+        assert (lease.holder, lease.epoch, returned.role) == ("node-b", standby.epoch, "PASSIVE"), lease
+    finally:
+        promoting.join(timeout=30)
+        returned.stop()
         standby.stop()

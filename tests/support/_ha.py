@@ -578,7 +578,7 @@ class Pair:
 
 
 # ------------------------------------------------------------------------------------------------
-# Catching an instance inside a publishing transaction (it holds the lease row FOR SHARE)
+# Catching an instance inside a publishing transaction (it holds the lease row FOR KEY SHARE)
 
 
 def postgres_ports(pid: int, server_port: int = 5432) -> list[int]:

@@ -93,7 +93,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         def write(cursor, indices: list[int]) -> pa.Table:
             # COPY first: a publisher frozen in the middle of a COPY (SIGSTOP, a stalled VM) is "active", not
             # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
-            # the lease's FOR SHARE lock then, or the take-over would wait for as long as it is frozen.
+            # the lease's FOR KEY SHARE lock then, or the take-over would wait for as long as it is frozen.
             aggregates.stage_batch(cursor, self.spec, rows if len(indices) == rows.num_rows else rows.take(indices))
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:

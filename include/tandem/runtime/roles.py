@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from tandem.errors import FencedError, StoreError
 from tandem.names import ACTIVE, BACKUP, PASSIVE, STANDBY_ROLES, WARM
@@ -90,7 +91,8 @@ class RoleController:
                     self._record_role()
 
     def on_tick(self, work: Callable[[], None]) -> None:
-        """Run ``work()`` every heartbeat (e.g. trim held outputs by the active's position)."""
+        """Run ``work()`` every heartbeat (e.g. trim held outputs by the active's position); a beat that finds
+        a publish holding the lock skips it."""
         self._on_tick.append(work)
 
     def start(self, wants_active: bool) -> None:
@@ -115,8 +117,13 @@ class RoleController:
                 self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), "lease expired or handed over",
                                same_node=True)
             for work in self._on_tick:
-                with self.lock:
-                    work()
+                # a publish holds the lock for as long as it writes: skip to the next beat rather than wait,
+                # so a slow publish never holds up the renewals and beats of this thread
+                if self.lock.acquire(blocking=False):
+                    try:
+                        work()
+                    finally:
+                        self.lock.release()
         except StoreError as exc:  # PostgreSQL unreachable: nobody can publish; try again next beat
             log.warning("role tick skipped: %s", exc)
 
@@ -126,7 +133,7 @@ class RoleController:
                                 grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
         if epoch is None:
             return
-        with self.lock:
+        with self.lock, self._renewed_meanwhile(epoch):
             try:
                 for flush in self._on_promote:
                     flush(epoch)
@@ -145,6 +152,29 @@ class RoleController:
             self.epoch = epoch
             self._record_role()
         log.info("%s is ACTIVE at epoch %d", self.instance.id, epoch)
+
+    @contextmanager
+    def _renewed_meanwhile(self, epoch: int) -> Iterator[None]:
+        """Renew the lease taken at ``epoch`` from another thread while this one publishes what was held,
+        which can take longer than the ttl on a busy machine (this thread renews only once it is done)."""
+        done = threading.Event()
+
+        def renew_until_done() -> None:
+            while not done.wait(self.ttl_s / 3):
+                try:
+                    with self._db_lock:
+                        renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
+                              self.ttl_s)
+                except StoreError as exc:
+                    log.warning("renewal during the promotion failed: %s", exc)
+
+        renewing = threading.Thread(target=renew_until_done, name="tandem-promotion-renewal", daemon=True)
+        renewing.start()
+        try:
+            yield
+        finally:
+            done.set()
+            renewing.join()
 
     def demote(self, reason: str) -> None:
         """Stop publishing (called on a refused renewal or a fenced write)."""

@@ -1,10 +1,16 @@
 """The ACTIVE role as a lease with a fencing epoch, and the failover-events log.
 
 One row per (plan, shard). The holder renews it every heartbeat interval; it expires after
-``ttl_s`` (heartbeat interval × max missed). Taking it is a single compare-and-set ``UPDATE``
-that succeeds only when the lease is free or expired, and increments the epoch. Every write of
-an output checks, in its own transaction, that the writer still holds the lease at its epoch
-(``check_fence``); the ``FOR SHARE`` lock makes a concurrent take-over wait for that write.
+``ttl_s`` (heartbeat interval × max missed). Taking it is a compare-and-set that succeeds only
+when the lease is free or expired, and increments the epoch. Every write of an output checks, in
+its own transaction, that the writer still holds the lease at its epoch (``check_fence``).
+
+Row locks: the fence check holds the row ``FOR KEY SHARE`` until its write commits. Everything that
+changes the holder (a take-over, a hand-over) first locks the row ``FOR UPDATE``, which waits for
+those writes, so no take-over lands in the middle of one. A renewal changes neither holder nor
+epoch and is a plain ``UPDATE`` (``FOR NO KEY UPDATE``), which a ``KEY SHARE`` lock does not block:
+the active's renewals never wait for its own publishing, however long that takes. (With
+``FOR SHARE`` they did; a publish longer than the ttl let the standby's queued take-over win.)
 """
 
 from __future__ import annotations
@@ -58,23 +64,26 @@ def try_acquire(db: Database, plan: str, shard_id: str, node: str, ttl_s: float,
 
     def work(cursor) -> int | None:
         _ensure_row(cursor, plan, shard_id, ttl_s)
+        params = {"node": node, "ttl": ttl_s, "plan": plan, "shard": shard_id, "grace": grace_s,
+                  "same_node": same_node}
         cursor.execute(
-            """UPDATE leases AS l
-               SET holder = %(node)s, epoch = l.epoch + 1, ttl_s = %(ttl)s,
-                   expires_at = now() + make_interval(secs => %(ttl)s), acquired_at = now(), renewed_at = now()
-               FROM (SELECT holder AS previous FROM leases WHERE plan = %(plan)s AND shard_id = %(shard)s) AS p
-               WHERE l.plan = %(plan)s AND l.shard_id = %(shard)s
-                 AND (l.holder IS NULL OR l.expires_at + make_interval(secs => %(grace)s) < now()
-                      OR (%(same_node)s AND l.holder = %(node)s))
-               RETURNING l.epoch, p.previous""",
-            {"node": node, "ttl": ttl_s, "plan": plan, "shard": shard_id, "grace": grace_s, "same_node": same_node},
-        )
-        row = cursor.fetchone()
-        if row is None:
+            """SELECT holder FROM leases
+               WHERE plan = %(plan)s AND shard_id = %(shard)s
+                 AND (holder IS NULL OR expires_at + make_interval(secs => %(grace)s) < now()
+                      OR (%(same_node)s AND holder = %(node)s))
+               FOR UPDATE""", params)
+        taken = cursor.fetchone()  # the condition is checked again on the row as it is once locked
+        if taken is None:
             return None
-        record_event(cursor, plan, shard_id, "PROMOTED", reason, node=node, previous_node=row["previous"],
-                     epoch=row["epoch"])
-        return int(row["epoch"])
+        cursor.execute(
+            """UPDATE leases SET holder = %(node)s, epoch = epoch + 1, ttl_s = %(ttl)s,
+                   expires_at = now() + make_interval(secs => %(ttl)s), acquired_at = now(), renewed_at = now()
+               WHERE plan = %(plan)s AND shard_id = %(shard)s
+               RETURNING epoch""", params)
+        epoch = int(cursor.fetchone()["epoch"])
+        record_event(cursor, plan, shard_id, "PROMOTED", reason, node=node, previous_node=taken["holder"],
+                     epoch=epoch)
+        return epoch
 
     return db.run(work)
 
@@ -113,7 +122,7 @@ def release(db: Database, plan: str, shard_id: str, node: str, epoch: int, reaso
 def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None:
     """Inside a publishing transaction: raise :class:`FencedError` unless ``node`` holds ``epoch``.
 
-    The ``FOR SHARE`` lock makes a take-over wait for this transaction. So that a publisher
+    The ``FOR KEY SHARE`` lock makes a take-over wait for this transaction (not a renewal). So that a publisher
     frozen inside it (SIGSTOP, a stalled VM) cannot block the take-over for as long as it is
     frozen, the transaction also sets ``idle_in_transaction_session_timeout`` to the lease ttl:
     PostgreSQL ends a session that sits idle in this transaction longer than that, which rolls it
@@ -124,7 +133,7 @@ def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None
     cursor.execute(
         """SELECT holder, epoch,
                   set_config('idle_in_transaction_session_timeout', ceil(ttl_s * 1000)::bigint || 'ms', true)
-           FROM leases WHERE plan = %s AND shard_id = %s FOR SHARE""",
+           FROM leases WHERE plan = %s AND shard_id = %s FOR KEY SHARE""",
         (plan, shard_id))
     row = cursor.fetchone()
     if row is None or row["holder"] != node or row["epoch"] != epoch:
