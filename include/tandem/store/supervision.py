@@ -101,8 +101,8 @@ def hand_over(db: Database, plan: str, shard_id: str, from_node: str, epoch: int
 
     def work(cursor) -> int | None:
         # FOR UPDATE waits for a publish in progress (its fence check holds the row FOR KEY SHARE)
-        cursor.execute("SELECT 1 FROM leases WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s FOR UPDATE",
-                       (plan, shard_id, from_node, epoch))
+        cursor.execute("""SELECT 1 FROM leases WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s
+                          FOR UPDATE""", (plan, shard_id, from_node, epoch))
         if cursor.fetchone() is None:
             return None
         cursor.execute(
