@@ -192,3 +192,27 @@ def test_a_promotion_publishing_what_was_held_for_longer_than_the_lease_keeps_it
         promoting.join(timeout=30)
         returned.stop()
         standby.stop()
+
+
+def test_a_promotion_that_cannot_publish_what_was_held_gives_the_lease_back(project, database_url):
+    """Publishing the held outputs fails for a reason no retry mends (here a bug in a sink): the instance keeps
+    the failure (it then ends FAILED) and the lease it took is given back at once, not renewed past it by the
+    thread that renewed it during the promotion."""
+    cluster = load_cluster()
+    active, standby = _active_and_standby(cluster.database_url, ttl_s=2)
+
+    def broken(epoch: int) -> None:
+        time.sleep(1)  # long enough for a renewal during the promotion
+        raise ValueError("a sink's bug")
+
+    standby.on_promote(broken)
+    active.stop()
+    try:
+        standby.tick()
+        assert standby.role == "PASSIVE" and "a sink's bug" in (standby.failure or ""), standby.failure
+        time.sleep(1)
+        with Database(cluster.database_url) as db:
+            lease = read_lease(db, KEY.plan, KEY.shard_id)
+        assert lease.holder == "node-b" and lease.expired_for_s > 0, lease
+    finally:
+        standby.stop()

@@ -133,10 +133,11 @@ class RoleController:
                                 grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
         if epoch is None:
             return
-        with self.lock, self._renewed_meanwhile(epoch):
+        with self.lock:
             try:
-                for flush in self._on_promote:
-                    flush(epoch)
+                with self._renewed_meanwhile(epoch):  # ended before a failure gives the lease back
+                    for flush in self._on_promote:
+                        flush(epoch)
             except FencedError as exc:
                 log.warning("lost the lease while publishing held outputs: %s", exc)
                 return
