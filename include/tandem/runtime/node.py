@@ -259,7 +259,8 @@ def await_warm_takeover(db: Database, cluster: ClusterConfig, plan: PlanConfig, 
     while not promoted.wait(WAIT_POLL_S):
         if stop.is_set():
             return False
-    epoch = roles.epoch
+    with roles.lock:  # the promotion sets the event while it publishes, and holds the lock until its epoch is set
+        epoch = roles.epoch
     record_takeover(db, key)
     previous = promoted_from(db, plan.name, key.shard_id, epoch) if epoch is not None else None
     if previous is not None and previous != key.node:
