@@ -29,15 +29,14 @@ class OneHeavyModuleAtATime(LoadFileScheduling):
                    for scope, tests in units.items())
 
     def _assign_work_unit(self, node) -> None:
-        self.assigned_work.setdefault(node, {})
+        """xdist's own assignment of the queue's first module, once the first this node may run is put first."""
         blocked = self._heavy_running_elsewhere(node)
         scope = next((s for s in self.workqueue if not (blocked and self._is_heavy(s))), None)
         if scope is None:  # only heavy modules left and one runs elsewhere: this node waits for it
+            self.assigned_work.setdefault(node, {})  # xdist's _reschedule reads it
             return
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work[node][scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        self.workqueue.move_to_end(scope, last=False)
+        super()._assign_work_unit(node)
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)

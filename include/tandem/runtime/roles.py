@@ -106,10 +106,7 @@ class RoleController:
         try:
             epoch = self.epoch
             if epoch is not None:
-                with self._db_lock:
-                    renewed = renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
-                                    self.ttl_s)
-                if not renewed:
+                if not self._renew(epoch):
                     self.demote("lease renewal refused: another node holds the lease")
             else:
                 # same_node: a lease that names this node was handed over to it (drain, failover now)
@@ -154,6 +151,11 @@ class RoleController:
             self._record_role()
         log.info("%s is ACTIVE at epoch %d", self.instance.id, epoch)
 
+    def _renew(self, epoch: int) -> bool:
+        """Extend the lease held at ``epoch``; ``False`` when another node holds it now."""
+        with self._db_lock:
+            return renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch, self.ttl_s)
+
     @contextmanager
     def _renewed_meanwhile(self, epoch: int) -> Iterator[None]:
         """Renew the lease taken at ``epoch`` from another thread while this one publishes what was held,
@@ -163,9 +165,7 @@ class RoleController:
         def renew_until_done() -> None:
             while not done.wait(self.ttl_s / 3):
                 try:
-                    with self._db_lock:
-                        renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
-                              self.ttl_s)
+                    self._renew(epoch)
                 except StoreError as exc:
                     log.warning("renewal during the promotion failed: %s", exc)
 
