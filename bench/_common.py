@@ -359,7 +359,8 @@ def machine_info(spark=None, server_url: str | None = None) -> dict:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_by_process() -> dict[int, tuple[str, float]]:
+def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
+    """Per process: its name, the CPU seconds it used and those of the children it reaped."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -370,7 +371,8 @@ def _cpu_by_process() -> dict[int, tuple[str, float]]:
             continue
         comm = text[text.index("(") + 1:text.rindex(")")]
         fields = text[text.rindex(")") + 2:].split()
-        found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / _TICKS)
+        found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / _TICKS,
+                                  (int(fields[13]) + int(fields[14])) / _TICKS)
     return found
 
 
@@ -396,11 +398,33 @@ class ForeignCpu:
     def seconds(self) -> float:
         busy = _busy_seconds() - self.busy
         mine = 0.0
-        for pid, (comm, cpu) in _cpu_by_process().items():
+        for pid, (comm, cpu, _) in _cpu_by_process().items():
             if pid in self.ours or comm.startswith("postgres"):
                 before = self.start.get(pid)
                 mine += cpu - before[1] if before and before[0] == comm else cpu
         return max(0.0, busy - mine)
+
+
+class CpuSplit:
+    """CPU seconds a run used, split between this benchmark's processes (``ours``: Python and its JVM, with the
+    children they reaped) and PostgreSQL's (every ``postgres`` process; a backend that ended meanwhile through the
+    children the postmaster reaped). What the cores did for a run, as against its wall time."""
+
+    def __init__(self, ours: set[int]) -> None:
+        self.ours = ours
+        self.start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        used = {"benchmark": 0.0, "postgresql": 0.0}
+        for pid, (comm, own, reaped) in _cpu_by_process().items():
+            if pid in self.ours:
+                used["benchmark"] += own + reaped
+            elif comm.startswith("postgres"):
+                used["postgresql"] += own + reaped
+        return used
+
+    def seconds(self) -> dict[str, float]:
+        return {name: round(value - self.start[name], 1) for name, value in self._read().items()}
 
 
 def wait_for_quiet(ours: set[int], max_wait_s: float = 900, window_s: float = 5.0, cores: float = 0.15,

@@ -95,3 +95,25 @@ def summary(events: int, seconds: dict[str, list[float]], tandem_events_per_s: f
     return {"configs": {name: {"seconds": seconds[name], "events_per_s": round(rate)} for name, rate in rates.items()},
             "best": best, "best_events_per_s": round(rates[best]),
             "engine_ratio": round(tandem_events_per_s / rates[best], 3), "target_engine_ratio": 0.9}
+
+
+def ceiling(engine_runs: list[dict], tandem_runs: list[dict], cores: int) -> dict:
+    """How close to the engine Tandem can get on ``cores`` while its PostgreSQL does what it does today.
+
+    A Tandem run does at least the engine's work (the best configuration's CPU seconds, Python and JVM) and its
+    publishing's PostgreSQL work (what PostgreSQL used in Tandem's timed runs). Overlapped perfectly, with nothing
+    else added, that takes at least ``(engine CPU + PostgreSQL CPU) / cores`` and never less than the engine's own
+    wall: the engine's wall over that is the highest ``engine_ratio`` reachable (pure; the median run of each).
+    """
+    import statistics
+
+    engine_wall = statistics.median(r["wall_s"] for r in engine_runs)
+    engine_cpu = statistics.median(r["cpu_s"]["benchmark"] for r in engine_runs)
+    postgresql = statistics.median(r["cpu_s"]["postgresql"] for r in tandem_runs)
+    least_wall = max(engine_wall, (engine_cpu + postgresql) / cores)
+    return {"cores": cores, "engine_wall_s": engine_wall, "engine_cpu_s": engine_cpu,
+            "engine_cores_busy": round(engine_cpu / engine_wall, 2),
+            "tandem_postgresql_cpu_s": postgresql,
+            "tandem_cpu_s": statistics.median(r["cpu_s"]["benchmark"] for r in tandem_runs),
+            "least_tandem_wall_s": round(least_wall, 1), "engine_ratio_ceiling": round(engine_wall / least_wall, 3)}
+

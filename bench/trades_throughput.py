@@ -229,6 +229,7 @@ class Bench:
         waited = (C.wait_for_quiet(ours, max_wait_s=self.args.max_wait, on_wait=waiting)
                   if self.args.wait_for_quiet else 0.0)
         self.foreign = C.ForeignCpu(ours)
+        self.cpu = C.CpuSplit(ours)
         return {"waited_for_quiet_s": round(waited, 1)}
 
     def pair(self, inp: C.InputSet, label: str, discarded: list[dict]) -> tuple[dict, dict]:
@@ -252,6 +253,10 @@ class Bench:
         """CPU seconds other processes used since :meth:`settle` (0 on a quiet machine)."""
         return round(self.foreign.seconds(), 1)
 
+    def used(self) -> dict:
+        """What a run recorded at its end: the CPU others used (:meth:`disturbance`) and its own, split."""
+        return {"other_processes_cpu_s": self.disturbance(), "cpu_s": self.cpu.seconds()}
+
     # -- one run of each side ------------------------------------------------------------------
 
     def run_tandem(self, inp: C.InputSet, label: str) -> dict:
@@ -265,7 +270,7 @@ class Bench:
         started = time.perf_counter()
         result = run_instance(cluster, plan, "node-a", "shard-1", spark=self.spark, available_now=True)
         wall = time.perf_counter() - started
-        conditions["other_processes_cpu_s"] = self.disturbance()
+        conditions.update(self.used())
         if result.status != "STOPPED":
             raise RuntimeError(f"tandem run {label} failed: {result.error}")
         return {"side": "tandem", "label": label, "wall_s": round(wall, 3),
@@ -284,7 +289,7 @@ class Bench:
         plain_trades.run(self.spark, str(inp.directory), database, str(out),
                          max_files_per_trigger=self.args.max_files_per_trigger)
         wall = time.perf_counter() - started
-        conditions["other_processes_cpu_s"] = self.disturbance()
+        conditions.update(self.used())
         return {"side": "plain", "label": label, "wall_s": round(wall, 3),
                 "events_per_s": round(inp.lines / wall), "database": database, "delta_root": str(out), **conditions,
                 "batches": summarize_batches(self.batches.take())}
@@ -294,8 +299,7 @@ class Bench:
         cluster, plan = self.use_tandem_project(inp.directory.parents[2], self.server)
         conditions = self.settle()
         wall = engine.run_engine(cluster, plan, self.spark, config, self.workdir / "engine-checkpoints")
-        return {"config": config.name, "wall_s": round(wall, 3), **conditions,
-                "other_processes_cpu_s": self.disturbance()}
+        return {"config": config.name, "wall_s": round(wall, 3), **conditions, **self.used()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -833,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
                         progress.advance(phase)
                 anchor = engine.summary(inp.lines, {c.name: [r["wall_s"] for r in anchor_runs if r["config"] == c.name]
                                                     for c in engine.CONFIGS}, tandem_eps)
+                best_runs = [r for r in anchor_runs if r["config"] == anchor["best"]]
+                anchor["ceiling"] = engine.ceiling(best_runs, [r for r in runs if r["side"] == "tandem"],
+                                                   len(os.sched_getaffinity(0)))
                 results.update({"engine_ratio": anchor["engine_ratio"], "engine_best_events_per_s":
                                 anchor["best_events_per_s"], "engine": {**anchor, "runs": anchor_runs,
                                                                         "method": engine.__doc__.strip()}})
@@ -896,6 +903,10 @@ def show(results: dict) -> None:
     if "engine" in results:
         console.print(f"engine anchor: best {results['engine']['best']} = {results['engine_best_events_per_s']:,}/s; "
                       f"Tandem / engine-best {results['engine_ratio']} (target ≥ 0.9)")
+        ceiling = results["engine"]["ceiling"]
+        console.print(f"ceiling with today's PostgreSQL work: {ceiling['engine_ratio_ceiling']} (engine "
+                      f"{ceiling['engine_cpu_s']} CPU s in {ceiling['engine_wall_s']} s; Tandem's PostgreSQL "
+                      f"{ceiling['tandem_postgresql_cpu_s']} CPU s on {ceiling['cores']} cores)")
     if "latency" in results:
         lat = results["latency"]
         console.print(f"latency tandem @ {lat['rate_events_per_s']}/s, trigger {lat['trigger_s']} s: "
