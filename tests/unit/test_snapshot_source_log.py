@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tandem.checkpoints import CheckpointError
+from tandem.snapshots import source_log
 from tandem.snapshots.source_log import processed_files
 
 LANDING = "file:///data/landing/trades/shard-1"
@@ -77,3 +78,30 @@ def test_broken_logs_are_named(tmp_path: Path) -> None:
     (query / "offsets" / "1").unlink()
     with pytest.raises(CheckpointError, match="offsets/1 is missing although batch 1 committed"):
         processed_files(query)
+
+
+def test_entries_before_the_newest_compaction_are_not_read(tmp_path: Path) -> None:
+    query = checkpoint(tmp_path / "q", committed=6, compact_at=4)
+    put(query / "sources" / "0" / "1", "v1\nnot json\n")  # repeated by 4.compact: Spark may be deleting it
+    assert processed_files(query) == {f"{LANDING}/f{b}.jsonl" for b in range(7)}
+
+
+def test_an_entry_that_goes_while_the_log_is_read_is_read_from_the_compaction_that_repeats_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    query = checkpoint(tmp_path / "q", committed=6, compact_at=4)
+    log = query / "sources" / "0"
+    read = source_log._logged_records
+    calls = []
+
+    def compacted_meanwhile(entry: Path) -> list[dict]:
+        calls.append(entry.name)
+        if len(calls) == 1:  # the listing is stale: Spark wrote 6.compact and deleted what it repeats
+            for number in (4, 5, 6):
+                for name in (str(number), f"{number}.compact"):
+                    (log / name).unlink(missing_ok=True)
+            put(log / "6.compact", log_entry(*(f"f{b}.jsonl" for b in range(7))))
+        return read(entry)
+
+    monkeypatch.setattr(source_log, "_logged_records", compacted_meanwhile)
+    assert processed_files(query) == {f"{LANDING}/f{b}.jsonl" for b in range(7)}
+    assert calls == ["4.compact", "6.compact"]

@@ -57,14 +57,34 @@ def _logged_up_to(log_dir: Path, limit: int) -> frozenset[str]:
     return frozenset(record["path"] for record in _records_up_to(log_dir, limit))
 
 
+_LISTINGS = 5
+"""How many times a log is listed before an entry that keeps disappearing is an error (see :func:`_records_up_to`)."""
+
+
 def _records_up_to(log_dir: Path, limit: int) -> list[dict]:
-    """The records (``path``, ``timestamp`` …) a file-source log holds in its entries up to ``limit``."""
-    records: list[dict] = []
-    for entry in sorted(log_dir.iterdir()) if log_dir.is_dir() else []:
-        match = _LOG_ENTRY.match(entry.name)
-        if match and int(match.group(1)) <= limit:
-            records += _logged_records(entry)
-    return records
+    """The records (``path``, ``timestamp`` …) a file-source log holds in its entries up to ``limit``: those of the
+    newest compacted entry at or below it (it repeats every earlier entry) and of the entries after it.
+
+    Spark deletes the entries a compaction repeats while the query runs (older than
+    ``spark.sql.streaming.fileSource.log.cleanupDelay``). An entry that goes between the listing and its reading
+    is repeated by a newer compaction, so the log is listed again. (Reading every listed entry failed a soak's
+    reconcile with ``FileNotFoundError`` after two hours of a running query.)
+    """
+    for _ in range(_LISTINGS):
+        try:
+            return [record for entry in _entries_from_newest_compaction(log_dir, limit)
+                    for record in _logged_records(entry)]
+        except FileNotFoundError:
+            continue
+    raise CheckpointError(f"{log_dir}: its entries kept disappearing while they were read ({_LISTINGS} listings)")
+
+
+def _entries_from_newest_compaction(log_dir: Path, limit: int) -> list[Path]:
+    """The entries of a file-source log up to ``limit``, from the newest compacted one at or below it, in order."""
+    listed = sorted((int(match.group(1)), entry) for entry in (log_dir.iterdir() if log_dir.is_dir() else [])
+                    if (match := _LOG_ENTRY.match(entry.name)) and int(match.group(1)) <= limit)
+    start = max((number for number, entry in listed if entry.name.endswith(".compact")), default=-1)
+    return [entry for number, entry in listed if number >= start]
 
 
 def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | None]:
