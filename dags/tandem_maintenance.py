@@ -1,7 +1,6 @@
-"""``tandem_<plan>_maintenance``: hourly upkeep of a plan's storage (landing retention, Delta upkeep, PostgreSQL
-retention).
+"""``tandem_<plan>_maintenance``: upkeep of a plan's storage (landing retention, Delta upkeep, PostgreSQL retention).
 
-One DAG per ``conf/plans/*.yaml``.
+One DAG per ``conf/plans/*.yaml`` (``maintenance.schedule``: hourly unless declared, ``manual`` for none).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ for plan in plans.values():
         dag_id=plan_dag_id(plan.name, "maintenance"),
         description=f"Delete input of plan {plan.name} that no restart or restore needs; compact and vacuum its Delta "
                     "tables, delete its old PostgreSQL rows",
-        schedule="@hourly",
+        schedule=plan.maintenance.dag_schedule,
         start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,

@@ -100,6 +100,18 @@ def _cron(value: str) -> str:
     return value
 
 
+MANUAL_SCHEDULE = "manual"
+
+
+def _cron_or_manual(value: str) -> str:
+    if value == MANUAL_SCHEDULE:
+        return value
+    try:
+        return _cron(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, nor {MANUAL_SCHEDULE!r} (triggered runs only)") from None
+
+
 def _http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -229,12 +241,20 @@ class MaintenanceConfig(StrictModel):
     ``keep_input``: input files younger than this stay even once processed (not given: only what a restart or
     a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back; once no
     restart or restore needs them they move from ``landing/`` to ``retained/``, out of what the streams list.
+    ``schedule``: the maintenance DAG's (cron or a preset), or ``manual``: it runs only when triggered (``tandem
+    maintain``, the Airflow UI, an outside scheduler).
     """
 
+    schedule: Annotated[StrictStr, AfterValidator(_cron_or_manual)] = "@hourly"
     compact: StrictBool = True
     vacuum_retention_s: Duration = Field(7 * 86400.0, alias="vacuum_retention")
     retention: RetentionConfig = RetentionConfig()
     keep_input_s: Duration | None = Field(None, alias="keep_input")
+
+    @property
+    def dag_schedule(self) -> str | None:
+        """The maintenance DAG's ``schedule`` (``None``: triggered runs only)."""
+        return None if self.schedule == MANUAL_SCHEDULE else self.schedule
 
 
 class ReconcileConfig(StrictModel):

@@ -23,6 +23,15 @@ def test_shipped_configuration_loads(conf: Path) -> None:
     assert trades.heartbeat.timeout_s == 3.0
 
 
+def test_the_maintenance_schedule_is_hourly_unless_declared_and_manual_means_triggered_runs_only(conf: Path) -> None:
+    cluster = load_cluster(conf / "cluster.yaml")
+    assert load_plan("trades", cluster).maintenance.dag_schedule == "@hourly"
+    edit(conf / "plans" / "trades.yaml", lambda d: d["maintenance"].update(schedule="manual"))
+    assert load_plan("trades", cluster).maintenance.dag_schedule is None
+    edit(conf / "plans" / "trades.yaml", lambda d: d["maintenance"].update(schedule="*/20 * * * *"))
+    assert load_plan("trades", cluster).maintenance.dag_schedule == "*/20 * * * *"
+
+
 def test_environment_overrides_paths_and_urls(conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("TANDEM_DATABASE_URL", "postgresql://u@db:5432/x")

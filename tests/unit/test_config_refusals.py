@@ -74,6 +74,7 @@ CASES = {
     "storage root /": (CLUSTER, top(storage_root="/"), "storage_root", "cannot be the storage root"),
     "storage root empty": (CLUSTER, top(storage_root=" "), "storage_root", "cannot be the storage root"),
     "schedule": (PLAN, section("validation", schedule="every other tuesday"), "validation.schedule", "cron"),
+    "maintenance schedule": (PLAN, section("maintenance", schedule="nightly-ish"), "maintenance.schedule", "cron"),
     "suite path": (PLAN, section("validation", suite="../../../../etc/passwd"), "validation.suite", "must match"),
     "snapshot suite path": (PLAN, section("snapshot", suite="/etc/passwd"), "snapshot.suite", "must match"),
     "missing suite": (PLAN, section("snapshot", suite="no_such_suite"), "snapshot.suite", "does not exist"),

@@ -141,6 +141,14 @@ def test_validate_dag_shape(dagbag, plans):
         assert task.lookback == plan.validation.lookback_s
 
 
+def test_maintenance_dag_runs_on_the_plans_schedule(dagbag, plans):
+    for name, plan in plans.items():
+        dag = dagbag.dags[f"tandem_{name}_maintenance"]
+        assert dag.schedule == plan.maintenance.dag_schedule == "@hourly"  # no conf plan declares its own
+        assert dag.catchup is False and dag.max_active_runs == 1
+        assert [t.task_id for t in dag.tasks] == ["landing_retention", "delta_upkeep", "postgres_retention"]
+
+
 def test_snapshot_dag_shape(dagbag, plans):
     for name, plan in plans.items():
         dag = dagbag.dags[f"tandem_{name}_snapshot"]

@@ -334,11 +334,18 @@ of `instance`) is still obeyed until the next release.
 """
 
 
+def _maintenance_schedule(plan: PlanConfig) -> str:
+    schedule = plan.maintenance.dag_schedule
+    if schedule is None:
+        return "Runs only when triggered (`maintenance.schedule: manual`)."
+    return "Hourly." if schedule == "@hourly" else f"On the schedule `{schedule}` (`maintenance.schedule`)."
+
+
 def maintenance_doc(plan: PlanConfig) -> str:
     retention = plan.maintenance.retention
     return f"""### Maintenance of plan `{plan.name}`
 
-Hourly. **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
+{_maintenance_schedule(plan)} **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
 every guarding node's checkpoint has processed (a committed batch read them) and that every kept GOOD
 snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
 and the task log says why per file group (e.g. "after the cut of snapshot …"). A node guards while it
