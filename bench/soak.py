@@ -9,9 +9,10 @@ scheduled snapshot DAG run unpaused; the harness
 - writes each plan's events at a steady rate at the wall clock (its generator, ``PlanWriter``), remembering them;
 - kills the lease holder of the next instance in turn with ``kill -9`` every ``--kill-every`` (the standby takes
   over by itself, the supervisor brings the killed node back as PASSIVE);
-- triggers each plan's maintenance DAG every ``--maintain-every`` (landing retention, Delta compaction and vacuum,
+- triggers each plan's maintenance DAG every ``--maintain-every``, its only runs (``maintenance.schedule:
+  manual``): landing retention, Delta compaction and vacuum (files removed ``--vacuum-retention`` ago),
   PostgreSQL retention; the soak's plans keep rows ``--retention`` long, so the storage reaches a steady state
-  within the first hour);
+  within the first hour;
 - after ``--reconcile-after`` reconciles each plan's last closed ``--reconcile-span`` with ``jobs/reconcile.py``
   through ``spark-submit`` (differences recorded; none expected);
 - every ``--sample-every`` records: Delta data files and log entries per table, PostgreSQL size per table (bytes,
@@ -101,10 +102,11 @@ HOT = ("trades",)
 active's checkpoint): on 2 cores, eight drivers (every instance twice) spent 30 to 60 s per micro-batch."""
 
 
-def soak_plans(conf: Path, retention: str, snapshot_every: str, keep_input: str, trigger: str) -> None:
+def soak_plans(conf: Path, retention: str, vacuum_retention: str, snapshot_every: str, keep_input: str,
+               trigger: str) -> None:
     """The project's plans for the soak: the three plans only, one instance per group (hot pairs for :data:`HOT`,
     cold standbys for the others), short retentions (so storage reaches its steady state in the soak's first hour),
-    scheduled snapshots, ``trigger`` between micro-batches."""
+    scheduled snapshots, ``trigger`` between micro-batches, maintenance only when the harness triggers it."""
     for path in (conf / "plans").glob("*.yaml"):
         if path.stem not in PLANS:
             path.unlink()
@@ -116,7 +118,8 @@ def soak_plans(conf: Path, retention: str, snapshot_every: str, keep_input: str,
                       "launch_timeout": "4 minutes"}
         plan["trigger_interval"] = trigger
         plan["snapshot"] = {**plan.get("snapshot", {}), "interval": snapshot_every, "keep": 2}
-        plan["maintenance"] = {"compact": True, "vacuum_retention": retention, "keep_input": keep_input,
+        plan["maintenance"] = {"schedule": "manual", "compact": True, "vacuum_retention": vacuum_retention,
+                               "keep_input": keep_input,
                                "retention": {"partials": {"second": retention}, "heartbeats": retention,
                                              "publish_log": retention, "contributions": retention,
                                              "failover_events": "1 day"}}
@@ -361,8 +364,12 @@ def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: P
     results = {}
     with Database(cluster.database_url) as db:
         for name, plan in plans.items():
-            closed = min(filter(None, instances_closed_until(cluster, db, plan, list(plan.shards)).values()),
-                         default=datetime.now(UTC))
+            try:
+                closed = min(filter(None, instances_closed_until(cluster, db, plan, list(plan.shards)).values()),
+                             default=datetime.now(UTC))
+            except Exception as exc:  # noqa: BLE001 - recorded; the next plan's reconcile still runs
+                results[name] = {"error": repr(exc)}
+                continue
             end = closed.replace(second=0, microsecond=0) - timedelta(minutes=1)
             start = end - timedelta(seconds=span_s)
             command = ["spark-submit", "--master", "local[1]", "--properties-file", str(ROOT / "conf" / "spark-defaults.conf"),
@@ -485,8 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", default="10 minutes", help="the plans' snapshot.interval")
     parser.add_argument("--trigger", default="5 seconds", help="the plans' trigger_interval")
     parser.add_argument("--retention", default="20 minutes",
-                        help="the plans' PostgreSQL retention of partials, progress, publish log, contributions "
-                             "and the Delta vacuum retention")
+                        help="the plans' PostgreSQL retention of partials, progress, publish log, contributions")
+    parser.add_argument("--vacuum-retention", default="10 minutes",
+                        help="the plans' Delta vacuum retention; shorter than --maintain-every, so that each "
+                             "vacuum deletes what the compaction before it removed (equal to it, a few seconds "
+                             "of jitter decide whether it does)")
     parser.add_argument("--reconcile-after", type=duration, default=None,
                         help="when the reconcile runs (default: after the warm-up, or half-way in a shorter run)")
     parser.add_argument("--reconcile-span", type=duration, default=10 * 60.0, help="the closed range it reconciles")
@@ -514,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "keep_input": keep_input, "growth_limit": GROWTH_LIMIT, "slack": SLACK}}
     RESULTS.parent.mkdir(exist_ok=True)
     with C.private_storage("soak", ROOT, SERVER_URL, keep=args.keep) as (project, url):
-        soak_plans(project / "conf", args.retention, args.snapshot_every, keep_input, args.trigger)
+        soak_plans(project / "conf", args.retention, args.vacuum_retention, args.snapshot_every, keep_input,
+                   args.trigger)
         cluster = load_cluster()
         plans = {name: load_plan(name, cluster) for name in PLANS}
         with Database(url) as db:
