@@ -116,4 +116,3 @@ def ceiling(engine_runs: list[dict], tandem_runs: list[dict], cores: int) -> dic
             "tandem_postgresql_cpu_s": postgresql,
             "tandem_cpu_s": statistics.median(r["cpu_s"]["benchmark"] for r in tandem_runs),
             "least_tandem_wall_s": round(least_wall, 1), "engine_ratio_ceiling": round(engine_wall / least_wall, 3)}
-

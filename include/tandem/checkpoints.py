@@ -192,15 +192,20 @@ def verify_cut(staged: Path, batch: int) -> None:
         raise CheckpointError(f"the cut at batch {batch} is not restartable: {'; '.join(problems[:5])}")
 
 
+def source_log_entries(log_dir: Path, limit: int) -> list[tuple[int, Path]]:
+    """The entries of a file-source log numbered up to ``limit``, from the newest compacted one at or below it (it
+    repeats every earlier entry), in order: (number, path)."""
+    listed = sorted((int(match.group(1)), path) for path in _entries(log_dir)
+                    if (match := _LOG_ENTRY.match(path.name)) and int(match.group(1)) <= limit)
+    start = max((number for number, path in listed if path.name.endswith(".compact")), default=-1)
+    return [(number, path) for number, path in listed if number >= start]
+
+
 def _source_log_gaps(log_dir: Path, limit: int) -> list[str]:
-    entries = {}
-    for path in _entries(log_dir):
-        match = _LOG_ENTRY.match(path.name)
-        if match:
-            entries.setdefault(int(match.group(1)), set()).add(bool(match.group(2)))
-    compacts = [k for k, kinds in entries.items() if True in kinds and k <= limit]
-    start = max(compacts) + 1 if compacts else 0
-    missing = [k for k in range(start, limit + 1) if k not in entries]
+    entries = source_log_entries(log_dir, limit)
+    start = entries[0][0] + 1 if entries and entries[0][1].name.endswith(".compact") else 0
+    present = {number for number, _ in entries}
+    missing = [k for k in range(start, limit + 1) if k not in present]
     return [f"{log_dir.name} source log entries {missing[:3]} are missing"] if missing else []
 
 

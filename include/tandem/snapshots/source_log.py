@@ -23,12 +23,9 @@ What it does not do
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from tandem.checkpoints import CheckpointError, committed_batch, source_log_offsets
-
-_LOG_ENTRY = re.compile(r"^(\d+)(\.compact)?$")
+from tandem.checkpoints import CheckpointError, committed_batch, source_log_entries, source_log_offsets
 
 
 def processed_files(query_dir: Path | str, source_index: int = 0) -> frozenset[str]:
@@ -72,19 +69,10 @@ def _records_up_to(log_dir: Path, limit: int) -> list[dict]:
     """
     for _ in range(_LISTINGS):
         try:
-            return [record for entry in _entries_from_newest_compaction(log_dir, limit)
-                    for record in _logged_records(entry)]
+            return [record for _, entry in source_log_entries(log_dir, limit) for record in _logged_records(entry)]
         except FileNotFoundError:
             continue
     raise CheckpointError(f"{log_dir}: its entries kept disappearing while they were read ({_LISTINGS} listings)")
-
-
-def _entries_from_newest_compaction(log_dir: Path, limit: int) -> list[Path]:
-    """The entries of a file-source log up to ``limit``, from the newest compacted one at or below it, in order."""
-    listed = sorted((int(match.group(1)), entry) for entry in (log_dir.iterdir() if log_dir.is_dir() else [])
-                    if (match := _LOG_ENTRY.match(entry.name)) and int(match.group(1)) <= limit)
-    start = max((number for number, entry in listed if entry.name.endswith(".compact")), default=-1)
-    return [entry for number, entry in listed if number >= start]
 
 
 def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | None]:
