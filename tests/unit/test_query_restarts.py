@@ -59,3 +59,17 @@ def test_a_failure_reads_the_same_when_a_relaunch_fails_the_same_way():
     publisher = SimpleNamespace(failure="trade_aggregates batch 7 of checkpoint q1: SQLSTATE P0001: refused")
     assert failure_of("aggregates", first, publisher) == \
         "query aggregates: trade_aggregates batch 7 of checkpoint q1: SQLSTATE P0001: refused"
+
+
+def test_a_transient_failure_never_reads_as_failing_the_same_way():
+    """A Python worker that missed Spark's 10 s to connect back, run after run on a saturated host (the soak of
+    2026-11-29 BLOCKED a temperatures group on both nodes with it), is about the machine: no failure identity, so
+    the supervisor fails the instance over and relaunches it instead of blocking it."""
+    from tandem.runtime.node import failure_of
+
+    for text in ("[STREAM_FAILED] Query [id = 0b0e4c1e-9a3f-4c38-8f47-2a0d3f3c6a11] terminated with exception: "
+                 "Python worker failed to connect back.",
+                 "org.apache.spark.SparkException: Timed out while waiting for the Python worker to connect back"):
+        assert failure_of("avg_temps", text, None) is None
+    assert failure_of("avg_temps", "ZeroDivisionError: division by zero", None) == \
+        "query avg_temps: ZeroDivisionError: division by zero"

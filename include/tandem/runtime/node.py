@@ -80,7 +80,12 @@ def restart_window_s(cpu_pressure: float | None) -> float:
 def restartable(error: str, failing_for_s: float, cpu_pressure: float | None = None) -> bool:
     """Whether a query that failed with ``error``, failing since ``failing_for_s`` ago without completing a batch,
     is started again from its checkpoint, the host's CPU pressure being ``cpu_pressure`` (pure)."""
-    return failing_for_s < restart_window_s(cpu_pressure) and any(text in error for text in TRANSIENT_START_ERRORS)
+    return failing_for_s < restart_window_s(cpu_pressure) and transient(error)
+
+
+def transient(error: str) -> bool:
+    """Whether a query's ``error`` is one of :data:`TRANSIENT_START_ERRORS`: about the machine, not the query (pure)."""
+    return any(text in error for text in TRANSIENT_START_ERRORS)
 
 
 def parse_cpu_pressure(text: str) -> float | None:
@@ -112,14 +117,18 @@ def restart_backoff_s(restarts: int) -> float:
 _SPARK_RUN_IDS = re.compile(r"(id|runId) = [0-9a-f-]{36}")
 
 
-def failure_of(query_name: str, error: str, publisher: MicroBatchPublisher | None) -> str:
+def failure_of(query_name: str, error: str, publisher: MicroBatchPublisher | None) -> str | None:
     """The failure of a query in words that repeat when it fails the same way again (pure).
 
     The publisher's own account (the output, the batch of its checkpoint, the error's first line) when
-    it raised; otherwise Spark's first line without the run's ids.
+    it raised; otherwise Spark's first line without the run's ids. ``None`` for a :func:`transient` error (still
+    there after the window :func:`restartable` rides out): it says nothing about the query, so runs ending with it
+    never count as failing the same way, and the instance is failed over and relaunched, never BLOCKED.
     """
     if publisher is not None and publisher.failure:
         return f"query {query_name}: {publisher.failure}"
+    if transient(error):
+        return None
     line = _SPARK_RUN_IDS.sub(r"\1 = …", (error.strip().splitlines() or ["no error text"])[0])
     return f"query {query_name}: {line[:500]}"
 
