@@ -376,6 +376,26 @@ def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
     return found
 
 
+def _cpu_by_thread(pids: set[int]) -> dict[tuple[int, int], tuple[str, float]]:
+    """Per thread of ``pids``: ``process: thread`` (the thread's name without digits) and its CPU seconds."""
+    found = {}
+    for pid in pids:
+        try:
+            process = Path(f"/proc/{pid}/comm").read_text().strip()
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                text = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = text[text.index("(") + 1:text.rindex(")")].rstrip("0123456789#-_ ")
+            fields = text[text.rindex(")") + 2:].split()
+            found[(pid, int(task.name))] = (f"{process}: {name}", (int(fields[11]) + int(fields[12])) / _TICKS)
+    return found
+
+
 def _busy_seconds() -> float:
     """CPU seconds all processes used since boot (/proc/stat: everything but idle and iowait)."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
@@ -413,6 +433,7 @@ class CpuSplit:
     def __init__(self, ours: set[int]) -> None:
         self.ours = ours
         self.start = self._read()
+        self.threads_start = _cpu_by_thread(ours)
 
     def _read(self) -> dict[str, float]:
         used = {"benchmark": 0.0, "postgresql": 0.0}
@@ -425,6 +446,19 @@ class CpuSplit:
 
     def seconds(self) -> dict[str, float]:
         return {name: round(value - self.start[name], 1) for name, value in self._read().items()}
+
+    def by_thread(self, least_s: float = 0.5) -> dict[str, float]:
+        """The benchmark's own CPU seconds since the start by kind of thread (``java: Executor task launch worker``,
+        ``java: GC Thread``, ``python: python``...: a thread's name without its number), busiest first; kinds that
+        used less than ``least_s`` are summed as ``other``. Threads that ended during the run are not counted."""
+        used: dict[str, float] = {}
+        for key, (kind, cpu) in _cpu_by_thread(self.ours).items():
+            before = self.threads_start.get(key)
+            used[kind] = used.get(kind, 0.0) + cpu - (before[1] if before and before[0] == kind else 0.0)
+        shown = {kind: round(cpu, 1) for kind, cpu in sorted(used.items(), key=lambda item: -item[1])
+                 if cpu >= least_s}
+        rest = sum(cpu for kind, cpu in used.items() if cpu < least_s)
+        return {**shown, "other": round(rest, 1)} if rest else shown
 
 
 def wait_for_quiet(ours: set[int], max_wait_s: float = 900, window_s: float = 5.0, cores: float = 0.15,

@@ -35,6 +35,7 @@ class EngineConfig:
 CONFIGS = (
     EngineConfig("default store, plan's batch size", "default", False, False),
     EngineConfig("RocksDB + changelog, plan's batch size", "rocksdb", True, False),
+    EngineConfig("default store, one batch", "default", False, True),
     EngineConfig("RocksDB + changelog, one batch", "rocksdb", True, True),
 )
 

@@ -254,8 +254,10 @@ class Bench:
         return round(self.foreign.seconds(), 1)
 
     def used(self) -> dict:
-        """What a run recorded at its end: the CPU others used (:meth:`disturbance`) and its own, split."""
-        return {"other_processes_cpu_s": self.disturbance(), "cpu_s": self.cpu.seconds()}
+        """What a run recorded at its end: the CPU others used (:meth:`disturbance`) and its own, split (and by kind of
+        thread)."""
+        return {"other_processes_cpu_s": self.disturbance(), "cpu_s": self.cpu.seconds(),
+                "cpu_s_by_thread": self.cpu.by_thread()}
 
     # -- one run of each side ------------------------------------------------------------------
 
