@@ -359,21 +359,22 @@ def machine_info(spark=None, server_url: str | None = None) -> dict:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(path: Path) -> tuple[str, float, float] | None:
+    """A process's or thread's ``stat`` file: its name, the CPU seconds it used and those of the children it reaped
+    (``None`` when it has gone)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return (text[text.index("(") + 1:text.rindex(")")], (int(fields[11]) + int(fields[12])) / _TICKS,
+            (int(fields[13]) + int(fields[14])) / _TICKS)
+
+
 def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
     """Per process: its name, the CPU seconds it used and those of the children it reaped."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1:text.rindex(")")]
-        fields = text[text.rindex(")") + 2:].split()
-        found[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / _TICKS,
-                                  (int(fields[13]) + int(fields[14])) / _TICKS)
-    return found
+    return {int(entry.name): stat for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (stat := _stat(entry / "stat")) is not None}
 
 
 def _cpu_by_thread(pids: set[int]) -> dict[tuple[int, int], tuple[str, float]]:
@@ -386,13 +387,8 @@ def _cpu_by_thread(pids: set[int]) -> dict[tuple[int, int], tuple[str, float]]:
         except OSError:
             continue
         for task in tasks:
-            try:
-                text = (task / "stat").read_text()
-            except OSError:
-                continue
-            name = text[text.index("(") + 1:text.rindex(")")].rstrip("0123456789#-_ ")
-            fields = text[text.rindex(")") + 2:].split()
-            found[(pid, int(task.name))] = (f"{process}: {name}", (int(fields[11]) + int(fields[12])) / _TICKS)
+            if (stat := _stat(task / "stat")) is not None:
+                found[(pid, int(task.name))] = (f"{process}: {stat[0].rstrip('0123456789#-_ ')}", stat[1])
     return found
 
 
