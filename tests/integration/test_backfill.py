@@ -70,6 +70,10 @@ def published_count(db: Database) -> int:
                                            "WHERE granularity = 'second'"), cur.fetchone())[1])["n"]
 
 
+def delta_count(cluster) -> int:
+    return sum(row["trade_count"] for row in aggregation.query(cluster, "trades", "second", *ALL_TIME, source="delta"))
+
+
 def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_run(project: Path, database_url: str,
                                                                                    spark) -> None:
     cluster = load_cluster()
@@ -124,8 +128,12 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
 
         # the backfill, while both instances run and trades keep coming
         stop = threading.Event()
-        running = [threading.Thread(target=run_instance, args=(cluster, plan, "node-a", shard),
-                                    kwargs={"spark": spark, "stop": stop}, daemon=True) for shard in plan.shards]
+        results: dict[str, str] = {}
+
+        def run(shard: str) -> None:
+            results[shard] = run_instance(cluster, plan, "node-a", shard, spark=spark, stop=stop).status
+
+        running = [threading.Thread(target=run, args=(shard,), daemon=True) for shard in plan.shards]
         for thread in running:
             thread.start()
         more: list[dict] = []
@@ -145,14 +153,17 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
             after = reconcile(cluster, plan, db, spark, START, END, run_id="after")  # nothing left to find
             producer.join(60)
             everything = on_time + ahead + late + more
-            deadline = time.monotonic() + 120
-            while published_count(db) != len(everything) and time.monotonic() < deadline:
+            # a batch's Delta append follows its PostgreSQL commit: wait for both before stopping
+            deadline = time.monotonic() + 180
+            while ((published_count(db), delta_count(cluster)) != (len(everything),) * 2
+                   and time.monotonic() < deadline):
                 time.sleep(1)
         finally:
             stop.set()
             for thread in running:
-                thread.join(120)
+                thread.join(300)
         assert not producer.is_alive()
+        assert not [t for t in running if t.is_alive()] and results == {s: "STOPPED" for s in plan.shards}, results
 
     assert done.status == catalog.DONE, done.error
     assert summary(after) == {"late": 0, "extra": 0, "different": 0}
@@ -195,8 +206,12 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
     start = datetime.fromtimestamp(PIZZA_T0 / 1000, UTC)
     with Database(database_url) as db:
         stop = threading.Event()
-        running = [threading.Thread(target=run_instance, args=(cluster, plan, "node-a", shard),
-                                    kwargs={"spark": spark, "stop": stop}, daemon=True) for shard in plan.shards]
+        results: dict[str, str] = {}
+
+        def run(shard: str) -> None:
+            results[shard] = run_instance(cluster, plan, "node-a", shard, spark=spark, stop=stop).status
+
+        running = [threading.Thread(target=run, args=(shard,), daemon=True) for shard in plan.shards]
         for thread in running:
             thread.start()
         try:
