@@ -11,6 +11,11 @@ import pytest
 from _project import PROJECT, ProcessGroups, create_database, drop_database, kill_groups, use_project
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Every JVM of the suite (the in-process sessions and each driver a test launches, which inherit this environment)
+# compiles with C1 only: a test's driver lives for seconds to minutes, in which C2's compiles never pay off; an
+# idle driver spent about a third of its CPU on them (tests/e2e/test_airflow_trades.py alone: 68 -> 44 CPU s for
+# its two drivers). Production drivers keep the default tiered compilation (bench/ measures with it).
+os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -XX:TieredStopAtLevel=1".strip()
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
 
 # `make test` runs two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: a worker takes whole

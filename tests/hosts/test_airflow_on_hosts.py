@@ -16,9 +16,9 @@ Delta), and no two nodes ever published at once.
 The tests share one stack and run in order:
 
 1. host-a crashes under load; node-b takes over, node-a's relaunch waits until host-a is back;
-2. the ACTIVE's host cut off from everything for 20 s: it is fenced, the standby takes over, and
+2. the ACTIVE's host cut off from everything for 12 s (four lease ttls): it is fenced, the standby takes over, and
    after the partition heals the old active is re-synced and rejoins as PASSIVE;
-3. the control host's Airflow stopped for a minute: in that window host-a and host-b are
+3. the control host's Airflow stopped for 40 s: in that window host-a and host-b are
    partitioned from each other only (nothing fails over), then the active is killed (kill -9);
 4. a scheduled snapshot and 5. ``tandem_ops`` snapshot_now, both taken on the standby's host;
 6. a restore with the PASSIVE's driver frozen (its host's worker stops it) and the ACTIVE stopped
@@ -80,8 +80,8 @@ RESTORE = "tandem_restore"
 OPS = "tandem_ops"
 NODES = ("node-a", "node-b")
 HOST_OF_NODE = {**HOST_OF, BACKUP_NODE: BACKUP_HOST}
-AIRFLOW_DOWN_S = 60
-PARTITION_S = 20
+AIRFLOW_DOWN_S = 40
+PARTITION_S = 12  # four lease ttls (3 s): long past any take-over
 TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a loaded 2-core machine
 
 
@@ -266,7 +266,7 @@ def test_supervision_runs_each_node_on_its_host_and_repairs_a_crashed_host(on_ho
 
 
 def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts) -> None:
-    """The ACTIVE's host is cut off from everything for 20 s while its processes run on: the standby
+    """The ACTIVE's host is cut off from everything for 12 s while its processes run on: the standby
     takes over once the lease expires and the cut-off node publishes nothing after that. When the
     partition heals, the old active finds its epoch gone and demotes itself; the supervisor, which
     saw it DEAD, has its host's worker stop it, re-sync it from the new active and launch it there
@@ -310,8 +310,8 @@ def test_a_partitioned_active_is_fenced_and_rejoins_as_passive(on_hosts: OnHosts
 
 
 def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_hosts: OnHosts) -> None:
-    """The control host's Airflow is stopped for a minute: the active keeps publishing; host-a and
-    host-b cut off from each other only (both still reach PostgreSQL) for 20 s of that window change
+    """The control host's Airflow is stopped for 40 s: the active keeps publishing; host-a and
+    host-b cut off from each other only (both still reach PostgreSQL) for 12 s of that window change
     nothing, since nodes never talk to each other; a kill -9 of the active then still fails over by
     itself, and when Airflow returns its supervisor brings the killed node back on its host as
     PASSIVE."""
@@ -338,7 +338,7 @@ def test_with_airflow_stopped_the_nodes_publish_and_fail_over_by_themselves(on_h
         assert failover_events(url, since=since) == [], "a partition between the node hosts only changed roles"
         assert [r for r in publish_log(url, active) if r["published_at"] > cut_at], \
             f"{active} should publish through the partition between the node hosts"
-        note("host-a and host-b cut off from each other for 20 s: nothing failed over")
+        note(f"host-a and host-b cut off from each other for {PARTITION_S} s: nothing failed over")
         killed, promoted = on_hosts.kill_active(active, standby, since)
         wait_for(lambda: [r for r in publish_log(url, standby) if r["published_at"] > promoted["happened_at"]],
                  30, f"{standby} to publish without Airflow")
