@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--span-hours", type=float, default=1.0,
                         help="event-time span of the input, centred on 2025-01-01T00:00Z")
     parser.add_argument("--bad-ratio", type=float, default=0.005, help="share of bad lines")
-    parser.add_argument("--max-files-per-trigger", type=int, default=100, help="same on both sides")
+    parser.add_argument("--max-files-per-trigger", type=int, default=None,
+                        help="same on both sides; default: the plan's own admission (conf/plans/trades.yaml)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per side (alternating)")
     parser.add_argument("--warmup-events", type=int, default=100_000)
     parser.add_argument("--no-profile", action="store_true",
@@ -113,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, name, value)
         if args.output == BENCH / "results" / "trades_throughput.json":  # keep CI-size numbers out of results/
             args.output = args.workdir / "trades_throughput.quick.json"
+    if args.max_files_per_trigger is None:  # catch-up at the admission the plan itself runs with
+        plan = yaml.safe_load((ROOT / "conf" / "plans" / "trades.yaml").read_text())
+        args.max_files_per_trigger = plan["streams"]["trades"]["max_files_per_trigger"]
     return args
 
 
