@@ -234,7 +234,8 @@ def drop_database(url: str) -> None:
 @contextmanager
 def private_storage(label: str, repo: Path, server_url: str, keep: bool = False):
     """A temp copy of ``repo``'s conf/, a storage root and a database, selected through the environment (the
-    ``TANDEM_*`` variables) for the run; yields (project folder, database URL). Removed after, unless ``keep``."""
+    ``TANDEM_*`` variables) for the run; yields (project folder, database URL). Removed after, unless ``keep``,
+    with the host-local scratch the nodes kept under the temp dir for that storage root."""
     root = Path(tempfile.mkdtemp(prefix=f"tandem-{label}-"))
     url = create_database(server_url, label)
     shutil.copytree(repo / "conf", root / "conf")
@@ -248,8 +249,11 @@ def private_storage(label: str, repo: Path, server_url: str, keep: bool = False)
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
         if not keep:
+            from tandem.config import default_scratch_root  # the callers put include/ on sys.path
+
             drop_database(url)
             shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(default_scratch_root(root / "data"), ignore_errors=True)
 
 
 def checkpoint(server_url: str) -> None:
