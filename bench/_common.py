@@ -234,26 +234,24 @@ def drop_database(url: str) -> None:
 @contextmanager
 def private_storage(label: str, repo: Path, server_url: str, keep: bool = False):
     """A temp copy of ``repo``'s conf/, a storage root and a database, selected through the environment (the
-    ``TANDEM_*`` variables) for the run; yields (project folder, database URL). Removed after, unless ``keep``,
-    with the host-local scratch the nodes kept under the temp dir for that storage root."""
+    ``TANDEM_*`` variables) for the run, the drivers' scratch folders inside it as in the tests' projects; yields
+    (project folder, database URL). Removed after, unless ``keep``."""
     root = Path(tempfile.mkdtemp(prefix=f"tandem-{label}-"))
     url = create_database(server_url, label)
     shutil.copytree(repo / "conf", root / "conf")
     saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT",
-                                            "TANDEM_DATABASE_URL")}
+                                            "TANDEM_SCRATCH_DIR", "TANDEM_DATABASE_URL")}
     os.environ.update({"TANDEM_HOME": str(repo), "TANDEM_CONF_DIR": str(root / "conf"),
-                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_SCRATCH_DIR": str(root / "scratch"),
+                       "TANDEM_DATABASE_URL": url})
     try:
         yield root, url
     finally:
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
         if not keep:
-            from tandem.config import default_scratch_root  # the callers put include/ on sys.path
-
             drop_database(url)
             shutil.rmtree(root, ignore_errors=True)
-            shutil.rmtree(default_scratch_root(root / "data"), ignore_errors=True)
 
 
 def checkpoint(server_url: str) -> None:

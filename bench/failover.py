@@ -128,9 +128,11 @@ def private_project(label: str, plan_overrides: dict | None = None, server_url: 
         plan = yaml.safe_load(path.read_text())
         _merge(plan, plan_overrides)
         path.write_text(yaml.safe_dump(plan, sort_keys=False))
-    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL")}
+    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_SCRATCH_DIR",
+                                            "TANDEM_DATABASE_URL")}
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
-                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_SCRATCH_DIR": str(root / "scratch"),
+                       "TANDEM_DATABASE_URL": url})
     project = Project(root, url, [])
     build_dist(root)
     try:

@@ -228,7 +228,8 @@ def main() -> int:
     url = create_database(SERVER_URL, "presenter_load")
     shutil.copytree(ROOT / "conf", root / "conf")
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
-                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_SCRATCH_DIR": str(root / "scratch"),
+                       "TANDEM_DATABASE_URL": url})
     _ha.configure_one_shard(root, "hot")
     groups: list[int] = []
     writer = None

@@ -370,9 +370,11 @@ def private_project(label: str, args: argparse.Namespace):
 
     edit_yaml(root / "conf" / "plans" / "trades.yaml", plan_change)
     edit_yaml(root / "conf" / "cluster.yaml", cluster_change)
-    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL")}
+    saved = {k: os.environ.get(k) for k in ("TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_SCRATCH_DIR",
+                                            "TANDEM_DATABASE_URL")}
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
-                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_DATABASE_URL": url})
+                       "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_SCRATCH_DIR": str(root / "scratch"),
+                       "TANDEM_DATABASE_URL": url})
     project = Project(root, url)
     try:
         build_dist(root)
