@@ -161,8 +161,8 @@ class TestOneHotPairUnderLoad:
         # were accepted by PostgreSQL before the epoch moved and lose to the newer epoch on read).
         delta_after = committed_version(delta_path, app_id)
         # Versions are batch ids and start at 0, so "none yet" is -1, never a falsy 0.
-        frozen_version = -1 if delta_frozen is None else delta_frozen
-        assert (-1 if delta_after is None else delta_after) <= frozen_version + 1, (delta_frozen, delta_after)
+        version_before, version_after = (-1 if v is None else v for v in (delta_frozen, delta_after))
+        assert version_after <= version_before + 1, (delta_frozen, delta_after)
         row = instance_row(url, active)
         assert (row["role"], row["epoch"], row["status"]) == ("PASSIVE", 0, "RUNNING"), row
         assert group_alive(pair.pgids[active]), "the fenced instance should run on as a standby"
