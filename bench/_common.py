@@ -361,22 +361,67 @@ def machine_info(spark=None, server_url: str | None = None) -> dict:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(path: Path) -> tuple[str, float, float] | None:
-    """A process's or thread's ``stat`` file: its name, the CPU seconds it used and those of the children it reaped
-    (``None`` when it has gone)."""
+def _stat(path: Path) -> tuple[str, float, float, int] | None:
+    """A process's or thread's ``stat`` file: its name, the CPU seconds it used, those of the children it reaped and
+    its parent's pid (``None`` when it has gone)."""
     try:
         text = path.read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()
     return (text[text.index("(") + 1:text.rindex(")")], (int(fields[11]) + int(fields[12])) / _TICKS,
-            (int(fields[13]) + int(fields[14])) / _TICKS)
+            (int(fields[13]) + int(fields[14])) / _TICKS, int(fields[1]))
 
 
-def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
-    """Per process: its name, the CPU seconds it used and those of the children it reaped."""
+def _cpu_by_process() -> dict[int, tuple[str, float, float, int]]:
+    """Per process: its name, the CPU seconds it used, those of the children it reaped, and its parent's pid."""
     return {int(entry.name): stat for entry in Path("/proc").iterdir()
             if entry.name.isdigit() and (stat := _stat(entry / "stat")) is not None}
+
+
+def family(ours: set[int], parents: dict[int, int]) -> set[int]:
+    """``ours`` and every process descending from one of them (``parents``: pid → parent pid), e.g. the Python
+    workers a Spark JVM forks through its daemon, which neither it nor the daemon has reaped yet."""
+    found = set(ours)
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    pending = list(ours)
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def _used_by(ours: set[int]) -> dict[str, float]:
+    """CPU seconds used so far by the benchmark's processes (``ours`` and their descendants) and by PostgreSQL's,
+    each with the children it reaped: a process that ends between two readings moves into its parent's figure."""
+    processes = _cpu_by_process()
+    mine = family(ours, {pid: stat[3] for pid, stat in processes.items()})
+    used = {"benchmark": 0.0, "postgresql": 0.0}
+    for pid, (comm, own, reaped, _parent) in processes.items():
+        if pid in mine:
+            used["benchmark"] += own + reaped
+        elif comm.startswith("postgres"):
+            used["postgresql"] += own + reaped
+    return used
+
+
+class ForeignCpu:
+    """CPU seconds used by other processes than ``ours`` and their descendants (and PostgreSQL's, which serve us
+    too): machine-wide busy time minus theirs, so short-lived processes that come and go during a run are counted."""
+
+    def __init__(self, ours: set[int]) -> None:
+        self.ours = ours
+        self.busy = _busy_seconds()
+        self.start = _used_by(ours)
+
+    def seconds(self) -> float:
+        busy = _busy_seconds() - self.busy
+        now = _used_by(self.ours)
+        return max(0.0, busy - sum(now[name] - self.start[name] for name in now))
 
 
 def _cpu_by_thread(pids: set[int]) -> dict[tuple[int, int], tuple[str, float]]:
@@ -401,49 +446,19 @@ def _busy_seconds() -> float:
     return (sum(values) - values[3] - values[4]) / _TICKS
 
 
-class ForeignCpu:
-    """CPU seconds used by other processes than ``ours`` (and PostgreSQL's, which serve us too).
-
-    Machine-wide busy time minus the time of our processes and of the PostgreSQL processes alive
-    at the end, so short-lived processes that come and go during a run are counted too.
-    """
-
-    def __init__(self, ours: set[int]) -> None:
-        self.ours = ours
-        self.busy = _busy_seconds()
-        self.start = _cpu_by_process()
-
-    def seconds(self) -> float:
-        busy = _busy_seconds() - self.busy
-        mine = 0.0
-        for pid, (comm, cpu, _) in _cpu_by_process().items():
-            if pid in self.ours or comm.startswith("postgres"):
-                before = self.start.get(pid)
-                mine += cpu - before[1] if before and before[0] == comm else cpu
-        return max(0.0, busy - mine)
-
-
 class CpuSplit:
-    """CPU seconds a run used, split between this benchmark's processes (``ours``: Python and its JVM, with the
-    children they reaped) and PostgreSQL's (every ``postgres`` process; a backend that ended meanwhile through the
-    children the postmaster reaped). What the cores did for a run, as against its wall time."""
+    """CPU seconds a run used, split between this benchmark's processes (``ours``: Python and its JVM, and every
+    process descending from them, with the children they reaped) and PostgreSQL's (every ``postgres`` process; a
+    backend that ended meanwhile through the children the postmaster reaped). What the cores did for a run, as
+    against its wall time."""
 
     def __init__(self, ours: set[int]) -> None:
         self.ours = ours
-        self.start = self._read()
+        self.start = _used_by(ours)
         self.threads_start = _cpu_by_thread(ours)
 
-    def _read(self) -> dict[str, float]:
-        used = {"benchmark": 0.0, "postgresql": 0.0}
-        for pid, (comm, own, reaped) in _cpu_by_process().items():
-            if pid in self.ours:
-                used["benchmark"] += own + reaped
-            elif comm.startswith("postgres"):
-                used["postgresql"] += own + reaped
-        return used
-
     def seconds(self) -> dict[str, float]:
-        return {name: round(value - self.start[name], 1) for name, value in self._read().items()}
+        return {name: round(value - self.start[name], 1) for name, value in _used_by(self.ours).items()}
 
     def by_thread(self, least_s: float = 0.5) -> dict[str, float]:
         """The benchmark's own CPU seconds since the start by kind of thread (``java: Executor task launch worker``,
