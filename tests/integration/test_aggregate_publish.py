@@ -17,7 +17,7 @@ import pytest
 
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.granularity import bucket_start
-from tandem.aggregation.spec import GRANULARITIES, UTC_MICROS, AggregationSpec, Measure
+from tandem.aggregation.spec import GRANULARITIES, MERGE_SQL, UTC_MICROS, AggregationSpec, Measure
 from tandem.store import aggregates
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -114,3 +114,17 @@ def test_published_partials_roll_up_to_every_granularity_as_merged_from_the_seco
     assert set(returned) == touched - {("second", *stale_key)}
     assert all(row["tick_count"] == stored[key]["tick_count"] and row["batch_id"] == 2
                for key, row in returned.items())
+
+
+def test_a_bucket_whose_children_are_gone_is_left_as_it_is(database_url: str) -> None:
+    # staged seconds that were never upserted (or whose rows are gone) have no children to roll up from
+    with Database(database_url) as db:
+        migrate(db)
+
+        def roll_up_alone(cursor) -> pa.Table:
+            aggregates.ensure_table(cursor, SPEC)
+            aggregates.stage_batch(cursor, SPEC, as_table(partials(random.Random(3), [NEW_YEAR], ["AAA"])))
+            return aggregates.roll_up(cursor, SPEC, MERGE_SQL, "p", "s0", 1, 0, "minute", "second")
+
+        assert db.run(roll_up_alone).num_rows == 0
+        assert stored_rows(db) == {}

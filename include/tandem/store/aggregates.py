@@ -137,7 +137,8 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
 
     Each touched bucket reads its children by an index range (``LATERAL``), whatever the planner believes about
     the table: a join left to it read a freshly filled table's statistics ("empty") and hashed every second of
-    the shard against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s).
+    the shard against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s). A bucket
+    whose children are gone (none counted) is left as it is, as a join would.
     """
     return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
@@ -149,13 +150,15 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
                WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
                  AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
            ) m
+           WHERE m.{version} IS NOT NULL
            {conflict}
            RETURNING {returning}""").format(
         parent_keys=each("p.{0}, ", spec.keys),
         merged=sql.SQL(", ").join(sql.SQL("{} AS {}").format(_merged(m, merge), sql.Identifier(m.column))
                                   for m in spec.measures),
         merged_columns=sql.SQL(", ").join(sql.Identifier("m", c) for c in spec.measure_columns),
-        keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys), **_parts(spec)),
+        keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
+        version=sql.Identifier(spec.version_column), **_parts(spec)),
         {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
          "child": child}, spec.written_schema)
 
