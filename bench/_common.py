@@ -373,6 +373,12 @@ def _stat(path: Path) -> tuple[str, float, float, int] | None:
             (int(fields[13]) + int(fields[14])) / _TICKS, int(fields[1]))
 
 
+def process_cpu_s(pid: int) -> float:
+    """The CPU seconds process ``pid`` has used itself (0 when it has gone)."""
+    stat = _stat(Path(f"/proc/{pid}/stat"))
+    return stat[1] if stat else 0.0
+
+
 def _cpu_by_process() -> dict[int, tuple[str, float, float, int]]:
     """Per process: its name, the CPU seconds it used, those of the children it reaped, and its parent's pid."""
     return {int(entry.name): stat for entry in Path("/proc").iterdir()

@@ -57,10 +57,12 @@ def module_at(revision: str):
                             text=True, check=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
         file.write(source)
-    spec = importlib.util.spec_from_file_location(f"aggregates_at_{revision}", file.name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(file.name)
+    try:
+        spec = importlib.util.spec_from_file_location(f"aggregates_at_{revision}", file.name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(file.name)
     return module
 
 
@@ -82,8 +84,7 @@ def partials(symbols: int, span_s: int, seed: int) -> pa.Table:
 
 def backend_cpu_s(cursor) -> float:
     cursor.execute("SELECT pg_backend_pid() AS pid")
-    fields = Path(f"/proc/{cursor.fetchone()['pid']}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return C.process_cpu_s(cursor.fetchone()["pid"])
 
 
 def publish_once(db: Database, module, spec, seconds: pa.Table) -> dict:

@@ -16,6 +16,6 @@ def test_the_python_workers_a_jvm_forks_through_its_daemon_are_the_benchmarks() 
     assert C.family({10, 11}, parents) == {10, 11, 12, 13, 14}
 
 
-def test_a_process_named_twice_or_without_children_is_itself() -> None:
+def test_a_process_without_children_is_itself_and_naming_none_finds_none() -> None:
     assert C.family({5}, {5: 1, 6: 1}) == {5}
     assert C.family(set(), {5: 1}) == set()
