@@ -39,6 +39,7 @@ from rich.table import Table
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import instant_argument, parse_duration
 from tandem.errors import TandemError
+from tandem.json_values import json_text
 from tandem.names import ACTIVE, ROLES
 from tandem.show import print_events, print_table, render_aggregates
 
@@ -146,7 +147,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         rows = aggregation.query(cluster, plan.name, args.granularity, start, end, output=output,
                                  keys={"symbol": args.symbol} if args.symbol else None, source=args.source)
         if args.json:
-            print(json.dumps(rows, default=str, indent=2))
+            print(json_text(rows, indent=2))
         else:
             from tandem.aggregation.spec import spec_for
 

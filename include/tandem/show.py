@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timedelta, timezone
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from tandem.json_values import json_text
 
 
 def render_aggregates(rows: list[dict], title: str, spec) -> Table:
@@ -65,7 +66,7 @@ def print_table(console: Console, cluster, plan, output: str, key: dict[str, str
         rows = [{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
                 for r in found]
     if as_json:
-        print(json.dumps(rows, default=str, indent=2))
+        print(json_text(rows, indent=2))
         return
     table = Table(title=f"{plan.name} {output} ({source}, merged over instances)", box=box.SIMPLE_HEAD)
     for column in [*config.key, *config.values, "instances"]:
@@ -92,7 +93,7 @@ def print_events(console: Console, cluster, plan, output: str, start: datetime, 
         time_field = plan.outputs[output].time
         for event in sorted(lake, key=lambda e: (e[time_field], e["event_id"])):
             if start <= as_utc(event[time_field]) < end:
-                print(json.dumps(event, default=str) if as_json else
+                print(json_text(event) if as_json else
                       ", ".join(f"{k}={v}" for k, v in event.items()), flush=True)
         return
     after: tuple[datetime, str] | None = None
@@ -106,7 +107,7 @@ def print_events(console: Console, cluster, plan, output: str, start: datetime, 
                 event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
                          "shard_id": row["shard_id"], **row["payload"]}
                 if as_json:
-                    print(json.dumps(event, default=str), flush=True)
+                    print(json_text(event), flush=True)
                 else:
                     details = ", ".join(f"{k}={v}" for k, v in row["payload"].items())
                     console.print(f"{event['event_time']}  {row['shard_id']}  {details}", highlight=False)

@@ -185,10 +185,12 @@ def field_values(name: str, declared, clean: bool) -> st.SearchStrategy[FieldVal
 @st.composite
 def lines_of(draw, stream: StreamConfig) -> Line:
     """A line of ``stream``: a JSON object field by field, or a line that is bad as a whole."""
-    shape = draw(st.sampled_from(["clean"] * 6 + ["object"] * 4 + ["malformed", "surrogate", "not_utf8", "too_long"]))
+    shape = draw(st.sampled_from(["clean"] * 6 + ["object"] * 4 + ["malformed", "surrogate", "not_utf8", "too_long",
+                                                                    "duplicate"]))
     parts, line = [], Line(b"")
     for name, declared in stream.fields.items():
-        presence = "value" if shape == "clean" else draw(st.sampled_from(["value"] * 8 + ["missing", "null"]))
+        presence = "value" if shape in ("clean", "duplicate") else draw(st.sampled_from(["value"] * 8 +
+                                                                                         ["missing", "null"]))
         if presence != "value":
             line.problems.append(f"missing field '{name}'")
             if presence == "null":
@@ -202,7 +204,7 @@ def lines_of(draw, stream: StreamConfig) -> Line:
             line.values[name] = value
             line.problems += check_problems(name, declared, value)
     if draw(st.booleans()):  # a field nobody declared, nested deeper than Jackson's default 1,000 levels
-        depth = draw(st.integers(1, 1200))
+        depth = draw(st.integers(1, 990 if shape == "duplicate" else 1200))  # keys of a deeper line: not listed
         parts.insert(draw(st.integers(0, len(parts))), '"extra": ' + "[" * depth + "]" * depth)
     text = "{" + ", ".join(parts) + "}"
     if shape == "malformed":
@@ -213,6 +215,10 @@ def lines_of(draw, stream: StreamConfig) -> Line:
     if shape == "not_utf8":  # a UTF-8-encoded surrogate (CESU) and a byte no UTF-8 text holds
         return Line(b'{"note": "\xed\xa0\x80\xff", ' + text[1:].encode(),
                     line_problem="line is not valid UTF-8 (invalid bytes are kept as U+FFFD)")
+    if shape == "duplicate":  # a declared field twice, once maybe spelled with an escape: which value is meant?
+        name = draw(st.sampled_from(list(stream.fields)))
+        spelled = draw(st.sampled_from([name, f"{name[0]}\\u{ord(name[1]):04x}{name[2:]}" if len(name) > 1 else name]))
+        return Line(("{" + f'"{spelled}": 0, ' + text[1:]).encode(), line_problem=f"duplicate key '{name}'")
     if shape == "too_long":
         return Line(text.replace("{", '{"note": "' + "x" * MAX_LINE_BYTES + '", ', 1).encode())
     line.text = text.encode()

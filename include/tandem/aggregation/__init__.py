@@ -53,7 +53,7 @@ def query(cluster: ClusterConfig, plan: str, granularity: str, start: datetime, 
     if source == "postgres":
         with Database(cluster.database_url, "tandem-query") as db:
             try:
-                return db.run(lambda cursor: _postgres.query_merged(cursor, spec, plan, granularity, start, end, keys))
+                return _postgres.read_merged(db.run, spec, plan, granularity, start, end, keys)
             except psycopg2.errors.UndefinedTable:
                 raise NothingPublished(f"table tandem.{spec.table} does not exist yet: no instance of plan {plan} has "
                                  f"published {output} (or the database is not migrated: tandem migrate)") from None

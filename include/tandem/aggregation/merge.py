@@ -7,12 +7,22 @@ from datetime import datetime
 from typing import Any
 
 from tandem.aggregation import sketches
-from tandem.aggregation.spec import AggregationSpec
+from tandem.aggregation.spec import AggregationSpec, Measure
+from tandem.store.aggregates import LONG_RANGE
 
 MergedRow = dict[str, Any]
 
+def long_sum(a: int | None, b: int | None) -> int | None:
+    """Two partial ``long`` sums added: ``None`` (no value) once either is, or once the total leaves 64 bits (as
+    Spark's ``try_sum``)."""
+    if a is None or b is None:
+        return None
+    total = a + b
+    return total if LONG_RANGE[0] <= total <= LONG_RANGE[1] else None
+
+
 _COMBINE = {
-    "sum": lambda a, b: a + b,
+    "sum": lambda a, b: a + b,  # doubles: IEEE 754, ±inf past ±1.8e308 (and nan for +inf and -inf)
     "count": lambda a, b: a + b,
     "min": min,
     "max": max,
@@ -20,11 +30,19 @@ _COMBINE = {
 }
 
 
+def combine(measure: Measure, a: Any, b: Any) -> Any:
+    """Two partial values of ``measure`` merged."""
+    if measure.kind == "sum" and measure.sql_type == "bigint":
+        return long_sum(a, b)
+    return _COMBINE[measure.kind](a, b)
+
+
 def with_ratios(spec: AggregationSpec, row: MergedRow) -> MergedRow:
-    """Add the derived columns (e.g. ``avg_price``) to a merged row."""
+    """Add the derived columns (e.g. ``avg_price``) to a merged row; ``None`` where a value is missing or the
+    denominator is 0."""
     for ratio in spec.ratios:
-        denominator = row[ratio.denominator]
-        row[ratio.column] = row[ratio.numerator] / denominator if denominator else None
+        numerator, denominator = row[ratio.numerator], row[ratio.denominator]
+        row[ratio.column] = numerator / denominator if denominator and numerator is not None else None
     return row
 
 
@@ -45,7 +63,7 @@ def merge_partials(spec: AggregationSpec, partials: Iterable[Mapping[str, Any]])
             shards[group] = {part["shard_id"]}
             continue
         for measure in spec.measures:
-            current[measure.column] = _COMBINE[measure.kind](current[measure.column], part[measure.column])
+            current[measure.column] = combine(measure, current[measure.column], part[measure.column])
         shards[group].add(part["shard_id"])
     rows = []
     for group in sorted(merged, key=_sort_key):

@@ -8,9 +8,11 @@ same transaction, so each row always holds full values and replaying a batch cha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import psycopg2.errors
 import pyarrow as pa
 
 from tandem.aggregation import sketches
@@ -83,19 +85,46 @@ def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, shard_id: str, sec
 
 
 def query_merged(cursor, spec: AggregationSpec, plan: str, granularity: str, start: datetime, end: datetime,
-                 keys: dict[str, list[str]] | None = None) -> list[MergedRow]:
-    """One plan's merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values."""
+                 keys: dict[str, list[str]] | None = None, careful: bool = False) -> list[MergedRow]:
+    """One plan's merged aggregates for buckets in ``[start, end)``, optionally restricted to some key values.
+
+    ``careful``: sum doubles past PostgreSQL's range as IEEE 754 does (±Infinity), more slowly; without it such a
+    sum raises ``NumericValueOutOfRange``: read with :func:`read_merged`, which tries again carefully.
+    """
     spec.check_granularity(granularity)
     for key in keys or {}:
         if key not in spec.keys:
             raise ValueError(f"{spec.name} has no key {key!r}")
     return [with_ratios(spec, _plain(spec, row))
-            for row in aggregates.merged_rows(cursor, spec, MERGE_SQL, plan, granularity, start, end, keys)]
+            for row in aggregates.merged_rows(cursor, spec, MERGE_SQL, plan, granularity, start, end, keys,
+                                              careful=careful)]
+
+
+def read_merged(run: Callable[[Callable[[Any], list[MergedRow]]], list[MergedRow]], spec: AggregationSpec, plan: str,
+                granularity: str, start: datetime, end: datetime, keys: dict[str, list[str]] | None = None,
+                cursor_of: Callable[[Any], Any] | None = None) -> list[MergedRow]:
+    """:func:`query_merged` through ``run`` (a transaction runner such as ``Database.run``), once more with IEEE sums
+    in a new transaction when a double sum overflowed PostgreSQL's ``sum``; ``cursor_of`` makes the cursor to read
+    with (a context manager, e.g. a capped server-side cursor) from the transaction's."""
+    def read(careful: bool) -> list[MergedRow]:
+        def work(cursor) -> list[MergedRow]:
+            if cursor_of is None:
+                return query_merged(cursor, spec, plan, granularity, start, end, keys, careful)
+            with cursor_of(cursor) as wrapped:
+                return query_merged(wrapped, spec, plan, granularity, start, end, keys, careful)
+        return run(work)
+
+    try:
+        return read(False)
+    except psycopg2.errors.NumericValueOutOfRange:
+        return read(True)
 
 
 def _plain(spec: AggregationSpec, row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for measure in spec.measures:
+        if out[measure.column] is None:  # a long sum past the 64-bit range
+            continue
         if measure.sql_type == "bigint":
             out[measure.column] = int(out[measure.column])
         elif measure.sql_type.startswith("double"):

@@ -25,11 +25,16 @@ def estimate(sketch: bytes | memoryview | None) -> int:
     return 0 if sketch is None else round(datasketches.hll_sketch.deserialize(bytes(sketch)).get_estimate())
 
 
+EMPTY_STRING = "\u0000"
+"""What an empty string is counted as: DataSketches ignores an empty string (Spark's ``hll_sketch_agg`` too), and
+no field holds a NUL (the streams refuse it), so this stands for ``""`` alone."""
+
+
 def of(values: Iterable[str]) -> bytes | None:
-    """A sketch of ``values`` (``None`` when there is none)."""
+    """A sketch of ``values`` (``None`` when there is none); ``""`` counts as a value (as :data:`EMPTY_STRING`)."""
     sketch = datasketches.hll_sketch(HLL_LG_K)
     seen = False
     for value in values:
-        sketch.update(value)
+        sketch.update(value or EMPTY_STRING)
         seen = True
     return sketch.serialize_compact() if seen else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from tandem.aggregation.sketches import EMPTY_STRING
 from tandem.aggregation.spec import HLL_LG_K, AggregationSpec, Measure
 from tandem.config import spark_interval
 
@@ -13,10 +14,13 @@ def _aggregate(measure: Measure) -> Column:
     if measure.kind == "count":
         return F.count(F.lit(1))
     if measure.kind == "distinct":
-        return F.hll_sketch_agg(F.col(measure.source).cast("string"), HLL_LG_K)
+        value = F.col(measure.source).cast("string")
+        return F.hll_sketch_agg(F.when(value == "", F.lit(EMPTY_STRING)).otherwise(value), HLL_LG_K)
     value = F.col(measure.source)
-    if measure.kind == "sum":
-        return F.sum(value.cast("double" if measure.sql_type.startswith("double") else "long"))
+    if measure.kind == "sum":  # past the type's range: a long sum is null (try_sum), a double one ±Infinity
+        if measure.sql_type.startswith("double"):
+            return F.sum(value.cast("double"))
+        return F.try_sum(value.cast("long"))
     return F.min(value) if measure.kind == "min" else F.max(value)
 
 

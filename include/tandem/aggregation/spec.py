@@ -67,6 +67,17 @@ class AggregationSpec:
         return [m.column for m in self.measures]
 
     @property
+    def state_value_names(self) -> list[str]:
+        """The fields of Spark's state value for these measures (its aggregation buffer, in order): a ``long`` sum
+        keeps whether it has seen a value beside its total (``try_sum``)."""
+        names = []
+        for m in self.measures:
+            names.append(m.column)
+            if m.kind == "sum" and m.sql_type == "bigint":
+                names.append(f"{m.column}_is_empty")
+        return names
+
+    @property
     def distinct_columns(self) -> list[str]:
         return [m.column for m in self.measures if m.kind == "distinct"]
 

@@ -37,6 +37,7 @@ from pyspark.sql import SparkSession
 from tandem.aggregation.spec import AggregationSpec, spec_for
 from tandem.batch.backfill import BATCH_COLUMN, check_backfill, in_range, newest_seconds, recompute
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.json_values import json_text
 from tandem.layout import backfill_dir, delta_table_dir
 from tandem.batch.reconciliations import KINDS, store_outcomes
 from tandem.outputs import sink_for
@@ -69,7 +70,7 @@ class Outcome:
     def row(self) -> dict[str, Any]:
         """What :func:`tandem.batch.reconciliations.store_outcomes` stores of it."""
         return {"shard_id": self.shard_id, "output": self.output, "compared": self.compared, **self.counts,
-                "examples": json.dumps(self.examples, default=str), "skipped": self.skipped}
+                "examples": json_text(self.examples), "skipped": self.skipped}
 
     @property
     def real(self) -> int:
@@ -81,6 +82,8 @@ class Outcome:
 
 
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True  # a sum that met both infinities, on both sides
     if isinstance(a, float) or isinstance(b, float):
         return a is not None and b is not None and math.isclose(a, b, rel_tol=RELATIVE, abs_tol=1e-9)
     return a == b

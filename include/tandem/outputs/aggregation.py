@@ -27,6 +27,7 @@ from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
 from tandem.aggregation.granularity import bucket_start
+from tandem.aggregation.merge import long_sum
 from tandem.aggregation.spec import AggregationSpec, Measure, spec_for
 from tandem.config import PlanConfig
 from tandem.declarations import MAX_EPOCH_MILLIS, FieldConfig, OutputConfig
@@ -207,8 +208,13 @@ def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: li
             old = before[measure.column] if before else None
             if measure.kind == "count":
                 row[measure.column] = (old or 0) + len(members)
+            elif measure.kind == "sum" and measure.sql_type == "bigint":
+                total = 0 if before is None else old
+                for value in values:
+                    total = long_sum(total, value or 0)
+                row[measure.column] = total
             elif measure.kind == "sum":
-                row[measure.column] = (old or 0) + sum(v or 0 for v in values)
+                row[measure.column] = (old or 0.0) + sum(float(v or 0) for v in values)
             elif measure.kind in ("min", "max"):
                 pick = min if measure.kind == "min" else max
                 row[measure.column] = pick([v for v in [old, *values] if v is not None])

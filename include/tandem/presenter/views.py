@@ -20,10 +20,11 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from tandem.aggregation.postgres import query_merged
+from tandem.aggregation.postgres import read_merged
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, TandemError
+from tandem.json_values import spelled
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
@@ -308,12 +309,9 @@ def aggregate_rows(db: Database, plan: PlanConfig, output: str, granularity: str
         raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (keys: {', '.join(spec.keys)})")
     check_range(granularity, start, end)
 
-    def work(cursor) -> list[dict[str, Any]]:
-        with CappedCursor(cursor, limit + 1) as capped:
-            return query_merged(capped, spec, plan.name, granularity, start, end, keys)
-
     try:
-        rows = db.run(work, attempts=3)
+        rows = read_merged(lambda work: db.run(work, attempts=3), spec, plan.name, granularity, start, end, keys,
+                           cursor_of=lambda cursor: CappedCursor(cursor, limit + 1))
     except psycopg2.errors.UndefinedTable:  # no instance has published this aggregation yet
         rows = []
     if len(rows) > limit:
@@ -322,7 +320,7 @@ def aggregate_rows(db: Database, plan: PlanConfig, output: str, granularity: str
                             MAX_AGGREGATE_ROWS, "narrow start/end, ask a coarser granularity"
                             + (f" or filter with key={key[0]}:<value>" if key else ""))
     return AggregateRows(plan=plan.name, output=output, granularity=granularity, start=start, end=end,
-                         rows=[dict(r) for r in rows])
+                         rows=[spelled(r) for r in rows])
 
 
 def table_rows(db: Database, plan: PlanConfig, output: str, key: dict[str, str] | None = None,
@@ -345,8 +343,8 @@ def table_rows(db: Database, plan: PlanConfig, output: str, key: dict[str, str] 
         raise too_many_rows(f"table {output}", limit, MAX_TABLE_ROWS,
                             f"filter with key={config.key[0]}:<value>")
     return TableRows(plan=plan.name, output=output,
-                     rows=[{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
-                           for r in found])
+                     rows=[spelled({**r["key"], **{v: float(r[v]) for v in config.values},
+                                    "instances": int(r["instances"])}) for r in found])
 
 
 def encode_cursor(position: EventPosition) -> str:

@@ -344,7 +344,7 @@ def state_value_names(plan: PlanConfig, spec: QuerySpec) -> tuple[str, ...]:
     """The names of the fields of the query's state values a snapshot exports: the measures of the
     aggregation it computes (``()`` for a query without a Spark aggregation) (pure)."""
     partials = partial_aggregations(plan, spec)
-    return tuple(spec_for(plan, partials[0]).measure_columns) if partials else ()
+    return tuple(spec_for(plan, partials[0]).state_value_names) if partials else ()
 
 
 def define(ctx: PlanContext, spec: QuerySpec) -> QueryDefinition:

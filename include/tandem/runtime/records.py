@@ -11,6 +11,7 @@ deeply they nest; a line over the size limit is not parsed at all.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -100,8 +101,8 @@ SHOWN_CHARS = 200
 """How much of a bad value a reason quotes."""
 
 
-def _line_problem(raw: Column, max_line_bytes: int) -> Column:
-    """Why a line is refused before it is parsed (null: parse it)."""
+def _line_problem(raw: Column, max_line_bytes: int, names: tuple[str, ...]) -> Column:
+    """Why a line is refused before it is parsed (null: parse it); ``names``: the declared fields."""
     size = F.octet_length(raw)
     return (F.when(size > max_line_bytes, F.concat(
                 F.lit("line of "), size.cast("string"),
@@ -109,7 +110,33 @@ def _line_problem(raw: Column, max_line_bytes: int) -> Column:
                       f"characters are kept")))
             .when(~F.is_valid_utf8(raw), F.lit("line is not valid UTF-8 (invalid bytes are kept as U+FFFD)"))
             .when(raw.contains("\\u") & raw.rlike(UNPAIRED_SURROGATE),
-                  F.lit("line holds an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF)")))
+                  F.lit("line holds an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF)"))
+            .otherwise(_duplicate_fields(raw, names)))
+
+
+def _duplicate_fields(raw: Column, names: tuple[str, ...]) -> Column:
+    """Why a JSON object gives a declared field more than once (``duplicate key 'price'``, each such field), else
+    null: which of its values is meant is unknowable (Spark would keep one without a word). Keys Tandem does not read
+    may repeat.
+
+    Listing a line's keys is a second parse (about 80 % more parsing time): only a line that holds one of the names
+    twice as text, or a backslash (a key may be spelled with escapes), is listed; the keys are sorted once, so a line
+    of many keys costs n log n, never n². Spark lists the keys of a line nested at most 1,000 levels deep (Jackson's
+    default, which ``json_object_keys`` takes no option for): a deeper line's duplicates go unseen here (the
+    receiver refuses them).
+    """
+    if not names:
+        return F.lit(None).cast("string")
+    suspect = raw.contains("\\")
+    for name in names:
+        quoted = json.dumps(name)
+        first = F.instr(raw, quoted)
+        suspect = suspect | ((first > 0) & (F.call_function("locate", F.lit(quoted), raw, first + 1) > 0))
+    declared = F.filter(F.json_object_keys(raw), lambda key: key.isin(*names))
+    ordered = F.array_sort(declared)
+    repeated = F.array_distinct(F.filter(ordered, lambda key, i: (i > 0) & (F.element_at(ordered, i) == key)))
+    return F.when(suspect & (F.size(declared) != F.size(F.array_distinct(declared))), F.concat_ws("; ", F.transform(
+        repeated, lambda key: F.concat(F.lit("duplicate key '"), _shown(key), F.lit("'")))))
 
 
 def _kept(raw: Column, max_line_bytes: int) -> Column:
@@ -131,7 +158,7 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     A bad line's ``raw`` is what the quarantine keeps (:func:`_kept`). Needs
     ``spark.sql.json.enablePartialResults=true`` so one bad field does not null the others.
     """
-    line_problem = _line_problem(F.col("raw"), schema.max_line_bytes)
+    line_problem = _line_problem(F.col("raw"), schema.max_line_bytes, tuple(f.name for f in schema.fields))
     parsable = F.when(F.col("_line_problem").isNull(), F.col("raw"))
     typed = F.from_json(parsable, schema.struct, schema.json_options)
     fields = lines.select("raw", "source_file", line_problem.alias("_line_problem")).select(

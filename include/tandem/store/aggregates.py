@@ -14,22 +14,29 @@ Python dicts, then building Arrow from those for Delta, cost more than the state
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg2.errors
 import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg2 import sql
 
 from tandem.store.identifiers import each, identifiers
 
+T = TypeVar("T")
+LONG_RANGE = (-2**63, 2**63 - 1)
+"""A ``long`` sum outside this range is no value (NULL), as Spark's ``try_sum`` says; PostgreSQL sums bigints in
+``numeric``, so the test never overflows itself."""
+
 
 def ensure_table(cursor, spec: Any) -> None:
     """Create the aggregation's serving table if it is not there (``trade_aggregates`` comes from migration 001)."""
-    measures = sql.Composed([sql.SQL("{} {}{}, ").format(sql.Identifier(m.column), sql.SQL(m.sql_type),
-                                                         sql.SQL("" if m.kind == "distinct" else " NOT NULL"))
-                             for m in spec.measures])
+    measures = sql.Composed([sql.SQL("{} {}{}{}, ").format(
+        sql.Identifier(m.column), sql.SQL(m.sql_type),
+        sql.SQL(' COLLATE "C"' if m.sql_type == "text" else ""),  # min and max by code point, as Spark compares
+        sql.SQL("" if _nullable(m) else " NOT NULL")) for m in spec.measures])
     cursor.execute(sql.SQL(
         """CREATE TABLE IF NOT EXISTS {table} (
                plan text NOT NULL, granularity text NOT NULL, bucket_start timestamptz NOT NULL, {keys}
@@ -37,13 +44,71 @@ def ensure_table(cursor, spec: Any) -> None:
                updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({identity}))""").format(
         table=sql.Identifier(spec.table), keys=each("{0} text NOT NULL, ", spec.keys), measures=measures,
         identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"])))
+    _allow_nulls(cursor, spec)
 
 
-def _merged(measure, merge: Mapping[str, str], alias: str = "c") -> sql.Composable:
-    """The SQL that merges a measure's partials (a distinct measure's sketches are unioned afterwards, in Python)."""
+def _nullable(measure) -> bool:
+    """A distinct measure's sketch is set after its row; a ``long`` sum is NULL once it leaves the 64-bit range."""
+    return measure.kind == "distinct" or _is_long_sum(measure)
+
+
+def _is_long_sum(measure) -> bool:
+    return measure.kind == "sum" and measure.sql_type == "bigint"
+
+
+def _is_double_sum(measure) -> bool:
+    return measure.kind == "sum" and measure.sql_type.startswith("double")
+
+
+def _allow_nulls(cursor, spec: Any) -> None:
+    """Drop ``NOT NULL`` from the long sums of a table created before they could be NULL (no-op afterwards)."""
+    cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                   "AND table_name = %s AND is_nullable = 'NO' AND column_name = ANY(%s)",
+                   (spec.table, [m.column for m in spec.measures if _nullable(m)]))
+    for row in cursor.fetchall():
+        cursor.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
+            sql.Identifier(spec.table), sql.Identifier(row["column_name"])))
+
+
+def _merged(measure, merge: Mapping[str, str], alias: str = "c", careful: bool = False) -> sql.Composable:
+    """The SQL that merges a measure's partials (a distinct measure's sketches are unioned afterwards, in Python).
+
+    A ``long`` sum is NULL when a partial is (it left the 64-bit range) or the total leaves that range. A
+    ``double`` sum is PostgreSQL's ``sum``, which refuses a total past ±1.8e308; ``careful`` uses ``ieee_sum``
+    (migration 015) instead, which gives ±Infinity there as IEEE 754 (and Spark, and Python) do, at the cost of a
+    PL/pgSQL call per row: callers run the fast form first and the careful one only after an overflow
+    (:func:`overflow_safe`).
+    """
+    column = sql.Identifier(alias, measure.column)
     if measure.kind == "distinct":
         return sql.SQL("NULL::bytea")
-    return sql.SQL("{}({})").format(sql.SQL(merge[measure.kind]), sql.Identifier(alias, measure.column))
+    if _is_long_sum(measure):
+        return sql.SQL("CASE WHEN count({c}) = count(*) AND sum({c}) BETWEEN {low} AND {high} "
+                       "THEN sum({c})::bigint END").format(c=column, low=sql.Literal(LONG_RANGE[0]),
+                                                           high=sql.Literal(LONG_RANGE[1]))
+    if careful and _is_double_sum(measure):
+        return sql.SQL("ieee_sum({})").format(column)
+    return sql.SQL("{}({})").format(sql.SQL(merge[measure.kind]), column)
+
+
+def has_double_sum(spec: Any) -> bool:
+    """Whether a merge of ``spec``'s partials can overflow PostgreSQL's built-in ``sum``."""
+    return any(_is_double_sum(m) for m in spec.measures)
+
+
+def overflow_safe(cursor, spec: Any, statement: Callable[[bool], T]) -> T:
+    """``statement(False)``; when a double sum overflowed in it, ``statement(True)`` (IEEE sums) instead, inside
+    the same transaction (a savepoint undoes the failed try)."""
+    if not has_double_sum(spec):
+        return statement(False)
+    cursor.execute("SAVEPOINT tandem_fast_sums")
+    try:
+        result = statement(False)
+    except psycopg2.errors.NumericValueOutOfRange:
+        cursor.execute("ROLLBACK TO SAVEPOINT tandem_fast_sums")
+        result = statement(True)
+    cursor.execute("RELEASE SAVEPOINT tandem_fast_sums")
+    return result
 
 
 def _columns(spec: Any) -> sql.Composed:
@@ -140,7 +205,7 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
     the shard against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s). A bucket
     whose children are gone (none counted) is left as it is, as a join would.
     """
-    return copied_out(cursor, sql.SQL(
+    return overflow_safe(cursor, spec, lambda careful: copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged_columns}, %(epoch)s,
                   %(batch_id)s
@@ -154,13 +219,13 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
            {conflict}
            RETURNING {returning}""").format(
         parent_keys=each("p.{0}, ", spec.keys),
-        merged=sql.SQL(", ").join(sql.SQL("{} AS {}").format(_merged(m, merge), sql.Identifier(m.column))
-                                  for m in spec.measures),
+        merged=sql.SQL(", ").join(sql.SQL("{} AS {}").format(_merged(m, merge, careful=careful),
+                                                             sql.Identifier(m.column)) for m in spec.measures),
         merged_columns=sql.SQL(", ").join(sql.Identifier("m", c) for c in spec.measure_columns),
         keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
         version=sql.Identifier(spec.version_column), **_parts(spec)),
         {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
-         "child": child}, spec.written_schema)
+         "child": child}, spec.written_schema))
 
 
 def lock_for_replace(cursor, spec: Any) -> None:
@@ -192,7 +257,7 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
     cursor.execute(sql.SQL("DELETE FROM {table} WHERE plan = %(plan)s AND shard_id = %(shard_id)s "
                            "AND granularity = %(granularity)s AND {span}").format(table=sql.Identifier(spec.table),
                                                                                    span=span), params)
-    return copied_out(cursor, sql.SQL(
+    return overflow_safe(cursor, spec, lambda careful: copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, %(granularity)s, date_trunc(%(granularity)s, c.bucket_start) AS bucket,
                   {child_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
@@ -203,8 +268,9 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
                                   + ('1 ' || %(granularity)s)::interval
            GROUP BY bucket{group_keys}
            RETURNING {returning}""").format(
-        child_keys=each("c.{0}, ", spec.keys), merged=sql.SQL(", ").join(_merged(m, merge) for m in spec.measures),
-        group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params, spec.written_schema)
+        child_keys=each("c.{0}, ", spec.keys),
+        merged=sql.SQL(", ").join(_merged(m, merge, careful=careful) for m in spec.measures),
+        group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params, spec.written_schema))
 
 
 def seconds_between(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
@@ -273,9 +339,13 @@ def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterabl
 
 
 def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,
-                end: datetime, keys: Mapping[str, list[str]] | None = None) -> list[dict[str, Any]]:
+                end: datetime, keys: Mapping[str, list[str]] | None = None, careful: bool = False) -> list[dict[str, Any]]:
     """One plan's buckets in ``[start, end)`` merged across shards (a distinct measure: the array of its sketches),
-    optionally restricted to some key values, with ``shards``: how many shards each merges."""
+    optionally restricted to some key values, with ``shards``: how many shards each merges.
+
+    A double sum past PostgreSQL's range raises ``NumericValueOutOfRange`` unless ``careful`` (see :func:`_merged`);
+    the read's cursor may be a server-side one, which fails at its first fetch and cannot be rewound, so the caller
+    reads again, carefully, in a new transaction."""
     filters = [sql.SQL("plan = %(plan)s AND granularity = %(granularity)s AND bucket_start >= %(start)s "
                        "AND bucket_start < %(end)s")]
     params = {"plan": plan, "granularity": granularity, "start": start, "end": end}
@@ -284,8 +354,9 @@ def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granular
         params[f"key_{index}"] = list(values)
     group = identifiers(["bucket_start", *spec.keys])
     measures = sql.SQL(", ").join(
-        sql.SQL("{merge}({column}) AS {column}").format(
-            merge=sql.SQL("array_agg" if m.kind == "distinct" else merge[m.kind]), column=sql.Identifier(m.column))
+        sql.SQL("{merged} AS {column}").format(
+            merged=sql.SQL("array_agg({})").format(sql.Identifier(m.column)) if m.kind == "distinct"
+            else _merged(m, merge, spec.table, careful), column=sql.Identifier(m.column))
         for m in spec.measures)
     cursor.execute(
         sql.SQL("""SELECT {group}, {measures}, count(DISTINCT shard_id) AS shards FROM {table}
