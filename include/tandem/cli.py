@@ -4,7 +4,7 @@
     tandem config check | schema [FILE] validate conf/ and the plans' modules | print the files' JSON Schema
     tandem plan new NAME                a new plan: conf/plans/NAME.yaml and NAME.py, that run as written
     tandem produce trades --rate 200 --duration 60   to the streams' landing folders or NATS subjects
-    tandem receive [--host H] [--port 8700]       HTTP receiver into nats streams (token: TANDEM_RECEIVER_TOKEN)
+    tandem receive [--host H] [--port 8700] [--ssl-certfile F]   HTTP(S) receiver into nats streams (tokens: README)
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
     tandem status [plan]
     tandem run --plan trades --node node-a --instance shard-1 [--available-now]
@@ -119,14 +119,17 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    """Serve the receiver (HTTP → the plans' nats streams) until interrupted; the token is TANDEM_RECEIVER_TOKEN."""
-    import os
+    """Serve the receiver (HTTP(S) → the plans' nats streams) until interrupted; the tokens are TANDEM_RECEIVER_TOKEN
+    and the file TANDEM_RECEIVER_TOKENS names."""
+    from tandem.receiver import MAX_BODY_BYTES, serve, tokens_from_environment
 
-    from tandem.receiver import TOKEN_VARIABLE, serve
-
-    if not os.environ.get(TOKEN_VARIABLE):
-        raise TandemError(f"the receiver needs a token: set {TOKEN_VARIABLE} (clients send it as a Bearer token)")
-    serve(load_cluster(), args.host, args.port)
+    tokens_from_environment()  # refused before anything is loaded
+    if args.max_body_bytes is not None and args.max_body_bytes <= 0:
+        raise TandemError(f"--max-body-bytes must be a positive number of bytes, got {args.max_body_bytes}")
+    if args.ssl_keyfile and not args.ssl_certfile:
+        raise TandemError("--ssl-keyfile goes with --ssl-certfile (the certificate it is the key of)")
+    serve(load_cluster(), args.host, args.port, max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
+          ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0
 
 
@@ -626,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
     receive = commands.add_parser("receive", help="serve the receiver: events over HTTP into the plans' nats streams")
     receive.add_argument("--host", default="127.0.0.1")
     receive.add_argument("--port", type=int, default=8700)
+    receive.add_argument("--max-body-bytes", type=int,
+                         help="a request's body at most; a larger one gets 413 (default 16 MiB)")
+    receive.add_argument("--ssl-certfile", help="serve HTTPS with this PEM certificate (chain)")
+    receive.add_argument("--ssl-keyfile", help="its PEM private key (unless the certificate file holds it)")
     receive.set_defaults(func=cmd_receive)
 
     query = commands.add_parser("query", help="read a plan's output: merged aggregates, a merged table, or events")

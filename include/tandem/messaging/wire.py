@@ -31,6 +31,7 @@ What it does not do
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import socket
 import ssl
@@ -43,11 +44,35 @@ from tandem.redaction import redact_url
 
 CRLF = b"\r\n"
 MSG_ID = "Nats-Msg-Id"
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+"""The largest message (headers and payload) a NATS server takes unless it says otherwise (``max_payload``)."""
 _READ_SIZE = 1 << 20
+_BREAKS_A_HEADER = re.compile(r"[\r\n\0]")
+_BREAKS_A_HEADER_NAME = re.compile(r"[\r\n\0:\s]")
+_BREAKS_A_SUBJECT = re.compile(r"[\r\n\0\s]")
 
 
 class ProtocolError(Exception):
     """The server answered with ``-ERR`` or something this reader does not understand."""
+
+
+class MessageTooLarge(ProtocolError):
+    """A message is over the server's ``max_payload``: it was not sent (the server would drop the connection)."""
+
+
+def check_header(name: str, value: str) -> None:
+    """Raise ``ValueError`` unless ``name: value`` is one header line (pure): CR, LF or NUL in either would end
+    the line and let the rest be read as other headers; a name takes no ``:`` or space either."""
+    if not name or _BREAKS_A_HEADER_NAME.search(name):
+        raise ValueError(f"NATS header name {name[:100]!r}: a name is not empty and holds no CR, LF, NUL, ':' or space")
+    if _BREAKS_A_HEADER.search(value):
+        raise ValueError(f"NATS header {name}: its value {value[:100]!r} holds CR, LF or NUL")
+
+
+def check_subject(subject: str) -> None:
+    """Raise ``ValueError`` unless ``subject`` is one protocol token (pure): not empty, no space, CR, LF or NUL."""
+    if not subject or _BREAKS_A_SUBJECT.search(subject):
+        raise ValueError(f"NATS subject {subject[:100]!r}: a subject is not empty and holds no space, CR, LF or NUL")
 
 
 class Message(NamedTuple):
@@ -59,10 +84,16 @@ class Message(NamedTuple):
     headers: tuple[tuple[str, str], ...] = ()
 
     def header_block(self) -> bytes:
-        """The ``NATS/1.0`` header block (``b""`` when the message has no header)."""
+        """The ``NATS/1.0`` header block (``b""`` when the message has no header).
+
+        Raises:
+            ValueError: a header name or value holds CR, LF or NUL (:func:`check_header`).
+        """
         pairs = ([(MSG_ID, self.msg_id)] if self.msg_id else []) + list(self.headers)
         if not pairs:
             return b""
+        for name, value in pairs:
+            check_header(name, value)
         return ("NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in pairs) + "\r\n").encode()
 
 
@@ -150,6 +181,8 @@ class Connection:
         try:
             self._socket = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout_s)
             info = self._expect_info()
+            self.max_payload = int(info.get("max_payload") or DEFAULT_MAX_PAYLOAD)
+            """The largest message (headers and payload) the server takes, from its ``INFO``."""
             if parts.scheme == "tls" or info.get("tls_required"):
                 context = ssl.create_default_context()
                 self._socket = context.wrap_socket(self._socket, server_hostname=parts.hostname)
@@ -250,8 +283,11 @@ class Connection:
         "duplicate"?}``), in order; at most ``window`` wait for theirs at a time.
 
         Raises :class:`ProtocolError` when JetStream refuses one (no stream for its subject, a limit), except for
-        a refusal whose JetStream error code is in ``refusals``: its acknowledgement is then ``{"error": ...}``.
+        a refusal whose JetStream error code is in ``refusals``: its acknowledgement is then ``{"error": ...}``;
+        :class:`MessageTooLarge` for a message over the server's ``max_payload`` and ``ValueError`` for a subject or
+        header that would break the protocol's lines, before sending any message.
         """
+        framed = [self._framed(Message(*message)) for message in messages]
         prefix = f"{self._inbox}.p{secrets.token_hex(4)}."
         acks: list[dict[str, Any] | None] = [None] * len(messages)
         frames = self._frames()
@@ -260,15 +296,13 @@ class Connection:
         while sent < len(messages) or waiting:
             out = bytearray()
             while sent < len(messages) and waiting < window:
-                message = Message(*messages[sent])
+                subject, headers, payload = framed[sent]
                 reply = f"{prefix}{sent}"
-                headers = message.header_block()
                 if headers:
-                    out += (f"HPUB {message.subject} {reply} {len(headers)} {len(headers) + len(message.payload)}"
-                            .encode() + CRLF + headers + message.payload + CRLF)
+                    out += (f"HPUB {subject} {reply} {len(headers)} {len(headers) + len(payload)}"
+                            .encode() + CRLF + headers + payload + CRLF)
                 else:
-                    out += (f"PUB {message.subject} {reply} {len(message.payload)}".encode() + CRLF + message.payload
-                            + CRLF)
+                    out += f"PUB {subject} {reply} {len(payload)}".encode() + CRLF + payload + CRLF
                 sent += 1
                 waiting += 1
             if out:
@@ -287,6 +321,16 @@ class Connection:
                     if not self._parsed or waiting == 0:
                         break
         return acks  # type: ignore[return-value]
+
+    def _framed(self, message: Message) -> tuple[str, bytes, bytes]:
+        """``(subject, header block, payload)`` of a message this server takes; raises as :meth:`publish` says."""
+        check_subject(message.subject)
+        headers = message.header_block()
+        size = len(headers) + len(message.payload)
+        if size > self.max_payload:
+            raise MessageTooLarge(f"a message of {size} bytes to {message.subject!r} is over the NATS server's "
+                                  f"max_payload ({self.max_payload})")
+        return message.subject, headers, message.payload
 
     # --- ranges ----------------------------------------------------------------------------------------------
 
