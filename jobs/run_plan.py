@@ -13,6 +13,7 @@ import threading
 
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import parse_duration
+from tandem.errors import TandemError
 from tandem.names import ACTIVE, ROLES
 from tandem.runtime.node import install_stop_signals, run_instance
 
@@ -35,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = load_plan(args.plan, cluster)
     stop = threading.Event()
     install_stop_signals(stop)
-    result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0],
-                          trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop,
-                          role=args.role)
+    try:
+        result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0],
+                              trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop,
+                              role=args.role)
+    except TandemError as exc:  # refused before any query started (recorded as the instance's failure): one line
+        logging.getLogger("tandem.run_plan").error("refused: %s", exc)
+        return 1
     return 0 if result.status == "STOPPED" else 1
 
 

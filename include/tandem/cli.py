@@ -534,7 +534,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and each plan's
     module (its queries against the YAML's groups and outputs, without starting Spark), and say what they hold."""
     from tandem.config import json_schemas, load_plan
-    from tandem.errors import ConfigError, PlanError
+    from tandem.errors import ConfigError, PlanChanged, PlanError
+    from tandem.plan_shape import refused_launches
     from tandem.runtime.plan_api import check_plan_module, load_plan_module
 
     if args.action == "schema":
@@ -558,6 +559,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         except PlanError as exc:
             for problem in str(exc).splitlines():
                 print_error(PlanError(problem))
+            refused += 1
+            continue
+        launches_refused = refused_launches(cluster, plan)
+        if launches_refused:  # the file is valid, but its instances' checkpoints were built from another shape
+            for line in launches_refused:
+                print_error(PlanChanged(line))
             refused += 1
             continue
         streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())

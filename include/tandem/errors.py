@@ -74,3 +74,8 @@ class DataLoss(TandemError):
 
 class BackfillRefused(TandemError):
     """A backfill may not run: its range is not closed, its input is gone, or it overlaps a running one."""
+
+
+class PlanChanged(TandemError):
+    """The plan changed in a way its instances' checkpoints cannot carry (a group's parallelism, a stream's
+    partitions, an aggregation's keys or measures): the launch is refused before any query starts."""

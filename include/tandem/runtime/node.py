@@ -26,8 +26,10 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
+from tandem.errors import PlanChanged
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
+from tandem.plan_shape import check_unchanged, record_shape
 from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
@@ -209,6 +211,12 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         except StorageNotShared as exc:
             record_status(db, key, "FAILED", str(exc))
             raise
+        try:  # before the lease is taken and any query reads a checkpoint
+            check_unchanged(cluster, plan, shard_id, node)
+        except PlanChanged as exc:  # the same words at every launch: the supervisor blocks it, never loops
+            record_status(db, key, "FAILED", str(exc), failure=str(exc))
+            raise
+        record_shape(cluster, plan, shard_id, node)
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
                                standby_role=role if role in STANDBY_ROLES else PASSIVE)
         promoted = threading.Event()
