@@ -791,6 +791,14 @@ def _check_retention(file: PlanFile, error: Callable[[str, str], ConfigError]) -
             raise error(f"maintenance.retention.partials.{finer if finer in kept else coarser}",
                         f"keeps {finer} partials longer than {coarser} ones: a coarser bucket is rolled up from finer "
                         "ones, keep it at least as long")
+    keep_input = file.maintenance.keep_input_s
+    by_id = [name for name, output in file.outputs.items() if output.id]
+    if by_id and keep_input is not None and keep_input > retention.contributions_s:
+        raise error("maintenance.keep_input",
+                    f"keeps input {keep_input / 86400:g} days, longer than maintenance.retention.contributions "
+                    f"({retention.contributions_s / 86400:g} days): a backfill of input that old would publish again the rows "
+                    f"of {', '.join(by_id)} whose ids are gone (published once by id); keep contributions at least "
+                    "as long as input")
     for where, seconds, needed, what in (
             ("heartbeats", retention.heartbeats_s, file.ha.stall_timeout_s, "ha.stall_timeout"),
             ("failover_events", retention.failover_events_s, file.ha.launch_window_s, "ha.launch_window")):

@@ -39,6 +39,7 @@ from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
+from tandem.store import trim
 from tandem.store.leases import read_lease
 from test_pizza_shop_plan import assert_outputs_equal_the_reference
 from test_trades_plan import ALL_TIME, GRANULARITIES, assert_matches, expected_aggregates, make_events, write_events
@@ -117,6 +118,11 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         with pytest.raises(BackfillRefused, match=f"backfill {other.id} .* overlaps"):
             run_backfill(cluster, plan, db, spark, START, END)
         catalog.finish(db, other.id, catalog.FAILED, {}, "test")
+        # once retention deleted the seconds of the minute the range starts in, that minute cannot be rebuilt
+        trim.record_horizon(db, "trades", "partials/trade_aggregates/second", START + timedelta(seconds=1))
+        with pytest.raises(BackfillRefused, match="inside the minute bucket 2024-12-31T23:59:00"):
+            run_backfill(cluster, plan, db, spark, START, END)
+        db.run(lambda cursor: cursor.execute("DELETE FROM retention_horizons"))
 
         # reconcile finds exactly the late trades' (second, symbol) keys, and nothing the watermark does not explain
         before = reconcile(cluster, plan, db, spark, START, END, run_id="before")
@@ -220,6 +226,11 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
                 time.sleep(0.5)
             found = summary(reconcile(cluster, plan, db, spark, start, start + timedelta(seconds=90),
                                       run_id="pizza-before"))
+            # ids of rows published once by id applied before the range started were deleted: refused
+            trim.record_horizon(db, "pizza_shop", "contributions/shop-2", start)
+            with pytest.raises(BackfillRefused, match="instance shop-2's ids of .* were deleted"):
+                run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
+            db.run(lambda cursor: cursor.execute("DELETE FROM retention_horizons"))
             first = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
             again = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90), shards=["shop-1"])
         finally:

@@ -128,6 +128,13 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
     assert snapshot_of_reads(db) == before
     assert totals["trade_aggregates"] == 4  # the reference is not vacuous: every table lost rows
     assert all(totals[t] > 0 for t in expected)
+    # what went is recorded, for a backfill to refuse a range that needs it (minutes are kept for good)
+    horizons = trim.horizons(db, "trades")
+    wanted = {"partials/trade_aggregates/second": now - timedelta(seconds=retention.partials_s["second"]),
+              "contributions/shard-1": now - timedelta(seconds=retention.contributions_s),
+              "contributions/shard-2": now - 39 * DAY - HOUR}  # its snapshot's replay needs (taken_at less 1 h)
+    assert set(horizons) == set(wanted)
+    assert all(abs(horizons[what] - at) < timedelta(seconds=30) for what, at in wanted.items()), horizons
 
 
 def test_tandem_maintain_migrates_a_fresh_database_trims_and_says_what_it_did(project: Path, database_url: str,

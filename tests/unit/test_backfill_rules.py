@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+import pytest
+from _conf import edit_yaml
 from tandem.batch.backfill import (BATCH_COLUMN, closed_until, missing_input, newest_seconds, read_through,
-                                   refusal_of_range)
+                                   refusal_of_range, retention_refusal)
+from tandem.config import load_cluster, load_plan
+from tandem.errors import ConfigError
 
 UTC = timezone.utc
 T = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
@@ -86,3 +90,43 @@ def test_ids_differ_as_late_extra_or_different_and_without_the_published_side_on
     assert outcome.examples == {"late": [{"id": "c"}], "extra": [{"id": "d"}], "different": [{"id": "b", "n": [9, 2]}]}
     assert compare_ids(Outcome("s", "e"), {"a": {"avg": 31.48}}, {"a": {"avg": 31.47}}).counts["different"] == 1
     assert compare_ids(Outcome("s", "facts"), None, {"x": {}}).counts == {"late": 1, "extra": 0, "different": 0}
+
+
+def test_only_the_lease_holder_s_newest_watermark_closes_a_range() -> None:
+    # node-b ran further before a restore took shard-1 back; node-a holds the lease now
+    positions = {("p/shard-1/node-a", "aggregates"): T, ("p/shard-1/node-b", "aggregates"): T + timedelta(hours=1)}
+    assert closed_until(positions, ["shard-1"], {"shard-1": "node-a"}) == {"shard-1": T}
+    assert closed_until(positions, ["shard-1"], {"shard-1": None}) == {"shard-1": T + timedelta(hours=1)}
+
+
+def test_a_range_reaching_rows_the_retention_deleted_is_refused(conf: Path) -> None:
+    cluster = load_cluster(conf / "cluster.yaml")
+    trades = load_plan("trades", cluster)
+    shards = list(trades.shards)
+    old = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
+    seconds_gone = {"partials/trade_aggregates/second": old + timedelta(days=1)}
+    assert retention_refusal(trades, old, old + timedelta(minutes=30), {}, shards) is None, "nothing trimmed"
+    assert retention_refusal(trades, old, old + timedelta(minutes=30), seconds_gone, shards) is None, "aligned"
+    inside = retention_refusal(trades, old + timedelta(seconds=90), old + timedelta(minutes=30), seconds_gone, shards)
+    assert "inside the minute bucket" in inside and "maintenance.retention.partials.second" in inside
+    assert "start it at a minute boundary (2026-11-20T09:01:00+00:00 or 2026-11-20T09:02:00+00:00)" in inside
+    ends = retention_refusal(trades, old, old + timedelta(minutes=30, seconds=5), seconds_gone, shards)
+    assert ends.startswith("it ends at")
+    later = old + timedelta(days=2)
+    assert retention_refusal(trades, later + timedelta(seconds=7), later + timedelta(seconds=9), seconds_gone,
+                             shards) is None, "the minute's seconds are all there"
+
+    pizza = load_plan("pizza_shop", cluster)  # order_stats and delivered_orders: published once by id
+    ids_gone = {"contributions/orders-1": old}
+    assert "ids of delivered_orders, order_stats applied before" in retention_refusal(
+        pizza, old, old + timedelta(hours=1), ids_gone, ["orders-1"])
+    assert retention_refusal(pizza, old, old + timedelta(hours=1), ids_gone, ["orders-2"]) is None
+    assert retention_refusal(pizza, old + timedelta(hours=1), old + timedelta(hours=2), ids_gone, ["orders-1"]) is None
+    facts = retention_refusal(pizza, old, old + timedelta(hours=1), {"partials/pizza_shop_order_stats/second":
+                                                                     old + timedelta(minutes=5)}, ["orders-1"])
+    assert "order_stats adds facts to its second rows" in facts
+
+    edit_yaml(conf / "plans" / "pizza_shop.yaml", lambda d: d.setdefault("maintenance", {}).update(keep_input="40 days"))
+    with pytest.raises(ConfigError, match="maintenance.keep_input: keeps input 40 days, longer than "
+                                          "maintenance.retention.contributions .30 days."):
+        load_plan("pizza_shop", load_cluster(conf / "cluster.yaml"))

@@ -38,7 +38,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -50,7 +50,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
-from tandem.aggregation.spec import UTC_MICROS, spec_for
+from tandem.aggregation.granularity import bucket_end, bucket_start
+from tandem.aggregation.spec import UTC_MICROS, aggregation_outputs, spec_for
+from tandem.batch.trim import contributions_horizon, partials_horizon
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
 from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.errors import BackfillRefused, PathOutsideRoot
@@ -76,12 +78,13 @@ from tandem.snapshots.source_log import processed_file_times
 from tandem.store import Database
 from tandem.store import aggregates
 from tandem.store import backfills as catalog
-from tandem.store.heartbeats import query_positions
+from tandem.store.heartbeats import newest_watermarks
 from tandem.store.locks import AdvisoryLock
 from tandem.store import outputs as store_outputs
 from tandem.store.leases import read_lease
 from tandem.store.publish_log import last_published
 from tandem.store.registry import InstanceKey
+from tandem.store.trim import horizons
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,9 @@ the first micro-batch."""
 BATCH_COLUMN = "_backfill_batch"
 LISTED = 5
 """How many missing files a refusal names."""
+CONTRIBUTION_MARGIN = timedelta(minutes=10)
+"""A fact is applied (its id recorded) after its event time; a range starts this much after the oldest id kept,
+for producers' clocks ahead of PostgreSQL's."""
 
 Step = Callable[[str], None]
 """Called with a line before each step of a backfill (a progress bar, a task log)."""
@@ -99,16 +105,62 @@ Step = Callable[[str], None]
 # --- refusals (pure) ---------------------------------------------------------------------------------------------
 
 
-def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: list[str]) -> dict[str, datetime | None]:
-    """Per instance, the event time up to which it will not write again: the furthest watermark any of its nodes
-    reached, of its slowest query with a watermark (``positions``: ``(instance, query)`` -> watermark, the instance
-    as ``<plan>/<shard>/<node>``); ``None`` when none of its queries has one yet."""
+def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: list[str],
+                 holders: Mapping[str, str | None] | None = None) -> dict[str, datetime | None]:
+    """Per instance, the event time up to which it will not write again: the newest watermark of its slowest query
+    with one (``positions``: ``(instance, query)`` -> watermark, the instance as ``<plan>/<shard>/<node>``), on the
+    node that holds its lease now (``holders``: shard -> node; ``None`` or no holder: the furthest of its nodes).
+    Another node's may be from before a restore took the instance back; ``None`` when no query has one yet."""
     furthest: dict[tuple[str, str], datetime] = {}
     for (instance, query), watermark in positions.items():
-        key = (instance.split("/")[1], query)
-        if watermark is not None and (key not in furthest or watermark > furthest[key]):
+        _, shard, node = instance.split("/")
+        holder = (holders or {}).get(shard)
+        if watermark is None or (holder is not None and node != holder):
+            continue
+        key = (shard, query)
+        if key not in furthest or watermark > furthest[key]:
             furthest[key] = watermark
     return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
+
+
+def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed: Mapping[str, datetime],
+                      shards: list[str]) -> str | None:
+    """Why ``[start, end)`` of ``shards`` needs rows the plan's retention deleted, or ``None`` (pure; ``trimmed``:
+    :func:`tandem.store.trim.horizons`, rows older than each instant may be gone):
+
+    - an output published once by id (a table, an aggregation with ``id``) publishes only the rows whose ids it does
+      not find; a fact is applied after its event time, so every id of the range is kept when the ids trimmed were
+      applied before ``start`` (less :data:`CONTRIBUTION_MARGIN`);
+    - an aggregation rebuilds each coarser bucket the range overlaps from its finer rows: where the range starts or
+      ends inside a bucket whose finer rows were trimmed, the bucket would be rebuilt from the range's rows alone
+      (and the loss rolled up to the year): a range aligned to such buckets is fine; an aggregation with ``id``
+      adds to the range's own seconds, which must all be there.
+    """
+    by_id = [name for name, output in plan.outputs.items() if output.id]
+    for shard in shards if by_id else ():
+        horizon = trimmed.get(contributions_horizon(shard))
+        if horizon is not None and start < horizon + CONTRIBUTION_MARGIN:
+            return (f"it starts at {start.isoformat()}, and instance {shard}'s ids of {', '.join(by_id)} applied "
+                    f"before {horizon.isoformat(timespec='seconds')} were deleted (maintenance.retention."
+                    "contributions): rows whose ids are gone would be published again; start it at or after "
+                    f"{(horizon + CONTRIBUTION_MARGIN).isoformat(timespec='seconds')}")
+    for output in aggregation_outputs(plan):
+        spec = spec_for(plan, output)
+        for child, parent in zip(spec.granularities, spec.granularities[1:]):
+            horizon = trimmed.get(partials_horizon(spec.table, child))
+            if horizon is None:
+                continue
+            deleted = (f"whose {child} rows before {horizon.isoformat(timespec='seconds')} were deleted "
+                       f"(maintenance.retention.partials.{child})")
+            if plan.outputs[output].id and start < horizon:
+                return f"{output} adds facts to its {child} rows, {deleted}: start it at or after {horizon.isoformat()}"
+            for edge, verb in ((start, "start"), (end, "end")):
+                bucket = bucket_start(edge, parent)
+                if bucket != edge and bucket < horizon:
+                    return (f"it {verb}s at {edge.isoformat()}, inside the {parent} bucket {bucket.isoformat()} of "
+                            f"{output}, {deleted}: the bucket would be rebuilt from the range's rows alone; {verb} "
+                            f"it at a {parent} boundary ({bucket.isoformat()} or {bucket_end(bucket, parent).isoformat()})")
+    return None
 
 
 def read_through(pending_ms: Iterable[int], now_ms: int, lateness_s: float) -> datetime:
@@ -135,7 +187,7 @@ def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query
             continue
         nats = nats_of(cluster, plan, name)
         read = [int(o["seq"]) for o in offsets if o["stream"] == stream_name(nats.prefix, name)]
-        with JetStream(nats.servers, name="tandem-backfill-check") as js:
+        with JetStream(nats, name="tandem-backfill-check") as js:
             for partition in plan.partitions(shard_id, name):
                 published = js.published_after(stream_name(nats.prefix, name),
                                                partition_subject(nats.prefix, name, partition), min(read, default=0))
@@ -161,11 +213,11 @@ def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: 
 
 def instances_closed_until(cluster: ClusterConfig, db: Database, plan: PlanConfig,
                            shards: list[str]) -> dict[str, datetime | None]:
-    """:func:`closed_until` of ``shards`` from every progress row of ``plan`` in PostgreSQL; for an instance whose
-    queries keep no state (no watermark either), :func:`read_through` of its checkpoints and landing files."""
-    positions = {key: watermark for key, (watermark, _) in
-                 query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).items()}
-    closed = closed_until(positions, shards)
+    """:func:`closed_until` of ``shards`` from the newest progress rows of ``plan`` in PostgreSQL, on the nodes that
+    hold their leases; for an instance whose queries keep no state (no watermark either), :func:`read_through` of
+    its checkpoints and landing files."""
+    holders = {shard: lease.holder if (lease := read_lease(db, plan.name, shard)) else None for shard in shards}
+    closed = closed_until(newest_watermarks(db, plan.name), shards, holders)
     return {shard: until if until is not None else _stateless_read_through(cluster, plan, shard)
             for shard, until in closed.items()}
 
@@ -207,7 +259,8 @@ def still_retained(cluster: ClusterConfig, landing_file: Path) -> bool:
 def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
                    shards: list[str]) -> None:
     """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``shards`` cannot be backfilled now."""
-    reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, shards))
+    reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, shards)) \
+        or retention_refusal(plan, start, end, horizons(db, plan.name), shards)
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
     dropped = dropped_messages(cluster, plan, shards, start)
@@ -236,7 +289,7 @@ def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str]
             continue
         nats = nats_of(cluster, plan, name)
         jetstream = stream_name(nats.prefix, name)
-        with JetStream(nats.servers, name="tandem-backfill-check") as js:
+        with JetStream(nats, name="tandem-backfill-check") as js:
             info = js.stream_info(jetstream)
         if info is None:
             reasons.append(f"JetStream stream {jetstream} of {name} does not exist")

@@ -55,6 +55,16 @@ class Retention:
             f"vacuumed (dead rows made reusable): {', '.join(self.vacuumed) or 'none needed'}"]
 
 
+def partials_horizon(table: str, granularity: str) -> str:
+    """The name :func:`tandem.store.trim.record_horizon` records an aggregation's trimmed partials under."""
+    return f"partials/{table}/{granularity}"
+
+
+def contributions_horizon(shard_id: str) -> str:
+    """The name an instance's trimmed contribution ids are recorded under."""
+    return f"contributions/{shard_id}"
+
+
 def replay_needs_since(snapshot: catalog.SnapshotRecord) -> datetime:
     """The earliest ``applied_at`` of a contribution a restore from ``snapshot`` may bring again (pure)."""
     if snapshot.replay_from is None:
@@ -89,6 +99,8 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
                 done.append(Trimmed(spec.table, trim.trim_partials(db, spec.table, plan.name, granularity,
                                                                    ago(seconds)),
                                     ago(seconds), f"{granularity} partials of {output}"))
+                if done[-1].rows:
+                    trim.record_horizon(db, plan.name, partials_horizon(spec.table, granularity), ago(seconds))
     for table, seconds, delete in (("heartbeats", retention.heartbeats_s, trim.trim_heartbeats),
                                    ("publish_log", retention.publish_log_s, trim.trim_publish_log),
                                    ("failover_events", retention.failover_events_s, trim.trim_failover_events)):
@@ -101,4 +113,6 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
         before = contributions_cutoff(now, retention.contributions_s, needs.get(shard_id))
         done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before), before,
                             f"instance {shard_id}"))
+        if done[-1].rows:
+            trim.record_horizon(db, plan.name, contributions_horizon(shard_id), before)
     return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))

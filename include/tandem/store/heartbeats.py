@@ -109,3 +109,17 @@ def state_rows_after(db: Database, instance_id: str, query: str, query_id: str |
         return None if row is None else row["state_rows"]
 
     return db.run(work, attempts=3)
+
+
+def newest_watermarks(db: Database, plan: str) -> dict[tuple[str, str], datetime]:
+    """Per (instance, query) of ``plan``: its newest recorded event-time watermark (not the highest ever: a restore
+    takes an instance back to an earlier one)."""
+
+    def work(cursor):
+        cursor.execute(
+            """SELECT DISTINCT ON (instance_id, query_name) instance_id, query_name, watermark FROM heartbeats
+               WHERE plan = %s AND watermark IS NOT NULL ORDER BY instance_id, query_name, recorded_at DESC""",
+            (plan,))
+        return {(row["instance_id"], row["query_name"]): row["watermark"] for row in cursor.fetchall()}
+
+    return db.run(work)

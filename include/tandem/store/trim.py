@@ -123,3 +123,20 @@ def vacuum_bloated(db: Database, trimmed: AbstractSet[str] = frozenset()) -> lis
         if not conn.closed:  # a lost connection raises its own error; Database opens a new one next time
             conn.autocommit = False
     return due
+
+
+def record_horizon(db: Database, plan: str, what: str, before: datetime) -> None:
+    """Record that ``plan``'s rows of kind ``what`` older than ``before`` may be gone (the newest such instant
+    stays)."""
+    db.run(lambda cursor: cursor.execute(
+        """INSERT INTO retention_horizons (plan, what, before) VALUES (%s, %s, %s)
+           ON CONFLICT (plan, what) DO UPDATE SET before = GREATEST(retention_horizons.before, EXCLUDED.before),
+                                                  updated_at = now()""", (plan, what, before)), attempts=3)
+
+
+def horizons(db: Database, plan: str) -> dict[str, datetime]:
+    """Per kind of row of ``plan`` the retention deleted some of: rows older than this may be gone."""
+    def work(cursor) -> dict[str, datetime]:
+        cursor.execute("SELECT what, before FROM retention_horizons WHERE plan = %s", (plan,))
+        return {row["what"]: row["before"] for row in cursor.fetchall()}
+    return db.run(work, attempts=3)
