@@ -219,7 +219,10 @@ class RetentionConfig(StrictModel):
     table's or a fact aggregation's rows apply once (never one a kept snapshot's replay may bring again).
     ``failover_events``: supervision and role events. The newest row of each kind that something still reads
     (an instance's last progress, last published batch and furthest position, each node's last event of each
-    kind) is kept whatever its age.
+    kind) is kept whatever its age. ``events``: an events output's rows in PostgreSQL, by when they were
+    published, once in the lake and (published to a NATS stream) relayed; the Delta copy keeps them.
+    ``table_rows``: a table output's keys not updated for that long (not given: kept for good, a table holds each
+    key's latest value). ``quarantine``: the quarantine's Delta rows, by when they were quarantined.
     """
 
     partials_s: dict[Granularity, Duration] = Field({"second": 2 * 86400.0}, alias="partials")
@@ -228,6 +231,9 @@ class RetentionConfig(StrictModel):
     contributions_s: Duration = Field(30 * 86400.0, alias="contributions")
     failover_events_s: Duration = Field(30 * 86400.0, alias="failover_events")
 
+    events_s: Duration = Field(30 * 86400.0, alias="events")
+    table_rows_s: Duration | None = Field(None, alias="table_rows")
+    quarantine_s: Duration = Field(30 * 86400.0, alias="quarantine")
 
 class MaintenanceConfig(StrictModel):
     """Upkeep of a plan's storage by its maintenance DAG (:mod:`tandem.batch.upkeep`, :mod:`tandem.batch.trim`).

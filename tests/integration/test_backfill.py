@@ -31,11 +31,12 @@ from tandem.batch.backfill import run_backfill
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import reconciliation_rows, summary
 from tandem.config import load_cluster, load_plan
-from tandem.errors import BackfillRefused
+from tandem.errors import BackfillRefused, SnapshotRefused
 from tandem.layout import landing_dir, retained_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
+from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
@@ -181,6 +182,10 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME), expected, f"postgres {granularity}")
         assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
                        f"delta {granularity}")
+
+    # the snapshots were taken before the backfill: restoring one would undo it (nothing is stopped to say so)
+    with pytest.raises(SnapshotRefused, match=f"would undo backfill {done.id} .*pass --force"):
+        restore_shard(cluster, plan, "shard-1", start=False)
 
     # input that retention deleted is refused before anything is registered (NATS: test_nats_source.py)
     gone = min(retained_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)

@@ -161,3 +161,21 @@ def test_vacuum_keeps_files_removed_within_the_retention_to_the_second_and_delet
     assert after.files_vacuumed == 6 + 2, after  # the first 6, then the compacted file and batch 6 of the 2nd run
     assert vacuumed_files(path, before_compaction)
     assert rows_of(read_table(path)) == sorted(row for b in range(7) for row in rows_of(batch("shard-1", b)))
+
+
+def test_rows_past_their_retention_are_deleted_before_the_compaction(tmp_path: Path) -> None:
+    """Issue 46 §4: the quarantine's rows older than ``maintenance.retention.quarantine`` go (the upkeep passes
+    ``expire``); the others stay, and a time travel to before the delete still reads them all."""
+    from datetime import datetime, timedelta, timezone
+
+    path = tmp_path / "quarantine"
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    ages = [40, 31, 29, 1]
+    for index, day in enumerate(ages):
+        append_once(path, pa.table({"raw": [f"line {day}"], "quarantined_at": pa.array(
+            [now - timedelta(days=day)], pa.timestamp("us", tz="UTC"))}), app_id="q", version=index)
+    version = DeltaTable(str(path)).version()
+    upkeep = maintain_table(path, expire=("quarantined_at", now - timedelta(days=30)))
+    assert upkeep.rows_expired == 2 and "2 rows past their retention deleted" in upkeep.describe()
+    assert sorted(read_table(path)["raw"].to_pylist()) == ["line 1", "line 29"]
+    assert len(read_table(path, version=version)) == len(ages)

@@ -115,3 +115,46 @@ def test_a_backfill_whose_job_ended_without_finishing_refuses_overlaps_only_unti
         cluster = load_cluster()
         with pytest.raises(BackfillRefused, match=f"no RUNNING backfill '{first.id}'.*FAILED: abandoned"):
             run_backfill(cluster, load_plan("trades", cluster), db, None, start, end, backfill_id=first.id)
+
+
+def test_a_plan_s_upkeep_waits_for_its_coordination_lock_and_another_plan_s_does_not(project: Path) -> None:
+    """Issue 46 §4: PostgreSQL retention of plan trades waits while another process holds the plan's lock (a
+    backfill, a restore...); the pizza shop's does not; a thread holding it may take it again (re-entrant)."""
+    import threading
+    import time
+
+    from tandem.batch.trim import trim_plan_rows
+    from tandem.store.locks import plan_lock
+
+    cluster = load_cluster()
+    with Database(cluster.database_url) as db:
+        migrate(db)
+    release, held, times = threading.Event(), threading.Event(), {}
+
+    def other_process() -> None:  # a session of its own, as another process's would be
+        with plan_lock(cluster.database_url, "trades", "a backfill"):
+            held.set()
+            release.wait(30)
+            times["released"] = time.monotonic()
+
+    def retention(plan: str) -> None:
+        with Database(cluster.database_url) as db:
+            trim_plan_rows(load_plan(plan, cluster), db)
+        times[plan] = time.monotonic()
+
+    holder = threading.Thread(target=other_process)
+    holder.start()
+    assert held.wait(30)
+    waiting = threading.Thread(target=retention, args=("trades",))
+    waiting.start()
+    retention("pizza_shop")  # another plan's lock: done at once
+    waiting.join(1.5)
+    assert waiting.is_alive(), "the trades retention ran while the plan's lock was held"
+    release.set()
+    holder.join(30)
+    waiting.join(30)
+    assert times["pizza_shop"] < times["released"] <= times["trades"]
+
+    with plan_lock(cluster.database_url, "trades", "a restore"):
+        with Database(cluster.database_url) as db:
+            trim_plan_rows(load_plan("trades", cluster), db)  # the same thread: taken again, no deadlock

@@ -241,3 +241,44 @@ def snapshot_of_reads(db: Database) -> dict:
             "progress": {instance: {k: v for k, v in row.items() if not k.endswith("_s")}  # ages and lags grow
                          for instance, row in latest_progress(db, "trades").items()},
             "minutes": rows(db, "SELECT * FROM trade_aggregates WHERE granularity = 'minute' ORDER BY 2, 3, 4")}
+
+
+def test_events_and_table_rows_past_their_retention_go_and_what_is_still_needed_stays(project: Path,
+                                                                                       db: Database) -> None:
+    """Issue 46 §4: an events output's rows go once published over ``retention.events`` ago and in the lake (and,
+    published to a NATS stream, relayed); a table's keys once not updated for ``retention.table_rows``."""
+    import yaml
+
+    path = project / "conf" / "plans" / "pizza_shop.yaml"
+    declared = yaml.safe_load(path.read_text())
+    declared.setdefault("maintenance", {}).setdefault("retention", {})["table_rows"] = "60 days"
+    path.write_text(yaml.safe_dump(declared))
+    plan = load_plan("pizza_shop")
+    now = catalog.database_now(db)
+    events = [("old-in-lake", 40 * DAY, True), ("old-not-in-lake", 40 * DAY, False), ("new", DAY, True)]
+    for event_id, age, in_lake in events:
+        insert(db, "output_events", {"plan": "pizza_shop", "output": "overdue_orders", "event_id": event_id,
+                                     "shard_id": "shop-1", "event_time": now - age, "payload": "{}", "node": "node-a",
+                                     "epoch": 1, "batch_id": 1, "in_lake": in_lake, "published_at": now - age})
+    for key, age in (("gone", 90 * DAY), ("kept", 10 * DAY)):
+        insert(db, "output_table_rows", {"plan": "pizza_shop", "output": "delivered_orders", "key": f'"{key}"',
+                                         "shard_id": "shop-1", "value": "{}", "version": 1, "node": "node-a",
+                                         "epoch": 1, "batch_id": 1, "updated_at": now - age})
+    from tandem.batch.trim import trim_plan_rows
+
+    trim_plan_rows(plan, db)
+    assert sorted(r["event_id"] for r in rows(db, "SELECT event_id FROM output_events")) == ["new", "old-not-in-lake"]
+    assert [r["key"] for r in rows(db, "SELECT key FROM output_table_rows")] == ["kept"]
+
+    # an output published to a NATS stream: only what its relay recorded as stored goes
+    for event_id in ("relayed", "not-yet-relayed"):
+        insert(db, "output_events", {"plan": "pizza_shop", "output": "hot", "event_id": event_id,
+                                     "shard_id": "shop-1", "event_time": now - 40 * DAY, "payload": "{}",
+                                     "node": "node-a", "epoch": 1, "batch_id": 1, "in_lake": True,
+                                     "published_at": now - 40 * DAY})
+    [position] = rows(db, "SELECT xid::text::bigint AS xid FROM output_events WHERE event_id = 'relayed'")
+    insert(db, "output_streams", {"plan": "pizza_shop", "output": "hot", "stream": "hot", "stream_seq": 1,
+                                  "xid": position["xid"], "event_id": "relayed"})
+    assert trim.trim_events(db, "pizza_shop", "shop-1", now - 30 * DAY, ["hot"]) == 1
+    assert "not-yet-relayed" in {r["event_id"] for r in rows(db, "SELECT event_id FROM output_events")}
+    assert "relayed" not in {r["event_id"] for r in rows(db, "SELECT event_id FROM output_events")}

@@ -79,7 +79,7 @@ from tandem.store import Database
 from tandem.store import aggregates
 from tandem.store import backfills as catalog
 from tandem.store.heartbeats import newest_watermarks
-from tandem.store.locks import AdvisoryLock
+from tandem.store.locks import AdvisoryLock, plan_lock
 from tandem.store import outputs as store_outputs
 from tandem.store.leases import read_lease
 from tandem.store.publish_log import last_published
@@ -497,7 +497,8 @@ def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: 
         shards = [plan.check_shard(s) for s in shards] if shards else list(plan.shards)
         check_backfill(cluster, plan, db, start, end, shards)
         backfill_id = catalog.register(db, plan.name, start, end, shards, requested_by).id
-    with AdvisoryLock(cluster.database_url, "backfill", catalog.run_lock_name(backfill_id)):  # held while it runs
+    with AdvisoryLock(cluster.database_url, "backfill", catalog.run_lock_name(backfill_id)), \
+            plan_lock(cluster.database_url, plan.name, f"backfill {backfill_id}"):  # both held while it runs
         record = catalog.get_backfill(db, backfill_id)
         if record is None or record.status != catalog.RUNNING:
             raise BackfillRefused(f"no RUNNING backfill {backfill_id!r} of plan {plan.name}"

@@ -20,6 +20,7 @@ from tandem.config import PlanConfig
 from tandem.store import Database
 from tandem.store import snapshots as catalog
 from tandem.store import trim
+from tandem.store.locks import plan_lock
 
 SNAPSHOT_MARGIN = timedelta(hours=1)
 """For a snapshot that recorded no ``replay_from`` (taken before it was): how much earlier than its start
@@ -85,34 +86,46 @@ def contributions_cutoff(now: datetime, retention_s: float, replay_needs: dateti
 def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
     """Delete ``plan``'s PostgreSQL rows older than its declared retention (what :mod:`tandem.store.trim` keeps
     stays; one :class:`Trimmed` per table and granularity), then vacuum the tables that need it."""
-    retention = plan.maintenance.retention
-    now = catalog.database_now(db)
+    with plan_lock(db.url, plan.name, "PostgreSQL retention"):
+        retention = plan.maintenance.retention
+        now = catalog.database_now(db)
 
-    def ago(seconds: float) -> datetime:
-        return now - timedelta(seconds=seconds)
+        def ago(seconds: float) -> datetime:
+            return now - timedelta(seconds=seconds)
 
-    done = []
-    for output in aggregation_outputs(plan):
-        spec = spec_for(plan, output)
-        for granularity, seconds in retention.partials_s.items():
-            if granularity in spec.granularities:
-                done.append(Trimmed(spec.table, trim.trim_partials(db, spec.table, plan.name, granularity,
-                                                                   ago(seconds)),
-                                    ago(seconds), f"{granularity} partials of {output}"))
-                if done[-1].rows:
-                    trim.record_horizon(db, plan.name, partials_horizon(spec.table, granularity), ago(seconds))
-    for table, seconds, delete in (("heartbeats", retention.heartbeats_s, trim.trim_heartbeats),
-                                   ("publish_log", retention.publish_log_s, trim.trim_publish_log),
-                                   ("failover_events", retention.failover_events_s, trim.trim_failover_events)):
-        done.append(Trimmed(table, delete(db, plan.name, ago(seconds)), ago(seconds)))
-    needs: dict[str, datetime] = {}
-    for snapshot in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING, catalog.GOOD)):
-        since = replay_needs_since(snapshot)
-        needs[snapshot.shard_id] = min(since, needs.get(snapshot.shard_id, since))
-    for shard_id in plan.shards:
-        before = contributions_cutoff(now, retention.contributions_s, needs.get(shard_id))
-        done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before), before,
-                            f"instance {shard_id}"))
-        if done[-1].rows:
-            trim.record_horizon(db, plan.name, contributions_horizon(shard_id), before)
-    return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))
+        done = []
+        for output in aggregation_outputs(plan):
+            spec = spec_for(plan, output)
+            for granularity, seconds in retention.partials_s.items():
+                if granularity in spec.granularities:
+                    done.append(Trimmed(spec.table, trim.trim_partials(db, spec.table, plan.name, granularity,
+                                                                       ago(seconds)),
+                                        ago(seconds), f"{granularity} partials of {output}"))
+                    if done[-1].rows:
+                        trim.record_horizon(db, plan.name, partials_horizon(spec.table, granularity), ago(seconds))
+        for table, seconds, delete in (("heartbeats", retention.heartbeats_s, trim.trim_heartbeats),
+                                       ("publish_log", retention.publish_log_s, trim.trim_publish_log),
+                                       ("failover_events", retention.failover_events_s, trim.trim_failover_events)):
+            done.append(Trimmed(table, delete(db, plan.name, ago(seconds)), ago(seconds)))
+        events = [name for name, output in plan.outputs.items() if output.kind == "events"]
+        relayed = [name for name in events if plan.outputs[name].stream]
+        tables = [name for name, output in plan.outputs.items() if output.kind == "table"]
+        needs: dict[str, datetime] = {}
+        for snapshot in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING, catalog.GOOD)):
+            since = replay_needs_since(snapshot)
+            needs[snapshot.shard_id] = min(since, needs.get(snapshot.shard_id, since))
+        for shard_id in plan.shards:
+            before = contributions_cutoff(now, retention.contributions_s, needs.get(shard_id))
+            done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before),
+                                before, f"instance {shard_id}"))
+            if done[-1].rows:
+                trim.record_horizon(db, plan.name, contributions_horizon(shard_id), before)
+            if events:  # a restore's replay brings events again too: as long as it may, they stay
+                before = contributions_cutoff(now, retention.events_s, needs.get(shard_id))
+                done.append(Trimmed("output_events", trim.trim_events(db, plan.name, shard_id, before, relayed),
+                                    before, f"instance {shard_id}"))
+        for output in tables if retention.table_rows_s is not None else ():
+            before = ago(retention.table_rows_s)
+            done.append(Trimmed("output_table_rows", trim.trim_table_rows(db, plan.name, output, before), before,
+                                f"keys of {output}"))
+        return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -61,10 +62,12 @@ class Upkeep:
     kept_versions: tuple[int, ...]
     retries: int
     log_entries_removed: int = 0
+    rows_expired: int = 0
 
     def describe(self) -> str:
         """One line for a task log."""
-        return (f"{self.path}: {self.files_before} -> {self.files_after} data files (compacted {self.files_compacted} "
+        return (f"{self.path}: {self.rows_expired} rows past their retention deleted, "
+                f"{self.files_before} -> {self.files_after} data files (compacted {self.files_compacted} "
                 f"into {self.files_written}), versions {self.version_before} -> {self.version_after}, checkpoint "
                 f"written, {self.files_vacuumed} unreferenced files vacuumed (versions kept for snapshots: "
                 f"{', '.join(map(str, self.kept_versions)) or 'none'}), {self.log_entries_removed} expired log "
@@ -158,15 +161,24 @@ def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], Non
 
 def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_s: float = 7 * 86400.0,
                    log_retention_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
-                   now: Callable[[], float] = time.time) -> Upkeep:
-    """Compact, checkpoint, vacuum and clean the log of the Delta table at ``path`` while others append to it.
+                   now: Callable[[], float] = time.time, expire: tuple[str, datetime] | None = None) -> Upkeep:
+    """Delete expired rows, compact, checkpoint, vacuum and clean the log of the Delta table at ``path`` while
+    others append to it.
 
     ``keep``: versions whose files and log vacuum and log cleanup must keep (the kept snapshots');
     ``retention_s``: files removed more recently than this are kept too (default: Delta's own week);
-    ``log_retention_s``: log entries modified more recently than this are kept (``None``: no log cleanup).
+    ``log_retention_s``: log entries modified more recently than this are kept (``None``: no log cleanup);
+    ``expire``: ``(column, instant)``: rows whose timestamp ``column`` is before it are deleted first (their files
+    go with the vacuum, once ``retention_s`` is past).
     """
     before = DeltaTable(str(path))
     version_before, files_before = before.version(), len(before.file_uris())
+    expired, expire_retries = 0, 0
+    if expire is not None:
+        column, instant = expire
+        deleted, expire_retries = retry_on_conflict(lambda: DeltaTable(str(path)).delete(
+            f"{column} < '{instant.astimezone(timezone.utc).isoformat()}'"), sleep)
+        expired = int(deleted.get("num_deleted_rows", 0))
     metrics, compact_retries = retry_on_conflict(lambda: DeltaTable(str(path)).optimize.compact(), sleep)
     checkpointed = DeltaTable(str(path))
     checkpointed.create_checkpoint()
@@ -181,4 +193,4 @@ def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_s: float =
     after = DeltaTable(str(path))
     return Upkeep(str(path), version_before, after.version(), files_before, len(after.file_uris()),
                   int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)), len(vacuumed),
-                  tuple(keep), compact_retries + vacuum_retries, removed)
+                  tuple(keep), expire_retries + compact_retries + vacuum_retries, removed, expired)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections import Counter
 from collections.abc import Hashable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg2.errors
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
@@ -256,10 +256,15 @@ def _quarantine_summary(path: Path, plan: str, version: Hashable, samples: int) 
         newest = candidates.take(pc.sort_indices(candidates, order)[:samples]).to_pylist()
     return QuarantineReport(
         plan=plan, total=counted.num_rows,
-        by_reason=dict(Counter(counted["reason"].to_pylist()).most_common()),
-        by_instance=dict(sorted(Counter(counted["shard_id"].to_pylist()).items())),
+        by_reason=dict(sorted(_counts(counted["reason"]).items(), key=lambda item: (-item[1], item[0]))),
+        by_instance=dict(sorted(_counts(counted["shard_id"]).items())),
         samples=[QuarantineSample(quarantined_at=r["quarantined_at"], instance=r["shard_id"], node=r["node"],
                                   source_file=r["source_file"], reason=r["reason"], raw=r["raw"]) for r in newest])
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    """How many times each value occurs, counted by Arrow (a quarantine may hold millions of lines)."""
+    return {entry["values"]: entry["counts"] for entry in pc.value_counts(column).to_pylist()}
 
 
 def output_kind(plan: PlanConfig, output: str, kind: str) -> None:

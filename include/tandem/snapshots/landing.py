@@ -48,6 +48,7 @@ from tandem.snapshots.source_log import processed_files_by_source
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
+from tandem.store.locks import plan_lock
 from tandem.store.registry import get_instance, instance_id
 
 log = logging.getLogger(__name__)
@@ -177,17 +178,18 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: st
     Every configured plan is a possible reader: while another plan's file does not load, nothing is deleted
     (a :class:`~tandem.errors.ConfigError` naming that plan, its file and field).
     """
-    plans = list({**_every_plan(cluster, plan), plan.name: plan}.values())
-    owned = db is None
-    db = db or Database(cluster.database_url, "tandem-maintenance")
-    try:
-        shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
-        partitions = sorted({(stream, p) for shard in shards for stream, declared in plan.streams.items()
-                             if declared.source == "files" for p in plan.partitions(shard, stream)})
-        logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
-        guards: Guards = {}
-        return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs, guards)
-                for stream, p in partitions}
-    finally:
-        if owned:
-            db.close()
+    with plan_lock(cluster.database_url, plan.name, "landing retention"):
+        plans = list({**_every_plan(cluster, plan), plan.name: plan}.values())
+        owned = db is None
+        db = db or Database(cluster.database_url, "tandem-maintenance")
+        try:
+            shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
+            partitions = sorted({(stream, p) for shard in shards for stream, declared in plan.streams.items()
+                                 if declared.source == "files" for p in plan.partitions(shard, stream)})
+            logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
+            guards: Guards = {}
+            return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs, guards)
+                    for stream, p in partitions}
+        finally:
+            if owned:
+                db.close()

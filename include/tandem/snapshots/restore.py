@@ -55,8 +55,10 @@ from tandem.outputs import kind_of
 from tandem.snapshots.retention import choose_snapshot
 from tandem.snapshots.state_export import STATE_TABLE
 from tandem.snapshots.validation import check_files, lost_input
+from tandem.store import backfills
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
+from tandem.store.locks import plan_lock
 from tandem.store.migrations import migrate
 from tandem.store.publish_log import forget_shard
 from tandem.store.supervision import mark
@@ -127,58 +129,78 @@ def restore_shard(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, *, sn
         SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken.
         SnapshotError: no such snapshot, or no GOOD one to fall back on.
     """
-    try:
-        plan.check_shard(shard_id)
-        if node is not None:
-            plan.check_node(node)
-    except ConfigError as exc:
-        raise SnapshotRefused(str(exc)) from None
-    with Database(cluster.database_url, "tandem-restore") as db:
-        migrate(db)
-        chosen = choose_snapshot(catalog.list_snapshots(db, plan.name, shard_id=shard_id), snapshot_id,
-                                 latest_good=False, force=force)
-        cut = under_root(cluster, chosen.checkpoint_path)
-        problems = check_files(cut, chosen.query_batches)
-        if problems:
-            reason = "files: " + "; ".join(problems[:3])
-            if chosen.status == catalog.GOOD:
-                chosen = catalog.mark_bad(db, chosen.id, f"found broken before a restore: {reason}")
-            if not force:
-                raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
-        lost = lost_input(cluster, cut, chosen.query_batches)
-        if lost:  # even with force: the replay after the cut would miss input, and nothing says what it was
-            raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: the input after its cut is gone: "
-                                  + "; ".join(lost[:3]))
-        gone = vacuumed_versions(cluster, plan, chosen)
-        if gone:  # even with force: the instance's rows at the cut cannot be read back
-            raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: " + "; ".join(gone[:3]))
-        target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
-        report = RestoreReport(plan.name, shard_id, chosen, target)
-        node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)
-        with shard_lock(cluster.database_url, plan.name, shard_id) as lock:
-            for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
+    with plan_lock(cluster.database_url, plan.name, f"the restore of instance {shard_id}"):
+        try:
+            plan.check_shard(shard_id)
+            if node is not None:
+                plan.check_node(node)
+        except ConfigError as exc:
+            raise SnapshotRefused(str(exc)) from None
+        with Database(cluster.database_url, "tandem-restore") as db:
+            migrate(db)
+            chosen = choose_snapshot(catalog.list_snapshots(db, plan.name, shard_id=shard_id), snapshot_id,
+                                     latest_good=False, force=force)
+            cut = under_root(cluster, chosen.checkpoint_path)
+            problems = check_files(cut, chosen.query_batches)
+            if problems:
+                reason = "files: " + "; ".join(problems[:3])
+                if chosen.status == catalog.GOOD:
+                    chosen = catalog.mark_bad(db, chosen.id, f"found broken before a restore: {reason}")
+                if not force:
+                    raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
+            lost = lost_input(cluster, cut, chosen.query_batches)
+            if lost:  # even with force: the replay after the cut would miss input, and nothing says what it was
+                raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: the input after its cut is gone: "
+                                      + "; ".join(lost[:3]))
+            gone = vacuumed_versions(cluster, plan, chosen)
+            if gone:  # even with force: the instance's rows at the cut cannot be read back
+                raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: " + "; ".join(gone[:3]))
+            undone = undone_backfills(backfills.done_since(db, plan.name, chosen.taken_at), shard_id)
+            if undone and not force:
+                raise SnapshotRefused(f"restoring snapshot {chosen.id} of instance {shard_id} would undo "
+                                      f"{describe_backfills(undone)}, done after it was taken (the replay after its "
+                                      "cut drops their late events again): pass --force (Param force) and backfill "
+                                      "those ranges again after the restore")
+            target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
+            report = RestoreReport(plan.name, shard_id, chosen, target)
+            if undone:
+                report.add(f"forced: this restore undoes {describe_backfills(undone)}: backfill them again")
+            node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)
+            with shard_lock(cluster.database_url, plan.name, shard_id) as lock:
+                for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
+                    lock.check()
+                    stopped = node_host.stop(shard_id, each, STOP_TIMEOUT_S)
+                    report.add(f"stop {each}: {stopped.detail}")
+                for each in plan.nodes:
+                    lock.check()
+                    report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, shard_id, each, chosen)}")
                 lock.check()
-                stopped = node_host.stop(shard_id, each, STOP_TIMEOUT_S)
-                report.add(f"stop {each}: {stopped.detail}")
-            for each in plan.nodes:
+                _restore_outputs(cluster, plan, shard_id, chosen, db, report)
                 lock.check()
-                report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, shard_id, each, chosen)}")
-            lock.check()
-            _restore_outputs(cluster, plan, shard_id, chosen, db, report)
-            lock.check()
-            mark(db, plan.name, shard_id, "RESTORED", f"restored from snapshot {chosen.id} (batch {chosen.batch_id})",
-                 node=target, detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
-            if start:
-                lock.check()
-                node_host.launch(shard_id, target, ACTIVE, None)
-                row = wait_until_running(cluster, plan, shard_id, target)
-                report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
-    if start and len(plan.nodes) > 1:
-        with Supervisor(cluster, plan, launched_by=launched_by, py_files=py_files,
-                        node_host=node_host) as supervisor:
-            for line in supervisor.reconcile(shard_id, cause=f"restore from {chosen.id}").lines():
-                report.add(line)
-    return report
+                mark(db, plan.name, shard_id, "RESTORED",
+                     f"restored from snapshot {chosen.id} (batch {chosen.batch_id})", node=target,
+                     detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
+                if start:
+                    lock.check()
+                    node_host.launch(shard_id, target, ACTIVE, None)
+                    row = wait_until_running(cluster, plan, shard_id, target)
+                    report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
+        if start and len(plan.nodes) > 1:
+            with Supervisor(cluster, plan, launched_by=launched_by, py_files=py_files,
+                            node_host=node_host) as supervisor:
+                for line in supervisor.reconcile(shard_id, cause=f"restore from {chosen.id}").lines():
+                    report.add(line)
+        return report
+
+
+def undone_backfills(done: list[backfills.BackfillRecord], shard_id: str) -> list[backfills.BackfillRecord]:
+    """Of the backfills done since a snapshot was taken, those a restore of ``shard_id`` from it undoes (pure)."""
+    return [record for record in done if shard_id in record.shards]
+
+
+def describe_backfills(records: list[backfills.BackfillRecord]) -> str:
+    """``backfill <id> [start, end)`` for each, as a refusal names them (pure)."""
+    return ", ".join(f"backfill {r.id} [{r.range_start.isoformat()}, {r.range_end.isoformat()})" for r in records)
 
 
 def vacuumed_versions(cluster: ClusterConfig, plan: PlanConfig, snapshot: catalog.SnapshotRecord) -> list[str]:

@@ -60,6 +60,7 @@ from tandem.snapshots.validation import SnapshotValidation, validate_snapshot
 from tandem.store import heartbeats
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
+from tandem.store.locks import plan_lock
 from tandem.store.leases import read_lease
 from tandem.store.registry import InstanceKey
 
@@ -265,32 +266,33 @@ def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | 
     vacuums ``state_snapshots``: files of rows deleted over ``VACUUM_RETENTION_H`` ago go for good (not
     at once: a snapshot of another shard may be appending to the table right now).
     """
-    owned = db is None
-    db = db or Database(cluster.database_url, "tandem-snapshot")
-    try:
-        rows = catalog.list_snapshots(db, plan.name, shard_id=shard_id,
-                                      statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
-        decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))
-        pruned = []
-        for decision in (d for d in decisions.decisions if d.action == PRUNE):
-            try:
-                copy = snapshot_dir(cluster, plan.name, decision.snapshot_id)
-            except PathOutsideRoot as exc:  # a catalog row is data: never delete where it points outside
-                log.error("retention: not pruning snapshot %r: %s", decision.snapshot_id, exc)
-                continue
-            shutil.rmtree(copy, ignore_errors=True)
-            pruned.append(decision)
-        state_path = delta_table_dir(cluster, plan.name, STATE_TABLE)
-        delete_state(state_path, [d.snapshot_id for d in pruned])
-        for decision in pruned:
-            catalog.mark_pruned(db, decision.snapshot_id, decision.reason)
-        _vacuum(state_path)
-        for line in decisions.describe():
-            log.info("retention: %s", line)
-        return decisions
-    finally:
-        if owned:
-            db.close()
+    with plan_lock(cluster.database_url, plan.name, "snapshot pruning"):
+        owned = db is None
+        db = db or Database(cluster.database_url, "tandem-snapshot")
+        try:
+            rows = catalog.list_snapshots(db, plan.name, shard_id=shard_id,
+                                          statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
+            decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))
+            pruned = []
+            for decision in (d for d in decisions.decisions if d.action == PRUNE):
+                try:
+                    copy = snapshot_dir(cluster, plan.name, decision.snapshot_id)
+                except PathOutsideRoot as exc:  # a catalog row is data: never delete where it points outside
+                    log.error("retention: not pruning snapshot %r: %s", decision.snapshot_id, exc)
+                    continue
+                shutil.rmtree(copy, ignore_errors=True)
+                pruned.append(decision)
+            state_path = delta_table_dir(cluster, plan.name, STATE_TABLE)
+            delete_state(state_path, [d.snapshot_id for d in pruned])
+            for decision in pruned:
+                catalog.mark_pruned(db, decision.snapshot_id, decision.reason)
+            _vacuum(state_path)
+            for line in decisions.describe():
+                log.info("retention: %s", line)
+            return decisions
+        finally:
+            if owned:
+                db.close()
 
 
 def _vacuum(path: Path) -> None:

@@ -126,3 +126,13 @@ def list_backfills(db: Database, plan: str, limit: int = 20) -> list[BackfillRec
         return [_record(row) for row in cursor.fetchall()]
 
     return db.run(work, attempts=3)
+
+
+def done_since(db: Database, plan: str, since: datetime) -> list[BackfillRecord]:
+    """A plan's DONE backfills that finished after ``since``, oldest first."""
+    def work(cursor) -> list[BackfillRecord]:
+        cursor.execute("SELECT * FROM backfills WHERE plan = %s AND status = 'DONE' AND finished_at > %s "
+                       "ORDER BY finished_at, id", (plan, since))
+        return [_record(row) for row in cursor.fetchall()]
+
+    return db.run(work, attempts=3)

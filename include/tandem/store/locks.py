@@ -10,7 +10,10 @@ action, whether it still holds the lock; when it does not, the holder must stop 
 from __future__ import annotations
 
 import logging
+import threading
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg2
 
@@ -19,7 +22,7 @@ from tandem.store.db import connect
 
 log = logging.getLogger(__name__)
 
-SCOPES = {"migrations": 1, "launch": 2, "supervise": 3, "backfill": 4}
+SCOPES = {"migrations": 1, "launch": 2, "supervise": 3, "backfill": 4, "plan": 5}
 """The first key of every Tandem advisory lock: what it serialises (the second key names the thing)."""
 _TRANSIENT = (psycopg2.OperationalError, psycopg2.InterfaceError)
 
@@ -48,7 +51,10 @@ class AdvisoryLock:
         self._conn = connect(self.database_url, f"tandem-{self.scope}-lock")
         self._conn.autocommit = True
         with self._conn.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s, %s)", self.keys)
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", self.keys)
+            if not cursor.fetchone()[0]:
+                log.info("waiting for the %s lock of %s (another process holds it)", self.scope, self.name)
+                cursor.execute("SELECT pg_advisory_lock(%s, %s)", self.keys)
         return self
 
     def check(self) -> None:
@@ -74,3 +80,33 @@ class AdvisoryLock:
             log.debug("could not release the %s lock of %s cleanly", self.scope, self.name)
         finally:
             self._conn.close()
+
+
+_PLAN_LOCKS = threading.local()
+
+
+@contextmanager
+def plan_lock(database_url: str, plan: str, what: str) -> Iterator[None]:
+    """Hold ``plan``'s coordination lock while ``what`` changes what the plan keeps: a restore, snapshot pruning,
+    Delta compaction and vacuum, landing retention, PostgreSQL retention and a backfill (a reconcile's repair is
+    one) run one at a time per plan, whichever process runs them; each waits for the one before.
+
+    Re-entrant within a thread (a restore that cleans landing takes it once); the lock is a session-level advisory
+    lock (:class:`AdvisoryLock`), released when the work ends or its session does.
+    """
+    held: dict[tuple[str, str], int] = _PLAN_LOCKS.__dict__.setdefault("held", {})
+    key = (database_url, plan)
+    if held.get(key):
+        held[key] += 1
+        try:
+            yield
+        finally:
+            held[key] -= 1
+        return
+    with AdvisoryLock(database_url, "plan", plan):
+        log.debug("%s of plan %s holds the plan's lock", what, plan)
+        held[key] = 1
+        try:
+            yield
+        finally:
+            held[key] = 0

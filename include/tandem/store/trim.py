@@ -83,6 +83,25 @@ def trim_contributions(db: Database, plan: str, shard_id: str, before: datetime)
         AND t.shard_id = %(shard)s AND t.in_lake""", {"plan": plan, "shard": shard_id, "before": before})
 
 
+def trim_events(db: Database, plan: str, shard_id: str, before: datetime, relayed_outputs: list[str]) -> int:
+    """Delete the events ``plan``'s instance ``shard_id`` published before ``before`` that are in the lake and,
+    for an output in ``relayed_outputs`` (published to a NATS stream), at or before the position its relay
+    recorded."""
+    return _delete_in_chunks(db, "output_events", """t.plan = %(plan)s AND t.shard_id = %(shard)s
+        AND t.published_at < %(before)s AND t.in_lake
+        AND (t.output <> ALL(%(relayed)s) OR EXISTS (
+            SELECT 1 FROM output_streams s WHERE s.plan = t.plan AND s.output = t.output
+            AND (t.xid, t.event_id) <= (s.xid::text::xid8, s.event_id)))""",
+                             {"plan": plan, "shard": shard_id, "before": before, "relayed": relayed_outputs})
+
+
+def trim_table_rows(db: Database, plan: str, output: str, before: datetime) -> int:
+    """Delete the keys of ``plan``'s table output ``output`` last updated before ``before``."""
+    return _delete_in_chunks(db, "output_table_rows", "t.plan = %(plan)s AND t.output = %(output)s "
+                                                      "AND t.updated_at < %(before)s",
+                             {"plan": plan, "output": output, "before": before})
+
+
 def trim_partials(db: Database, table: str, plan: str, granularity: str, before: datetime) -> int:
     """Delete ``plan``'s aggregation partials of ``granularity`` whose bucket starts before ``before``."""
     def exists(cursor) -> bool:
