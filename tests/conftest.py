@@ -15,7 +15,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # compiles with C1 only: a test's driver lives for seconds to minutes, in which C2's compiles never pay off; an
 # idle driver spent about a third of its CPU on them (tests/e2e/test_airflow_trades.py alone: 68 -> 44 CPU s for
 # its two drivers). Production drivers keep the default tiered compilation (bench/ measures with it).
-C1_ONLY = "-XX:TieredStopAtLevel=1"
+# C1 alone gets a code cache of 48 MB, which a worker's session filled after three modules of stateful queries
+# ("Out of space in CodeCache for adapters" failed a task): give it the tiered default's 240 MB.
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 if C1_ONLY not in os.environ.get("SPARK_SUBMIT_OPTS", ""):  # xdist's workers inherit the controller's environment
     os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {C1_ONLY}".strip()
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
