@@ -2,10 +2,15 @@
 # the pinned requirements + the tandem package, DAGs, plugins, jobs and conf.
 #
 #   docker build -t tandem:latest .
-#   docker run --rm -p 8080:8080 -e TANDEM_DATABASE_URL=postgresql://... tandem:latest standalone
+#   docker run --rm -p 8080:8080 --env-file tandem.env tandem:latest standalone
+#
+# tandem.env (mode 0600) holds TANDEM_DATABASE_URL and AIRFLOW__DATABASE__SQL_ALCHEMY_CONN: URLs with
+# passwords never go on a command line (README, "Docker").
 #
 # The pins in constraints.txt match the image's Airflow (apache-airflow==3.3.2), so pip does not
-# re-resolve Airflow itself.
+# re-resolve Airflow itself. The base image is pinned to an exact release tag; where a registry is
+# reachable, pin its digest as well: FROM apache/airflow:3.3.2-python3.11@sha256:<digest>
+# (docker buildx imagetools inspect apache/airflow:3.3.2-python3.11).
 FROM apache/airflow:3.3.2-python3.11
 
 # Java for Spark; JAVA_HOME is a symlink, so it is the same on amd64 and arm64. The Debian package

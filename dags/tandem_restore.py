@@ -30,5 +30,6 @@ with DAG(
         snapshot_id="{{ params.snapshot_id }}",
         node="{{ params.node }}",
         force="{{ params.force }}",
+        confirm="{{ params.confirm }}",
         cluster_config=str(cluster.path),
     )

@@ -115,13 +115,21 @@ ensure_airflow_home() {
     esac
     if [[ ! -f "$stamp" || ! -f "$AIRFLOW_HOME/airflow.cfg" || "$present" == 0 ]]; then
         log "airflow db migrate (AIRFLOW_HOME=$AIRFLOW_HOME)"
-        if ! "$AIRFLOW_BIN" db migrate >"$LOG_DIR/db-migrate.log" 2>&1; then
+        if ! (umask 077 && "$AIRFLOW_BIN" db migrate >"$LOG_DIR/db-migrate.log" 2>&1); then
             tail -n 30 "$LOG_DIR/db-migrate.log" >&2
             die "airflow db migrate failed (log: $LOG_DIR/db-migrate.log)"
         fi
         rm -f "$AIRFLOW_HOME"/.migrated-*
         touch "$stamp"
     fi
+    # a SQLite metadata DB (and its -wal, -shm files, which SQLite gives the same mode): its owner's only
+    case "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in
+        sqlite:///*)
+            local f
+            for f in "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN#sqlite:///}"{,-wal,-shm,-journal}; do
+                if [[ -e "$f" ]]; then chmod 600 "$f"; fi
+            done ;;
+    esac
 }
 
 start_component() {

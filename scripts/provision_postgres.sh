@@ -11,9 +11,20 @@
 #              3. 127.0.0.1:5432 answers pg_isready -> postgresql://postgres@127.0.0.1:5432/tandem,
 #                 database `tandem` created if missing.
 #              4. otherwise initdb + start a private cluster under .tandem/pg/ with this machine's
-#                 PostgreSQL binaries, listening on 127.0.0.1:$TANDEM_PG_PORT (trust auth,
-#                 superuser `postgres`, database `tandem`). Run as root, the cluster is owned and
-#                 run by the unprivileged system user `tandem` (created with useradd --system).
+#                 PostgreSQL binaries, listening on 127.0.0.1:$TANDEM_PG_PORT. Run as root, the
+#                 cluster is owned and run by the unprivileged system user `tandem` (created with
+#                 useradd --system).
+#            The private cluster asks every client for a password (scram-sha-256, no trust line
+#            in pg_hba.conf). Its superuser `postgres` is for this script only; Tandem connects as
+#            the role `tandem`: LOGIN, not a superuser, no CREATEROLE/REPLICATION/BYPASSRLS, owner
+#            of the database `tandem` (CREATEDB: the tests make throw-away databases beside it).
+#            Both random passwords live in <cluster dir>/pgpass, mode 0600, in libpq's password
+#            file format (the script's own connections find them through PGPASSFILE); the URL
+#            printed, postgresql://tandem:<password>@127.0.0.1:<port>/tandem, goes to set-up's
+#            0600 files (.tandem/provisioned_database_url, .tandem/env.sh). A password is never
+#            on a command line. A cluster made by an earlier version (trust auth, Tandem as
+#            `postgres`) is secured the same way by the next `ensure`: passwords, the role, its
+#            ownership of the database and of what Tandem created in it, then no trust.
 #   status   print where the private cluster is and whether it runs
 #   stop     stop the private cluster (if any)
 #   destroy  stop it and delete its data directory
@@ -26,8 +37,8 @@
 #                         else the newest /usr/lib/postgresql/*/bin, else initdb on PATH)
 #   TANDEM_PG_SKIP_LOCAL  =1 ignores a server on 127.0.0.1:5432 (forces the private cluster)
 #   TANDEM_PG_LISTEN      address the private cluster listens on (default 127.0.0.1); any other
-#                         address also trusts clients on its own subnets (the multi-host tests'
-#                         bridge; never a real network)
+#                         address also admits clients on its own subnets, with a password (the
+#                         multi-host tests' bridge; never a real network)
 #   TANDEM_PG_USER        OS user that owns the private cluster when run as root (default tandem)
 set -euo pipefail
 
@@ -37,6 +48,8 @@ PG_DIR="${TANDEM_PG_DIR:-$ROOT/.tandem/pg}"
 PG_OS_USER="${TANDEM_PG_USER:-tandem}"
 PG_LISTEN="${TANDEM_PG_LISTEN:-127.0.0.1}"
 DB_NAME=tandem
+APP_ROLE=tandem   # the role Tandem connects as (not a superuser)
+umask 077         # logs, the port file and pgpass: readable by their owner only
 
 log() { printf '[provision_postgres] %s\n' "$*" >&2; }
 die() { printf '[provision_postgres] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -124,7 +137,7 @@ conn.close()
 ' "$2"
 }
 
-# ensure_db ADMIN_URL_BASE -> creates database `tandem` when missing.
+# ensure_db ADMIN_URL_BASE -> creates database `tandem` when missing (owned by the connecting role).
 # ADMIN_URL_BASE is the URL without a database name, e.g. postgresql://postgres@127.0.0.1:5432
 ensure_db() {
     local base="$1" exists
@@ -204,6 +217,90 @@ EOF
     exit 1
 }
 
+# --- passwords of the private cluster ---------------------------------------------------------------
+# <cluster dir>/pgpass, libpq's password file format (host:port:database:user:password), mode 0600:
+# one line for the superuser `postgres`, one for the application role. The passwords are URL- and
+# pgpass-safe (letters, digits, - and _), from Python's secrets module.
+
+new_password() { "${STORE_PY:-python3}" -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+
+ensure_pgpass() {  # ensure_pgpass DIR -> DIR/pgpass with both passwords (kept when present)
+    local file="$1/pgpass"
+    if [[ ! -s "$file" ]]; then
+        log "giving the private cluster's roles random passwords ($file, mode 0600)"
+        printf '*:*:*:postgres:%s\n*:*:*:%s:%s\n' "$(new_password)" "$APP_ROLE" "$(new_password)" >"$file.tmp"
+        chmod 600 "$file.tmp"
+        mv -f "$file.tmp" "$file"
+    fi
+    chmod 600 "$file"
+}
+
+password_of() {  # password_of DIR ROLE -> the role's password from DIR/pgpass
+    awk -F: -v role="$2" '$4 == role { print $5; exit }' "$1/pgpass"
+}
+
+hba_trusts() { grep -Eq '^[[:space:]]*[^#[:space:]].*[[:space:]]trust[[:space:]]*$' "$1/pg_hba.conf"; }
+
+# secure_private DIR DATA PORT: the application role, its database and what it owns, and password
+# authentication for every client (a cluster an earlier version made with trust is converted).
+secure_private() {
+    local dir="$1" data="$2" port="$3" admin
+    admin="postgresql://postgres@$PG_LISTEN:$port"
+    export PGPASSFILE="$dir/pgpass"
+    if hba_trusts "$data"; then  # made by an earlier version: postgres gets its password first
+        TANDEM_PROVISION_PASSWORD="$(password_of "$dir" postgres)" py_store "$admin/postgres" '
+import os
+from psycopg2 import sql
+from tandem.store.db import connect
+conn = connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision")
+conn.autocommit = True
+with conn.cursor() as cur:
+    cur.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(os.environ["TANDEM_PROVISION_PASSWORD"])))
+conn.close()
+' || die "could not set the password of postgres"
+    fi
+    ensure_db "$admin"
+    TANDEM_PROVISION_PASSWORD="$(password_of "$dir" "$APP_ROLE")" py_store "$admin/$DB_NAME" '
+import os, sys
+from psycopg2 import sql
+from tandem.store.db import connect
+role, database = sys.argv[1], sys.argv[2]
+conn = connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision")
+conn.autocommit = True
+with conn.cursor() as cur:
+    cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+    verb = "ALTER" if cur.fetchone() else "CREATE"
+    cur.execute(sql.SQL(verb + " ROLE {} WITH LOGIN NOSUPERUSER NOCREATEROLE CREATEDB NOREPLICATION NOBYPASSRLS "
+                        "PASSWORD {}").format(sql.Identifier(role), sql.Literal(os.environ["TANDEM_PROVISION_PASSWORD"])))
+    cur.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(database), sql.Identifier(role)))
+    # What an earlier version created in it as postgres (oid 10, the bootstrap superuser): its schemas, then
+    # tables, views and sequences of their own (a sequence a column owns follows its table), then routines.
+    system = "n.nspname NOT LIKE $$pg\\_%$$ AND n.nspname <> $$information_schema$$"
+    cur.execute(f"SELECT n.nspname FROM pg_namespace n WHERE n.nspowner = 10 AND {system} AND n.nspname <> $$public$$")
+    for (schema,) in cur.fetchall():
+        cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(sql.Identifier(schema), sql.Identifier(role)))
+    kinds = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW", "S": "SEQUENCE", "f": "FOREIGN TABLE"}
+    cur.execute(f"""SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.relowner = 10 AND c.relkind IN ($$r$$, $$p$$, $$v$$, $$m$$, $$S$$, $$f$$) AND {system}
+                    AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = $$pg_class$$::regclass
+                                    AND d.objid = c.oid AND d.deptype IN ($$a$$, $$i$$))""")
+    for schema, name, kind in cur.fetchall():
+        cur.execute(sql.SQL("ALTER " + kinds[kind] + " {}.{} OWNER TO {}").format(
+            sql.Identifier(schema), sql.Identifier(name), sql.Identifier(role)))
+    cur.execute(f"""SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                    WHERE p.proowner = 10 AND {system}""")
+    for (routine,) in cur.fetchall():
+        cur.execute(sql.SQL("ALTER ROUTINE " + routine + " OWNER TO {}").format(sql.Identifier(role)))
+conn.close()
+' "$APP_ROLE" "$DB_NAME" || die "could not set up the role $APP_ROLE"
+    if hba_trusts "$data"; then
+        log "ending trust authentication of the private cluster (scram-sha-256 from now on)"
+        as_owner sed -E -i 's/^([[:space:]]*[^#[:space:]].*[[:space:]])trust([[:space:]]*)$/\1scram-sha-256\2/' \
+            "$data/pg_hba.conf"
+        as_owner "$BINDIR/pg_ctl" -D "$data" reload >/dev/null || die "could not reload the private cluster"
+    fi
+}
+
 private_running_port() {
     # prints the port of a running private cluster, or fails
     local data="$1"
@@ -221,19 +318,29 @@ start_private() {
     mkdir -p "$dir"
     is_root && chown "$PG_OS_USER:" "$dir"
 
+    ensure_pgpass "$dir"
     if [[ ! -f "$data/PG_VERSION" ]]; then
-        log "initialising a private PostgreSQL cluster in $data ($BINDIR)"
-        as_owner "$BINDIR/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale \
-            >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+        log "initialising a private PostgreSQL cluster in $data ($BINDIR), password authentication"
+        local pwfile="$dir/.initdb-password"  # the superuser's password for initdb, readable by the owner only
+        password_of "$dir" postgres >"$pwfile"
+        if is_root; then chown "$PG_OS_USER:" "$pwfile"; fi
+        if ! as_owner "$BINDIR/initdb" -D "$data" -U postgres --pwfile="$pwfile" --auth=scram-sha-256 \
+                -E UTF8 --no-locale >"$dir/initdb.log" 2>&1; then
+            rm -f "$pwfile"
+            cat "$dir/initdb.log" >&2
+            die "initdb failed"
+        fi
+        rm -f "$pwfile"
         cat >>"$data/postgresql.conf" <<EOF
 
 # --- Tandem private cluster ---
 listen_addresses = '$PG_LISTEN'
 unix_socket_directories = ''
 max_connections = 200
+password_encryption = 'scram-sha-256'
 EOF
         if [[ "$PG_LISTEN" != "127.0.0.1" ]]; then
-            echo "host all all samenet trust" >>"$data/pg_hba.conf"
+            echo "host all all samenet scram-sha-256" >>"$data/pg_hba.conf"
         fi
     fi
 
@@ -258,8 +365,8 @@ EOF
         "$isready" -q -h "$PG_LISTEN" -p "$port" && break
         sleep 1
     done
-    ensure_db "postgresql://postgres@$PG_LISTEN:$port"
-    echo "postgresql://postgres@$PG_LISTEN:$port/$DB_NAME"
+    secure_private "$dir" "$data" "$port"
+    echo "postgresql://$APP_ROLE:$(password_of "$dir" "$APP_ROLE")@$PG_LISTEN:$port/$DB_NAME"
 }
 
 private_data_dir() {

@@ -173,7 +173,11 @@ log "Tandem database: $(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c 'import os; f
 # --- 4. Airflow home -----------------------------------------------------------------------------
 AIRFLOW_PORT_DEFAULT="${TANDEM_AIRFLOW_PORT:-8080}"
 [[ "$AIRFLOW_PORT_DEFAULT" =~ ^[0-9]+$ ]] || die "TANDEM_AIRFLOW_PORT must be a number"
+# Tandem's own folders of Airflow state and data (the default storage root, the NATS store): readable by
+# their owner only. A storage root elsewhere (TANDEM_STORAGE_ROOT) keeps its mode; the folders Tandem
+# creates in it are made 0700 (tandem.layout.make_private_dirs).
 mkdir -p "$STATE/airflow" "$STATE/data"
+chmod 700 "$STATE/airflow" "$STATE/data"
 # Airflow 3 also opens an async engine on the metadata DB: PostgreSQL needs asyncpg there.
 case "${TANDEM_AIRFLOW_DB_URL:-}" in
     postgresql*|postgres:*)
@@ -308,13 +312,21 @@ if [[ -f "$MIGRATE_STAMP" && -f "$AIRFLOW_HOME/airflow.cfg" && "$db_present" == 
 else
     log "airflow db migrate (airflow $AIRFLOW_VERSION, AIRFLOW_HOME=$AIRFLOW_HOME)"
     mkdir -p "$AIRFLOW_HOME/logs"
-    if ! airflow db migrate >"$AIRFLOW_HOME/logs/db-migrate.log" 2>&1; then
+    if ! (umask 077 && airflow db migrate >"$AIRFLOW_HOME/logs/db-migrate.log" 2>&1); then
         tail -n 30 "$AIRFLOW_HOME/logs/db-migrate.log" >&2
         die "airflow db migrate failed (full log: $AIRFLOW_HOME/logs/db-migrate.log)"
     fi
     rm -f "$AIRFLOW_HOME"/.migrated-*
     touch "$MIGRATE_STAMP"
 fi
+# A SQLite metadata DB holds Airflow's users' runs, connections and variables: its owner's only (SQLite
+# gives its -wal and -shm files the database file's mode).
+case "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in
+    sqlite:///*)
+        for f in "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN#sqlite:///}"{,-wal,-shm,-journal}; do
+            if [[ -e "$f" ]]; then chmod 600 "$f"; fi
+        done ;;
+esac
 
 # --- 7. class-data sharing archive for the Spark JVMs ----------------------------------------------
 # A Spark driver spends seconds loading and verifying the same ~20,000 classes at every start; a dynamic

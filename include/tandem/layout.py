@@ -6,6 +6,11 @@ is one folder: ``..``, ``.``, an empty name or one with a path separator is refu
 A path read back from somewhere else (e.g. a snapshot's recorded ``checkpoint_path``) is data,
 not trusted: :func:`under_root` checks it before anything reads, writes or deletes there. The
 check is lexical: a symbolic link an operator put inside the root (another disk) is followed.
+
+Every folder Tandem creates for its data is its owner's only (0700, :func:`make_private_dirs`): the
+storage root when Tandem makes it, and the folders under it (:func:`prepare_storage_root` at each
+launch), so what lies below them is private whoever creates it later (Spark, delta-rs). A folder
+that already exists — a storage root an operator mounted or made — keeps its mode.
 """
 
 from __future__ import annotations
@@ -15,6 +20,36 @@ from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot
+
+
+PRIVATE_DIR_MODE = 0o700
+STORAGE_FOLDERS = ("landing", "retained", "checkpoints", "delta", "snapshots", "backfills", "logs")
+"""The storage root's folders, one per kind of place below."""
+
+
+def make_private_dirs(path: Path) -> Path:
+    """``path`` and its missing parents, each folder created here readable by its owner only (0700).
+
+    Folders that exist keep their mode: they are not Tandem's to change (a storage root an operator made).
+    """
+    path = Path(path)
+    missing = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=PRIVATE_DIR_MODE)  # the umask only takes bits away: 0700 or less
+        except FileExistsError:  # made meanwhile by another process: its mode is its own
+            pass
+    return path
+
+
+def prepare_storage_root(cluster: ClusterConfig) -> None:
+    """The storage root and its :data:`STORAGE_FOLDERS`, those that are missing created private (0700)."""
+    for name in STORAGE_FOLDERS:
+        make_private_dirs(_place(cluster, name))
 
 
 def place_under(base: Path, *names: str, what: str) -> Path:

@@ -25,13 +25,14 @@ from typing import Any, Protocol
 from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.declarations import StreamConfig, partition_of
 from tandem.errors import ConfigError, TandemError
-from tandem.layout import landing_dir
+from tandem.layout import landing_dir, make_private_dirs
 from tandem.messaging import JetStream, ensure_declared, partition_subject
 
 
 def write_atomically(directory: Path, lines: Sequence[str], prefix: str = "events") -> Path:
-    """Write ``lines`` as one new ``.jsonl`` file in ``directory``, atomically (temp file + rename)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``lines`` as one new ``.jsonl`` file in ``directory``, atomically (temp file + rename); the folders it
+    creates are private (0700)."""
+    make_private_dirs(directory)
     name = f"{prefix}-{time.time_ns()}-{uuid.uuid4().hex[:8]}.jsonl"
     temporary = directory / f".{name}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:

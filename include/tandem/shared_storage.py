@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
+from tandem.layout import make_private_dirs, prepare_storage_root
 from tandem.store import storage_checks
 from tandem.store.db import Database
 
@@ -81,7 +82,7 @@ def _read_token(marker: Path) -> str | None:
 
 
 def _write_token(marker: Path, token: str) -> None:
-    marker.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(marker.parent)
     partial = marker.with_name(f"{marker.name}.{os.getpid()}.partial")
     partial.write_text(token + "\n")
     os.replace(partial, marker)
@@ -130,6 +131,7 @@ def require_shared_storage(db: Database, cluster: ClusterConfig, plan: PlanConfi
     if problems:
         raise StorageNotShared(f"plan {plan.name} is not started: not every node sees the shared storage root "
                                f"{cluster.storage_root}: " + "; ".join(problems))
+    prepare_storage_root(cluster)
 
 
 def executor_problems(recorded: str, seen: Mapping[str, str | None], marker: Path, recorded_root: str) -> list[str]:

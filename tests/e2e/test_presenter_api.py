@@ -18,6 +18,7 @@ import json
 import os
 import random
 import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -177,6 +178,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
     home = tmp_path / "airflow"
     passwords = write_users(home)
     with airflow_stack(home, {"TANDEM_AIRFLOW_USERS": USERS}) as airflow:
+        assert stat.S_IMODE((home / "airflow.db").stat().st_mode) == 0o600, "the metadata DB is its owner's only"
         base = airflow.base_url
         admin_token = login(base, "admin", passwords["admin"])
         admin, viewer = Api(base, admin_token), Api(base, login(base, "viewer", passwords["viewer"]))

@@ -476,7 +476,7 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
         os.kill(frozen["pid"], signal.SIGSTOP)
         note(f"{standby}'s driver (pid {frozen['pid']} on {frozen['host']}) frozen")
         run_id = client.trigger(RESTORE, {"plan": "trades", "instance": "shard-1", "snapshot_id": snapshot.id,
-                                          "node": "", "force": False})
+                                          "node": "", "force": False, "confirm": True})
         assert client.wait_for_run(RESTORE, run_id, timeout_s=600) == "success"
         [stop_run] = [r for r in client.runs(RUN) if r["dag_run_id"].startswith(f"tandem_stop__{standby}__shard-1__")
                       and run_id in (r["note"] or "")]  # the restore's request (its note names the restore run)

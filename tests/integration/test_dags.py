@@ -160,9 +160,22 @@ def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_e
                                         snapshots_dir=snapshots_dir(cluster, "trades"))
         catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
         catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
-    conf = {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "", "force": False}
+    conf = {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "", "force": False, "confirm": True}
     result, output = dag_test(airflow_env, "tandem_restore", conf)
     assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
     assert f"snapshot {record.id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output
     with Database(cluster.database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None, "a refused restore must not touch the instances"
+
+
+def test_restore_dag_refuses_a_run_without_confirm_however_it_is_triggered(airflow_env, database_url, project):
+    """A run of ``tandem_restore`` whose conf leaves ``confirm`` out or false (the Params' default: a trigger from the
+    UI form, ``POST /dagRuns`` or ``airflow dags trigger`` that does not confirm) fails without retry, before it
+    reads the catalog or touches an instance."""
+    for conf in ({"plan": "trades", "instance": "shard-1"}, {"plan": "trades", "instance": "shard-1", "confirm": False}):
+        result, output = dag_test(airflow_env, "tandem_restore", conf)
+        assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
+        assert ("restore of trades refused: it rewinds the plan's outputs to the snapshot; trigger it with "
+                "the Param confirm = true") in output, output[-5000:]
+    with Database(load_cluster().database_url) as db:
+        assert get_instance(db, "trades/shard-1/node-a") is None

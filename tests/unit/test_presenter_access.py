@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from tandem.presenter.access import Forbidden, check_trigger, authority_dag_id, plan_for_reader, readable_plans
+from tandem.presenter.access import (Forbidden, authority_dag_id, check_action, check_trigger, plan_for_reader,
+                                    readable_plans)
 from tandem.presenter.views import NotFound
 
 PLANS = {"pizza_shop": "pizza plan", "temperatures": "temperatures plan", "trades": "trades plan"}
@@ -82,3 +83,26 @@ def test_an_action_needs_the_right_to_trigger_its_dag() -> None:
     assert auth.asked[-1] == ("POST", "tandem_ops", None, DagAccessEntity.RUN)
     with pytest.raises(Forbidden, match="ops may not trigger tandem_restore"):
         check_trigger(auth, FakeUser("ops"), "tandem_restore")
+
+
+def test_an_action_on_a_plan_needs_the_right_to_trigger_that_plans_dag_and_the_carrying_dag() -> None:
+    """Per plan: the right to trigger ``tandem_ops`` is not the right to act on every plan through the page."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+
+    auth = FakeAuthManager({("POST", "tandem_ops"), ("POST", "tandem_trades_supervise")})
+    check_action(auth, FakeUser("ops"), "trades", "tandem_ops")
+    assert [(method, dag, entity) for method, dag, _team, entity in auth.asked] == [
+        ("POST", "tandem_trades_supervise", DagAccessEntity.RUN), ("POST", "tandem_ops", DagAccessEntity.RUN)]
+    with pytest.raises(Forbidden, match=r"^ops may not act on plan pizza_shop \(Airflow denies triggering its DAG "
+                                        r"tandem_pizza_shop_supervise\)$"):
+        check_action(auth, FakeUser("ops"), "pizza_shop", "tandem_ops")
+    with pytest.raises(Forbidden, match="ops may not trigger tandem_restore"):
+        check_action(auth, FakeUser("ops"), "trades", "tandem_restore")
+
+
+def test_in_multi_team_mode_an_action_asks_with_the_plans_team() -> None:
+    teams = {"tandem_trades_supervise": "desk", "tandem_ops": None}
+    auth = FakeAuthManager({("POST", "tandem_ops"), ("POST", "tandem_trades_supervise")}, team_members={"kitchen"})
+    with pytest.raises(Forbidden, match="may not act on plan trades"):
+        check_action(auth, FakeUser("cook"), "trades", "tandem_ops", teams_of=lambda ids: {i: teams.get(i) for i in ids})
+    assert auth.asked[0][:3] == ("POST", "tandem_trades_supervise", "desk")

@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 from tandem.presenter import access
 from tandem.presenter.api import auth_manager, create_app, dag_teams
 
-TRADES_ONLY = {("GET", "tandem_trades_supervise"), ("POST", "tandem_ops")}
+TRADES_ONLY = {("GET", "tandem_trades_supervise"), ("POST", "tandem_trades_supervise"), ("POST", "tandem_ops")}
+"""ann reads and acts on trades only: acting is triggering the plan's own DAG, and the DAG that carries the action out."""
 
 
 @dataclass
@@ -134,6 +135,31 @@ def test_an_action_calls_the_configured_airflow_never_the_request_host(app, fake
     assert call["body"]["conf"] == {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}
     run = response.json()
     assert run["url"] == f"{fake_airflow.url}/dags/tandem_ops/runs/{run['dag_run_id']}"
+
+
+def test_an_action_needs_the_right_to_act_on_its_own_plan_not_only_on_tandem_ops(app,
+                                                                              fake_airflow: FakeAirflowApi) -> None:
+    """ann may read both plans and trigger tandem_ops and tandem_restore, but act on trades only (trigger its
+    supervision DAG): every action on pizza_shop is refused before Airflow is called, and on trades it goes through."""
+    reads = {("GET", "tandem_trades_supervise"), ("GET", "tandem_pizza_shop_supervise")}
+    carriers = {("POST", "tandem_ops"), ("POST", "tandem_restore")}
+    app.dependency_overrides[auth_manager] = lambda: FakeAuthManager(
+        reads | carriers | {("POST", "tandem_trades_supervise")})
+    client = TestClient(app)
+    headers = {"Authorization": "Bearer api-jwt"}
+    for done, action in enumerate(({"action": "failover_now"}, {"action": "snapshot_now"},
+                                   {"action": "drain_node", "node": "node-a"}, {"action": "restart_node", "node": "node-a"},
+                                   {"action": "restore", "confirm": True})):
+        refused = client.post("/api/v1/plans/pizza_shop/actions", json=action, headers=headers)
+        assert refused.status_code == 403, (action, refused.text)
+        assert refused.json()["detail"] == ("ann may not act on plan pizza_shop "
+                                            "(Airflow denies triggering its DAG tandem_pizza_shop_supervise)"), action
+        assert len(fake_airflow.calls) == done, action
+        allowed = client.post("/api/v1/plans/trades/actions", json=action, headers=headers)
+        assert allowed.status_code == 201, (action, allowed.text)
+    assert [call["path"] for call in fake_airflow.calls] == ["/api/v2/dags/tandem_ops/dagRuns"] * 4 + [
+        "/api/v2/dags/tandem_restore/dagRuns"]
+    assert fake_airflow.calls[-1]["body"]["conf"]["confirm"] is True, "tandem_restore refuses a run without confirm"
 
 
 def test_the_page_may_be_framed_by_airflow_only(app) -> None:

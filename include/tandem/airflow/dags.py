@@ -301,7 +301,7 @@ DAG or `tandem restore {plan.name}`.
 
 
 def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str, Any]:
-    """Params of ``tandem_restore``: plan, instance, snapshot id, node, force (``shard_id``: as in
+    """Params of ``tandem_restore``: plan, instance, snapshot id, node, force, confirm (``shard_id``: as in
     :func:`ops_params`)."""
     from airflow.sdk import Param
 
@@ -319,12 +319,17 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
                       description="the node to start ACTIVE (default: the node the snapshot was cut from)"),
         "force": Param(False, type="boolean", title="Force",
                        description="restore a snapshot marked BAD (its state may be incomplete)"),
+        "confirm": Param(False, type="boolean", title="Confirm",
+                         description="a restore rewinds the plan's outputs to the snapshot: a run without "
+                                     "confirm = true fails and changes nothing"),
     }
 
 
 RESTORE_DOC = """### Restore a plan from a snapshot
 
-Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force). For
+Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force) and
+**confirm** set: a run without `confirm = true` fails at once and changes nothing, however it was
+triggered (the form, the REST API, `airflow dags trigger`). For
 each group instance: stop it on every node, put the snapshot's checkpoint cut in place of each node's
 checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this instance's rows
 only) and the PostgreSQL outputs to match, then start the ACTIVE node (the supervisor starts

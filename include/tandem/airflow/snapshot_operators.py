@@ -208,10 +208,17 @@ class PruneSnapshotsOperator(PlanTaskOperator):
         return decisions
 
 
+def _flag(value: bool | str) -> bool:
+    """A boolean Param as the operator gets it: ``True``, or ``"True"`` / ``"true"`` once a template rendered it."""
+    return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+
+
 class RestoreSnapshotOperator(BaseOperator):
     """Restore a plan's instances from a snapshot (by id, or each instance's newest GOOD one) and start them.
 
-    A BAD snapshot is refused unless ``force``. The steps go to the log and the run note. The
+    A run without ``confirm`` fails at once, before it reads anything: a restore rewinds the plan's outputs, and
+    the Param's default (false) must not do it, however the run was triggered. A BAD snapshot is refused unless
+    ``force``. The steps go to the log and the run note. The
     restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
     ACTIVE instance, and the standbys after it, are launched on their nodes' hosts through
     ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.NodeQueue`).
@@ -221,20 +228,23 @@ class RestoreSnapshotOperator(BaseOperator):
         run whose conf has ``shard_id``, its deprecated former name, is obeyed too (until the next release).
     :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
     :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
-    :param force: restore a BAD snapshot anyway.
+    :param force: restore a BAD snapshot anyway. Templated.
+    :param confirm: must be true (or ``"True"``, as a template renders it), else the task fails. Templated.
     """
 
-    template_fields = ("plan", "instance", "snapshot_id", "node", "force")
+    template_fields = ("plan", "instance", "snapshot_id", "node", "force", "confirm")
     ui_color = "#f5ecdc"
 
     def __init__(self, *, plan: str, instance: str = "", snapshot_id: str = "", node: str = "",
-                 force: bool | str = False, cluster_config: str | None = None, **kwargs: Any) -> None:
+                 force: bool | str = False, confirm: bool | str = False, cluster_config: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.instance = instance
         self.snapshot_id = snapshot_id
         self.node = node
         self.force = force
+        self.confirm = confirm
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -242,6 +252,9 @@ class RestoreSnapshotOperator(BaseOperator):
         from tandem.errors import SnapshotError
         from tandem.snapshots.restore import restore_shard, shards_to_restore
 
+        if not _flag(self.confirm):
+            raise AirflowFailException(f"restore of {self.plan} refused: it rewinds the plan's outputs to the snapshot; "
+                                       f"trigger it with the Param confirm = true")
         cluster = task_cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
@@ -249,7 +262,7 @@ class RestoreSnapshotOperator(BaseOperator):
             shards = shards_to_restore(cluster, plan, self.snapshot_id, instance)
         except (ConfigError, SnapshotError) as exc:
             raise AirflowFailException(str(exc)) from None
-        force = self.force if isinstance(self.force, bool) else str(self.force).lower() == "true"
+        force = _flag(self.force)
         ti = context["ti"]
         lines = []
         for shard in shards:

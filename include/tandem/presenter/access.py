@@ -10,13 +10,22 @@ How it works:
     :func:`readable_plans` asks the auth manager ``is_authorized_dag(method="GET")`` for each
     plan's DAG and keeps the plans it allows; :func:`plan_for_reader` does the same for one plan
     and raises :class:`Forbidden` (403) when it is denied, or :class:`~tandem.presenter.views.NotFound`
-    naming only the plans the user may read. :func:`check_trigger` is the action's check
-    (``POST`` on the DAG run of the DAG that carries the action out). In multi-team mode the DAG's
-    team goes into :class:`DagDetails`, as Airflow's own endpoints do.
+    naming only the plans the user may read. An action on a plan is authorised per plan, like a read:
+    :func:`check_action` asks for the right to trigger (``POST`` on the DAG runs of) the plan's own
+    supervision DAG — acting on a plan is doing what its supervisor does — and then for the right to
+    trigger the DAG that carries the action out (``tandem_ops``, ``tandem_restore``, or the plan's
+    backfill DAG), which Airflow checks again when the caller's token triggers it. In multi-team mode
+    the DAG's team goes into :class:`DagDetails`, as Airflow's own endpoints do.
 
 What it does not do:
     It does not authenticate (Airflow's ``get_user`` dependency does, before any of this) and it
-    keeps no permission of its own: every decision is the auth manager's, on every request.
+    keeps no permission of its own: every decision is the auth manager's, on every request. It
+    guards the Tandem page and API only: ``tandem_ops`` and ``tandem_restore`` serve every plan, so a
+    user Airflow lets trigger them directly (its UI, REST API or CLI) acts on any plan. Their tasks
+    cannot ask again: Airflow 3 gives a task its run's ``triggering_user_name``, a name only, and an
+    auth manager decides on a user it builds from the caller's token in the API server (there is no
+    look-up by name, and Keycloak's needs the user's own token). Grant the right to trigger those
+    two DAGs only to operators of every plan (README, "Authentication and permissions").
 """
 
 from __future__ import annotations
@@ -47,7 +56,8 @@ class DagAuthority(Protocol):
 
 
 def authority_dag_id(plan: str) -> str:
-    """The DAG whose read permission stands for reading ``plan``: its supervision DAG."""
+    """The DAG whose permissions stand for ``plan``'s: its supervision DAG (read it to read the plan, trigger it to
+    act on the plan)."""
     return plan_dag_id(plan, "supervise")
 
 
@@ -97,9 +107,23 @@ def plan_for_reader(auth: DagAuthority, user: object, plans: Mapping[str, P], na
     return plans[name]
 
 
+def _may_trigger(auth: DagAuthority, user: object, dag_id: str, teams_of: TeamsOf) -> bool:
+    team = teams_of([dag_id]).get(dag_id)
+    return auth.is_authorized_dag(method="POST", user=user, access_entity=DagAccessEntity.RUN,
+                                  details=DagDetails(id=dag_id, team_name=team))
+
+
 def check_trigger(auth: DagAuthority, user: object, dag_id: str, teams_of: TeamsOf = no_teams) -> None:
     """Raise :class:`Forbidden` unless ``user`` may trigger a run of ``dag_id``."""
-    team = teams_of([dag_id]).get(dag_id)
-    if not auth.is_authorized_dag(method="POST", user=user, access_entity=DagAccessEntity.RUN,
-                                  details=DagDetails(id=dag_id, team_name=team)):
+    if not _may_trigger(auth, user, dag_id, teams_of):
         raise Forbidden(f"{user_name(user)} may not trigger {dag_id} (read-only user)")
+
+
+def check_action(auth: DagAuthority, user: object, plan: str, dag_id: str, teams_of: TeamsOf = no_teams) -> None:
+    """Raise :class:`Forbidden` unless ``user`` may act on ``plan`` (trigger its supervision DAG) and trigger
+    ``dag_id``, the DAG that carries the action out."""
+    own = authority_dag_id(plan)
+    if not _may_trigger(auth, user, own, teams_of):
+        raise Forbidden(f"{user_name(user)} may not act on plan {plan} (Airflow denies triggering its DAG {own})")
+    if dag_id != own:
+        check_trigger(auth, user, dag_id, teams_of)

@@ -6,10 +6,10 @@ UI's ``_token`` cookie) through Airflow's own ``get_user`` dependency — no tok
 one: 401, an invalid one: 403. A plan whose file does not load is listed with its error (``state``
 ``broken``) and its own endpoints answer 409 naming the file and field; the other plans are served as
 usual. Reading a plan needs the right to read the plan's DAG (see
-:mod:`tandem.presenter.access`); an action needs the right to trigger the DAG that carries it out,
-and then the DAG is triggered through Airflow's REST API — at the configured Airflow address, never
-one taken from the request — with the caller's own token, so Airflow's permissions and audit log
-apply to the user, not to Tandem. A POST authenticated by the UI's cookie must carry the header
+:mod:`tandem.presenter.access`); an action needs the right to trigger the plan's own DAG (per plan)
+and the DAG that carries it out, and then that DAG is triggered through Airflow's REST API — at the
+configured Airflow address, never one taken from the request — with the caller's own token, so
+Airflow's permissions and audit log apply to the user, not to Tandem. A POST authenticated by the UI's cookie must carry the header
 ``X-Tandem-Request: 1`` (the page sends it; another site's form or ``fetch`` cannot without CORS).
 Reads are bounded: capped ranges and rows (400s that say how to narrow), pooled PostgreSQL
 connections with a statement timeout, and a cached quarantine summary.
@@ -284,7 +284,7 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
         if not body.confirm:
             raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
         return {"plan": plan.name, "instance": body.instance, "snapshot_id": body.snapshot_id, "node": body.node,
-                "force": body.force}
+                "force": body.force, "confirm": True}
     return {"action": body.action, "plan": plan.name, "instance": body.instance, "node": body.node}
 
 
@@ -296,7 +296,7 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
 def act(plan: Plan, body: ActionRequest, request: Request, cluster: Cluster, user: User, auth: AuthManager,
         teams: Teams) -> ActionRun:
     dag_id = ACTION_DAGS.get(body.action) or plan_dag_id(plan.name, body.action)
-    access.check_trigger(auth, user, dag_id, teams)
+    access.check_action(auth, user, plan.name, dag_id, teams)
     params = action_conf(plan, body)
     base = airflow_api_url(cluster)
     run_id = f"tandem_page__{body.action}__{uuid.uuid4().hex[:10]}"

@@ -42,7 +42,7 @@ from typing import Any
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.declarations import parse_duration
 from tandem.errors import ConfigError, TandemError
-from tandem.layout import checkpoint_dir, logs_dir
+from tandem.layout import checkpoint_dir, logs_dir, make_private_dirs
 from tandem.names import ACTIVE
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
@@ -187,7 +187,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
 
 
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(log_path.parent)
     with open(log_path, "ab") as output:
         output.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n".encode())
         output.flush()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, NodeConfig, spark_interval
-from tandem.layout import place_under
+from tandem.layout import make_private_dirs, place_under
 from tandem.names import ACTIVE
 from tandem.store.registry import InstanceKey
 
@@ -117,10 +117,10 @@ def scratch_dir(cluster: ClusterConfig, key: InstanceKey) -> Path:
 
 
 def reset_scratch_dir(place: Path) -> Path:
-    """Remove what an earlier run left in ``place`` (see :func:`scratch_dir`) and create it empty."""
+    """Remove what an earlier run left in ``place`` (see :func:`scratch_dir`) and create it empty (the folders it
+    creates private: a driver's temporary files hold its data)."""
     shutil.rmtree(place, ignore_errors=True)
-    place.mkdir(parents=True, exist_ok=True)
-    return place
+    return make_private_dirs(place)
 
 
 def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = None,
