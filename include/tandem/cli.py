@@ -225,6 +225,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                                       age(node.lag_s), age(node.waiting_input_s), str(node.pid or "-"))
                         if node.health != "HEALTHY":
                             notes.append(f"  {node.node} {node.health}: {node.evidence}")
+                        if node.relay_error:
+                            notes.append(f"  {node.node} relay to NATS failing: {node.relay_error}")
                     console.print(table)
                     for note in notes:
                         console.print(note, highlight=False)
@@ -533,8 +535,8 @@ def airflow_connection_exports() -> list[str]:
 def cmd_config(args: argparse.Namespace) -> int:
     """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and each plan's
     module (its queries against the YAML's groups and outputs, without starting Spark), and say what they hold."""
-    from tandem.config import json_schemas, load_plan
-    from tandem.errors import ConfigError, PlanChanged, PlanError
+    from tandem.config import json_schemas, load_plans_and_errors
+    from tandem.errors import PlanChanged, PlanError
     from tandem.plan_shape import refused_launches
     from tandem.runtime.plan_api import check_plan_module, load_plan_module
 
@@ -547,13 +549,13 @@ def cmd_config(args: argparse.Namespace) -> int:
           f"{cluster.storage_root}")
     refused = 0
     plan_files = sorted((cluster.conf_dir / "plans").glob("*.yaml"))
+    plans, broken = load_plans_and_errors(cluster)  # every plan at once: two plans' NATS streams must not collide
     for path in plan_files:
-        try:
-            plan = load_plan(path.stem, cluster)
-        except ConfigError as exc:
-            print_error(exc)
+        if path.stem in broken:
+            print_error(broken[path.stem])
             refused += 1
             continue
+        plan = plans[path.stem]
         try:
             queries = check_plan_module(plan, load_plan_module(plan))
         except PlanError as exc:

@@ -24,11 +24,12 @@ variables override paths and URLs:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -44,6 +45,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from tandem.declarations import (
@@ -63,6 +65,7 @@ from tandem.names import QUARANTINE, QUARANTINE_QUERY
 from tandem.redaction import redact, redact_url
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+INBOX_PATTERN = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,7}$")
 CONN_ID_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 """An Airflow connection id that makes a shell variable name (``AIRFLOW_CONN_<ID>``)."""
 SUITE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
@@ -230,10 +233,10 @@ class RetentionConfig(StrictModel):
     publish_log_s: Duration = Field(2 * 86400.0, alias="publish_log")
     contributions_s: Duration = Field(30 * 86400.0, alias="contributions")
     failover_events_s: Duration = Field(30 * 86400.0, alias="failover_events")
-
     events_s: Duration = Field(30 * 86400.0, alias="events")
     table_rows_s: Duration | None = Field(None, alias="table_rows")
     quarantine_s: Duration = Field(30 * 86400.0, alias="quarantine")
+
 
 class MaintenanceConfig(StrictModel):
     """Upkeep of a plan's storage by its maintenance DAG (:mod:`tandem.batch.upkeep`, :mod:`tandem.batch.trim`).
@@ -330,6 +333,37 @@ def _without_credentials(value: str) -> str:
     return value
 
 
+_INLINE_SECRET = re.compile(r"^\s*S[A-Z][A-Z2-7]{56}\s*$|-----BEGIN|^\s*eyJ")
+
+
+def _file_name(value: str) -> str:
+    """The name of a file of secrets, never the secret itself (an NKEY seed, a PEM block, a JWT pasted in)."""
+    if _INLINE_SECRET.search(value):
+        raise ValueError("looks like a key, certificate or JWT itself: put it in a file (readable by Tandem's user "
+                         "only) and name the file here")
+    return value
+
+
+FileName = Annotated[StrictStr, AfterValidator(_file_name)]
+
+
+class NatsTLSSection(StrictModel):
+    """TLS to the NATS servers beyond the URL's ``tls://``: names of PEM files, never their contents
+    (``TANDEM_NATS_TLS_CA``, ``TANDEM_NATS_TLS_CERT``, ``TANDEM_NATS_TLS_KEY`` override them)."""
+
+    ca_file: FileName | None = None
+    """The CA the servers' certificates are checked against (default: the system's, or ``SSL_CERT_FILE``)."""
+    cert_file: FileName | None = None
+    """This client's certificate, for servers that verify clients."""
+    key_file: FileName | None = None
+
+    @model_validator(mode="after")
+    def _certificate_with_its_key(self) -> NatsTLSSection:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together (a client certificate and its key)")
+        return self
+
+
 class NatsSection(StrictModel):
     """The messaging layer: NATS servers with JetStream (``TANDEM_NATS_URL`` overrides ``servers``, and carries
     credentials), and the prefix of Tandem's subjects and stream names."""
@@ -337,6 +371,21 @@ class NatsSection(StrictModel):
     servers: Annotated[list[Annotated[StrictStr, AfterValidator(_nats_urls), AfterValidator(_without_credentials)]],
                        Field(min_length=1)]
     prefix: Annotated[StrictStr, matching(NAME_PATTERN, "lower-case letters, digits, - and _, at most 63")] = "tandem"
+    inbox_prefix: Annotated[StrictStr, matching(INBOX_PATTERN, "subject tokens of letters, digits, - and _ joined "
+                                                               "by '.', no wildcard")] = "_INBOX"
+    """Where Tandem's connections take replies and deliveries (a server's permissions may allow a user
+    only ``<inbox_prefix>.>``; ``TANDEM_NATS_INBOX_PREFIX`` overrides it for one process)."""
+    tls: NatsTLSSection | None = None
+    nkey_seed_file: FileName | None = None
+    """A file holding the NKEY seed of this process's user (``TANDEM_NATS_NKEY_SEED`` overrides it)."""
+    creds_file: FileName | None = None
+    """A ``.creds`` file (user JWT and seed) of this process's user (``TANDEM_NATS_CREDS`` overrides it)."""
+
+    @model_validator(mode="after")
+    def _one_kind_of_credentials(self) -> NatsSection:
+        if self.nkey_seed_file and self.creds_file:
+            raise ValueError("nkey_seed_file and creds_file: give one of them (a user is an NKEY or a JWT)")
+        return self
 
 
 class ClusterFile(StrictModel):
@@ -372,6 +421,18 @@ class NatsConfig:
 
     servers: tuple[str, ...]
     prefix: str = "tandem"
+    inbox_prefix: str = "_INBOX"
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    nkey_seed_file: str | None = None
+    creds_file: str | None = None
+    """Absolute paths of the files ``cluster.yaml``'s ``nats:`` (or the environment) names."""
+
+    @property
+    def file_variables(self) -> dict[str, str]:
+        """The environment that names the same files to another process (a launched driver): variable, path."""
+        return {variable: getattr(self, name) for name, variable in NATS_FILE_VARIABLES.items() if getattr(self, name)}
 
 
 @dataclass(frozen=True)
@@ -449,8 +510,13 @@ class PlanConfig:
 
     @property
     def input_streams(self) -> list[str]:
-        """The streams producers write to: every stream no output of the plan publishes to."""
-        return [name for name in self.streams if self.publisher_of(name) is None]
+        """The streams producers write to: every stream no output of the plan publishes to and no other plan declares
+        (``from_plan``)."""
+        return [name for name in self.streams if self.publisher_of(name) is None and self.from_plan(name) is None]
+
+    def from_plan(self, stream: str) -> str | None:
+        """The plan whose NATS stream ``stream`` is (``from_plan``: this plan only reads it), ``None``: this plan's."""
+        return self.streams[stream].from_plan
 
     def check_shard(self, shard_id: str) -> str:
         """``shard_id`` if it is one of the plan's group instances, else a :class:`ConfigError` naming the plan file
@@ -655,7 +721,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         database_url=_from_environment("TANDEM_DATABASE_URL", DatabaseSection, "url") or file.database.url,
         airflow_url=_from_environment("TANDEM_AIRFLOW_URL", AirflowSection, "api_url") or file.airflow.api_url,
         nodes=nodes,
-        nats=_nats(file.nats),
+        nats=_nats(file.nats, path),
         scratch_root=(root / scratch).resolve() if scratch else default_scratch_root(storage),
     )
 
@@ -665,9 +731,23 @@ def default_scratch_root(storage_root: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"tandem-{hashlib.sha256(str(storage_root).encode()).hexdigest()[:12]}"
 
 
-def _nats(section: NatsSection | None) -> NatsConfig | None:
+NATS_FILE_VARIABLES = {"tls_ca_file": "TANDEM_NATS_TLS_CA", "tls_cert_file": "TANDEM_NATS_TLS_CERT",
+                       "tls_key_file": "TANDEM_NATS_TLS_KEY", "nkey_seed_file": "TANDEM_NATS_NKEY_SEED",
+                       "creds_file": "TANDEM_NATS_CREDS"}
+"""The environment variables that name the messaging layer's files for one process (one NATS user per role:
+the receiver's, the drivers'...), over ``cluster.yaml``'s ``nats:`` fields."""
+_NATS_FIELDS = {"tls_ca_file": "tls.ca_file", "tls_cert_file": "tls.cert_file", "tls_key_file": "tls.key_file",
+                "nkey_seed_file": "nkey_seed_file", "creds_file": "creds_file"}
+
+
+def _nats(section: NatsSection | None, path: Path) -> NatsConfig | None:
     """The messaging layer: ``TANDEM_NATS_URL`` (comma-separated URLs) wins over ``nats.servers``; set alone, it
-    configures NATS with the default prefix."""
+    configures NATS with the default prefix. The files it names (``TANDEM_NATS_*`` over ``cluster.yaml``,
+    relative paths from the folder of ``cluster.yaml``) are not read here: a host that never connects needs none.
+
+    Raises:
+        ConfigError: credentials would cross the network in clear text (:func:`_clear_text_problem`).
+    """
     override = os.environ.get("TANDEM_NATS_URL")
     if override:
         try:
@@ -675,8 +755,62 @@ def _nats(section: NatsSection | None) -> NatsConfig | None:
         except ValueError as exc:
             raise ConfigError("TANDEM_NATS_URL (environment)", "", str(exc)) from None
         servers = tuple(url.strip() for url in override.split(",") if url.strip())
-        return NatsConfig(servers, section.prefix if section else "tandem")
-    return NatsConfig(tuple(section.servers), section.prefix) if section else None
+        section = section or NatsSection(servers=["nats://127.0.0.1:4222"])  # the defaults of its other settings
+    elif section is None:
+        return None
+    else:
+        servers = tuple(section.servers)
+    tls = section.tls or NatsTLSSection()
+    declared = {"tls_ca_file": tls.ca_file, "tls_cert_file": tls.cert_file, "tls_key_file": tls.key_file,
+                "nkey_seed_file": section.nkey_seed_file, "creds_file": section.creds_file}
+    sources = {name: f"{path}: nats.{_NATS_FIELDS[name]}" for name in declared}
+    environment = {name: os.environ[variable] for name, variable in NATS_FILE_VARIABLES.items()
+                   if os.environ.get(variable)}
+    if {"nkey_seed_file", "creds_file"} & set(environment):  # the process's own user replaces cluster.yaml's
+        declared["nkey_seed_file"] = declared["creds_file"] = None
+    for name, value in environment.items():
+        try:
+            declared[name] = _file_name(value)
+        except ValueError as exc:
+            raise ConfigError(f"{NATS_FILE_VARIABLES[name]} (environment)", "", str(exc)) from None
+        sources[name] = f"{NATS_FILE_VARIABLES[name]} (environment)"
+    if declared["nkey_seed_file"] and declared["creds_file"]:
+        raise ConfigError(sources["creds_file"], "", f"and {sources['nkey_seed_file']} both name credentials: give "
+                                                     "one (a user is an NKEY or a JWT)")
+    files = {name: str((path.parent / value).resolve()) if value else None for name, value in declared.items()}
+    inbox_prefix = _from_environment("TANDEM_NATS_INBOX_PREFIX", NatsSection, "inbox_prefix") or section.inbox_prefix
+    nats = NatsConfig(servers, section.prefix, inbox_prefix, **files)
+    problem = _clear_text_problem(nats, sources)
+    if problem is not None:
+        raise ConfigError("TANDEM_NATS_URL (environment)" if override else str(path),
+                          "" if override else f"nats.servers[{problem[0]}]", problem[1])
+    return nats
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _clear_text_problem(nats: NatsConfig, sources: Mapping[str, str]) -> tuple[int, str] | None:
+    """``(index of the server, why)`` when credentials would reach a server over plain ``nats://`` on another host
+    (pure): a password, token or JWT would cross the network readable, and an NKEY's user would be open to an
+    impostor in the middle; TLS (``tls://``) is needed, or a server on this host."""
+    given = [sources[name] for name in ("nkey_seed_file", "creds_file") if getattr(nats, name)]
+    for index, url in enumerate(nats.servers):
+        parts = urlsplit(url)
+        if parts.scheme != "nats" or _is_loopback(parts.hostname or ""):
+            continue
+        held = given + (["the user and password or token in the URL"] if parts.username else [])
+        if held:
+            return index, (f"{redact_url(url)} is plain nats:// to another host, and credentials are given "
+                           f"({'; '.join(held)}): they would cross the network in clear text. Use "
+                           f"tls://{parts.hostname}:{parts.port or 4222} (the server's TLS), or a server on this host")
+    return None
 
 
 def no_messaging_layer(cluster: ClusterConfig) -> str:
@@ -738,10 +872,16 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         if output.stream in publishers:
             raise error(where, f"stream {output.stream!r} is published by output {publishers[output.stream]!r} "
                                "already: a stream has one publishing output")
+        if file.streams[output.stream].from_plan is not None:
+            raise error(where, f"stream {output.stream!r} is plan {file.streams[output.stream].from_plan}'s "
+                               f"(streams.{output.stream}.from_plan): an output publishes to a stream of its own plan")
         publishers[output.stream] = name
     for name, stream in file.streams.items():
         if stream.source == "nats" and cluster.nats is None:
             raise error(f"streams.{name}.source", no_messaging_layer(cluster))
+        if stream.from_plan == file.name:
+            raise error(f"streams.{name}.from_plan", f"names this plan: from_plan names another plan, whose stream "
+                                                     "this one reads")
     queries = [q for group in file.groups.values() for q in group.queries]
     for name, group in file.groups.items():
         for index, query in enumerate(group.queries):
@@ -844,16 +984,86 @@ def _suite_file(named: str | None, folder: Path, *defaults: str) -> str | None:
 
 
 def load_plans(cluster: ClusterConfig | None = None) -> dict[str, PlanConfig]:
-    """Every plan in ``conf/plans/``, by name."""
+    """Every plan in ``conf/plans/``, by name (a :class:`ConfigError` for the first that does not load, or whose
+    NATS streams collide with another's: :func:`shared_stream_errors`)."""
     cluster = cluster or load_cluster()
-    return {path.stem: _load_plan_file(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+    plans = {path.stem: _load_plan_file(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+    for problem in shared_stream_errors(plans, cluster).values():
+        raise problem
+    return plans
+
+
+def shared_stream_errors(plans: Mapping[str, PlanConfig], cluster: ClusterConfig,
+                         broken: Collection[str] = ()) -> dict[str, ConfigError]:
+    """Each plan whose NATS streams collide with another plan's, with the error naming both files and fields (pure).
+
+    A NATS stream (``<prefix>_<stream>``, subjects ``<prefix>.<stream>.<partition>``) belongs to the one plan that
+    declares it without ``from_plan``: its producers and receiver write to it, or one of its outputs publishes
+    to it. Another plan may read it on purpose by declaring the same stream with ``from_plan: <that plan>``, the
+    same partitions, key and retention (so that both create the same JetStream stream and read the same
+    partitions). Refused: two plans declaring the same stream without ``from_plan`` (one would write into the
+    other's stream: an output's relay stops at a message it did not publish, and readers mix both plans'
+    events): when one of them publishes an output to it, the others are refused, else all of them; and a
+    ``from_plan`` naming a plan that does not declare the stream as its own, or declaring it otherwise.
+    ``broken``: plans that did not load (a stream read from one of them is not checked).
+    """
+    prefix = cluster.nats.prefix if cluster.nats else "tandem"
+    owners: dict[str, list[PlanConfig]] = {}
+    for plan in plans.values():
+        for name, stream in plan.streams.items():
+            if stream.source == "nats" and stream.from_plan is None:
+                owners.setdefault(name, []).append(plan)
+    errors: dict[str, ConfigError] = {}
+    for name, declaring in owners.items():
+        publishing = [plan for plan in declaring if plan.publisher_of(name) is not None]
+        for plan in declaring:
+            others = [other for other in declaring if other is not plan]
+            if len(publishing) == 1 and plan is publishing[0]:
+                continue  # the plan whose output publishes to it keeps it: the others are refused
+            if others and plan.name not in errors:
+                other = publishing[0] if len(publishing) == 1 else others[0]
+                errors[plan.name] = ConfigError(
+                    str(plan.path), f"streams.{name}",
+                    f"the NATS stream {prefix}_{name} (subjects {prefix}.{name}.*) is declared by plan {other.name} "
+                    f"too ({other.path}: streams.{name}): two plans would write to one stream. Rename one of them, or, "
+                    f"if this plan reads {other.name}'s stream on purpose, declare it with from_plan: {other.name}")
+    for plan in plans.values():
+        for name, stream in plan.streams.items():
+            source = stream.from_plan
+            if source is None or plan.name in errors or source in broken:
+                continue
+            field_name = f"streams.{name}.from_plan"
+            owner = plans.get(source)
+            if owner is None:
+                problem = f"no plan {source!r} (plans: {', '.join(sorted(plans)) or 'none'})"
+            elif name not in owner.streams or owner.streams[name].source != "nats":
+                problem = f"plan {source} ({owner.path}) declares no nats stream {name!r}"
+            elif owner.streams[name].from_plan is not None:
+                problem = (f"plan {source} ({owner.path}: streams.{name}.from_plan) reads stream {name} from plan "
+                           f"{owner.streams[name].from_plan} itself: name that plan")
+            else:
+                theirs, differs = owner.streams[name], []
+                for setting in ("partitions", "key", "retention"):
+                    if getattr(stream, setting) != getattr(theirs, setting):
+                        differs.append(f"{setting} {_shown(getattr(stream, setting))} here, "
+                                       f"{_shown(getattr(theirs, setting))} in {owner.path}: streams.{name}.{setting}")
+                if not differs:
+                    continue
+                problem = f"must declare stream {name} as plan {source} does: {'; '.join(differs)}"
+            errors[plan.name] = ConfigError(str(plan.path), field_name, problem)
+    return errors
+
+
+def _shown(value: Any) -> str:
+    return repr(value.model_dump(by_alias=True, exclude_none=True)) if isinstance(value, BaseModel) else repr(value)
 
 
 def load_plans_and_errors(cluster: ClusterConfig | None = None) -> tuple[dict[str, PlanConfig], dict[str, ConfigError]]:
     """Every plan in ``conf/plans/`` that loads, by name, and apart from them each broken one's error, by file name.
 
     One broken file (invalid YAML, a refused field, an unknown node ...) leaves the other plans usable: for
-    what serves or shows every plan (DAG files, the Tandem page, ``tandem status``). A caller that must not
+    what serves or shows every plan (DAG files, the Tandem page, ``tandem status``). A plan whose NATS streams
+    collide with another plan's is broken too (:func:`shared_stream_errors`). A caller that must not
     act while any plan is unknown (landing retention: another plan may read the files) uses :func:`load_plans`,
     which raises the first broken plan's error. Each error is the :class:`ConfigError` that names the file and
     the field, keyed by the file's name without ``.yaml`` (which is the plan's name when the file is valid).
@@ -866,6 +1076,9 @@ def load_plans_and_errors(cluster: ClusterConfig | None = None) -> tuple[dict[st
             plans[path.stem] = _load_plan_file(path, cluster)
         except ConfigError as exc:
             broken[path.stem] = exc
+    for name, problem in shared_stream_errors(plans, cluster, broken).items():
+        broken[name] = problem
+        del plans[name]
     return plans, broken
 
 

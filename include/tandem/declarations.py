@@ -134,6 +134,7 @@ def _not_reserved(value: str) -> str:
 NOT_RESERVED = AfterValidator(_not_reserved)
 """A pydantic check that a name is none of :data:`RESERVED_WORDS`."""
 FieldName = Annotated[StrictStr, matching(FIELD_PATTERN, "lower-case letters, digits and _"), NOT_RESERVED]
+PLAN_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 Number = StrictInt | StrictFloat
 
 
@@ -225,10 +226,16 @@ class StreamConfig(StrictModel):
     """``nats``: the JetStream stream's limits (default: seven days)."""
     max_line_bytes: Annotated[StrictInt, Field(gt=0, le=MAX_LINE_BYTES)] = DEFAULT_MAX_LINE_BYTES
     fields: Annotated[dict[FieldName, FieldConfig], Field(min_length=1)]
+    from_plan: Annotated[StrictStr, matching(PLAN_NAME_PATTERN, "a plan's name")] | None = None
+    """``nats``: the plan that declares this NATS stream (its input, or a stream an output of it publishes to):
+    this plan reads it on purpose and never writes to it (producers and the receiver refuse it here). A NATS
+    stream is declared by one plan; any other declaring the same name must say ``from_plan``, with the same
+    partitions, key and retention (checked when every plan is loaded)."""
 
     @model_validator(mode="after")
     def _settings_of_its_source(self) -> StreamConfig:
-        other = {"files": ("max_events_per_trigger", "retention"), "nats": ("max_files_per_trigger",)}[self.source]
+        other = {"files": ("max_events_per_trigger", "retention", "from_plan"),
+                 "nats": ("max_files_per_trigger",)}[self.source]
         misplaced = [name for name in other if name in self.model_fields_set]
         if misplaced:
             raise ValueError(f"{', '.join(misplaced)}: not a setting of a {self.source} stream")

@@ -65,6 +65,9 @@ class Destinations:
         if publisher is not None:
             raise ConfigError(str(self.plan.path), f"outputs.{publisher}.stream", f"stream {stream} is published by "
                               f"output {publisher}: only Tandem writes to it (exactly once), producers do not")
+        if self.plan.from_plan(stream) is not None:
+            raise ConfigError(str(self.plan.path), f"streams.{stream}.from_plan", f"stream {stream} is plan "
+                              f"{self.plan.from_plan(stream)}'s: this plan only reads it, producers write to that plan")
         if self.plan.streams[stream].source == "files":
             return str(write_atomically(landing_dir(self.cluster, stream, partition), lines))
         nats = nats_of(self.cluster, self.plan, stream)
@@ -72,7 +75,7 @@ class Destinations:
             ensure_declared(nats, self.plan, stream)
             self._ready.add(stream)
         if self._js is None:
-            self._js = JetStream(nats.servers, name=f"tandem-producer-{self.plan.name}")
+            self._js = JetStream(nats, name=f"tandem-producer-{self.plan.name}")
         subject = partition_subject(nats.prefix, stream, partition)
         ids = ids or [uuid.uuid4().hex for _ in lines]
         acks = self._js.publish([(subject, line.encode(), msg_id) for line, msg_id in zip(lines, ids)])

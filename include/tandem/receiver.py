@@ -182,7 +182,7 @@ def line_room_warnings(plans: Mapping[str, PlanConfig], max_payload: int) -> lis
     is over what a NATS message carries (:func:`line_room_problem`)."""
     return [f"{plan.path}: streams.{name}.max_line_bytes: {problem}"
             for plan in plans.values() for name, stream in plan.streams.items()
-            if stream.source == "nats" and plan.publisher_of(name) is None
+            if stream.source == "nats" and name in plan.input_streams
             and (problem := line_room_problem(stream.max_line_bytes, max_payload))]
 
 
@@ -310,7 +310,7 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
 
     def connection() -> JetStream:
         if getattr(local, "js", None) is None:
-            local.js = JetStream(nats.servers, name="tandem-receiver")
+            local.js = JetStream(nats, name="tandem-receiver")
         return local.js
 
     def publish(messages: list[Message]) -> list[dict[str, Any]]:
@@ -332,6 +332,9 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
         if publisher is not None:
             raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is published by its output "
                                      f"{publisher}: only Tandem writes to it")
+        if plan.from_plan(stream_name) is not None:
+            raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is plan "
+                                     f"{plan.from_plan(stream_name)}'s (from_plan): send its events to that plan")
         if (plan_name, stream_name) not in ready:
             ensure_declared(nats, plan, stream_name)
             ready.add((plan_name, stream_name))
@@ -411,7 +414,7 @@ def _warn_of_lines_nats_cannot_carry(nats: NatsConfig, plans: Mapping[str, PlanC
     """Log :func:`line_room_warnings` for the NATS server the receiver publishes to (a warning when it is out of
     reach: the check is skipped, each event is still checked against its ``max_payload``)."""
     try:
-        with JetStream(nats.servers, name="tandem-receiver", timeout_s=5) as js:
+        with JetStream(nats, name="tandem-receiver", timeout_s=5) as js:
             max_payload = js.connection.max_payload
     except ConnectionError as exc:
         log.warning("receiver: NATS is out of reach (%s): the streams' max_line_bytes are not checked against its "

@@ -76,3 +76,96 @@ def stream_lines(url: str, prefix: str, stream: str) -> list[tuple[int, dict]]:
         bounds = js.bounds(name)
         return [(sequence, json.loads(payload)) for chunk in js.read(name, f"{prefix}.{stream}.*", bounds.first,
                                                                      bounds.last) for sequence, payload in chunk]
+
+
+# --- credentials and TLS for tests (made here: never secrets of anything real) ---------------------------------
+
+
+def nkey_pair(prefix: int | None = None) -> tuple[str, str]:
+    """A new NKEY ``(seed, public key)`` of role ``prefix`` (default: a user)."""
+    import os
+
+    from tandem.messaging.nkeys import PREFIX_USER, KeyPair, encode_seed
+
+    seed = encode_seed(PREFIX_USER if prefix is None else prefix, os.urandom(32))
+    return seed, KeyPair(seed).public_key
+
+
+def signed_jwt(claims: dict, signer_seed: str) -> str:
+    """A NATS JWT of ``claims`` signed by ``signer_seed`` (``iss`` is its public key; header ed25519-nkey)."""
+    import base64
+    import hashlib
+    import time
+
+    from tandem.messaging.nkeys import KeyPair
+
+    def encoded(data: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
+
+    signer = KeyPair(signer_seed)
+    body = {"iat": int(time.time()), "iss": signer.public_key, **claims}
+    body["jti"] = base64.b32encode(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()).decode() \
+        .rstrip("=")
+    unsigned = f"{encoded({'typ': 'JWT', 'alg': 'ed25519-nkey'})}.{encoded(body)}"
+    signature = base64.urlsafe_b64encode(signer.sign(unsigned.encode())).decode().rstrip("=")
+    return f"{unsigned}.{signature}"
+
+
+def creds_text(jwt: str, seed: str) -> str:
+    """A ``.creds`` file, as ``nsc`` writes it."""
+    return (f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+            "************************* IMPORTANT *************************\n"
+            "NKEY Seed printed below can be used to sign and prove identity.\n\n"
+            f"-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n")
+
+
+def certificates(folder: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 / localhost and a client certificate, signed by the CA, as PEM
+    files in ``folder``: ``ca``, ``server``, ``server_key``, ``client``, ``client_key``; and ``other_ca``, a CA that
+    signed none of them."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    def certificate(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, usage=None, names=()):
+        builder = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+        if usage:
+            builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def write(path: Path, *items) -> Path:
+        data = b""
+        for item in items:
+            if isinstance(item, x509.Certificate):
+                data += item.public_bytes(serialization.Encoding.PEM)
+            else:
+                data += item.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption())
+        path.write_bytes(data)
+        return path
+
+    ca_key, other_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(4))
+    ca = certificate("tandem test CA", ca_key, "tandem test CA", ca_key, ca=True)
+    other = certificate("another CA", other_key, "another CA", other_key, ca=True)
+    server = certificate("nats", server_key, "tandem test CA", ca_key, usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                         names=(x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")))
+    client = certificate("tandem-node", client_key, "tandem test CA", ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    return {"ca": write(folder / "ca.pem", ca), "other_ca": write(folder / "other-ca.pem", other),
+            "server": write(folder / "server.pem", server), "server_key": write(folder / "server-key.pem", server_key),
+            "client": write(folder / "client.pem", client), "client_key": write(folder / "client-key.pem", client_key)}

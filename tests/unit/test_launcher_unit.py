@@ -191,7 +191,7 @@ def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
                "AWS_SECRET_ACCESS_KEY": "s", "TANDEM_DATABASE_URL": "postgresql://u:stale@db/x", "KEEP": "1"}
     env = child_environment(cluster, base={**needed, **secrets})
     assert set(env) == {*needed, "TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL",
-                        "TANDEM_NATS_URL", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
+                        "TANDEM_NATS_URL", "TANDEM_NATS_INBOX_PREFIX", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
     assert env["TANDEM_NATS_URL"] == ",".join(cluster.nats.servers)  # the shipped cluster names a NATS server
     assert all(env[name] == value for name, value in needed.items() if name != "PATH")
     assert env["TANDEM_HOME"] == str(cluster.project_root)

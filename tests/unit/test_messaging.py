@@ -145,9 +145,9 @@ def test_a_nats_stream_needs_the_messaging_layer_and_credentials_stay_out_of_clu
     with pytest.raises(ConfigError, match=r"trades\.yaml: streams\.trades\.source: a nats stream needs the messaging "
                                           r"layer"):
         load_plan("trades", load_cluster(conf / "cluster.yaml"))
-    monkeypatch.setenv("TANDEM_NATS_URL", "nats://user:s3cret@10.0.0.1:4222, nats://10.0.0.2:4222")
+    monkeypatch.setenv("TANDEM_NATS_URL", "tls://user:s3cret@10.0.0.1:4222, nats://10.0.0.2:4222")
     cluster = load_cluster(conf / "cluster.yaml")
-    assert cluster.nats.servers == ("nats://user:s3cret@10.0.0.1:4222", "nats://10.0.0.2:4222")
+    assert cluster.nats.servers == ("tls://user:s3cret@10.0.0.1:4222", "nats://10.0.0.2:4222")
     assert load_plan("trades", cluster).streams["trades"].source == "nats"
 
     monkeypatch.delenv("TANDEM_NATS_URL")
@@ -231,7 +231,7 @@ class FlakyReads:
     def __init__(self, messages: dict[int, bytes], chunk: int) -> None:
         self.messages, self.chunk, self.broken, self.connections = messages, chunk, False, 0
 
-    def __call__(self, servers, name: str) -> "FlakyReads":
+    def __call__(self, servers, name: str, options=None) -> "FlakyReads":
         self.connections += 1
         if self.connections == 2:  # the first retry finds the server unreachable
             raise ConnectionError("NATS at nats://127.0.0.1:1: TimeoutError: timed out")
@@ -272,7 +272,7 @@ def test_a_read_cut_off_from_nats_waits_and_goes_on_after_the_last_message_it_yi
 def test_nats_unreachable_past_the_deadline_fails_the_query_naming_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     import tandem.runtime.sources.nats as source_module
 
-    def unreachable(servers, name: str):
+    def unreachable(servers, name: str, options=None):
         raise ConnectionError("NATS at nats://127.0.0.1:1: ConnectionRefusedError")
 
     clock = iter(range(0, 1000, 30))

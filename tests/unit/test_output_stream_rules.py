@@ -114,3 +114,29 @@ def test_an_events_output_publishes_to_one_nats_stream_of_the_plan_that_producer
         edit_yaml(path, change)
         with pytest.raises(ConfigError, match=problem):
             load_plan("pizza_shop", load_cluster(conf / "cluster.yaml"))
+
+
+def test_an_event_too_large_for_a_message_takes_no_sequence_whatever_the_tail() -> None:
+    from tandem.outputs.relay import split_round
+
+    events = [event(7, "a", "o-1"), event(7, "b", "o-" + "x" * 300), event(9, "c", "o-3"), event(9, "d", "o-4")]
+    for tail in (Tail(0, START), Tail(9, (5, "z")), Tail(10**12, (5, "z"))):
+        planned = split_round(tail, events, "t", "overdue", OVERDUE, 300)
+        assert [e["event_id"] for e in planned.published] == ["a", "c", "d"], "the same events, whatever the tail"
+        assert [dict(m.headers)[EXPECTED_LAST_SEQUENCE] for m in planned.messages] == [
+            str(tail.sequence + i) for i in range(3)], "consecutive sequences: the large one takes none"
+        [(large, reason)] = planned.too_large
+        assert large["event_id"] == "b" and reason.startswith("the message of ") and \
+            "over the NATS server's max_payload (300): not published to stream overdue" in reason
+    assert all(len(m.header_block()) + len(m.payload) <= 300 for m in planned.messages)
+    assert split_round(Tail(0, START), events, "t", "overdue", OVERDUE, None).too_large == [], "no limit: none"
+
+
+def test_a_malformed_header_is_a_relay_error() -> None:
+    from tandem.outputs.relay import split_round
+
+    with pytest.raises(RelayError, match=r"event 'a\\r\\nX: 1' of stream overdue: a malformed header"):
+        split_round(Tail(0, START), [event(7, "a\r\nX: 1")], "t", "overdue", OVERDUE, None)
+    for text in ("not a position", "12", "x/y", "-1/a", ""):
+        with pytest.raises(RelayError, match=r"message 8 has (a malformed|no) Tandem-Position header"):
+            tail_of("s", 8, {POSITION_HEADER: text}, None)

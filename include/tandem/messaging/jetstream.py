@@ -31,7 +31,7 @@ from typing import Any
 from tandem.config import NatsConfig, PlanConfig
 from tandem.declarations import StreamConfig
 from tandem.errors import ConfigError, DataLoss
-from tandem.messaging.wire import Connection, Message, ProtocolError, parse_headers
+from tandem.messaging.wire import ConnectOptions, Connection, Message, NotHeld, ProtocolError, parse_headers
 from tandem.redaction import redact_url
 
 OWNER = "tandem"
@@ -102,6 +102,15 @@ def check_not_lost(stream: str, covered: int, bounds: Bounds) -> None:
                        f"retention dropped them; it holds {bounds.first}..{bounds.last}) before they were read")
 
 
+def check_not_reset(stream: str, read_to: int, bounds: Bounds) -> None:
+    """Raise :class:`DataLoss` when the stream's last sequence is before ``read_to``, which a read just covered
+    (pure): it was deleted or purged and started again while it was read (a stream's last sequence never goes
+    back otherwise), so what the read returned may not be what the range meant."""
+    if bounds.last < read_to:
+        raise DataLoss(f"JetStream stream {stream} holds sequences up to {bounds.last}, but a read covered {read_to}: "
+                       "it was deleted or reset while it was read")
+
+
 def dropped_since(stream: str, state: Mapping[str, Any], since: datetime) -> str | None:
     """Why the stream may no longer hold every message published at or after ``since`` (pure; ``state``: the stream
     info's ``first_seq``, ``first_ts``, ``messages``), or ``None``: its retention dropped messages, and the oldest
@@ -120,7 +129,14 @@ def dropped_since(stream: str, state: Mapping[str, Any], since: datetime) -> str
             f"{since.isoformat()} may be among them")
 
 
-def lost_after(servers: Sequence[str], offsets: Iterable[Any]) -> list[str]:
+def connect_options(nats: NatsConfig) -> ConnectOptions:
+    """How Tandem's connections to the messaging layer ``nats`` connect (its inbox prefix, TLS files, credentials)."""
+    return ConnectOptions(inbox_prefix=nats.inbox_prefix, tls_ca_file=nats.tls_ca_file,
+                          tls_cert_file=nats.tls_cert_file, tls_key_file=nats.tls_key_file,
+                          nkey_seed_file=nats.nkey_seed_file, creds_file=nats.creds_file)
+
+
+def lost_after(servers: Sequence[str] | NatsConfig, offsets: Iterable[Any]) -> list[str]:
     """Of Spark source offsets (a checkpoint's), those of ``nats`` sources (``{"stream", "seq"}``) whose stream no
     longer holds every message after them: a :class:`DataLoss` message each (``[]``: nothing is lost). Connects
     only when there is such an offset."""
@@ -144,13 +160,18 @@ class StreamMismatch(Exception):
 
 
 class JetStream:
-    """A connection to the first reachable of ``servers`` (not thread-safe: one per thread)."""
+    """A connection to the first reachable of ``servers`` (not thread-safe: one per thread): server URLs, or the
+    messaging layer's configuration (its servers, inbox prefix, TLS files and credentials)."""
 
-    def __init__(self, servers: Sequence[str], *, name: str = "tandem", timeout_s: float = 30.0) -> None:
+    def __init__(self, servers: Sequence[str] | NatsConfig, *, name: str = "tandem", timeout_s: float = 30.0,
+                 options: ConnectOptions | None = None) -> None:
+        if isinstance(servers, NatsConfig):
+            options, servers = options or connect_options(servers), servers.servers
+        options = options or ConnectOptions()
         problems = []
         for server in servers:
             try:
-                self.connection = Connection(server, timeout_s=timeout_s, name=name)
+                self.connection = Connection(server, timeout_s=timeout_s, name=name, options=options)
                 self.server = server
                 break
             except ConnectionError as exc:
@@ -259,8 +280,18 @@ class JetStream:
 
     def read(self, stream: str, subject: str, first: int, last: int) -> Iterator[list[tuple[int, bytes]]]:
         """``(sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in order, in
-        chunks; messages the stream no longer holds are simply not there."""
-        return self.connection.read(stream, subject, first, last)
+        chunks.
+
+        Raises:
+            DataLoss: the stream no longer held ``first`` when the read began (its retention dropped messages
+                between a caller's check of its bounds and the read): they are gone, never silently skipped.
+        """
+        try:
+            yield from self.connection.read(stream, subject, first, last)
+        except NotHeld as exc:
+            raise DataLoss(f"JetStream stream {stream}: messages {exc.first}..{exc.held_from - 1} are gone (its "
+                           f"retention dropped them; the read of {subject} from {exc.first} began at "
+                           f"{exc.held_from}) before they were read") from None
 
 
 def stream_spec(nats: NatsConfig, name: str, stream: StreamConfig) -> StreamSpec:
@@ -276,7 +307,7 @@ def ensure_declared(nats: NatsConfig, plan: PlanConfig, stream: str) -> str:
     Raises:
         ConfigError: it exists, Tandem did not create it, and it differs from the declaration.
     """
-    with JetStream(nats.servers, name=f"tandem-{plan.name}") as js:
+    with JetStream(nats, name=f"tandem-{plan.name}") as js:
         try:
             return js.ensure_stream(stream_spec(nats, stream, plan.streams[stream]))
         except StreamMismatch as exc:

@@ -89,22 +89,25 @@ class EmbeddedServer:
 
 
 def start_server(store_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 ready_timeout_s: float = 20.0, max_payload: int | None = None) -> EmbeddedServer:
+                 ready_timeout_s: float = 20.0, max_payload: int | None = None, config: str = "",
+                 scheme: str = "nats") -> EmbeddedServer:
     """Start ``nats-server`` with JetStream storing under ``store_dir``; return once it accepts connections.
 
-    ``max_payload``: the largest message (headers and payload) it takes, in bytes (``None``: the server's 1 MiB).
+    ``max_payload``: the largest message (headers and payload) it takes, in bytes (``None``: the server's 1 MiB);
+    ``config``: more of its configuration file (``authorization { ... }``, ``tls { ... }``: tests); ``scheme``: the
+    URL's (``tls`` for a server that requires TLS).
     """
     store_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     log_path = store_dir / "nats-server.log"
     command = [server_binary(), "-js", "-a", host, "-p", str(port), "-sd", str(store_dir), "-l", str(log_path)]
-    if max_payload is not None:  # no command-line flag for it: a configuration file
+    if max_payload is not None or config:  # no command-line flag for them: a configuration file
         config_path = store_dir / "nats-server.conf"
-        config_path.write_text(f"max_payload: {int(max_payload)}\n")
+        config_path.write_text((f"max_payload: {int(max_payload)}\n" if max_payload is not None else "") + config)
         command += ["-c", str(config_path)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
-    server = EmbeddedServer(url=f"nats://{host}:{port}", store_dir=store_dir, process=process, log_path=log_path)
+    server = EmbeddedServer(url=f"{scheme}://{host}:{port}", store_dir=store_dir, process=process, log_path=log_path)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

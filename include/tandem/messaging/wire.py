@@ -22,10 +22,14 @@ How it works
     flow-control requests, and deletes the consumer. Headers of delivered messages are skipped,
     never parsed (:meth:`tandem.messaging.JetStream.message` reads one message with its headers).
 
+    Credentials (:class:`ConnectOptions`): a user and password or a token in the URL, an NKEY seed file or a
+    ``.creds`` file (the server's nonce signed: :mod:`tandem.messaging.nkeys`); TLS when the URL's scheme is
+    ``tls``, the server requires it, or a CA or client certificate is configured, the server's certificate
+    and host name always checked.
+
 What it does not do
     No reconnects (a broken connection fails the call; the nats source and the relay open a new
-    one), no TLS client certificates, no NKEY / JWT credentials: user and password or a token in
-    the URL, and TLS when the URL's scheme is ``tls`` or the server requires it.
+    one), no TLS before ``INFO`` (``handshake_first``), no WebSocket.
 """
 
 from __future__ import annotations
@@ -37,13 +41,16 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
+from tandem.messaging.nkeys import NkeyError, read_creds_file, read_seed_file
 from tandem.redaction import redact_url
 
 CRLF = b"\r\n"
 MSG_ID = "Nats-Msg-Id"
+DEFAULT_INBOX_PREFIX = "_INBOX"
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """The largest message (headers and payload) a NATS server takes unless it says otherwise (``max_payload``)."""
 _READ_SIZE = 1 << 20
@@ -54,6 +61,15 @@ _BREAKS_A_SUBJECT = re.compile(r"[\r\n\0\s]")
 
 class ProtocolError(Exception):
     """The server answered with ``-ERR`` or something this reader does not understand."""
+
+
+class NotHeld(Exception):
+    """A range's read began past its first sequence: the stream no longer held ``first .. held_from - 1`` (its
+    retention dropped them, or they were deleted) when its consumer started."""
+
+    def __init__(self, first: int, held_from: int) -> None:
+        super().__init__(f"sequences {first}..{held_from - 1} are no longer held")
+        self.first, self.held_from = first, held_from
 
 
 class MessageTooLarge(ProtocolError):
@@ -118,11 +134,63 @@ class Frame(NamedTuple):
     payload: bytes
 
 
-def parse_frames(buffer: bytearray) -> tuple[list[Frame | str], int]:
+MAX_CONTROL_LINE = 64 * 1024
+"""The longest control line (``INFO`` with its cluster URLs, ``-ERR``, a ``MSG`` line) a server may send: past it
+without a CRLF the connection is broken (nothing a server sends is that long)."""
+FRAME_HEADER_ROOM = 64 * 1024
+"""What a delivered message may carry beyond ``max_payload``: headers the server adds (JetStream statuses)."""
+_MAX_DIGITS = 19
+_MESSAGE_OPERATIONS = {b"MSG": 4, b"HMSG": 5}
+"""A message line's operation and its fields without the optional reply subject."""
+
+
+def _message_line(line: bytes, max_size: int) -> tuple[str, int, str, int, int]:
+    """``(subject, sid, reply, header size, total size)`` of a ``MSG``/``HMSG`` line, every field checked (pure):
+    fields are separated by spaces (a 2.9 server sends two where a message has no reply subject)."""
+    parts = line.split()
+    fields = _MESSAGE_OPERATIONS.get(parts[0]) if parts else None
+    if fields is None:
+        raise ProtocolError(f"unknown operation {line[:100]!r}")
+    if len(parts) != fields and len(parts) != fields + 1:
+        raise ProtocolError(f"a {parts[0].decode()} line has {len(parts)} fields, not {fields} or {fields + 1}: "
+                            f"{line[:100]!r}")
+    numbers = parts[-2:] if fields == 5 else parts[-1:]
+    numbers.append(parts[2])
+    for token in numbers:  # bytes.isdigit is ASCII only: no sign, no space, no "_"
+        if not token.isdigit() or len(token) > _MAX_DIGITS:
+            raise ProtocolError(f"a message's size or sid {token[:30]!r} is not a number: {line[:100]!r}")
+    total = int(parts[-1])
+    header_size = int(parts[-2]) if fields == 5 else 0
+    if total > max_size:
+        raise ProtocolError(f"a message of {total} bytes is over max_payload and header room ({max_size}): "
+                            f"{line[:100]!r}")
+    if header_size > total:
+        raise ProtocolError(f"a message's header size {header_size} is over its size {total}: {line[:100]!r}")
+    try:
+        return (parts[1].decode(), int(parts[2]), parts[3].decode() if len(parts) > fields else "", header_size,
+                total)
+    except UnicodeDecodeError:
+        raise ProtocolError(f"a message's subject or reply is not UTF-8: {line[:100]!r}") from None
+
+
+def _check_header_block(block: bytes, line: bytes) -> None:
+    if not block.startswith(b"NATS/1.0") or not block.endswith(b"\r\n\r\n") or len(block) < 12:
+        raise ProtocolError(f"a message's header block is not a NATS/1.0 block ending in a blank line: "
+                            f"{block[:60]!r} ({line[:100]!r})")
+
+
+def parse_frames(buffer: bytearray, max_size: int = DEFAULT_MAX_PAYLOAD + FRAME_HEADER_ROOM
+                 ) -> tuple[list[Frame | str], int]:
     """The complete frames at the start of ``buffer`` and how many bytes they took (pure).
 
     A frame is a :class:`Frame` (``MSG``/``HMSG``) or the control line itself (``PING``, ``PONG``,
     ``+OK``, ``-ERR ...``, ``INFO ...``). An incomplete frame at the end is left for the next read.
+
+    Raises:
+        ProtocolError: anything malformed, as soon as it is seen: an unknown operation, a missing field, a size
+            or sid that is not a plain decimal number, a message declared over ``max_size`` bytes, headers larger
+            than the message, a header block that is not ``NATS/1.0 ... CRLF CRLF``, a payload not followed by
+            CRLF, a control line over :data:`MAX_CONTROL_LINE` bytes.
     """
     frames: list[Frame | str] = []
     append = frames.append
@@ -130,25 +198,45 @@ def parse_frames(buffer: bytearray) -> tuple[list[Frame | str], int]:
     position = 0
     size = len(buffer)
     while position < size:
-        end = find(CRLF, position)
+        end = find(CRLF, position, position + MAX_CONTROL_LINE + 2)
         if end < 0:
+            if size - position > MAX_CONTROL_LINE:
+                raise ProtocolError(f"no control line ends within {MAX_CONTROL_LINE} bytes: "
+                                    f"{bytes(buffer[position:position + 60])!r}")
             break
         first = buffer[position]
         if first == 77 or first == 72:  # MSG <subject> <sid> [reply] <size> / HMSG ... <header size> <size>
-            parts = bytes(buffer[position:end]).split(b" ")
-            with_headers = first == 72
-            total = int(parts[-1])
-            header_size = int(parts[-2]) if with_headers else 0
+            line = bytes(buffer[position:end])
+            parts = line.split()
+            fields = len(parts)
+            if first == 77 and (fields == 5 or fields == 4) and parts[0] == b"MSG":  # the usual case, checked inline
+                sizes = parts[-1]
+                if not (sizes.isdigit() and parts[2].isdigit()) or len(sizes) > _MAX_DIGITS \
+                        or len(parts[2]) > _MAX_DIGITS or int(sizes) > max_size:
+                    _message_line(line, max_size)  # raises the error that says what is wrong
+                total, header_size = int(sizes), 0
+                try:
+                    subject, sid, reply = parts[1].decode(), int(parts[2]), parts[3].decode() if fields == 5 else ""
+                except UnicodeDecodeError:
+                    _message_line(line, max_size)
+            else:
+                subject, sid, reply, header_size, total = _message_line(line, max_size)
             start = end + 2
             stop = start + total
             if stop + 2 > size:
                 break
-            reply = parts[3] if len(parts) == (6 if with_headers else 5) else b""
-            append(Frame(parts[1].decode(), int(parts[2]), reply.decode(), bytes(buffer[start:start + header_size]),
-                         bytes(buffer[start + header_size:stop])))
+            if buffer[stop] != 13 or buffer[stop + 1] != 10:
+                raise ProtocolError(f"a message's payload is not followed by its terminator CRLF: {line[:100]!r}")
+            headers = bytes(buffer[start:start + header_size])
+            if first == 72:
+                _check_header_block(headers, line)
+            append(Frame(subject, sid, reply, headers, bytes(buffer[start + header_size:stop])))
             position = stop + 2
         else:
-            append(bytes(buffer[position:end]).decode("utf-8", "replace"))
+            text = bytes(buffer[position:end]).decode("utf-8", "replace")
+            if not (text in ("PING", "PONG", "+OK") or text.startswith(("-ERR", "INFO "))):
+                raise ProtocolError(f"unknown operation {text[:100]!r}")
+            append(text)
             position = end + 2
     return frames, position
 
@@ -163,31 +251,112 @@ def ack_sequence(reply: str) -> tuple[int, int] | None:
     if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
         return None
     if len(tokens) >= 12:  # v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>.<token>
-        return int(tokens[7]), int(tokens[10])
-    return int(tokens[5]), int(tokens[8])
+        sequence, pending = tokens[7], tokens[10]
+    else:
+        sequence, pending = tokens[5], tokens[8]
+    if not (_is_number(sequence) and _is_number(pending)):
+        return None
+    return int(sequence), int(pending)
+
+
+def _is_number(token: str) -> bool:
+    return token.isascii() and token.isdigit() and len(token) <= 20
+
+
+def _json(data: bytes | str, what: str) -> Any:
+    """``data`` as JSON (an object), or a :class:`ProtocolError` naming ``what`` it was."""
+    try:
+        found = json.loads(data)
+    except ValueError:
+        raise ProtocolError(f"{what} is not JSON: {bytes(data[:100]) if isinstance(data, bytes) else data[:100]!r}") \
+            from None
+    if not isinstance(found, dict):
+        raise ProtocolError(f"{what} is not a JSON object: {str(found)[:100]!r}")
+    return found
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How to connect besides the URL (which may carry a user and password or a token)."""
+
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX
+    """Where replies and deliveries come: ``<inbox_prefix>.<random>.>`` (a server's permissions may allow a user only
+    its own prefix)."""
+    tls_ca_file: str | None = None
+    """The CA certificates the server's is checked against (``None``: the system's, or ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR``). Any TLS setting makes the connection require TLS."""
+    tls_cert_file: str | None = None
+    """This client's certificate (PEM), for a server that verifies clients (``tls { verify: true }``)."""
+    tls_key_file: str | None = None
+    """Its private key (PEM)."""
+    nkey_seed_file: str | None = None
+    """A user's NKEY seed: the connection signs the server's nonce with it (``authorization { users = [{nkey:
+    U...}] }``)."""
+    creds_file: str | None = None
+    """A ``.creds`` file (a user JWT and its seed) of an operator's account."""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file or self.tls_cert_file)
+
+
+def tls_context(options: ConnectOptions) -> ssl.SSLContext:
+    """The client side of TLS: the server's certificate checked (against ``tls_ca_file``, else the system's
+    CAs or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``) and its host name verified; this client's certificate when
+    one is configured."""
+    context = ssl.create_default_context(cafile=options.tls_ca_file)
+    if options.tls_cert_file:
+        context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
+    return context
+
+
+def credentials(options: ConnectOptions, nonce: str) -> dict[str, str]:
+    """The ``CONNECT`` fields of an NKEY seed or a ``.creds`` file: the server's nonce signed (``{}``: neither)."""
+    if options.creds_file:
+        jwt, key = read_creds_file(options.creds_file)
+        return {"jwt": jwt, "sig": key.sign_nonce(nonce)}
+    if options.nkey_seed_file:
+        key = read_seed_file(options.nkey_seed_file)
+        return {"nkey": key.public_key, "sig": key.sign_nonce(nonce)}
+    return {}
 
 
 class Connection:
     """One blocking connection to a NATS server (not thread-safe: one per thread)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, name: str = "tandem") -> None:
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    """The largest message (headers and payload) the server takes, from its ``INFO``."""
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0, name: str = "tandem",
+                 options: ConnectOptions = ConnectOptions()) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.options = options
+        self.inbox_prefix = inbox_prefix = options.inbox_prefix
+        check_subject(inbox_prefix)
         parts = urlsplit(url)
         self._buffer = bytearray()
         self._parsed: deque[Frame | str] = deque()
         self._sid = 0
-        self._inbox = f"_INBOX.{secrets.token_hex(8)}"
+        self._inbox = f"{inbox_prefix}.{secrets.token_hex(8)}"
+        self.max_payload = DEFAULT_MAX_PAYLOAD
         try:
             self._socket = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout_s)
             info = self._expect_info()
-            self.max_payload = int(info.get("max_payload") or DEFAULT_MAX_PAYLOAD)
+            max_payload = info.get("max_payload") or DEFAULT_MAX_PAYLOAD
+            if not isinstance(max_payload, int) or max_payload <= 0:
+                raise ProtocolError(f"the server's INFO says max_payload {max_payload!r}")
+            self.max_payload = max_payload
             """The largest message (headers and payload) the server takes, from its ``INFO``."""
-            if parts.scheme == "tls" or info.get("tls_required"):
-                context = ssl.create_default_context()
-                self._socket = context.wrap_socket(self._socket, server_hostname=parts.hostname)
+            if parts.scheme == "tls" or info.get("tls_required") or options.tls:
+                if not (info.get("tls_required") or info.get("tls_available")):
+                    raise ProtocolError("TLS is configured (a tls:// URL, a CA or client certificate) but the server "
+                                        "offers none")
+                self._socket = tls_context(options).wrap_socket(self._socket, server_hostname=parts.hostname)
             connect: dict[str, Any] = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
-                                       "protocol": 1, "name": name, "lang": "python-tandem", "version": "1"}
+                                       "protocol": 1, "name": name, "lang": "python-tandem", "version": "1",
+                                       **credentials(options, str(info.get("nonce") or ""))}
             if parts.username and parts.password is not None:
                 connect.update(user=unquote(parts.username), **{"pass": unquote(parts.password)})
             elif parts.username:
@@ -195,7 +364,7 @@ class Connection:
             self._send(b"CONNECT " + json.dumps(connect).encode() + CRLF + b"PING" + CRLF)
             self._until_pong()
             self._inbox_sid = self._subscribe(f"{self._inbox}.>")
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, NkeyError) as exc:
             self.close()
             raise ConnectionError(f"NATS at {redact_url(url)}: {type(exc).__name__}: "
                                   f"{str(exc).replace(url, redact_url(url))}") from None
@@ -236,7 +405,7 @@ class Connection:
             if not chunk:
                 raise ConnectionError("the server closed the connection")
             self._buffer += chunk
-            frames, used = parse_frames(self._buffer)
+            frames, used = parse_frames(self._buffer, self.max_payload + FRAME_HEADER_ROOM)
             if used:
                 del self._buffer[:used]
             self._parsed.extend(frames)
@@ -244,7 +413,7 @@ class Connection:
     def _expect_info(self) -> dict[str, Any]:
         for frame in self._frames():
             if isinstance(frame, str) and frame.startswith("INFO "):
-                return json.loads(frame[5:])
+                return _json(frame[5:], "the server's INFO")
             raise ProtocolError(f"expected INFO, got {str(frame)[:100]!r}")
         raise ProtocolError("no INFO")
 
@@ -271,7 +440,7 @@ class Connection:
             self._parsed.extendleft(reversed(others))
             if frame.headers.startswith(b"NATS/1.0 503"):
                 raise ProtocolError(f"no JetStream responds to {subject} (is JetStream enabled?)")
-            answer = json.loads(frame.payload)
+            answer = _json(frame.payload, f"the answer to {subject}")
             if "error" in answer:
                 raise ProtocolError(f"{subject}: {answer['error'].get('description', answer['error'])}")
             return answer
@@ -309,10 +478,13 @@ class Connection:
                 self._send(bytes(out))
             for frame in frames:
                 if isinstance(frame, Frame) and frame.subject.startswith(prefix):
-                    index = int(frame.subject[len(prefix):])
+                    index = frame.subject[len(prefix):]
+                    if not _is_number(index) or int(index) >= len(messages) or acks[int(index)] is not None:
+                        raise ProtocolError(f"an acknowledgement for no message waiting for one: {frame.subject!r}")
+                    index = int(index)
                     if frame.headers.startswith(b"NATS/1.0 503"):
                         raise ProtocolError(f"no JetStream stream takes subject {messages[index][0]!r}")
-                    ack = json.loads(frame.payload)
+                    ack = _json(frame.payload, f"JetStream's acknowledgement of a message to {messages[index][0]!r}")
                     error = ack.get("error")
                     if error and error.get("err_code") not in refusals:
                         raise ProtocolError(f"publishing to {messages[index][0]!r}: {error.get('description', error)}")
@@ -337,11 +509,17 @@ class Connection:
     def read(self, stream: str, subject: str, first: int, last: int, *,
              chunk: int = 10_000) -> Iterator[list[tuple[int, bytes]]]:
         """``(stream sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in
-        order, in lists of at most ``chunk``; messages the stream no longer holds are not there."""
+        order, in lists of at most ``chunk``.
+
+        Raises:
+            NotHeld: the stream no longer held ``first`` when the read began (the consumer's start, as the server
+                answers its creation, is past it): messages may be missing, never silently.
+        """
         first = max(first, 1)  # sequences start at 1 (an empty stream's bounds say first 0)
         if last < first:
             return
-        deliver = f"_INBOX.{secrets.token_hex(10)}"  # push delivery needs interest in the very subject, not a wildcard
+        # push delivery needs interest in the very subject, not a wildcard
+        deliver = f"{self.inbox_prefix}.{secrets.token_hex(10)}"
         sid = self._subscribe(deliver)
         created = self.request(f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": {
             "deliver_subject": deliver, "deliver_policy": "by_start_sequence", "opt_start_seq": first,
@@ -349,6 +527,9 @@ class Connection:
             "mem_storage": True, "num_replicas": 1, "flow_control": True, "idle_heartbeat": 5_000_000_000}})
         consumer = created["name"]
         try:
+            started = (created.get("delivered") or {}).get("stream_seq")
+            if isinstance(started, int) and started + 1 > first:  # the server moved the start to its first sequence
+                raise NotHeld(first, started + 1)
             found: list[tuple[int, bytes]] = []
             if created.get("num_pending", 0) > 0:
                 for frame in self._frames():
@@ -358,7 +539,10 @@ class Connection:
                         if frame.reply:
                             self._send(f"PUB {frame.reply} 0".encode() + CRLF + CRLF)
                         continue
-                    sequence, pending = ack_sequence(frame.reply) or (last + 1, 0)
+                    parsed = ack_sequence(frame.reply)
+                    if parsed is None:
+                        raise ProtocolError(f"a delivery's reply subject does not parse: {frame.reply[:200]!r}")
+                    sequence, pending = parsed
                     if sequence > last:
                         break
                     found.append((sequence, frame.payload))

@@ -71,6 +71,8 @@ class NodeState(BaseModel):
     last_batch_age_s: float | None
     lag_s: float | None = Field(description="seconds the newest event-time watermark is behind the clock")
     waiting_input_s: float | None = Field(description="age of the oldest input file no batch has read yet")
+    relay_error: str | None = Field(None, description="why publishing the plan's events outputs to NATS fails on this "
+                                                      "node (its relay tries again with back-off); null: it does not")
 
 
 class LeaseState(BaseModel):

@@ -167,7 +167,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),
                 last_batch_age_s=latest.get("batch_age_s"), lag_s=latest.get("lag_s"),
-                waiting_input_s=seen.waiting_input_age_s))
+                waiting_input_s=seen.waiting_input_age_s, relay_error=row.get("relay_error")))
         lease = None
         if rows.lease is not None:
             holder = next((n for n in nodes if n.node == rows.lease["holder"]), None)

@@ -105,7 +105,7 @@ def lost_input(cluster: ClusterConfig, snapshot_dir: Path, query_batches: Mappin
         entry = snapshot_dir / query / "offsets" / str(batch)
         if entry.is_file():
             offsets += source_offsets(entry)
-    return lost_after(cluster.nats.servers, offsets)
+    return lost_after(cluster.nats, offsets)
 
 
 def state_frame(rows: pa.Table, fields: pa.Table, query_batches: Mapping[str, int],

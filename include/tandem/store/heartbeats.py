@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from tandem.store.db import Database
+from tandem.store.db import Database, storable_text
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,17 @@ def beat(db: Database, instance_id: str, host: str, pid: int, started_at: dateti
         return row["stop_requested_by"] if row else None
 
     return db.run(work, attempts=1)
+
+
+def record_relay_error(db: Database, instance_id: str, error: str | None) -> None:
+    """Record why the instance's relay of its events outputs to NATS fails (``None``: it goes through again);
+    ``tandem status`` and the Tandem page show it beside the instance (migration 017)."""
+    db.run(lambda cursor: cursor.execute(
+        """UPDATE plan_instances SET relay_error = %(error)s,
+                  relay_error_at = CASE WHEN %(error)s::text IS NULL THEN NULL
+                                        WHEN relay_error IS NOT DISTINCT FROM %(error)s THEN relay_error_at
+                                        ELSE now() END
+           WHERE instance_id = %(id)s""", {"id": instance_id, "error": storable_text(error)}), attempts=1)
 
 
 def input_rows_since(db: Database, plan: str, query_name: str, since: datetime) -> int:

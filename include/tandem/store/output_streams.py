@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tandem.store.locks import lock_key
 from tandem.store.outputs import EventPosition
 
 
@@ -30,3 +31,9 @@ def stream_progress(cursor, plan: str, output: str) -> tuple[int, int | None]:
                    (plan, output, plan, output))
     row = cursor.fetchone()
     return int(row["events"]), row["stream_seq"]
+
+
+def lock_relay_quarantine(cursor, plan: str, output: str) -> None:
+    """Hold, until this transaction ends, the lock under which the relays of every instance quarantine the
+    output's events that no NATS message can carry (each checks and writes under it: one row per event)."""
+    cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("plan", f"{plan}/{output}/relay-quarantine"))

@@ -28,6 +28,7 @@ DRIVER_ENVIRONMENT = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH",  # the process
     "JAVA_HOME", "HADOOP_CONF_DIR", "YARN_CONF_DIR",  # spark-submit and the JVM
     "PYTHONPATH", "PYTHONHASHSEED",  # the Python driver and its workers
+    "SSL_CERT_FILE", "SSL_CERT_DIR",  # the CAs TLS connections trust (NATS's), when not the system's
 })
 """The variables a driver takes from its launcher's environment as they are, besides ``LC_*`` and ``SPARK_*``
 (:data:`DRIVER_ENVIRONMENT_PREFIXES`). Nothing else passes: not Airflow's settings and secrets
@@ -132,7 +133,8 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
     ``SPARK_SUBMIT_OPTS``, the JVM's ``java.io.tmpdir``.
 
     ``TANDEM_DATABASE_URL`` and ``TANDEM_NATS_URL`` (set when the cluster has a messaging layer) may hold
-    passwords: they reach the driver here, never on its command line.
+    passwords: they reach the driver here, never on its command line; so do the messaging layer's files
+    (``TANDEM_NATS_CREDS`` ..., :attr:`tandem.config.NatsConfig.file_variables`) and inbox prefix.
     """
     inherited = os.environ if base is None else base
     env = {name: value for name, value in inherited.items()
@@ -150,6 +152,8 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
     })
     if cluster.nats is not None:
         env["TANDEM_NATS_URL"] = ",".join(cluster.nats.servers)
+        env.update(cluster.nats.file_variables)  # the NATS user's and TLS files the launcher resolved
+        env["TANDEM_NATS_INBOX_PREFIX"] = cluster.nats.inbox_prefix
     if scratch is not None:
         env["TMPDIR"] = str(scratch)
         env["SPARK_SUBMIT_OPTS"] = " ".join(

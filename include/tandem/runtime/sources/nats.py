@@ -22,7 +22,11 @@ How it works
     the query fails with :class:`tandem.errors.DataLoss`, naming the stream and the missing range
     (the missing messages may belong to other partitions too: which ones cannot be known once they
     are gone, so the check is on the range). The supervisor's relaunch fails the same way, and the
-    instance ends BLOCKED with that error.
+    instance ends BLOCKED with that error. A partition's read checks again as it begins: retention may
+    drop messages between the check and the read, and the server then starts the read's consumer at
+    its first sequence, past the range's (:meth:`tandem.messaging.JetStream.read` raises the
+    :class:`~tandem.errors.DataLoss`); after the read, a stream whose last sequence went back (deleted
+    and made again meanwhile) fails it too.
 
     **An unreachable server stalls, it does not fail**: a call that finds NATS unreachable (a restarted
     server, a partition) tries again every second for :data:`UNREACHABLE_FOR_S`, then fails the query; a
@@ -42,7 +46,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
@@ -53,7 +57,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
-from tandem.messaging.jetstream import Bounds, check_not_lost
+from tandem.messaging.jetstream import Bounds, check_not_lost, check_not_reset, connect_options
+from tandem.messaging.wire import ConnectOptions
 
 log = logging.getLogger(__name__)
 SOURCE_NAME = "tandem_nats"
@@ -73,6 +78,7 @@ def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id
             .option("stream", stream_name(nats.prefix, stream))
             .option("subjects", json.dumps(subjects))
             .option("max_events_per_trigger", str(plan.streams[stream].max_events_per_trigger))
+            .option("connect", json.dumps(asdict(connect_options(nats))))
             .load())
 
 
@@ -129,6 +135,7 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.stream = options["stream"]
         self.subjects: list[str] = json.loads(options["subjects"])
         self.max_events = int(options["max_events_per_trigger"])
+        self.connect = ConnectOptions(**json.loads(options.get("connect") or "{}"))
         self.target: int | None = None  # Trigger.AvailableNow: the last sequence when the query started
         self._js: JetStream | None = None  # the driver's connection, opened when first needed
 
@@ -137,7 +144,8 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             try:
                 if self._js is None:
-                    self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}")
+                    self._js = JetStream(_servers(self.servers_option), name=f"tandem-source-{self.stream}",
+                                         options=self.connect)
                 return self._js.bounds(self.stream)
             except OSError as exc:  # a broken connection or none: a new one, until the deadline
                 self._close()
@@ -179,11 +187,13 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         waiting = Unreachable(self.stream)
         while True:
             try:
-                with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}") as js:
+                with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}",
+                               options=self.connect) as js:
                     check_not_lost(self.stream, first - 1, js.bounds(self.stream))
-                    for chunk in js.read(self.stream, partition.subject, first, partition.last):
-                        yield arrow_batch(prefix, chunk)
+                    for chunk in js.read(self.stream, partition.subject, first, partition.last):  # DataLoss: dropped
+                        yield arrow_batch(prefix, chunk)                                   # since the check
                         first = chunk[-1][0] + 1  # a retry resumes after what was yielded
+                    check_not_reset(self.stream, partition.last, js.bounds(self.stream))
                     return
             except OSError as exc:
                 waiting.wait_after(exc)
@@ -209,7 +219,8 @@ def arrow_batch(prefix: str, chunk: list[tuple[int, bytes]]) -> pa.RecordBatch:
 
 class NatsSource(DataSource):
     """``spark.readStream.format("tandem_nats")``: options ``servers``, ``stream``, ``subjects`` (JSON list),
-    ``max_events_per_trigger``."""
+    ``max_events_per_trigger``, ``connect`` (JSON: :class:`~tandem.messaging.wire.ConnectOptions`, names of files,
+    never secrets)."""
 
     @classmethod
     def name(cls) -> str:
