@@ -40,6 +40,7 @@ MODULE_SECONDS = {
     "hosts/test_nats_on_hosts.py": 59,
     "hosts/test_spark_cluster_on_hosts.py": 110,  # added later: 330 s on a host 3x slower
     "integration/test_backfill.py": 55,
+    "integration/test_big_batches.py": 45,  # added later, measured beside other test runs
     "integration/test_plan_snapshots.py": 50,
     "integration/test_launcher.py": 48,
     "integration/test_nats_source.py": 37,

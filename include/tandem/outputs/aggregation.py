@@ -99,6 +99,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, self.spec)
+                aggregates.ensure_key_index(cursor, self.spec)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
                                                       batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, newest, None)
@@ -164,6 +165,7 @@ class FactAggregateSink(HeldById):
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, spec)
+                aggregates.ensure_key_index(cursor, spec)
             new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in ids})
             written = spec.written_schema.empty_table()
             if new:

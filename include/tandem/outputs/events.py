@@ -46,7 +46,7 @@ class EventsSink(HeldById):
             newest = max(time for time, _ in events.values())
             store.stage_events(cursor, events)  # before the fence's lock (see check_fence)
             check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
-            pending = store.insert_staged_events(cursor, key, self.output, batch.epoch, batch.batch_id)
+            pending = store.insert_staged_events(cursor, key, self.output, batch.epoch, batch.batch_id, ids)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(pending), newest, None)
             return pending
 

@@ -93,8 +93,16 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
         return n
 
     def identities(self, rows: pa.Table) -> dict[str, pa.Table]:
-        return {source_file: rows.filter(pc.equal(rows["source_file"], source_file))
-                for source_file in pc.unique(rows["source_file"]).to_pylist()}
+        """The rows of each source file (in their order): slices of the batch sorted by file, as a filter of the
+        whole batch per file took time in the square of its files (a batch of rows refused one by one)."""
+        ordered = rows.take(pc.sort_indices(rows["source_file"]))  # a stable sort
+        files = ordered.column("source_file").to_pylist()
+        held, start = {}, 0
+        for end in range(1, len(files) + 1):
+            if end == len(files) or files[end] != files[start]:
+                held[files[start]] = ordered.slice(start, end - start)
+                start = end
+        return held
 
     def published_of(self, held: dict[str, pa.Table]) -> set[str]:
         return self.quarantined(list(held))

@@ -282,60 +282,34 @@ def seconds_between(cursor, spec: Any, plan: str, shard_id: str, start: datetime
     return [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()} for row in cursor.fetchall()]
 
 
-def _equals_parameters(columns: list[str] | tuple[str, ...], parameter: str) -> list[sql.Composed]:
-    """``"a" = %(<parameter>_0)s``, ``"b" = %(<parameter>_1)s`` …: parameters are numbered, so a column named
-    like another parameter (``plan``, ``bucket``) cannot take its value."""
-    return [sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(f"{parameter}_{i}"))
-            for i, c in enumerate(columns)]
-
-
-class Sketches:
-    """The two statements that set rolled-up rows' sketches from their children's, made once per granularity."""
-
-    def __init__(self, spec: Any, plan: str, shard_id: str, granularity: str, child: str) -> None:
-        self.spec = spec
-        self.params = {"plan": plan, "child": child, "shard_id": shard_id, "granularity": granularity}
-        table, sketched = sql.Identifier(spec.table), identifiers(spec.distinct_columns)
-        keys = sql.Composed([sql.SQL(" AND ") + match for match in _equals_parameters(spec.keys, "key")])
-        self.select = sql.SQL(
-            """SELECT {sketched} FROM {table}
-               WHERE plan = %(plan)s AND granularity = %(child)s AND shard_id = %(shard_id)s{keys}
-                 AND bucket_start >= %(bucket)s AND bucket_start < %(bucket)s + ('1 ' || %(granularity)s)::interval"""
-        ).format(sketched=sketched, table=table, keys=keys)
-        self.update = sql.SQL(
-            """UPDATE {table} SET {sketches}
-               WHERE plan = %(plan)s AND granularity = %(granularity)s AND bucket_start = %(bucket)s
-                 AND shard_id = %(shard_id)s{keys}"""
-        ).format(table=table, sketches=sql.SQL(", ").join(_equals_parameters(spec.distinct_columns, "sketch")),
-                 keys=keys)
-
-    def _params(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.params, "bucket": row["bucket_start"],
-                **{f"key_{i}": row[k] for i, k in enumerate(self.spec.keys)}}
-
-    def children(self, cursor, row: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The sketches (distinct columns) of the child buckets of a rolled-up ``row``."""
-        cursor.execute(self.select, self._params(row))
-        return cursor.fetchall()
-
-    def store(self, cursor, row: Mapping[str, Any]) -> None:
-        """Write ``row``'s sketches (its distinct columns) to its bucket."""
-        cursor.execute(self.update, {**self._params(row),
-                                     **{f"sketch_{i}": row[c] for i, c in enumerate(self.spec.distinct_columns)}})
-
-
 def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterable[tuple]) -> pa.Table:
     """A shard's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query), in
-    ``spec.written_schema``."""
-    wanted = tuple(tuple(w) for w in wanted)
+    ``spec.written_schema``.
+
+    The buckets are COPied into the temporary table ``_wanted`` and each is read by its primary key (``LATERAL …
+    OFFSET 0``, which the planner cannot turn into a join of the whole shard, whatever its statistics say):
+    as one ``IN`` list of row values they made a statement PostgreSQL could not plan from ~10,000 buckets on
+    ("stack depth limit exceeded", issue 46).
+    """
+    wanted = list(dict.fromkeys(tuple(w) for w in wanted))
     if not wanted:
         return spec.written_schema.empty_table()
+    identity = ["granularity", "bucket_start", *spec.keys]
+    columns = list(zip(*wanted))
+    buckets = pa.table({"granularity": pa.array(columns[0], pa.string()),
+                        "bucket_start": pa.array(columns[1], pa.timestamp("us", tz="UTC")),
+                        **{key: pa.array([str(v) for v in values], pa.string())
+                           for key, values in zip(spec.keys, columns[2:])}})
+    _temporary(cursor, "_wanted", sql.SQL("granularity text, bucket_start timestamptz{}").format(
+        each(", {0} text", spec.keys)))
+    copy_rows(cursor, sql.Identifier("_wanted"), buckets)
     return copied_out(
         cursor,
-        sql.SQL("SELECT {returning} FROM {table} WHERE plan = %s AND shard_id = %s AND ({columns}) IN %s").format(
+        sql.SQL("SELECT t.* FROM _wanted w CROSS JOIN LATERAL ("
+                "SELECT {returning} FROM {table} WHERE plan = %s AND shard_id = %s{match} OFFSET 0) t").format(
             returning=_returning(spec), table=sql.Identifier(spec.table),
-            columns=identifiers(["granularity", "bucket_start", *spec.keys])),
-        (plan, shard_id, wanted), spec.written_schema)
+            match=each(" AND {0} = w.{0}", identity)),
+        (plan, shard_id), spec.written_schema)
 
 
 def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,
@@ -412,3 +386,97 @@ def copy_rows(cursor, table: sql.Identifier, rows: pa.Table) -> None:
     buffer.seek(0)
     cursor.copy_expert(sql.SQL("COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv, HEADER true)").format(
         table=table, columns=identifiers(rows.column_names)), buffer)
+
+
+def _temporary(cursor, name: str, columns: sql.Composable) -> None:
+    """(Re)create the transaction's temporary table ``name`` (a sink may fill it twice in one transaction)."""
+    cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+    cursor.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(sql.Identifier(name), columns))
+
+
+def _hexed(rows: pa.Table) -> pa.Table:
+    """``rows`` with every binary column as PostgreSQL's hex text of ``bytea`` (how it travels through CSV)."""
+    for index, field in enumerate(rows.schema):
+        if pa.types.is_binary(field.type):
+            hexed = [None if v is None else "\\x" + v.hex() for v in rows.column(index).to_pylist()]
+            rows = rows.set_column(index, field.name, pa.array(hexed, pa.string()))
+    return rows
+
+
+def children_sketches(cursor, spec: Any, plan: str, shard_id: str, granularity: str, child: str,
+                      parents: pa.Table) -> pa.Table:
+    """The sketches (distinct columns) of the ``child`` buckets of each of ``parents`` (one plan's shard buckets of
+    ``granularity``: ``bucket_start`` and the keys): one row per child, ``parent`` its parent's index in ``parents``.
+
+    The parents are COPied into ``_parents`` and each reads its children by an index range (``LATERAL … OFFSET 0``,
+    as :func:`roll_up`; see :func:`ensure_key_index`), all in one statement: a pair of statements per rolled-up
+    row took minutes for a batch of 100,000 keys.
+    """
+    staged = parents.select(["bucket_start", *spec.keys]).append_column(
+        "parent", pa.array(range(parents.num_rows), pa.int64()))
+    _temporary(cursor, "_parents", sql.SQL("parent bigint, bucket_start timestamptz{}").format(
+        each(", {0} text", spec.keys)))
+    copy_rows(cursor, sql.Identifier("_parents"), staged)
+    schema = pa.schema([("parent", pa.int64()), *[(c, pa.binary()) for c in spec.distinct_columns]])
+    return copied_out(cursor, sql.SQL(
+        """SELECT p.parent, {sketched} FROM _parents p CROSS JOIN LATERAL (
+               SELECT {sketched} FROM {table} c
+               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
+                 AND c.bucket_start >= p.bucket_start
+                 AND c.bucket_start < p.bucket_start + ('1 ' || %(granularity)s)::interval OFFSET 0) c""").format(
+        sketched=identifiers(spec.distinct_columns), table=sql.Identifier(spec.table),
+        key_join=each(" AND c.{0} = p.{0}", spec.keys)),
+        {"plan": plan, "child": child, "shard_id": shard_id, "granularity": granularity}, schema)
+
+
+def store_sketches(cursor, spec: Any, plan: str, rows: pa.Table) -> None:
+    """Set the sketches (distinct columns) of one plan's rows ``rows`` (as written: ``spec.written_schema``) to theirs.
+
+    The rows go through the temporary table ``_sketches`` and each finds its own by the primary key
+    (``INSERT … ON CONFLICT DO UPDATE`` of the sketches alone): an ``UPDATE … FROM`` join is the planner's to
+    choose, and a table without statistics can make it compare every row with every other.
+    """
+    _temporary(cursor, "_sketches", sql.SQL("LIKE {} INCLUDING DEFAULTS").format(sql.Identifier(spec.table)))
+    copy_rows(cursor, sql.Identifier("_sketches"),
+              _hexed(rows.append_column("plan", pa.repeat(pa.scalar(plan, pa.string()), rows.num_rows))))
+    cursor.execute(sql.SQL(
+        """INSERT INTO {table} ({columns}) SELECT {columns} FROM _sketches
+           ON CONFLICT ({identity}) DO UPDATE SET {sketches}""").format(
+        table=sql.Identifier(spec.table), columns=_columns(spec),
+        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"]),
+        sketches=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                    for c in spec.distinct_columns)))
+
+
+def ensure_key_index(cursor, spec: Any) -> None:
+    """Give the aggregation's serving table an index that finds a key's buckets by time,
+    ``(plan, granularity, *keys, shard_id, bucket_start)``, unless it has one whose columns before ``bucket_start``
+    hold the plan, granularity and keys (``trade_aggregates_by_symbol``; the primary key of a table without keys).
+
+    The roll-ups read each bucket's children of one key by a time range: through the primary key, which has
+    ``bucket_start`` before the keys, each read went through every key's children of that range, so a batch's
+    roll-up time grew with the square of its keys (100,000 keys: minutes per granularity). A missing index is
+    created in the caller's transaction, publishers of the table taking turns (an advisory lock): two first
+    publishes cannot both create it, nor deadlock.
+    """
+    if _has_key_index(cursor, spec):
+        return
+    cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tandem.key_index/{spec.table}",))
+    if not _has_key_index(cursor, spec):
+        cursor.execute(sql.SQL("CREATE INDEX ON {} ({})").format(
+            sql.Identifier(spec.table), identifiers(["plan", "granularity", *spec.keys, "shard_id", "bucket_start"])))
+
+
+def _has_key_index(cursor, spec: Any) -> bool:
+    cursor.execute(
+        """SELECT array_agg(a.attname::text ORDER BY k.position) AS columns
+           FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, position)
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+           WHERE i.indrelid = to_regclass(%s) GROUP BY i.indexrelid""",
+        (sql.Identifier(spec.table).as_string(cursor),))
+    needed = {"plan", "granularity", *spec.keys}
+    for row in cursor.fetchall():
+        columns = list(row["columns"])
+        if "bucket_start" in columns and needed <= set(columns[:columns.index("bucket_start")]):
+            return True
+    return False
