@@ -114,6 +114,10 @@ def _line_problem(raw: Column, max_line_bytes: int, names: tuple[str, ...]) -> C
             .otherwise(_duplicate_fields(raw, names)))
 
 
+NON_NUMERIC_NUMBER = r"([:\[,])\s*(?:[+-]?(?:Infinity|INF)|NaN)(?=\s*[,\]}])"
+"""A JSON value token Spark's reader takes as a double and Jackson's strict parsing refuses."""
+
+
 def _duplicate_fields(raw: Column, names: tuple[str, ...]) -> Column:
     """Why a JSON object gives a declared field more than once (``duplicate key 'price'``, each such field), else
     null: which of its values is meant is unknowable (Spark would keep one without a word). Keys Tandem does not read
@@ -132,7 +136,10 @@ def _duplicate_fields(raw: Column, names: tuple[str, ...]) -> Column:
         quoted = json.dumps(name)
         first = F.instr(raw, quoted)
         suspect = suspect | ((first > 0) & (F.call_function("locate", F.lit(quoted), raw, first + 1) > 0))
-    declared = F.filter(F.json_object_keys(raw), lambda key: key.isin(*names))
+    # Jackson's key listing refuses the non-numeric numbers Spark's reader takes (NaN, Infinity, INF): list the keys
+    # of a copy with them as 0 when the line itself cannot be listed
+    listed = F.coalesce(F.json_object_keys(raw), F.json_object_keys(F.regexp_replace(raw, NON_NUMERIC_NUMBER, "$1 0")))
+    declared = F.filter(listed, lambda key: key.isin(*names))
     ordered = F.array_sort(declared)
     repeated = F.array_distinct(F.filter(ordered, lambda key, i: (i > 0) & (F.element_at(ordered, i) == key)))
     return F.when(suspect & (F.size(declared) != F.size(F.array_distinct(declared))), F.concat_ws("; ", F.transform(
