@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from _big_batches import KINDS, BigBatches, batch_info, batch_of
-from _project import create_database, drop_database
+from _project import migrated_database
 
-from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.integration
 ROWS = 100_000
@@ -24,13 +23,8 @@ RUN = BigBatches(granularities=("second", "hour"))
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
     """One database and one Delta root for the module (every kind writes its own outputs)."""
-    url = create_database()
-    try:
-        with Database(url) as db:
-            migrate(db)
-            yield db, tmp_path_factory.mktemp("big")
-    finally:
-        drop_database(url)
+    with migrated_database() as db:
+        yield db, tmp_path_factory.mktemp("big")
 
 
 @pytest.mark.parametrize("kind", KINDS)

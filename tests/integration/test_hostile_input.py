@@ -41,7 +41,7 @@ from tandem.runtime.records import KEPT_CHARS, parse_and_validate, record_schema
 from tandem.outputs.aggregation import FactAggregateSink
 from tandem.outputs.events import EventsSink, read_events_lake
 from tandem.outputs.table import TableSink
-from tandem.store import Database, migrate
+from tandem.store import Database
 from tandem.store.leases import try_acquire
 from tandem.store.outputs import read_table_rows
 from tandem.store.registry import InstanceKey
@@ -238,15 +238,10 @@ def sized(line: Line) -> Line:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
-    from _project import create_database, drop_database
+    from _project import migrated_database
 
-    url = create_database()
-    try:
-        with Database(url) as db:
-            migrate(db)
-            yield db, tmp_path_factory.mktemp("hostile")
-    finally:
-        drop_database(url)
+    with migrated_database() as db:
+        yield db, tmp_path_factory.mktemp("hostile")
 
 
 NUMBERS = count()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,6 +16,8 @@ import psutil
 import psycopg2
 import pytest
 
+from tandem.store.db import Database
+from tandem.store.migrations import migrate
 from tandem.supervisor.processes import START_TIME_TOLERANCE_S
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -46,6 +50,18 @@ def drop_database(url: str) -> None:
     with conn.cursor() as cursor:
         cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     conn.close()
+
+
+@contextmanager
+def migrated_database() -> Iterator[Database]:
+    """A fresh database with Tandem's migrations applied, open for a module's tests; dropped afterwards."""
+    url = create_database()
+    try:
+        with Database(url) as db:
+            migrate(db)
+            yield db
+    finally:
+        drop_database(url)
 
 
 def use_project(root: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
