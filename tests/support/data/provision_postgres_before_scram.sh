@@ -1,0 +1,333 @@
+#!/usr/bin/env bash
+# Provision the PostgreSQL database Tandem keeps its coordination state in.
+#
+# Usage: scripts/provision_postgres.sh [ensure|status|stop|destroy]
+#
+#   ensure   (default) make sure a reachable database exists and print its URL on stdout
+#            (the only thing written to stdout; progress goes to stderr). Order:
+#              1. TANDEM_DATABASE_URL is set       -> use it; fail clearly if it does not connect.
+#              2. a private cluster already exists under .tandem/pg/ -> (re)start it and use it
+#                 (sticky: once created, the private cluster keeps being used).
+#              3. 127.0.0.1:5432 answers pg_isready -> postgresql://postgres@127.0.0.1:5432/tandem,
+#                 database `tandem` created if missing.
+#              4. otherwise initdb + start a private cluster under .tandem/pg/ with this machine's
+#                 PostgreSQL binaries, listening on 127.0.0.1:$TANDEM_PG_PORT (trust auth,
+#                 superuser `postgres`, database `tandem`). Run as root, the cluster is owned and
+#                 run by the unprivileged system user `tandem` (created with useradd --system).
+#   status   print where the private cluster is and whether it runs
+#   stop     stop the private cluster (if any)
+#   destroy  stop it and delete its data directory
+#
+# Environment:
+#   TANDEM_DATABASE_URL   use this database instead of provisioning one
+#   TANDEM_PG_PORT        port of the private cluster (default: the port it last ran on, else 55432)
+#   TANDEM_PG_DIR         where the private cluster lives (default <project>/.tandem/pg)
+#   TANDEM_PG_BINDIR      directory holding initdb/pg_ctl/postgres (default: pg_config --bindir,
+#                         else the newest /usr/lib/postgresql/*/bin, else initdb on PATH)
+#   TANDEM_PG_SKIP_LOCAL  =1 ignores a server on 127.0.0.1:5432 (forces the private cluster)
+#   TANDEM_PG_LISTEN      address the private cluster listens on (default 127.0.0.1); any other
+#                         address also trusts clients on its own subnets (the multi-host tests'
+#                         bridge; never a real network)
+#   TANDEM_PG_USER        OS user that owns the private cluster when run as root (default tandem)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_PORT="${TANDEM_PG_PORT:-55432}"
+PG_DIR="${TANDEM_PG_DIR:-$ROOT/.tandem/pg}"
+PG_OS_USER="${TANDEM_PG_USER:-tandem}"
+PG_LISTEN="${TANDEM_PG_LISTEN:-127.0.0.1}"
+DB_NAME=tandem
+
+log() { printf '[provision_postgres] %s\n' "$*" >&2; }
+die() { printf '[provision_postgres] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# --- helpers ------------------------------------------------------------------------------------
+
+find_bindir() {
+    local d
+    if [[ -n "${TANDEM_PG_BINDIR:-}" ]]; then
+        [[ -x "$TANDEM_PG_BINDIR/initdb" ]] || die "TANDEM_PG_BINDIR=$TANDEM_PG_BINDIR has no initdb"
+        echo "$TANDEM_PG_BINDIR"; return 0
+    fi
+    if command -v pg_config >/dev/null 2>&1; then
+        d="$(pg_config --bindir 2>/dev/null || true)"
+        if [[ -n "$d" && -x "$d/initdb" && -x "$d/pg_ctl" ]]; then echo "$d"; return 0; fi
+    fi
+    d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1 || true)"
+    if [[ -n "$d" && -x "$d/initdb" && -x "$d/pg_ctl" ]]; then echo "$d"; return 0; fi
+    if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
+        dirname "$(command -v initdb)"; return 0
+    fi
+    return 1
+}
+
+BINDIR="$(find_bindir || true)"
+
+# A client tool (psql, pg_isready): prefer the one on PATH, then the server's bindir.
+client() {
+    local tool="$1"
+    if command -v "$tool" >/dev/null 2>&1; then command -v "$tool"; return 0; fi
+    if [[ -n "$BINDIR" && -x "$BINDIR/$tool" ]]; then echo "$BINDIR/$tool"; return 0; fi
+    return 1
+}
+
+# Connecting goes through Tandem's own store code (tandem.store.db): URLs reach Python in the
+# environment (TANDEM_PROVISION_URL), never on a command line that `ps` shows, and every message
+# about a URL comes from tandem.store.db.redact (no password in any output).
+STORE_PY=""  # a Python with what tandem.store.db needs; found once by find_store_python (subshells inherit it)
+find_store_python() {
+    local py
+    for py in "$ROOT/.venv/bin/python" python3; do
+        if "$py" -c 'import psycopg2, tenacity' >/dev/null 2>&1; then STORE_PY="$py"; return; fi
+    done
+    die "no Python with psycopg2 and tenacity to reach PostgreSQL: run 'make setup' first"
+}
+
+py_store() {  # py_store URL PYTHON_CODE [ARGS...] -> runs PYTHON_CODE with the URL in the environment
+    local url="$1" code="$2"
+    shift 2
+    [[ -n "$STORE_PY" ]] || find_store_python
+    TANDEM_PROVISION_URL="$url" PYTHONPATH="$ROOT/include${PYTHONPATH:+:$PYTHONPATH}" "$STORE_PY" -c "$code" "$@"
+}
+
+# redacted URL -> the URL without its password, for messages
+redacted() {
+    py_store "$1" 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_PROVISION_URL"]))'
+}
+
+# try_connect URL -> 0 when a connection opens; else 1, with the reason (password-free) on stderr.
+try_connect() {
+    py_store "$1" '
+import os, sys
+from tandem.errors import StoreError
+from tandem.store.db import connect
+try:
+    connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision").close()
+except StoreError as exc:
+    sys.exit(f"[provision_postgres] {exc}")
+'
+}
+
+# run_sql URL SQL -> runs one statement, prints the result (tuples only).
+run_sql() {
+    py_store "$1" '
+import os, sys
+from tandem.store.db import connect
+conn = connect(os.environ["TANDEM_PROVISION_URL"], "tandem-provision")
+conn.autocommit = True
+with conn.cursor() as cur:
+    cur.execute(sys.argv[1])
+    if cur.description:
+        for row in cur.fetchall():
+            print("|".join("" if v is None else str(v) for v in row))
+conn.close()
+' "$2"
+}
+
+# ensure_db ADMIN_URL_BASE -> creates database `tandem` when missing.
+# ADMIN_URL_BASE is the URL without a database name, e.g. postgresql://postgres@127.0.0.1:5432
+ensure_db() {
+    local base="$1" exists
+    exists="$(run_sql "$base/postgres" "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'")" \
+        || die "cannot query $base/postgres"
+    if [[ "$exists" != "1" ]]; then
+        log "creating database $DB_NAME on ${base#*@}"
+        # A concurrent set-up may create it at the same moment: re-check instead of failing.
+        if ! run_sql "$base/postgres" "CREATE DATABASE $DB_NAME" >/dev/null 2>&1; then
+            exists="$(run_sql "$base/postgres" "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'")"
+            [[ "$exists" == "1" ]] || die "could not create database $DB_NAME on ${base#*@}"
+        fi
+    fi
+}
+
+is_root() { [[ "$(id -u)" == "0" ]]; }
+
+# as_owner CMD... -> runs CMD as the cluster owner (the `tandem` system user when we are root).
+as_owner() {
+    if is_root; then
+        if command -v runuser >/dev/null 2>&1; then
+            runuser -u "$PG_OS_USER" -- "$@"
+        else
+            su -s /bin/sh "$PG_OS_USER" -c "$(printf '%q ' "$@")"
+        fi
+    else
+        "$@"
+    fi
+}
+
+ensure_os_user() {
+    is_root || return 0
+    if ! getent passwd "$PG_OS_USER" >/dev/null 2>&1; then
+        command -v useradd >/dev/null 2>&1 || die "useradd not found: cannot create system user $PG_OS_USER"
+        log "creating unprivileged system user $PG_OS_USER to own the private PostgreSQL cluster"
+        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            --user-group "$PG_OS_USER" 2>/dev/null \
+            || getent passwd "$PG_OS_USER" >/dev/null \
+            || die "useradd $PG_OS_USER failed"
+    fi
+}
+
+# The directory really used for the cluster. As root, the `tandem` user must be able to reach it;
+# a project under a private home (/root is 0700) cannot be, so the cluster then lives under
+# /var/lib/tandem/pg-<hash> and .tandem/pg is a symlink to it.
+resolve_pg_dir() {
+    if [[ -L "$PG_DIR" ]]; then readlink -f "$PG_DIR"; return; fi
+    if [[ -d "$PG_DIR" ]] || ! is_root; then echo "$PG_DIR"; return; fi
+    mkdir -p "$PG_DIR"
+    chown "$PG_OS_USER:" "$PG_DIR"
+    if runuser -u "$PG_OS_USER" -- test -w "$PG_DIR" 2>/dev/null; then
+        echo "$PG_DIR"; return
+    fi
+    rmdir "$PG_DIR"
+    local h alt
+    h="$(printf '%s' "$PG_DIR" | sha256sum | cut -c1-12)"  # one per cluster directory
+    alt="/var/lib/tandem/pg-$h"
+    log "$PG_OS_USER cannot reach $PG_DIR (a parent directory is private); using $alt"
+    mkdir -p "$alt"
+    chmod 755 /var/lib/tandem
+    chown "$PG_OS_USER:" "$alt"
+    ln -s "$alt" "$PG_DIR"
+    echo "$alt"
+}
+
+no_binaries_message() {
+    cat >&2 <<EOF
+[provision_postgres] ERROR: no PostgreSQL server is reachable and no PostgreSQL binaries were found.
+  Tandem needs a PostgreSQL database. Pick one:
+    * install PostgreSQL (Debian/Ubuntu: sudo apt-get install -y postgresql) and re-run 'make setup'
+      (a server on 127.0.0.1:5432 is used directly; with only the binaries, Tandem starts its own
+      private cluster under .tandem/pg on port ${PG_PORT});
+    * or point Tandem at an existing database:
+        export TANDEM_DATABASE_URL=postgresql://user:password@host:5432/dbname
+      and re-run 'make setup'.
+EOF
+    exit 1
+}
+
+private_running_port() {
+    # prints the port of a running private cluster, or fails
+    local data="$1"
+    [[ -n "$BINDIR" && -f "$data/PG_VERSION" ]] || return 1
+    as_owner "$BINDIR/pg_ctl" -D "$data" status >/dev/null 2>&1 || return 1
+    sed -n 4p "$data/postmaster.pid" 2>/dev/null
+}
+
+start_private() {
+    [[ -n "$BINDIR" ]] || no_binaries_message
+    ensure_os_user
+    local dir data port
+    dir="$(resolve_pg_dir)"
+    data="$dir/data"
+    mkdir -p "$dir"
+    is_root && chown "$PG_OS_USER:" "$dir"
+
+    if [[ ! -f "$data/PG_VERSION" ]]; then
+        log "initialising a private PostgreSQL cluster in $data ($BINDIR)"
+        as_owner "$BINDIR/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale \
+            >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+        cat >>"$data/postgresql.conf" <<EOF
+
+# --- Tandem private cluster ---
+listen_addresses = '$PG_LISTEN'
+unix_socket_directories = ''
+max_connections = 200
+EOF
+        if [[ "$PG_LISTEN" != "127.0.0.1" ]]; then
+            echo "host all all samenet trust" >>"$data/pg_hba.conf"
+        fi
+    fi
+
+    if port="$(private_running_port "$data")" && [[ -n "$port" ]]; then
+        [[ "$port" == "$PG_PORT" ]] || log "private cluster already runs on port $port; using it"
+    else
+        # keep the port the cluster was created with unless TANDEM_PG_PORT says otherwise
+        port="$PG_PORT"
+        if [[ -z "${TANDEM_PG_PORT:-}" && -s "$dir/port" ]]; then port="$(cat "$dir/port")"; fi
+        log "starting the private PostgreSQL cluster on $PG_LISTEN:$port"
+        if ! as_owner "$BINDIR/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
+                -o "-p $port" start >/dev/null 2>&1; then
+            tail -n 20 "$dir/postgres.log" >&2 || true
+            die "could not start the private cluster on port $port (is the port taken? set TANDEM_PG_PORT)"
+        fi
+    fi
+    echo "$port" >"$dir/port"
+    local isready
+    isready="$(client pg_isready)" || isready="$BINDIR/pg_isready"
+    local i
+    for i in $(seq 1 30); do
+        "$isready" -q -h "$PG_LISTEN" -p "$port" && break
+        sleep 1
+    done
+    ensure_db "postgresql://postgres@$PG_LISTEN:$port"
+    echo "postgresql://postgres@$PG_LISTEN:$port/$DB_NAME"
+}
+
+private_data_dir() {
+    if [[ -L "$PG_DIR" ]]; then echo "$(readlink -f "$PG_DIR")/data"; else echo "$PG_DIR/data"; fi
+}
+
+# --- commands -----------------------------------------------------------------------------------
+
+cmd_ensure() {
+    find_store_python
+    if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
+        try_connect "$TANDEM_DATABASE_URL" \
+            || die "TANDEM_DATABASE_URL ($(redacted "$TANDEM_DATABASE_URL")) does not connect (reason above). Fix the URL or unset it to let Tandem provision PostgreSQL."
+        log "using TANDEM_DATABASE_URL ($(redacted "$TANDEM_DATABASE_URL"))"
+        echo "$TANDEM_DATABASE_URL"
+        return
+    fi
+    if [[ -f "$(private_data_dir)/PG_VERSION" ]]; then
+        start_private
+        return
+    fi
+    local isready
+    if [[ "${TANDEM_PG_SKIP_LOCAL:-0}" != "1" ]] && isready="$(client pg_isready)" \
+            && "$isready" -q -h 127.0.0.1 -p 5432; then
+        ensure_db "postgresql://postgres@127.0.0.1:5432"
+        log "using the PostgreSQL server on 127.0.0.1:5432"
+        echo "postgresql://postgres@127.0.0.1:5432/$DB_NAME"
+        return
+    fi
+    start_private
+}
+
+cmd_status() {
+    local data port
+    data="$(private_data_dir)"
+    if [[ ! -f "$data/PG_VERSION" ]]; then echo "no private cluster ($data)"; return 0; fi
+    if port="$(private_running_port "$data")"; then
+        echo "private cluster $data: running on $PG_LISTEN:$port"
+    else
+        echo "private cluster $data: stopped"
+    fi
+}
+
+cmd_stop() {
+    local data
+    data="$(private_data_dir)"
+    if [[ -f "$data/PG_VERSION" ]] && private_running_port "$data" >/dev/null; then
+        log "stopping the private cluster ($data)"
+        as_owner "$BINDIR/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+    fi
+}
+
+cmd_destroy() {
+    cmd_stop
+    local real
+    if [[ -L "$PG_DIR" ]]; then
+        real="$(readlink -f "$PG_DIR")"
+        rm -f "$PG_DIR"
+        [[ -n "$real" && "$real" == /var/lib/tandem/pg-* ]] && rm -rf "$real"
+    fi
+    rm -rf "$PG_DIR"
+    log "removed $PG_DIR"
+}
+
+case "${1:-ensure}" in
+    ensure) cmd_ensure ;;
+    status) cmd_status ;;
+    stop) cmd_stop ;;
+    destroy) cmd_destroy ;;
+    *) echo "usage: $0 [ensure|status|stop|destroy]" >&2; exit 2 ;;
+esac
