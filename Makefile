@@ -6,8 +6,10 @@
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
 #   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
-#   make test     setup + test-tools + dist + pytest (two xdist workers by default; PYTEST_ARGS overrides)
+#   make test     setup + test-tools + dist + docs-check + pytest (two xdist workers by default; PYTEST_ARGS overrides)
 #   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux (apt-get, only what is missing)
+#   make docs     serve the documentation site at http://127.0.0.1:8000 (mkdocs serve; docs/, mkdocs.yml)
+#   make docs-check  build the site with `mkdocs build --strict` into a temporary folder (links, generated reference)
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
@@ -17,14 +19,14 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup test-tools up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
+.PHONY: help setup test-tools docs-tools docs docs-check up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
 PYTEST_ARGS ?= -x -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 help:
-	@sed -n '1,16s/^# \{0,1\}//p' "$(ROOT)/Makefile"
+	@sed -n '1,18s/^# \{0,1\}//p' "$(ROOT)/Makefile"
 
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
@@ -54,8 +56,22 @@ $(DIST): $(PACKAGE_FILES) | setup
 test-tools:
 	@bash "$(ROOT)/scripts/install_test_tools.sh"
 
-test: setup test-tools dist
+test: setup test-tools dist docs-check
 	@$(ENV) && python -m pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs-material, requirements-docs.txt). The check builds into a temporary folder, so no
+# site/ is left in the tree; --strict turns every warning (a broken link or anchor, a page outside the nav, a
+# reference page that cannot be generated from the code) into a failure. Not --quiet: it hides the warnings from
+# the count, and the strict build then passes whatever they say.
+docs-tools: setup
+	@bash "$(ROOT)/scripts/install_docs_tools.sh"
+
+docs-check: docs-tools
+	@$(ENV) && site="$$(mktemp -d)" && trap 'rm -rf "$$site"' EXIT && \
+	NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$$site"
+
+docs: docs-tools
+	@$(ENV) && NO_MKDOCS_2_WARNING=1 mkdocs serve --dev-addr 127.0.0.1:8000
 
 demo: setup dist
 	@$(ENV) && tandem demo

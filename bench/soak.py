@@ -71,6 +71,7 @@ from _ha import fetch  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
+from tandem.reading import read_output  # noqa: E402
 
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
 RESULTS = BENCH / "results" / "soak.json"
@@ -404,14 +405,14 @@ def reconcile_counts(cluster, plan) -> dict:
 def trades_problems(cluster, events: list[dict]) -> list[str]:
     """Merged minute and hour aggregates (PostgreSQL and Delta) against the reference over every trade."""
     from _ha import ALL_TIME, compare, expected_aggregates
-    from tandem import aggregation
+
 
     trades = [(e["timestamp"], e["symbol"], e["price"], e["quantity"]) for e in events]
     problems = []
     for granularity in ("minute", "hour"):
         expected = expected_aggregates(trades, granularity)
         for source in ("postgres", "delta"):
-            rows = [row for row in aggregation.query(cluster, "trades", granularity, *ALL_TIME, source=source)
+            rows = [row for row in read_output(cluster, "trades", granularity, *ALL_TIME, source=source)
                     if not row["symbol"].startswith(WATERMARK_KEY)]  # the harness's own last events
             problems += compare(rows, expected, f"trades {source} {granularity}")
     return problems
@@ -421,7 +422,7 @@ def pizza_problems(cluster, plan, url: str, events: dict[str, list[dict]]) -> li
     """Overdue orders (each once), orders delivered per customer and orders counted, PostgreSQL and Delta."""
     from _ha import ALL_TIME
     from _references import pizza_reference
-    from tandem import aggregation
+
     from tandem.layout import delta_table_dir
     from tandem.outputs.events import read_events_lake
     from tandem.outputs.table import read_table_lake
@@ -445,7 +446,7 @@ def pizza_problems(cluster, plan, url: str, events: dict[str, list[dict]]) -> li
             wrong = sorted(c for c in set(got) | set(per_customer) if got.get(c) != per_customer.get(c))
             problems.append(f"pizza_shop {label} delivered_orders: {len(wrong)} customers differ, e.g. {wrong[:3]}")
     for source in ("postgres", "delta"):
-        days = aggregation.query(cluster, "pizza_shop", "day", *ALL_TIME, source=source)
+        days = read_output(cluster, "pizza_shop", "day", *ALL_TIME, output="order_stats", source=source)
         counted = (sum(r["orders"] for r in days), sum(r["on_time"] for r in days))
         if counted != (len(events["orders"]), sum(per_customer.values())):
             problems.append(f"pizza_shop {source} order_stats: (orders, on time) {counted}, expected "

@@ -1,8 +1,9 @@
 """``tandem``: the command line of the bundle.
 
     tandem migrate                      apply the coordination schema migrations
-    tandem config check | schema [FILE] validate conf/ and the plans' modules | print the files' JSON Schema
+    tandem config check | schema [FILE] [PATH]   validate conf/ and the plans' modules | the files' JSON Schema
     tandem plan new NAME                a new plan: conf/plans/NAME.yaml and NAME.py, that run as written
+    tandem plan reset NAME [--yes]      remove a stopped plan's checkpoints, outputs, snapshots and rows: start afresh
     tandem produce trades --rate 200 --duration 60   to the streams' landing folders or NATS subjects
     tandem receive [--host H] [--port 8700] [--ssl-certfile F]   HTTP(S) receiver into nats streams (tokens: README)
     tandem query trades --granularity hour [--symbol IBM] [--since 1h] [--source delta]
@@ -28,7 +29,8 @@ import json
 import shlex
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 from rich import box
 from rich.console import Console
@@ -38,10 +40,11 @@ from rich.table import Table
 
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import instant_argument, parse_duration
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.json_values import json_text
 from tandem.names import ACTIVE, ROLES
-from tandem.show import print_events, print_table, render_aggregates
+from tandem.show import render_line, render_rows
+from tandem.reading import read_output
 
 console = Console()
 if not console.is_terminal:  # logs and pipes: wide enough for the aggregate tables
@@ -134,43 +137,38 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    """One output of a plan, by its kind: merged aggregates, a merged table, or events in a time range."""
+    """One output of a plan, merged over its instances, as its kind reads it (:mod:`tandem.reading`)."""
+    from tandem.outputs import kind_of
+    from tandem.outputs.base import ReadRequest
+    from tandem.reading import only_output
+
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    output = args.output or _only_output(plan)
-    if output not in plan.outputs or plan.outputs[output].kind == "quarantine":
-        readable = [name for name, o in plan.outputs.items() if o.kind != "quarantine"]
-        raise TandemError(f"plan {plan.name} has no output {output!r} to query (outputs: {', '.join(readable)})")
-    kind = plan.outputs[output].kind
-    end = args.end or datetime.now(timezone.utc) + timedelta(seconds=1)
-    start = args.start or end - timedelta(seconds=args.since)
-    if kind == "aggregation":
-        from tandem import aggregation
-
-        rows = aggregation.query(cluster, plan.name, args.granularity, start, end, output=output,
-                                 keys={"symbol": args.symbol} if args.symbol else None, source=args.source)
-        if args.json:
-            print(json_text(rows, indent=2))
-        else:
-            from tandem.aggregation.spec import spec_for
-
-            console.print(render_aggregates(rows, f"{output} per {args.granularity} ({args.source})",
-                                            spec_for(plan, output)))
+    output = only_output(plan, args.output)
+    keys: dict[str, list[Any]] = {}
+    for name, value in [_key_filter(item) for item in args.key or []] + [("symbol", s) for s in args.symbol or []]:
+        keys.setdefault(name, []).append(value)
+    if args.symbol:
+        console.print("[yellow]--symbol is deprecated: use --key symbol=VALUE[/]", highlight=False)
+    start, end = args.start, args.end
+    if start is None and args.since is not None:
+        end = end or datetime.now(timezone.utc) + timedelta(seconds=1)
+        start = end - timedelta(seconds=args.since)
+    if args.follow:
+        request = ReadRequest(start=start, keys=keys, source=args.source)
+        kind_of(plan, output).follow(cluster, plan, output, request,
+                                     lambda row: print(json_text(row), flush=True) if args.json
+                                     else console.print(render_line(row), highlight=False))
         return 0
-    if kind == "table":
-        print_table(console, cluster, plan, output, dict(_key_filter(item) for item in args.key or []),
-                    source=args.source, as_json=args.json)
+    rows = read_output(cluster, plan, args.granularity, start, end, output=output, keys=keys, source=args.source,
+                       limit=args.limit)
+    if args.json:
+        print(json_text(rows, indent=2))
     else:
-        print_events(console, cluster, plan, output, start, end, source=args.source, as_json=args.json,
-                     follow=args.follow)
+        where = f"{start.isoformat() if start else 'all'} .. {end.isoformat() if end else 'now'}"
+        console.print(render_rows(rows, f"{plan.name} {output} ({plan.outputs[output].kind}, {args.source}, "
+                                        f"merged over instances; {where})"))
     return 0
-
-
-def _only_output(plan) -> str:
-    readable = [name for name, o in plan.outputs.items() if o.kind != "quarantine"]
-    if len(readable) != 1:
-        raise TandemError(f"plan {plan.name} has several outputs: name one ({', '.join(readable)})")
-    return readable[0]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -187,14 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from tandem.store import Database
     from tandem.store.output_streams import stream_progress
 
-    def age(seconds: float | None) -> str:
-        if seconds is None:
-            return "-"
-        if seconds < 120:
-            return f"{seconds:.1f}s"
-        return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h" if seconds < 172800 \
-            else f"{seconds / 86400:.0f}d"
-
+    age = short_age
     cluster = load_cluster()
     plans, broken = ({args.plan: load_plan(args.plan, cluster)}, {}) if args.plan else load_plans_and_errors(cluster)
     styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red",
@@ -202,15 +193,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with Database(cluster.database_url, "tandem-cli") as db:
             for plan in plans.values():
-                for instance in plan_status(db, cluster, plan).instances:
-                    lease = instance.lease
-                    if lease is None:
-                        lease_text = "lease: never taken"
-                    else:
-                        expiry = f"expires in {lease.expires_in_s:.1f}s" if lease.valid \
-                            else f"expired {age(-lease.expires_in_s)} ago"
-                        lease_text = f"lease: {lease.holder or 'nobody'} at epoch {lease.epoch}, {expiry}"
-                    table = Table(title=f"{plan.name} / {instance.instance} ({instance.standby} standby) - {lease_text}",
+                status = plan_status(db, cluster, plan)
+                for instance in status.instances:
+                    lease_text = lease_line(instance.lease, status.observed_at)
+                    table = Table(title=escape(f"{plan.name} / {instance.instance} ({instance.standby} standby) - "
+                                               f"{lease_text}"),
                                   box=box.SIMPLE_HEAD, title_justify="left")
                     for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
                                    "lag", "input waiting", "pid"):
@@ -228,8 +215,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         if node.relay_error:
                             notes.append(f"  {node.node} relay to NATS failing: {node.relay_error}")
                     console.print(table)
-                    for note in notes:
-                        console.print(note, highlight=False)
+                    for note in notes:  # an error's text is shown as it is, never read as Rich markup
+                        console.print(note, highlight=False, markup=False)
                     for action in instance.due:
                         console.print(f"  [yellow]due:[/] {escape(action)}")
                 for output, config in plan.outputs.items():
@@ -258,9 +245,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 2 if broken else 0
 
 
+def short_age(seconds: float | None) -> str:
+    """``12.5s``, ``40m``, ``3h``, ``2d`` (``-`` for none)."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.0f}h" if seconds < 172800 \
+        else f"{seconds / 86400:.0f}d"
+
+
+def lease_line(lease, now: datetime) -> str:
+    """A group instance's lease as ``tandem status`` titles it (pure; ``lease`` a
+    :class:`tandem.presenter.models.LeaseState` or ``None``): who holds it and until when, or since when and why
+    nobody does: ``lease: node-a at epoch 3, stopped 12.0s ago (instance stopped)``."""
+    if lease is None or lease.state == "free":
+        return "lease: never taken"
+    holder = f"{lease.holder} at epoch {lease.epoch}"
+    if lease.state == "held":
+        return f"lease: {holder}, expires in {lease.expires_in_s:.1f}s"
+    since = "" if lease.vacant_since is None \
+        else f" {short_age(max(0.0, (now - lease.vacant_since).total_seconds()))} ago"
+    why = (lease.vacancy or "").removeprefix(f"{lease.state}: ")
+    return f"lease: {holder}, {lease.state}{since}" + (f" ({why})" if why else "")
+
+
 def batch_lines(cluster, plan, db) -> list[str]:
     """The plan's newest backfill and reconcile run, a line each (none: no line)."""
-    from tandem.batch.reconciliations import KINDS, reconciliation_rows, summary
+    from tandem.batch.reconciliations import DIFFERENCES, reconciliation_rows, summary
     from tandem.store.backfills import list_backfills
 
     lines = []
@@ -272,7 +284,7 @@ def batch_lines(cluster, plan, db) -> list[str]:
     if rows:
         counts = summary(rows)
         lines.append(f"{plan.name}: last reconcile {rows[0]['run_id']} of {rows[0]['range_start']:%Y-%m-%d %H:%M} .. "
-                     f"{rows[0]['range_end']:%Y-%m-%d %H:%M}: " + ", ".join(f"{counts[k]} {k}" for k in KINDS))
+                     f"{rows[0]['range_end']:%Y-%m-%d %H:%M}: " + ", ".join(f"{counts[k]} {k}" for k in DIFFERENCES))
     return lines
 
 
@@ -532,6 +544,19 @@ def airflow_connection_exports() -> list[str]:
     return lines
 
 
+def schema_arguments(file: str | None, path: str | None, names: tuple[str, ...]) -> tuple[str | None, Path | None]:
+    """``tandem config schema [FILE] [PATH]``: which file's schema (``None``: every file's) and where to write it
+    (``None``: stdout). A first argument that names no file is the path (pure)."""
+    if file is not None and file not in names:
+        if path is not None:
+            raise TandemError(f"tandem config schema: {file!r} is not a configuration file ({', '.join(names)})")
+        file, path = None, file
+    if path is not None and Path(path).suffix.lower() in (".yaml", ".yml"):
+        raise TandemError(f"tandem config schema: {path} would be a JSON file named like a YAML one (a configuration "
+                          "file?): name it .json")
+    return file, None if path is None else Path(path)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and each plan's
     module (its queries against the YAML's groups and outputs, without starting Spark), and say what they hold."""
@@ -542,9 +567,22 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.action == "schema":
         schemas = json_schemas()
-        print(json.dumps(schemas[args.file] if args.file else schemas, indent=2))
+        which, path = schema_arguments(args.file, args.path, tuple(schemas))
+        text = json.dumps(schemas[which] if which else schemas, indent=2)
+        if path is None:
+            print(text)
+            return 0
+        path.write_text(text + "\n", encoding="utf-8")
+        print(f"wrote the JSON Schema of {which or ', '.join(schemas)} to {path}")
         return 0
-    cluster = load_cluster()
+    if args.file or args.path:
+        raise TandemError("tandem config check takes no file: it checks conf/cluster.yaml and every conf/plans/*.yaml")
+    try:
+        cluster = load_cluster()
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print_error(problem)
+        return 2
     print(f"{cluster.path}: ok: {len(cluster.nodes)} node(s) ({', '.join(cluster.nodes)}), storage root "
           f"{cluster.storage_root}")
     refused = 0
@@ -552,7 +590,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     plans, broken = load_plans_and_errors(cluster)  # every plan at once: two plans' NATS streams must not collide
     for path in plan_files:
         if path.stem in broken:
-            print_error(broken[path.stem])
+            for problem in broken[path.stem].problems:  # every problem of the file, a line each
+                print_error(problem)
             refused += 1
             continue
         plan = plans[path.stem]
@@ -587,6 +626,40 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
     console.print(f"wrote {yaml_path}\nwrote {module_path}\nnext: tandem config check; "
                   f"tandem produce {args.name} --duration 10s; tandem run --plan {args.name} --node <node> "
                   "--available-now; tandem query " + args.name, markup=False, highlight=False)
+    return 0
+
+
+def cmd_plan_reset(args: argparse.Namespace) -> int:
+    """Remove everything a plan keeps, so that its next run starts from nothing (:mod:`tandem.plan_reset`): after
+    showing what that is and a confirmation (the plan's name typed, or ``--yes``); refused while it runs."""
+    from tandem.plan_reset import inventory, plan_running, refusal, reset_plan
+    from tandem.store import Database, migrate
+
+    cluster = load_cluster()
+    plan = load_plan(args.name, cluster)
+    with Database(cluster.database_url, "tandem-cli") as db:
+        migrate(db)
+        reasons = plan_running(db, plan)
+        if reasons:  # before asking: the reset checks again under the plan's locks
+            raise refusal(plan, reasons)
+        planned = inventory(cluster, plan, db)
+    if not args.yes:
+        console.print("\n".join(["A reset removes:", *planned.lines()[1:]]), markup=False, highlight=False)
+        if not sys.stdin.isatty():
+            raise TandemError(f"tandem plan reset {plan.name}: no terminal to confirm on: pass --yes to reset without "
+                              "asking")
+        try:
+            typed = input(f"Type the plan's name ({plan.name}) to reset it: ").strip()
+        except EOFError:
+            typed = ""
+        if typed != plan.name:
+            errors.print(f"not reset: {typed!r} is not {plan.name!r}")
+            return 1
+    report = reset_plan(cluster, plan)
+    console.print("\n".join(["removed:", *report.lines()[1:]] if report.removed else report.lines()), markup=False,
+                  highlight=False)
+    console.print(f"plan {plan.name} is reset: its next run starts from nothing (its input is kept: the next run "
+                  "reads it again)", markup=False, highlight=False)
     return 0
 
 
@@ -644,16 +717,20 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--ssl-keyfile", help="its PEM private key (unless the certificate file holds it)")
     receive.set_defaults(func=cmd_receive)
 
-    query = commands.add_parser("query", help="read a plan's output: merged aggregates, a merged table, or events")
+    query = commands.add_parser("query", help="read any output of a plan (the quarantine too), merged over its "
+                                              "instances, from PostgreSQL or Delta")
     query.add_argument("plan")
-    query.add_argument("output", nargs="?", help="the output to read (default: the plan's only one)")
-    query.add_argument("--granularity", default="hour", choices=("second", "minute", "hour", "day", "month", "year"),
-                       help="aggregations: the bucket size")
-    query.add_argument("--symbol", action="append", help="aggregations: restrict to a symbol (repeatable)")
-    query.add_argument("--key", action="append", help="tables: restrict to key=value (repeatable)")
-    query.add_argument("--since", type=_duration, default=86400.0, help="range length before --end (default 1 day)")
-    query.add_argument("--start", type=_parse_time, help="ISO start time (UTC if no zone)")
-    query.add_argument("--end", type=_parse_time, help="ISO end time (default now)")
+    query.add_argument("output", nargs="?", help="the output to read (default: the plan's only one besides its "
+                                                 "quarantine)")
+    query.add_argument("--granularity", choices=("second", "minute", "hour", "day", "month", "year"),
+                       help="aggregations: the bucket size (default: the finest the output keeps)")
+    query.add_argument("--key", action="append", metavar="FIELD=VALUE",
+                       help="only rows whose FIELD is VALUE (repeatable; several values of one field: any of them)")
+    query.add_argument("--symbol", action="append", help=argparse.SUPPRESS)  # deprecated: --key symbol=VALUE
+    query.add_argument("--since", type=_duration, help="a range of this length before --end (default: all the data)")
+    query.add_argument("--start", type=_parse_time, help="ISO start time (UTC if no zone; default: all the data)")
+    query.add_argument("--end", type=_parse_time, help="ISO end time (default: all the data)")
+    query.add_argument("--limit", type=int, help="at most this many rows")
     query.add_argument("--follow", action="store_true", help="events: keep printing new events as they come")
     query.add_argument("--source", default="postgres", choices=("postgres", "delta"))
     query.add_argument("--json", action="store_true")
@@ -744,18 +821,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)
-    plan = commands.add_parser("plan", help="write a new plan: its YAML and its module, beside each other in "
-                                            "conf/plans/")
+    plan = commands.add_parser("plan", help="write a new plan (its YAML and its module, beside each other in "
+                                            "conf/plans/), or reset one's state")
     plan_actions = plan.add_subparsers(dest="plan_action", required=True)
     plan_new = plan_actions.add_parser("new", help="a plan with one stream, one query and one output, that runs "
                                                    "as written")
     plan_new.add_argument("name")
     plan_new.set_defaults(func=cmd_plan_new)
+    plan_reset = plan_actions.add_parser(
+        "reset", help="remove everything a plan keeps (checkpoints, outputs in PostgreSQL and Delta, snapshots, its "
+                      "coordination rows) so that its next run starts from nothing; refused while it runs")
+    plan_reset.add_argument("name")
+    plan_reset.add_argument("--yes", action="store_true", help="reset without asking (default: type the plan's name)")
+    plan_reset.set_defaults(func=cmd_plan_reset)
 
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))
-    config.add_argument("file", nargs="?", choices=("cluster.yaml", "plans/<name>.yaml"),
-                        help="with schema: one file's schema (default: both, by file)")
+    config.add_argument("file", nargs="?", metavar="FILE",
+                        help="with schema: cluster.yaml or plans/<name>.yaml, one file's schema (default: both, by "
+                             "file)")
+    config.add_argument("path", nargs="?", metavar="PATH",
+                        help="with schema: write it to this file (default: print it); `tandem config schema PATH` "
+                             "writes both")
     config.set_defaults(func=cmd_config)
     login = commands.add_parser("airflow-login", help="where the local Airflow's admin password is")
     login.add_argument("--ensure", action="store_true", help="generate a random password first if there is none")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tandem.declarations import partition_of
+from tandem.declarations import key_path, partition_of, value_at
 from tandem.messaging import JetStream, partition_subject
 from tandem.redaction import redact_url
 
@@ -27,20 +27,24 @@ def content_id(event: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(event, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
-def publish_events(servers: Sequence[str], stream: str, events: Iterable[dict[str, Any]], *, key: str,
-                   partitions: int, prefix: str = "tandem", id_of: Callable[[dict[str, Any]], str] = content_id,
-                   attempts: int = 5) -> list[int]:
+def publish_events(servers: Sequence[str], stream: str, events: Iterable[dict[str, Any]], *,
+                   key: str | Sequence[str], partitions: int, prefix: str = "tandem",
+                   id_of: Callable[[dict[str, Any]], str] = content_id, attempts: int = 5) -> list[int]:
     """Publish ``events`` to the partition subjects of ``stream``; return their stream sequences, in order.
+
+    ``key``: where an event holds the stream's key, as the plan's key field reads it (its ``from``): a key
+    (``room_no``), a path into nested objects (``device.id``), or a list of keys (``["a.b"]``: a key holding a dot).
 
     ``id_of`` gives each event's message id (default :func:`content_id`: two identical events sent
     within the stream's duplicate window are stored once; give ids of your own when that can happen).
     A broken connection is retried ``attempts`` times with the same ids.
 
     Raises:
-        KeyError: an event without the ``key`` field.
+        KeyError: an event without the ``key`` field (or null there).
         ConnectionError: no server could be reached within the attempts.
     """
-    messages = [(partition_subject(prefix, stream, partition_of(event[key], partitions)),
+    path = key_path(list(key) if not isinstance(key, str) else key)
+    messages = [(partition_subject(prefix, stream, partition_of(_key_of(event, path), partitions)),
                  json.dumps(event).encode(), id_of(event)) for event in events]
     if not messages:
         return []
@@ -56,3 +60,10 @@ def publish_events(servers: Sequence[str], stream: str, events: Iterable[dict[st
                         attempts)
             time.sleep(attempt * 0.5)
     raise AssertionError("unreachable")
+
+
+def _key_of(event: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value = value_at(event, path)
+    if value is None:
+        raise KeyError(".".join(path))
+    return value

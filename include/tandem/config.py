@@ -60,7 +60,7 @@ from tandem.declarations import (
     instance_partitions,
     matching,
 )
-from tandem.errors import ConfigError
+from tandem.errors import ConfigError, ConfigProblems
 from tandem.names import QUARANTINE, QUARANTINE_QUERY
 from tandem.redaction import redact, redact_url
 
@@ -655,6 +655,29 @@ def _problem(error: dict, model: type[BaseModel]) -> str:
     return f"{error['msg']} (got {repr(value)[:80]})"
 
 
+NUMBER_ERRORS = frozenset({"int_type", "float_type", "int_parsing", "float_parsing", "int_from_float"})
+
+
+def _problems(errors: list[dict], model: type[BaseModel]) -> list[tuple[tuple, str]]:
+    """Pydantic's errors as ``(location, sentence)``, one per field (pure): a value no member of a union (``int |
+    float``) takes gives an error per member, located at ``(…, field, member)``; those are one problem of the field."""
+    found: dict[tuple, list[dict]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        siblings = [e for e in errors if len(e["loc"]) == len(loc) and tuple(e["loc"][:-1]) == loc[:-1]
+                    and isinstance(loc[-1], str) and isinstance(e["loc"][-1], str) and e["loc"][-1] != loc[-1]
+                    and e.get("input") is error.get("input")]
+        found.setdefault(loc[:-1] if siblings else loc, []).append(error)
+    problems = []
+    for loc, members in found.items():
+        if len(members) > 1 and all(e["type"] in NUMBER_ERRORS for e in members):
+            problem = f"expected a number, got {repr(members[0].get('input'))[:80]}"
+        else:
+            problem = " or ".join(dict.fromkeys(_problem(e, model) for e in members))
+        problems.append((loc, problem))
+    return problems
+
+
 def _allowed(model: type[BaseModel], loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int) or part == "[key]":
@@ -669,17 +692,23 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
     return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
 
 
+def config_error(problems: list[ConfigError]) -> ConfigError:
+    """One error for a file's ``problems`` (in their order, each once): the problem itself when there is one, else a
+    :class:`~tandem.errors.ConfigProblems` holding them all (its message is theirs, one line each)."""
+    unique = list({str(problem): problem for problem in problems}.values())
+    return unique[0] if len(unique) == 1 else ConfigProblems(unique)
+
+
 def _validated(model: type[StrictModel], data: Any, source: str) -> Any:
-    """``model`` validated from ``data``; the first problem as a :class:`ConfigError` naming ``source`` and the field."""
+    """``model`` validated from ``data``; every problem a :class:`ConfigError` naming ``source`` and the field
+    (:func:`config_error`)."""
     if not isinstance(data, dict):
         raise ConfigError(source, "(top level)", f"expected a mapping, got {_TYPE_NAMES.get(type(data), type(data).__name__)}")
     try:
         return model.model_validate(_without_empty_values(data))
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        more = exc.error_count() - 1
-        problem = _problem(error, model) + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
-        raise ConfigError(source, _field(error["loc"]), problem) from None
+        raise config_error([ConfigError(source, _field(loc), problem)
+                            for loc, problem in _problems(exc.errors(include_url=False), model)]) from None
 
 
 def _from_environment(variable: str, model: type[StrictModel], key: str) -> Any | None:
@@ -843,60 +872,79 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     path = path.resolve()
     file = _validated(PlanFile, _read_yaml(path), str(path))
 
+    problems: list[ConfigError] = []  # every refusal of the file, reported together
+
     def error(field_name: str, problem: str) -> ConfigError:
         return ConfigError(str(path), field_name, problem)
 
+    def refuse(field_name: str, problem: str) -> None:
+        problems.append(error(field_name, problem))
+
     if file.name != path.stem:
-        raise error("name", f"{file.name!r} must equal the file name {path.stem!r}")
+        refuse("name", f"{file.name!r} must equal the file name {path.stem!r}")
     for index, node in enumerate(file.nodes):
         if node not in cluster.nodes:
-            raise error(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
+            refuse(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
     for name, output in file.outputs.items():
         if output.kind == "aggregation" and output.table is None:
             table = output.serving_table(file.name, name)
             try:
                 TypeAdapter(FieldName).validate_python(table)
             except ValidationError as exc:
-                raise error(f"outputs.{name}.table", f"the default table name {exc.errors()[0]['ctx']['error']}: "
-                                                     "name the table with table:") from None
+                refuse(f"outputs.{name}.table", f"the default table name {exc.errors()[0]['ctx']['error']}: "
+                                                "name the table with table:")
     publishers: dict[str, str] = {}
     for name, output in file.outputs.items():
         if output.stream is None:
             continue
         where = f"outputs.{name}.stream"
         if output.stream not in file.streams:
-            raise error(where, f"no stream {output.stream!r} is declared (streams: {', '.join(file.streams)})")
-        if file.streams[output.stream].source != "nats":
-            raise error(where, f"stream {output.stream!r} must be a nats stream (source: nats): an output is "
-                               "published to NATS")
-        if output.stream in publishers:
-            raise error(where, f"stream {output.stream!r} is published by output {publishers[output.stream]!r} "
-                               "already: a stream has one publishing output")
-        if file.streams[output.stream].from_plan is not None:
-            raise error(where, f"stream {output.stream!r} is plan {file.streams[output.stream].from_plan}'s "
-                               f"(streams.{output.stream}.from_plan): an output publishes to a stream of its own plan")
-        publishers[output.stream] = name
+            refuse(where, f"no stream {output.stream!r} is declared (streams: {', '.join(file.streams)})")
+        elif file.streams[output.stream].source != "nats":
+            refuse(where, f"stream {output.stream!r} must be a nats stream (source: nats): an output is "
+                          "published to NATS")
+        elif output.stream in publishers:
+            refuse(where, f"stream {output.stream!r} is published by output {publishers[output.stream]!r} "
+                          "already: a stream has one publishing output")
+        elif file.streams[output.stream].from_plan is not None:
+            refuse(where, f"stream {output.stream!r} is plan {file.streams[output.stream].from_plan}'s "
+                          f"(streams.{output.stream}.from_plan): an output publishes to a stream of its own plan")
+        else:
+            publishers[output.stream] = name
     for name, stream in file.streams.items():
         if stream.source == "nats" and cluster.nats is None:
-            raise error(f"streams.{name}.source", no_messaging_layer(cluster))
+            refuse(f"streams.{name}.source", no_messaging_layer(cluster))
         if stream.from_plan == file.name:
-            raise error(f"streams.{name}.from_plan", f"names this plan: from_plan names another plan, whose stream "
-                                                     "this one reads")
-    queries = [q for group in file.groups.values() for q in group.queries]
+            refuse(f"streams.{name}.from_plan", f"names this plan: from_plan names another plan, whose stream "
+                                                "this one reads")
+    booleans = {field for stream in file.streams.values() for field, f in stream.fields.items() if f.type == "boolean"}
+    for name, output in file.outputs.items():
+        for column, measure in output.measures.items():
+            if measure.function in ("sum", "min", "max") and measure.type is None and measure.source in booleans:
+                refuse(f"outputs.{name}.measures.{column}", f"the {measure.function} of {measure.source!r}, a boolean "
+                       "field: count the events a query keeps instead (a count measure), or give the measure a type")
+    listed: dict[str, str] = {}  # query -> the group that lists it first
     for name, group in file.groups.items():
         for index, query in enumerate(group.queries):
-            if queries.count(query) > 1:
-                raise error(f"groups.{name}.queries[{index}]", f"query {query!r} is listed in more than one group "
-                                                               "(a query runs in exactly one group)")
-    _check_retention(file, error)
-    outputs, groups = _with_quarantine(file, error)
+            if query in listed:
+                refuse(f"groups.{name}.queries[{index}]", f"query {query!r} is listed in more than one group "
+                                                          f"(in group {listed[query]} too; a query runs in exactly "
+                                                          "one group, once)")
+            listed.setdefault(query, name)
+    _check_retention(file, refuse)
+    try:
+        outputs, groups = _with_quarantine(file, error)
+    except ConfigError as exc:
+        problems.append(exc)
     if file.module is not None and path.with_suffix(".py").is_file():
-        raise error("module", f"names {file.module!r}, but {path.with_suffix('.py').name} beside the plan is its "
-                              "module: remove one of them")
+        refuse("module", f"names {file.module!r}, but {path.with_suffix('.py').name} beside the plan is its "
+                         "module: remove one of them")
     suites = cluster.conf_dir / "expectations"
     for field_name, suite in (("validation.suite", file.validation.suite), ("snapshot.suite", file.snapshot.suite)):
         if suite is not None and not (suites / f"{suite}.json").is_file():
-            raise error(field_name, f"no suite {suite!r}: {suites / f'{suite}.json'} does not exist")
+            refuse(field_name, f"no suite {suite!r}: {suites / f'{suite}.json'} does not exist")
+    if problems:
+        raise config_error(problems)
     validation = file.validation.model_copy(update={"suite": _suite_file(
         file.validation.suite, suites, f"{file.name}_outputs", f"{file.name}_aggregates")})
     snapshot = file.snapshot.model_copy(update={"suite": _suite_file(
@@ -921,36 +969,38 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     )
 
 
-def _check_retention(file: PlanFile, error: Callable[[str, str], ConfigError]) -> None:
-    """Refuse retentions that would delete rows the running plan still writes or reads."""
+def _check_retention(file: PlanFile, refuse: Callable[[str, str], None]) -> None:
+    """Refuse (``refuse(field, problem)``, each) retentions that would delete rows the running plan still writes or
+    reads."""
     retention = file.maintenance.retention
     kept = retention.partials_s
     order = list(Granularity.__args__)
     for granularity, seconds in kept.items():
         if seconds <= file.watermark:
-            raise error(f"maintenance.retention.partials.{granularity}",
-                        f"must be longer than the plan's watermark ({file.watermark:g} s): the stream still adds to "
-                        "buckets that young")
+            refuse(f"maintenance.retention.partials.{granularity}",
+                   f"must be longer than the plan's watermark ({file.watermark:g} s): the stream still adds to "
+                   "buckets that young")
     for index, finer in enumerate(order):
         coarser = next((g for g in order[index + 1:] if kept.get(g, math.inf) < kept.get(finer, math.inf)), None)
         if coarser is not None:
-            raise error(f"maintenance.retention.partials.{finer if finer in kept else coarser}",
-                        f"keeps {finer} partials longer than {coarser} ones: a coarser bucket is rolled up from finer "
-                        "ones, keep it at least as long")
+            refuse(f"maintenance.retention.partials.{finer if finer in kept else coarser}",
+                   f"keeps {finer} partials longer than {coarser} ones: a coarser bucket is rolled up from finer "
+                   "ones, keep it at least as long")
+            break  # one line for the order: the next finer granularity would name the same coarser one
     keep_input = file.maintenance.keep_input_s
     by_id = [name for name, output in file.outputs.items() if output.id]
     if by_id and keep_input is not None and keep_input > retention.contributions_s:
-        raise error("maintenance.keep_input",
-                    f"keeps input {keep_input / 86400:g} days, longer than maintenance.retention.contributions "
-                    f"({retention.contributions_s / 86400:g} days): a backfill of input that old would publish again the rows "
-                    f"of {', '.join(by_id)} whose ids are gone (published once by id); keep contributions at least "
-                    "as long as input")
+        refuse("maintenance.keep_input",
+               f"keeps input {keep_input / 86400:g} days, longer than maintenance.retention.contributions "
+               f"({retention.contributions_s / 86400:g} days): a backfill of input that old would publish again the "
+               f"rows of {', '.join(by_id)} whose ids are gone (published once by id); keep contributions at least "
+               "as long as input")
     for where, seconds, needed, what in (
             ("heartbeats", retention.heartbeats_s, file.ha.stall_timeout_s, "ha.stall_timeout"),
             ("failover_events", retention.failover_events_s, file.ha.launch_window_s, "ha.launch_window")):
         if seconds <= needed:
-            raise error(f"maintenance.retention.{where}", f"must be longer than {what} ({needed:g} s): the "
-                                                          "supervisor reads that far back")
+            refuse(f"maintenance.retention.{where}", f"must be longer than {what} ({needed:g} s): the "
+                                                     "supervisor reads that far back")
 
 
 def _with_quarantine(file: PlanFile, error: Callable[[str, str], ConfigError]
@@ -1047,6 +1097,10 @@ def shared_stream_errors(plans: Mapping[str, PlanConfig], cluster: ClusterConfig
                     if getattr(stream, setting) != getattr(theirs, setting):
                         differs.append(f"{setting} {_shown(getattr(stream, setting))} here, "
                                        f"{_shown(getattr(theirs, setting))} in {owner.path}: streams.{name}.{setting}")
+                key_path, their_key_path = (s.fields[s.key].label(s.key) for s in (stream, theirs))
+                if stream.key == theirs.key and key_path != their_key_path:
+                    differs.append(f"key read from {key_path!r} here, from {their_key_path!r} in {owner.path}: "
+                                   f"streams.{name}.fields.{theirs.key}.from")
                 if not differs:
                     continue
                 problem = f"must declare stream {name} as plan {source} does: {'; '.join(differs)}"

@@ -49,7 +49,16 @@ AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "shard_id", "epoch
 """The columns every aggregation table has besides its keys and measures (:mod:`tandem.store.aggregates`)."""
 MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
-FIELD_TYPES = ("string", "double", "long", "epoch_millis")
+FIELD_TYPES = ("string", "double", "long", "boolean", "epoch_millis", "timestamp")
+TIME_TYPES = ("epoch_millis", "timestamp")
+"""The field types whose column holds epoch milliseconds (a ``timestamp`` is read from either spelling)."""
+ISO_TIME = (r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
+            r"(?:[.,]([0-9]{1,9}))?([Zz]|([+-])([01][0-9]|2[0-3]):?([0-5][0-9]))?")
+"""An ISO-8601 time as a ``timestamp`` field takes it (RFC 3339's profile, ``+0100`` too): date, ``T`` (or a space),
+time to the second, an optional fraction (1 to 9 digits: a time is kept to the millisecond, the rest dropped), and
+``Z`` or an offset; the zone's group is optional so that a time without one is told apart (and refused). Groups:
+year, month, day, hour, minute, second, fraction, zone, offset sign, offset hours, offset minutes. Unanchored: each
+side anchors it (Python's ``fullmatch``, Java's ``^…\\z``), and ``[0-9]`` is ASCII in both."""
 DEFAULT_MAX_STRING_LENGTH = 256
 """Characters a string field may hold unless it declares ``max_length``: short enough for any key of any
 output kind (PostgreSQL's btree indexes take at most ~2,700 bytes a row, and a character may take 4)."""
@@ -57,7 +66,7 @@ MAX_STRING_LENGTH = 1_000_000
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 """Bytes an input line may take unless its stream declares ``max_line_bytes``; longer lines are quarantined unparsed."""
 MAX_LINE_BYTES = 64 * 1024 * 1024
-OUTPUT_KINDS = ("aggregation", "table", "events", "quarantine")
+OUTPUT_KINDS = ("aggregation", "table", "events", "latest", "quarantine")
 DEFAULT_RETENTION_S = 7 * 86400.0
 """How long a ``nats`` stream's messages are kept unless it declares ``retention``."""
 
@@ -138,6 +147,67 @@ PLAN_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 Number = StrictInt | StrictFloat
 
 
+def _stream_field_name(value: str) -> str:
+    if not FIELD_PATTERN.fullmatch(value):
+        raise ValueError(f"field {value[:80]!r} must match {FIELD_PATTERN.pattern} (lower-case letters, digits and _, "
+                         f"a column name as it is); name it so and read the event's key with from: {value[:80]}")
+    if value in RESERVED_WORDS:
+        raise ValueError(f"field {value!r} is a reserved word in PostgreSQL; name it otherwise and read the key "
+                         f"with from: {value}")
+    return value
+
+
+StreamFieldName = Annotated[StrictStr, AfterValidator(_stream_field_name)]
+"""A stream field's name: its column everywhere downstream (:data:`FieldName`'s rules; its refusals point to
+``from:``, which reads a JSON key of any spelling into it)."""
+MAX_KEY_CHARS = 256
+"""Characters a JSON key in a field's ``from:`` may take."""
+
+
+def key_path(value: Any) -> Any:
+    """``from:`` as the keys of its path: ``"auth.idp"`` → ``("auth", "idp")``; a list is the keys as they are (so
+    ``["a.b"]`` reads the key ``a.b``) (pure; ``ValueError`` for what names no key)."""
+    if isinstance(value, str):
+        keys = value.split(".")
+        if "" in keys:
+            raise ValueError(f"{value[:80]!r} has an empty key: write a key (user), a path of keys (auth.idp), "
+                             "or a list of keys ([auth, idp]; [a.b] reads a key holding a dot)")
+        return tuple(keys)
+    if isinstance(value, list):
+        if not value or not all(isinstance(key, str) for key in value):
+            raise ValueError(f"expected a key, a path (auth.idp) or a list of keys, got {repr(value)[:80]}")
+        if "" in value:
+            raise ValueError("a key must not be empty")
+        return tuple(value)
+    raise ValueError(f"expected a key, a path (auth.idp) or a list of keys, got {repr(value)[:80]}")
+
+
+def _key_lengths(path: tuple[str, ...]) -> tuple[str, ...]:
+    long = next((key for key in path if len(key) > MAX_KEY_CHARS), None)
+    if long is not None:
+        raise ValueError(f"the key {long[:80]!r}… is over {MAX_KEY_CHARS} characters")
+    return path
+
+
+def value_at(event: Any, path: tuple[str, ...]) -> Any:
+    """The value at the keys ``path`` of ``event`` (parsed JSON), ``None`` when there is none (pure)."""
+    for key in path:
+        if not isinstance(event, dict):
+            return None
+        event = event.get(key)
+    return event
+
+
+_KEY_PATH_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1, "examples": ["user", "user-id", "@timestamp",
+                                                                               "auth.idp"]},
+                              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}],
+                    "description": "the JSON key the field reads (default: its name): a key, a path of keys into "
+                                   "nested objects (auth.idp), or a list of keys ([auth, idp]; [a.b] reads a key "
+                                   "holding a dot)"}
+KeyPath = Annotated[tuple[str, ...], BeforeValidator(key_path), AfterValidator(_key_lengths),
+                    WithJsonSchema(_KEY_PATH_SCHEMA)]
+
+
 class StrictModel(BaseModel):
     """Strict, immutable, unknown fields refused; YAML names are the aliases, attributes may differ."""
 
@@ -145,14 +215,23 @@ class StrictModel(BaseModel):
 
 
 class FieldConfig(StrictModel):
-    """One field of a stream's events: its JSON type and the checks a good value passes.
+    """One field of a stream's events: its JSON type, the JSON key it reads and the checks a good value passes.
 
-    ``epoch_millis`` is an integer of milliseconds since 1970 (between 1970 and 9999). Every type refuses
-    what no sink can store: a ``double`` must be finite, a ``long`` must fit 64 bits, a ``string`` must not
-    hold NUL and holds at most ``max_length`` characters (default :data:`DEFAULT_MAX_STRING_LENGTH`).
+    ``epoch_millis`` is an integer of milliseconds since 1970 (between 1970 and 9999). A ``timestamp`` is such an
+    integer, or ISO-8601 text with ``Z`` or an offset (:data:`ISO_TIME`; text without a zone is refused: whose
+    local time it is cannot be known); its column holds epoch milliseconds as an ``epoch_millis`` one does. A
+    ``boolean`` is ``true`` or ``false`` (not ``"true"``, not ``1``). Every type refuses what no sink can store: a
+    ``double`` must be finite, a ``long`` must fit 64 bits, a ``string`` must not hold NUL and holds at most
+    ``max_length`` characters (default :data:`DEFAULT_MAX_STRING_LENGTH`).
+
+    ``from``: the key the field reads when it is not the field's name (:func:`key_path`): the field's name
+    stays its column everywhere downstream; a reason names the key as the event spells it (:meth:`label`).
     """
 
-    type: Literal["string", "double", "long", "epoch_millis"]
+    model_config = ConfigDict(populate_by_name=False)  # ``from`` only: ``source`` names a stream's kind in YAML
+
+    type: Literal["string", "double", "long", "boolean", "epoch_millis", "timestamp"]
+    source: KeyPath | None = Field(None, alias="from")
     not_empty: StrictBool = False
     max_length: Annotated[StrictInt, Field(gt=0, le=MAX_STRING_LENGTH)] | None = None
     greater_than: Number | None = None
@@ -165,9 +244,24 @@ class FieldConfig(StrictModel):
         bounds = [self.greater_than, self.at_least, self.less_than, self.at_most]
         if self.type == "string" and any(b is not None for b in bounds):
             raise ValueError("a string field takes not_empty, not numeric bounds")
+        if self.type == "boolean" and any(b is not None for b in bounds):
+            raise ValueError("a boolean field takes no bounds")
         if self.type != "string" and (self.not_empty or self.max_length is not None):
             raise ValueError("not_empty and max_length apply to string fields only")
         return self
+
+    def path(self, name: str) -> tuple[str, ...]:
+        """The keys the field named ``name`` reads, outermost first: its ``from``, else its name."""
+        return self.source or (name,)
+
+    def label(self, name: str) -> str:
+        """The field as a reason names it: its key as the event spells it (``auth.idp``; its name without ``from``)."""
+        return ".".join(self.path(name))
+
+    @property
+    def column_type(self) -> str:
+        """The type of the field's column: its type, but ``epoch_millis`` for a ``timestamp`` (epoch milliseconds)."""
+        return "epoch_millis" if self.type == "timestamp" else self.type
 
     @property
     def length_limit(self) -> int | None:
@@ -190,6 +284,8 @@ class FieldConfig(StrictModel):
                 out.append((operator, bound, f"must be {operator} {bound:g}"))
         if self.type == "epoch_millis":
             out.append(("between", (0, MAX_EPOCH_MILLIS), "must be epoch milliseconds between 1970 and 9999"))
+        if self.type == "timestamp":
+            out.append(("between", (0, MAX_EPOCH_MILLIS), "must be a time between 1970 and 9999"))
         return out
 
 
@@ -208,7 +304,8 @@ class StreamConfig(StrictModel):
     messages on the NATS subjects ``<prefix>.<stream>.<partition>``.
 
     A line over ``max_line_bytes`` is quarantined without being parsed; fields that are not declared
-    are skipped however deeply they nest.
+    are skipped however deeply they nest. Each field reads the JSON key of its name, or of its ``from`` (a key of
+    any spelling, or a path into nested objects): its name is its column.
     """
 
     source: Literal["files", "nats"] = "files"
@@ -225,7 +322,8 @@ class StreamConfig(StrictModel):
     retention: StreamRetention = StreamRetention()
     """``nats``: the JetStream stream's limits (default: seven days)."""
     max_line_bytes: Annotated[StrictInt, Field(gt=0, le=MAX_LINE_BYTES)] = DEFAULT_MAX_LINE_BYTES
-    fields: Annotated[dict[FieldName, FieldConfig], Field(min_length=1)]
+    fields: Annotated[dict[StreamFieldName, FieldConfig], Field(min_length=1)]
+    """The fields queries see, by name (their columns); each reads the JSON key of its name or its ``from``."""
     from_plan: Annotated[StrictStr, matching(PLAN_NAME_PATTERN, "a plan's name")] | None = None
     """``nats``: the plan that declares this NATS stream (its input, or a stream an output of it publishes to):
     this plan reads it on purpose and never writes to it (producers and the receiver refuse it here). A NATS
@@ -247,9 +345,57 @@ class StreamConfig(StrictModel):
             raise ValueError(f"key {self.key!r} is not one of the fields ({', '.join(self.fields)})")
         if self.event_time not in self.fields:
             raise ValueError(f"event_time {self.event_time!r} is not one of the fields ({', '.join(self.fields)})")
-        if self.fields[self.event_time].type != "epoch_millis":
-            raise ValueError(f"event_time {self.event_time!r} must be a field of type epoch_millis")
+        if self.fields[self.event_time].type not in TIME_TYPES:
+            raise ValueError(f"event_time {self.event_time!r} must be a field of type epoch_millis or timestamp")
+        if self.fields[self.key].type == "timestamp":
+            raise ValueError(f"key {self.key!r}: a timestamp cannot be a partition key (an event's partition is "
+                             "computed from the key's JSON text, and one time has many spellings): declare it "
+                             "epoch_millis")
+        if self.fields[self.key].type == "boolean":
+            raise ValueError(f"key {self.key!r}: a boolean cannot be a partition key (its two values would leave "
+                             "the other partitions empty)")
         return self
+
+    @model_validator(mode="after")
+    def _one_field_a_key(self) -> StreamConfig:
+        paths = sorted((config.path(name), name) for name, config in self.fields.items())
+        for (path, name), (other_path, other) in zip(paths, paths[1:]):
+            if other_path == path:
+                raise ValueError(f"fields {name!r} and {other!r} both read the key {'.'.join(path)!r}: "
+                                 "a key is read by one field")
+            if other_path[:len(path)] == path:
+                raise ValueError(f"field {name!r} reads the key {'.'.join(path)!r} and field {other!r} a key inside "
+                                 f"it ({'.'.join(other_path)!r}): a key holds a value or an object, not both")
+        spelled: dict[tuple[tuple[str, ...], str], str] = {}
+        for path, _ in paths:
+            for depth, key in enumerate(path):
+                first = spelled.setdefault((path[:depth], key.casefold()), key)
+                if first != key:
+                    raise ValueError(f"the keys {'.'.join((*path[:depth], first))!r} and "
+                                     f"{'.'.join(path[:depth + 1])!r} differ only in case: Spark cannot address "
+                                     "both (its field names ignore case)")
+        return self
+
+    def value_at(self, event: Any, name: str) -> Any:
+        """The value of field ``name`` in ``event`` (parsed JSON, as the event spells it), ``None`` when the event has
+        none there (pure)."""
+        return value_at(event, self.fields[name].path(name))
+
+    def event_of(self, values: dict[str, Any]) -> dict[str, Any]:
+        """An event holding ``values`` (by field name) as the stream's events spell it: each declared field's value
+        at its key (nested objects made for paths), any other entry as it is (pure)."""
+        event = {name: value for name, value in values.items() if name not in self.fields}
+        for name, value in values.items():
+            if name not in self.fields:
+                continue
+            *outer, last = self.fields[name].path(name)
+            holder = event
+            for key in outer:
+                if not isinstance(holder.get(key), dict):
+                    holder[key] = {}
+                holder = holder[key]
+            holder[last] = value
+        return event
 
 
 class GroupConfig(StrictModel):
@@ -305,7 +451,7 @@ class OutputConfig(StrictModel):
     ``id`` the query itself emits per-second partials, as the trades plan does).
     """
 
-    kind: Literal["aggregation", "table", "events", "quarantine"]
+    kind: Literal["aggregation", "table", "events", "latest", "quarantine"]
     key: list[FieldName] = []
     time: FieldName | None = None
     values: list[FieldName] = []
@@ -328,16 +474,19 @@ class OutputConfig(StrictModel):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> OutputConfig:
-        if self.kind in ("table", "events") and not self.key:
-            raise ValueError(f"an {self.kind} output needs a key")
-        if self.kind in ("events",) and self.time is None:
-            raise ValueError("an events output needs a time field")
+        if self.kind in ("table", "events", "latest") and not self.key:
+            raise ValueError(f"a {self.kind} output needs a key")
+        if self.kind in ("events", "latest") and self.time is None:
+            raise ValueError(f"an {self.kind} output needs a time field" if self.kind == "events" else
+                             "a latest output needs the time field that orders its rows")
+        if self.kind == "latest" and not self.values:
+            raise ValueError("a latest output needs the values it keeps of the latest row")
         if self.kind == "table" and (not self.values or not self.id):
             raise ValueError("a table output needs values and the id of a contributing row")
         if self.stream is not None and self.kind != "events":
             raise ValueError("stream: only an events output is published to a stream")
-        if self.kind not in ("table", "aggregation") and (self.values or self.id):
-            raise ValueError("values and id belong to table and aggregation outputs")
+        if self.kind not in ("table", "aggregation", "latest") and (self.values or self.id):
+            raise ValueError("values and id belong to table, aggregation and latest outputs")
         if self.kind == "aggregation" and (self.values or (self.id and self.time is None)):
             raise ValueError("an aggregation of facts (id) needs the time field that buckets them; values "
                              "belong to tables")

@@ -34,8 +34,7 @@ from rich.table import Table
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
-from tandem.aggregation.spec import spec_for
-from tandem.config import load_cluster, load_plan
+from tandem.config import load_cluster, load_plan, quarantine_output
 from tandem.errors import TandemError
 from tandem.redaction import redact_url
 from tandem.layout import delta_table_dir
@@ -45,7 +44,7 @@ from tandem.messaging.server import EmbeddedServer, answering, embedded_address,
 from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.presenter.views import plan_status, timeline
 from tandem.producer import produce
-from tandem.show import render_aggregates, show_output
+from tandem.show import render_rows, show_output
 from tandem.store import Database, migrate
 from tandem.store.heartbeats import input_rows_since, query_positions
 from tandem.store.leases import read_lease
@@ -53,6 +52,7 @@ from tandem.store.output_streams import stream_progress
 from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
 from tandem.supervisor.stopping import kill_instance
+from tandem.reading import read_output
 
 DEMO_PLANS = ("trades", "pizza_shop", "temperatures", "hot_rooms")
 """The bundled plans, in the order the demo runs them."""
@@ -220,7 +220,7 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
     compared = {}
 
     def matching(db: Database) -> tuple[int, int]:
-        rows = aggregation.query(cluster, plan.name, "second", *window)
+        rows = read_output(cluster, plan.name, "second", *window)
         compared["differences"] = compare_trade_seconds(expected, rows)
         return len(expected) - len({key for key, _ in compared["differences"] if key in expected}), len(expected)
 
@@ -302,12 +302,11 @@ def _show_trades(console: Console, cluster, plan, started: datetime, bad_lines: 
     against the ``bad_lines`` the demo wrote."""
     end = datetime.now(timezone.utc) + timedelta(minutes=1)
     hours = (aggregation.bucket_start(started, "hour"), end)
-    hourly = aggregation.query(cluster, "trades", "hour", *hours)
-    minutes = aggregation.query(cluster, "trades", "minute", aggregation.bucket_start(started, "minute"), end)
-    spec = spec_for(plan, "trade_aggregates")
-    console.print(render_aggregates(hourly, "merged hourly aggregates (PostgreSQL)", spec))
-    console.print(render_aggregates(minutes, "merged per-minute aggregates (PostgreSQL)", spec))
-    from_delta = aggregation.query(cluster, "trades", "hour", *hours, source="delta")
+    hourly = read_output(cluster, "trades", "hour", *hours)
+    minutes = read_output(cluster, "trades", "minute", aggregation.bucket_start(started, "minute"), end)
+    console.print(render_rows(hourly, "merged hourly aggregates (PostgreSQL)"))
+    console.print(render_rows(minutes, "merged per-minute aggregates (PostgreSQL)"))
+    from_delta = read_output(cluster, "trades", "hour", *hours, source="delta")
     same = [(r["symbol"], r["trade_count"]) for r in from_delta] == [(r["symbol"], r["trade_count"]) for r in hourly]
     console.print(f"Delta gives the same hourly counts: {'yes' if same else '[red]NO[/]'}")
 
@@ -351,8 +350,8 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     expected = {(f"{plan.name}/{shard}/{node}", query) for shard, node in placements
                 for query in plan.groups[plan.group_of(shard)[0]].queries}
     _wait_until_final(console, cluster, plan, expected, launched, sentinel_written, final_at)
-    for output, config in plan.outputs.items():
-        if config.kind != "quarantine":
+    for output in plan.outputs:
+        if output != quarantine_output(plan):
             try:
                 show_output(console, cluster, plan, output, limit=8)
             except TandemError as exc:
@@ -427,7 +426,7 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
     window = (started - timedelta(minutes=1), datetime.now(timezone.utc) + timedelta(minutes=1))
 
     def counted(db: Database) -> int:
-        return sum(r["readings"] for r in aggregation.query(cluster, plan.name, "minute", *window, output="room_stats"))
+        return sum(r["readings"] for r in read_output(cluster, plan.name, "minute", *window, output="room_stats"))
 
     _poll(console, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
           180.0, lambda db: (min(counted(db), len(hot)) + min(_quarantined_since(cluster, plan, started), bad_lines[0]),
@@ -489,7 +488,8 @@ def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, 
                       for i in plan_status(db, cluster, plan).instances for n in i.nodes
                       if n.status in ("FAILED", "BLOCKED")] if plan is not None else []
             if failed:
-                raise TandemError(f"{label}: {failed[0].splitlines()[0]} (tandem status {plan.name} shows it whole)")
+                raise TandemError(f"{label}: {failed[0].splitlines()[0]} (tandem status {plan.name} shows it; its "
+                                  "driver's log has the whole error)")
             done, total = progress_of(db)
             progress.update(task, total=total, completed=done)
             if done >= total:

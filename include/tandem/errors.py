@@ -1,6 +1,8 @@
-"""Errors a caller can catch by meaning."""
+"""Errors a caller can catch by meaning, and the cause an error's text gives (:func:`cause_of`)."""
 
 from __future__ import annotations
+
+import re
 
 
 class TandemError(Exception):
@@ -17,7 +19,22 @@ class ConfigError(TandemError):
         self.path = path
         self.field = field
         self.problem = problem
+        self.problems: list[ConfigError] = [self]
+        """Each problem (:class:`ConfigProblems` holds several)."""
         super().__init__(f"{path}: {field}: {problem}" if field else f"{path}: {problem}")
+
+
+class ConfigProblems(ConfigError):
+    """Several problems of one configuration file, each a :class:`ConfigError` naming the file and the field.
+
+    ``problems`` holds them in the order they were found; the message is theirs, one line each (``path``,
+    ``field`` and ``problem`` are the first one's).
+    """
+
+    def __init__(self, problems: list[ConfigError]) -> None:
+        super().__init__(problems[0].path, problems[0].field, problems[0].problem)
+        self.problems = list(problems)
+        self.args = ("\n".join(str(problem) for problem in self.problems),)
 
 
 class StoreError(TandemError):
@@ -79,3 +96,45 @@ class BackfillRefused(TandemError):
 class PlanChanged(TandemError):
     """The plan changed in a way its instances' checkpoints cannot carry (a group's parallelism, a stream's
     partitions, an aggregation's keys or measures): the launch is refused before any query starts."""
+
+
+class PlanRunning(TandemError):
+    """An operation that needs every instance of a plan stopped found one running (a live lease or driver)."""
+
+
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+_SPARK_ENVELOPE = re.compile(r"\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ")
+_OURS = re.compile(r"^query \S+ failed: ")
+_EXCEPTION_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def raised_in(text: str) -> str | None:
+    """The exception line (``module.Type: message``) of the last Python traceback in ``text``, ``None`` when it
+    holds none (pure). Spark hands a ``foreachBatch`` function's exception over as the traceback Py4J printed,
+    under a first line that only says a Python proxy raised."""
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.rstrip().endswith(TRACEBACK_HEADER)]
+    if not headers:
+        return None
+    for line in lines[headers[-1] + 1:]:
+        if line.strip() and not line[0].isspace():
+            name = line.partition(":")[0]
+            return line.strip() if _EXCEPTION_NAME.fullmatch(name) else None
+    return None
+
+
+def cause_of(text: str | None, limit: int = 500) -> str | None:
+    """What an error's text says went wrong, in one line of at most ``limit`` characters (pure): the exception a
+    Python traceback ends with (after the ``query <name> failed:`` an instance records in front), else the first
+    line without Spark's ``[STREAM_FAILED] Query [id = …] terminated with exception:``."""
+    if text is None:
+        return None
+    text = text.strip()
+    first = (text.splitlines() or [""])[0]
+    raised = raised_in(text)
+    if raised is not None:
+        ours = _OURS.match(first)
+        line = (ours.group(0) if ours else "") + raised
+    else:
+        line = _SPARK_ENVELOPE.sub("", first)
+    return line if len(line) <= limit else line[:limit - 1] + "…"

@@ -4,9 +4,11 @@ The runtime checks every line on Spark (:func:`tandem.runtime.records.parse_and_
 quarantines bad ones; a receiver answers a client at once instead, with the same reasons in the same
 words: a missing field, a value of the wrong JSON type, a failed check (``field 'price' must be > 0
 (got -1)``), a line over ``max_line_bytes``, text that UTF-8 cannot carry, a key given twice in one
-object (``duplicate key 'price'``: :func:`load_json` keeps the mark that JSON parsers drop). An event it
-accepts is still checked on Spark (nothing relies on this module for correctness). The receiver also refuses
-ids (``id_field`` values) that cannot be a message id: :func:`id_problem`.
+object (``duplicate key 'price'``: :func:`load_json` keeps the mark that JSON parsers drop). Each field is read
+at its key (its ``from``) and named as the event spells it; a ``timestamp``'s ISO-8601 text is read by
+:func:`iso_millis`, which ``tandem.runtime.records.iso_time`` does in Spark's columns (the tests hold both to the
+same cases). An event it accepts is still checked on Spark (nothing relies on this module for correctness). The
+receiver also refuses ids (``id_field`` values) that cannot be a message id: :func:`id_problem`.
 """
 
 from __future__ import annotations
@@ -16,22 +18,31 @@ import math
 import re
 from typing import Any
 
-from tandem.declarations import FieldConfig, StreamConfig
+from tandem.declarations import ISO_TIME, FieldConfig, StreamConfig
 
 SHOWN_CHARS = 200
 """How much of a bad value a reason quotes (as the runtime's reasons do)."""
 MAX_ID_CHARS = 256
 """Characters an event's id (its message id) may take at most."""
-_EXPECTED = {"string": "a string", "double": "a number", "long": "an integer", "epoch_millis": "an integer"}
+EXPECTED = {"string": "a string", "double": "a number", "long": "an integer", "epoch_millis": "an integer",
+            "boolean": "a boolean",
+            "timestamp": "a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset)"}
+"""What a value of each field type is, as a reason says it (``field 'success' is not a boolean: "yes"``): the
+runtime's reasons use these words too (:mod:`tandem.runtime.records`)."""
+WITHOUT_ZONE = "is an ISO-8601 time without a zone (write Z or an offset such as +01:00)"
+"""What a reason says of a ``timestamp`` given as ISO text without ``Z`` or an offset (refused: whose local time it
+is cannot be known)."""
 _WRONG = object()
+_NO_ZONE = object()
+_ISO_TIME = re.compile(ISO_TIME)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _Repeated(dict):
-    """A JSON object that holds a key more than once: ``repeated`` names its own such keys (sorted), else those of
-    the first object within it that has some."""
+    """A JSON object that holds a key more than once: ``own`` names its own such keys (sorted); ``repeated`` those,
+    else those of the first object within it that has some."""
 
-    __slots__ = ("repeated",)
+    __slots__ = ("repeated", "own")
 
 
 def load_json(text: str | bytes) -> Any:
@@ -43,11 +54,12 @@ def load_json(text: str | bytes) -> Any:
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     built = dict(pairs)
-    repeated = _repeated_keys(pairs) if len(built) < len(pairs) else _repeated_within(built.values())
+    own = _repeated_keys(pairs) if len(built) < len(pairs) else ()
+    repeated = own or _repeated_within(built.values())
     if not repeated:
         return built
     marked = _Repeated(built)
-    marked.repeated = repeated
+    marked.repeated, marked.own = repeated, own
     return marked
 
 
@@ -85,7 +97,13 @@ def id_problem(field: str, value: Any) -> str | None:
 
 
 def event_problems(stream: StreamConfig, event: Any) -> list[str]:
-    """Why ``event`` (parsed JSON) is not a good event of ``stream``; ``[]`` when it is."""
+    """Why ``event`` (parsed JSON) is not a good event of ``stream``; ``[]`` when it is.
+
+    Each field is read at its key (its ``from``; :meth:`~tandem.declarations.StreamConfig.value_at`) and named as
+    the event spells it. A key given twice is refused: one a field reads (``duplicate key 'auth.idp'``, each such
+    key, sorted), as the runtime refuses it; else any other, at any depth (the runtime lets those through: the
+    receiver would publish the event with one of the values).
+    """
     if not isinstance(event, dict):
         return ["malformed JSON: not a JSON object"]
     line = json.dumps(event, ensure_ascii=False)
@@ -96,34 +114,90 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
     if size > stream.max_line_bytes:
         return [f"line of {size} bytes is over the stream's max_line_bytes ({stream.max_line_bytes})"]
     if isinstance(event, _Repeated):
-        return [f"duplicate key '{_shown(key)}'" for key in event.repeated]
+        keys = _declared_keys_repeated(stream, event) or event.repeated
+        return [f"duplicate key '{_shown(key)}'" for key in keys]
     problems: list[str] = []
     for name, config in stream.fields.items():
-        value = event.get(name)
+        label = config.label(name)
+        value = stream.value_at(event, name)
         if value is None:
-            problems.append(f"missing field '{name}'")
+            problems.append(f"missing field '{label}'")
             continue
-        typed = _typed(config, value)
-        shown = _shown(value)
+        typed = typed_value(config, value)
         if typed is _WRONG:
-            what = "is outside the 64-bit integer range" if _past_64_bits(config, value) else \
-                f"is not {_EXPECTED[config.type]}"
-            problems.append(f"field '{name}' {what}: {shown}")
+            problems.append(f"field '{label}' is outside the 64-bit integer range: {_shown(value)}"
+                            if _past_64_bits(config, value) else
+                            f"field '{label}' is not {EXPECTED[config.type]}: {_shown_json(value)}")
             continue
-        problems += [f"field '{name}' {message} (got {shown})" for operator, bound, message in config.checks()
+        if typed is _NO_ZONE:
+            problems.append(f"field '{label}' {WITHOUT_ZONE}: {_shown_json(value)}")
+            continue
+        problems += [f"field '{label}' {message} (got {_shown(value)})" for operator, bound, message in config.checks()
                      if not _holds(operator, bound, typed)]
     return problems
 
 
-def _typed(config: FieldConfig, value: Any) -> Any:
-    """``value`` as the field's type, or ``_WRONG`` when its JSON type is not the field's."""
+def _declared_keys_repeated(stream: StreamConfig, event: _Repeated) -> list[str]:
+    """The keys the stream's fields read that an object on their path holds twice, as ``auth.idp`` (sorted)."""
+    found = set()
+    for name, config in stream.fields.items():
+        path, holder = config.path(name), event
+        for depth, key in enumerate(path):
+            if not isinstance(holder, dict):
+                break
+            if isinstance(holder, _Repeated) and key in holder.own:
+                found.add(".".join(path[:depth + 1]))
+            holder = holder.get(key)
+    return sorted(found)
+
+
+def typed_value(config: FieldConfig, value: Any) -> Any:
+    """``value`` (not null) as the field's column holds it; ``_WRONG`` when its JSON type is not the field's, or
+    ``_NO_ZONE`` for ISO text without a zone in a ``timestamp`` (pure)."""
     if config.type == "string":
         return value if isinstance(value, str) else _WRONG
+    if config.type == "boolean":
+        return value if isinstance(value, bool) else _WRONG
+    if config.type == "timestamp" and isinstance(value, str):
+        return iso_millis(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return _WRONG
     if config.type == "double":
         return float(value)
     return value if isinstance(value, int) and -2**63 <= value < 2**63 else _WRONG
+
+
+def iso_millis(text: str) -> Any:
+    """ISO-8601 ``text`` (:data:`~tandem.declarations.ISO_TIME`) as epoch milliseconds (a fraction past the
+    millisecond dropped; the years 0000-9999 of the proleptic Gregorian calendar, which Spark's dates use too);
+    ``_NO_ZONE`` for a time without ``Z`` or an offset; ``_WRONG`` for other text or a day its month does not have
+    (pure)."""
+    match = _ISO_TIME.fullmatch(text)
+    if match is None:
+        return _WRONG
+    year, month, day, hour, minute, second = (int(part) for part in match.groups()[:6])
+    fraction, zone, sign, offset_hours, offset_minutes = match.groups()[6:]
+    if day > days_in_month(year, month):
+        return _WRONG
+    if zone is None:
+        return _NO_ZONE
+    offset = 0 if sign is None else (1 if sign == "+" else -1) * (int(offset_hours) * 3600 + int(offset_minutes) * 60)
+    seconds = epoch_day(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset
+    return seconds * 1000 + int((fraction or "")[:3].ljust(3, "0"))
+
+
+def days_in_month(year: int, month: int) -> int:
+    """The days of ``month`` in ``year`` (proleptic Gregorian) (pure)."""
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def epoch_day(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to a date of the years 0-9999 (the Julian day number less 2,440,588) (pure)."""
+    shift = (14 - month) // 12
+    y, m = year + 4800 - shift, month + 12 * shift - 3
+    return day + (153 * m + 2) // 5 + 365 * y + y // 4 - y // 100 + y // 400 - 32045 - 2440588
 
 
 def _past_64_bits(config: FieldConfig, value: Any) -> bool:
@@ -145,7 +219,22 @@ def _holds(operator: str, bound: Any, value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    """A bad value as a reason quotes it: its JSON text (a string as is), at most :data:`SHOWN_CHARS` characters."""
+    """A bad value as a reason quotes it: its JSON text (a string as is; ``NaN`` and the infinities quoted, as Spark
+    writes them back), at most :data:`SHOWN_CHARS` characters."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(str(value).replace("inf", "Infinity").replace("nan", "NaN"))
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     text = text.replace("\u0000", "\\u0000")
+    return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _shown_json(value: Any) -> str:
+    """A value of the wrong JSON type as a reason quotes it: :func:`_shown`, but a string in quotes (``"true"`` is
+    not ``true``), escaped as Spark's JSON writer escapes it (other control characters as ``\\u001F``)."""
+    if not isinstance(value, str):
+        return _shown(value)
+    text = '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if c < " " else c) for c in value) + '"'
     return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PathOutsideRoot
+
+if TYPE_CHECKING:
+    from tandem.config import ClusterConfig, PlanConfig
 
 
 PRIVATE_DIR_MODE = 0o700
@@ -195,3 +198,11 @@ def backfill_dir(cluster: ClusterConfig, plan: str, backfill_id: str) -> Path:
 def logs_dir(cluster: ClusterConfig, plan: str, shard_id: str) -> Path:
     """Where the driver logs of one shard's instances go: ``logs/<plan>/<shard_id>/``."""
     return _place(cluster, "logs", plan, shard_id)
+
+
+def plan_dirs(cluster: ClusterConfig, plan: str) -> dict[str, Path]:
+    """Every folder that holds a plan's own data, by kind of place: ``checkpoints/<plan>/`` (every instance's and
+    node's, with the plan's shape beside them), ``delta/<plan>/`` (outputs, partials, quarantine, state export),
+    ``snapshots/<plan>/`` and ``backfills/<plan>/``. Input (``landing/``, ``retained/``: by stream, other plans may
+    read it) and driver logs are not the plan's state."""
+    return {name: _place(cluster, name, plan) for name in ("checkpoints", "delta", "snapshots", "backfills")}

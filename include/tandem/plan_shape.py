@@ -81,7 +81,7 @@ def refusal(plan: PlanConfig, shard_id: str, where: Path, found: list[str]) -> s
     """The one line a refused launch says (pure)."""
     return (f"plan {plan.name}, instance {shard_id}: {'; '.join(found)} since the checkpoint at {where} was built; "
             f"a running plan cannot take this change yet: undo it in {plan.path}, or start the plan afresh "
-            f"(remove its checkpoints and outputs)")
+            f"(stop it, then `tandem plan reset {plan.name}` removes its checkpoints and outputs)")
 
 
 def check_unchanged(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tandem.config import ClusterConfig, PlanConfig, nats_of
-from tandem.declarations import StreamConfig, partition_of
+from tandem.declarations import TIME_TYPES, FieldConfig, StreamConfig, partition_of
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import landing_dir, make_private_dirs
 from tandem.messaging import JetStream, ensure_declared, partition_subject
@@ -105,7 +105,9 @@ class DeclaredGenerator:
     """Events drawn from a plan's stream declarations: every field a valid value of its type and checks.
 
     The generator of a plan whose module defines none: keys from a small pool (so keyed state and
-    tables see the same keys again), numbers inside their bounds, event times about the wall clock.
+    tables see the same keys again), numbers inside their bounds, event times about the wall clock, and a value
+    of its own in every event for a field that identifies an output's rows (:func:`unique_fields`), so that N
+    events make N rows.
     """
 
     plan: PlanConfig
@@ -114,12 +116,24 @@ class DeclaredGenerator:
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
+        self.unique = unique_fields(self.plan)
+        self._issued: int | None = None
+
+    def next_unique(self, now_ms: int) -> int:
+        """A number this generator never gave before, nor a run started earlier on this clock (its first call's time
+        in microseconds, counted up one a value)."""
+        self._issued = now_ms * 1000 if self._issued is None else self._issued + 1
+        return self._issued
 
     def value(self, stream: StreamConfig, name: str, now_ms: int) -> Any:
         """A value of field ``name`` that passes every check declared for it."""
         declared = stream.fields[name]
-        if declared.type == "epoch_millis":
+        if declared.type in TIME_TYPES:
             return now_ms - self.random.randint(0, 1000)
+        if declared.type == "boolean":
+            return self.random.random() < 0.5
+        if name in self.unique and declared.type in ("string", "long"):
+            return unique_value(declared, name, self.next_unique(now_ms))
         if declared.type == "string":
             pool = self.keys if name == stream.key else 8
             return f"{name[:8]}-{self.random.randrange(pool)}"[:declared.length_limit]
@@ -133,6 +147,51 @@ class DeclaredGenerator:
         streams = {name: self.plan.streams[name] for name in self.plan.input_streams}
         return {name: [{field_name: self.value(stream, field_name, now_ms) for field_name in stream.fields}
                        for _ in range(count)] for name, stream in streams.items()}
+
+
+def unique_fields(plan: PlanConfig) -> frozenset[str]:
+    """The fields whose every produced event gets a value of its own (pure): those that make the id of an output
+    published once by id (its ``id`` fields, or an events output's ``key``), when that id has no field that already
+    varies from event to event (a time, a ``double``). A key keeps its small pool of values, so that keyed state,
+    joins and aggregations see the same keys again: no stream's ``key`` or event time, and no grouping key of an
+    output (the ``key`` of one that has an ``id``) is made unique. Fields are matched by name."""
+    from tandem.outputs import kind_of
+
+    fields = {name: field for stream in plan.streams.values() for name, field in stream.fields.items()}
+    kept = {name for stream in plan.streams.values() for name in (stream.key, stream.event_time)}
+    kept |= {name for output in plan.outputs.values() if output.id for name in output.key}
+    unique: set[str] = set()
+    for name, output in plan.outputs.items():
+        identity = output.id or output.key
+        if not identity or not kind_of(plan, name).published_by_id(output):
+            continue
+        if any(fields[f].type in (*TIME_TYPES, "double") for f in identity if f in fields):
+            continue
+        unique |= {f for f in identity if f in fields and f not in kept}
+    return frozenset(unique)
+
+
+def unique_value(declared: FieldConfig, name: str, number: int) -> str | int:
+    """``number`` as a value of the declared ``string`` or ``long`` field ``name`` that passes its checks (pure): a
+    different number gives a different value (within a ``long``'s declared bounds, modulo their width)."""
+    if declared.type == "long":
+        low, high = long_range(declared)
+        return number if low <= number <= high else low + (number - low) % (high - low + 1)
+    text = f"{name[:8]}-{number}"
+    limit = declared.length_limit or len(text)
+    return text if len(text) <= limit else str(number)[-limit:]
+
+
+def long_range(declared: FieldConfig) -> tuple[int, int]:
+    """The whole room of a ``long`` field's declared bounds (pure; unbounded: the 64-bit range, from 0 up when only
+    an upper bound is missing)."""
+    lows = [b for b in (declared.at_least, None if declared.greater_than is None else declared.greater_than + 1)
+            if b is not None]
+    highs = [b for b in (declared.at_most, None if declared.less_than is None else declared.less_than - 1)
+             if b is not None]
+    high = math.floor(min(highs)) if highs else 2**63 - 1
+    low = math.ceil(max(lows)) if lows else (0 if high >= 0 else -2**63)
+    return low, high
 
 
 def numeric_range(greater_than: float | None, at_least: float | None, less_than: float | None,
@@ -158,13 +217,18 @@ def generator_for(plan: PlanConfig, seed: int) -> EventGenerator:
     return make(seed) if make is not None else DeclaredGenerator(plan, seed)
 
 
+def event_line(stream: StreamConfig, event: dict[str, Any]) -> str:
+    """``event`` (values by field name) as a line of ``stream``: each field at the key it reads (its ``from``)."""
+    return json.dumps(stream.event_of(event))
+
+
 def bad_line(stream: StreamConfig, good: dict[str, Any], rng: random.Random) -> str:
     """A deliberately bad line of ``stream``: malformed JSON, a missing field, a wrong type or a failed check."""
     name = rng.choice(list(stream.fields))
     kind = rng.choice(("malformed", "missing", "type", "check"))
     broken = dict(good)
     if kind == "malformed":
-        return json.dumps(good)[:-3]
+        return event_line(stream, good)[:-3]
     if kind == "missing":
         broken.pop(name)
     elif kind == "type" or stream.fields[name].type == "string" and not stream.fields[name].not_empty:
@@ -172,7 +236,7 @@ def bad_line(stream: StreamConfig, good: dict[str, Any], rng: random.Random) -> 
     else:
         checks = stream.fields[name].checks()
         broken[name] = _violating(*checks[0][:2]) if checks else "abc"
-    return json.dumps(broken)
+    return event_line(stream, broken)
 
 
 def _violating(operator: str, bound: Any) -> Any:
@@ -229,7 +293,8 @@ def _watermark_events(out: Destinations, stream: str, declared: StreamConfig, te
         key = 1_000_000 + n if numeric else f"~watermark-{n}"
         placed.setdefault(partition_of(key, declared.partitions), key)
         n += 1
-    return [out.write(stream, partition, [json.dumps({**event, declared.key: key, declared.event_time: at_ms})])
+    return [out.write(stream, partition, [event_line(declared, {**event, declared.key: key,
+                                                                declared.event_time: at_ms})])
             for partition, key in sorted(placed.items())]
 
 
@@ -241,7 +306,7 @@ def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: 
 
     Event times are about the wall clock at the tick. A ``bad_ratio`` share of lines are
     deliberately bad, to exercise the quarantine. Yields where each write went; ``on_tick`` receives
-    each tick's ``{stream: [(event, line written)]}`` (a bad line differs from ``json.dumps(event)``).
+    each tick's ``{stream: [(event, line written)]}`` (a bad line differs from :func:`event_line`'s).
     """
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
@@ -255,7 +320,8 @@ def produce(cluster: ClusterConfig, plan: PlanConfig, *, rate: int, duration_s: 
             now_ms = int(clock() * 1000)
             by_stream = {
                 stream: [(event, bad_line(plan.streams[stream], event, generator.random)
-                          if generator.random.random() < bad_ratio else json.dumps(event)) for event in events]
+                          if generator.random.random() < bad_ratio else event_line(plan.streams[stream], event))
+                         for event in events]
                 for stream, events in generator.events(now_ms, rate).items()}
             for (stream, partition), lines in sorted(partitioned(plan, by_stream).items()):
                 yield out.write(stream, partition, lines)

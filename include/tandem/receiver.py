@@ -363,7 +363,8 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
             if problems:
                 rejected.append({"index": index, "reasons": problems})
                 continue
-            subject = partition_subject(nats.prefix, name, partition_of(event[config.key], config.partitions))
+            subject = partition_subject(nats.prefix, name, partition_of(config.value_at(event, config.key),
+                                                                        config.partitions))
             message = Message(subject, _line(event), id_of(event))
             too_large = payload_problem(len(message.header_block()) + len(message.payload), max_payload)
             if too_large:

@@ -15,7 +15,6 @@ import psutil
 import pytest
 import yaml
 
-from tandem import aggregation
 from tandem.airflow_rest import AirflowClient
 from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
@@ -25,6 +24,7 @@ from tandem.store import Database, snapshots as catalog
 from tandem.store.heartbeats import input_rows_since
 from tandem.store.registry import get_instance, instance_id
 from tandem.supervisor.stopping import stop_instance
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.e2e
 UTC = timezone.utc
@@ -100,7 +100,7 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
         window = (datetime.fromtimestamp(now_ms / 1000, tz=UTC) - timedelta(hours=2),
                   datetime.fromtimestamp(now_ms / 1000, tz=UTC) + timedelta(hours=1))
         for granularity in ("minute", "hour"):
-            merged = {(r["bucket_start"], r["symbol"]): r for r in aggregation.query(cluster, "trades", granularity, *window)}
+            merged = {(r["bucket_start"], r["symbol"]): r for r in read_output(cluster, "trades", granularity, *window)}
             expected = _expected(everything, granularity)
             assert set(merged) == set(expected)
             for key, values in expected.items():

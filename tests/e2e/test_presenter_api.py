@@ -153,7 +153,7 @@ def check_page(browser, base: str, token: str, database_url: str, epoch: int, tm
         page.goto(f"{base}/tandem/#{PLAN}")
         lease_line = page.get_by_test_id("lease-shop-1")
         expect(lease_line).to_contain_text("no ACTIVE since ", timeout=30_000)
-        expect(lease_line).to_contain_text(f"released: instance stopped · last holder node-a at epoch {epoch}")
+        expect(lease_line).to_contain_text(f"stopped: instance stopped · last holder node-a at epoch {epoch}")
         for shard in ("shop-1", "shop-2"):  # two cards side by side would each be too narrow for its table
             assert_shown_whole(page, shard, ("node-a", "node-b"), 0, 1500)
         expect(page.get_by_test_id("status-shop-2-node-a")).to_have_text("BLOCKED")
@@ -249,8 +249,11 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             assert [n["node"] for n in instance["nodes"]] == ["node-a", "node-b"]
             assert instance["nodes"][0]["status"] == "STOPPED" and instance["nodes"][1]["health"] == "MISSING"
             assert instance["last_failover"]["kind"] == "PROMOTED" and instance["last_failover"]["node"] == "node-a"
+        vacancies = {"shop-1": ("stopped", "stopped: instance stopped"),  # it stopped at the end of its input
+                     "shop-2": ("released", f"released: node-a is BLOCKED: {PAGE_ERROR}")}  # marked BLOCKED above
         for instance in status["instances"]:  # each instance stopped at the end of its input and released the lease
-            assert not instance["lease"]["valid"] and instance["lease"]["vacancy"] == "released: instance stopped"
+            assert not instance["lease"]["valid"]
+            assert (instance["lease"]["state"], instance["lease"]["vacancy"]) == vacancies[instance["instance"]]
             assert instance["lease"]["vacant_since"] is not None
         assert status["instances"][0]["last_good_snapshot"]["id"] == good
         assert status["instances"][1]["last_good_snapshot"] is None

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import pytest
 from _references import PIZZA_T0, make_orders
-from tandem import aggregation
 from tandem.batch.backfill import run_backfill
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import reconciliation_rows, summary
 from tandem.config import load_cluster, load_plan
+from tandem.declarations import event_id
+from tandem.declarations import partition_of as partition_of_key
 from tandem.errors import BackfillRefused, SnapshotRefused
 from tandem.layout import landing_dir, retained_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
@@ -42,6 +43,7 @@ from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
 from tandem.store import trim
 from tandem.store.leases import read_lease
+from tandem.reading import read_output
 from test_pizza_shop_plan import assert_outputs_equal_the_reference
 from test_trades_plan import ALL_TIME, GRANULARITIES, assert_matches, expected_aggregates, make_events, write_events
 
@@ -73,7 +75,7 @@ def published_count(db: Database) -> int:
 
 
 def delta_count(cluster) -> int:
-    return sum(row["trade_count"] for row in aggregation.query(cluster, "trades", "second", *ALL_TIME, source="delta"))
+    return sum(row["trade_count"] for row in read_output(cluster, "trades", "second", *ALL_TIME, source="delta"))
 
 
 def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_run(project: Path, database_url: str,
@@ -95,7 +97,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         # the stream drops them: its aggregates are those of the trades that came on time
         for shard in plan.shards:
             assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
-        assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME),
+        assert_matches(read_output(cluster, "trades", "second", *ALL_TIME),
                        expected_aggregates(on_time + ahead, "second"), "late trades dropped by the stream")
 
         # landing retention moves what no restart or restore needs, but keep_input keeps, out of the streams'
@@ -179,8 +181,8 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
     assert added == len(late)
     for granularity in GRANULARITIES:
         expected = expected_aggregates(everything, granularity)
-        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME), expected, f"postgres {granularity}")
-        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
+        assert_matches(read_output(cluster, "trades", granularity, *ALL_TIME), expected, f"postgres {granularity}")
+        assert_matches(read_output(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
                        f"delta {granularity}")
 
     # the snapshots were taken before the backfill: restoring one would undo it (nothing is stopped to say so)
@@ -246,13 +248,29 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
     assert first.status == again.status == catalog.DONE, (first.error, again.error)
     _, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
     published = {output: sum(first.report[s][output]["published"] for s in plan.shards)
-                 for output in ("overdue_orders", "order_stats", "delivered_orders")}
+                 for output in ("overdue_orders", "order_stats", "delivered_orders", "last_orders")}
     late_overdue = late_numbers & overdue
     assert published == {"overdue_orders": len(late_overdue), "order_stats": len(late_numbers),
-                         "delivered_orders": len(late_numbers - overdue)}
+                         "delivered_orders": len(late_numbers - overdue),
+                         "last_orders": latest_orders_that_came_late(plan, orders, late_numbers)}
+    assert published["last_orders"] > 0, "some customer's last order must have come late"
     assert all(first.report[s]["overdue_orders"]["no_longer_produced"] == 0 for s in plan.shards)
     assert found == {"late": sum(published.values()), "extra": 0, "different": 0}
-    assert [o["published"] for o in again.report["shop-1"].values() if o.get("recomputed")] == [0, 0, 0]
+    assert [o["published"] for o in again.report["shop-1"].values() if o.get("recomputed")] == [0, 0, 0, 0]
+
+
+def latest_orders_that_came_late(plan, orders: list[dict], late_numbers: set[str]) -> int:
+    """How many (instance, customer) have a late order as their latest one (order time, then the id of its number):
+    each instance keeps its own latest row per key, and the stream dropped the late orders."""
+    partitions = plan.streams["orders"].partitions
+    latest: dict[tuple[str, str], tuple] = {}
+    for order in orders:
+        where = (plan.shards[partition_of_key(order["order_no"], partitions) % len(plan.shards)],
+                 order["customer_name"])
+        rank = (order["time"], event_id("pizza_shop", "last_orders", {"order_no": order["order_no"]}))
+        if where not in latest or rank > latest[where][0]:
+            latest[where] = (rank, order["order_no"])
+    return sum(number in late_numbers for _, number in latest.values())
 
 
 def write_streams(cluster, plan, streams: dict[str, list[dict]]) -> None:

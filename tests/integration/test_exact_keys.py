@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tandem import aggregation
 from _project import TRADES
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
@@ -23,6 +22,7 @@ from tandem.store.leases import try_acquire
 from tandem.store.migrations import migrate
 from tandem.store.publish_log import forget_shard, published_watermark
 from tandem.store.registry import InstanceKey
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -82,7 +82,7 @@ def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, proje
     window = (T0 - timedelta(days=1), T0 + timedelta(days=1))
 
     def minute_of(plan: str) -> tuple[int, float]:
-        [row] = aggregation.query(cluster, plan, "minute", *window)
+        [row] = read_output(cluster, plan, "minute", *window)
         return row["trade_count"], row["price_sum"]
 
     assert minute_of("trades") == (3, 303.0)
@@ -91,6 +91,6 @@ def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, proje
     # restoring the copy's shard-1 to an empty cut deletes the copy's rows, and only those
     with Database(url) as db:
         rebuild_postgres_shard(db, TRADES, "copy", "shard-1", seconds({0: [1.0]}).slice(0, 0))
-    assert aggregation.query(cluster, "copy", "minute", *window) == []
+    assert read_output(cluster, "copy", "minute", *window) == []
     assert minute_of("trades") == (3, 303.0)
     assert (delta_table_dir(cluster, "copy", TRADES.table)).is_dir()

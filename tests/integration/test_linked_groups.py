@@ -28,7 +28,6 @@ import pytest
 from _ha import (Pair, PlanWriter, Reconciling, fetch, launched, lease, one_core_nodes, register_last_launches,
                  split_brain, wait_for)
 from _nats import messaging_layer, stream_lines
-from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.messaging.server import EmbeddedServer
 from tandem.packaging import build_dist
@@ -37,6 +36,7 @@ from tandem.runtime.node import run_instance
 from tandem.store import Database, migrate
 from tandem.supervisor.health import DEAD
 from tandem.supervisor.reconcile import Supervisor
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 PLAN, STAGE_1, STAGE_2, LATE = "hot_rooms", "readings-1", "rooms-1", "rooms-2"
@@ -57,7 +57,7 @@ def reference(readings: list[dict]) -> dict[tuple, tuple[int, float]]:
 
 def stats(cluster, source: str) -> dict[tuple, tuple[int, float]]:
     """Stage 2's statistics as a reader gets them (every instance's partial aggregates merged)."""
-    rows = aggregation.query(cluster, PLAN, "minute", *ALL_TIME, source=source)
+    rows = read_output(cluster, PLAN, "minute", *ALL_TIME, output="room_stats", source=source)
     return {(r["bucket_start"], int(r["room_no"])): (r["readings"], r["hottest"]) for r in rows}  # keys are text
 
 

@@ -20,7 +20,6 @@ import pytest
 import yaml
 from _ha import expected_aggregates, fetch
 from _nats import use_nats
-from tandem import aggregation
 from tandem.batch.backfill import check_backfill, run_backfill
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
@@ -34,6 +33,7 @@ from tandem.runtime.node import run_instance
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -61,7 +61,7 @@ def publish(out: Destinations, events: list[dict], partitions: int, extra: dict[
 
 
 def merged(cluster, granularity: str, source: str = "postgres") -> dict[tuple, dict]:
-    rows = aggregation.query(cluster, "trades", granularity, *ALL_TIME, source=source)
+    rows = read_output(cluster, "trades", granularity, *ALL_TIME, source=source)
     return {(r["bucket_start"], r["symbol"]): {c: r[c] for c in ("price_sum", "trade_count", "quantity_sum",
                                                                  "price_min", "price_max")} for r in rows}
 

@@ -30,8 +30,7 @@ import pytest
 import yaml
 from _ha import Pair, PlanWriter, failover_events, fetch, lease, one_core_nodes, split_brain, wait_for
 from _nats import edit_plan, messaging_layer, publish_output, stream_lines
-from _references import pizza_reference, temperature_reference, temperature_row
-from tandem import aggregation
+from _references import last_orders_reference, pizza_reference, temperature_reference, temperature_row
 from tandem.config import PlanConfig, load_cluster, load_plan
 from tandem.layout import delta_table_dir
 from tandem.messaging.server import EmbeddedServer
@@ -41,6 +40,7 @@ from tandem.producer import advance_watermark
 from tandem.outputs.events import read_events_lake
 from tandem.outputs.table import read_table_lake
 from tandem.store import Database, migrate
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 TAKEOVER_TIMEOUT_S = 20
@@ -192,8 +192,8 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
     per_customer, overdue = pizza_reference(events["orders"], events["deliveries"])
     assert overdue and per_customer
     def days(source: str) -> list[dict]:  # the aggregation of facts at its coarsest bucket
-        return aggregation.query(cluster, PLAN, "day", datetime(2000, 1, 1, tzinfo=timezone.utc),
-                                 datetime(2100, 1, 1, tzinfo=timezone.utc), source=source)
+        return read_output(cluster, PLAN, "day", datetime(2000, 1, 1, tzinfo=timezone.utc),
+                           datetime(2100, 1, 1, tzinfo=timezone.utc), output="order_stats", source=source)
 
     # the last batch decides ~1000 orders at once: its events, table rows and facts are three transactions
     # (and three Delta appends), so wait for all of them before comparing
@@ -214,6 +214,15 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
     for source in ("postgres", "delta"):  # the aggregation of facts: every order counted once
         assert sum(r["orders"] for r in days(source)) == len(events["orders"]), source
         assert sum(r["on_time"] for r in days(source)) == sum(per_customer.values()), source
+    # latest per key (published after the facts in the same batch): no older order of a customer won over a newer
+    want = {c: {**row, "shard_id": SHARD} for c, row in last_orders_reference(events["orders"],
+                                                                             events["deliveries"]).items()}
+
+    def last_orders(source: str) -> dict[str, dict]:
+        return {row["customer_name"]: row for row in read_output(cluster, PLAN, output="last_orders", source=source)}
+
+    wait_for(lambda: all(last_orders(source) == want for source in ("postgres", "delta")), 60,
+             "every customer's last order", detail=lambda: f"{last_orders('postgres')}\n{want}")
     assert split_brain(url, PLAN, SHARD) == []
     assert lease(url, PLAN, SHARD)["holder"] == holder
 

@@ -15,9 +15,8 @@ from datetime import datetime, timezone
 import psycopg2
 import psycopg2.extras
 import pytest
-from _references import PIZZA_T0 as T0
+from _references import last_orders_reference, PIZZA_T0 as T0
 from _references import arrival_order, make_orders, pizza_reference
-from tandem import aggregation
 from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
@@ -28,6 +27,7 @@ from tandem.outputs.events import read_events_lake
 from tandem.outputs.table import read_table_lake
 from tandem.store import Database
 from tandem.store.outputs import read_table_rows
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -71,6 +71,16 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
     one = sorted(overdue)[0]
     assert [e["order_no"] for e in run_cli("query", "pizza_shop", "overdue_orders", "--json", "--source", "delta",
                                            "--start", "2025-01-01T00:00:00") if e["order_no"] == one] == [one]
+    # ... every kind: the latest (each customer's last order, its outcome), filtered by key, and the quarantine
+    last_orders = last_orders_reference(orders, deliveries)
+    for source in ("postgres", "delta"):
+        latest = run_cli("query", "pizza_shop", "last_orders", "--json", "--source", source)
+        assert {row["customer_name"]: {k: v for k, v in row.items() if k != "shard_id"} for row in latest} \
+            == last_orders, source
+    customer = sorted(last_orders)[0]
+    assert run_cli("query", "pizza_shop", "last_orders", "--json", "--key", f"customer_name={customer}") == [
+        {**last_orders[customer], "shard_id": next(r["shard_id"] for r in latest if r["customer_name"] == customer)}]
+    assert sorted(row["reason"] for row in run_cli("query", "pizza_shop", "quarantine", "--json")) == sorted(reasons)
 
 
 def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders: list[dict],
@@ -107,12 +117,12 @@ def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders:
     for o in orders:
         by_minute.setdefault(bucket_start(datetime.fromtimestamp(o["time"] / 1000, UTC), "minute"), []).append(o)
     for source in ("postgres", "delta"):
-        stats = aggregation.query(cluster, "pizza_shop", "minute", *window, source=source)
+        stats = read_output(cluster, "pizza_shop", "minute", *window, output="order_stats", source=source)
         assert {r["bucket_start"]: (r["orders"], r["on_time"], r["customers"]) for r in stats} == {
             minute: (len(os), sum(o["order_no"] in delivered for o in os), len({o["customer_name"] for o in os}))
             for minute, os in by_minute.items()}, source
         assert {r["shards"] for r in stats} == {2}
-        by_day = aggregation.query(cluster, "pizza_shop", "day", *window, source=source)  # rolled up from minutes
+        by_day = read_output(cluster, "pizza_shop", "day", *window, output="order_stats", source=source)  # rolled up from minutes
         assert [(r["orders"], r["on_time"], r["customers"]) for r in by_day] == [
             (len(orders), len(delivered), len({o["customer_name"] for o in orders}))], source
 

@@ -19,13 +19,13 @@ from _nats import edit_plan
 from test_backfill import land
 from test_trades_plan import ALL_TIME, assert_matches, expected_aggregates, make_events
 
-from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.errors import PlanChanged
 from tandem.plan_shape import SHAPE_FILE
 from tandem.runtime.node import run_instance
 from tandem.store import Database
 from tandem.store.leases import read_lease
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 
@@ -96,5 +96,5 @@ def test_a_changed_parallelism_or_measure_is_refused_before_any_query_starts(pro
     land(cluster, [{**e, "timestamp": e["timestamp"] + 30_000} for e in second])
     run_all(cluster, spark)
     everything = first + [{**e, "timestamp": e["timestamp"] + 30_000} for e in second]
-    assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME),
+    assert_matches(read_output(cluster, "trades", "second", *ALL_TIME),
                    expected_aggregates(everything, "second"), "every trade counted once")

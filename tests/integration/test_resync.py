@@ -15,7 +15,6 @@ import psycopg2.extras
 import pytest
 from deltalake import DeltaTable
 
-from tandem import aggregation
 from tandem.checkpoints import CheckpointError, committed_batch, cut_checkpoint, recover_swaps
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, landing_dir
@@ -23,6 +22,7 @@ from tandem.plan_shape import SHAPE_FILE
 from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.resync import resync_instance
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -206,7 +206,7 @@ def expected(events: list[dict], granularity: str) -> dict[tuple, tuple]:
 def served(cluster, granularity: str, source: str) -> dict[tuple, tuple]:
     return {(r["bucket_start"], r["symbol"]): (r["trade_count"], r["quantity_sum"], round(r["price_sum"], 6),
                                                r["price_min"], r["price_max"])
-            for r in aggregation.query(cluster, "trades", granularity, *ALL_TIME, source=source)}
+            for r in read_output(cluster, "trades", granularity, *ALL_TIME, source=source)}
 
 
 def assert_exact(cluster, events: list[dict], label: str) -> None:

@@ -13,7 +13,6 @@ import psycopg2.extras
 import pytest
 from _ha import expected_aggregates as expected_partials
 from deltalake import DeltaTable
-from tandem import aggregation
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir, landing_dir
 from tandem.lake.tables import read_table
@@ -21,6 +20,7 @@ from tandem.producer import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database, migrate
 from tandem.store.migrations import available_migrations
+from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
@@ -83,11 +83,11 @@ def test_partials_per_shard_and_merged_values_match_the_events(project: Path, da
             assert_matches(partial_rows(database_url, shard, granularity), expected_aggregates(shard_events, granularity),
                            f"partial {shard} {granularity}")
         expected = expected_aggregates(everything, granularity)
-        from_postgres = aggregation.query(cluster, "trades", granularity, *ALL_TIME)
-        from_delta = aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta")
+        from_postgres = read_output(cluster, "trades", granularity, *ALL_TIME)
+        from_delta = read_output(cluster, "trades", granularity, *ALL_TIME, source="delta")
         assert_matches(from_postgres, expected, f"merged postgres {granularity}")
         assert_matches(from_delta, expected, f"merged delta {granularity}")
-    [year_2025] = aggregation.query(cluster, "trades", "year", datetime(2025, 1, 1, tzinfo=UTC),
+    [year_2025] = read_output(cluster, "trades", "year", datetime(2025, 1, 1, tzinfo=UTC),
                                     datetime(2026, 1, 1, tzinfo=UTC), keys={"symbol": ["IBM"]})
     expected_2025 = expected_aggregates([e for e in everything if e["symbol"] == "IBM"], "year")
     assert year_2025["trade_count"] == expected_2025[(datetime(2025, 1, 1, tzinfo=UTC), "IBM")]["trade_count"]
@@ -115,9 +115,9 @@ def test_replaying_a_batch_does_not_double_count(project: Path, database_url: st
     assert run_instance(cluster, plan, "node-a", "shard-1", spark=spark, available_now=True).status == "STOPPED"
 
     for granularity in GRANULARITIES:
-        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME),
+        assert_matches(read_output(cluster, "trades", granularity, *ALL_TIME),
                        expected_aggregates(events, granularity), f"after replay {granularity}")
-        assert_matches(aggregation.query(cluster, "trades", granularity, *ALL_TIME, source="delta"),
+        assert_matches(read_output(cluster, "trades", granularity, *ALL_TIME, source="delta"),
                        expected_aggregates(events, granularity), f"delta after replay {granularity}")
     assert DeltaTable(str(delta_path)).version() == version_before, "a replayed batch appended to Delta again"
     with Database(database_url) as db:
@@ -194,7 +194,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
     assert {row["source_file"].removeprefix("file:") for row in quarantine} == {str(source), str(not_utf8)}
     assert {row["shard_id"] for row in quarantine} == {"shard-1"}
 
-    assert_matches(aggregation.query(cluster, "trades", "minute", *ALL_TIME), expected_aggregates(good, "minute"),
+    assert_matches(read_output(cluster, "trades", "minute", *ALL_TIME), expected_aggregates(good, "minute"),
                    "good lines of a file with bad lines")
     with Database(database_url) as db:
         counted = db.run(lambda cur: (cur.execute(
@@ -224,7 +224,7 @@ def test_events_behind_the_watermark_are_counted_as_late(project: Path, database
     # in a task), so three late events in one second of one symbol count at least once.
     assert 1 <= row["late"] <= 3
     on_time_plus = on_time + [{"symbol": "IBM", "price": 1.0, "quantity": 1, "timestamp": T0 + 60_000}]
-    assert_matches(aggregation.query(cluster, "trades", "second", *ALL_TIME), expected_aggregates(on_time_plus, "second"),
+    assert_matches(read_output(cluster, "trades", "second", *ALL_TIME), expected_aggregates(on_time_plus, "second"),
                    "late events are not aggregated")
 
 

@@ -40,7 +40,6 @@ import psycopg2
 import psycopg2.extras
 import yaml
 
-from tandem import aggregation
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir
@@ -48,6 +47,7 @@ from tandem.plans.trades import TradeGenerator
 from tandem.producer import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 from tandem.supervisor.reconcile import Report, Supervisor
+from tandem.reading import read_output
 
 UTC = timezone.utc
 REPO = Path(__file__).resolve().parents[2]
@@ -327,7 +327,7 @@ def mismatches(cluster: ClusterConfig, events: list[tuple[int, str, float, int]]
     for granularity in GRANULARITIES:
         expected = expected_aggregates(events, granularity)
         for source in sources:
-            rows = aggregation.query(cluster, PLAN, granularity, *ALL_TIME, source=source)
+            rows = read_output(cluster, PLAN, granularity, *ALL_TIME, source=source)
             problems += compare(rows, expected, f"{source} {granularity}")
     if "delta" in sources:
         problems += published_twice(delta_table_dir(cluster, PLAN, "trade_aggregates"))

@@ -57,6 +57,26 @@ def pizza_reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[st
     return per_customer, overdue
 
 
+def last_orders_reference(orders: list[dict], deliveries: list[dict]) -> dict[str, dict]:
+    """Per customer, their latest order (by order time; a tie: the higher id of its order number, as the plan's
+    ``last_orders`` declares ``id: [order_no]``) with its outcome, as the output's JSON rows."""
+    from tandem.declarations import event_id
+
+    delivered_by_order: dict[str, list[int]] = {}
+    for d in deliveries:
+        delivered_by_order.setdefault(d["order_no"], []).append(d["time"])
+    latest: dict[str, tuple] = {}
+    for o in orders:
+        on_time = any(o["time"] <= t <= o["time"] + ORDER_EXPIRY_MS for t in delivered_by_order.get(o["order_no"], []))
+        rank = (o["time"], event_id("pizza_shop", "last_orders", {"order_no": o["order_no"]}))
+        if o["customer_name"] not in latest or rank > latest[o["customer_name"]][0]:
+            latest[o["customer_name"]] = (rank, {"customer_name": o["customer_name"], "order_time": o["time"],
+                                                 "order_no": o["order_no"],
+                                                 "outcome": "delivered" if on_time else "overdue",
+                                                 "delivered": int(on_time)})
+    return {customer: row for customer, (_, row) in latest.items()}
+
+
 def decided_orders(orders: list[dict], watermark_ms: int) -> list[dict]:
     """The orders an instance has decided once its watermark is at ``watermark_ms``: an order is decided at its
     expiry (order time + 30 s), when the watermark reaches it."""

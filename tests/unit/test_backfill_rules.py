@@ -9,8 +9,9 @@ import pyarrow as pa
 
 import pytest
 from _conf import edit_yaml
-from tandem.batch.backfill import (BATCH_COLUMN, closed_until, missing_input, newest_seconds, read_through,
-                                   refusal_of_range, retention_refusal)
+from tandem.batch.backfill import closed_until, missing_input, read_through, refusal_of_range, retention_refusal
+from tandem.outputs.aggregation import newest_seconds
+from tandem.outputs.recompute import BATCH_COLUMN
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError
 
@@ -64,7 +65,8 @@ def test_the_newest_batch_of_each_second_in_the_range_counts() -> None:
 
 
 def test_partials_differ_as_late_extra_or_different() -> None:
-    from tandem.batch.reconcile import Outcome, compare_partials
+    from tandem.outputs.aggregation import compare_partials
+    from tandem.outputs.recompute import Outcome
 
     def row(second: int, symbol: str, count: int, total: float) -> dict:
         return {"bucket_start": T + timedelta(seconds=second), "symbol": symbol, "trade_count": count,
@@ -81,7 +83,7 @@ def test_partials_differ_as_late_extra_or_different() -> None:
 
 
 def test_ids_differ_as_late_extra_or_different_and_without_the_published_side_only_as_late() -> None:
-    from tandem.batch.reconcile import Outcome, compare_ids
+    from tandem.outputs.recompute import Outcome, compare_ids
 
     recomputed = {"a": {"n": 1, "avg": 31.469999999999995}, "b": {"n": 2}, "c": {"n": 3}}
     published = {"a": {"n": 1, "avg": 31.470000000000002, "extra": 0}, "b": {"n": 9}, "d": {"n": 4}}

@@ -93,7 +93,7 @@ CASES = {
     "no nodes": (CLUSTER, top(nodes={}), "nodes", "at least one"),
     "bad duration": (PLAN, top(watermark="soon"), "watermark", "duration"),
     "query in two groups": (PLAN, data(lambda d: d["groups"].update(more={"queries": ["aggregates"]})),
-                            "groups.more.queries[0]", "more than one group"),
+                            "groups.shard.queries[0]", "more than one group (in group more too"),
     "unknown node": (PLAN, top(nodes=["node-z"]), "nodes[0]", "unknown node"),
     "zero missed beats": (PLAN, section("heartbeat", max_missed=0), "heartbeat.max_missed", "positive"),
     "csv": (PLAN, data(lambda d: d["streams"]["trades"].update(format="csv")), "streams.trades.format", "jsonl"),
@@ -253,7 +253,7 @@ def test_config_check_says_what_it_found_and_exits_2_on_a_broken_plan(conf: Path
     assert good.returncode == 0, good.stderr
     assert "plan trades, instances shard-1, shard-2, streams trades (2 partitions)" in good.stdout
     assert "plan temperatures, instances group-1-1, group-2-1, group-2-2" in good.stdout
-    assert "outputs delivered_orders (table), overdue_orders (events), order_stats (aggregation)" in good.stdout
+    assert "outputs delivered_orders (table), overdue_orders (events), last_orders (latest), order_stats (aggregation)" in good.stdout
     assert "4 of 4 plan file(s) valid" in good.stdout
     plan = conf / "plans" / "trades.yaml"
     lines = len(plan.read_text().splitlines())
@@ -290,3 +290,58 @@ def test_the_schema_accepts_the_shipped_files_and_refuses_broken_ones(conf: Path
                            ({**plan, "ha": {"standby": "lukewarm"}}, "plans/<name>.yaml")):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, schemas[schema])
+
+
+def test_every_problem_of_a_file_is_reported_each_naming_its_field(conf: Path) -> None:
+    """Issue 47 §6: all of pydantic's problems at once; then, in a file whose fields are each valid, every refusal
+    of the checks between them; each one line naming the file and the field."""
+    plan = conf / "plans" / "trades.yaml"
+    original = plan.read_text()
+    plan.write_text(data(lambda d: (d.update(watermark="soon", colour="red"), d["heartbeat"].update(max_missed=0),
+                                    d["streams"]["trades"]["fields"]["price"].update(greater_than="x")))(original))
+    with pytest.raises(ConfigError) as caught:
+        load_plan("trades", load_cluster(conf / "cluster.yaml"))
+    problems = {p.field: p.problem for p in caught.value.problems}
+    assert set(problems) == {"watermark", "colour", "heartbeat.max_missed", "streams.trades.fields.price.greater_than"}
+    assert problems["streams.trades.fields.price.greater_than"] == "expected a number, got 'x'"  # int | float: one line
+    assert str(caught.value).splitlines() == [f"{plan.resolve()}: {p.field}: {p.problem}"
+                                              for p in caught.value.problems]
+
+    plan.write_text(data(lambda d: (d.update(nodes=["node-a", "node-y", "node-z"]),
+                                    d.setdefault("validation", {}).update(suite="nowhere")))(original))
+    with pytest.raises(ConfigError) as caught:
+        load_plan("trades", load_cluster(conf / "cluster.yaml"))
+    assert [p.field for p in caught.value.problems] == ["nodes[1]", "nodes[2]", "validation.suite"]
+    assert all(p.path == str(plan.resolve()) for p in caught.value.problems)
+
+
+def test_config_check_prints_every_problem_and_exits_2(conf: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from tandem.cli import main
+
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    plan = conf / "plans" / "pizza_shop.yaml"
+    plan.write_text(data(lambda d: d.update(nodes=["node-y", "node-z"]))(plan.read_text()))
+    assert main(["config", "check"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"error: {plan.resolve()}: nodes[{i}]: unknown node 'node-{n}' (cluster.yaml defines node-a, "
+                     "node-b)" for i, n in ((0, "y"), (1, "z"))]
+
+
+def test_config_schema_writes_to_a_path(conf: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    from tandem.cli import main
+    from tandem.config import json_schemas
+
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    both, plan_only = tmp_path / "schemas.json", tmp_path / "plan.schema.json"
+    assert main(["config", "schema", str(both)]) == 0
+    assert main(["config", "schema", "plans/<name>.yaml", str(plan_only)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote the JSON Schema of cluster.yaml, plans/<name>.yaml to {both}",
+        f"wrote the JSON Schema of plans/<name>.yaml to {plan_only}"]
+    schemas = json_schemas()
+    assert json.loads(both.read_text()) == schemas
+    assert json.loads(plan_only.read_text()) == schemas["plans/<name>.yaml"]
+    assert main(["config", "schema", "plans/<name>.yaml", str(tmp_path / "plan.yaml")]) == 2  # JSON as YAML
+    assert main(["config", "schema", "nonsense.yaml", str(tmp_path / "x.json")]) == 2
+    assert main(["config", "check", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "plan.yaml").exists() and not (tmp_path / "x.json").exists()

@@ -1,6 +1,6 @@
 """No documented command line carries a credential (issue 46, §5): every user of a host reads every process's
 command line (``ps``, ``/proc/<pid>/cmdline``) and a shell keeps what was typed in its history. Pure: reads the
-shell blocks of the README, docs/ and bench/README.md, and the Dockerfile's comments."""
+shell blocks of the README, docs/ (every page) and bench/README.md, and the Dockerfile's comments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCUMENTS = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 CREDENTIALS = {
     "a URL with a password": re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s/@:'\"]+:[^\s/@'\"]+@"),
     "a password option or parameter": re.compile(r"(--password[=\s]|\bpassword=|PGPASSWORD=)", re.IGNORECASE),

@@ -39,7 +39,8 @@ def test_a_commit_conflict_is_tried_again_and_the_last_one_raised(monkeypatch: p
 def test_contribution_ids_go_after_the_retention_and_before_what_a_kept_snapshot_replays() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from tandem.batch.trim import contributions_cutoff, replay_needs_since
+    from tandem.batch.trim import replay_needs_since
+    from tandem.outputs.base import contributions_cutoff
     from tandem.store.snapshots import GOOD, SnapshotRecord
 
     now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)

@@ -79,6 +79,9 @@ def test_a_plan_reads_another_plans_streams_on_purpose_with_from_plan(plans: Pat
     ({"retention": {"max_age": "1 day"}}, r"streams\.hot\.from_plan: must declare stream hot as plan hot_rooms "
                                           r"does: retention .* here, .* in .*hot_rooms\.yaml: streams\.hot\.retention"),
     ({"key": "room_no"}, r"key 'room_no' here, 'device_id' in .*hot_rooms\.yaml: streams\.hot\.key"),
+    ({"fields": {"room_no": {"type": "long", "at_least": 0}, "device_id": {"type": "string", "from": "device"},
+                 "temp": {"type": "double"}, "time": {"type": "epoch_millis"}}},
+     r"key read from 'device' here, from 'device_id' in .*hot_rooms\.yaml: streams\.hot\.fields\.device_id\.from"),
 ])
 def test_a_stream_read_from_another_plan_is_declared_as_that_plan_does(plans: Path, settings: dict,
                                                                        problem: str) -> None:

@@ -16,6 +16,7 @@ import pytest
 from tandem.config import load_plan
 from tandem.lake.history import RolledBack
 from tandem.outputs import OUTPUT_KINDS, aggregation, kind_of
+from tandem.outputs.base import OutputKind
 from tandem.outputs.base import Window
 from tandem.outputs.events import first_per_event_id
 from tandem.outputs.table import merge_table_rows
@@ -48,8 +49,13 @@ class RecordingCursor:
 
 
 def test_every_kind_module_keeps_the_contract() -> None:
-    for name, module in OUTPUT_KINDS.items():
-        assert all(callable(getattr(module, f, None)) for f in ("sink", "restore", "validation")), name
+    """Each kind is its module's ``KIND``, named as declared, and does every duty it has: sink and read always, a
+    backfill's replace and a reconcile's compare when it is recomputed."""
+    for name, kind in OUTPUT_KINDS.items():
+        assert isinstance(kind, OutputKind) and kind.name == name
+        duties = ("sink", "read", "replace", "compare") if kind.recomputed else ("sink", "read")
+        missing = [duty for duty in duties if getattr(type(kind), duty) is getattr(OutputKind, duty)]
+        assert not missing, f"{name} does not do {', '.join(missing)}"
 
 
 # --- restore --------------------------------------------------------------------------------------------------
@@ -72,7 +78,7 @@ def test_a_restore_rolls_spark_partials_back_and_rebuilds_the_changed_keys(monke
         (path, shard, version)) or RolledBack(version, changed, at_cut, 12))
     monkeypatch.setattr(aggregation, "rebuild_postgres_shard", lambda db, spec, plan, shard, rows, touched: rebuilt.append(
         (spec.name, plan, shard, rows, touched)) or 2)
-    outcome = aggregation.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 7)
+    outcome = aggregation.KIND.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 7)
     assert rolled == [(tmp_path, "shard-1", 7)]
     assert rebuilt == [("trade_aggregates", "trades", "shard-1", at_cut, changed)]  # only the keys that changed
     assert outcome == {"snapshot_version": 7, "changed_rows": 1, "delta_rows": 2, "new_version": 12, "postgres_rows": 2}
@@ -83,7 +89,7 @@ def test_a_restore_with_nothing_changed_rewrites_nothing(monkeypatch: pytest.Mon
     monkeypatch.setattr(aggregation, "roll_back_slice",
                         lambda path, shard, version: RolledBack(version, pa.table({}), None, 9))
     monkeypatch.setattr(aggregation, "rebuild_postgres_shard", lambda *args: pytest.fail("rebuilt"))
-    assert aggregation.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 9) == {
+    assert aggregation.KIND.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 9) == {
         "snapshot_version": 9, "changed_rows": 0, "delta_rows": 0, "new_version": 9, "postgres_rows": 0}
 
 

@@ -76,10 +76,13 @@ def test_an_output_no_query_writes_is_named(cluster):
 def test_routes_name_every_output_they_write(cluster):
     plan = load_plan("pizza_shop", cluster)
     orders = declared("orders", route_by="outcome", routes={
-        "delivered": "delivered_orders", "overdue": "overdue_orders", "*": "order_stats"})
+        "delivered": "delivered_orders", "overdue": "overdue_orders", "*": ["order_stats", "last_orders"]})
     spec = declared_queries(fake_module(orders=orders))["orders"]
-    assert spec.outputs == ("delivered_orders", "overdue_orders", "order_stats")
+    assert spec.outputs == ("delivered_orders", "overdue_orders", "order_stats", "last_orders")
+    assert spec.routes["*"] == ("order_stats", "last_orders"), "a value may go to several outputs"
     assert query_problems(plan, "m", {"orders": spec}) == []
+    one = declared_queries(fake_module(orders=declared("orders", route_by="outcome", routes={"*": "order_stats"})))
+    assert any("outputs.last_orders: no query writes it" in p for p in query_problems(plan, "m", one))
     assert partial_aggregations(plan, spec) == []  # order_stats has id: facts, appended
     trades = load_plan("trades", cluster)
     assert partial_aggregations(trades, declared_queries(fake_module(a=declared("a", "trade_aggregates")))["a"]) == [

@@ -24,7 +24,7 @@ from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import ConnectionPool, PresenterBusy
 from tandem.presenter.models import NodeState, TimelineEvent
 from tandem.presenter.views import (
-    BadRequest, aggregate_rows, check_range, quarantine_report, table_rows, vacancy,
+    BadRequest, aggregate_rows, check_range, quarantine_report, shown_role, output_rows, vacancy,
 )
 from tandem.store import Database, migrate
 
@@ -138,18 +138,31 @@ def pizza_and_trades(database_url: str, conf: Path, monkeypatch: pytest.MonkeyPa
         yield db, load_plan("pizza_shop", cluster), load_plan("trades", cluster)
 
 
-def test_table_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_trades) -> None:
+def test_output_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_trades) -> None:
     db, pizza, _ = pizza_and_trades
     db.run(lambda c: c.executemany(
         "INSERT INTO output_table_rows (plan, output, key, shard_id, value, version, node, epoch, batch_id) "
         "VALUES ('pizza_shop', 'delivered_orders', %s, 'shop-1', '{\"delivered\": 2}', 1, 'node-a', 1, 0)",
         [(json.dumps({"customer_name": name}),) for name in ("ann", "bob", "cy", "di", "ed")]))
-    assert len(table_rows(db, pizza, "delivered_orders", limit=5).rows) == 5
+    cluster = load_cluster()
+    assert len(output_rows(cluster, db, pizza, "delivered_orders", limit=5).rows) == 5
     with pytest.raises(BadRequest, match=r"table delivered_orders has more than 4 rows \(limit=4\): filter with "
                                          r"key=customer_name:<value>, or raise limit \(at most 10,000\)"):
-        table_rows(db, pizza, "delivered_orders", limit=4)
-    assert [r["customer_name"] for r in table_rows(db, pizza, "delivered_orders", {"customer_name": "bob"},
-                                                   limit=1).rows] == ["bob"]
+        output_rows(cluster, db, pizza, "delivered_orders", limit=4)
+    assert [r["customer_name"] for r in output_rows(cluster, db, pizza, "delivered_orders",
+                                                    {"customer_name": ["bob"]}, limit=1).rows] == ["bob"]
+    # the latest kind through the same read: the latest row per key over instances, filtered, limited
+    db.run(lambda c: c.executemany(
+        "INSERT INTO output_latest (plan, output, key, shard_id, event_time, tiebreak, row, node, epoch, batch_id) "
+        "VALUES ('pizza_shop', 'last_orders', %s, %s, to_timestamp(%s), 't', %s, 'node-a', 1, 0)",
+        [(json.dumps({"customer_name": name}), shard, at,
+          json.dumps({"customer_name": name, "order_no": f"{name}-{at}"}))
+         for name in ("ann", "bob", "cy") for shard, at in (("shop-1", 10), ("shop-2", 20))]))
+    latest = output_rows(cluster, db, pizza, "last_orders", {"customer_name": ["ann", "cy"]}, limit=2)
+    assert (latest.kind, [(r["order_no"], r["shard_id"]) for r in latest.rows]) == (
+        "latest", [("ann-20", "shop-2"), ("cy-20", "shop-2")])
+    with pytest.raises(BadRequest, match=r"latest last_orders has more than 2 rows"):
+        output_rows(cluster, db, pizza, "last_orders", limit=2)
 
 
 def test_aggregate_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_trades) -> None:
@@ -217,20 +230,60 @@ def _node(status: str | None, error: str | None = None, health: str = "STOPPED")
                      last_batch_id=None, last_batch_age_s=None, lag_s=None, waiting_input_s=None)
 
 
-def test_a_vacant_lease_says_since_when_and_why() -> None:
+def test_a_vacant_lease_says_its_state_since_when_and_why() -> None:
     expired = datetime(2026, 1, 1, 10, tzinfo=UTC)
     lease = {"holder": "node-a", "epoch": 3, "valid": False, "expires_at": expired}
     released = TimelineEvent(id=9, happened_at=expired - timedelta(minutes=1), instance="shard-1", kind="RELEASED",
                              node="node-a", previous_node=None, epoch=3, reason="instance stopped")
-    assert vacancy(lease, released, _node("STOPPED")) == (released.happened_at, "released: instance stopped")
+    # a clean stop: released at the lease's epoch by its holder, whose instance then recorded STOPPED
+    assert vacancy(lease, released, _node("STOPPED")) == ("stopped", released.happened_at, "stopped: instance stopped")
+    # released, but the instance failed: its cause, not the release's words
+    assert vacancy(lease, released, _node("FAILED", "ValueError: boom")) == (
+        "released", released.happened_at, "released: node-a is FAILED: ValueError: boom")
+    assert vacancy(lease, released, _node("RUNNING", health="HEALTHY")) == (
+        "released", released.happened_at, "released: instance stopped")
     older = released.model_copy(update={"epoch": 2})
-    assert vacancy(lease, older, _node("STOPPED")) == (expired, "expired: node-a's instance stopped")
+    assert vacancy(lease, older, _node("STOPPED")) == ("expired", expired, "expired: node-a's instance stopped")
     assert vacancy(lease, None, _node("BLOCKED", "psycopg2.errors.DataError: bad value")) == (
-        expired, "expired: node-a is BLOCKED: psycopg2.errors.DataError: bad value")
+        "expired", expired, "expired: node-a is BLOCKED: psycopg2.errors.DataError: bad value")
     assert vacancy(lease, None, _node("RUNNING", health="DEAD")) == (
-        expired, "expired: node-a stopped renewing it (DEAD: no liveness beat for 40.0s)")
-    assert vacancy({**lease, "valid": True}, None, _node("RUNNING")) == (None, None)
-    assert vacancy({**lease, "holder": None}, None, None) == (None, "the lease was never taken")
+        "expired", expired, "expired: node-a stopped renewing it (DEAD: no liveness beat for 40.0s)")
+    assert vacancy({**lease, "valid": True}, None, _node("RUNNING")) == ("held", None, None)
+    assert vacancy({**lease, "holder": None}, None, None) == ("free", None, "the lease was never taken")
+
+
+@pytest.mark.parametrize(("recorded", "status", "holds_lease", "shown"), [
+    ("ACTIVE", "RUNNING", True, "ACTIVE"),
+    ("ACTIVE", "STOPPED", False, None),     # stopped: its recorded role is history (not a second ACTIVE)
+    ("ACTIVE", "STOPPED", True, None),      # even while its lease has not expired yet
+    ("PASSIVE", "FAILED", False, None),
+    ("BACKUP", "BLOCKED", False, None),
+    ("ACTIVE", "RUNNING", False, None),     # handed over or fenced: being demoted
+    ("PASSIVE", "RUNNING", False, "PASSIVE"),
+    ("PASSIVE", "RUNNING", True, "ACTIVE"),  # took the lease, its row not updated yet
+    ("WARM", "RUNNING", False, "WARM"),
+    ("ACTIVE", "RUNNING", True, "ACTIVE"),
+    (None, None, False, None),
+])
+def test_a_node_is_shown_active_only_while_it_runs_and_holds_the_lease(recorded, status, holds_lease, shown) -> None:
+    assert shown_role(recorded, status, holds_lease) == shown
+
+
+def test_a_lease_line_says_stopped_since_when_after_a_clean_stop() -> None:
+    from tandem.cli import lease_line
+    from tandem.presenter.models import LeaseState
+
+    now = datetime(2026, 1, 1, 10, 0, 12, tzinfo=UTC)
+    base = {"holder": "node-a", "epoch": 3, "acquired_at": now - timedelta(hours=1), "expires_at": now}
+    stopped = LeaseState(state="stopped", valid=False, expires_in_s=-3600.0, vacant_since=now - timedelta(seconds=12),
+                         vacancy="stopped: instance stopped", **base)
+    assert lease_line(stopped, now) == "lease: node-a at epoch 3, stopped 12.0s ago (instance stopped)"
+    held = LeaseState(state="held", valid=True, expires_in_s=4.25, **base)
+    assert lease_line(held, now) == "lease: node-a at epoch 3, expires in 4.2s"
+    expired = LeaseState(state="expired", valid=False, expires_in_s=-300.0, vacant_since=now - timedelta(minutes=5),
+                         vacancy="expired: node-a is FAILED: ValueError: boom", **base)
+    assert lease_line(expired, now) == "lease: node-a at epoch 3, expired 5m ago (node-a is FAILED: ValueError: boom)"
+    assert lease_line(None, now) == "lease: never taken"
 
 
 def test_the_configuration_is_parsed_again_only_when_a_file_changes(conf: Path, monkeypatch: pytest.MonkeyPatch) -> None:

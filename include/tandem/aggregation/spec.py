@@ -101,7 +101,7 @@ def spec_for(plan: Any, output: str) -> AggregationSpec:
     declared = plan.outputs[output]
     if declared.kind != "aggregation":
         raise ValueError(f"{plan.path}: outputs.{output} is a {declared.kind} output, not an aggregation")
-    field_types = {name: f.type for stream in plan.streams.values() for name, f in stream.fields.items()}
+    field_types = {name: f.column_type for stream in plan.streams.values() for name, f in stream.fields.items()}
     measures = []
     for column, measure in declared.measures.items():
         kind, source = measure.function, measure.source

@@ -163,7 +163,7 @@ class ReconcileVerdictOperator(PlanTaskOperator):
         self.run_id = run_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem.batch.reconciliations import KINDS, reconciliation_rows, summary
+        from tandem.batch.reconciliations import DIFFERENCES, reconciliation_rows, summary
 
         cluster, plan = self.loaded()
         rows = reconciliation_rows(cluster, plan, self.run_id)
@@ -171,10 +171,10 @@ class ReconcileVerdictOperator(PlanTaskOperator):
             raise AirflowFailException(f"the reconcile of run {self.run_id} stored nothing (see its log)")
         counts = summary(rows)
         lines = [f"reconcile of {plan.name} {rows[0]['range_start']:%Y-%m-%d}: "
-                 + ", ".join(f"{counts[k]} {k}" for k in KINDS)]
+                 + ", ".join(f"{counts[k]} {k}" for k in DIFFERENCES)]
         for row in rows:
             lines.append(f"{row['shard_id']} {row['output']}: {row['compared']} compared, "
-                         + ", ".join(f"{row[k]} {k}" for k in KINDS)
+                         + ", ".join(f"{row[k]} {k}" for k in DIFFERENCES)
                          + (f" (skipped: {row['skipped']})" if row["skipped"] else f"; examples {row['examples']}"))
         for line in lines:
             self.log.info("%s", line)

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from tandem.airflow.operator_support import task_cluster
 from tandem.config import load_plan
 from tandem.declarations import parse_duration
+from tandem.reading import read_output
 
 
 class ValidateServingTableOperator(BaseOperator):
@@ -59,8 +60,7 @@ class ValidateServingTableOperator(BaseOperator):
         reports = validate_plan_outputs(cluster, plan, since, end, granularity=self.granularity)
         hourly_rows = 0
         for output in aggregation_outputs(plan):
-            hourly = aggregation.query(cluster, plan.name, "hour", aggregation.bucket_start(since, "hour"), end,
-                                       output=output)
+            hourly = read_output(cluster, plan, "hour", aggregation.bucket_start(since, "hour"), end, output=output)
             hourly_rows += len(hourly)
             self.log.info("merged hourly %s aggregates of %s, %s .. %s: %d rows", plan.name, output,
                           since.isoformat(), end.isoformat(), len(hourly))

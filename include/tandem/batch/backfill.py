@@ -48,18 +48,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from tandem.aggregation import delta as agg_delta
-from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation.granularity import bucket_end, bucket_start
-from tandem.aggregation.spec import UTC_MICROS, aggregation_outputs, spec_for
-from tandem.batch.trim import contributions_horizon, partials_horizon
+from tandem.aggregation.spec import aggregation_outputs, spec_for
+from tandem.batch.trim import contributions_horizon
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
 from tandem.config import ClusterConfig, PlanConfig, nats_of
 from tandem.errors import BackfillRefused, PathOutsideRoot
 from tandem.layout import (
     backfill_dir,
     checkpoint_dir,
-    delta_table_dir,
     input_files,
     input_mtimes,
     instance_landing_dirs,
@@ -70,19 +67,17 @@ from tandem.layout import (
 from tandem.messaging import JetStream, partition_subject, stream_name
 from tandem.messaging.jetstream import dropped_since
 from tandem.names import QUARANTINE_QUERY
-from tandem.outputs import sink_for
-from tandem.outputs.base import BatchInfo
+from tandem.outputs import kind_of
+from tandem.outputs.aggregation import partials_horizon
+from tandem.outputs.recompute import BATCH_COLUMN, Recomputed
 from tandem.runtime.node import start_query
 from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
 from tandem.snapshots.source_log import processed_file_times
 from tandem.store import Database
-from tandem.store import aggregates
 from tandem.store import backfills as catalog
 from tandem.store.heartbeats import newest_watermarks
 from tandem.store.locks import AdvisoryLock, plan_lock
-from tandem.store import outputs as store_outputs
 from tandem.store.leases import read_lease
-from tandem.store.publish_log import last_published
 from tandem.store.registry import InstanceKey
 from tandem.store.trim import horizons
 
@@ -91,7 +86,6 @@ log = logging.getLogger(__name__)
 ALL_FILES = 2**31 - 1
 """``maxFilesPerTrigger`` (and a ``nats`` stream's events per trigger) of a recomputation: all its retained input in
 the first micro-batch."""
-BATCH_COLUMN = "_backfill_batch"
 LISTED = 5
 """How many missing files a refusal names."""
 CONTRIBUTION_MARGIN = timedelta(minutes=10)
@@ -136,7 +130,7 @@ def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed:
       (and the loss rolled up to the year): a range aligned to such buckets is fine; an aggregation with ``id``
       adds to the range's own seconds, which must all be there.
     """
-    by_id = [name for name, output in plan.outputs.items() if output.id]
+    by_id = [name for name in plan.outputs if kind_of(plan, name).applies_contributions(plan.outputs[name])]
     for shard in shards if by_id else ():
         horizon = trimmed.get(contributions_horizon(shard))
         if horizon is not None and start < horizon + CONTRIBUTION_MARGIN:
@@ -374,114 +368,22 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
             continue
         table = pa.concat_tables(emitted, promote_options="default")
         spec = specs[name]
-        for value, output in spec.routes.items():
+        for value, outputs in spec.routes.items():
             part = table if value == ALL_ROWS else table.filter(pc.equal(table[spec.route_by], value))
-            rows.setdefault(output, []).append(part)
+            for output in outputs:
+                rows.setdefault(output, []).append(part)
     return {output: pa.concat_tables(parts, promote_options="default") for output, parts in rows.items()}
 
 
 # --- replace -----------------------------------------------------------------------------------------------------
 
 
-def newest_seconds(rows: pa.Table, keys: tuple[str, ...], start: datetime, end: datetime) -> pa.Table:
-    """Per (second, keys) in ``[start, end)``, the row of the latest micro-batch (an update-mode query emits a
-    second again when it changes) (pure)."""
-    start_us, end_us = pa.scalar(start, UTC_MICROS), pa.scalar(end, UTC_MICROS)
-    bucket = rows["bucket_start"].cast(UTC_MICROS)
-    rows = rows.set_column(rows.schema.get_field_index("bucket_start"), "bucket_start", bucket)
-    rows = rows.filter(pc.and_(pc.greater_equal(rows["bucket_start"], start_us), pc.less(rows["bucket_start"], end_us)))
-    latest: dict[tuple, dict[str, Any]] = {}
-    for row in sorted(rows.to_pylist(), key=lambda r: r[BATCH_COLUMN]):
-        latest[(row["bucket_start"], *(row[k] for k in keys))] = row
-    return pa.Table.from_pylist(list(latest.values()), schema=rows.schema).drop_columns([BATCH_COLUMN])
-
-
 def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
                    rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
     """Put the recomputed ``rows`` of one instance's ``output`` in place for ``[start, end)`` (``None``: it emitted
-    none), as its kind allows; what changed."""
-    declared = plan.outputs[output]
-    if declared.id or declared.kind == "events":
-        return publish_missing(cluster, plan, db, shard_id, output, rows, start, end, backfill_id)
-    if declared.kind != "aggregation":
-        return {"recomputed": False, "why": f"{declared.kind} outputs without id are not backfilled"}
-    spec = spec_for(plan, output)
-    columns = ["bucket_start", *spec.keys, *spec.measure_columns]
-    if rows is None:  # the recomputation emitted nothing: the range holds no second any more
-        seconds = spec.written_schema.empty_table().select(columns)
-    else:
-        seconds = newest_seconds(rows, spec.keys, start, end).select(columns)
-    counted = spec.version_column
-
-    def work(cursor) -> tuple[pa.Table, dict[str, int]]:
-        aggregates.ensure_table(cursor, spec)
-        aggregates.lock_for_replace(cursor, spec)
-        # read under the lock: the rows written carry the newest published batch, so a batch published before
-        # them never wins over them in Delta, and every batch after them rolls up from the replaced children
-        epoch, batch_id = last_published(cursor, plan.name, shard_id, output)
-        return agg_postgres.replace_range(cursor, spec, plan.name, shard_id, seconds, start, end, epoch, batch_id)
-
-    written, before = db.run(work, attempts=3)
-    agg_delta.replace_range(delta_table_dir(cluster, plan.name, output), spec, shard_id, start, end, written,
-                            node=f"backfill:{backfill_id}", published_at=datetime.now(timezone.utc),
-                            app_id=f"backfill/{backfill_id}/{shard_id}/{output}")
-    return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
-            "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
-            "rows_written": written.num_rows}
-
-
-BACKFILL_BATCH = -1
-"""The batch id rows published by a backfill carry (PostgreSQL's ``batch_id``, the Delta rows and the
-``publish_log`` row of the lease holder); the Delta commit's application id names the backfill."""
-EXAMPLES = 5
-
-
-def in_range(rows: pa.Table, field: str, start: datetime, end: datetime) -> pa.Table:
-    """The rows whose ``field`` (a timestamp, or epoch milliseconds) lies in ``[start, end)`` (pure)."""
-    column = rows[field]
-    if pa.types.is_integer(column.type):
-        column = pc.cast(pc.multiply(column, 1000), pa.int64()).cast(UTC_MICROS)
-    elif pa.types.is_timestamp(column.type) and column.type.tz is None:
-        column = column.cast(pa.timestamp("us")).cast(UTC_MICROS)
-    else:
-        column = column.cast(UTC_MICROS)
-    return rows.filter(pc.and_(pc.greater_equal(column, pa.scalar(start, UTC_MICROS)),
-                               pc.less(column, pa.scalar(end, UTC_MICROS))))
-
-
-def publish_missing(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
-                    rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
-    """An output published once by id (events, tables and aggregations of facts): publish the recomputed rows of
-    ``[start, end)`` (by the output's ``time``) the stream never published, through the instance's own sink under
-    the ACTIVE's lease, so each is published once whoever comes first; count those the recomputation no longer
-    produces (events: a notification cannot be unsent; a table's or fact's applied value is not subtracted)."""
-    declared = plan.outputs[output]
-    if declared.time is None:
-        return {"recomputed": False, "why": f"{output} declares no time field: its range cannot be bounded"}
-    sink = sink_for(plan, output, InstanceKey(plan.name, shard_id, "backfill"), cluster.database_url,
-                    delta_table_dir(cluster, plan.name, output))
-    table, id_column = sink.table, sink.id_column
-    recomputed = {} if rows is None else sink.identities(in_range(rows.drop_columns([BATCH_COLUMN]), declared.time,
-                                                                  start, end))
-    known = db.run(lambda cursor: store_outputs.known_ids(cursor, table, id_column, plan.name, output,
-                                                          list(recomputed)), attempts=3) if recomputed else set()
-    missing = {i: row for i, row in recomputed.items() if i not in known}
-    if missing:
-        lease = read_lease(db, plan.name, shard_id)
-        if lease is None or lease.holder is None or lease.expired_for_s > 0:
-            raise BackfillRefused(f"backfill of plan {plan.name}: instance {shard_id} has no ACTIVE node to publish "
-                                  f"{len(missing)} missing rows of {output} under its lease: start it, then again")
-        holder = InstanceKey(plan.name, shard_id, lease.holder)
-        sink.instance = holder  # the same sink: identities() recorded the rows' schema its write() needs
-        sink.write(missing, BatchInfo(holder, BACKFILL_BATCH, lease.epoch, datetime.now(timezone.utc),
-                                      f"backfill-{backfill_id}"))
-    outcome: dict[str, Any] = {"recomputed": True, "rows": len(recomputed), "published": len(missing),
-                               "already_published": len(known)}
-    if declared.kind == "events":
-        published = db.run(lambda cursor: store_outputs.read_events(cursor, plan.name, output, start, end), attempts=3)
-        gone = sorted(e["event_id"] for e in published if e["shard_id"] == shard_id and e["event_id"] not in recomputed)
-        outcome.update(no_longer_produced=len(gone), examples=gone[:EXAMPLES])
-    return outcome
+    none), as its kind does (:meth:`tandem.outputs.base.OutputKind.replace`); what changed."""
+    job = Recomputed(cluster, plan, db, shard_id, output, rows, start, end)
+    return kind_of(plan, output).replace(job, backfill_id)
 
 
 # --- the whole backfill ------------------------------------------------------------------------------------------
@@ -516,7 +418,7 @@ def _run_registered(cluster: ClusterConfig, plan: PlanConfig, db: Database, spar
             recomputed = recompute(spark, cluster, plan, shard, scratch / shard)
             report[shard] = {}
             for output in plan.outputs:
-                if output not in recomputed and plan.outputs[output].kind == "quarantine":
+                if not kind_of(plan, output).recomputed:
                     continue
                 step(f"{shard}: replacing {output}")
                 report[shard][output] = replace_output(cluster, plan, db, shard, output, recomputed.get(output),

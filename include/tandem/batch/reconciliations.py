@@ -15,15 +15,15 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.lake.tables import append_once, read_table
 from tandem.layout import delta_table_dir
 from tandem.names import RECONCILIATIONS
+from tandem.outputs.recompute import DIFFERENCES
 
-KINDS = ("late", "extra", "different")
 """``late``: the stream counted fewer events (the watermark dropped them, by design); ``extra``: published but not
 recomputed; ``different``: other values."""
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("reconciled_at", pa.timestamp("us", tz="UTC")),
     ("range_start", pa.timestamp("us", tz="UTC")), ("range_end", pa.timestamp("us", tz="UTC")),
     ("shard_id", pa.string()), ("output", pa.string()), ("compared", pa.int64()),
-    *[(k, pa.int64()) for k in KINDS], ("examples", pa.string()), ("skipped", pa.string())])
+    *[(k, pa.int64()) for k in DIFFERENCES], ("examples", pa.string()), ("skipped", pa.string())])
 
 
 def store_outcomes(cluster: ClusterConfig, plan: PlanConfig, outcomes: list[dict[str, Any]], start: datetime,
@@ -49,4 +49,4 @@ def summary(outcomes: list[Any]) -> dict[str, int]:
     def count(outcome: Any, kind: str) -> int:
         return outcome[kind] if isinstance(outcome, dict) else outcome.counts[kind]
 
-    return {kind: sum(count(o, kind) for o in outcomes) for kind in KINDS}
+    return {kind: sum(count(o, kind) for o in outcomes) for kind in DIFFERENCES}

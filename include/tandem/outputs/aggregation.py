@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import psycopg2.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,28 +28,49 @@ from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
 from tandem.aggregation.granularity import bucket_start
 from tandem.aggregation.merge import long_sum
-from tandem.aggregation.spec import AggregationSpec, Measure, spec_for
-from tandem.config import PlanConfig
+from tandem.aggregation.spec import UTC_MICROS, AggregationSpec, Measure, spec_for
 from tandem.declarations import MAX_EPOCH_MILLIS, FieldConfig, OutputConfig
+from tandem.errors import NothingPublished, QueryError
 from tandem.lake.history import roll_back_slice
+from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
+    ALL_TIME,
     BatchInfo,
     HeldById,
     HeldUntilPublished,
+    OutputKind,
+    ReadRequest,
     Refusals,
+    RetentionRun,
+    Trimmed,
     Validation,
     Window,
     as_utc,
+    capped,
     fence,
+    reading,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
+from tandem.outputs.recompute import (
+    BATCH_COLUMN,
+    Outcome,
+    PublishedById,
+    Recomputed,
+    same,
+)
 from tandem.store import aggregates
 from tandem.store import outputs as store
 from tandem.store.db import Database
+from tandem.store import trim as store_trim
 from tandem.store.leases import check_fence
-from tandem.store.publish_log import published_watermark, record_position, record_published
+from tandem.store.publish_log import last_published, published_watermark, record_position, record_published
 from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from tandem.config import ClusterConfig, PlanConfig
 
 log = logging.getLogger(__name__)
 
@@ -226,39 +247,6 @@ def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: li
     return pa.Table.from_pylist(out)
 
 
-def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
-         quarantine: QuarantineSink | None = None) -> AggregateSink | FactAggregateSink:
-    """Facts added by id when the output declares ``id``, else Spark's per-second partials."""
-    spec = spec_for(plan, output)
-    if plan.outputs[output].id:
-        return FactAggregateSink(spec, plan.name, output, plan.outputs[output], instance, database_url, delta_path,
-                                 quarantine)
-    return AggregateSink(spec, instance, database_url, delta_path, plan.watermark_s, quarantine)
-
-
-# --- restore -----------------------------------------------------------------------------------------------------
-
-
-def restore(db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
-            version: int | None) -> dict[str, int | None] | None:
-    """Put the instance's partials back to the snapshot's cut (``version`` of the Delta table at ``path``).
-
-    An aggregation of facts is kept (``None``): its facts are applied once by id, so the replay adds
-    only what is missing. Spark's partials are not: the Delta slice is rolled back, and the
-    PostgreSQL rows of the keys in files changed since the cut are replaced with the newest version
-    of each key in the restored slice (every row of the instance when vacuumed files hide what
-    changed); nothing is written when nothing of the instance changed.
-    """
-    if plan.outputs[output].id:
-        return None
-    rolled = roll_back_slice(path, shard_id, version)
-    outcome = {**rolled.outcome(), "postgres_rows": 0}
-    if rolled.restored is not None:
-        outcome["postgres_rows"] = rebuild_postgres_shard(db, spec_for(plan, output), plan.name, shard_id,
-                                                          rolled.restored, rolled.changed)
-    return outcome
-
-
 def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
     """The newest version (highest epoch, then batch, then publish time) of every (granularity, bucket, keys, shard) in ``rows`` (pure)."""
     identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
@@ -307,6 +295,8 @@ _SERVING_KEYS = ("granularity", "bucket_start")
 
 def serving_frame(rows: list[Mapping[str, Any]], spec: AggregationSpec) -> pd.DataFrame:
     """Partial-aggregate rows as a DataFrame with the spec's ratios added (e.g. ``avg_price``) (pure)."""
+    import pandas as pd  # only validations build frames
+
     columns = [*_SERVING_KEYS, *spec.keys, "shard_id", *spec.measure_columns]
     frame = pd.DataFrame.from_records([{c: row.get(c) for c in columns} for row in rows], columns=columns)
     for measure in spec.measures:
@@ -340,7 +330,7 @@ def _bounds(config: FieldConfig) -> tuple[tuple[float, bool] | None, tuple[float
     """The tightest declared ``(lower, strict)`` and ``(upper, strict)`` of a field (``None``: unbounded)."""
     lower = [(b, s) for b, s in ((config.greater_than, True), (config.at_least, False)) if b is not None]
     upper = [(b, s) for b, s in ((config.less_than, True), (config.at_most, False)) if b is not None]
-    if config.type == "epoch_millis":
+    if config.column_type == "epoch_millis":
         lower, upper = [*lower, (0, False)], [*upper, (MAX_EPOCH_MILLIS, False)]
     return (max(lower) if lower else None,
             min(upper, key=lambda bound: (bound[0], not bound[1])) if upper else None)
@@ -350,7 +340,7 @@ def _measure_bounds(plan: PlanConfig, measure: Measure, declared_type: str | Non
     """A sum, min or max of a declared field keeps the field's bounds (a sum: a lower bound >= 0, an
     upper bound <= 0, as every partial adds at least one accepted value)."""
     config = _declared_field(plan, measure.source) if measure.kind in ("sum", "min", "max") else None
-    if config is None or declared_type not in (None, {"epoch_millis": "long"}.get(config.type, config.type)):
+    if config is None or declared_type not in (None, {"epoch_millis": "long"}.get(config.column_type, config.type)):
         return []
     lower, upper = _bounds(config)
     if measure.kind == "sum":
@@ -424,3 +414,208 @@ def validation(plan: PlanConfig, output: str) -> Validation:
     return Validation(table=f"tandem.{spec.table}", key_columns=[*_SERVING_KEYS, *spec.keys, "shard_id"],
                       implied=expectations(plan, output), required=[instances()], takes_unnamed=True, read=read,
                       frame=lambda rows: serving_frame(rows, spec), granularities=tuple(spec.granularities))
+
+
+# --- backfill and reconcile of Spark's partials -------------------------------------------------------------------
+
+
+def newest_seconds(rows: pa.Table, keys: tuple[str, ...], start: datetime, end: datetime) -> pa.Table:
+    """Per (second, keys) in ``[start, end)``, the row of the latest micro-batch (an update-mode query emits a
+    second again when it changes) (pure)."""
+    start_us, end_us = pa.scalar(start, UTC_MICROS), pa.scalar(end, UTC_MICROS)
+    bucket = rows["bucket_start"].cast(UTC_MICROS)
+    rows = rows.set_column(rows.schema.get_field_index("bucket_start"), "bucket_start", bucket)
+    rows = rows.filter(pc.and_(pc.greater_equal(rows["bucket_start"], start_us), pc.less(rows["bucket_start"], end_us)))
+    latest: dict[tuple, dict[str, Any]] = {}
+    for row in sorted(rows.to_pylist(), key=lambda r: r[BATCH_COLUMN]):
+        latest[(row["bucket_start"], *(row[k] for k in keys))] = row
+    return pa.Table.from_pylist(list(latest.values()), schema=rows.schema).drop_columns([BATCH_COLUMN])
+
+
+def compare_partials(outcome: Outcome, published: list[Mapping[str, Any]], recomputed: list[Mapping[str, Any]],
+                     keys: tuple[str, ...], measures: list[str], count: str) -> Outcome:
+    """Per (second, keys): late when the recomputation counts more events than were published (or the second is
+    missing), extra when only published, different when the values differ otherwise (pure; sketches compared as
+    bytes)."""
+    def by_key(rows):
+        return {(row["bucket_start"], *(row[k] for k in keys)): row for row in rows}
+
+    ours, theirs = by_key(recomputed), by_key(published)
+    outcome.compared += len(set(ours) | set(theirs))
+    for key in sorted(set(ours) | set(theirs), key=lambda k: (k[0], *map(str, k[1:]))):
+        label = {"bucket_start": str(key[0]), **dict(zip(keys, key[1:]))}
+        if key not in theirs:
+            outcome.add("late", {**label, "recomputed": ours[key][count], "published": 0})
+        elif key not in ours:
+            outcome.add("extra", {**label, "published": theirs[key][count]})
+        elif ours[key][count] > theirs[key][count]:
+            outcome.add("late", {**label, "recomputed": ours[key][count], "published": theirs[key][count]})
+        elif not all(same(ours[key][m], theirs[key][m]) for m in measures):
+            outcome.add("different", {**label, **{m: [theirs[key][m], ours[key][m]] for m in measures
+                                                  if not same(ours[key][m], theirs[key][m])}})
+    return outcome
+
+
+# --- the kind ------------------------------------------------------------------------------------------------------
+
+
+
+def partials_horizon(table: str, granularity: str) -> str:
+    """The name :func:`tandem.store.trim.record_horizon` records an aggregation's trimmed partials under."""
+    return f"partials/{table}/{granularity}"
+
+
+class AggregationKind(OutputKind):
+    """``aggregation``: partial aggregates per instance and bucket, rolled up to every granularity, merged on read.
+
+    Spark's per-second partials (no ``id``: restored to a snapshot's cut, replaced by a backfill) or facts
+    added once each by id (``id``: published once by id, as tables and events are)."""
+
+    name = "aggregation"
+
+    def published_by_id(self, config: OutputConfig) -> bool:
+        return bool(config.id)
+
+    def applies_contributions(self, config: OutputConfig) -> bool:
+        return bool(config.id)
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> AggregateSink | FactAggregateSink:
+        """Facts added by id when the output declares ``id``, else Spark's per-second partials."""
+        spec = spec_for(plan, output)
+        if plan.outputs[output].id:
+            return FactAggregateSink(spec, plan.name, output, plan.outputs[output], instance, database_url,
+                                     delta_path, quarantine)
+        return AggregateSink(spec, instance, database_url, delta_path, plan.watermark_s, quarantine)
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """Merged aggregates of buckets of the granularity (default: the finest kept) starting in ``[start, end)``
+        (default: all): avg = Σsum / Σcount across instances, min of mins, max of maxes, distinct = the union's
+        estimate; ``shards``: how many instances hold the bucket."""
+        spec = spec_for(plan, output)
+        granularity = request.granularity or spec.granularities[0]
+        if granularity not in spec.granularities:
+            raise QueryError(f"unknown granularity {granularity!r}: plan {plan.name} keeps {output} by "
+                             f"{', '.join(spec.granularities)}")
+        start, end = request.start or ALL_TIME[0], request.end or ALL_TIME[1]
+        if start.tzinfo is None or end.tzinfo is None:
+            raise QueryError("start and end must be timezone-aware")
+        if end <= start:
+            raise QueryError(f"empty range: end {end.isoformat()} is not after start {start.isoformat()}")
+        unknown = sorted(set(request.keys) - set(spec.keys))
+        if unknown:
+            raise QueryError(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (keys: "
+                             f"{', '.join(spec.keys)})")
+        keys = {k: list(v) for k, v in request.keys.items()} or None
+        if request.source == "delta":
+            rows = agg_delta.query_merged(delta_table_dir(cluster, plan.name, output), spec, granularity, start, end,
+                                          keys)
+        else:
+            cursor_of = None if request.limit is None else (lambda cursor: capped(cursor, request.limit))
+            with reading(cluster, db) as connection:
+                try:
+                    rows = agg_postgres.read_merged(lambda work: connection.run(work, attempts=3), spec, plan.name,
+                                                    granularity, start, end, keys, cursor_of=cursor_of)
+                except psycopg2.errors.UndefinedTable:
+                    raise NothingPublished(f"table tandem.{spec.table} does not exist yet: no instance of plan "
+                                           f"{plan.name} has published {output} (or the database is not migrated: "
+                                           "tandem migrate)") from None
+        return rows[:request.limit] if request.limit is not None else rows
+
+    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
+                version: int | None) -> dict[str, int | None] | None:
+        """Put the instance's partials back to the snapshot's cut (``version`` of the Delta table at ``path``).
+
+        An aggregation of facts is kept (``None``): its facts are applied once by id, so the replay adds
+        only what is missing. Spark's partials are not: the Delta slice is rolled back, and the
+        PostgreSQL rows of the keys in files changed since the cut are replaced with the newest version
+        of each key in the restored slice (every row of the instance when vacuumed files hide what
+        changed); nothing is written when nothing of the instance changed.
+        """
+        if self.published_by_id(plan.outputs[output]):
+            return None
+        rolled = roll_back_slice(path, shard_id, version)
+        outcome = {**rolled.outcome(), "postgres_rows": 0}
+        if rolled.restored is not None:
+            outcome["postgres_rows"] = rebuild_postgres_shard(db, spec_for(plan, output), plan.name, shard_id,
+                                                              rolled.restored, rolled.changed)
+        return outcome
+
+    def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
+        """Facts: as any output published once by id. Partials: the instance's seconds in the range are replaced
+        and every coarser bucket overlapping it is rebuilt from its children (one PostgreSQL transaction that
+        holds the table's publishers off, then one Delta commit)."""
+        if self.published_by_id(job.declared):
+            return PublishedById.replace(self, job, backfill_id)  # type: ignore[arg-type]
+        spec = spec_for(job.plan, job.output)
+        columns = ["bucket_start", *spec.keys, *spec.measure_columns]
+        if job.rows is None:  # the recomputation emitted nothing: the range holds no second any more
+            seconds = spec.written_schema.empty_table().select(columns)
+        else:
+            seconds = newest_seconds(job.rows, spec.keys, job.start, job.end).select(columns)
+        counted = spec.version_column
+
+        def work(cursor) -> tuple[pa.Table, dict[str, int]]:
+            aggregates.ensure_table(cursor, spec)
+            aggregates.lock_for_replace(cursor, spec)
+            # read under the lock: the rows written carry the newest published batch, so a batch published before
+            # them never wins over them in Delta, and every batch after them rolls up from the replaced children
+            epoch, batch_id = last_published(cursor, job.plan.name, job.shard_id, job.output)
+            return agg_postgres.replace_range(cursor, spec, job.plan.name, job.shard_id, seconds, job.start, job.end,
+                                              epoch, batch_id)
+
+        written, before = job.db.run(work, attempts=3)
+        agg_delta.replace_range(job.delta_path, spec, job.shard_id, job.start, job.end, written,
+                                node=f"backfill:{backfill_id}", published_at=datetime.now(timezone.utc),
+                                app_id=f"backfill/{backfill_id}/{job.shard_id}/{job.output}")
+        return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
+                "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
+                "rows_written": written.num_rows}
+
+    def compare(self, job: Recomputed) -> Outcome:
+        if self.published_by_id(job.declared):
+            return PublishedById.compare(self, job)  # type: ignore[arg-type]
+        spec = spec_for(job.plan, job.output)
+        recomputed = [] if job.rows is None else newest_seconds(job.rows, spec.keys, job.start, job.end).to_pylist()
+
+        def published(cursor) -> list[dict[str, Any]]:
+            aggregates.ensure_table(cursor, spec)
+            return aggregates.seconds_between(cursor, spec, job.plan.name, job.shard_id, job.start, job.end)
+
+        return compare_partials(Outcome(job.shard_id, job.output), job.db.run(published, attempts=3), recomputed,
+                                spec.keys, spec.measure_columns, spec.version_column)
+
+    def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
+        """The partials of each granularity older than ``retention.partials``; the horizon is recorded (a backfill
+        of older buckets is refused)."""
+        spec = spec_for(run.plan, output)
+        done = []
+        for granularity, seconds in run.plan.maintenance.retention.partials_s.items():
+            if granularity in spec.granularities:
+                before = run.cutoff(seconds)
+                done.append(Trimmed(spec.table, store_trim.trim_partials(run.db, spec.table, run.plan.name,
+                                                                         granularity, before),
+                                    before, f"{granularity} partials of {output}"))
+                if done[-1].rows:
+                    store_trim.record_horizon(run.db, run.plan.name, partials_horizon(spec.table, granularity), before)
+        return done
+
+    def validation(self, plan: PlanConfig, output: str) -> Validation:
+        return validation(plan, output)
+
+    def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
+        """Its partials in the serving table (the table itself once no plan's rows are left in it: it is created
+        again with the measures declared then) and the ids of the facts added."""
+        spec = spec_for(plan, output)
+
+        def work(cursor) -> list[str]:
+            partials, dropped = aggregates.delete_plan_rows(cursor, spec, plan.name)
+            facts = store.delete_output_rows(cursor, "output_contributions", plan.name, output)
+            return [f"{partials} partials ({spec.table}{', dropped: no rows of any plan left' if dropped else ''})",
+                    *([f"{facts} added fact ids (output_contributions)"] if facts else [])]
+
+        return db.run(work, attempts=3)
+
+
+KIND = AggregationKind()

@@ -27,9 +27,10 @@ Sinks are idempotent and fenced:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -39,15 +40,16 @@ from tandem.declarations import OutputConfig, event_id
 from tandem.errors import DataError
 from tandem.lake.tables import append_once
 from tandem.store import outputs as store
-from tandem.store.db import Database, rolled_back
+from tandem.store.db import CappedCursor, Database, rolled_back
 from tandem.store.leases import check_fence
 from tandem.store.registry import InstanceKey
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from tandem.config import PlanConfig
+    from tandem.config import ClusterConfig, PlanConfig
     from tandem.outputs.quarantine import QuarantineSink
+    from tandem.outputs.recompute import Outcome, Recomputed
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -263,6 +265,10 @@ def as_utc(value: datetime | int) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+LAKE_COLUMNS = ("shard_id", "node", "epoch", "batch_id", "published_at")
+"""The columns every Delta copy of an output adds to its rows (:func:`lake_columns`)."""
+
+
 def lake_columns(batch: BatchInfo, n: int) -> dict[str, pa.Array]:
     key = batch.instance
     return {"shard_id": pa.repeat(key.shard_id, n), "node": pa.repeat(key.node, n),
@@ -364,3 +370,174 @@ class Validation:
     read: Callable[[Any, Window, int], list[dict[str, Any]]]
     frame: Callable[[list[Mapping[str, Any]]], pd.DataFrame]
     granularities: tuple[str, ...] = field(default=())
+
+
+# --- the kind -------------------------------------------------------------------------------------------------
+
+
+ALL_TIME = (datetime(1, 1, 1, tzinfo=timezone.utc), datetime(9999, 12, 31, tzinfo=timezone.utc))
+"""The range a read covers when it is given none."""
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What a read of an output asks for; each kind uses what applies to it.
+
+    ``start``/``end``: the event-time range (``None``: where the data is); ``granularity``: an aggregation's
+    buckets; ``keys``: per key field, the values wanted (compared as text); ``source``: ``postgres`` or
+    ``delta``; ``limit``: at most this many rows (``None``: all).
+    """
+
+    start: datetime | None = None
+    end: datetime | None = None
+    granularity: str | None = None
+    keys: Mapping[str, list[str]] = field(default_factory=dict)
+    source: str = "postgres"
+    limit: int | None = None
+
+    def matches(self, row: Mapping[str, Any]) -> bool:
+        """Whether a read row holds one of the wanted values of every filtered key (compared as text)."""
+        return all(_text(row.get(name)) in {_text(v) for v in wanted} for name, wanted in self.keys.items())
+
+
+@contextmanager
+def reading(cluster: ClusterConfig, db: Database | None) -> Iterator[Database]:
+    """``db`` (a caller's, e.g. the REST API's pooled connection), or a connection of the read's own, closed after."""
+    if db is not None:
+        yield db
+        return
+    with Database(cluster.database_url, "tandem-query") as own:
+        yield own
+
+
+def capped(cursor: Any, limit: int | None) -> Any:
+    """A context giving ``cursor``, or, with a ``limit``, a server-side cursor that fetches at most that many rows."""
+    return nullcontext(cursor) if limit is None else CappedCursor(cursor, limit)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, str) else str(value)
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """Rows of one table (or one granularity of an aggregation's table) deleted by one retention run."""
+
+    table: str
+    rows: int
+    before: datetime
+    what: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.table}{f' ({self.what})' if self.what else ''}: {self.rows} rows older than "
+                f"{self.before.isoformat(timespec='seconds')} deleted")
+
+
+@dataclass(frozen=True)
+class RetentionRun:
+    """One retention run of a plan, as a kind's :meth:`OutputKind.trim` sees it: ``cutoff(seconds)`` is the
+    instant that old (on PostgreSQL's clock); ``kept_for_replay`` per instance, the earliest row a restore of a
+    kept snapshot may bring again (rows published after it stay)."""
+
+    db: Database
+    plan: PlanConfig
+    now: datetime
+    kept_for_replay: Mapping[str, datetime]
+
+    def cutoff(self, seconds: float) -> datetime:
+        return self.now - timedelta(seconds=seconds)
+
+    def replay_cutoff(self, seconds: float, shard_id: str) -> datetime:
+        """Older than ``seconds`` and than what a restore of the instance's kept snapshots needs."""
+        return contributions_cutoff(self.now, seconds, self.kept_for_replay.get(shard_id))
+
+
+def contributions_cutoff(now: datetime, retention_s: float, replay_needs: datetime | None) -> datetime:
+    """Rows published once by id before this instant may go: older than the retention, and than what a restore of
+    the instance's kept snapshots needs (``replay_needs``: the earliest row such a replay brings again; ``None``:
+    the instance has no kept snapshot) (pure)."""
+    cutoff = now - timedelta(seconds=retention_s)
+    return cutoff if replay_needs is None else min(cutoff, replay_needs)
+
+
+class OutputKind:
+    """An output kind: one module of :mod:`tandem.outputs` holds one subclass and its ``KIND`` instance.
+
+    The kind owns every duty an output has; generic code (the loader, the runtime, the CLI, the REST API,
+    snapshots, backfill, reconcile, retention, validation) asks it and never names a kind:
+
+    - :meth:`published_by_id`: whether each row is published once by a deterministic id (else Spark's partials);
+    - :meth:`sink`: the fenced, idempotent sink of one instance;
+    - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
+    - :meth:`restore` / :meth:`rolled_back_on_restore`: what a restore does to it;
+    - :meth:`replace` / :meth:`compare`: a backfill's and a reconcile's use of a recomputed range;
+    - :meth:`trim`: its rows' retention;
+    - :meth:`reset`: its rows deleted when its plan is reset (:mod:`tandem.plan_reset`);
+    - :meth:`validation`: its validation suite.
+    """
+
+    name = ""
+    recomputed = True
+    """Whether a backfill and a reconcile recompute it (the quarantine is not: bad input stays bad)."""
+
+    def published_by_id(self, config: OutputConfig) -> bool:
+        """Whether each row is published once by a deterministic id (a restore keeps it; a backfill adds only
+        what is missing), rather than as partials Spark's state recomputes."""
+        return True
+
+    def applies_contributions(self, config: OutputConfig) -> bool:
+        """Whether its rows are contributions applied once by id to a value (``tandem.output_contributions``,
+        trimmed by ``maintenance.retention.contributions``): a backfill of input older than the ids kept would
+        apply rows again."""
+        return False
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> Sink:
+        """The sink of ``output`` for one instance; rows its store refuses go to ``quarantine``."""
+        raise NotImplementedError
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """The output merged over the plan's instances, as rows of JSON-able values (the same from either source),
+        at most ``request.limit`` of them; PostgreSQL through ``db`` when given (:func:`reading`)."""
+        raise NotImplementedError
+
+    def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+               emit: Callable[[dict[str, Any]], None]) -> None:
+        """Emit the rows of the read, then every new one as it is published, until interrupted."""
+        raise DataError(f"{output} is a {self.name} output: only an output whose rows are appended can be followed")
+
+    def rolled_back_on_restore(self, config: OutputConfig) -> bool:
+        """Whether a restore rolls the output back to the snapshot's cut (else it is kept as it is)."""
+        return not self.published_by_id(config)
+
+    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
+                version: int | None) -> dict[str, int | None] | None:
+        """Put one instance's part of ``output`` (its Delta table at ``path``) back to a snapshot's cut
+        (``version`` of that table; ``None``: the table was empty then). Returns what changed, or ``None`` when
+        the output is kept as it is (the replay after the cut adds only what is missing)."""
+        return None
+
+    def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
+        """A backfill: put the recomputed range of one instance in place; what changed."""
+        raise NotImplementedError
+
+    def compare(self, job: Recomputed) -> Outcome:
+        """A reconcile: the differences between the recomputed range of one instance and what it published."""
+        raise NotImplementedError
+
+    def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
+        """Delete the output's rows older than the plan's retention; what was deleted."""
+        return []
+
+    def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
+        """A plan reset (:mod:`tandem.plan_reset`, nothing of the plan running): delete every row of ``output`` in
+        PostgreSQL, so that the plan's next run starts from nothing (its Delta table goes with the plan's folder);
+        what went, a line each (none: it keeps no rows there)."""
+        return []
+
+    def validation(self, plan: PlanConfig, output: str) -> Validation | None:
+        """How ``output`` is validated, or ``None`` when it is not."""
+        return None

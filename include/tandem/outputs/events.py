@@ -12,24 +12,44 @@ in the window, the payload's fields as columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
 
-from tandem.config import PlanConfig
 from tandem.declarations import OutputConfig
 from tandem.lake.tables import read_table
-from tandem.outputs.base import BatchInfo, HeldById, Validation, Window, as_utc, kept
+from tandem.layout import delta_table_dir
+from tandem.outputs.base import (
+    ALL_TIME,
+    LAKE_COLUMNS,
+    BatchInfo,
+    HeldById,
+    ReadRequest,
+    RetentionRun,
+    Trimmed,
+    Validation,
+    Window,
+    as_utc,
+    reading,
+)
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
+from tandem.outputs.recompute import Outcome, PublishedById, Recomputed, compare_ids, publish_missing, \
+    recomputed_by_id, unbounded
 from tandem.store import outputs as store
+from tandem.store import trim as store_trim
+from tandem.store.db import Database
 from tandem.store.leases import check_fence
 from tandem.store.publish_log import record_published
 from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    from tandem.config import ClusterConfig, PlanConfig
 
 
 class EventsSink(HeldById):
@@ -57,11 +77,6 @@ class EventsSink(HeldById):
         return len(pending or ())
 
 
-def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
-         quarantine: QuarantineSink | None = None) -> EventsSink:
-    return EventsSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
-
-
 def read_events_lake(path: Path) -> pa.Table:
     """The Delta copy of an events output, one row per event id (the first committed)."""
     return first_per_event_id(read_table(path))
@@ -74,9 +89,6 @@ def first_per_event_id(table: pa.Table) -> pa.Table:
     table = table.sort_by([("event_id", "ascending"), ("published_at", "ascending")])
     ids = table.column("event_id").to_pylist()
     return table.filter(pa.array([i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))], pa.bool_()))
-
-
-restore = kept
 
 
 def expectations(config: OutputConfig) -> list[dict[str, Any]]:
@@ -107,3 +119,119 @@ def validation(plan: PlanConfig, output: str) -> Validation:
 
     return Validation(table="tandem.output_events", key_columns=["event_id"], implied=implied, required=implied,
                       takes_unnamed=False, read=read, frame=events_frame)
+
+
+LAKE_ONLY = (*LAKE_COLUMNS, "event_id")
+
+
+class EventsKind(PublishedById):
+    """``events``: append-only notifications, one per deterministic event id, optionally relayed to a stream."""
+
+    name = "events"
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> EventsSink:
+        return EventsSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """The events of ``[start, end)`` (default: all) in time order, then id: ``event_id``, ``event_time``
+        (ISO 8601), ``shard_id`` and the payload's fields."""
+        start, end = request.start or ALL_TIME[0], request.end or ALL_TIME[1]
+        rows: list[dict[str, Any]] = []
+        if request.source == "delta":
+            time_field = plan.outputs[output].time
+            for event in read_events_lake(delta_table_dir(cluster, plan.name, output)).to_pylist():
+                at = as_utc(event[time_field])
+                if start <= at < end:
+                    payload = {k: v for k, v in event.items() if k not in LAKE_ONLY}
+                    rows.append({"event_id": event["event_id"], "event_time": at.isoformat(),
+                                 "shard_id": event["shard_id"], **store.to_json(payload)})
+            rows.sort(key=lambda e: (e["event_time"], e["event_id"]))
+            rows = [row for row in rows if request.matches(row)]
+            return rows[:request.limit] if request.limit is not None else rows
+        after: tuple[datetime, str] | None = None
+        with reading(cluster, db) as connection:
+            while request.limit is None or len(rows) < request.limit:
+                page = connection.run(lambda cursor: store.read_events(cursor, plan.name, output, start, end,
+                                                                       after=after, limit=1000), attempts=3)
+                for row in page:
+                    event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
+                             "shard_id": row["shard_id"], **row["payload"]}
+                    if request.matches(event):
+                        rows.append(event)
+                    after = (row["event_time"], row["event_id"])
+                if len(page) < 1000:
+                    break
+        return rows[:request.limit] if request.limit is not None else rows
+
+    def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+               emit: Callable[[dict[str, Any]], None]) -> None:
+        """Every event from ``start`` on (default: all) in time order, then each new one (polled each second)."""
+        after: tuple[datetime, str] | None = None
+        with Database(cluster.database_url, "tandem-query") as db:
+            while True:
+                page = db.run(lambda cursor: store.read_events(cursor, plan.name, output, request.start or ALL_TIME[0],
+                                                               ALL_TIME[1], after=after, limit=1000))
+                for row in page:
+                    event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
+                             "shard_id": row["shard_id"], **row["payload"]}
+                    if request.matches(event):
+                        emit(event)
+                    after = (row["event_time"], row["event_id"])
+                if len(page) < 1000:
+                    time.sleep(1.0)
+
+    def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
+        """Publish the missing events; count those published that the recomputation no longer produces (a
+        notification cannot be unsent)."""
+        why = unbounded(job)
+        if why:
+            return {"recomputed": False, "why": why}
+        outcome, recomputed = publish_missing(self, job, backfill_id)
+        gone = sorted(e["event_id"] for e in self._published(job) if e["event_id"] not in recomputed)
+        return {**outcome, "no_longer_produced": len(gone), "examples": gone[:5]}
+
+    def compare(self, job: Recomputed) -> Outcome:
+        """Late, extra and different events, their payloads compared."""
+        why = unbounded(job)
+        if why:
+            return Outcome(job.shard_id, job.output, skipped=why)
+        _, recomputed = recomputed_by_id(self, job)
+        return compare_ids(Outcome(job.shard_id, job.output),
+                           {e["event_id"]: e["payload"] for e in self._published(job)}, recomputed)
+
+    @staticmethod
+    def _published(job: Recomputed) -> list[dict[str, Any]]:
+        events = job.db.run(lambda cursor: store.read_events(cursor, job.plan.name, job.output, job.start, job.end),
+                            attempts=3)
+        return [e for e in events if e["shard_id"] == job.shard_id]
+
+    def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
+        """Each instance's events older than ``retention.events`` (kept while a restore may replay them, and until
+        the relay has sent them)."""
+        relayed = [output] if run.plan.outputs[output].stream else []
+        done = []
+        for shard_id in run.plan.shards:
+            before = run.replay_cutoff(run.plan.maintenance.retention.events_s, shard_id)
+            done.append(Trimmed("output_events", store_trim.trim_events(run.db, run.plan.name, shard_id, before,
+                                                                        relayed, output),
+                                before, f"{output} of instance {shard_id}"))
+        return done
+
+    def validation(self, plan: PlanConfig, output: str) -> Validation:
+        return validation(plan, output)
+
+    def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
+        """Its events, and the position its relay recorded in its NATS stream."""
+        from tandem.store.output_streams import forget_relayed
+
+        def work(cursor) -> list[str]:
+            events = store.delete_output_rows(cursor, "output_events", plan.name, output)
+            return [f"{events} events (output_events)"] + (
+                ["its relay's position (output_streams)"] if forget_relayed(cursor, plan.name, output) else [])
+
+        return db.run(work, attempts=3)
+
+
+KIND = EventsKind()

@@ -2,7 +2,7 @@
 in Delta.
 
 Restore: kept (a source file's bad lines are quarantined once per instance). Validation: none (it holds bad
-input by design).
+input by design). Read: from Delta.
 """
 
 from __future__ import annotations
@@ -10,18 +10,21 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tandem.config import PlanConfig
 from tandem.lake.tables import append_once, read_table
-from tandem.outputs.base import BatchInfo, HeldUntilPublished, Validation, fence, kept
+from tandem.layout import delta_table_dir
+from tandem.outputs.base import BatchInfo, HeldUntilPublished, OutputKind, ReadRequest, fence
 from tandem.store.db import Database
 from tandem.store.outputs import to_json
 from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    from tandem.config import ClusterConfig, PlanConfig
 
 
 REFUSED_SOURCE = "output:"
@@ -111,15 +114,34 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
         return self.publish(pa.concat_tables(held.values()), batch)
 
 
-def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
-         quarantine: QuarantineSink | None = None) -> QuarantineSink:
-    """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
-    return QuarantineSink(instance, database_url, delta_path, output=output)
+class QuarantineKind(OutputKind):
+    """``quarantine``: the plan's bad input and refused rows, with the reason, in Delta only. Kept by a restore (a
+    source file's bad lines are quarantined once per instance), never recomputed nor validated (it holds bad input
+    by design)."""
+
+    name = "quarantine"
+    recomputed = False
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> QuarantineSink:
+        """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
+        return QuarantineSink(instance, database_url, delta_path, output=output)
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """The quarantined rows (from Delta whatever the source and ``db``: the quarantine has no PostgreSQL copy) whose
+        ``quarantined_at`` lies in ``[start, end)`` (default: all), oldest first: ``raw``, ``source_file``,
+        ``reason``, ``shard_id``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601)."""
+        table = read_table(delta_table_dir(cluster, plan.name, output))
+        rows = []
+        for row in sorted(table.to_pylist(), key=lambda r: (r["quarantined_at"], r["source_file"], r["raw"])):
+            if (request.start is None or row["quarantined_at"] >= request.start) and \
+                    (request.end is None or row["quarantined_at"] < request.end):
+                row = {k: row[k] for k in QUARANTINE_SCHEMA.names if k != "plan"}
+                row["quarantined_at"] = row["quarantined_at"].isoformat()
+                if request.matches(row):
+                    rows.append(row)
+        return rows[:request.limit] if request.limit is not None else rows
 
 
-restore = kept
-
-
-def validation(plan: PlanConfig, output: str) -> Validation | None:
-    """None: the quarantine is not validated (it holds bad input by design)."""
-    return None
+KIND = QuarantineKind()

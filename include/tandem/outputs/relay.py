@@ -52,7 +52,7 @@ from typing import Any
 import pyarrow as pa
 
 from tandem.config import NatsConfig, PlanConfig
-from tandem.declarations import StreamConfig, partition_of
+from tandem.declarations import TIME_TYPES, StreamConfig, partition_of
 from tandem.errors import TandemError
 from tandem.lake.tables import append_once, committed_version
 from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
@@ -143,13 +143,14 @@ def epoch_millis(value: Any) -> Any:
 
 
 def stream_message(stream: StreamConfig, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The event as a line of ``stream``: its declared fields (pure). A field the event lacks is left out, so the
-    stream's reader quarantines the line with the reason instead of this relay stopping."""
-    line = {}
+    """The event as a line of ``stream``: its declared fields, each at the key it reads (its ``from``), times as
+    epoch milliseconds (pure). A field the event lacks is left out, so the stream's reader quarantines the line with
+    the reason instead of this relay stopping."""
+    values = {}
     for name, declared in stream.fields.items():
         if payload.get(name) is not None:
-            line[name] = epoch_millis(payload[name]) if declared.type == "epoch_millis" else payload[name]
-    return line
+            values[name] = epoch_millis(payload[name]) if declared.type in TIME_TYPES else payload[name]
+    return stream.event_of(values)
 
 
 def messages_after(tail: Tail, events: Sequence[Mapping[str, Any]], prefix: str, stream: str,
@@ -189,7 +190,8 @@ def split_round(tail: Tail, events: Sequence[Mapping[str, Any]], prefix: str, st
     messages, published, too_large = [], [], []
     for event in events:
         line = stream_message(declared, event["payload"])
-        subject = partition_subject(prefix, stream, partition_of(line.get(declared.key), declared.partitions))
+        subject = partition_subject(prefix, stream, partition_of(declared.value_at(line, declared.key),
+                                                                 declared.partitions))
         position = position_header((int(event["xid"]), event["event_id"]))
         payload = json.dumps(line, separators=(",", ":")).encode()
         widest = Message(subject, payload, event["event_id"], ((EXPECTED_LAST_SEQUENCE, _WIDEST_SEQUENCE),

@@ -11,21 +11,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
 
-from tandem.config import PlanConfig
 from tandem.declarations import OutputConfig
 from tandem.lake.tables import read_table
-from tandem.outputs.base import BatchInfo, HeldById, Validation, Window, kept
+from tandem.layout import delta_table_dir
+from tandem.outputs.base import (
+    BatchInfo,
+    HeldById,
+    ReadRequest,
+    RetentionRun,
+    Trimmed,
+    Validation,
+    Window,
+    capped,
+    reading,
+)
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
+from tandem.outputs.recompute import PublishedById
 from tandem.store import outputs as store
+from tandem.store import trim as store_trim
+from tandem.store.db import Database
 from tandem.store.leases import check_fence
 from tandem.store.publish_log import record_published
 from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    from tandem.config import ClusterConfig, PlanConfig
 
 
 class TableSink(HeldById):
@@ -57,11 +73,6 @@ class TableSink(HeldById):
         return len(current or ())
 
 
-def sink(plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
-         quarantine: QuarantineSink | None = None) -> TableSink:
-    return TableSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
-
-
 def read_table_lake(path: Path, config: OutputConfig) -> list[dict[str, Any]]:
     """The Delta copy of a table, merged: per key, the sum over instances of each instance's newest version."""
     return merge_table_rows(read_table(path), config)
@@ -82,9 +93,6 @@ def merge_table_rows(table: pa.Table, config: OutputConfig) -> list[dict[str, An
             out[v] += row[v]
         out["instances"] += 1
     return list(merged.values())
-
-
-restore = kept
 
 
 def expectations(config: OutputConfig) -> list[dict[str, Any]]:
@@ -116,3 +124,61 @@ def validation(plan: PlanConfig, output: str) -> Validation:
 
     return Validation(table="tandem.output_table_rows", key_columns=[*config.key, "shard_id"], implied=implied,
                       required=implied, takes_unnamed=False, read=read, frame=table_frame)
+
+
+class TableKind(PublishedById):
+    """``table``: a keyed table of numbers, each instance's partial values summed on read."""
+
+    name = "table"
+
+    def applies_contributions(self, config: OutputConfig) -> bool:
+        return True
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> TableSink:
+        return TableSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """Per key, the sum over instances of each value, and how many instances hold the key."""
+        config = plan.outputs[output]
+        if request.source == "delta":
+            rows = read_table_lake(delta_table_dir(cluster, plan.name, output), config)
+        else:
+            single = {k: v[0] for k, v in request.keys.items() if len(v) == 1}
+            limit = request.limit if len(single) == len(request.keys) else None  # else filtered below
+
+            def work(cursor) -> list[dict[str, Any]]:
+                with capped(cursor, limit) as rows:
+                    return store.read_table_rows(rows, plan.name, output, config.values, single or None)
+
+            with reading(cluster, db) as connection:
+                found = connection.run(work, attempts=3)
+            rows = [{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
+                    for r in found]
+        rows = [row for row in rows if request.matches(row)]
+        return rows[:request.limit] if request.limit is not None else rows
+
+    def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
+        seconds = run.plan.maintenance.retention.table_rows_s
+        if seconds is None:
+            return []
+        before = run.cutoff(seconds)
+        return [Trimmed("output_table_rows", store_trim.trim_table_rows(run.db, run.plan.name, output, before),
+                        before, f"keys of {output}")]
+
+    def validation(self, plan: PlanConfig, output: str) -> Validation:
+        return validation(plan, output)
+
+    def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
+        """Its keys' partial values and the ids of the rows applied to them."""
+
+        def work(cursor) -> list[str]:
+            rows = store.delete_output_rows(cursor, "output_table_rows", plan.name, output)
+            applied = store.delete_output_rows(cursor, "output_contributions", plan.name, output)
+            return [f"{rows} partial values (output_table_rows)", f"{applied} applied row ids (output_contributions)"]
+
+        return db.run(work, attempts=3)
+
+
+KIND = TableKind()

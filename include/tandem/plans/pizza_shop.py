@@ -8,6 +8,8 @@ the same order has a time in ``[order time, order time + 30 s]``, otherwise it i
 - ``delivered_orders`` (table, key ``customer_name``): the number of orders delivered on time per
   customer; a customer's orders fall into several partitions, so reads add up the instances' counts.
 - ``overdue_orders`` (events): one per overdue order.
+- ``last_orders`` (latest, key ``customer_name``): each customer's latest order by order time, with its
+  outcome.
 - ``order_stats`` (aggregation, second … year of the order time): orders, orders delivered on
   time, and distinct customers (an HLL sketch). Each order's outcome is a fact added once by the
   sink: Spark refuses to aggregate rows a ``transformWithState`` emits older than the watermark.
@@ -114,7 +116,8 @@ def order_outcomes(orders: DataFrame, deliveries: DataFrame, watermark_s: float)
                                     timeMode="EventTime")
 
 
-@query(route_by="outcome", routes={"delivered": "delivered_orders", "overdue": "overdue_orders", "*": "order_stats"})
+@query(route_by="outcome", routes={"delivered": "delivered_orders", "overdue": "overdue_orders",
+                                   "*": ["order_stats", "last_orders"]})
 def orders(ctx: PlanContext) -> DataFrame:
     """Each order's outcome at its expiry: delivered orders and overdue orders, and every outcome as a fact."""
     return order_outcomes(ctx.events("orders"), ctx.events("deliveries"), ctx.plan.watermark_s)

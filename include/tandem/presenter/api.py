@@ -39,7 +39,7 @@ from tandem.presenter import access, configuration, views
 from tandem.presenter.connections import PresenterBusy, pool_for
 from tandem.presenter.models import (
     ActionRequest, ActionRun, AggregateRows, BatchReport, BrokenPlanSummary, EventPage, PlanEntry, PlanStatus, PlanSummary, Problem,
-    QuarantineReport, SnapshotCatalog, TableRows, Timeline,
+    QuarantineReport, SnapshotCatalog, OutputRows, Timeline,
 )
 from tandem.store.db import Database
 from tandem.store.snapshots import STATUSES
@@ -212,16 +212,17 @@ def get_aggregates(plan: Plan, output: str, db: Db, granularity: str = "minute",
     return views.aggregate_rows(db, plan, output, granularity, start, end, _key_filter(key), limit=limit)
 
 
-@router.get("/plans/{plan}/outputs/{output}/rows", response_model=TableRows,
-            summary="A table output (latest value per key), merged over instances")
-def get_table(plan: Plan, output: str, db: Db, key: KeyQuery = None,
-              limit: Annotated[int, Query(ge=1, le=views.MAX_TABLE_ROWS, description="at most this many keys; "
-                                          "more: 400")] = DEFAULT_TABLE_ROWS) -> TableRows:
-    filters = _key_filter(key)
-    several = [field for field, values in filters.items() if len(values) > 1]
-    if several:
-        raise views.BadRequest(f"one value per key field for a table ({', '.join(several)} given several)")
-    return views.table_rows(db, plan, output, {f: v[0] for f, v in filters.items()}, limit=limit)
+@router.get("/plans/{plan}/outputs/{output}/rows", response_model=OutputRows,
+            summary="Any output merged over instances, as its kind reads it (a table, the latest row per key, events, "
+                    "aggregates, the quarantine)")
+def get_rows(plan: Plan, output: str, cluster: Cluster, db: Db, key: KeyQuery = None,
+             start: datetime | None = None, end: datetime | None = None, granularity: str | None = None,
+             limit: Annotated[int, Query(ge=1, le=views.MAX_TABLE_ROWS, description="at most this many rows; "
+                                         "more: 400")] = DEFAULT_TABLE_ROWS) -> OutputRows:
+    """``key`` filters any kind; ``start``/``end`` (default: all) and ``granularity`` (an aggregation's; default: its
+    finest) where the kind has them."""
+    return views.output_rows(cluster, db, plan, output, _key_filter(key), start=_aware(start) if start else None,
+                             end=_aware(end) if end else None, granularity=granularity, limit=limit)
 
 
 @router.get("/plans/{plan}/outputs/{output}/events", response_model=EventPage,

@@ -21,11 +21,9 @@ What it does not do:
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg2.extensions
 import psycopg2.extras
@@ -97,38 +95,6 @@ class ConnectionPool:
             idle, self._idle = self._idle, []
         for db in idle:
             db.close()
-
-
-class CappedCursor:
-    """A server-side cursor whose ``fetchall`` returns at most ``cap`` rows, for the store's read functions.
-
-    A read that may match more rows than the presenter answers with brings ``cap`` rows into the API
-    server, not all of them: the caller asks one more than its limit and refuses the request when
-    that one arrives. Only ``execute`` and ``fetch*`` are meant to be used (a function that needs
-    more of a cursor must take a plain one). Use it inside the transaction of ``cursor``.
-    """
-
-    _names = itertools.count()
-
-    def __init__(self, cursor: psycopg2.extensions.cursor, cap: int) -> None:
-        self.cap = cap
-        self._cursor = cursor.connection.cursor(name=f"tandem_presenter_{next(self._names)}",
-                                                cursor_factory=psycopg2.extras.RealDictCursor)
-
-    def execute(self, query: Any, params: Any = None) -> None:
-        self._cursor.execute(query, params)
-
-    def fetchall(self) -> list[dict[str, Any]]:
-        return self._cursor.fetchmany(self.cap)
-
-    def fetchone(self) -> dict[str, Any] | None:
-        return self._cursor.fetchone()
-
-    def __enter__(self) -> "CappedCursor":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._cursor.close()
 
 
 _pools: dict[str, ConnectionPool] = {}

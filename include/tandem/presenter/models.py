@@ -20,7 +20,7 @@ class GroupSummary(BaseModel):
 
 class OutputSummary(BaseModel):
     name: str
-    kind: Literal["aggregation", "table", "events", "quarantine"]
+    kind: str
     key: list[str]
     granularities: list[str] = Field(description="aggregations: the bucket sizes kept (finest first)")
     measures: list[str] = Field(description="aggregations: measure and ratio columns; tables: value columns")
@@ -56,11 +56,14 @@ class NodeState(BaseModel):
     """One node's instance of a group instance, as the supervisor sees it."""
 
     node: str
-    role: Role | None = Field(description="the role the instance last recorded (ACTIVE: holds the lease)")
+    role: Role | None = Field(description="the role the instance has now: ACTIVE while it holds the lease, else the "
+                                          "standby role it recorded; null when it does not run (stopped, failed, "
+                                          "blocked, never launched)")
     epoch: int | None
     status: str | None = Field(description="LAUNCHING, STARTING, RUNNING, STOPPED, FAILED or BLOCKED; null: never "
                                            "launched")
-    error: str | None = Field(None, description="the error the instance recorded (why it FAILED or is BLOCKED)")
+    error: str | None = Field(None, description="why it FAILED or is BLOCKED (or how it stopped), in one line: the "
+                                                "cause of the error it recorded (its driver's log has the whole text)")
     health: str = Field(description="HEALTHY, STARTING, DEAD, FAILED, STALLED, STOPPED, BLOCKED or MISSING")
     evidence: str = Field(description="why the health is what it is")
     drained: bool
@@ -75,7 +78,14 @@ class NodeState(BaseModel):
                                                       "node (its relay tries again with back-off); null: it does not")
 
 
+LeaseStateName = Literal["held", "stopped", "released", "expired", "free"]
+
+
 class LeaseState(BaseModel):
+    state: LeaseStateName = Field(
+        description="held: a node holds it; stopped: its holder's instance stopped cleanly and gave it up; released: "
+                    "its holder gave it up otherwise (a failed instance, a promotion that could not publish); "
+                    "expired: its holder stopped renewing it (killed, frozen, cut off); free: never taken")
     holder: str | None
     epoch: int
     valid: bool
@@ -84,8 +94,8 @@ class LeaseState(BaseModel):
     expires_at: datetime | None = Field(None, description="when the lease expires (or expired)")
     vacant_since: datetime | None = Field(None, description="when no node is ACTIVE: since when (the release, or "
                                                             "the expiry)")
-    vacancy: str | None = Field(None, description="when no node is ACTIVE: why ('released: instance stopped', "
-                                                  "'expired: node-a is FAILED: …')")
+    vacancy: str | None = Field(None, description="when no node is ACTIVE: the state and why ('stopped: instance "
+                                                  "stopped', 'expired: node-a is FAILED: …')")
 
 
 class OfInstance(BaseModel):
@@ -217,11 +227,14 @@ class AggregateRows(BaseModel):
                     "and `shards`: how many group instances contributed (the column keeps its name)")
 
 
-class TableRows(BaseModel):
+class OutputRows(BaseModel):
     plan: str
     output: str
-    rows: list[dict[str, Any]] = Field(description="per key: the key fields, the values summed over instances, "
-                                                   "instances (how many hold a part)")
+    kind: str
+    rows: list[dict[str, Any]] = Field(description="the output merged over instances, as its kind reads it: a table's "
+                                                   "keys with their values summed and instances (how many hold a "
+                                                   "part), a latest output's latest row per key, events, aggregates, "
+                                                   "quarantined lines")
 
 
 class Event(OfInstance):

@@ -23,26 +23,29 @@ from deltalake.exceptions import TableNotFoundError
 from tandem.aggregation.postgres import read_merged
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import ConfigError, TandemError
+from tandem.errors import ConfigError, NothingPublished, QueryError, TandemError, cause_of
 from tandem.json_values import spelled
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
+from tandem.outputs import kind_of
+from tandem.outputs.base import ReadRequest
 from tandem.presenter.cache import VersionedCache
-from tandem.presenter.connections import CappedCursor
+from tandem.store.db import CappedCursor
 from tandem.presenter.models import (
-    AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus, LeaseState, NodeState,
-    OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample, SnapshotCatalog, SnapshotInfo,
-    ReconcileRow, ReconcileRun, TableRows, Timeline, TimelineEvent,
+    AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus,
+    LeaseState, LeaseStateName, NodeState, OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample,
+    SnapshotCatalog, SnapshotInfo, ReconcileRow, ReconcileRun, OutputRows, Timeline, TimelineEvent,
 )
 from tandem.batch.reconciliations import reconciliation_rows
 from tandem.store.backfills import list_backfills
 from tandem.store.db import Database
 from tandem.store.leases import newest_of_kinds, recent_events
-from tandem.store.outputs import START, EventPosition, events_after, newest_events, read_table_rows
+from tandem.store.outputs import START, EventPosition, events_after, newest_events
 from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
 from tandem.supervisor.decisions import decide
+from tandem.supervisor.launch_decision import ENDED_STATUSES
 from tandem.supervisor.observe import observe_shard
 
 ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
@@ -102,7 +105,7 @@ def epoch_millis_fields(plan: PlanConfig) -> list[str]:
     """Field names that hold epoch milliseconds in the plan's events: every stream field declared
     ``epoch_millis`` and every output's time field (the page shows them as UTC times)."""
     names = {name for stream in plan.streams.values() for name, field in stream.fields.items()
-             if field.type == "epoch_millis"}
+             if field.column_type == "epoch_millis"}
     names |= {output.time for output in plan.outputs.values() if output.time}
     return sorted(names)
 
@@ -129,23 +132,42 @@ def _last_role_events(db: Database, plan: str) -> tuple[dict[str, TimelineEvent]
 
 
 def vacancy(lease: dict[str, Any], released: TimelineEvent | None,
-            holder: NodeState | None) -> tuple[datetime | None, str | None]:
-    """Since when and why no node is ACTIVE, from the lease row, its last release and its last holder's
-    state; ``(None, None)`` while a node holds a valid lease."""
+            holder: NodeState | None) -> tuple[LeaseStateName, datetime | None, str | None]:
+    """The lease's state (:class:`~tandem.presenter.models.LeaseState`), and since when and why no node is ACTIVE,
+    from the lease row, its last release and its last holder's state (pure); ``("held", None, None)`` while a node
+    holds a valid lease. A release by the holder at the lease's epoch is a clean stop when its instance then
+    recorded STOPPED (``tandem stop``, SIGTERM, the end of an available-now run)."""
     if lease["holder"] is None:
-        return None, "the lease was never taken"
+        return "free", None, "the lease was never taken"
     if lease["valid"]:
-        return None, None
+        return "held", None, None
+    failed = holder is not None and bool(holder.error) and holder.status in ("FAILED", "BLOCKED")
     if released is not None and released.node == lease["holder"] and released.epoch == int(lease["epoch"]):
-        return released.happened_at, f"released: {released.reason}"
+        if holder is not None and holder.status == "STOPPED":
+            return "stopped", released.happened_at, f"stopped: {released.reason}"
+        if failed:
+            return "released", released.happened_at, f"released: {lease['holder']} is {holder.status}: {holder.error}"
+        return "released", released.happened_at, f"released: {released.reason}"
     since = lease["expires_at"]
     if holder is None or holder.status is None:
-        return since, f"expired: {lease['holder']} stopped renewing it"
-    if holder.error and holder.status in ("FAILED", "BLOCKED"):
-        return since, f"expired: {lease['holder']} is {holder.status}: {holder.error}"
+        return "expired", since, f"expired: {lease['holder']} stopped renewing it"
+    if failed:
+        return "expired", since, f"expired: {lease['holder']} is {holder.status}: {holder.error}"
     if holder.status == "STOPPED":
-        return since, f"expired: {lease['holder']}'s instance stopped"
-    return since, f"expired: {lease['holder']} stopped renewing it ({holder.health}: {holder.evidence})"
+        return "expired", since, f"expired: {lease['holder']}'s instance stopped"
+    return "expired", since, f"expired: {lease['holder']} stopped renewing it ({holder.health}: {holder.evidence})"
+
+
+def shown_role(recorded: str | None, status: str | None, holds_lease: bool) -> str | None:
+    """The role a node's instance has now (pure): none when it does not run (it stopped, failed or is blocked, or
+    never ran: the role it last recorded is history); ACTIVE while it holds the lease; else the standby role it
+    recorded (one that recorded ACTIVE but no longer holds the lease is being demoted: none until it records its
+    standby role)."""
+    if status is None or status in ENDED_STATUSES:
+        return None
+    if holds_lease:
+        return ACTIVE
+    return None if recorded == ACTIVE else recorded
 
 
 def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanStatus:
@@ -161,9 +183,11 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             health, seen = view.health(node), observed.observations[node]
             row = rows.instances.get(node) or {}
             latest = progress.get(f"{plan.name}/{shard}/{node}", {})
+            holds_lease = view.lease is not None and view.lease.valid and view.lease.holder == node
             nodes.append(NodeState(
-                node=node, role=(ACTIVE if view.active == node else seen.role) if row else None,
-                epoch=seen.epoch if row else None, status=seen.status, error=row.get("error"), health=health.state,
+                node=node, role=shown_role(seen.role, seen.status, holds_lease) if row else None,
+                epoch=seen.epoch if row else None, status=seen.status, error=cause_of(row.get("error")),
+                health=health.state,
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),
                 last_batch_age_s=latest.get("batch_age_s"), lag_s=latest.get("lag_s"),
@@ -172,8 +196,8 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
         if rows.lease is not None:
             holder = next((n for n in nodes if n.node == rows.lease["holder"]), None)
             valid = bool(rows.lease["valid"]) and rows.lease["holder"] is not None
-            since, reason = vacancy({**rows.lease, "valid": valid}, releases.get(shard), holder)
-            lease = LeaseState(holder=rows.lease["holder"], epoch=int(rows.lease["epoch"]), valid=valid,
+            state, since, reason = vacancy({**rows.lease, "valid": valid}, releases.get(shard), holder)
+            lease = LeaseState(state=state, holder=rows.lease["holder"], epoch=int(rows.lease["epoch"]), valid=valid,
                                expires_in_s=-float(rows.lease["expired_for_s"]), acquired_at=rows.lease["acquired_at"],
                                expires_at=rows.lease["expires_at"], vacant_since=since, vacancy=reason)
         good = latest_good(db, plan.name, shard)
@@ -328,28 +352,33 @@ def aggregate_rows(db: Database, plan: PlanConfig, output: str, granularity: str
                          rows=[spelled(r) for r in rows])
 
 
-def table_rows(db: Database, plan: PlanConfig, output: str, key: dict[str, str] | None = None,
-               limit: int = MAX_TABLE_ROWS) -> TableRows:
-    """A table output merged over instances (optionally the rows whose key fields have the given values).
+def output_rows(cluster: ClusterConfig, db: Database, plan: PlanConfig, output: str,
+                keys: dict[str, list[str]] | None = None, *, start: datetime | None = None,
+                end: datetime | None = None, granularity: str | None = None,
+                limit: int = MAX_TABLE_ROWS) -> OutputRows:
+    """Any output merged over instances, as its kind reads it (:meth:`tandem.outputs.base.OutputKind.read`): the rows
+    whose key fields hold one of ``keys``' values, of ``[start, end)`` and ``granularity`` where the kind has them.
 
-    At most ``limit`` keys: a :class:`BadRequest` saying how to narrow the request otherwise.
+    At most ``limit`` rows: a :class:`BadRequest` saying how to narrow the request otherwise.
     """
-    output_kind(plan, output, "table")
+    if output not in plan.outputs:
+        raise NotFound(f"plan {plan.name} has no output {output!r} (outputs: {', '.join(plan.outputs)})")
     config = plan.outputs[output]
-    unknown = sorted(set(key or {}) - set(config.key))
+    unknown = sorted(set(keys or {}) - set(config.key))
     if unknown:
-        raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (key: {', '.join(config.key)})")
-    def work(cursor) -> list[dict[str, Any]]:
-        with CappedCursor(cursor, limit + 1) as capped:
-            return read_table_rows(capped, plan.name, output, config.values, key or None)
-
-    found = db.run(work, attempts=3)
-    if len(found) > limit:
-        raise too_many_rows(f"table {output}", limit, MAX_TABLE_ROWS,
-                            f"filter with key={config.key[0]}:<value>")
-    return TableRows(plan=plan.name, output=output,
-                     rows=[spelled({**r["key"], **{v: float(r[v]) for v in config.values},
-                                    "instances": int(r["instances"])}) for r in found])
+        raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (key: "
+                         f"{', '.join(config.key) or 'none'})")
+    request = ReadRequest(start=start, end=end, granularity=granularity, keys=keys or {}, limit=limit + 1)
+    try:
+        rows = kind_of(plan, output).read(cluster, plan, output, request, db)
+    except QueryError as exc:
+        raise BadRequest(str(exc)) from None
+    except NothingPublished:
+        rows = []
+    if len(rows) > limit:
+        raise too_many_rows(f"{config.kind} {output}", limit, MAX_TABLE_ROWS,
+                            f"filter with key={config.key[0]}:<value>" if config.key else "narrow start/end")
+    return OutputRows(plan=plan.name, output=output, kind=config.kind, rows=[spelled(r) for r in rows])
 
 
 def encode_cursor(position: EventPosition) -> str:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from tandem.aggregation.spec import aggregation_outputs
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.outputs.base import Validation, Window
 from tandem.outputs.expectations import SHARDS_PARAMETER
@@ -108,7 +109,7 @@ def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granu
         ValidationError: the plan has no such aggregation output, or as :func:`validate_output`.
     """
     plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
-    aggregations = [name for name, config in plan.outputs.items() if config.kind == "aggregation"]
+    aggregations = aggregation_outputs(plan)
     if not aggregations:
         raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
                               f"{', '.join(plan.outputs)})")

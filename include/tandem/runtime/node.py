@@ -26,7 +26,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
-from tandem.errors import PlanChanged
+from tandem.errors import PlanChanged, cause_of, raised_in
 from tandem.layout import checkpoint_dir
 from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
 from tandem.plan_shape import check_unchanged, record_shape
@@ -123,7 +123,8 @@ def failure_of(query_name: str, error: str, publisher: MicroBatchPublisher | Non
     """The failure of a query in words that repeat when it fails the same way again (pure).
 
     The publisher's own account (the output, the batch of its checkpoint, the error's first line) when
-    it raised; otherwise Spark's first line without the run's ids. ``None`` for a :func:`transient` error (still
+    it raised; otherwise the exception a Python traceback in Spark's text ends with, else Spark's first line
+    without the run's ids. ``None`` for a :func:`transient` error (still
     there after the window :func:`restartable` rides out): it says nothing about the query, so runs ending with it
     never count as failing the same way, and the instance is failed over and relaunched, never BLOCKED.
     """
@@ -131,7 +132,7 @@ def failure_of(query_name: str, error: str, publisher: MicroBatchPublisher | Non
         return f"query {query_name}: {publisher.failure}"
     if transient(error):
         return None
-    line = _SPARK_RUN_IDS.sub(r"\1 = …", (error.strip().splitlines() or ["no error text"])[0])
+    line = raised_in(error) or _SPARK_RUN_IDS.sub(r"\1 = …", (error.strip().splitlines() or ["no error text"])[0])
     return f"query {query_name}: {line[:500]}"
 
 
@@ -233,6 +234,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
         recorder = ProgressRecorder(key, cluster.database_url)
         spark.streams.addListener(recorder)
         queries: list[StreamingQuery] = []
+        result: RunResult | None = None
         try:
             ctx = PlanContext(cluster, plan, key, spark)
             definitions = instance_queries(ctx)
@@ -258,12 +260,20 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             if relays is not None:
                 relays.stop()
                 relays.join(timeout=10)
-            roles.stop()
+            roles.stop(release_reason(result, liveness.stop_requested_by))
         if result.status == "STOPPED" and liveness.stop_requested_by is not None:
             result = RunResult("STOPPED", f"stopped at the request of {liveness.stop_requested_by}")
         record_status(db, key, result.status, result.error, failure=result.failure)
         log.info("instance %s ended: %s %s", key.id, result.status, result.error or "")
         return result
+
+
+def release_reason(result: RunResult | None, stop_requested_by: str | None) -> str:
+    """Why an ending instance gives its lease up, as its RELEASED event says (pure): ``tandem status`` and the page
+    tell a clean stop from a failure by it and by the instance's final status."""
+    if result is None or result.status != "STOPPED":
+        return f"instance failed: {cause_of(result.error) if result and result.error else 'interrupted'}"
+    return f"instance stopped at the request of {stop_requested_by}" if stop_requested_by else "instance stopped"
 
 
 def await_warm_takeover(db: Database, cluster: ClusterConfig, plan: PlanConfig, key: InstanceKey,

@@ -23,7 +23,7 @@ import importlib.util
 import inspect
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -38,7 +38,7 @@ from tandem.config import ClusterConfig, PlanConfig, quarantine_output
 from tandem.errors import PlanError
 from tandem.layout import delta_table_dir
 from tandem.names import QUARANTINE_QUERY
-from tandem.outputs import sink_for
+from tandem.outputs import kind_of, sink_for
 from tandem.outputs.base import Sink
 from tandem.outputs.quarantine import QuarantineSink
 from tandem.runtime.listener import QUALITY_METRICS
@@ -107,9 +107,9 @@ class PlanContext:
         return QuarantineSink(self.instance, self.cluster.database_url,
                               delta_table_dir(self.cluster, self.plan.name, name), output=name)
 
-    def routed(self, column: str, outputs: Mapping[str, str]) -> Sink:
-        """One query, several outputs: each row goes to the output named for its value of ``column``."""
-        return RoutedSink(column, {value: self.sink(output) for value, output in outputs.items()})
+    def routed(self, column: str, outputs: Mapping[str, tuple[str, ...]]) -> Sink:
+        """One query, several outputs: each row goes to the outputs named for its value of ``column``."""
+        return RoutedSink(column, [(value, self.sink(output)) for value, names in outputs.items() for output in names])
 
 
 def good_events(validated: DataFrame, plan: PlanConfig, stream: str) -> DataFrame:
@@ -142,8 +142,8 @@ class QuerySpec:
 
     name: str
     function: Callable[[PlanContext], DataFrame]
-    routes: Mapping[str, str]
-    """``{value of route_by: output}``; ``"*"`` takes every row (a query writing one output: ``{"*": output}``)."""
+    routes: Mapping[str, tuple[str, ...]]
+    """``{value of route_by: outputs}``; ``"*"`` takes every row (a query writing one output: ``{"*": (output,)}``)."""
     route_by: str | None = None
     state_store: str | None = None
     """``None``: derived from the query (RocksDB for ``transformWithState``)."""
@@ -151,7 +151,7 @@ class QuerySpec:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.routes.values()))
+        return tuple(dict.fromkeys(output for outputs in self.routes.values() for output in outputs))
 
     @property
     def where(self) -> str:
@@ -166,12 +166,13 @@ class QuerySpec:
 QUERY_ATTRIBUTE = "__tandem_query__"
 
 
-def query(writes: str | None = None, *, route_by: str | None = None, routes: Mapping[str, str] | None = None,
+def query(writes: str | None = None, *, route_by: str | None = None,
+          routes: Mapping[str, str | Sequence[str]] | None = None,
           name: str | None = None, state_store: str | None = None) -> Callable[[QueryFunction], QueryFunction]:
     """Declare a plan's query: the decorated function takes a :class:`PlanContext` and returns a streaming DataFrame.
 
     ``writes``: the output every row goes to; or ``route_by`` a column and ``routes``
-    ``{value: output}`` (``"*"``: every row). ``name``: the query's name in the YAML's groups
+    ``{value: output or [outputs]}`` (``"*"``: every row). ``name``: the query's name in the YAML's groups
     (default: the function's name).
     """
     if (writes is None) == (routes is None):
@@ -182,8 +183,10 @@ def query(writes: str | None = None, *, route_by: str | None = None, routes: Map
         raise PlanError(f"@query: state_store must be one of {', '.join(STATE_STORES)}, got {state_store!r}")
 
     def declare(function: QueryFunction) -> QueryFunction:
-        spec = QuerySpec(name or function.__name__, function, {ALL_ROWS: writes} if routes is None else dict(routes),
-                         route_by, state_store)
+        named = {ALL_ROWS: writes} if routes is None else routes
+        spec = QuerySpec(name or function.__name__, function,
+                         {value: (outputs,) if isinstance(outputs, str) else tuple(outputs)
+                          for value, outputs in named.items()}, route_by, state_store)
         setattr(function, QUERY_ATTRIBUTE, spec)
         return function
 
@@ -206,7 +209,7 @@ def quarantine_spec(plan: PlanConfig) -> QuerySpec:
     def quarantine(ctx: PlanContext) -> DataFrame:
         return quarantined(*(ctx.stream(name) for name in plan.streams))
 
-    return QuerySpec(QUARANTINE_QUERY, quarantine, {ALL_ROWS: quarantine_output(plan)},
+    return QuerySpec(QUARANTINE_QUERY, quarantine, {ALL_ROWS: (quarantine_output(plan),)},
                      min_trigger_interval_s=QUARANTINE_TRIGGER_S)
 
 
@@ -337,7 +340,7 @@ def uses_transform_with_state(frame: DataFrame) -> bool:
 
 def partial_aggregations(plan: PlanConfig, spec: QuerySpec) -> list[str]:
     """The aggregation outputs without ``id`` the query writes: Spark's streaming partial aggregates (pure)."""
-    return [o for o in spec.outputs if plan.outputs[o].kind == "aggregation" and not plan.outputs[o].id]
+    return [o for o in spec.outputs if not kind_of(plan, o).published_by_id(plan.outputs[o])]
 
 
 def state_value_names(plan: PlanConfig, spec: QuerySpec) -> tuple[str, ...]:
@@ -354,7 +357,7 @@ def define(ctx: PlanContext, spec: QuerySpec) -> QueryDefinition:
         raise PlanError(f"{spec.where}: must return a streaming DataFrame (from ctx.stream / ctx.events), "
                         f"got {type(frame).__name__}")
     partials = partial_aggregations(ctx.plan, spec)
-    sink = ctx.sink(spec.routes[ALL_ROWS]) if spec.route_by is None else ctx.routed(spec.route_by, spec.routes)
+    sink = ctx.sink(spec.routes[ALL_ROWS][0]) if spec.route_by is None else ctx.routed(spec.route_by, spec.routes)
     state_store = spec.state_store or ("rocksdb" if uses_transform_with_state(frame) else "default")
     return QueryDefinition(spec.name, frame, "update" if partials else "append", sink,
                            state_value_names(ctx.plan, spec), state_store, spec.min_trigger_interval_s)

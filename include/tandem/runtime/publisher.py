@@ -35,16 +35,16 @@ ALL_ROWS = "*"
 
 
 class RoutedSink:
-    """Rows of one query to several outputs, by the value of one column (``"*"``: every row; rows of
-    other values go nowhere)."""
+    """Rows of one query to several outputs, by the value of one column: ``routes`` pairs a value (``"*"``: every
+    row) with a sink; a value may go to several sinks, rows of other values go nowhere."""
 
-    def __init__(self, column: str, routes: dict[str, Sink]) -> None:
+    def __init__(self, column: str, routes: list[tuple[str, Sink]]) -> None:
         self.column = column
         self.routes = routes
-        self.output = "+".join(sink.output for sink in routes.values())
+        self.output = "+".join(sink.output for _, sink in routes)
 
     def _split(self, rows: pa.Table) -> Iterator[tuple[Sink, pa.Table]]:
-        for value, sink in self.routes.items():
+        for value, sink in self.routes:
             yield sink, rows if value == ALL_ROWS else rows.filter(pc.equal(rows[self.column], value))
 
     def publish(self, rows: pa.Table, batch: BatchInfo) -> int:
@@ -55,11 +55,11 @@ class RoutedSink:
             sink.hold(part, batch_id)
 
     def trim(self) -> None:
-        for sink in self.routes.values():
+        for _, sink in self.routes:
             sink.trim()
 
     def flush(self, batch: BatchInfo) -> int:
-        return sum(sink.flush(batch) for sink in self.routes.values())
+        return sum(sink.flush(batch) for _, sink in self.routes)
 
 
 class MicroBatchPublisher:

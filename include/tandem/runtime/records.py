@@ -7,6 +7,12 @@ include what no sink can store: NUL in a string, a string over its length, a non
 integer outside 64 bits). Otherwise ``reason`` names every problem
 (``"field 'price' must be > 0 (got -1.5)"``). Fields that are not declared are skipped, however
 deeply they nest; a line over the size limit is not parsed at all.
+
+Each field reads the JSON key of its ``from`` (a key, or a path into nested objects) and is the column of its
+name; a reason names the key as the line spells it (``missing field 'auth.idp'``). A ``timestamp`` is read as a
+Variant (an integer and text told apart in the one parse) and becomes epoch milliseconds. The same rules, in the
+same words, are written in plain Python for the receiver (:mod:`tandem.event_checks`): the tests run both on the
+same cases.
 """
 
 from __future__ import annotations
@@ -17,11 +23,11 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType, VariantType
+from pyspark.sql.types import (ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructField,
+                               StructType, VariantType)
 
-from tandem.declarations import DEFAULT_MAX_LINE_BYTES, FieldConfig, StreamConfig
-
-_TYPE_NAMES = {StringType(): "a string", DoubleType(): "a number", LongType(): "an integer"}
+from tandem.declarations import DEFAULT_MAX_LINE_BYTES, ISO_TIME, FieldConfig, StreamConfig
+from tandem.event_checks import EXPECTED, WITHOUT_ZONE
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,62 @@ class Check:
     message: str
 
 
+SPARK_TYPES: dict[str, DataType] = {"string": StringType(), "double": DoubleType(), "long": LongType(),
+                                     "boolean": BooleanType(), "epoch_millis": LongType(), "timestamp": LongType()}
+"""The column of each field type (a ``timestamp``'s holds epoch milliseconds, as an ``epoch_millis``'s does)."""
+
+
 @dataclass(frozen=True)
 class FieldRule:
+    """A declared field: its column ``name``, its ``type`` (:data:`~tandem.declarations.FIELD_TYPES`), its checks and
+    the ``keys`` it reads (outermost first)."""
+
     name: str
-    spark_type: DataType
+    type: str
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            object.__setattr__(self, "keys", (self.name,))
+
+    @property
+    def label(self) -> str:
+        """The field as a reason names it: its key as the line spells it."""
+        return ".".join(self.keys)
+
+    @property
+    def spark_type(self) -> DataType:
+        """The type of its column."""
+        return SPARK_TYPES[self.type]
+
+    @property
+    def read_type(self) -> DataType:
+        """The type its JSON value is parsed into: its column's, but a Variant for a ``timestamp``."""
+        return VariantType() if self.type == "timestamp" else self.spark_type
+
+
+def nested(leaves: list[tuple[tuple[str, ...], DataType]]) -> StructType:
+    """The struct that holds each ``(keys, type)`` leaf at its path (objects in first-seen order) (pure)."""
+    tree: dict = {}
+    for keys, data_type in leaves:
+        node = tree
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = data_type
+
+    def build(node: dict) -> StructType:
+        return StructType([StructField(key, build(value) if isinstance(value, dict) else value)
+                           for key, value in node.items()])
+
+    return build(tree)
+
+
+def at(column: Column, keys: tuple[str, ...]) -> Column:
+    """The field of the struct ``column`` at ``keys`` (a key is a name as it is: dots and all)."""
+    for key in keys:
+        column = column.getField(key)
+    return column
 
 
 @dataclass(frozen=True)
@@ -46,7 +103,13 @@ class RecordSchema:
 
     @property
     def struct(self) -> StructType:
-        return StructType([StructField(f.name, f.spark_type) for f in self.fields])
+        """What one parse of a line reads: every field at its keys, as its :attr:`FieldRule.read_type`."""
+        return nested([(f.keys, f.read_type) for f in self.fields])
+
+    def read(self, leaf: DataType, rules: tuple[FieldRule, ...] | None = None) -> Column:
+        """The line parsed once more with every field (or ``rules``) read as ``leaf`` (at its keys)."""
+        return F.from_json("raw", nested([(r.keys, leaf) for r in (self.fields if rules is None else rules)]),
+                           self.json_options)
 
     @property
     def json_options(self) -> dict[str, str]:
@@ -55,10 +118,6 @@ class RecordSchema:
         1,000 digits)."""
         limit = str(self.max_line_bytes)
         return {"mode": "PERMISSIVE", "maxNestingDepth": limit, "maxStringLen": limit, "maxNumLen": limit}
-
-
-SPARK_TYPES: dict[str, DataType] = {"string": StringType(), "double": DoubleType(), "long": LongType(),
-                                     "epoch_millis": LongType()}
 
 
 def _predicate(operator: str, bound) -> Callable[[Column], Column]:
@@ -81,14 +140,105 @@ def _predicate(operator: str, bound) -> Callable[[Column], Column]:
 
 def field_rule(name: str, config: FieldConfig) -> FieldRule:
     """The parse-and-check rule of one declared field."""
-    return FieldRule(name, SPARK_TYPES[config.type], tuple(
-        Check(_predicate(operator, bound), message) for operator, bound, message in config.checks()))
+    return FieldRule(name, config.type, tuple(
+        Check(_predicate(operator, bound), message) for operator, bound, message in config.checks()),
+        config.path(name))
 
 
 def record_schema(stream: StreamConfig) -> RecordSchema:
     """The record schema of a declared stream, fields in declaration order."""
     return RecordSchema(tuple(field_rule(name, config) for name, config in stream.fields.items()),
                         stream.max_line_bytes)
+
+
+_ISO = f"^(?:{ISO_TIME})\\z"
+_INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+"""What ``schema_of_variant`` says of a JSON integer within 64 bits (past them: a DECIMAL or a DOUBLE)."""
+
+
+@dataclass(frozen=True)
+class IsoTime:
+    """ISO-8601 text as :func:`tandem.event_checks.iso_millis` reads it, in columns: ``valid`` (the shape of
+    :data:`~tandem.declarations.ISO_TIME` and a day its month has), ``zoned`` (``Z`` or an offset given) and
+    ``millis`` (epoch milliseconds, meaningful when both hold)."""
+
+    valid: Column
+    zoned: Column
+    millis: Column
+
+
+def iso_shape(text: Column) -> tuple[Column, Column]:
+    """The two regular expressions :func:`iso_time` needs of ``text``: whether it has the shape of
+    :data:`~tandem.declarations.ISO_TIME`, and the digits of its fraction (``""``: none)."""
+    return text.rlike(_ISO), F.regexp_extract(text.substr(F.lit(20), F.length(text)), r"^[.,]([0-9]+)", 1)
+
+
+def iso_time(text: Column, shape: tuple[Column, Column] | None = None) -> IsoTime:
+    """:class:`IsoTime` of ``text``; ``shape``: its :func:`iso_shape`, as columns a projection before computed
+    (once a row, where its uses here would each compute it again).
+
+    The parts of a shaped text are at fixed places (the date and the time in its first 19 characters; after them
+    the fraction, then the zone); each number is at most 4 digits, so no arithmetic can overflow whatever the text.
+    The date's days are counted from the Julian day number, in integers: no time zone setting of the session
+    takes part.
+    """
+    shaped, fraction = shape or iso_shape(text)
+
+    def number(start: int, length: int) -> Column:
+        return text.substr(start, length).try_cast("long")
+
+    year, month, day, hour, minute, second = (number(1, 4), number(6, 2), number(9, 2), number(12, 2),
+                                              number(15, 2), number(18, 2))
+    rest = text.substr(F.lit(20), F.length(text))  # [.,]fraction, then Z, +HH:MM, +HHMM or nothing
+    zone = rest.substr(F.length(fraction) + F.when(F.length(fraction) > 0, 2).otherwise(1), F.length(rest))
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    month_days = F.when(month == 2, F.when(leap, 29).otherwise(28)).when(month.isin(4, 6, 9, 11), 30).otherwise(31)
+    shift = F.when(month <= 2, 1).otherwise(0)
+    y, m = year + 4800 - shift, month + 12 * shift - 3
+    days = (day + F.floor((153 * m + 2) / 5) + 365 * y + F.floor(y / 4) - F.floor(y / 100) + F.floor(y / 400)
+            - 32045 - 2440588)
+    sign = F.when(zone.startswith("-"), -1).otherwise(1)
+    offset = F.when(F.length(zone) <= 1, 0).otherwise(
+        sign * (zone.substr(2, 2).try_cast("long") * 3600 + F.substring(zone, -2, 2).try_cast("long") * 60))
+    millis = ((days * 86400 + hour * 3600 + minute * 60 + second - offset) * 1000
+              + F.rpad(fraction.substr(1, 3), 3, "0").try_cast("long"))
+    return IsoTime(F.coalesce(shaped & (day <= month_days), F.lit(False)),
+                   F.coalesce(shaped & (zone != ""), F.lit(False)), millis)
+
+
+def _field_columns(frame: DataFrame, schema: RecordSchema, keep: list[str]) -> DataFrame:
+    """``frame``'s ``keep`` columns and a column of each field from its parsed value (``_typed``), in declaration
+    order. A timestamp's Variant becomes epoch milliseconds (a JSON integer within 64 bits as it is, ISO-8601 text
+    with a zone as its instant, null for anything else: its reason says why, :func:`_wrong_type`) over two more
+    projections: its JSON type, integer and text first, then the text's :func:`iso_shape`, so that each is
+    computed once a row (used many times in one expression, each use would compute it again: 5x slower)."""
+    stamps = [rule for rule in schema.fields if rule.type == "timestamp"]
+    if not stamps:
+        return frame.select(*keep, *[at(F.col("_typed"), rule.keys).alias(rule.name) for rule in schema.fields])
+
+    def part(rule: FieldRule, what: str) -> str:
+        return f"_{what}_{schema.fields.index(rule)}"
+
+    parsed = [at(F.col("_typed"), rule.keys).alias(rule.name) for rule in schema.fields if rule.type != "timestamp"]
+    for rule in stamps:
+        value = at(F.col("_typed"), rule.keys)
+        parsed += [F.schema_of_variant(value).alias(part(rule, "kind")),
+                   F.try_variant_get(value, "$", "long").alias(part(rule, "long")),
+                   F.try_variant_get(value, "$", "string").alias(part(rule, "text"))]
+    frame = frame.select(*keep, *parsed)
+    shapes = [column.alias(part(rule, what)) for rule in stamps
+              for what, column in zip(("shaped", "fraction"), iso_shape(F.col(part(rule, "text"))))]
+    frame = frame.select("*", *shapes)
+
+    def column(rule: FieldRule) -> Column:
+        if rule.type != "timestamp":
+            return F.col(rule.name)
+        kind = F.col(part(rule, "kind"))
+        iso = iso_time(F.col(part(rule, "text")), (F.col(part(rule, "shaped")), F.col(part(rule, "fraction"))))
+        return F.when(kind.isin(*_INTEGERS), F.col(part(rule, "long"))).when(
+            (kind == "STRING") & iso.valid & iso.zoned, iso.millis).alias(rule.name)
+
+    return frame.select(*keep, *[column(rule) for rule in schema.fields])
 
 
 UNPAIRED_SURROGATE = (r"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
@@ -101,9 +251,10 @@ SHOWN_CHARS = 200
 """How much of a bad value a reason quotes."""
 
 
-def _line_problem(raw: Column, max_line_bytes: int, names: tuple[str, ...]) -> Column:
-    """Why a line is refused before it is parsed (null: parse it); ``names``: the declared fields."""
+def _line_problem(raw: Column, schema: RecordSchema) -> Column:
+    """Why a line is refused before it is parsed (null: parse it)."""
     size = F.octet_length(raw)
+    max_line_bytes = schema.max_line_bytes
     return (F.when(size > max_line_bytes, F.concat(
                 F.lit("line of "), size.cast("string"),
                 F.lit(f" bytes is over the stream's max_line_bytes ({max_line_bytes}); its first {KEPT_CHARS} "
@@ -111,39 +262,65 @@ def _line_problem(raw: Column, max_line_bytes: int, names: tuple[str, ...]) -> C
             .when(~F.is_valid_utf8(raw), F.lit("line is not valid UTF-8 (invalid bytes are kept as U+FFFD)"))
             .when(raw.contains("\\u") & raw.rlike(UNPAIRED_SURROGATE),
                   F.lit("line holds an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF)"))
-            .otherwise(_duplicate_fields(raw, names)))
+            .otherwise(_duplicate_keys(raw, schema)))
 
 
 NON_NUMERIC_NUMBER = r"([:\[,])\s*(?:[+-]?(?:Infinity|INF)|NaN)(?=\s*[,\]}])"
 """A JSON value token Spark's reader takes as a double and Jackson's strict parsing refuses."""
 
 
-def _duplicate_fields(raw: Column, names: tuple[str, ...]) -> Column:
-    """Why a JSON object gives a declared field more than once (``duplicate key 'price'``, each such field), else
-    null: which of its values is meant is unknowable (Spark would keep one without a word). Keys Tandem does not read
-    may repeat.
+def _duplicate_keys(raw: Column, schema: RecordSchema) -> Column:
+    """Why a JSON object gives a key a field reads more than once (``duplicate key 'price'``, ``duplicate key
+    'auth.idp'`` for a key of a nested object on a field's path; each such key, sorted), else null: which of its
+    values is meant is unknowable (Spark would keep one without a word). Keys Tandem does not read may repeat.
 
-    Listing a line's keys is a second parse (about 80 % more parsing time): only a line that holds one of the names
+    Listing a line's keys is a second parse (about 80 % more parsing time): only a line that holds one of the keys
     twice as text, or a backslash (a key may be spelled with escapes), is listed; the keys are sorted once, so a line
-    of many keys costs n log n, never n². Spark lists the keys of a line nested at most 1,000 levels deep (Jackson's
-    default, which ``json_object_keys`` takes no option for): a deeper line's duplicates go unseen here (the
-    receiver refuses them).
+    of many keys costs n log n, never n². An object on a path (``auth`` of ``auth.idp``) is read once more, as text,
+    to list its keys (unless it is a JSON string). Spark lists the keys of a line nested at most 1,000 levels deep
+    (Jackson's default, which ``json_object_keys`` takes no option for): a deeper line's duplicates go unseen here
+    (the receiver refuses them).
     """
-    if not names:
+    levels: dict[tuple[str, ...], list[str]] = {}
+    for rule in schema.fields:
+        for depth, key in enumerate(rule.keys):
+            keys = levels.setdefault(rule.keys[:depth], [])
+            if key not in keys:
+                keys.append(key)
+    if not levels:
         return F.lit(None).cast("string")
     suspect = raw.contains("\\")
-    for name in names:
-        quoted = json.dumps(name)
+    for key in {key for keys in levels.values() for key in keys}:
+        quoted = json.dumps(key, ensure_ascii=False)
         first = F.instr(raw, quoted)
         suspect = suspect | ((first > 0) & (F.call_function("locate", F.lit(quoted), raw, first + 1) > 0))
-    # Jackson's key listing refuses the non-numeric numbers Spark's reader takes (NaN, Infinity, INF): list the keys
-    # of a copy with them as 0 when the line itself cannot be listed
-    listed = F.coalesce(F.json_object_keys(raw), F.json_object_keys(F.regexp_replace(raw, NON_NUMERIC_NUMBER, "$1 0")))
-    declared = F.filter(listed, lambda key: key.isin(*names))
-    ordered = F.array_sort(declared)
-    repeated = F.array_distinct(F.filter(ordered, lambda key, i: (i > 0) & (F.element_at(ordered, i) == key)))
-    return F.when(suspect & (F.size(declared) != F.size(F.array_distinct(declared))), F.concat_ws("; ", F.transform(
-        repeated, lambda key: F.concat(F.lit("duplicate key '"), _shown(key), F.lit("'")))))
+    repeated = []
+    for prefix, keys in levels.items():
+        listed = _keys_of(raw) if not prefix else _keys_of_object(raw, prefix, schema)
+        declared = F.filter(listed, lambda key: key.isin(*keys))
+        ordered = F.array_sort(declared)
+        twice = F.filter(ordered, lambda key, i: (i > 0) & (F.element_at(ordered, i) == key))
+        named = F.transform(twice, lambda key: F.concat(F.lit(".".join(prefix) + "."), key)) if prefix else twice
+        repeated.append(F.coalesce(named, F.array().cast(ArrayType(StringType()))))
+    found = F.array_sort(F.array_distinct(F.concat(*repeated)))
+    return F.when(suspect & (F.size(found) > 0), F.concat_ws("; ", F.transform(
+        found, lambda key: F.concat(F.lit("duplicate key '"), _shown(key), F.lit("'")))))
+
+
+def _keys_of(text: Column) -> Column:
+    """The keys of the JSON object ``text`` (null when it is none). Jackson's key listing refuses the non-numeric
+    numbers Spark's reader takes (NaN, Infinity, INF): the keys of a copy with them as 0 when the text itself cannot
+    be listed."""
+    return F.coalesce(F.json_object_keys(text),
+                      F.json_object_keys(F.regexp_replace(text, NON_NUMERIC_NUMBER, "$1 0")))
+
+
+def _keys_of_object(raw: Column, prefix: tuple[str, ...], schema: RecordSchema) -> Column:
+    """The keys of the object at ``prefix`` in the line: its JSON text as Spark writes it back (a key given twice
+    stays twice); null when the value there is a JSON string (whose text may look like an object)."""
+    text = at(F.from_json(raw, nested([(prefix, StringType())]), schema.json_options), prefix)
+    value = at(F.from_json(raw, nested([(prefix, VariantType())]), schema.json_options), prefix)
+    return F.when(F.coalesce(F.schema_of_variant(value) != "STRING", F.lit(True)), _keys_of(text))
 
 
 def _kept(raw: Column, max_line_bytes: int) -> Column:
@@ -159,23 +336,23 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     every line is either good or quarantined); ``reason`` is null for good lines. A query of good
     lines filters on ``valid``: Spark then prunes the reasons from its plan, whose size costs every
     micro-batch (planning a query with them took 0.3 s more a batch). A line within the size limit,
-    valid UTF-8 and without an unpaired surrogate is parsed once into the typed fields; only a line
-    that fails a check is parsed again, as text, to say which field is missing, of the wrong JSON
-    type, or out of range.
+    valid UTF-8 and without an unpaired surrogate is parsed once into the typed fields (each read at
+    its keys, a column of its name); only a line that fails a check is parsed again, as text, to say
+    which field is missing, of the wrong JSON type, or out of range.
     A bad line's ``raw`` is what the quarantine keeps (:func:`_kept`). Needs
     ``spark.sql.json.enablePartialResults=true`` so one bad field does not null the others.
     """
-    line_problem = _line_problem(F.col("raw"), schema.max_line_bytes, tuple(f.name for f in schema.fields))
+    line_problem = _line_problem(F.col("raw"), schema)
     parsable = F.when(F.col("_line_problem").isNull(), F.col("raw"))
     typed = F.from_json(parsable, schema.struct, schema.json_options)
-    fields = lines.select("raw", "source_file", line_problem.alias("_line_problem")).select(
-        "raw", "source_file", "_line_problem", typed.alias("_typed")).select(
-        "raw", "source_file", "_line_problem", *[F.col("_typed")[f.name].alias(f.name) for f in schema.fields])
+    keep = ["raw", "source_file", "_line_problem"]
+    fields = _field_columns(lines.select("raw", "source_file", line_problem.alias("_line_problem")).select(
+        *keep, typed.alias("_typed")), schema, keep)
     good: Column = F.col("_line_problem").isNull()
     for rule in schema.fields:
         holds = F.col(rule.name).isNotNull()
-        if rule.spark_type == StringType():
-            holds = holds & _json_string(schema, rule.name, F.col(rule.name))
+        if rule.type == "string":
+            holds = holds & _json_string(schema, rule, F.col(rule.name))
         for check in rule.checks:
             holds = holds & check.predicate(F.col(rule.name))
         good = good & holds
@@ -186,8 +363,8 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     ).drop("_line_problem")
 
 
-def _json_string(schema: RecordSchema, name: str, value: Column) -> Column:
-    """Whether the line's field ``name`` holds a JSON string.
+def _json_string(schema: RecordSchema, rule: FieldRule, value: Column) -> Column:
+    """Whether the line's field holds a JSON string.
 
     Spark's ``from_json`` turns an object, array, number or boolean into its JSON text when the
     field is declared a string (``{"symbol": {"nested": true}}`` gives ``'{"nested":true}'``). Only
@@ -196,7 +373,7 @@ def _json_string(schema: RecordSchema, name: str, value: Column) -> Column:
     """
     could_be_other = value.rlike(r"^[\[{0-9-]|^(true|false)$")
     return F.when(value.isNotNull() & could_be_other,
-                  F.schema_of_variant(_as_variant(schema, name)) == "STRING").otherwise(F.lit(True))
+                  F.schema_of_variant(_as_variant(schema, rule)) == "STRING").otherwise(F.lit(True))
 
 
 def _shown(value: Column) -> Column:
@@ -204,23 +381,39 @@ def _shown(value: Column) -> Column:
     return F.concat_ws("", F.substring(value, 1, SHOWN_CHARS), F.when(F.length(value) > SHOWN_CHARS, F.lit("…")))
 
 
-def _wrong_type(rule: FieldRule, raw_value: Column, as_double: Column) -> Column:
+def _shown_json(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Column:
+    """A value of the wrong JSON type as a reason quotes it: a string in quotes (``"true"`` is not ``true``),
+    escaped as JSON, anything else as its text (:func:`tandem.event_checks._shown_json`)."""
+    quoted = F.to_json(F.array(raw_value))
+    quoted = quoted.substr(F.lit(2), F.length(quoted) - 2)
+    is_string = F.coalesce(F.schema_of_variant(_as_variant(schema, rule)) == "STRING", F.lit(False))
+    return _shown(F.when(is_string, quoted).otherwise(raw_value))
+
+
+def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_double: Column) -> Column:
     """Why a present value did not parse as the field's type.
 
     An integer field whose value reads as a double but not as a 64-bit integer is a JSON number past 64
-    bits (a string of digits reads as neither: Spark takes only ``"NaN"``-like strings for doubles).
+    bits (a string of digits reads as neither: Spark takes only ``"NaN"``-like strings for doubles). A
+    timestamp's ISO-8601 text without a zone is told so.
     """
-    expected = _TYPE_NAMES.get(rule.spark_type, rule.spark_type.simpleString())
-    not_the_type = F.concat(F.lit(f"field '{rule.name}' is not {expected}: "), _shown(raw_value))
-    if rule.spark_type != LongType():
+    not_the_type = F.concat(F.lit(f"field '{rule.label}' is not {EXPECTED[rule.type]}: "),
+                            _shown_json(schema, rule, raw_value))
+    if rule.type == "timestamp":
+        iso = iso_time(raw_value)
+        without_zone = F.concat(F.lit(f"field '{rule.label}' {WITHOUT_ZONE}: "), _shown_json(schema, rule, raw_value))
+        return F.when(iso.valid & ~iso.zoned & (F.schema_of_variant(_as_variant(schema, rule)) == "STRING"),
+                      without_zone).otherwise(not_the_type)
+    if rule.type not in ("long", "epoch_millis"):
         return not_the_type
-    outside = F.concat(F.lit(f"field '{rule.name}' is outside the 64-bit integer range: "), _shown(raw_value))
-    return F.when(raw_value.rlike(r"^-?[0-9]+$") & as_double[rule.name].isNotNull(), outside).otherwise(not_the_type)
+    outside = F.concat(F.lit(f"field '{rule.label}' is outside the 64-bit integer range: "), _shown(raw_value))
+    return F.when(raw_value.rlike(r"^-?[0-9]+$") & at(as_double, rule.keys).isNotNull(), outside) \
+        .otherwise(not_the_type)
 
 
-def _as_variant(schema: RecordSchema, name: str) -> Column:
-    """The line's field ``name`` alone, as a Variant (its JSON type survives)."""
-    return F.from_json("raw", StructType([StructField(name, VariantType())]), schema.json_options)[name]
+def _as_variant(schema: RecordSchema, rule: FieldRule) -> Column:
+    """The line's field alone, as a Variant (its JSON type survives)."""
+    return at(schema.read(VariantType(), (rule,)), rule.keys)
 
 
 def _explain(schema: RecordSchema) -> Column:
@@ -229,26 +422,24 @@ def _explain(schema: RecordSchema) -> Column:
     The declared fields are read again as text (a value of another JSON type as its JSON text);
     fields that are not declared are skipped, as in the typed parse.
     """
-    as_text = StructType([StructField(rule.name, StringType()) for rule in schema.fields])
-    text = F.from_json("raw", as_text, schema.json_options)
+    text = schema.read(StringType())
     # a JSON object or not: no field can fail to convert here, so only a line that is not one is "corrupt"
     shape = F.from_json("raw", StructType([StructField("_not_an_object", StringType())]),
                         {**schema.json_options, "columnNameOfCorruptRecord": "_not_an_object"})
-    integers = [rule.name for rule in schema.fields if rule.spark_type == LongType()]
-    as_double = F.from_json("raw", StructType([StructField(name, DoubleType()) for name in integers]),
-                            schema.json_options)
+    integers = tuple(rule for rule in schema.fields if rule.type in ("long", "epoch_millis"))
+    as_double = schema.read(DoubleType(), integers) if integers else F.lit(None)
     problems: list[Column] = []
     for rule in schema.fields:
-        raw_value = text[rule.name]
+        raw_value = at(text, rule.keys)
         value = F.col(rule.name)
         missing = raw_value.isNull()
-        problems.append(F.when(missing, F.lit(f"missing field '{rule.name}'")))
-        wrong_type = value.isNull() | ~_json_string(schema, rule.name, value) if rule.spark_type == StringType() \
+        problems.append(F.when(missing, F.lit(f"missing field '{rule.label}'")))
+        wrong_type = value.isNull() | ~_json_string(schema, rule, value) if rule.type == "string" \
             else value.isNull()
-        problems.append(F.when(~missing & wrong_type, _wrong_type(rule, raw_value, as_double)))
+        problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
-                F.lit(f"field '{rule.name}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
+                F.lit(f"field '{rule.label}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
     listed = F.replace(F.concat_ws("; ", *problems), F.lit("\u0000"), F.lit("\\u0000"))  # as a reason quotes NUL
     return F.when(shape.isNull() | shape["_not_an_object"].isNotNull(), F.lit("malformed JSON: not a JSON object")).when(
         listed == "", F.lit("refused by a check that names no field")).otherwise(listed)

@@ -209,8 +209,7 @@ def vacuumed_versions(cluster: ClusterConfig, plan: PlanConfig, snapshot: catalo
     problems = []
     for table, path in plan_output_tables(cluster, plan).items():
         version = snapshot.output_versions.get(table)
-        declared = plan.outputs.get(table)
-        kept_as_is = declared is not None and (declared.id or declared.kind != "aggregation")
+        kept_as_is = table in plan.outputs and not kind_of(plan, table).rolled_back_on_restore(plan.outputs[table])
         if version is None or kept_as_is:
             continue
         gone = vacuumed_files(path, version)

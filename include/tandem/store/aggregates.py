@@ -480,3 +480,21 @@ def _has_key_index(cursor, spec: Any) -> bool:
         if "bucket_start" in columns and needed <= set(columns[:columns.index("bucket_start")]):
             return True
     return False
+
+
+def delete_plan_rows(cursor, spec: Any, plan: str) -> tuple[int, bool]:
+    """Delete ``plan``'s rows from the aggregation's serving table, and drop the table when no plan's rows are left
+    in it (its next publish creates it again, with the keys and measures declared then). Returns ``(rows deleted,
+    dropped)``; a table that does not exist is ``(0, False)``."""
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS found", (sql.Identifier(spec.table).as_string(cursor),))
+    if not cursor.fetchone()["found"]:
+        return 0, False
+    table = sql.Identifier(spec.table)
+    cursor.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))  # no publish in between
+    cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s").format(table), (plan,))
+    deleted = cursor.rowcount
+    cursor.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {}) AS left").format(table))
+    if cursor.fetchone()["left"]:
+        return deleted, False
+    cursor.execute(sql.SQL("DROP TABLE {}").format(table))
+    return deleted, True

@@ -11,11 +11,12 @@ through :func:`redact`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg2
 import psycopg2.extensions
@@ -191,3 +192,35 @@ def rolled_back(cursor) -> Iterator[None]:
         yield
     finally:
         cursor.execute("ROLLBACK TO SAVEPOINT tandem_probe")
+
+
+class CappedCursor:
+    """A server-side cursor whose ``fetchall`` returns at most ``cap`` rows, for the store's read functions.
+
+    A read that may match more rows than its caller answers with (the REST API, a limited read) brings ``cap``
+    rows, not all of them: the caller asks one more than its limit and refuses the request when
+    that one arrives. Only ``execute`` and ``fetch*`` are meant to be used (a function that needs
+    more of a cursor must take a plain one). Use it inside the transaction of ``cursor``.
+    """
+
+    _names = itertools.count()
+
+    def __init__(self, cursor: psycopg2.extensions.cursor, cap: int) -> None:
+        self.cap = cap
+        self._cursor = cursor.connection.cursor(name=f"tandem_capped_{next(self._names)}",
+                                                cursor_factory=psycopg2.extras.RealDictCursor)
+
+    def execute(self, query: Any, params: Any = None) -> None:
+        self._cursor.execute(query, params)
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        return self._cursor.fetchmany(self.cap)
+
+    def fetchone(self) -> dict[str, Any] | None:
+        return self._cursor.fetchone()
+
+    def __enter__(self) -> "CappedCursor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cursor.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import psycopg2
@@ -82,14 +82,31 @@ class AdvisoryLock:
             self._conn.close()
 
 
+@contextmanager
+def advisory_locks(database_url: str, locks: Iterable[tuple[str, str]]) -> Iterator[None]:
+    """Hold several ``(scope, name)`` advisory locks (those :class:`AdvisoryLock` takes one by one) on one session of
+    their own, taken in the order given, each waited for; all released together when the work ends or the session
+    does. For one short operation that must keep many things still (a plan reset: every instance's supervision and
+    launch): one connection, not one per lock."""
+    conn = connect(database_url, "tandem-locks")
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cursor:
+            for scope, name in locks:
+                cursor.execute("SELECT pg_advisory_lock(%s, %s)", lock_key(scope, name))
+        yield
+    finally:
+        conn.close()  # the session ends: every lock it holds goes with it
+
+
 _PLAN_LOCKS = threading.local()
 
 
 @contextmanager
 def plan_lock(database_url: str, plan: str, what: str) -> Iterator[None]:
     """Hold ``plan``'s coordination lock while ``what`` changes what the plan keeps: a restore, snapshot pruning,
-    Delta compaction and vacuum, landing retention, PostgreSQL retention and a backfill (a reconcile's repair is
-    one) run one at a time per plan, whichever process runs them; each waits for the one before.
+    Delta compaction and vacuum, landing retention, PostgreSQL retention, a backfill (a reconcile's repair is
+    one) and a plan reset run one at a time per plan, whichever process runs them; each waits for the one before.
 
     Re-entrant within a thread (a restore that cleans landing takes it once); the lock is a session-level advisory
     lock (:class:`AdvisoryLock`), released when the work ends or its session does.

@@ -37,3 +37,9 @@ def lock_relay_quarantine(cursor, plan: str, output: str) -> None:
     """Hold, until this transaction ends, the lock under which the relays of every instance quarantine the
     output's events that no NATS message can carry (each checks and writes under it: one row per event)."""
     cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("plan", f"{plan}/{output}/relay-quarantine"))
+
+
+def forget_relayed(cursor, plan: str, output: str) -> int:
+    """Forget the position recorded for the output's relay (its stream starts again from nothing); rows deleted."""
+    cursor.execute("DELETE FROM output_streams WHERE plan = %s AND output = %s", (plan, output))
+    return cursor.rowcount

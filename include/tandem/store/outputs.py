@@ -284,3 +284,17 @@ def sample_table_rows(cursor, plan: str, output: str, limit: int) -> list[dict]:
     cursor.execute("SELECT key, shard_id, value, version FROM output_table_rows WHERE plan = %s AND output = %s "
                    "LIMIT %s", (plan, output, limit))
     return [dict(row) for row in cursor.fetchall()]
+
+
+OUTPUT_ROW_TABLES = ("output_events", "output_table_rows", "output_contributions")
+"""The tables that hold rows of outputs of several kinds, by plan and output (migration 005)."""
+
+
+def delete_output_rows(cursor, table: str, plan: str, output: str) -> int:
+    """Delete every row of ``plan``'s output ``output`` from ``table`` (one of :data:`OUTPUT_ROW_TABLES`); how many
+    went."""
+    if table not in OUTPUT_ROW_TABLES:
+        raise ValueError(f"{table!r} is not one of {', '.join(OUTPUT_ROW_TABLES)}")
+    cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND output = %s").format(sql.Identifier(table)),
+                   (plan, output))
+    return cursor.rowcount

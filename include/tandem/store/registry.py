@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tandem.config import ClusterConfig
 from tandem.store.db import Database, storable_text
+
+if TYPE_CHECKING:
+    from tandem.config import ClusterConfig
 
 
 def instance_id(plan: str, shard_id: str, node: str) -> str:

@@ -83,16 +83,19 @@ def trim_contributions(db: Database, plan: str, shard_id: str, before: datetime)
         AND t.shard_id = %(shard)s AND t.in_lake""", {"plan": plan, "shard": shard_id, "before": before})
 
 
-def trim_events(db: Database, plan: str, shard_id: str, before: datetime, relayed_outputs: list[str]) -> int:
-    """Delete the events ``plan``'s instance ``shard_id`` published before ``before`` that are in the lake and,
-    for an output in ``relayed_outputs`` (published to a NATS stream), at or before the position its relay
-    recorded."""
+def trim_events(db: Database, plan: str, shard_id: str, before: datetime, relayed_outputs: list[str],
+                output: str | None = None) -> int:
+    """Delete the events ``plan``'s instance ``shard_id`` published before ``before`` (of ``output``, or of every
+    output) that are in the lake and, for an output in ``relayed_outputs`` (published to a NATS stream), at or
+    before the position its relay recorded."""
     return _delete_in_chunks(db, "output_events", """t.plan = %(plan)s AND t.shard_id = %(shard)s
+        AND (%(output)s::text IS NULL OR t.output = %(output)s)
         AND t.published_at < %(before)s AND t.in_lake
         AND (t.output <> ALL(%(relayed)s) OR EXISTS (
             SELECT 1 FROM output_streams s WHERE s.plan = t.plan AND s.output = t.output
             AND (t.xid, t.event_id) <= (s.xid::text::xid8, s.event_id)))""",
-                             {"plan": plan, "shard": shard_id, "before": before, "relayed": relayed_outputs})
+                             {"plan": plan, "shard": shard_id, "before": before, "relayed": relayed_outputs,
+                              "output": output})
 
 
 def trim_table_rows(db: Database, plan: str, output: str, before: datetime) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.errors import cause_of
 from tandem.names import WARM
 
 HEALTHY = "HEALTHY"
@@ -121,13 +122,14 @@ def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
 
     if obs.status is None:
         return verdict(MISSING, "never launched on this node")
+    error = cause_of(obs.error)  # the line that says why, not the top of a traceback
     if obs.status == "BLOCKED" or (obs.status == "FAILED" and obs.failure_repeats >= REPEATS_TO_BLOCK):
         return verdict(BLOCKED, f"failed {obs.failure_repeats} runs in a row at the same batch: "
-                                f"{obs.failure or obs.error or 'no error recorded'}")
+                                f"{obs.failure or error or 'no error recorded'}")
     if obs.status == "FAILED":
-        return verdict(FAILED, f"ended with an error: {obs.error or 'no error recorded'}")
+        return verdict(FAILED, f"ended with an error: {error or 'no error recorded'}")
     if obs.status == "STOPPED":
-        return verdict(STOPPED, f"stopped{': ' + obs.error if obs.error else ''}")
+        return verdict(STOPPED, f"stopped{': ' + error if error else ''}")
 
     beat_fresh = obs.beat_age_s is not None and obs.beat_age_s < limits.heartbeat_timeout_s
     if obs.status == "LAUNCHING":

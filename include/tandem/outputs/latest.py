@@ -1,0 +1,296 @@
+"""The ``latest`` output kind: per key, the row of the latest event time, values of any declared type.
+
+Declared with ``key`` (the fields a row is the latest of), ``time`` (the event time that orders rows) and
+``values`` (the fields kept with it, of any type: strings, booleans, numbers, timestamps); ``id`` optionally
+names the fields that break a tie of event times (default: the row's own content). A row's *rank* is
+``(event time, tiebreak)``; the latest row of a key is the one of the highest rank.
+
+Exactly once, whoever publishes: each instance keeps its latest row of each key in ``tandem.output_latest``
+(migration ``018_latest.sql``), and a row replaces the kept one only when it ranks higher, in the publishing
+transaction that checks the fence. So a replay, a standby flushing what it held, a backfill or a stale ACTIVE's
+late batch never moves a key backwards, and a row published twice changes nothing. The Delta copy appends each
+batch's winning rows once (application transactions); its read takes the highest rank per key, so a row an old
+ACTIVE appended after the new one moved on does not count. Reads merge the instances the same way: per key, the
+highest rank of any instance.
+
+Restore: kept (a replay after the cut brings rows that rank no higher than those kept). Backfill: the range's
+recomputed latest row of each key is published under the ACTIVE's lease (a late event that ranks higher wins).
+Reconcile: per key of the range, the published row against the recomputed one. Retention:
+``maintenance.retention.table_rows`` deletes keys not updated for that long (as for tables). Validation: every
+instance's kept rows of the window, the row's fields as columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tandem.declarations import OutputConfig, event_id
+from tandem.lake.tables import append_once, read_table
+from tandem.layout import delta_table_dir
+from tandem.outputs.base import (
+    ALL_TIME,
+    LAKE_COLUMNS,
+    BatchInfo,
+    HeldById,
+    OutputKind,
+    ReadRequest,
+    RetentionRun,
+    Trimmed,
+    Validation,
+    Window,
+    as_utc,
+    capped,
+    fence,
+    lake_columns,
+    reading,
+)
+from tandem.outputs.expectations import expect, instances, not_null
+from tandem.outputs.quarantine import QuarantineSink
+from tandem.outputs.recompute import Outcome, Recomputed, publish_under_lease, same, unbounded
+from tandem.store import latest as store
+from tandem.store.db import Database
+from tandem.store.leases import check_fence
+from tandem.store.outputs import canonical_key, to_json
+from tandem.store.publish_log import record_published
+from tandem.store.registry import InstanceKey
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from tandem.config import ClusterConfig, PlanConfig
+
+TIEBREAK = "tiebreak"
+"""The Delta column (and PostgreSQL's) that breaks a tie of event times."""
+Rank = tuple[datetime, str]
+
+
+def tiebreak_of(plan: str, output: str, config: OutputConfig, row: Mapping[str, Any]) -> str:
+    """What orders two rows of one key and event time: the id of the declared ``id`` fields, else a hash of the
+    row's content (the same on every replica and in every batching) (pure)."""
+    if config.id:
+        return event_id(plan, output, {f: row[f] for f in config.id})
+    return hashlib.sha256(canonical_key({k: v for k, v in row.items() if k != TIEBREAK}).encode()).hexdigest()[:32]
+
+
+def declared_fields(config: OutputConfig) -> list[str]:
+    """The fields a latest row keeps: the key's, the time, the values and the id's, each once."""
+    return list(dict.fromkeys([*config.key, config.time, *config.values, *config.id]))
+
+
+def rank_of(config: OutputConfig, row: Mapping[str, Any]) -> Rank:
+    return as_utc(row[config.time]), row[TIEBREAK]
+
+
+def key_of(config: OutputConfig, row: Mapping[str, Any]) -> str:
+    """The key's canonical JSON text (the identity of a row in a batch and among held rows)."""
+    return canonical_key({k: row[k] for k in config.key})
+
+
+def latest_per_key(rows: list[dict[str, Any]], config: OutputConfig) -> dict[str, dict[str, Any]]:
+    """Of rows that carry their tiebreak, the highest-ranked of each key (pure)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        key = key_of(config, row)
+        if key not in latest or rank_of(config, row) > rank_of(config, latest[key]):
+            latest[key] = row
+    return latest
+
+
+class LatestSink(HeldById):
+    """Each instance's latest row per key → ``output_latest`` (only when it ranks higher) → the winners to Delta.
+
+    A row's identity is its key. A standby holds the highest-ranked row of each key; a held row is published for
+    good once the kept row of its key ranks at least as high and is in the lake.
+    """
+
+    table = "output_latest"
+
+    def identities(self, rows: pa.Table) -> dict[str, dict[str, Any]]:
+        """The declared fields (key, time, values, id) of each key's highest-ranked row."""
+        rows = rows.select(declared_fields(self.config))
+        self.schema = rows.schema
+        ranked = [{**row, TIEBREAK: tiebreak_of(self.plan, self.output, self.config, row)} for row in rows.to_pylist()]
+        return latest_per_key(ranked, self.config)
+
+    def hold(self, rows: pa.Table, batch_id: int) -> None:
+        """Keep the highest-ranked row of each key (a later batch may bring an earlier event)."""
+        for key, row in self.identities(rows).items():
+            if key not in self.held or rank_of(self.config, row) > rank_of(self.config, self.held[key]):
+                self.held[key] = row
+        self.held_batch = batch_id
+
+    def published_of(self, held: dict[str, dict[str, Any]]) -> list[str]:
+        kept = self.db.run(lambda cursor: store.kept(cursor, self.plan, self.output, self.instance.shard_id, list(held),
+                                                in_lake=True), attempts=1)
+        return [key for key, row in held.items()
+                if key in kept and kept[key] >= rank_of(self.config, row)]
+
+    def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
+        """Keep each key's row where it ranks higher than the kept one; copy those to Delta; how many won."""
+        instance = batch.instance
+
+        def work(cursor, keys: list[str]) -> list[str]:
+            store.stage(cursor, [(key, as_utc(rows[key][self.config.time]), rows[key][TIEBREAK],
+                                  {k: v for k, v in rows[key].items() if k != TIEBREAK}) for key in keys])
+            check_fence(cursor, instance.plan, instance.shard_id, instance.node, batch.epoch)
+            won = store.keep_higher(cursor, instance, self.output, batch.epoch, batch.batch_id, keys)
+            newest = max((as_utc(rows[key][self.config.time]) for key in keys), default=None)
+            record_published(cursor, instance, self.output, batch.batch_id, batch.epoch, len(won), newest, None)
+            return won
+
+        won, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
+        if won:
+            lake = pa.Table.from_pylist([rows[key] for key in won],
+                                        schema=self.schema.append(pa.field(TIEBREAK, pa.string())))
+            for name, column in lake_columns(batch, lake.num_rows).items():
+                lake = lake.append_column(name, column)
+            fence(self.db, batch)
+            append_once(self.delta_path, lake, app_id=batch.app_id(self.output), version=batch.batch_id)
+            self.db.run(lambda cursor: store.mark_in_lake(cursor, instance, self.output,
+                                                     {key: rank_of(self.config, rows[key]) for key in won}))
+        return len(won or ())
+
+
+# --- the kind ------------------------------------------------------------------------------------------------------
+
+LAKE_ONLY = (*LAKE_COLUMNS, TIEBREAK)
+
+
+def _in_range(rank: Rank, request: ReadRequest) -> bool:
+    return (request.start is None or rank[0] >= request.start) and (request.end is None or rank[0] < request.end)
+
+
+class LatestKind(OutputKind):
+    """``latest``: per key, the row of the latest event time (ties broken by ``id``), merged on read."""
+
+    name = "latest"
+
+    def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
+             quarantine: QuarantineSink | None = None) -> LatestSink:
+        return LatestSink(plan.name, output, plan.outputs[output], instance, database_url, delta_path, quarantine)
+
+    def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
+             db: Database | None = None) -> list[dict[str, Any]]:
+        """Per key, the latest row over the instances (whose event time lies in ``[start, end)`` when given), in key
+        order: the row's fields as JSON values, and ``shard_id``, the instance that published it."""
+        config = plan.outputs[output]
+        if request.source == "delta":
+            table = read_table(delta_table_dir(cluster, plan.name, output))
+            latest = latest_per_key(table.to_pylist(), config)
+            found = [({k: v for k, v in row.items() if k not in LAKE_ONLY}, row["shard_id"], rank_of(config, row))
+                     for _, row in sorted(latest.items())]
+        else:
+            single = {k: v[0] for k, v in request.keys.items() if len(v) == 1}
+            whole = len(single) == len(request.keys) and request.start is None and request.end is None
+            limit = request.limit if whole else None  # else filtered below
+
+            def work(cursor) -> list[dict[str, Any]]:
+                with capped(cursor, limit) as rows:
+                    return store.read_merged(rows, plan.name, output, single or None)
+
+            with reading(cluster, db) as connection:
+                kept = connection.run(work, attempts=3)
+            found = [(row["row"], row["shard_id"], (row["event_time"], row["tiebreak"]))
+                     for row in sorted(kept, key=lambda r: canonical_key(r["key"]))]
+        rows = [{**to_json(values), "shard_id": shard} for values, shard, rank in found if _in_range(rank, request)]
+        rows = [row for row in rows if request.matches(row)]
+        return rows[:request.limit] if request.limit is not None else rows
+
+    def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
+        """The range's latest row of each key, published under the ACTIVE's lease: it wins where it ranks higher
+        than the kept row (a late event), and changes nothing elsewhere."""
+        why = unbounded(job)
+        if why:
+            return {"recomputed": False, "why": why}
+        sink = self.sink(job.plan, job.output, InstanceKey(job.plan.name, job.shard_id, "backfill"),
+                         job.cluster.database_url, job.delta_path)
+        rows = job.in_range()
+        latest = {} if rows is None else sink.identities(rows)
+        won = publish_under_lease(job, sink, latest, backfill_id) if latest else 0
+        return {"recomputed": True, "rows": len(latest), "published": won, "already_published": len(latest) - won}
+
+    def compare(self, job: Recomputed) -> Outcome:
+        """Per key of the range: late when the recomputed row ranks higher than the kept one (or none is kept),
+        different when both are the same rank with other values, extra when a kept row of the range ranks
+        higher than anything recomputed."""
+        outcome = Outcome(job.shard_id, job.output)
+        why = unbounded(job)
+        if why:
+            outcome.skipped = why
+            return outcome
+        config = job.declared
+        rows = job.in_range()
+        recomputed = {} if rows is None else latest_per_key(
+            [{**row, TIEBREAK: tiebreak_of(job.plan.name, job.output, config, row)}
+             for row in rows.select(declared_fields(config)).to_pylist()], config)
+        kept = {canonical_key(row["key"]): row for row in job.db.run(
+            lambda cursor: store.instance_rows(cursor, job.plan.name, job.output, job.shard_id, job.start, job.end),
+            attempts=3)}
+        outcome.compared += len(set(recomputed) | set(kept))
+        for key, row in sorted(recomputed.items()):
+            ours = rank_of(config, row)
+            theirs = kept.get(key)
+            if theirs is None or (theirs["event_time"], theirs["tiebreak"]) < ours:
+                outcome.add("late", {"key": key, "recomputed": ours[0].isoformat()})
+            elif (theirs["event_time"], theirs["tiebreak"]) == ours:
+                values = to_json({k: v for k, v in row.items() if k != TIEBREAK})
+                differing = {k: [theirs["row"].get(k), v] for k, v in values.items()
+                             if not same(theirs["row"].get(k), v)}
+                if differing:
+                    outcome.add("different", {"key": key, **differing})
+        for key in sorted(set(kept) - set(recomputed)):
+            outcome.add("extra", {"key": key, "published": kept[key]["event_time"].isoformat()})
+        for key in sorted(set(kept) & set(recomputed)):
+            if (kept[key]["event_time"], kept[key]["tiebreak"]) > rank_of(config, recomputed[key]):
+                outcome.add("extra", {"key": key, "published": kept[key]["event_time"].isoformat()})
+        return outcome
+
+    def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
+        """Keys not updated for ``retention.table_rows`` (and in the lake) go."""
+        seconds = run.plan.maintenance.retention.table_rows_s
+        if seconds is None:
+            return []
+        before = run.cutoff(seconds)
+
+        return [Trimmed(store.TABLE, run.db.run(lambda cursor: store.trim(cursor, run.plan.name, output, before),
+                                                attempts=3), before, f"keys of {output}")]
+
+    def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
+        """Every instance's latest rows of the output."""
+        deleted = db.run(lambda cursor: store.delete_all(cursor, plan.name, output), attempts=3)
+        return [f"{deleted} latest rows ({store.TABLE})"]
+
+    def validation(self, plan: PlanConfig, output: str) -> Validation:
+        """Every instance's kept rows whose event time lies in the window, the row's fields as columns."""
+        config = plan.outputs[output]
+        implied = [
+            *[not_null(field, "the output's key") for field in config.key],
+            expect("expect_compound_columns_to_be_unique", "one latest row per key and instance",
+                   column_list=[*config.key, "shard_id"]),
+            not_null(config.time, "the event time that orders the rows"),
+            instances(),
+        ]
+
+        def read(cursor, window: Window, limit: int) -> list[dict[str, Any]]:
+            return store.instance_rows(cursor, plan.name, output, None, window.since, window.until or ALL_TIME[1],
+                                       limit)
+
+        return Validation(table=f"tandem.{store.TABLE}", key_columns=[*config.key, "shard_id"], implied=implied,
+                          required=implied, takes_unnamed=False, read=read, frame=latest_frame)
+
+
+def latest_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows of ``output_latest`` with the row's fields as columns (pure)."""
+    import pandas as pd  # only validations build frames
+
+    return pd.DataFrame([{**row["row"], "shard_id": row["shard_id"]} for row in rows],
+                        columns=None if rows else ["shard_id"])
+
+
+KIND = LatestKind()

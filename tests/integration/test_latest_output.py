@@ -1,0 +1,197 @@
+"""The ``latest`` output kind on real PostgreSQL and real Delta: per key, the row of the latest event time.
+
+Logins of a few users, published by two instances in batches out of order, replayed, held by a standby and
+flushed after a hand-over, and sent late by a stale ACTIVE: whatever the order, each user's latest login (ties
+of event time broken by the login's id) reads the same from PostgreSQL and Delta as a plain-Python reference
+computes it over every login, with values of every type (text, boolean, long, double, timestamp). Then the
+contract's other duties: a restore keeps it, a backfill publishes a late login that ranks higher and nothing
+else, a reconcile sees it late before and nothing after, retention deletes keys not updated for the declared
+time, and the validation reads the kept rows. The exactly-once run across kill -9 and SIGSTOP with Spark is
+the pizza shop's ``last_orders`` (tests/integration/test_output_failover.py).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tandem.config import load_cluster, load_plan
+from tandem.declarations import event_id
+from tandem.errors import FencedError
+from tandem.layout import delta_table_dir
+from tandem.outputs import kind_of
+from tandem.outputs.base import BatchInfo, ReadRequest, RetentionRun, Window
+from tandem.outputs.recompute import BATCH_COLUMN, Recomputed
+from tandem.store import Database, migrate
+from tandem.store.leases import release, try_acquire
+from tandem.store.registry import InstanceKey
+
+pytestmark = pytest.mark.integration
+PLAN, OUTPUT = "logins", "last_login"
+USERS = ("ann", "bo", "cy", "dee")
+IDPS = ("okta", "google", "github")
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+SCHEMA = pa.schema([("user_name", pa.string()), ("login_id", pa.string()), ("at", pa.timestamp("us", tz="UTC")),
+                    ("idp", pa.string()), ("success", pa.bool_()), ("attempts", pa.int64()),
+                    ("risk", pa.float64()), ("seen_at", pa.timestamp("us", tz="UTC"))])
+PLAN_YAML = """name: logins
+description: the last successful login per user, with its identity provider
+streams:
+  logins:
+    partitions: 2
+    key: user_name
+    event_time: at
+    fields:
+      user_name: {type: string, not_empty: true}
+      login_id: {type: string, not_empty: true}
+      at: {type: epoch_millis}
+groups:
+  logins: {parallel: 2, queries: [last_logins]}
+outputs:
+  last_login:
+    kind: latest
+    key: [user_name]
+    time: at
+    values: [login_id, idp, success, attempts, risk, seen_at]
+    id: [login_id]
+nodes: [node-a, node-b]
+maintenance:
+  retention:
+    table_rows: 1 day
+"""
+
+
+@pytest.fixture
+def logins(project: Path, database_url: str):
+    (project / "conf" / "plans" / "logins.yaml").write_text(PLAN_YAML)
+    with Database(database_url) as db:
+        migrate(db)
+    cluster = load_cluster()
+    return cluster, load_plan(PLAN, cluster)
+
+
+def login(n: int, user: str, second: int) -> dict:
+    """One login, its values derived from its number (so a reference can recompute them)."""
+    at = T0 + timedelta(seconds=second)
+    return {"user_name": user, "login_id": f"l{n:04d}", "at": at, "idp": IDPS[n % 3], "success": n % 2 == 0,
+            "attempts": n, "risk": n / 7, "seen_at": at + timedelta(milliseconds=n)}
+
+
+def expected(rows: list[dict]) -> list[dict]:
+    """Per user, the login of the latest time, a tie broken by the higher id of its ``login_id`` (the declared
+    ``id``), as JSON values, in key order."""
+    latest: dict[str, dict] = {}
+    for row in rows:
+        rank = (row["at"], event_id(PLAN, OUTPUT, {"login_id": row["login_id"]}))
+        kept = latest.get(row["user_name"])
+        if kept is None or rank > kept[0]:
+            latest[row["user_name"]] = (rank, row)
+    return [{k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+            for _, (_, row) in sorted(latest.items())]
+
+
+def read(cluster, plan, source: str, **request) -> list[dict]:
+    rows = kind_of(plan, OUTPUT).read(cluster, plan, OUTPUT, ReadRequest(source=source, **request))
+    return [{k: v for k, v in row.items() if k != "shard_id"} for row in rows]
+
+
+def table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def batch(instance: InstanceKey, batch_id: int, epoch: int) -> BatchInfo:
+    return BatchInfo(instance, batch_id, epoch, datetime.now(timezone.utc))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seconds=st.lists(st.tuples(st.sampled_from(USERS), st.integers(0, 5)), min_size=1, max_size=30),
+       seed=st.integers(0, 2 ** 16))
+def test_the_latest_row_of_each_key_wins_in_any_order_across_instances_and_a_hand_over(logins, seconds, seed):
+    cluster, plan = logins
+    url = cluster.database_url
+    shuffle = random.Random(seed)
+    rows = [login(n, user, second) for n, (user, second) in enumerate(seconds)]  # ties of time are likely
+    kind = kind_of(plan, OUTPUT)
+    with Database(url) as db:
+        db.run(lambda cursor: cursor.execute("DELETE FROM output_latest; DELETE FROM leases"))
+        shutil.rmtree(delta_table_dir(cluster, PLAN, OUTPUT), ignore_errors=True)
+        # instance 1 reads half the users, instance 2 the other half and, as a key may be, some of the first's
+        parts = {"logins-1": [r for r in rows if r["user_name"] in USERS[:2]],
+                 "logins-2": [r for r in rows if r["user_name"] in USERS[2:] or r["attempts"] % 5 == 0]}
+        for shard_id, part in parts.items():
+            shuffle.shuffle(part)
+            active, standby = (InstanceKey(PLAN, shard_id, node) for node in ("node-a", "node-b"))
+            sink = kind.sink(plan, OUTPUT, active, url, delta_table_dir(cluster, PLAN, OUTPUT))
+            held = kind.sink(plan, OUTPUT, standby, url, delta_table_dir(cluster, PLAN, OUTPUT))
+            try:
+                publish_and_hand_over(db, shard_id, part, sink, held)
+            finally:  # each sink holds a connection (hypothesis keeps a failing example's frames)
+                sink.db.close()
+                held.db.close()
+    want = expected([r for part in parts.values() for r in part])
+    assert read(cluster, plan, "postgres") == want
+    assert read(cluster, plan, "delta") == want
+    assert read(cluster, plan, "postgres", keys={"user_name": ["ann"]}) == [r for r in want if r["user_name"] == "ann"]
+
+
+def publish_and_hand_over(db: Database, shard_id: str, part: list[dict], sink, held) -> None:
+    """The ACTIVE publishes the first half of the batches (each twice: a replay), the standby holds them all; the
+    ACTIVE is lost, the standby takes over and flushes what it held (the published part trimmed); the stale
+    ACTIVE's late batch is fenced, and one under the new epoch that ranks lower changes nothing."""
+    active, standby = sink.instance, held.instance
+    epoch = try_acquire(db, PLAN, shard_id, active.node, 30.0)
+    batches = [part[i:i + 3] for i in range(0, len(part), 3)]
+    for number, rows_of in enumerate(batches):
+        held.hold(table(rows_of), number)
+        if number < len(batches) // 2:
+            sink.publish(table(rows_of), batch(active, number, epoch))
+            sink.publish(table(rows_of), batch(active, number, epoch))
+    assert release(db, PLAN, shard_id, active.node, epoch, "test hand-over")
+    new_epoch = try_acquire(db, PLAN, shard_id, standby.node, 30.0)
+    held.flush(batch(standby, len(batches), new_epoch))
+    if part:
+        with pytest.raises(FencedError):
+            sink.publish(table(part[:1]), batch(active, 99, epoch))
+        older = {**part[0], "at": T0 - timedelta(days=1), "idp": "stale"}
+        held.publish(table([older]), batch(standby, 100, new_epoch))
+
+
+def test_restore_backfill_reconcile_retention_and_validation_keep_the_contract(logins) -> None:
+    cluster, plan = logins
+    url, shard_id = cluster.database_url, "logins-1"
+    kind = kind_of(plan, OUTPUT)
+    active = InstanceKey(PLAN, shard_id, "node-a")
+    first, late = login(1, "ann", 10), login(2, "ann", 20)  # the late one came after the watermark
+    with Database(url) as db:
+        epoch = try_acquire(db, PLAN, shard_id, "node-a", 60.0)
+        sink = kind.sink(plan, OUTPUT, active, url, delta_table_dir(cluster, PLAN, OUTPUT))
+        sink.publish(table([first]), batch(active, 0, epoch))
+        sink.db.close()
+        assert not kind.rolled_back_on_restore(plan.outputs[OUTPUT])
+        assert kind.restore(db, plan, OUTPUT, delta_table_dir(cluster, PLAN, OUTPUT), shard_id, 0) is None
+
+        recomputed = table([first, late]).append_column(BATCH_COLUMN, pa.array([0, 0], pa.int64()))
+        job = Recomputed(cluster, plan, db, shard_id, OUTPUT, recomputed, T0, T0 + timedelta(minutes=1))
+        before = kind.compare(job)
+        assert before.counts == {"late": 1, "extra": 0, "different": 0}
+        assert kind.replace(job, "bf-1") == {"recomputed": True, "rows": 1, "published": 1, "already_published": 0}
+        assert kind.compare(job).counts == {"late": 0, "extra": 0, "different": 0}
+        assert kind.replace(job, "bf-2")["published"] == 0, "a second backfill changes nothing"
+        assert read(cluster, plan, "postgres") == read(cluster, plan, "delta") == expected([first, late])
+
+        implied = kind.validation(plan, OUTPUT)
+        sampled = db.run(lambda cursor: implied.read(cursor, Window(T0), 10))
+        assert implied.frame(sampled).to_dict("records") == [{**expected([late])[0], "shard_id": shard_id}]
+
+        run = RetentionRun(db, plan, datetime.now(timezone.utc), {})
+        assert [t.rows for t in kind.trim(run, OUTPUT)] == [0], "updated just now: kept"
+        later = RetentionRun(db, plan, datetime.now(timezone.utc) + timedelta(days=2), {})
+        assert [t.rows for t in kind.trim(later, OUTPUT)] == [1], "not updated for two days: the key goes"
+        assert read(cluster, plan, "postgres") == []
