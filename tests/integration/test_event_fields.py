@@ -3,7 +3,7 @@ parse_and_validate`, what every source kind's lines go through) reads booleans, 
 word, ``user-id``, ``@timestamp``, a key holding a dot), nested paths (``auth.idp``) and timestamps as ISO-8601
 text or epoch milliseconds into columns of the declared names, and quarantines the bad variants with the reasons
 the receiver gives for the same lines (``tests/support/_field_cases.py``; the Python side runs them in
-``tests/unit/test_event_fields.py``)."""
+``tests/unit/test_event_field_rules.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Lines of a login stream whose fields read keys of other names (``from:``), a boolean and a timestamp, each with
 what it must give: the row's values (by declared name) or the reason it is refused. The same cases run through the
-receiver's checks in Python (``tests/unit/test_event_fields.py``) and the runtime's parse on Spark
+receiver's checks in Python (``tests/unit/test_event_field_rules.py``) and the runtime's parse on Spark
 (``tests/integration/test_event_fields.py``): the two implementations of one rule must agree on every one."""
 
 from __future__ import annotations
