@@ -988,7 +988,9 @@ def _check_retention(file: PlanFile, refuse: Callable[[str, str], None]) -> None
                    "ones, keep it at least as long")
             break  # one line for the order: the next finer granularity would name the same coarser one
     keep_input = file.maintenance.keep_input_s
-    by_id = [name for name, output in file.outputs.items() if output.id]
+    # a table's and an aggregation's ids are contributions applied once (the kinds' applies_contributions); a latest
+    # output's id only orders its rows
+    by_id = [name for name, output in file.outputs.items() if output.id and output.kind in ("table", "aggregation")]
     if by_id and keep_input is not None and keep_input > retention.contributions_s:
         refuse("maintenance.keep_input",
                f"keeps input {keep_input / 86400:g} days, longer than maintenance.retention.contributions "

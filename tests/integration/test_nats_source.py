@@ -33,6 +33,7 @@ from tandem.runtime.node import run_instance
 from tandem.snapshots.restore import restore_shard
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database
+from tandem.supervisor.observe import unread_messages_since
 from tandem.reading import read_output
 
 pytestmark = pytest.mark.integration
@@ -124,10 +125,18 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
     # minute recomputes it from the messages the stream still holds (issue 27 §1)
     late = trades(5, 80, T0)
     late = [e for e in late if e["timestamp"] < T0 + 60_000]
+    # the supervisor sees input waiting for an instance that reads only NATS streams (no landing folder): the
+    # oldest message its queries have not read, until they read it
+    assert unread_messages_since(cluster, plan, "shard-1", "node-a") is None, "read to the end"
+    published_at = datetime.now(UTC).timestamp()
     with Destinations(cluster, plan) as out:
         publish(out, late, 2)
+    waiting = unread_messages_since(cluster, plan, "shard-1", "node-a")
+    assert waiting is not None and published_at - 1 <= waiting <= datetime.now(UTC).timestamp() + 1, waiting
+    assert unread_messages_since(cluster, plan, "shard-1", "node-b") is None, "node-b never ran: judged by its start"
     for shard in plan.shards:
         assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    assert unread_messages_since(cluster, plan, "shard-1", "node-a") is None
     assert_exact(cluster, first + second)  # the late trades were dropped
     start = datetime.fromtimestamp(T0 / 1000, tz=UTC)
     with Database(cluster.database_url) as db:

@@ -19,11 +19,13 @@ published under an epoch after the next one was granted.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -101,18 +103,19 @@ def pause(pair: Pair, plan: PlanConfig, shard: str) -> str:
 def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, shard: str, rate: int,
                          first_output: Callable[[str], object], what: str,
                          failovers: Callable[[Pair, PlanConfig, str], str],
-                         change: Callable[[dict], object] | None = None
+                         change: Callable[[dict], object] | None = None,
+                         spell: Callable[[str, dict], str] | None = None
                          ) -> tuple[PlanConfig, Pair, dict[str, list[dict]], str]:
     """The instance as a hot pair while ``rate`` events/s stream in, through ``failovers``; then an event an hour
     later in every partition, so every result becomes final. Returns the events written and the node that took
-    over last (``failovers`` returns it). ``change``: of the plan's YAML first."""
+    over last (``failovers`` returns it). ``change``: of the plan's YAML first; ``spell``: how an event is written."""
     configure(project, plan_name)
     if change is not None:
         edit_plan(project, plan_name, change)
     cluster = load_cluster()
     plan = load_plan(plan_name, cluster)
     pair = Pair(cluster, plan, build_dist(project), process_groups, shard=shard)
-    writer = PlanWriter(cluster, plan, rate=rate)
+    writer = PlanWriter(cluster, plan, rate=rate, spell=spell)
     try:
         pair.start_pair("node-a", "node-b")
         writer.start()  # after the start: the first batches are not a backlog of the launch time
@@ -127,6 +130,26 @@ def failovers_under_load(project: Path, process_groups: list[int], plan_name: st
 # --- the pizza shop ---------------------------------------------------------------------------------------------
 
 PLAN, SHARD = "pizza_shop", "shop-1"
+
+
+def fields_as_another_producer_spells_them(declared: dict) -> None:
+    """The orders as another producer writes them: the customer nested (``from: customer.name``), a boolean, the
+    time a ``timestamp`` (ISO-8601 text with an offset, or epoch milliseconds)."""
+    fields = declared["streams"]["orders"]["fields"]
+    fields["customer_name"]["from"] = "customer.name"
+    fields["time"] = {"type": "timestamp"}
+    fields["rush"] = {"type": "boolean"}
+
+
+def spelled(stream: str, event: dict) -> str:
+    """An event's line as :func:`fields_as_another_producer_spells_them` declares it: every other order's time as
+    ISO-8601 text at +02:00 (the same instant), the rest as epoch milliseconds."""
+    if stream != "orders":
+        return json.dumps(event)
+    iso = zlib.crc32(event["order_no"].encode()) % 2 == 0
+    at = datetime.fromtimestamp(event["time"] / 1000, timezone(timedelta(hours=2))).isoformat(timespec="milliseconds")
+    return json.dumps({"order_no": event["order_no"], "customer": {"name": event["customer_name"]},
+                       "time": at if iso else event["time"], "rush": iso})
 
 
 def published(url: str) -> tuple[list[str], dict[str, int]]:
@@ -171,7 +194,9 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
         project: Path, database_url: str, process_groups: list[int], nats_server: EmbeddedServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """... and the overdue orders published to a NATS stream (issue 26 §3): a consumer of the stream receives every
-    one exactly once, in the order of the events endpoint."""
+    one exactly once, in the order of the events endpoint. The orders are written as another producer spells them
+    (issue 47 §4: a nested key read with ``from:``, a boolean, ISO-8601 times and epoch milliseconds mixed), and the
+    customers' last orders are a ``latest`` output."""
     with Database(database_url) as db:
         migrate(db)
     prefix = messaging_layer(project, nats_server, monkeypatch)
@@ -180,9 +205,10 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
     try:
         plan, pair, events, holder = failovers_under_load(
             project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0], "the first overdue orders",
-            kill_then_pause, publish_output("overdue_orders", "overdue", 2, "order_no",
-                                            {"order_no": "string", "customer_name": "string",
-                                             "expiry_time": "epoch_millis"}))
+            kill_then_pause, lambda declared: (publish_output("overdue_orders", "overdue", 2, "order_no",
+                                                              {"order_no": "string", "customer_name": "string",
+                                                               "expiry_time": "epoch_millis"})(declared),
+                                               fields_as_another_producer_spells_them(declared)), spelled)
         polled_by_the_failovers = len(poller.received)
     except BaseException:
         poller.stopped.set()

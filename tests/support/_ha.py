@@ -196,11 +196,12 @@ class PlanWriter(threading.Thread):
     ``period_s``, remembering every event by stream."""
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig, rate: int = 40, period_s: float = 0.5,
-                 seed: int = 11) -> None:
+                 seed: int = 11, spell: Callable[[str, dict], str] | None = None) -> None:
         from tandem.producer import generator_for
 
         super().__init__(name=f"{plan.name}-writer", daemon=True)
         self.cluster, self.plan = cluster, plan
+        self.spell = spell or (lambda stream, event: json.dumps(event))  # an event of a stream as its line
         self.generator = generator_for(plan, seed)
         self.per_tick = max(1, round(rate * period_s))
         self.period_s = period_s
@@ -215,7 +216,7 @@ class PlanWriter(threading.Thread):
             with Destinations(self.cluster, self.plan) as destinations:
                 while not self.stopping.is_set():
                     events = self.generator.events(int(time.time() * 1000), self.per_tick)
-                    lines = {stream: [(e, json.dumps(e)) for e in items] for stream, items in events.items()}
+                    lines = {stream: [(e, self.spell(stream, e)) for e in items] for stream, items in events.items()}
                     for (stream, partition), chunk in partitioned(self.plan, lines).items():
                         destinations.write(stream, partition, chunk)
                     for stream, items in events.items():

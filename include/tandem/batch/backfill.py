@@ -48,8 +48,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from tandem.aggregation.granularity import bucket_end, bucket_start
-from tandem.aggregation.spec import aggregation_outputs, spec_for
 from tandem.batch.trim import contributions_horizon
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
 from tandem.config import ClusterConfig, PlanConfig, nats_of
@@ -64,11 +62,10 @@ from tandem.layout import (
     retained_dir,
     retained_twin,
 )
-from tandem.messaging import JetStream, partition_subject, stream_name
-from tandem.messaging.jetstream import dropped_since
+from tandem.messaging import JetStream, stream_name
+from tandem.messaging.jetstream import dropped_since, unread_since
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import kind_of
-from tandem.outputs.aggregation import partials_horizon
 from tandem.outputs.recompute import BATCH_COLUMN, Recomputed
 from tandem.runtime.node import start_query
 from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
@@ -125,10 +122,9 @@ def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed:
     - an output published once by id (a table, an aggregation with ``id``) publishes only the rows whose ids it does
       not find; a fact is applied after its event time, so every id of the range is kept when the ids trimmed were
       applied before ``start`` (less :data:`CONTRIBUTION_MARGIN`);
-    - an aggregation rebuilds each coarser bucket the range overlaps from its finer rows: where the range starts or
-      ends inside a bucket whose finer rows were trimmed, the bucket would be rebuilt from the range's rows alone
-      (and the loss rolled up to the year): a range aligned to such buckets is fine; an aggregation with ``id``
-      adds to the range's own seconds, which must all be there.
+    - and each output's kind says what else of the range its retention deleted
+      (:meth:`tandem.outputs.base.OutputKind.backfill_refusal`: an aggregation's coarser buckets are rebuilt from
+      finer rows).
     """
     by_id = [name for name in plan.outputs if kind_of(plan, name).applies_contributions(plan.outputs[name])]
     for shard in shards if by_id else ():
@@ -138,22 +134,10 @@ def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed:
                     f"before {horizon.isoformat(timespec='seconds')} were deleted (maintenance.retention."
                     "contributions): rows whose ids are gone would be published again; start it at or after "
                     f"{(horizon + CONTRIBUTION_MARGIN).isoformat(timespec='seconds')}")
-    for output in aggregation_outputs(plan):
-        spec = spec_for(plan, output)
-        for child, parent in zip(spec.granularities, spec.granularities[1:]):
-            horizon = trimmed.get(partials_horizon(spec.table, child))
-            if horizon is None:
-                continue
-            deleted = (f"whose {child} rows before {horizon.isoformat(timespec='seconds')} were deleted "
-                       f"(maintenance.retention.partials.{child})")
-            if plan.outputs[output].id and start < horizon:
-                return f"{output} adds facts to its {child} rows, {deleted}: start it at or after {horizon.isoformat()}"
-            for edge, verb in ((start, "start"), (end, "end")):
-                bucket = bucket_start(edge, parent)
-                if bucket != edge and bucket < horizon:
-                    return (f"it {verb}s at {edge.isoformat()}, inside the {parent} bucket {bucket.isoformat()} of "
-                            f"{output}, {deleted}: the bucket would be rebuilt from the range's rows alone; {verb} "
-                            f"it at a {parent} boundary ({bucket.isoformat()} or {bucket_end(bucket, parent).isoformat()})")
+    for output in plan.outputs:
+        why = kind_of(plan, output).backfill_refusal(plan, output, start, end, trimmed)
+        if why:
+            return why
     return None
 
 
@@ -174,19 +158,14 @@ def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query
     after its offset."""
     processed = {Path(unquote(urlsplit(uri).path)) for uri in processed_file_times(query_dir)}
     pending = [modified for path, modified in landed.items() if path not in processed]
-    offsets = [o for o in source_offsets(query_dir / "offsets" / str(committed_batch(query_dir)))
-               if isinstance(o, dict) and set(o) == {"stream", "seq"}]
+    offsets = source_offsets(query_dir / "offsets" / str(committed_batch(query_dir)))
     for name, stream in plan.streams.items():
         if stream.source != "nats" or not plan.partitions(shard_id, name):
             continue
         nats = nats_of(cluster, plan, name)
-        read = [int(o["seq"]) for o in offsets if o["stream"] == stream_name(nats.prefix, name)]
         with JetStream(nats, name="tandem-backfill-check") as js:
-            for partition in plan.partitions(shard_id, name):
-                published = js.published_after(stream_name(nats.prefix, name),
-                                               partition_subject(nats.prefix, name, partition), min(read, default=0))
-                if published is not None:
-                    pending.append(int(published.timestamp() * 1000))
+            pending += [int(published.timestamp() * 1000) for published in
+                        unread_since(js, nats.prefix, name, plan.partitions(shard_id, name), offsets)]
     return pending
 
 

@@ -294,6 +294,18 @@ class JetStream:
                            f"{exc.held_from}) before they were read") from None
 
 
+def unread_since(js: JetStream, prefix: str, stream: str, partitions: Iterable[int], offsets: Iterable[Any]) -> \
+        list[datetime]:
+    """When the first message of each partition subject of the Tandem stream ``stream`` that a query has not read
+    was published (none for a partition it has read to the end). ``offsets``: the query's committed source offsets
+    (:func:`tandem.checkpoints.source_offsets`); a NATS source's is ``{"stream", "seq"}``, the stream sequence it
+    read to; without one of this stream, nothing of it was read."""
+    name = stream_name(prefix, stream)
+    read = [int(o["seq"]) for o in offsets if isinstance(o, dict) and set(o) == {"stream", "seq"} and o["stream"] == name]
+    found = (js.published_after(name, partition_subject(prefix, stream, p), min(read, default=0)) for p in partitions)
+    return [published for published in found if published is not None]
+
+
 def stream_spec(nats: NatsConfig, name: str, stream: StreamConfig) -> StreamSpec:
     """The JetStream stream of the Tandem stream ``name`` as it declares it: every partition's subject, its retention."""
     retention = stream.retention

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
 from tandem.aggregation import sketches
-from tandem.aggregation.granularity import bucket_start
+from tandem.aggregation.granularity import bucket_end, bucket_start
 from tandem.aggregation.merge import long_sum
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec, Measure, spec_for
 from tandem.declarations import MAX_EPOCH_MILLIS, FieldConfig, OutputConfig
@@ -585,6 +585,35 @@ class AggregationKind(OutputKind):
 
         return compare_partials(Outcome(job.shard_id, job.output), job.db.run(published, attempts=3), recomputed,
                                 spec.keys, spec.measure_columns, spec.version_column)
+
+    def backfill_refusal(self, plan: PlanConfig, output: str, start: datetime, end: datetime,
+                         trimmed: Mapping[str, datetime]) -> str | None:
+        """Each coarser bucket the range overlaps is rebuilt from its finer rows: where the range starts or ends inside
+        a bucket whose finer rows were trimmed, it would be rebuilt from the range's rows alone (and the loss rolled up
+        to the year): a range aligned to such buckets is fine; an aggregation of facts adds to the range's own
+        seconds, which must all be there."""
+        spec = spec_for(plan, output)
+        for child, parent in zip(spec.granularities, spec.granularities[1:]):
+            horizon = trimmed.get(partials_horizon(spec.table, child))
+            if horizon is None:
+                continue
+            deleted = (f"whose {child} rows before {horizon.isoformat(timespec='seconds')} were deleted "
+                       f"(maintenance.retention.partials.{child})")
+            if plan.outputs[output].id and start < horizon:
+                return f"{output} adds facts to its {child} rows, {deleted}: start it at or after {horizon.isoformat()}"
+            for edge, verb in ((start, "start"), (end, "end")):
+                bucket = bucket_start(edge, parent)
+                if bucket != edge and bucket < horizon:
+                    return (f"it {verb}s at {edge.isoformat()}, inside the {parent} bucket {bucket.isoformat()} of "
+                            f"{output}, {deleted}: the bucket would be rebuilt from the range's rows alone; {verb} "
+                            f"it at a {parent} boundary ({bucket.isoformat()} or "
+                            f"{bucket_end(bucket, parent).isoformat()})")
+        return None
+
+    def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        spec = spec_for(plan, output)
+        return {"granularities": list(spec.granularities),
+                "measures": [*(r.column for r in spec.ratios), *spec.measure_columns], "time": None}
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         """The partials of each granularity older than ``retention.partials``; the horizon is recorded (a backfill

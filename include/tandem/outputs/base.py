@@ -528,6 +528,18 @@ class OutputKind:
         """A reconcile: the differences between the recomputed range of one instance and what it published."""
         raise NotImplementedError
 
+    def backfill_refusal(self, plan: PlanConfig, output: str, start: datetime, end: datetime,
+                         trimmed: Mapping[str, datetime]) -> str | None:
+        """Why a backfill of ``[start, end)`` would need rows of ``output`` the plan's retention deleted (``trimmed``:
+        :func:`tandem.store.trim.horizons`), or ``None`` (pure)."""
+        return None
+
+    def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        """What the Tandem page shows of the declaration besides its key: ``granularities``, ``measures`` (the
+        value columns) and ``time`` (a field read as a time)."""
+        config = plan.outputs[output]
+        return {"granularities": [], "measures": list(config.values), "time": None}
+
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         """Delete the output's rows older than the plan's retention; what was deleted."""
         return []

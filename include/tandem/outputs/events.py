@@ -219,6 +219,9 @@ class EventsKind(PublishedById):
                                 before, f"{output} of instance {shard_id}"))
         return done
 
+    def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        return {**super().summary(plan, output), "time": plan.outputs[output].time}
+
     def validation(self, plan: PlanConfig, output: str) -> Validation:
         return validation(plan, output)
 

@@ -266,6 +266,9 @@ class LatestKind(OutputKind):
         deleted = db.run(lambda cursor: store.delete_all(cursor, plan.name, output), attempts=3)
         return [f"{deleted} latest rows ({store.TABLE})"]
 
+    def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        return {**super().summary(plan, output), "time": plan.outputs[output].time}
+
     def validation(self, plan: PlanConfig, output: str) -> Validation:
         """Every instance's kept rows whose event time lies in the window, the row's fields as columns."""
         config = plan.outputs[output]

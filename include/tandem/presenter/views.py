@@ -80,15 +80,8 @@ def plan_summary(plan: PlanConfig) -> PlanSummary:
     groups = [GroupSummary(name=name, parallel=group.parallel, queries=list(group.queries),
                            instances=[s for s in plan.shards if plan.group_of(s)[0] == name])
               for name, group in plan.groups.items()]
-    outputs = []
-    for name, config in plan.outputs.items():
-        granularities, measures = [], list(config.values)
-        if config.kind == "aggregation":
-            spec = spec_for(plan, name)
-            granularities = list(spec.granularities)
-            measures = [*(r.column for r in spec.ratios), *spec.measure_columns]
-        outputs.append(OutputSummary(name=name, kind=config.kind, key=list(config.key), granularities=granularities,
-                                     measures=measures, time=config.time if config.kind == "events" else None))
+    outputs = [OutputSummary(name=name, kind=config.kind, key=list(config.key),
+                             **kind_of(plan, name).summary(plan, name)) for name, config in plan.outputs.items()]
     return PlanSummary(name=plan.name, state="ok", description=plan.description, nodes=list(plan.nodes),
                        standby=plan.ha.standby, groups=groups, outputs=outputs,
                        epoch_millis_fields=epoch_millis_fields(plan))

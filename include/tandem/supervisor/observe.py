@@ -1,4 +1,5 @@
-"""Observe one (plan, shard): read PostgreSQL and the landing directory, evaluate health (read-only).
+"""Observe one (plan, shard): read PostgreSQL, the landing directory and, for an instance quiet long enough to be
+stalled, the messages of its ``nats`` streams it has not read; evaluate health (read-only).
 
 The result feeds :func:`tandem.supervisor.decisions.decide` (the supervisor), the supervision
 trigger (which fires when the decision has something to do) and ``tandem status``.
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from tandem.config import ClusterConfig, PlanConfig
-from tandem.layout import InputMtimes, instance_landing_dirs
+from tandem.checkpoints import committed_batch, query_dirs, source_offsets
+from tandem.config import ClusterConfig, PlanConfig, nats_of
+from tandem.layout import InputMtimes, checkpoint_dir, instance_landing_dirs
+from tandem.messaging import JetStream, stream_name
+from tandem.messaging.jetstream import unread_since
+from tandem.messaging.wire import ProtocolError
 from tandem.store.db import Database
 from tandem.store.supervision import ShardRows, read_shard
 from tandem.supervisor.decisions import LeaseView, ShardView
@@ -44,6 +48,46 @@ def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> f
     return max(0.0, now_epoch - min(newer)) if newer else None
 
 
+def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> float | None:
+    """When the oldest message of the instance's ``nats`` streams that ``node``'s queries have not read (by their last
+    committed batch) was published, as a POSIX time; ``None`` when there is none (or the messaging layer does not
+    answer: the source itself waits for it and fails the query if it stays away)."""
+    streams = [name for name, stream in plan.streams.items()
+               if stream.source == "nats" and plan.partitions(shard_id, name)]
+    found: list[float] = []
+    for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)).values() if streams else ():
+        batch = committed_batch(query_dir)
+        offsets = [] if batch is None else source_offsets(query_dir / "offsets" / str(batch))
+        for name in streams:
+            nats = nats_of(cluster, plan, name)
+            if not any(isinstance(o, dict) and o.get("stream") == stream_name(nats.prefix, name) for o in offsets):
+                continue  # the query does not read it (or has not committed a batch: judged by its start)
+            try:
+                with JetStream(nats, name="tandem-observe", timeout_s=5.0) as js:
+                    found += [t.timestamp() for t in unread_since(js, nats.prefix, name,
+                                                                  plan.partitions(shard_id, name), offsets)]
+            except (OSError, ProtocolError):
+                continue
+    return min(found, default=None)
+
+
+UNREAD_RECHECK_S = 30.0
+"""How long an answer of :func:`unread_messages_since` is reused while the node's last batch is the same: the oldest
+unread message only changes when a batch reads it, and a poller observes each second."""
+_unread: dict[tuple[str, str, str], tuple[float | None, float, float | None]] = {}
+
+
+def _remembered_unread(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
+                       batch_start: float | None) -> float | None:
+    key = (plan.name, shard_id, node)
+    known = _unread.get(key)
+    if known is not None and known[0] == batch_start and time.monotonic() - known[1] < UNREAD_RECHECK_S:
+        return known[2]
+    unread = unread_messages_since(cluster, plan, shard_id, node)
+    _unread[key] = (batch_start, time.monotonic(), unread)
+    return unread
+
+
 def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
                   inputs: InputMtimes | None = None) -> ShardObservation:
     """Read one (plan, shard) and evaluate every configured node's instance (``inputs``: what a poller remembers of
@@ -67,6 +111,12 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
                           for directory in directories for m in inputs.of(directory).values()]
             since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
             waiting = oldest_after(mtimes, since, time.time())
+            quiet_s = rows.now_epoch - (batch_start if batch_start is not None else (row["started_epoch"] or 0.0))
+            if quiet_s >= limits.stall_timeout_s:  # only then can it be stalled: the messaging layer is asked then
+                unread = _remembered_unread(cluster, plan, shard_id, node, batch_start)
+                if unread is not None:
+                    age = max(0.0, time.time() - unread)
+                    waiting = age if waiting is None else max(waiting, age)
         observations[node] = InstanceObservation(
             node=node, status=row["status"], role=row["role"], epoch=int(row["epoch"] or 0), error=row["error"],
             failure=row.get("failure"), failure_repeats=int(row.get("failure_repeats") or 0),
