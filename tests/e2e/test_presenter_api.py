@@ -29,7 +29,7 @@ import jwt
 import pytest
 import requests
 from _page import assert_shown_whole
-from _references import PIZZA_T0, arrival_order, make_orders, pizza_reference
+from _references import PIZZA_T0, arrival_order, last_orders_reference, make_orders, pizza_reference
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
@@ -42,7 +42,7 @@ PLAN = "pizza_shop"
 BAD_LINES = {("orders", 2): ['{"order_no": "o-x", "time": 5}'], ("deliveries", 1): ['{"order_no": "", "time": 5}']}
 
 
-def publish_pizza_outputs(spark) -> tuple[list[dict], dict[str, int], set[str]]:
+def publish_pizza_outputs(spark) -> tuple[list[dict], dict[str, int], set[str], dict[str, dict]]:
     """Orders and deliveries through the partition layout, both instances run to the end; the reference."""
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
@@ -59,7 +59,7 @@ def publish_pizza_outputs(spark) -> tuple[list[dict], dict[str, int], set[str]]:
         result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
     per_customer, overdue = pizza_reference(orders, deliveries)
-    return orders, per_customer, overdue
+    return orders, per_customer, overdue, last_orders_reference(orders, deliveries)
 
 
 def catalog_two_snapshots(database_url: str, storage: Path) -> tuple[str, str]:
@@ -173,7 +173,7 @@ PAGE_ERROR = "psycopg2.errors.DataError: invalid input syntax for type json"
 
 def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_url: str, spark, airflow_stack,
                                                       browser, tmp_path: Path) -> None:
-    orders, per_customer, overdue = publish_pizza_outputs(spark)
+    orders, per_customer, overdue, last_orders = publish_pizza_outputs(spark)
     good, bad = catalog_two_snapshots(database_url, project / "data")
     home = tmp_path / "airflow"
     passwords = write_users(home)
@@ -206,7 +206,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
                                           "instances": ["shop-1", "shop-2"]}]
         assert {o["name"]: o["kind"] for o in plans[PLAN]["outputs"]} == {
             "delivered_orders": "table", "overdue_orders": "events", "order_stats": "aggregation",
-            "quarantine": "quarantine"}
+            "last_orders": "latest", "quarantine": "quarantine"}
 
         # outputs, against the reference
         table = admin.ok(f"/plans/{PLAN}/outputs/delivered_orders/rows")["rows"]
@@ -214,6 +214,15 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         one = sorted(per_customer)[0]
         assert admin.ok(f"/plans/{PLAN}/outputs/delivered_orders/rows", key=f"customer_name:{one}")["rows"] == \
             [r for r in table if r["customer_name"] == one]
+        # the rows endpoint reads every kind as the kind does: the latest, events, the quarantine
+        latest = admin.ok(f"/plans/{PLAN}/outputs/last_orders/rows")
+        assert latest["kind"] == "latest" and {r["customer_name"]: {k: v for k, v in r.items() if k != "shard_id"}
+                                               for r in latest["rows"]} == last_orders
+        assert [r["order_no"] for r in admin.ok(f"/plans/{PLAN}/outputs/last_orders/rows",
+                                                key=f"customer_name:{one}")["rows"]] == [last_orders[one]["order_no"]]
+        assert sorted(r["order_no"] for r in admin.ok(f"/plans/{PLAN}/outputs/overdue_orders/rows")["rows"]) == \
+            sorted(overdue)
+        assert len(admin.ok(f"/plans/{PLAN}/outputs/quarantine/rows")["rows"]) == 2
         days = admin.ok(f"/plans/{PLAN}/outputs/order_stats/aggregates", granularity="day",
                         start="2025-01-01T00:00:00Z", end="2026-01-01T00:00:00Z")["rows"]
         assert sum(r["orders"] for r in days) == len(orders)
@@ -249,11 +258,9 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             assert [n["node"] for n in instance["nodes"]] == ["node-a", "node-b"]
             assert instance["nodes"][0]["status"] == "STOPPED" and instance["nodes"][1]["health"] == "MISSING"
             assert instance["last_failover"]["kind"] == "PROMOTED" and instance["last_failover"]["node"] == "node-a"
-        vacancies = {"shop-1": ("stopped", "stopped: instance stopped"),  # it stopped at the end of its input
-                     "shop-2": ("released", f"released: node-a is BLOCKED: {PAGE_ERROR}")}  # marked BLOCKED above
         for instance in status["instances"]:  # each instance stopped at the end of its input and released the lease
             assert not instance["lease"]["valid"]
-            assert (instance["lease"]["state"], instance["lease"]["vacancy"]) == vacancies[instance["instance"]]
+            assert (instance["lease"]["state"], instance["lease"]["vacancy"]) == ("stopped", "stopped: instance stopped")
             assert instance["lease"]["vacant_since"] is not None
         assert status["instances"][0]["last_good_snapshot"]["id"] == good
         assert status["instances"][1]["last_good_snapshot"] is None
@@ -271,7 +278,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         for path, params, status_code in [
                 (f"/plans/{PLAN}/outputs/order_stats/aggregates", {"granularity": "week"}, 400),
                 (f"/plans/{PLAN}/outputs/overdue_orders/events", {"cursor": "not-a-cursor!"}, 400),
-                (f"/plans/{PLAN}/outputs/overdue_orders/rows", {}, 400),
+                (f"/plans/{PLAN}/outputs/order_stats/rows", {"granularity": "week"}, 400),
                 (f"/plans/{PLAN}/outputs/delivered_orders/rows", {"key": "colour:red"}, 400),
                 ("/plans/nope/status", {}, 404), (f"/plans/{PLAN}/outputs/nope/events", {}, 404)]:
             response = admin.get(path, **params)
