@@ -190,8 +190,9 @@ def test_events_and_tables_are_validated_by_the_plan_and_its_suite(cluster, data
     since = datetime.now(UTC) - timedelta(hours=1)
     reports = {r.suite: r for r in validate_plan_outputs(cluster, plan, since)}
     assert set(reports) == {"pizza_shop_outputs:overdue_orders", "pizza_shop_outputs:delivered_orders",
-                            "pizza_shop_outputs:order_stats"}
+                            "pizza_shop_outputs:order_stats", "pizza_shop_outputs:last_orders"}
     assert reports["pizza_shop_outputs:order_stats"].row_count == 0  # nothing aggregated yet: its table is not there
+    assert reports["pizza_shop_outputs:last_orders"].success and reports["pizza_shop_outputs:last_orders"].row_count == 0
     with pytest.raises(ValidationError, match="order_stats keeps second, minute, hour, day"):
         validate_plan_outputs(cluster, plan, since, granularity="year")  # a bucket the output does not keep
     events, table = reports["pizza_shop_outputs:overdue_orders"], reports["pizza_shop_outputs:delivered_orders"]
@@ -251,6 +252,17 @@ def insert_order_stats(database_url: str, *rows: tuple[str, str, int]) -> None:
         db.run(work)
 
 
+def insert_last_orders(database_url: str, *rows: tuple[str | None, str, int]) -> None:
+    """Rows ``(customer, instance, order time in ms)`` of pizza_shop's last_orders, as its sink keeps them."""
+    with Database(database_url) as db:
+        db.run(lambda cursor: cursor.executemany(
+            "INSERT INTO output_latest (plan, output, key, shard_id, event_time, tiebreak, row, node, epoch, batch_id) "
+            "VALUES ('pizza_shop', 'last_orders', %s, %s, to_timestamp(%s / 1000.0), 't', %s, 'node-a', 1, 0)",
+            [(json.dumps({"customer_name": customer}), shard, at,
+              json.dumps({"customer_name": customer, "order_time": at, "order_no": f"o-{at}", "outcome": "overdue",
+                          "delivered": 0})) for customer, shard, at in rows]))
+
+
 def test_pizza_shop_without_suite_files_validates_every_output_with_the_implied_suite(cluster, project,
                                                                                       database_url):
     from tandem.quality.outputs import validate_plan_outputs
@@ -265,19 +277,23 @@ def test_pizza_shop_without_suite_files_validates_every_output_with_the_implied_
                                  overdue("o-2", None, now_ms - 10_000, now_ms - 20_000)],
                   {"o-3": ("alice", "shop-1"), "o-4": ("alice", "shop-2")})
     insert_order_stats(database_url, ("hour", "shop-1", 2), ("minute", "shop-2", 1))
+    insert_last_orders(database_url, ("alice", "shop-1", now_ms - 90_000), ("bob", "shop-2", now_ms - 80_000))
     reports = {r.suite: r for r in validate_plan_outputs(cluster, plan, since)}
     assert set(reports) == {f"pizza_shop_outputs (implied):{o}" for o in ("overdue_orders", "delivered_orders",
-                                                                          "order_stats")}
+                                                                          "order_stats", "last_orders")}
     assert all(r.success and r.row_count == 2 for r in reports.values()), [r.summary() for r in reports.values()]
 
     # a null key in each output, a count of 0, a granularity the output does not keep, an unknown instance
     publish_pizza(database_url, [overdue(None, "bob", now_ms - 5_000, now_ms - 1_000)], {"o-8": (None, "shop-1")})
     insert_order_stats(database_url, ("month", "shop-7", 0))
+    insert_last_orders(database_url, (None, "shop-9", now_ms - 5_000))
     reports = {r.suite.rpartition(":")[2]: r for r in validate_plan_outputs(cluster, plan, since)}
     assert failed(reports["overdue_orders"]) == {("expect_column_values_to_not_be_null", "order_no")}
     assert failed(reports["delivered_orders"]) == {("expect_column_values_to_not_be_null", "customer_name")}
     assert failed(reports["order_stats"]) == {("expect_column_values_to_be_between", "orders"),
                                               ("expect_column_values_to_be_in_set", "granularity"),
+                                              ("expect_column_values_to_be_in_set", "shard_id")}
+    assert failed(reports["last_orders"]) == {("expect_column_values_to_not_be_null", "customer_name"),
                                               ("expect_column_values_to_be_in_set", "shard_id")}
 
 
