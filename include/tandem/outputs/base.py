@@ -1,8 +1,9 @@
 """The contract every output kind keeps, and what the kinds share.
 
-A kind is a module of :mod:`tandem.outputs` (see :class:`tandem.outputs.OutputKind`): its sink
-(publish, hold, trim, flush), its Delta read, its restore policy (:func:`kept`, or a rollback to
-the snapshot's cut) and its validation policy (:class:`Validation`).
+A kind is a module of :mod:`tandem.outputs` holding an :class:`OutputKind` (below) as ``KIND``: its sink
+(publish, hold, trim, flush), its read, its restore policy (kept as it is, or rolled back to the snapshot's
+cut), a backfill's and a reconcile's use of a recomputed range, its retention and its validation policy
+(:class:`Validation`).
 
 Sinks are idempotent and fenced:
 
@@ -323,17 +324,7 @@ class HeldById(HeldUntilPublished[str, dict]):
         raise NotImplementedError
 
 
-# --- restore and validation policies ---------------------------------------------------------------------------
-
-
-def kept(db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str, version: int | None) -> None:
-    """The restore policy of an output published once by id: keep it as it is.
-
-    Every row the replay after the cut emits again has the same id, and one already published is not
-    applied again: the replay adds only what is missing. (The arguments are the restore contract's:
-    :class:`tandem.outputs.OutputKind`.)
-    """
-    return None
+# --- validation policies ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
