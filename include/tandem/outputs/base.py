@@ -313,12 +313,16 @@ class HeldById(HeldUntilPublished[str, dict]):
         return self.write(self.identities(rows), batch) if rows.num_rows else 0
 
     def to_lake(self, rows: pa.Table, batch: BatchInfo, ids: list[str]) -> None:
-        """Append rows to Delta once per batch (after the fence is checked again), then mark their ids ``in_lake``."""
+        """Append rows to Delta once per batch (:meth:`append_to_lake`), then mark their ids ``in_lake``."""
+        self.append_to_lake(rows, batch)
+        self.db.run(lambda cursor: store.mark_in_lake(cursor, self.table, self.id_column, self.plan, self.output, ids))
+
+    def append_to_lake(self, rows: pa.Table, batch: BatchInfo) -> None:
+        """Append rows, with the lake's columns, to Delta once per batch, after the fence is checked again."""
         for name, column in lake_columns(batch, rows.num_rows).items():
             rows = rows.append_column(name, column)
         fence(self.db, batch)
         append_once(self.delta_path, rows, app_id=batch.app_id(self.output), version=batch.batch_id)
-        self.db.run(lambda cursor: store.mark_in_lake(cursor, self.table, self.id_column, self.plan, self.output, ids))
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         raise NotImplementedError
@@ -389,6 +393,23 @@ class ReadRequest:
     def matches(self, row: Mapping[str, Any]) -> bool:
         """Whether a read row holds one of the wanted values of every filtered key (compared as text)."""
         return all(_text(row.get(name)) in {_text(v) for v in wanted} for name, wanted in self.keys.items())
+
+    def covers(self, moment: datetime) -> bool:
+        """Whether ``moment`` lies in ``[start, end)`` (an open side when not given)."""
+        return (self.start is None or moment >= self.start) and (self.end is None or moment < self.end)
+
+    def picked(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Of read rows, those that match the key filter, at most ``limit`` of them."""
+        rows = [row for row in rows if self.matches(row)]
+        return rows[:self.limit] if self.limit is not None else rows
+
+    def in_store(self, ranged: bool = False) -> tuple[dict[str, Any], int | None]:
+        """What a store can apply of the request: the key fields filtered by one value each, and the limit, which it
+        may apply only when that is the whole filter (and, ``ranged``, no time range is asked of a read that
+        applies it after the store)."""
+        single = {name: values[0] for name, values in self.keys.items() if len(values) == 1}
+        whole = len(single) == len(self.keys) and not (ranged and (self.start or self.end))
+        return single, self.limit if whole else None
 
 
 @contextmanager

@@ -12,8 +12,9 @@ in the window, the payload's fields as columns.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,26 @@ def validation(plan: PlanConfig, output: str) -> Validation:
 
 
 LAKE_ONLY = (*LAKE_COLUMNS, "event_id")
+PAGE_ROWS = 1000
+
+
+def _published_events(db: Database, plan: str, output: str, start: datetime | None, end: datetime | None, *,
+                      follow: bool = False, attempts: int = 3) -> Iterator[dict[str, Any]]:
+    """The output's events of ``[start, end)`` (an open side when not given) from PostgreSQL in time order, then id,
+    a page at a time: ``event_id``, ``event_time`` (ISO 8601), ``shard_id`` and the payload's fields; ``follow``:
+    then each new one, polled each second, for good (``attempts``: of each page's read while PostgreSQL is away)."""
+    after: tuple[datetime, str] | None = None
+    while True:
+        page = db.run(lambda cursor: store.read_events(cursor, plan, output, start or ALL_TIME[0], end or ALL_TIME[1],
+                                                       after=after, limit=PAGE_ROWS), attempts=attempts)
+        for row in page:
+            after = (row["event_time"], row["event_id"])
+            yield {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
+                   "shard_id": row["shard_id"], **row["payload"]}
+        if len(page) < PAGE_ROWS:
+            if not follow:
+                return
+            time.sleep(1.0)
 
 
 class EventsKind(PublishedById):
@@ -137,50 +158,28 @@ class EventsKind(PublishedById):
              db: Database | None = None) -> list[dict[str, Any]]:
         """The events of ``[start, end)`` (default: all) in time order, then id: ``event_id``, ``event_time``
         (ISO 8601), ``shard_id`` and the payload's fields."""
-        start, end = request.start or ALL_TIME[0], request.end or ALL_TIME[1]
-        rows: list[dict[str, Any]] = []
         if request.source == "delta":
             time_field = plan.outputs[output].time
+            rows = []
             for event in read_events_lake(delta_table_dir(cluster, plan.name, output)).to_pylist():
                 at = as_utc(event[time_field])
-                if start <= at < end:
+                if request.covers(at):
                     payload = {k: v for k, v in event.items() if k not in LAKE_ONLY}
                     rows.append({"event_id": event["event_id"], "event_time": at.isoformat(),
                                  "shard_id": event["shard_id"], **store.to_json(payload)})
-            rows.sort(key=lambda e: (e["event_time"], e["event_id"]))
-            rows = [row for row in rows if request.matches(row)]
-            return rows[:request.limit] if request.limit is not None else rows
-        after: tuple[datetime, str] | None = None
+            return request.picked(sorted(rows, key=lambda e: (e["event_time"], e["event_id"])))
         with reading(cluster, db) as connection:
-            while request.limit is None or len(rows) < request.limit:
-                page = connection.run(lambda cursor: store.read_events(cursor, plan.name, output, start, end,
-                                                                       after=after, limit=1000), attempts=3)
-                for row in page:
-                    event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
-                             "shard_id": row["shard_id"], **row["payload"]}
-                    if request.matches(event):
-                        rows.append(event)
-                    after = (row["event_time"], row["event_id"])
-                if len(page) < 1000:
-                    break
-        return rows[:request.limit] if request.limit is not None else rows
+            wanted = (event for event in _published_events(connection, plan.name, output, request.start, request.end)
+                      if request.matches(event))
+            return list(itertools.islice(wanted, request.limit))
 
     def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
                emit: Callable[[dict[str, Any]], None]) -> None:
         """Every event from ``start`` on (default: all) in time order, then each new one (polled each second)."""
-        after: tuple[datetime, str] | None = None
         with Database(cluster.database_url, "tandem-query") as db:
-            while True:
-                page = db.run(lambda cursor: store.read_events(cursor, plan.name, output, request.start or ALL_TIME[0],
-                                                               ALL_TIME[1], after=after, limit=1000))
-                for row in page:
-                    event = {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
-                             "shard_id": row["shard_id"], **row["payload"]}
-                    if request.matches(event):
-                        emit(event)
-                    after = (row["event_time"], row["event_id"])
-                if len(page) < 1000:
-                    time.sleep(1.0)
+            for event in _published_events(db, plan.name, output, request.start, None, follow=True, attempts=30):
+                if request.matches(event):
+                    emit(event)
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
         """Publish the missing events; count those published that the recomputation no longer produces (a

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tandem.declarations import OutputConfig, event_id
-from tandem.lake.tables import append_once, read_table
+from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
     ALL_TIME,
@@ -46,13 +46,11 @@ from tandem.outputs.base import (
     Window,
     as_utc,
     capped,
-    fence,
-    lake_columns,
     reading,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
-from tandem.outputs.recompute import Outcome, Recomputed, publish_under_lease, same, unbounded
+from tandem.outputs.recompute import Outcome, Recomputed, instance_sink, publish_under_lease, same, unbounded
 from tandem.store import latest as store
 from tandem.store.db import Database
 from tandem.store.leases import check_fence
@@ -102,6 +100,13 @@ def latest_per_key(rows: list[dict[str, Any]], config: OutputConfig) -> dict[str
     return latest
 
 
+def ranked_latest(plan: str, output: str, config: OutputConfig, rows: pa.Table) -> dict[str, dict[str, Any]]:
+    """Of a batch of query rows, the declared fields (key, time, values, id) and tiebreak of each key's
+    highest-ranked row (pure)."""
+    return latest_per_key([{**row, TIEBREAK: tiebreak_of(plan, output, config, row)}
+                           for row in rows.select(declared_fields(config)).to_pylist()], config)
+
+
 class LatestSink(HeldById):
     """Each instance's latest row per key → ``output_latest`` (only when it ranks higher) → the winners to Delta.
 
@@ -109,14 +114,10 @@ class LatestSink(HeldById):
     good once the kept row of its key ranks at least as high and is in the lake.
     """
 
-    table = "output_latest"
-
     def identities(self, rows: pa.Table) -> dict[str, dict[str, Any]]:
         """The declared fields (key, time, values, id) of each key's highest-ranked row."""
-        rows = rows.select(declared_fields(self.config))
-        self.schema = rows.schema
-        ranked = [{**row, TIEBREAK: tiebreak_of(self.plan, self.output, self.config, row)} for row in rows.to_pylist()]
-        return latest_per_key(ranked, self.config)
+        self.schema = rows.select(declared_fields(self.config)).schema
+        return ranked_latest(self.plan, self.output, self.config, rows)
 
     def hold(self, rows: pa.Table, batch_id: int) -> None:
         """Keep the highest-ranked row of each key (a later batch may bring an earlier event)."""
@@ -148,10 +149,7 @@ class LatestSink(HeldById):
         if won:
             lake = pa.Table.from_pylist([rows[key] for key in won],
                                         schema=self.schema.append(pa.field(TIEBREAK, pa.string())))
-            for name, column in lake_columns(batch, lake.num_rows).items():
-                lake = lake.append_column(name, column)
-            fence(self.db, batch)
-            append_once(self.delta_path, lake, app_id=batch.app_id(self.output), version=batch.batch_id)
+            self.append_to_lake(lake, batch)
             self.db.run(lambda cursor: store.mark_in_lake(cursor, instance, self.output,
                                                      {key: rank_of(self.config, rows[key]) for key in won}))
         return len(won or ())
@@ -160,10 +158,6 @@ class LatestSink(HeldById):
 # --- the kind ------------------------------------------------------------------------------------------------------
 
 LAKE_ONLY = (*LAKE_COLUMNS, TIEBREAK)
-
-
-def _in_range(rank: Rank, request: ReadRequest) -> bool:
-    return (request.start is None or rank[0] >= request.start) and (request.end is None or rank[0] < request.end)
 
 
 class LatestKind(OutputKind):
@@ -186,9 +180,7 @@ class LatestKind(OutputKind):
             found = [({k: v for k, v in row.items() if k not in LAKE_ONLY}, row["shard_id"], rank_of(config, row))
                      for _, row in sorted(latest.items())]
         else:
-            single = {k: v[0] for k, v in request.keys.items() if len(v) == 1}
-            whole = len(single) == len(request.keys) and request.start is None and request.end is None
-            limit = request.limit if whole else None  # else filtered below
+            single, limit = request.in_store(ranged=True)  # the rest is filtered below
 
             def work(cursor) -> list[dict[str, Any]]:
                 with capped(cursor, limit) as rows:
@@ -198,9 +190,8 @@ class LatestKind(OutputKind):
                 kept = connection.run(work, attempts=3)
             found = [(row["row"], row["shard_id"], (row["event_time"], row["tiebreak"]))
                      for row in sorted(kept, key=lambda r: canonical_key(r["key"]))]
-        rows = [{**to_json(values), "shard_id": shard} for values, shard, rank in found if _in_range(rank, request)]
-        rows = [row for row in rows if request.matches(row)]
-        return rows[:request.limit] if request.limit is not None else rows
+        return request.picked([{**to_json(values), "shard_id": shard} for values, shard, rank in found
+                               if request.covers(rank[0])])
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
         """The range's latest row of each key, published under the ACTIVE's lease: it wins where it ranks higher
@@ -208,8 +199,7 @@ class LatestKind(OutputKind):
         why = unbounded(job)
         if why:
             return {"recomputed": False, "why": why}
-        sink = self.sink(job.plan, job.output, InstanceKey(job.plan.name, job.shard_id, "backfill"),
-                         job.cluster.database_url, job.delta_path)
+        sink = instance_sink(self, job, "backfill")
         rows = job.in_range()
         latest = {} if rows is None else sink.identities(rows)
         won = publish_under_lease(job, sink, latest, backfill_id) if latest else 0
@@ -226,9 +216,7 @@ class LatestKind(OutputKind):
             return outcome
         config = job.declared
         rows = job.in_range()
-        recomputed = {} if rows is None else latest_per_key(
-            [{**row, TIEBREAK: tiebreak_of(job.plan.name, job.output, config, row)}
-             for row in rows.select(declared_fields(config)).to_pylist()], config)
+        recomputed = {} if rows is None else ranked_latest(job.plan.name, job.output, config, rows)
         kept = {canonical_key(row["key"]): row for row in job.db.run(
             lambda cursor: store.instance_rows(cursor, job.plan.name, job.output, job.shard_id, job.start, job.end),
             attempts=3)}

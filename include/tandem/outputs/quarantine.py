@@ -133,15 +133,11 @@ class QuarantineKind(OutputKind):
         ``quarantined_at`` lies in ``[start, end)`` (default: all), oldest first: ``raw``, ``source_file``,
         ``reason``, ``shard_id``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601)."""
         table = read_table(delta_table_dir(cluster, plan.name, output))
-        rows = []
-        for row in sorted(table.to_pylist(), key=lambda r: (r["quarantined_at"], r["source_file"], r["raw"])):
-            if (request.start is None or row["quarantined_at"] >= request.start) and \
-                    (request.end is None or row["quarantined_at"] < request.end):
-                row = {k: row[k] for k in QUARANTINE_SCHEMA.names if k != "plan"}
-                row["quarantined_at"] = row["quarantined_at"].isoformat()
-                if request.matches(row):
-                    rows.append(row)
-        return rows[:request.limit] if request.limit is not None else rows
+        rows = [{**{k: row[k] for k in QUARANTINE_SCHEMA.names if k != "plan"},
+                 "quarantined_at": row["quarantined_at"].isoformat()}
+                for row in sorted(table.to_pylist(), key=lambda r: (r["quarantined_at"], r["source_file"], r["raw"]))
+                if request.covers(row["quarantined_at"])]
+        return request.picked(rows)
 
 
 KIND = QuarantineKind()

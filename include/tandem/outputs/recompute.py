@@ -143,7 +143,8 @@ def in_range(rows: pa.Table, field_name: str, start: datetime, end: datetime) ->
                                pc.less(column, pa.scalar(end, UTC_MICROS))))
 
 
-def _by_id_sink(kind: OutputKind, job: Recomputed, node: str) -> HeldById:
+def instance_sink(kind: OutputKind, job: Recomputed, node: str) -> HeldById:
+    """The output's sink for the recomputed instance, as ``node`` (``backfill``, ``reconcile``): its own store."""
     return kind.sink(job.plan, job.output, InstanceKey(job.plan.name, job.shard_id, node), job.cluster.database_url,
                      job.delta_path, None)
 
@@ -162,17 +163,23 @@ def publish_missing(kind: OutputKind, job: Recomputed, backfill_id: str) -> tupl
     Returns ``(what happened, the recomputed rows by id)``; a row the recomputation no longer produces stays (a
     notification cannot be unsent; an applied value is not subtracted).
     """
-    sink = _by_id_sink(kind, job, "backfill")
+    sink = instance_sink(kind, job, "backfill")
     rows = job.in_range()
     recomputed = {} if rows is None else sink.identities(rows)
-    known = job.db.run(lambda cursor: store_outputs.known_ids(cursor, sink.table, sink.id_column, job.plan.name,
-                                                              job.output, list(recomputed)),
-                       attempts=3) if recomputed else set()
+    known = already_published(job, sink, list(recomputed))
     missing = {i: row for i, row in recomputed.items() if i not in known}
     if missing:
         publish_under_lease(job, sink, missing, backfill_id)
     return {"recomputed": True, "rows": len(recomputed), "published": len(missing),
             "already_published": len(known)}, recomputed
+
+
+def already_published(job: Recomputed, sink: HeldById, ids: list[str]) -> set[str]:
+    """Of ``ids`` (of rows published once by id), those the instance's output already holds, whoever published them."""
+    if not ids:
+        return set()
+    return job.db.run(lambda cursor: store_outputs.known_ids(cursor, sink.table, sink.id_column, job.plan.name,
+                                                             job.output, ids), attempts=3)
 
 
 def publish_under_lease(job: Recomputed, sink: Any, rows: dict[Any, dict[str, Any]], backfill_id: str) -> int:
@@ -198,7 +205,7 @@ def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def recomputed_by_id(kind: OutputKind, job: Recomputed) -> tuple[HeldById, dict[str, dict[str, Any]]]:
     """The output's sink (for its table) and the recomputed rows of the range by id, as plain JSON values."""
-    sink = _by_id_sink(kind, job, "reconcile")
+    sink = instance_sink(kind, job, "reconcile")
     rows = job.in_range()
     return sink, ({} if rows is None else {i: _plain(row) for i, row in sink.identities(rows).items()})
 
@@ -208,9 +215,7 @@ def compare_published(kind: OutputKind, job: Recomputed) -> Outcome:
     aggregation's facts): late when a recomputed id was never applied."""
     outcome = Outcome(job.shard_id, job.output)
     sink, recomputed = recomputed_by_id(kind, job)
-    known = job.db.run(lambda cursor: store_outputs.known_ids(cursor, sink.table, sink.id_column, job.plan.name,
-                                                              job.output, list(recomputed)),
-                       attempts=3) if recomputed else set()
+    known = already_published(job, sink, list(recomputed))
     outcome.compared += len(known)
     return compare_ids(outcome, None, {i: row for i, row in recomputed.items() if i not in known})
 

@@ -145,8 +145,7 @@ class TableKind(PublishedById):
         if request.source == "delta":
             rows = read_table_lake(delta_table_dir(cluster, plan.name, output), config)
         else:
-            single = {k: v[0] for k, v in request.keys.items() if len(v) == 1}
-            limit = request.limit if len(single) == len(request.keys) else None  # else filtered below
+            single, limit = request.in_store()  # the rest is filtered below
 
             def work(cursor) -> list[dict[str, Any]]:
                 with capped(cursor, limit) as rows:
@@ -156,8 +155,7 @@ class TableKind(PublishedById):
                 found = connection.run(work, attempts=3)
             rows = [{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
                     for r in found]
-        rows = [row for row in rows if request.matches(row)]
-        return rows[:request.limit] if request.limit is not None else rows
+        return request.picked(rows)
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         seconds = run.plan.maintenance.retention.table_rows_s

@@ -54,20 +54,24 @@ def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: st
     answer: the source itself waits for it and fails the query if it stays away)."""
     streams = [name for name, stream in plan.streams.items()
                if stream.source == "nats" and plan.partitions(shard_id, name)]
+    committed = [source_offsets(query_dir / "offsets" / str(batch))
+                 for query_dir in (query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)).values()
+                                   if streams else ())
+                 if (batch := committed_batch(query_dir)) is not None]  # a query without one: judged by its start
     found: list[float] = []
-    for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)).values() if streams else ():
-        batch = committed_batch(query_dir)
-        offsets = [] if batch is None else source_offsets(query_dir / "offsets" / str(batch))
-        for name in streams:
-            nats = nats_of(cluster, plan, name)
-            if not any(isinstance(o, dict) and o.get("stream") == stream_name(nats.prefix, name) for o in offsets):
-                continue  # the query does not read it (or has not committed a batch: judged by its start)
-            try:
-                with JetStream(nats, name="tandem-observe", timeout_s=5.0) as js:
+    for name in streams:
+        nats = nats_of(cluster, plan, name)
+        readers = [offsets for offsets in committed  # the queries that read the stream
+                   if any(isinstance(o, dict) and o.get("stream") == stream_name(nats.prefix, name) for o in offsets)]
+        if not readers:
+            continue
+        try:  # one connection per stream, whatever the number of queries reading it
+            with JetStream(nats, name="tandem-observe", timeout_s=5.0) as js:
+                for offsets in readers:
                     found += [t.timestamp() for t in unread_since(js, nats.prefix, name,
                                                                   plan.partitions(shard_id, name), offsets)]
-            except (OSError, ProtocolError):
-                continue
+        except (OSError, ProtocolError):
+            continue
     return min(found, default=None)
 
 
