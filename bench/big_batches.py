@@ -34,10 +34,10 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # _big_batches: the batches, sinks and checks of the test
 
 import _common as C  # noqa: E402
+from _big_batches import KINDS  # noqa: E402 - the kinds the test runs at 100,000 rows
 from rich.console import Console  # noqa: E402
 
 RESULTS = BENCH / "results" / "big_batches.json"
-KINDS = ("aggregation", "fact_aggregation", "table", "events", "quarantine")
 
 
 def _status_mb(field: str) -> float:

@@ -41,6 +41,9 @@ def test_one_batch_of_100000_rows_over_as_many_keys_is_published_exactly(kind: s
     if kind in ("fact_aggregation", "table", "events"):  # every id once, and marked as in the lake
         found = RUN.totals(kind, db, root)
         assert (found["ids"], found["in_lake"]) == (ROWS, ROWS)
+    if kind == "latest":  # every key's row once, and marked as in the lake
+        found = RUN.totals(kind, db, root)
+        assert (found["kept"], found["in_lake"]) == (ROWS, ROWS)
 
 
 def test_a_standby_holds_a_batch_of_100000_quarantined_files_and_trims_it_by_the_lake(store) -> None:

@@ -2,8 +2,8 @@
 
 Shared by ``tests/integration/test_big_batches.py`` (100,000 rows per kind) and ``bench/big_batches.py``
 (1,000,000). Every batch has as many distinct keys as rows: an aggregation's ``(tenant, idp)`` (each in one second
-of an hour around New Year, so every granularity has two buckets), a table's customer, an event's number, a
-quarantined line's source file. The sinks are built directly (no plan file), on real PostgreSQL and Delta.
+of an hour around New Year, so every granularity has two buckets), a table's customer, an event's number, a latest
+output's user, a quarantined line's source file. The sinks are built directly (no plan file), on real PostgreSQL and Delta.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tandem.lake.tables import read_table
 from tandem.outputs.aggregation import AggregateSink, FactAggregateSink, newest_per_key
 from tandem.outputs.base import BatchInfo
 from tandem.outputs.events import EventsSink, read_events_lake
+from tandem.outputs.latest import LatestSink
 from tandem.outputs.quarantine import QuarantineSink
 from tandem.outputs.table import TableSink, read_table_lake
 from tandem.store import aggregates
@@ -34,17 +35,18 @@ from tandem.store.registry import InstanceKey
 
 PLAN = "big"
 INSTANCE = InstanceKey(PLAN, "g-1", "node-a")
-KINDS = ("aggregation", "fact_aggregation", "table", "events", "quarantine")
+KINDS = ("aggregation", "fact_aggregation", "table", "events", "latest", "quarantine")
 NEW_YEAR = datetime(2026, 1, 1, tzinfo=timezone.utc)
 SPAN_S = 3_600
 USERS = 5_000
 OUTPUTS = {"aggregation": "partials", "fact_aggregation": "logins", "table": "orders", "events": "alerts",
-           "quarantine": "quarantine"}
+           "latest": "last_logins", "quarantine": "quarantine"}
 FACTS_CONFIG = OutputConfig(kind="aggregation", id=["login_id"], time="time", key=["tenant", "idp"],
                             measures={"logins": {"count": "*"}, "seconds": {"sum": "duration"},
                                       "users": {"distinct": "login_user"}})
 TABLE_CONFIG = OutputConfig(kind="table", key=["customer"], values=["amount"], id=["order_no"])
 EVENTS_CONFIG = OutputConfig(kind="events", key=["event_no"], time="time")
+LATEST_CONFIG = OutputConfig(kind="latest", key=["login_user"], time="time", values=["idp", "ok"], id=["login_id"])
 ID_TABLES = {"fact_aggregation": "output_contributions", "table": "output_contributions", "events": "output_events"}
 """Where the kinds published once by id record their ids."""
 
@@ -75,6 +77,9 @@ def batch_of(kind: str, n: int) -> pa.Table:
     if kind == "events":
         return pa.table({"event_no": pa.array(range(n), pa.int64()), "time": times,
                          "room": pa.array([f"r{i % 1_000}" for i in range(n)])})
+    if kind == "latest":
+        return pa.table({"login_user": pa.array([f"u{i}" for i in range(n)]),
+                         "login_id": pa.array([f"l{i}" for i in range(n)]), "time": times, "idp": keys["idp"], "ok": pa.array([i % 3 > 0 for i in range(n)])})
     if kind == "quarantine":
         return pa.table({"raw": pa.array([f'{{"line": {i}' for i in range(n)]),
                          "source_file": pa.array([f"landing/big/file-{i:07d}.jsonl" for i in range(n)]),
@@ -124,6 +129,8 @@ class BigBatches:
             return TableSink(PLAN, OUTPUTS[kind], TABLE_CONFIG, INSTANCE, database_url, path)
         if kind == "events":
             return EventsSink(PLAN, OUTPUTS[kind], EVENTS_CONFIG, INSTANCE, database_url, path)
+        if kind == "latest":
+            return LatestSink(PLAN, OUTPUTS[kind], LATEST_CONFIG, INSTANCE, database_url, path)
         if kind == "quarantine":
             return QuarantineSink(INSTANCE, database_url, path)
         raise ValueError(f"unknown kind {kind!r}")
@@ -132,7 +139,8 @@ class BigBatches:
         """What publishing ``batch`` must leave, computed from the input in plain Python (pure).
 
         An aggregation: ``{(granularity, bucket_start, tenant, idp): (count, sum, distinct users)}``; a table:
-        ``{customer: amount}``; events: ``{event_no}``; the quarantine: ``{source_file: raw}``.
+        ``{customer: amount}``; events: ``{event_no}``; latest: ``{login_user: (time, idp, ok)}`` (every user
+        logs in once); the quarantine: ``{source_file: raw}``.
         """
         rows = batch.to_pylist()
         if kind in ("aggregation", "fact_aggregation"):
@@ -156,6 +164,8 @@ class BigBatches:
             return sums
         if kind == "events":
             return {row["event_no"] for row in rows}
+        if kind == "latest":
+            return {row["login_user"]: (row["time"].isoformat(), row["idp"], row["ok"]) for row in rows}
         if kind == "quarantine":
             return {row["source_file"]: row["raw"] for row in rows}
         raise ValueError(f"unknown kind {kind!r}")
@@ -189,6 +199,16 @@ class BigBatches:
                 "an event twice in Delta"
             assert set(lake.column("event_no").to_pylist()) == set(stored), "the Delta copy differs from PostgreSQL"
             return set(stored)
+        if kind == "latest":
+            def read_latest(cursor) -> dict[str, tuple]:
+                cursor.execute("SELECT row FROM output_latest WHERE plan = %s", (PLAN,))
+                return {r["row"]["login_user"]: (r["row"]["time"], r["row"]["idp"], r["row"]["ok"])
+                        for r in cursor.fetchall()}
+            stored = db.run(read_latest)
+            lake = {user: (row["time"].isoformat(), row["idp"], row["ok"])
+                    for user, row in ((r["login_user"], r) for r in read_table(path).to_pylist())}
+            assert lake == stored, "the Delta copy differs from PostgreSQL"
+            return stored
         if kind == "quarantine":
             lake = read_table(path)
             assert lake.num_rows == pc.count_distinct(lake["source_file"]).as_py(), "a line twice in Delta"
@@ -217,6 +237,12 @@ class BigBatches:
             out.update(db.run(count_ids))
         if kind == "table":
             out["amount"] = pc.sum(lake["amount"]).as_py()
+        if kind == "latest":
+            def count_rows(cursor) -> dict[str, int]:
+                cursor.execute("SELECT count(*) AS kept, count(*) FILTER (WHERE in_lake) AS in_lake FROM output_latest "
+                               "WHERE plan = %s AND output = %s", (PLAN, OUTPUTS[kind]))
+                return dict(cursor.fetchone())
+            out.update(db.run(count_rows))
         return out
 
     def expected_totals(self, kind: str, batch: pa.Table) -> dict[str, Any]:
@@ -233,6 +259,8 @@ class BigBatches:
             out.update(ids=n, in_lake=n)
         if kind == "table":
             out["amount"] = pc.sum(batch["amount"]).as_py()
+        if kind == "latest":
+            out.update(kept=n, in_lake=n)
         return out
 
 
