@@ -94,7 +94,7 @@ class InputSet:
             "events_per_file": round(self.lines / self.files), "bytes": self.bytes,
             "symbols": self.spec.symbols, "event_time_first": self.first_event, "event_time_last": self.last_event,
             "span_hours": self.spec.span_hours, "distinct_second_symbol_buckets": self.second_rows,
-            "shard_directories": 1, "format": "JSON lines, one event per line",
+            "instance_directories": 1, "format": "JSON lines, one event per line",
             "event_order": f"event times increase through the files (jitter up to {self.spec.jitter_ms} ms, "
                            "below the 10 s watermark, so no event is late)",
             "seed": self.spec.seed, "directory": str(self.directory),

@@ -67,20 +67,20 @@ def run_engine(cluster, plan, spark, config: EngineConfig, checkpoints: Path) ->
     spark.conf.set(CHANGELOG, str(config.changelog).lower())
     started = time.perf_counter()
     try:
-        for shard in plan.shards:
-            ctx = EngineContext(cluster, plan, InstanceKey(plan.name, shard, "engine"), spark)
+        for instance in plan.instances:
+            ctx = EngineContext(cluster, plan, InstanceKey(plan.name, instance, "engine"), spark)
             queries = []
             for definition in instance_queries(ctx):
                 if not uses_transform_with_state(definition.frame):
                     definition = dataclasses.replace(definition, state_store=config.state_store)
                 writer = (definition.frame.writeStream.outputMode(definition.output_mode)
-                          .option("checkpointLocation", str(checkpoints / shard / definition.name))
+                          .option("checkpointLocation", str(checkpoints / instance / definition.name))
                           .foreachBatch(materialise).trigger(availableNow=True))
                 queries.append(start_query(spark, definition, writer))
             for query in queries:
                 query.awaitTermination()
                 if query.exception() is not None:
-                    raise RuntimeError(f"engine anchor {plan.name}/{shard} ({config.name}): {query.exception()}")
+                    raise RuntimeError(f"engine anchor {plan.name}/{instance} ({config.name}): {query.exception()}")
         return time.perf_counter() - started
     finally:
         spark.conf.set(CHANGELOG, previous)

@@ -187,7 +187,7 @@ def watch_takeover(conn, standby: str, epoch: int, timeout_s: float, poll_s: flo
         now = time.time()
         if promoted is None:
             promoted = _poll(conn, "SELECT happened_at, epoch, previous_node FROM failover_events WHERE kind = "
-                                   "'PROMOTED' AND node = %s AND epoch = %s AND plan || '/' || shard_id || '/' || node = %s",
+                                   "'PROMOTED' AND node = %s AND epoch = %s AND plan || '/' || instance || '/' || node = %s",
                              (standby, epoch, instance or f"trades/shard-1/{standby}"))
         if first is None:
             first = _poll(conn, "SELECT min(published_at) AS published_at, min(batch_id) AS batch_id "
@@ -224,20 +224,20 @@ def one_failover(pair: _ha.Pair, active: str, standby: str, timeout_s: float = 6
     conn = psycopg2.connect(url, options="-c search_path=tandem -c TimeZone=UTC")
     conn.autocommit = True
     try:
-        instance = f"{pair.plan.name}/{pair.shard}/{standby}"
-        before = _ha.lease(url, pair.plan.name, pair.shard)
+        instance = f"{pair.plan.name}/{pair.instance}/{standby}"
+        before = _ha.lease(url, pair.plan.name, pair.instance)
         assert before["holder"] == active, before
         epoch = before["epoch"] + 1
         time.sleep(random.uniform(0, pair.plan.heartbeat.interval_s))
         killed_at = fail(active)
-        at_kill = _ha.lease(url, pair.plan.name, pair.shard)  # the failed active cannot renew any more
+        at_kill = _ha.lease(url, pair.plan.name, pair.instance)  # the failed active cannot renew any more
         load_at_kill = os.getloadavg()[0]
         others_at_kill = len(other_spark_jvms(pair))
         promoted, first = watch_takeover(conn, standby, epoch, timeout_s, poll_s=0.02, instance=instance)
         if promoted is None or first is None:
-            raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url, pair.plan.name, pair.shard)}\n"
+            raise RuntimeError(f"no take-over by {standby} within {timeout_s}s: {_ha.lease(url, pair.plan.name, pair.instance)}\n"
                                f"{pair.log_tail(standby)}")
-        lease_after = _ha.lease(url, pair.plan.name, pair.shard)
+        lease_after = _ha.lease(url, pair.plan.name, pair.instance)
         live = None
         deadline = time.monotonic() + 30
         while live is None and time.monotonic() < deadline:  # the first live batch after the held outputs
@@ -329,7 +329,7 @@ def warm_failovers(runs: int, rate: int, progress: Progress, network: HostNetwor
                    server_url: str = SERVER_URL, files_per_trigger: int | None = None) -> dict:
     """kill -9 the active; the WARM standby (its Spark session built, no query) takes the expired lease by
     itself, copies a cut of the dead active's checkpoint over its own and starts its queries. A
-    supervision loop (what the Airflow sensor + DAG do) polls the shard's health every 0.5 s and, on
+    supervision loop (what the Airflow sensor + DAG do) polls the instance's health every 0.5 s and, on
     DEAD, reconciles: it waits for the take-over, then launches the dead node again as the next WARM
     standby (the reconcile returns once it runs, so every run starts with a warm standby ready).
 
@@ -488,7 +488,7 @@ def _submit(cluster, node: str, role: str, log: Path, network: HostNetwork | Non
     argv = ["spark-submit", "--master", cluster.node(node).spark_master, "--properties-file",
             str(cluster.spark_defaults), "--py-files", str(Path(os.environ["TANDEM_CONF_DIR"]).parent / "dist" / "tandem.zip"),
             "--driver-memory", cluster.node(node).driver_memory or "1g", "--name", f"tandem-bench:{node}",
-            str(ROOT / "jobs" / "run_plan.py"), "--plan", "trades", "--node", node, "--shard", "shard-1",
+            str(ROOT / "jobs" / "run_plan.py"), "--plan", "trades", "--node", node, "--instance", "shard-1",
             "--role", role, "--available-now"]
     if network is not None:  # the exec chain (ip netns exec, unshare, taskset, sh) keeps the PID: it is spark-submit's
         return network.popen(HOST_OF[node], argv, log, env={**child_environment(cluster), "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -526,7 +526,7 @@ def ha_cost_run(template: Path, with_standby: bool, events: int, files_per_trigg
         with Database(project.database_url) as db:
             migrate(db)
             db.run(lambda cur: cur.execute(
-                "INSERT INTO leases (plan, shard_id, holder, epoch, ttl_s, expires_at) "
+                "INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at) "
                 "VALUES ('trades', 'shard-1', 'node-a', 0, 3, now() + interval '1 hour')"))
         logs = project.root / "logs"
         processes = {"node-a": _submit(cluster, "node-a", "ACTIVE", logs / "node-a.log", network)}
@@ -790,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "bench/failover.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine,
         "settings": {
-            "plan": "trades", "shard": "shard-1", "nodes": ["node-a", "node-b"], "standby": "hot",
+            "plan": "trades", "instance": "shard-1", "nodes": ["node-a", "node-b"], "standby": "hot",
             "heartbeat_interval_s": cluster_plan["heartbeat"]["interval"],
             "max_missed": cluster_plan["heartbeat"]["max_missed"],
             "lease_ttl": "heartbeat interval × max_missed",

@@ -111,10 +111,10 @@ class PlainSink:
 def run_tandem(cluster, plan, spark) -> None:
     from tandem.runtime.node import run_instance
 
-    for shard in plan.shards:
-        result = run_instance(cluster, plan, plan.nodes[0], shard, spark=spark, available_now=True)
+    for instance in plan.instances:
+        result = run_instance(cluster, plan, plan.nodes[0], instance, spark=spark, available_now=True)
         if result.status != "STOPPED":
-            raise RuntimeError(f"{plan.name}/{shard}: {result.error}")
+            raise RuntimeError(f"{plan.name}/{instance}: {result.error}")
 
 
 def run_plain(cluster, plan, spark, url: str) -> None:
@@ -140,17 +140,17 @@ def run_plain(cluster, plan, spark, url: str) -> None:
             route.output = "+".join(outputs.values())
             return route
 
-    for shard in plan.shards:
-        ctx = PlainContext(cluster, plan, InstanceKey(plan.name, shard, "plain"), spark)
+    for instance in plan.instances:
+        ctx = PlainContext(cluster, plan, InstanceKey(plan.name, instance, "plain"), spark)
         queries = [start_query(spark, definition, definition.frame.writeStream.outputMode(definition.output_mode)
-                               .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", shard, "plain",
+                               .option("checkpointLocation", str(checkpoint_dir(cluster, "plain", instance, "plain",
                                                                                 definition.name)))
                                .foreachBatch(definition.sink).trigger(availableNow=True))
                    for definition in instance_queries(ctx)]
         for query in queries:
             query.awaitTermination()
             if query.exception() is not None:
-                raise RuntimeError(f"plain {plan.name}/{shard}: {query.exception()}")
+                raise RuntimeError(f"plain {plan.name}/{instance}: {query.exception()}")
 
 
 def measure(name: str, events: int, repeats: int, spark, progress: Progress, task) -> dict:
@@ -219,7 +219,7 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
         cluster = load_cluster()
         plan = load_plan(name, cluster)
         groups: list[int] = []
-        pair = _ha.Pair(cluster, plan, root / "dist" / "tandem.zip", groups, shard=plan.shards[0])
+        pair = _ha.Pair(cluster, plan, root / "dist" / "tandem.zip", groups, instance=plan.instances[0])
         writer = _ha.PlanWriter(cluster, plan, rate=rate, seed=random.randint(1, 1000))
         writer.start()
         results: list[dict] = []
@@ -256,7 +256,7 @@ def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> 
             time.sleep(2)
     timed = summary([r["first_publish_s"] for r in results])
     return {**timed, "detection_s": [r["detection_s"] for r in results], "target_median_s": 5.0,
-            "met": timed["median_s"] <= 5.0, "instance": plan.shards[0], "standby_relaunches": relaunched,
+            "met": timed["median_s"] <= 5.0, "instance": plan.instances[0], "standby_relaunches": relaunched,
             "details": results, **({"error_after_last_run": error} if error else {})}
 
 
@@ -268,7 +268,7 @@ def relaunch_failed_standby(pair, node: str, active: str, relaunched: list[str])
     """
     import _ha
 
-    row = _ha.instance_row(pair.url, node, pair.plan.name, pair.shard)
+    row = _ha.instance_row(pair.url, node, pair.plan.name, pair.instance)
     if row is not None and row["status"] == "RUNNING":
         return
     relaunched.append(f"{node}: {row['status'] if row else 'no instance'}: {(row or {}).get('error') or ''}"[:300])

@@ -21,7 +21,7 @@ Recorded, for the baseline and the load:
 - the API server's memory: RSS of its process tree every 5 s; the mean of the load's first minute
   against its last minute (flat: a ratio near 1);
 - every request's latency and status, by endpoint;
-- at the end, that every trade written was published once (the shard's per-second partials).
+- at the end, that every trade written was published once (the instance's per-second partials).
 
 Loopback only, bounded: the clients stop after ``--duration``, the stack and the pair are stopped and
 the private database dropped whatever happens. Results: ``bench/results/presenter_load.json``; see
@@ -103,7 +103,7 @@ def sample(url: str, api_pid: int, samples: Samples, stop: threading.Event) -> N
     with Database(url, "presenter-load-sampler") as db:
         while not stop.is_set():
             row = db.run(lambda c: (c.execute("SELECT holder, epoch, renewed_at, ttl_s FROM leases "
-                                              "WHERE plan = 'trades' AND shard_id = 'shard-1'"), c.fetchone())[1])
+                                              "WHERE plan = 'trades' AND instance = 'shard-1'"), c.fetchone())[1])
             if row:
                 if row["renewed_at"] and (not samples.renewals or row["renewed_at"] != samples.renewals[-1]):
                     samples.renewals.append(row["renewed_at"])
@@ -230,7 +230,7 @@ def main() -> int:
     os.environ.update({"TANDEM_HOME": str(ROOT), "TANDEM_CONF_DIR": str(root / "conf"),
                        "TANDEM_STORAGE_ROOT": str(root / "data"), "TANDEM_SCRATCH_DIR": str(root / "scratch"),
                        "TANDEM_DATABASE_URL": url})
-    _ha.configure_one_shard(root, "hot")
+    _ha.configure_one_instance(root, "hot")
     groups: list[int] = []
     writer = None
     try:
@@ -249,7 +249,7 @@ def main() -> int:
                 _ha.wait_for(lambda: {_ha.instance_row(url, n)["role"] for n in ("node-a", "node-b")}
                              == {"ACTIVE", "PASSIVE"}, 120, "one ACTIVE and one PASSIVE")
                 cluster = load_cluster()
-                writer = _ha.TradeWriter(instance_landing_dir(cluster, load_plan("trades", cluster), _ha.SHARD),
+                writer = _ha.TradeWriter(instance_landing_dir(cluster, load_plan("trades", cluster), _ha.INSTANCE),
                                          rate=args.rate)
                 writer.start()
                 samples, stop = Samples(), threading.Event()

@@ -15,7 +15,7 @@ For every state size (``--sizes``, default 10k, 100k and 1M state keys), in a pr
    length without one, the order alternating; events/s from the instance's progress heartbeats;
    each snapshot's wall time and its parts (cut, Delta versions, state export, validation) are
    recorded;
-4. restore: the writer stops, ``restore_shard(start=True)`` to the last snapshot, timed to RUNNING
+4. restore: the writer stops, ``restore_instance(start=True)`` to the last snapshot, timed to RUNNING
    (the part before the launch and the launch separately), then until the restored instance's
    first batch (it must be the cut's batch + 1) and until it has caught up with every file;
 5. check: the events the restored lineage processed equal the events of the files after the cut,
@@ -76,8 +76,8 @@ from tandem.supervisor.stopping import stop_instance  # noqa: E402
 from tandem.supervisor.reconcile import Supervisor  # noqa: E402
 
 console = Console()
-PLAN, SHARD, NODE = "trades", "shard-1", "node-a"
-INSTANCE = f"{PLAN}/{SHARD}/{NODE}"
+PLAN, INSTANCE, NODE = "trades", "shard-1", "node-a"
+INSTANCE_ID = f"{PLAN}/{INSTANCE}/{NODE}"
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 BASE_MS = int(C.NEW_YEAR.timestamp() * 1000)  # event times: the first --seconds seconds of 2025
 
@@ -215,9 +215,9 @@ def timing_restore():
     t.wrap(snap_restore, "stop_instance", "stop instances")
     t.wrap(snap_restore, "_put_cut", "put the cut into every node's checkpoint")
     t.wrap(snap_restore, "_restore_outputs", "roll back outputs (Delta + PostgreSQL)")
-    t.wrap(lake_history, "roll_back_slice", "  outputs: Delta shard slice rollback")
-    t.wrap(lake_history, "changed_shard_rows", "    Delta: rows changed since the cut")
-    t.wrap(aggregation_kind, "rebuild_postgres_shard", "  outputs: PostgreSQL rebuild")
+    t.wrap(lake_history, "roll_back_slice", "  outputs: Delta instance slice rollback")
+    t.wrap(lake_history, "changed_instance_rows", "    Delta: rows changed since the cut")
+    t.wrap(aggregation_kind, "rebuild_postgres_instance", "  outputs: PostgreSQL rebuild")
     t.wrap(snap_restore, "launch_instance", "launch (spark-submit)")
     t.wrap(snap_restore, "wait_until_running", "launch → RUNNING")
     t.wrap(Supervisor, "reconcile", "supervisor reconcile (standbys; after RUNNING)")
@@ -305,7 +305,7 @@ class LoadWriter(threading.Thread):
     def processed(self) -> int:
         rows = _ha.fetch(self.url, "SELECT COALESCE(sum(input_rows), 0) AS n FROM heartbeats WHERE instance_id = %s "
                                    "AND query_name = 'aggregates' AND recorded_at >= to_timestamp(%s)",
-                         (INSTANCE, self.since))
+                         (INSTANCE_ID, self.since))
         return int(rows[0]["n"])
 
     def run(self) -> None:
@@ -383,7 +383,7 @@ def private_project(label: str, args: argparse.Namespace):
         if project.cluster is not None:
             for node in ("node-a", "node-b"):
                 try:
-                    stop_instance(project.cluster, PLAN, SHARD, node, timeout_s=30)
+                    stop_instance(project.cluster, PLAN, INSTANCE, node, timeout_s=30)
                 except Exception as exc:  # noqa: BLE001 - cleaning up
                     console.print(f"[yellow]stopping {node}: {exc}[/]")
         for key, value in saved.items():
@@ -433,7 +433,7 @@ def batches(url: str, since: float) -> list[dict]:
     return _ha.fetch(url, "SELECT batch_id, input_rows, batch_duration_ms, state_rows, "
                           "extract(epoch FROM recorded_at)::float8 AS at FROM heartbeats WHERE instance_id = %s "
                           "AND query_name = 'aggregates' AND recorded_at >= to_timestamp(%s) ORDER BY recorded_at",
-                     (INSTANCE, since))
+                     (INSTANCE_ID, since))
 
 
 def rate(url: str, start: float, end: float) -> dict:
@@ -463,7 +463,7 @@ def timed_snapshot(project: Project, spark) -> tuple[dict, object]:
     with timing_take() as t:
         started = time.perf_counter()
         # by node: at 1M keys on a saturated machine the instance's 3 s lease can lapse for a moment
-        taken = snap_take.take_snapshot(project.cluster, project.plan, SHARD, spark, node=NODE)
+        taken = snap_take.take_snapshot(project.cluster, project.plan, INSTANCE, spark, node=NODE)
         wall = time.perf_counter() - started
     r = taken.record
     return {"id": r.id, "status": r.status, "good": taken.good, "wall_s": round(wall, 3), "parts_s": t.report(),
@@ -477,13 +477,13 @@ def cli_snapshot(project: Project, cpus: set[int] | None) -> dict:
     lowers its CPU priority (nice 10) before its Spark JVM starts; on ``cpus`` (the standby's host) if given."""
     started = time.perf_counter()
     with C.pinned(cpus):
-        done = subprocess.run([sys.executable, "-m", "tandem.cli", "snapshot", PLAN, "--shard", SHARD],
+        done = subprocess.run([sys.executable, "-m", "tandem.cli", "snapshot", PLAN, "--instance", INSTANCE],
                               capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"tandem snapshot failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
     with snap_take.Database(project.url, "bench") as db:
-        r = snap_take.catalog.list_snapshots(db, PLAN, shard_id=SHARD, limit=1)[0]
+        r = snap_take.catalog.list_snapshots(db, PLAN, instance=INSTANCE, limit=1)[0]
     return {"id": r.id, "status": r.status, "good": r.status == "GOOD", "wall_s": round(wall, 3),
             "batch_id": r.batch_id, "state_rows": r.state_rows, "process": "tandem snapshot (nice 10)"}
 
@@ -544,7 +544,7 @@ def truncate_ms(ts: np.ndarray, granularity: str) -> np.ndarray:
 def check_outputs(project: Project, events: Events, names: np.ndarray, size: int, args) -> dict:
     frame = events.frame(names)
     published = C.read_query(project.url, "SELECT granularity, bucket_start, symbol, price_sum, trade_count, quantity_sum, "
-                                          "price_min, price_max FROM tandem.trade_aggregates WHERE plan = 'trades' AND shard_id = 'shard-1'")
+                                          "price_min, price_max FROM tandem.trade_aggregates WHERE plan = 'trades' AND instance = 'shard-1'")
     published["bucket_start"] = ((pd.to_datetime(published["bucket_start"], utc=True)
                                   - pd.Timestamp("1970-01-01", tz="UTC")) // pd.Timedelta(milliseconds=1))
     result: dict = {"events": len(frame), "postgres": {}}
@@ -595,7 +595,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         events = Events()
         build_files = 2 * args.build_batches  # two files per batch: both cores parse
         reload(project, streams__trades__max_files_per_trigger=2)
-        landing = instance_landing_dir(project.cluster, load_plan(PLAN, project.cluster), SHARD)
+        landing = instance_landing_dir(project.cluster, load_plan(PLAN, project.cluster), INSTANCE)
         progress.update(task, description=f"{label}: writing {size:,} build events")
         write_build_input(landing, size, args.seconds, build_files, names, events, rng)
 
@@ -603,12 +603,12 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         progress.update(task, description=f"{label}: building the state ({args.build_batches} batches)")
         out["build_conditions"] = settle(args, spark)
         started = time.perf_counter()
-        result = run_instance(project.cluster, project.plan, NODE, SHARD, spark=spark, available_now=True)
+        result = run_instance(project.cluster, project.plan, NODE, INSTANCE, spark=spark, available_now=True)
         out["build_s"] = round(time.perf_counter() - started, 2)
         if result.status != "STOPPED":
             raise RuntimeError(f"{label}: building the state failed: {result.error}")
         built = _ha.fetch(project.url, "SELECT batch_id, input_rows, state_rows, batch_duration_ms FROM heartbeats "
-                                       "WHERE instance_id = %s AND query_name = 'aggregates' ORDER BY batch_id", (INSTANCE,))
+                                       "WHERE instance_id = %s AND query_name = 'aggregates' ORDER BY batch_id", (INSTANCE_ID,))
         out["build_batches"] = [{k: r[k] for k in ("batch_id", "input_rows", "state_rows", "batch_duration_ms")}
                                 for r in built if r["input_rows"]]
         state_now = built[-1]["state_rows"] if built else None
@@ -620,9 +620,9 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         progress.update(task, description=f"{label}: launching the ACTIVE instance (spark-submit)")
         launched_at = time.time()
         with C.pinned(args.active_cpus):  # --multi-host: the ACTIVE's host
-            launch_instance(project.cluster, project.plan, SHARD, NODE, role="ACTIVE",
+            launch_instance(project.cluster, project.plan, INSTANCE, NODE, role="ACTIVE",
                             launched_by="bench/snapshots.py", py_files=dist)
-        wait_until_running(project.cluster, project.plan, SHARD, NODE, timeout_s=300)
+        wait_until_running(project.cluster, project.plan, INSTANCE, NODE, timeout_s=300)
         out["launch_to_running_s"] = round(time.time() - launched_at, 2)
         hot = min(args.load_symbols, symbols)
         writer = LoadWriter(landing, project.url, names, hot, args.seconds, args.events_per_file,
@@ -685,7 +685,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
         with timing_restore() as t:
             began = time.perf_counter()
             began_wall = time.time()
-            report = snap_restore.restore_shard(project.cluster, project.plan, SHARD, snapshot_id=chosen["id"],
+            report = snap_restore.restore_instance(project.cluster, project.plan, INSTANCE, snapshot_id=chosen["id"],
                                                 node=NODE, start=True, launched_by="bench/snapshots.py", py_files=dist)
             returned = time.perf_counter() - began
         running = t.ended.get("launch → RUNNING", began) - began
@@ -712,7 +712,7 @@ def run_size(size: int, args: argparse.Namespace, spark, progress: Progress) -> 
             "to_running_s": round(running, 3),
             "before_launch_s": round(launch_start, 3),
             "launch_to_running_s": round(running - launch_start, 3),
-            "restore_shard_returned_s": round(returned, 3),
+            "restore_instance_returned_s": round(returned, 3),
             "parts_s": t.report(),
             "first_batch_after_restore": {
                 "batch_id": first["batch_id"] if first else None,
@@ -896,7 +896,7 @@ METHOD = {
                      "dip rounds); parts from timers around its steps (cut, Delta versions, export, Spark's row count, "
                      "Delta append, validation); snapshot.during_dip_windows: the `tandem snapshot` processes' wall "
                      "times (JVM start included)",
-    "restore_time": "restore_shard(start=True) of the last snapshot, from the call to wait_until_running returning "
+    "restore_time": "restore_instance(start=True) of the last snapshot, from the call to wait_until_running returning "
                     "(RUNNING: the queries were started; the state is loaded by the first batch); before_launch_s = "
                     "choose + check + stop + put the cut into both nodes' checkpoints + roll back Delta and PostgreSQL; "
                     "launch_to_running_s = spark-submit until RUNNING; first_batch_after_restore = the restored "

@@ -171,7 +171,7 @@ def instance_processes_memory(url: str) -> dict[str, list[dict]]:
 
     found = {}
     for record in fetch(url, "SELECT * FROM plan_instances WHERE status = 'RUNNING'"):
-        processes = instance_processes(record, instance_key(record["plan"], record["shard_id"], record["node"]))
+        processes = instance_processes(record, instance_key(record["plan"], record["instance"], record["node"]))
         found[record["instance_id"]] = []
         for process in processes.members:
             try:
@@ -302,33 +302,33 @@ def latency_summary(samples: list[dict], warmup_s: float) -> dict:
 
 
 def instances(cluster, plans: dict) -> list[tuple[str, str]]:
-    return [(name, shard) for name, plan in plans.items() for shard in plan.shards]
+    return [(name, instance) for name, plan in plans.items() for instance in plan.instances]
 
 
-def kill_holder(cluster, plan, shard: str, url: str) -> dict:
-    """kill -9 of the shard's lease holder; what was killed and when (by the database's clock)."""
+def kill_holder(cluster, plan, instance: str, url: str) -> dict:
+    """kill -9 of the instance's lease holder; what was killed and when (by the database's clock)."""
     from tandem.supervisor.stopping import kill_instance
 
-    [row] = fetch(url, "SELECT holder, epoch, now() AS at FROM leases WHERE plan = %s AND shard_id = %s",
-                  (plan.name, shard)) or [{}]
+    [row] = fetch(url, "SELECT holder, epoch, now() AS at FROM leases WHERE plan = %s AND instance = %s",
+                  (plan.name, instance)) or [{}]
     if not row.get("holder"):
-        return {"plan": plan.name, "instance": shard, "skipped": "no lease holder"}
-    signalled = kill_instance(cluster, plan, shard, row["holder"], signal.SIGKILL)
-    return {"plan": plan.name, "instance": shard, "node": row["holder"], "epoch": int(row["epoch"]),
+        return {"plan": plan.name, "instance": instance, "skipped": "no lease holder"}
+    signalled = kill_instance(cluster, plan, instance, row["holder"], signal.SIGKILL)
+    return {"plan": plan.name, "instance": instance, "node": row["holder"], "epoch": int(row["epoch"]),
             "at": row["at"], "processes": signalled}
 
 
 def takeover(url: str, kill: dict) -> dict:
-    """Seconds from a kill to the next PROMOTED of the shard and to that epoch's first publish (None: not seen).
+    """Seconds from a kill to the next PROMOTED of the instance and to that epoch's first publish (None: not seen).
 
     Asked at the next kill (and at the end for the last), while the publish log still holds that first publish:
     the plans' retention trims it later."""
     if "at" not in kill or "promoted_after_s" in kill:
         return kill
     params = (kill["plan"], kill["instance"], kill["epoch"])
-    [promoted] = fetch(url, "SELECT min(happened_at) AS t FROM failover_events WHERE plan = %s AND shard_id = %s "
+    [promoted] = fetch(url, "SELECT min(happened_at) AS t FROM failover_events WHERE plan = %s AND instance = %s "
                             "AND kind = 'PROMOTED' AND epoch > %s", params)
-    [first] = fetch(url, "SELECT min(published_at) AS t FROM publish_log WHERE plan = %s AND shard_id = %s "
+    [first] = fetch(url, "SELECT min(published_at) AS t FROM publish_log WHERE plan = %s AND instance = %s "
                          "AND epoch > %s", params)
 
     def after(moment) -> float | None:
@@ -366,7 +366,7 @@ def reconcile_recent(cluster, plans: dict, span_s: float, dist: Path, log_dir: P
     with Database(cluster.database_url) as db:
         for name, plan in plans.items():
             try:
-                closed = min(filter(None, instances_closed_until(cluster, db, plan, list(plan.shards)).values()),
+                closed = min(filter(None, instances_closed_until(cluster, db, plan, list(plan.instances)).values()),
                              default=datetime.now(UTC))
             except Exception as exc:  # noqa: BLE001 - recorded; the next plan's reconcile still runs
                 results[name] = {"error": repr(exc)}
@@ -568,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                         if elapsed >= next_kill:
                             if failovers:
                                 failovers[-1] = takeover(url, failovers[-1])
-                            plan_name, shard = targets[len(failovers) % len(targets)]
-                            failovers.append(kill_holder(cluster, plans[plan_name], shard, url))
+                            plan_name, instance = targets[len(failovers) % len(targets)]
+                            failovers.append(kill_holder(cluster, plans[plan_name], instance, url))
                             next_kill += args.kill_every
                         if elapsed >= next_maintain:
                             for name in PLANS:
@@ -625,12 +625,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def wait_running(console: Console, url: str, plans: dict) -> None:
     """Until every instance of every plan runs: its ACTIVE, and its PASSIVE for a hot standby."""
-    expected = sum(len(plan.shards) for plan in plans.values())
+    expected = sum(len(plan.instances) for plan in plans.values())
     wanted = {name: ["ACTIVE", "PASSIVE"] if plan.ha.standby == "hot" else ["ACTIVE"] for name, plan in plans.items()}
     deadline = time.monotonic() + 900
     with console.status("waiting for the supervisors to launch every pair") as status:
         while time.monotonic() < deadline:
-            rows = fetch(url, "SELECT plan, shard_id, array_agg(role ORDER BY role) AS roles FROM plan_instances "
+            rows = fetch(url, "SELECT plan, instance, array_agg(role ORDER BY role) AS roles FROM plan_instances "
                               "WHERE status = 'RUNNING' GROUP BY 1, 2")
             pairs = sum(1 for row in rows if row["roles"] == wanted[row["plan"]])
             status.update(f"waiting for the supervisors to launch every instance: {pairs} of {expected}")
@@ -645,11 +645,11 @@ def diagnostics(url: str, events: dict) -> dict:
     it: the instance had not caught up; past it with rows missing: lost), and the last failover events."""
     newest = {name: max((int(e.get("time") or e.get("timestamp") or 0) for items in by_stream.values()
                          for e in items), default=0) for name, by_stream in events.items()}
-    instances = fetch(url, "SELECT plan, shard_id, node, role, status, error, started_at FROM plan_instances "
-                           "ORDER BY plan, shard_id, node")
+    instances = fetch(url, "SELECT plan, instance, node, role, status, error, started_at FROM plan_instances "
+                           "ORDER BY plan, instance, node")
     watermarks = fetch(url, "SELECT instance_id, query_name, max(watermark) AS watermark, max(batch_id) AS batch, "
                             "max(recorded_at) AS recorded_at FROM heartbeats GROUP BY 1, 2 ORDER BY 1, 2")
-    recent = fetch(url, "SELECT plan, shard_id, node, kind, epoch, happened_at, detail FROM failover_events "
+    recent = fetch(url, "SELECT plan, instance, node, kind, epoch, happened_at, detail FROM failover_events "
                         "ORDER BY happened_at DESC LIMIT 60")
     return {"newest_event_ms": newest, "instances": instances, "watermarks": watermarks, "failover_events": recent}
 

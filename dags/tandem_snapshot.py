@@ -1,9 +1,9 @@
 """``tandem_<plan>_snapshot``: scheduled persistence snapshots of a plan, validated and pruned.
 
-One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``. Per shard, ``choose_host_<shard>``
+One DAG per ``conf/plans/*.yaml``, every ``snapshot.interval``. Per instance, ``choose_host_<instance>``
 picks the host that takes the snapshot (a live standby's, else the ACTIVE's) and follows that
-node's ``snapshot_<shard>_on_<node>`` task, which runs on the node's queue (a run triggered with
-the Param ``shard_id``, as ``tandem_ops`` snapshot_now does, snapshots that shard only). Then retention
+node's ``snapshot_<instance>_on_<node>`` task, which runs on the node's queue (a run triggered with
+the Param ``instance``, as ``tandem_ops`` snapshot_now does, snapshots that instance only). Then retention
 (``snapshot.keep``) whatever the snapshots' outcome, and ``all_snapshots_good``, which fails the
 run when a snapshot failed (a run's state follows its last tasks, and retention succeeds).
 """
@@ -16,6 +16,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from tandem.airflow.dags import (
+    INSTANCE_TEMPLATE,
     SNAPSHOT_DEFAULT_ARGS,
     load_for_dags,
     node_task_args,
@@ -44,12 +45,12 @@ for plan in plans.values():
         prune = PruneSnapshotsOperator(task_id="prune", plan=plan.name, cluster_config=str(cluster.path),
                                        trigger_rule="all_done")
         verdict = EmptyOperator(task_id="all_snapshots_good", trigger_rule="none_failed")
-        for shard in plan.shards:
-            choose = ChooseSnapshotHostOperator(task_id=f"choose_host_{shard}", plan=plan.name, shard_id=shard,
-                                                selected_shard="{{ params.shard_id }}",
+        for instance in plan.instances:
+            choose = ChooseSnapshotHostOperator(task_id=f"choose_host_{instance}", plan=plan.name, instance=instance,
+                                                selected_instance=INSTANCE_TEMPLATE,
                                                 cluster_config=str(cluster.path))
             for node in plan.nodes:
-                choose >> TakeSnapshotOperator(task_id=snapshot_task_id(shard, node), plan=plan.name, shard_id=shard,
+                choose >> TakeSnapshotOperator(task_id=snapshot_task_id(instance, node), plan=plan.name, instance=instance,
                                                cluster_config=str(cluster.path),
                                                **node_task_args(cluster, node)) >> [prune, verdict]
     globals()[dag.dag_id] = dag

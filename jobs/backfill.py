@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --start and --end, or --backfill-id")
 
     def work(cluster, plan, db, spark, log) -> None:
-        done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=args.instance,
+        done = run_backfill(cluster, plan, db, spark, args.start, args.end, instances=args.instance,
                             backfill_id=args.backfill_id, requested_by="spark-submit jobs/backfill.py")
         log.info("backfill %s %s: %s", done.id, done.status, done.report)
 

@@ -12,6 +12,7 @@ import sys
 import threading
 
 from tandem.config import load_cluster, load_plan
+from tandem.cli import add_instance_option
 from tandem.declarations import parse_duration
 from tandem.errors import TandemError
 from tandem.names import ACTIVE, ROLES
@@ -22,8 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", required=True, help="plan name (conf/plans/<plan>.yaml)")
     parser.add_argument("--node", required=True, help="node name from conf/cluster.yaml")
-    parser.add_argument("--instance", "--shard", dest="shard",
-                        help="the instance, e.g. shard-1 (default: the plan's first; --shard is an alias)")
+    add_instance_option(parser, "the instance, e.g. shard-1 (default: the plan's first)")
     parser.add_argument("--trigger-interval", type=parse_duration, help="micro-batch interval, e.g. '1 second'")
     parser.add_argument("--role", default=ACTIVE, choices=ROLES,
                         help="role to launch for: ACTIVE takes the lease if free; standbys take over on expiry")
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     install_stop_signals(stop)
     try:
-        result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0],
+        result = run_instance(cluster, plan, args.node, args.instance or plan.instances[0],
                               trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop,
                               role=args.role)
     except TandemError as exc:  # refused before any query started (recorded as the instance's failure): one line

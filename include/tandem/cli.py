@@ -297,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, cluster)
     stop = threading.Event()
     install_stop_signals(stop)
-    result = run_instance(cluster, plan, args.node, args.shard or plan.shards[0], available_now=args.available_now,
+    result = run_instance(cluster, plan, args.node, args.instance or plan.instances[0], available_now=args.available_now,
                           trigger_interval_s=args.trigger_interval, stop=stop)
     console.print(f"{result.status} {result.error or ''}")
     return 0 if result.status == "STOPPED" else 1
@@ -307,7 +307,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from tandem.supervisor.node_actions import resync_then_launch
 
     cluster = load_cluster()
-    launched = resync_then_launch(cluster, load_plan(args.plan, cluster), args.shard, args.node, role=args.role,
+    launched = resync_then_launch(cluster, load_plan(args.plan, cluster), args.instance, args.node, role=args.role,
                                   resync_from=args.resync_from, replace=args.replace,
                                   trigger_interval=args.trigger_interval)
     job = launched.job
@@ -324,7 +324,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     from tandem.supervisor import stop_instance
 
-    result = stop_instance(load_cluster(), args.plan, args.shard, args.node, timeout_s=args.timeout)
+    result = stop_instance(load_cluster(), args.plan, args.instance, args.node, timeout_s=args.timeout)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
         return 0
@@ -339,17 +339,17 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    shards = [plan.check_shard(args.shard)] if args.shard else list(plan.shards)
+    instances = [plan.check_instance(args.instance)] if args.instance else list(plan.instances)
     if args.node:
         plan.check_node(args.node)  # before a Spark session starts
     bad = 0
     with Progress(TextColumn("[bold]snapshot {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
-        task = progress.add_task("snapshot", total=len(shards), what=plan.name)
+        task = progress.add_task("snapshot", total=len(instances), what=plan.name)
         spark = snapshot_session(cluster, plan)  # at nice 10: the running queries keep the CPU first
-        for shard in shards:
-            progress.update(task, what=f"{plan.name}/{shard}")
-            taken = take_snapshot(cluster, plan, shard, spark, node=args.node)
+        for instance in instances:
+            progress.update(task, what=f"{plan.name}/{instance}")
+            taken = take_snapshot(cluster, plan, instance, spark, node=args.node)
             progress.advance(task)
             style = "green" if taken.good else "bold red"
             console.print(f"[{style}]{taken.record.status}[/] {taken.summary()}", highlight=False)
@@ -397,18 +397,18 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             table = Table("id", "status", "range", "instances", "started", "outcome", box=box.SIMPLE_HEAD)
             for record in list_backfills(db, plan.name):
                 table.add_row(record.id, record.status, f"{record.range_start:%Y-%m-%d %H:%M:%S} .. "
-                              f"{record.range_end:%H:%M:%S}", ", ".join(record.shards),
+                              f"{record.range_end:%H:%M:%S}", ", ".join(record.instances),
                               f"{record.started_at:%Y-%m-%d %H:%M:%S}", escape(record.outcome()))
             console.print(table)
             return 0
         if args.start is None or args.end is None:
             raise TandemError("tandem backfill: give --start and --end (or --list)")
-        shards = [plan.check_shard(s) for s in args.shard] if args.shard else list(plan.shards)
+        instances = [plan.check_instance(s) for s in args.instance] if args.instance else list(plan.instances)
         node = cluster.node(plan.check_node(args.node or plan.nodes[0]))
-        check_backfill(cluster, plan, db, args.start, args.end, shards)  # refused before Spark starts
+        check_backfill(cluster, plan, db, args.start, args.end, instances)  # refused before Spark starts
         with Progress(TextColumn("[bold]backfill {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                       console=console) as progress:
-            task = progress.add_task("backfill", total=len(shards) * (1 + len(plan.outputs)), what=plan.name)
+            task = progress.add_task("backfill", total=len(instances) * (1 + len(plan.outputs)), what=plan.name)
 
             def step(line: str) -> None:
                 progress.update(task, what=f"{plan.name}: {line}")
@@ -416,15 +416,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
             spark = build_session(f"tandem-backfill:{plan.name}", node.spark_master, cluster.spark_defaults)
             try:
-                done = run_backfill(cluster, plan, db, spark, args.start, args.end, shards=shards,
+                done = run_backfill(cluster, plan, db, spark, args.start, args.end, instances=instances,
                                     requested_by="tandem backfill", step=step)
             finally:
                 spark.stop()
             progress.update(task, completed=progress.tasks[0].total)
     console.print(f"backfill {done.id}: {done.status}, {done.outcome()}", highlight=False)
-    for shard, outputs in done.report.items():
+    for instance, outputs in done.report.items():
         for output, outcome in outputs.items():
-            console.print(f"  {shard} {output}: {json.dumps(outcome, default=str)}", markup=False, highlight=False)
+            console.print(f"  {instance} {output}: {json.dumps(outcome, default=str)}", markup=False, highlight=False)
     return 0
 
 
@@ -438,14 +438,14 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
-    if args.shard:
-        plan.check_shard(args.shard)
+    if args.instance:
+        plan.check_instance(args.instance)
     if args.prune:
         from tandem.snapshots.landing import clean_plan_landing
 
-        for line in prune_snapshots(cluster, plan, shard_id=args.shard).describe():
+        for line in prune_snapshots(cluster, plan, instance=args.instance).describe():
             console.print(line, highlight=False)
-        for partition, decision in clean_plan_landing(cluster, plan, shard_id=args.shard).items():
+        for partition, decision in clean_plan_landing(cluster, plan, instance=args.instance).items():
             for line in decision.describe():
                 console.print(f"landing {partition}: {line}", highlight=False)
         return 0
@@ -468,7 +468,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
             console.print(f"({len(rows) - args.limit} more rows: --limit, or --json for all)")
         return 0
     with Database(cluster.database_url, "tandem-cli") as db:
-        records = catalog.list_snapshots(db, plan.name, shard_id=args.shard, limit=args.limit)
+        records = catalog.list_snapshots(db, plan.name, instance=args.instance, limit=args.limit)
     if args.json:
         print(json.dumps([r.__dict__ for r in records], default=str, indent=2))
         return 0
@@ -509,19 +509,19 @@ def _size(n: int | None) -> str:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     """Restore instances of a plan from a snapshot (by id, or each instance's newest good one) and start them."""
-    from tandem.snapshots.restore import restore_shard, shards_to_restore
+    from tandem.snapshots.restore import restore_instance, instances_to_restore
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     if args.node:
         plan.check_node(args.node)
-    shards = shards_to_restore(cluster, plan, args.snapshot, args.shard)
+    instances = instances_to_restore(cluster, plan, args.snapshot, args.instance)
     with Progress(TextColumn("[bold]restore {task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
                   console=console) as progress:
-        task = progress.add_task("restore", total=len(shards), what=plan.name)
-        for shard in shards:
-            progress.update(task, what=f"{plan.name}/{shard}")
-            report = restore_shard(cluster, plan, shard, snapshot_id=args.snapshot, force=args.force, node=args.node,
+        task = progress.add_task("restore", total=len(instances), what=plan.name)
+        for instance in instances:
+            progress.update(task, what=f"{plan.name}/{instance}")
+            report = restore_instance(cluster, plan, instance, snapshot_id=args.snapshot, force=args.force, node=args.node,
                                    start=not args.no_start)
             progress.advance(task)
             for line in report.lines():
@@ -610,7 +610,7 @@ def cmd_config(args: argparse.Namespace) -> int:
             continue
         streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
         outputs = ", ".join(f"{name} ({output.kind})" for name, output in plan.outputs.items())
-        print(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.shards)}, streams {streams}, "
+        print(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.instances)}, streams {streams}, "
               f"outputs {outputs}, queries {', '.join(queries)}, nodes {', '.join(plan.nodes)}, {plan.ha.standby} standby, "
               f"suites {plan.validation.suite or 'implied (declarations)'} and "
               f"{plan.snapshot.suite or 'implied (declarations)'}")
@@ -694,6 +694,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+
+class _FormerInstanceOption(argparse.Action):
+    """``--shard``, the former name of ``--instance``: accepted until the next release, with a warning."""
+
+    def __init__(self, option_strings, dest, appends: bool = False, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.appends = appends
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated: use --instance", file=sys.stderr)
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), values] if self.appends else values)
+
+
+def add_instance_option(parser: argparse.ArgumentParser, help: str, *, repeatable: bool = False) -> None:
+    """``--instance`` (one of the plan's instances, e.g. shop-1), and ``--shard``, its deprecated former name."""
+    parser.add_argument("--instance", action="append" if repeatable else "store", help=help)
+    parser.add_argument("--shard", dest="instance", action=_FormerInstanceOption, appends=repeatable,
+                        help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -743,15 +763,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit)")
     run.add_argument("--plan", required=True)
     run.add_argument("--node", required=True)
-    run.add_argument("--instance", "--shard", dest="shard",
-                     help="an instance of the plan, e.g. shop-1 (default: its first; --shard is an alias)")
+    add_instance_option(run, "an instance of the plan, e.g. shop-1 (default: its first)")
     run.add_argument("--trigger-interval", type=_duration)
     run.add_argument("--available-now", action="store_true")
     run.set_defaults(func=cmd_run)
 
     launch = commands.add_parser("launch", help="start a plan instance detached with spark-submit on this host")
     launch.add_argument("plan")
-    launch.add_argument("shard", metavar="instance", help="an instance of the plan, e.g. shop-1")
+    launch.add_argument("instance", metavar="instance", help="an instance of the plan, e.g. shop-1")
     launch.add_argument("node")
     launch.add_argument("--role", choices=ROLES, default=ACTIVE)
     launch.add_argument("--trigger-interval", help="e.g. '1 second' (default: the plan's)")
@@ -765,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = commands.add_parser("stop", help="stop a plan instance wherever it runs")
     stop.add_argument("plan")
-    stop.add_argument("shard", metavar="instance", help="an instance of the plan, e.g. shop-1")
+    stop.add_argument("instance", metavar="instance", help="an instance of the plan, e.g. shop-1")
     stop.add_argument("node")
     stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to end")
     stop.add_argument("--json", action="store_true", help="print the outcome as one JSON line")
@@ -773,14 +792,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     snapshot = commands.add_parser("snapshot", help="take a snapshot of each instance's ACTIVE node now")
     snapshot.add_argument("plan")
-    snapshot.add_argument("--instance", "--shard", dest="shard",
-                          help="one instance (default: every instance of the plan)")
+    add_instance_option(snapshot, "one instance (default: every instance of the plan)")
     snapshot.add_argument("--node", help="snapshot this node's instance instead of the ACTIVE one")
     snapshot.set_defaults(func=cmd_snapshot)
 
     snapshots = commands.add_parser("snapshots", help="list a plan's snapshots, show one's state, or prune")
     snapshots.add_argument("plan")
-    snapshots.add_argument("--instance", "--shard", dest="shard", help="one instance of the plan")
+    add_instance_option(snapshots, "one instance of the plan")
     snapshots.add_argument("--state", metavar="SNAPSHOT_ID", help="show the state this snapshot exported")
     snapshots.add_argument("--key", action="append", metavar="FIELD=VALUE",
                            help="with --state: keys whose field has this value, e.g. symbol=IBM (repeatable)")
@@ -796,8 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--start", type=_parse_time, help="first instant of the range (ISO; UTC when no zone)")
     backfill.add_argument("--end", type=_parse_time, help="end of the range (excluded); at or before the slowest "
                                                           "instance's watermark")
-    backfill.add_argument("--instance", "--shard", dest="shard", action="append",
-                          help="an instance to backfill (repeatable; default: every instance)")
+    add_instance_option(backfill, "an instance to backfill (repeatable; default: every instance)", repeatable=True)
     backfill.add_argument("--node", help="whose Spark master runs the recomputation (default: the plan's first node)")
     backfill.add_argument("--list", action="store_true", help="list the plan's backfills instead")
     backfill.set_defaults(func=cmd_backfill)
@@ -812,8 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
     which = restore.add_mutually_exclusive_group()
     which.add_argument("--snapshot", help="a snapshot id (its instance is restored)")
     which.add_argument("--latest-good", action="store_true", help="each instance's newest GOOD snapshot (default)")
-    restore.add_argument("--instance", "--shard", dest="shard",
-                         help="with --latest-good: one instance (default: every instance)")
+    add_instance_option(restore, "with --latest-good: one instance (default: every instance)")
     restore.add_argument("--node", help="the node to start ACTIVE (default: the node the snapshot was cut from)")
     restore.add_argument("--force", action="store_true", help="restore a snapshot marked BAD")
     restore.add_argument("--no-start", action="store_true", help="restore but start nothing")

@@ -198,8 +198,8 @@ class HAConfig(StrictModel):
 class SnapshotConfig(StrictModel):
     """Scheduled persistence snapshots of a plan (the seeds' ``persistenceIntervalInMinutes``).
 
-    ``interval``: how often the snapshot DAG takes a consistent cut of each shard's ACTIVE instance.
-    ``keep``: how many GOOD snapshots per shard survive pruning (at least 1: the newest good one is
+    ``interval``: how often the snapshot DAG takes a consistent cut of each instance's ACTIVE node.
+    ``keep``: how many GOOD snapshots per instance survive pruning (at least 1: the newest good one is
     never deleted). ``suite``: the Great Expectations suite (``conf/expectations/<suite>.json``)
     that validates a snapshot's exported state (not named: ``<plan>_state.json`` if there is one,
     else ``None`` once the plan is loaded: the generic state suite of :mod:`tandem.quality.implied`).
@@ -489,19 +489,19 @@ class PlanConfig:
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
 
     @property
-    def shards(self) -> tuple[str, ...]:
+    def instances(self) -> tuple[str, ...]:
         """Every HA unit of the plan: the instances ``<group>-<n>`` of every group, in order."""
         return tuple(i for name, group in self.groups.items() for i in instance_ids(name, group.parallel))
 
-    def group_of(self, shard_id: str) -> tuple[str, int]:
+    def group_of(self, instance: str) -> tuple[str, int]:
         """``(group, index)`` of an instance id ``<group>-<index>``."""
-        self.check_shard(shard_id)
-        group, _, index = shard_id.rpartition("-")
+        self.check_instance(instance)
+        group, _, index = instance.rpartition("-")
         return group, int(index)
 
-    def partitions(self, shard_id: str, stream: str) -> list[int]:
-        """The partitions of ``stream`` the instance ``shard_id`` reads."""
-        group, index = self.group_of(shard_id)
+    def partitions(self, instance: str, stream: str) -> list[int]:
+        """The partitions of ``stream`` the instance ``instance`` reads."""
+        group, index = self.group_of(instance)
         return instance_partitions(index, self.groups[group].parallel, self.streams[stream].partitions)
 
     def publisher_of(self, stream: str) -> str | None:
@@ -518,13 +518,13 @@ class PlanConfig:
         """The plan whose NATS stream ``stream`` is (``from_plan``: this plan only reads it), ``None``: this plan's."""
         return self.streams[stream].from_plan
 
-    def check_shard(self, shard_id: str) -> str:
-        """``shard_id`` if it is one of the plan's group instances, else a :class:`ConfigError` naming the plan file
+    def check_instance(self, instance: str) -> str:
+        """``instance`` if it is one of the plan's group instances, else a :class:`ConfigError` naming the plan file
         and its groups (where the instances come from)."""
-        if shard_id not in self.shards:
-            raise ConfigError(str(self.path), "groups", f"{shard_id!r} is not an instance of plan {self.name} "
-                                                        f"(instances: {', '.join(self.shards)})")
-        return shard_id
+        if instance not in self.instances:
+            raise ConfigError(str(self.path), "groups", f"{instance!r} is not an instance of plan {self.name} "
+                                                        f"(instances: {', '.join(self.instances)})")
+        return instance
 
     def check_node(self, node: str) -> str:
         """``node`` if it is one of the plan's nodes, else a :class:`ConfigError` naming the plan file."""
@@ -608,7 +608,7 @@ def _without_empty_values(data: Any) -> Any:
 
 
 def _field(loc: tuple) -> str:
-    """Pydantic's error location as a dotted field: ``nodes.node-a.driver_memory``, ``shards[1]``."""
+    """Pydantic's error location as a dotted field: ``nodes.node-a.driver_memory``, ``instances[1]``."""
     text = ""
     for part in loc:
         if isinstance(part, int):

@@ -12,7 +12,7 @@ Execution groups
     reads the partitions ``p`` with ``p % parallel == i - 1`` of every stream.
 
 Outputs
-    Every output has a kind: ``aggregation`` (sharded partial aggregates merged on read),
+    Every output has a kind: ``aggregation`` (partial aggregates per instance, merged on read),
     ``table`` (a value per key, merged across instances on read), ``events`` (append-only
     notifications, exactly one row per deterministic event id) or ``quarantine`` (bad input with
     the reason).
@@ -45,7 +45,7 @@ RESERVED_WORDS = frozenset("""
 """PostgreSQL 15's reserved key words (``SELECT word FROM pg_get_keywords() WHERE catcode IN ('R', 'T')``: the
 "reserved" and "reserved (can be function or type)" rows of the documentation's key word table): none of them can
 name a table or column without quotes, so no name in a plan is one."""
-AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "shard_id", "epoch", "batch_id", "updated_at")
+AGGREGATION_COLUMNS = ("plan", "granularity", "bucket_start", "instance", "epoch", "batch_id", "updated_at")
 """The columns every aggregation table has besides its keys and measures (:mod:`tandem.store.aggregates`)."""
 MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z

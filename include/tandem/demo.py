@@ -1,10 +1,10 @@
 """``make demo``: the bundled plans launched by Airflow, fed, and their outputs shown; a failover on the way.
 
-The trades plan on two shards, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for
+The trades plan on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for
 a minute; mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over
 time (from the kill to the new active's first output), waits for the supervisor to bring the killed
 node back as PASSIVE, and checks every second of every symbol against what it produced (nothing
-lost, nothing twice). ``--no-failover`` runs each shard once, without standby. Then the pizza shop
+lost, nothing twice). ``--no-failover`` runs each instance once, without standby. Then the pizza shop
 (two instances) and the temperature plan (three instances in two execution groups), each fed, its
 watermark moved past the input, and every output shown.
 
@@ -71,7 +71,7 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     client = AirflowClient.as_admin(cluster.airflow_url)
 
     console.rule("[bold]Tandem demo: " + ", ".join(
-        "trades on two shards" + (" (a kill -9 of an ACTIVE on the way)" if failover else "") if name == "trades"
+        "trades on two instances" + (" (a kill -9 of an ACTIVE on the way)" if failover else "") if name == "trades"
         else name + (" over NATS" if name == "hot_rooms" else "") for name in parts))
     with Database(cluster.database_url, "tandem-demo") as db:
         migrate(db)
@@ -109,15 +109,15 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
 
 def _run_trades(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float, seed: int,
                 keep_running: bool) -> None:
-    """Each shard once (no standby), launched by the run DAG: shard-1 on node-a, shard-2 on node-b."""
-    placements = list(zip(plan.shards[:2], plan.nodes * 2))
+    """Each instance once (no standby), launched by the run DAG: shard-1 on node-a, shard-2 on node-b."""
+    placements = list(zip(plan.instances[:2], plan.nodes * 2))
     with console.status("waiting for the DAG processor to parse the run DAG"):
         client.wait_for_dag(RUN_DAG)
         client.set_paused(RUN_DAG, False)
     runs = []
-    for shard, node in placements:
-        run_id = client.trigger(RUN_DAG, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
-        console.print(f"triggered [bold]{RUN_DAG}[/] for {shard} on {node} (run {run_id})")
+    for instance, node in placements:
+        run_id = client.trigger(RUN_DAG, {"node": node, "instance": instance, "trigger_interval": "1 second"})
+        console.print(f"triggered [bold]{RUN_DAG}[/] for {instance} on {node} (run {run_id})")
         runs.append(run_id)
     with console.status("Airflow is launching the Spark jobs (spark-submit, detached)"):
         for run_id in runs:
@@ -148,18 +148,18 @@ def _run_trades(console: Console, cluster, client: AirflowClient, plan, *, rate:
 
 def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
                               seed: int, keep_running: bool) -> None:
-    """Both shards as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
-    victim_shard = plan.shards[0]
+    """Both instances as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
+    victim_instance = plan.instances[0]
     with console.status(f"waiting for the DAG processor to parse {SUPERVISE_DAG}"):
         client.wait_for_dag(SUPERVISE_DAG)
         client.set_paused(SUPERVISE_DAG, False)
-    console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each shard's ACTIVE and PASSIVE")
+    console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's ACTIVE and PASSIVE")
     _poll(console, cluster, "the supervisor launches the pairs", 480.0,
-          lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.shards)))
+          lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.instances)))
     with Database(cluster.database_url, "tandem-demo") as db:
-        for instance in plan_status(db, cluster, plan).instances:
-            roles = ", ".join(f"{n.node} {n.role or '-'}" for n in instance.nodes)
-            console.print(f"  {plan.name}/{instance.shard_id}: {roles} (epoch {instance.lease.epoch if instance.lease else '-'})")
+        for status in plan_status(db, cluster, plan).instances:
+            roles = ", ".join(f"{n.node} {n.role or '-'}" for n in status.nodes)
+            console.print(f"  {plan.name}/{status.instance}: {roles} (epoch {status.lease.epoch if status.lease else '-'})")
 
     good: list[dict] = []
     bad_lines = [0]
@@ -181,31 +181,31 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
         task = progress.add_task("produce", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
             if not kill and progress.tasks[0].completed >= ticks // 2:
-                kill.update(_kill_active(console, cluster, plan, victim_shard, db))
+                kill.update(_kill_active(console, cluster, plan, victim_instance, db))
     if not kill:
         raise TandemError("the demo did not kill the ACTIVE (no lease holder mid-stream)")
 
     def taken_over(db: Database) -> tuple[int, int]:  # at once when it already happened during production
-        kill["first"] = first_publish_after(db, plan.name, victim_shard, kill["epoch"])
+        kill["first"] = first_publish_after(db, plan.name, victim_instance, kill["epoch"])
         return int(kill["first"] is not None), 1
 
     _poll(console, cluster, "the standby takes over", 60.0, taken_over)
     if kill["first"] is None:
-        raise TandemError(f"no node published for {plan.name}/{victim_shard} within 60 s of the kill")
+        raise TandemError(f"no node published for {plan.name}/{victim_instance} within 60 s of the kill")
     _print_takeover(console, kill)
 
     def back_as_passive(db: Database) -> tuple[int, int]:
-        [instance] = [i for i in plan_status(db, cluster, plan).instances if i.shard_id == victim_shard]
+        [instance] = [i for i in plan_status(db, cluster, plan).instances if i.instance == victim_instance]
         [node] = [n for n in instance.nodes if n.node == kill["node"]]
         return int(node.role == PASSIVE and node.status == "RUNNING" and node.health == "HEALTHY"), 1
 
     _poll(console, cluster, f"the supervisor brings {kill['node']} back as PASSIVE (re-synced from the active)",
           480.0, back_as_passive)
     with Database(cluster.database_url, "tandem-demo") as db:
-        events = [e for e in timeline(db, plan, shard_id=victim_shard, limit=50).events if e.happened_at >= kill["at"]]
+        events = [e for e in timeline(db, plan, instance=victim_instance, limit=50).events if e.happened_at >= kill["at"]]
         if not back_as_passive(db)[0]:
             raise TandemError(f"the supervisor did not bring {kill['node']} back as PASSIVE within 8 minutes")
-    table = Table(title=f"{plan.name}/{victim_shard} since the kill (tandem.failover_events)", box=box.SIMPLE_HEAD,
+    table = Table(title=f"{plan.name}/{victim_instance} since the kill (tandem.failover_events)", box=box.SIMPLE_HEAD,
                   title_justify="left")
     for column in ("+s", "kind", "node", "epoch", "reason"):
         table.add_column(column, overflow="fold")
@@ -230,12 +230,12 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
         shown = "; ".join(f"{key[1]} at {key[0]:%H:%M:%S}: {problem}" for key, problem in differences[:5])
         raise TandemError(f"the published trade aggregates differ from what the demo produced in "
                           f"{len(differences)} (second, symbol) buckets: {shown}")
-    console.print(f"[green]checked[/] {len(good)} trades in {len(expected)} (second, symbol) buckets of both shards "
+    console.print(f"[green]checked[/] {len(good)} trades in {len(expected)} (second, symbol) buckets of both instances "
                   f"against what the demo produced: nothing lost, nothing twice, across the kill -9")
     _show_trades(console, cluster, plan, started, bad_lines[0])
     if not keep_running:
         _stop_supervision(console, client)
-        _stop_instances(console, cluster, plan, [(shard, node) for shard in plan.shards for node in plan.nodes])
+        _stop_instances(console, cluster, plan, [(instance, node) for instance in plan.instances for node in plan.nodes])
 
 
 def _stop_supervision(console: Console, client: AirflowClient) -> None:
@@ -254,14 +254,14 @@ def _pair_ready(instance) -> bool:
         for n in instance.nodes)
 
 
-def _kill_active(console: Console, cluster, plan, shard: str, db: Database) -> dict:
-    """kill -9 of the shard's lease holder: its node, the epoch and the database's time of the kill ({} if none)."""
-    lease = read_lease(db, plan.name, shard)
+def _kill_active(console: Console, cluster, plan, instance: str, db: Database) -> dict:
+    """kill -9 of the instance's lease holder: its node, the epoch and the database's time of the kill ({} if none)."""
+    lease = read_lease(db, plan.name, instance)
     if lease is None or not lease.holder:
         return {}
     at = database_now(db)
-    killed = kill_instance(cluster, plan, shard, lease.holder)
-    console.print(f"[bold red]kill -9[/] of {lease.holder}, the ACTIVE of {plan.name}/{shard} at epoch {lease.epoch} "
+    killed = kill_instance(cluster, plan, instance, lease.holder)
+    console.print(f"[bold red]kill -9[/] of {lease.holder}, the ACTIVE of {plan.name}/{instance} at epoch {lease.epoch} "
                   f"({killed} processes)")
     return {"node": lease.holder, "epoch": lease.epoch, "at": at}
 
@@ -347,8 +347,8 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     advance_watermark(cluster, plan, ahead_ms)
     console.print("wrote an event an hour ahead into every partition: every result becomes final")
     final_at = datetime.fromtimestamp(ahead_ms / 1000 - plan.watermark_s - 1, timezone.utc)  # 1 s: rounding
-    expected = {(f"{plan.name}/{shard}/{node}", query) for shard, node in placements
-                for query in plan.groups[plan.group_of(shard)[0]].queries}
+    expected = {(f"{plan.name}/{instance}/{node}", query) for instance, node in placements
+                for query in plan.groups[plan.group_of(instance)[0]].queries}
     _wait_until_final(console, cluster, plan, expected, launched, sentinel_written, final_at)
     for output in plan.outputs:
         if output != quarantine_output(plan):
@@ -366,14 +366,14 @@ def _launch_every_instance(console: Console, client: AirflowClient, plan) -> tup
     """Each instance of the plan once (no standby), by its run DAG, on the plan's nodes in turn; returns the
     ``(instance, node)`` placements and when the launches began."""
     run_dag = plan_dag_id(plan.name, "run")
-    placements = [(shard, plan.nodes[i % len(plan.nodes)]) for i, shard in enumerate(plan.shards)]
+    placements = [(instance, plan.nodes[i % len(plan.nodes)]) for i, instance in enumerate(plan.instances)]
     with console.status(f"waiting for the DAG processor to parse {run_dag}"):
         client.wait_for_dag(run_dag)
         client.set_paused(run_dag, False)
     launched = datetime.now(timezone.utc)
-    runs = [client.trigger(run_dag, {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
-            for shard, node in placements]
-    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.shards)})"):
+    runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": "1 second"})
+            for instance, node in placements]
+    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})"):
         for run_id in runs:
             client.wait_for_run(run_dag, run_id, timeout_s=300)
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
@@ -484,7 +484,7 @@ def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, 
             console=console) as progress:
         task = progress.add_task(label, total=None)
         while time.monotonic() < deadline:
-            failed = [f"{plan.name}/{i.shard_id}/{n.node} is {n.status}: {n.error}"
+            failed = [f"{plan.name}/{i.instance}/{n.node} is {n.status}: {n.error}"
                       for i in plan_status(db, cluster, plan).instances for n in i.nodes
                       if n.status in ("FAILED", "BLOCKED")] if plan is not None else []
             if failed:
@@ -501,6 +501,6 @@ def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, 
 def _stop_instances(console: Console, cluster, plan, placements) -> None:
     from tandem.supervisor.stopping import stop_instance
 
-    for shard, node in placements:
-        stop_instance(cluster, plan, shard, node)
-        console.print(f"stopped {plan.name}/{shard}/{node}")
+    for instance, node in placements:
+        stop_instance(cluster, plan, instance, node)
+        console.print(f"stopped {plan.name}/{instance}/{node}")

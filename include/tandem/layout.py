@@ -1,6 +1,6 @@
 """The storage layout under ``storage_root`` (see DESIGN.md): one function per kind of place.
 
-Every place is built from names (plan, stream, shard, node, query, table, snapshot id), and a name
+Every place is built from names (plan, stream, instance, node, query, table, snapshot id), and a name
 is one folder: ``..``, ``.``, an empty name or one with a path separator is refused
 (:class:`~tandem.errors.PathOutsideRoot`), so no place built here lies outside the storage root.
 A path read back from somewhere else (e.g. a snapshot's recorded ``checkpoint_path``) is data,
@@ -153,26 +153,26 @@ def retained_twin(cluster: ClusterConfig, landing_file: Path) -> Path:
     return retained_dir(cluster, stream, int(partition)) / name
 
 
-def instance_landing_dirs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> dict[str, list[Path]]:
+def instance_landing_dirs(cluster: ClusterConfig, plan: PlanConfig, instance: str) -> dict[str, list[Path]]:
     """The landing folders one instance reads, by stream: its share of every stream's partitions."""
-    return {stream: [landing_dir(cluster, stream, p) for p in plan.partitions(shard_id, stream)]
+    return {stream: [landing_dir(cluster, stream, p) for p in plan.partitions(instance, stream)]
             for stream in plan.streams}
 
 
-def instance_landing_dir(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str | None = None) -> Path:
+def instance_landing_dir(cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str | None = None) -> Path:
     """The first landing folder of an instance's share of ``stream`` (default: the plan's first stream).
 
     Events written there reach that instance (and no other instance of its group).
     """
-    return instance_landing_dirs(cluster, plan, shard_id)[stream or next(iter(plan.streams))][0]
+    return instance_landing_dirs(cluster, plan, instance)[stream or next(iter(plan.streams))][0]
 
 
-def checkpoint_dir(cluster: ClusterConfig, plan: str, shard_id: str, node: str, query: str = "") -> Path:
-    """One query's checkpoint, never shared: ``checkpoints/<plan>/<shard_id>/<node>/<query>/``.
+def checkpoint_dir(cluster: ClusterConfig, plan: str, instance: str, node: str, query: str = "") -> Path:
+    """One query's checkpoint, never shared: ``checkpoints/<plan>/<instance>/<node>/<query>/``.
 
     Without ``query``: the instance's checkpoint root (one folder per query).
     """
-    return _place(cluster, "checkpoints", plan, shard_id, node, *([query] if query else []))
+    return _place(cluster, "checkpoints", plan, instance, node, *([query] if query else []))
 
 
 def delta_table_dir(cluster: ClusterConfig, plan: str, table: str) -> Path:
@@ -195,9 +195,9 @@ def backfill_dir(cluster: ClusterConfig, plan: str, backfill_id: str) -> Path:
     return _place(cluster, "backfills", plan, backfill_id)
 
 
-def logs_dir(cluster: ClusterConfig, plan: str, shard_id: str) -> Path:
-    """Where the driver logs of one shard's instances go: ``logs/<plan>/<shard_id>/``."""
-    return _place(cluster, "logs", plan, shard_id)
+def logs_dir(cluster: ClusterConfig, plan: str, instance: str) -> Path:
+    """Where the driver logs of one instance's instances go: ``logs/<plan>/<instance>/``."""
+    return _place(cluster, "logs", plan, instance)
 
 
 def plan_dirs(cluster: ClusterConfig, plan: str) -> dict[str, Path]:

@@ -56,7 +56,7 @@ from tandem.store.plan_rows import count_plan_rows, delete_plan_rows, instances_
 from tandem.store.registry import InstanceKey
 from tandem.supervisor.launch_decision import ACTIVE_STATUSES
 from tandem.supervisor.processes import instance_process_alive, recorded_on_this_host
-from tandem.supervisor.reconcile import shard_lock
+from tandem.supervisor.reconcile import instance_lock
 
 log = logging.getLogger(__name__)
 RESET_EVENT = "RESET"
@@ -67,14 +67,14 @@ def running_reasons(instances: Iterable[Mapping[str, Any]], leases: Iterable[Map
                     heartbeat_timeout_s: float, launch_timeout_s: float) -> list[str]:
     """Why the plan counts as running, a line each; ``[]``: nothing of it runs (pure).
 
-    ``leases``: the plan's lease rows (``shard_id``, ``holder``, ``epoch``, ``valid``, ``left_s``). ``instances``:
+    ``leases``: the plan's lease rows (``instance``, ``holder``, ``epoch``, ``valid``, ``left_s``). ``instances``:
     its instance rows (``instance_id``, ``status``, ``host``, ``beat_age_s``, ``launched_age_s``), each with
     ``recorded_here`` (its PIDs are this host's) and ``process_alive`` (its verified ``spark-submit`` or driver
     runs here). An instance runs while its status says so and: its process is alive here, or its driver beat
     within the heartbeat timeout (a driver started by hand, or on another host: a killed one counts until its beat
     is that old), or, launched on another host, it is still within the launch timeout.
     """
-    reasons = [f"{lease['holder']} holds the lease of instance {lease['shard_id']} (epoch {lease['epoch']}, "
+    reasons = [f"{lease['holder']} holds the lease of instance {lease['instance']} (epoch {lease['epoch']}, "
                f"{max(0.0, float(lease['left_s'])):.1f}s left)" for lease in leases if lease["valid"]]
     for row in instances:
         if row["status"] not in ACTIVE_STATUSES:
@@ -95,7 +95,7 @@ def plan_running(db: Database, plan: PlanConfig) -> list[str]:
     """:func:`running_reasons` for ``plan`` as PostgreSQL and this host's processes say now."""
     instances, leases = instances_and_leases(db, plan.name)
     for row in instances:
-        key = InstanceKey(row["plan"], row["shard_id"], row["node"])
+        key = InstanceKey(row["plan"], row["instance"], row["node"])
         row["recorded_here"] = recorded_on_this_host(row)
         row["process_alive"] = row["status"] in ACTIVE_STATUSES and instance_process_alive(row, key)
     return running_reasons(instances, leases, heartbeat_timeout_s=plan.heartbeat.timeout_s,
@@ -175,13 +175,13 @@ def reset_plan(cluster: ClusterConfig, plan: PlanConfig, *, requested_by: str | 
             Database(cluster.database_url, "tandem-reset") as db:
         migrate(db)
         recorded, _ = instances_and_leases(db, plan.name)
-        shards = sorted(set(plan.shards) | {row["shard_id"] for row in recorded})
-        instances = sorted({InstanceKey(plan.name, s, n).id for s in shards for n in plan.nodes}
+        instances = sorted(set(plan.instances) | {row["instance"] for row in recorded})
+        key_ids = sorted({InstanceKey(plan.name, s, n).id for s in instances for n in plan.nodes}
                            | {row["instance_id"] for row in recorded})
         # a supervisor holds its instance's supervision lock, then takes a launch lock: the same order here
-        supervision = [shard_lock(cluster.database_url, plan.name, s) for s in shards]  # not taken: named
+        supervision = [instance_lock(cluster.database_url, plan.name, s) for s in instances]  # not taken: named
         with advisory_locks(cluster.database_url, [*((lock.scope, lock.name) for lock in supervision),
-                                                   *(("launch", key) for key in instances)]):
+                                                   *(("launch", key) for key in key_ids)]):
             reasons = plan_running(db, plan)
             if reasons:
                 raise refusal(plan, reasons)
@@ -202,8 +202,8 @@ def reset_plan(cluster: ClusterConfig, plan: PlanConfig, *, requested_by: str | 
 
 def _mark_reset(db: Database, plan: PlanConfig, requested_by: str) -> None:
     def work(cursor) -> None:
-        for shard in plan.shards:
-            record_event(cursor, plan.name, shard, RESET_EVENT,
+        for instance in plan.instances:
+            record_event(cursor, plan.name, instance, RESET_EVENT,
                          f"plan reset by {requested_by}: its next run starts from nothing")
 
     db.run(work)

@@ -33,10 +33,10 @@ FORMAT = 1
 Shape = dict[str, Any]
 
 
-def shape_of(plan: PlanConfig, shard_id: str) -> Shape:
+def shape_of(plan: PlanConfig, instance: str) -> Shape:
     """What an instance's checkpoint depends on: its group's parallelism, every stream's partitions, and each
     aggregation's keys and measures (pure)."""
-    group, _ = plan.group_of(shard_id)
+    group, _ = plan.group_of(instance)
     aggregations = {}
     for output in aggregation_outputs(plan):
         spec = spec_for(plan, output)
@@ -77,48 +77,48 @@ def changes(recorded: Shape, current: Shape) -> list[str]:
     return found
 
 
-def refusal(plan: PlanConfig, shard_id: str, where: Path, found: list[str]) -> str:
+def refusal(plan: PlanConfig, instance: str, where: Path, found: list[str]) -> str:
     """The one line a refused launch says (pure)."""
-    return (f"plan {plan.name}, instance {shard_id}: {'; '.join(found)} since the checkpoint at {where} was built; "
+    return (f"plan {plan.name}, instance {instance}: {'; '.join(found)} since the checkpoint at {where} was built; "
             f"a running plan cannot take this change yet: undo it in {plan.path}, or start the plan afresh "
             f"(stop it, then `tandem plan reset {plan.name}` removes its checkpoints and outputs)")
 
 
-def check_unchanged(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> None:
+def check_unchanged(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str) -> None:
     """Refuse (:class:`tandem.errors.PlanChanged`) when the plan changed in a way a checkpoint of the instance's
     group cannot carry: the instance's own on any node, and its siblings' (a new instance of a group whose
     parallelism changed reads partitions they counted)."""
-    current = shape_of(plan, shard_id)
+    current = shape_of(plan, instance)
     group = current["group"]
-    root = checkpoint_dir(cluster, plan.name, shard_id, node).parent.parent  # checkpoints/<plan>/
+    root = checkpoint_dir(cluster, plan.name, instance, node).parent.parent  # checkpoints/<plan>/
     for record in sorted(root.glob(f"{group}-*/*/{SHAPE_FILE}")):
         recorded = _read(record)
         if recorded is None or recorded.get("group") != group:
             continue
         found = changes(recorded, current)
         if found:
-            raise PlanChanged(refusal(plan, shard_id, record.parent, found))
+            raise PlanChanged(refusal(plan, instance, record.parent, found))
 
 
 def refused_launches(cluster: ClusterConfig, plan: PlanConfig) -> list[str]:
     """What :func:`check_unchanged` would say at the launch of each of the plan's instances (``tandem config
     check``); ``[]``: every launch may go on."""
     found = []
-    for shard_id in plan.shards:
+    for instance in plan.instances:
         try:
-            check_unchanged(cluster, plan, shard_id, plan.nodes[0])
+            check_unchanged(cluster, plan, instance, plan.nodes[0])
         except PlanChanged as exc:
             found.append(str(exc))
     return found
 
 
-def record_shape(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> Path:
+def record_shape(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str) -> Path:
     """Write the plan's shape beside the instance's checkpoints on ``node`` (atomically); its path."""
-    folder = checkpoint_dir(cluster, plan.name, shard_id, node)
+    folder = checkpoint_dir(cluster, plan.name, instance, node)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / SHAPE_FILE
     partial = folder / f".{SHAPE_FILE}.partial"
-    partial.write_text(json.dumps(shape_of(plan, shard_id), indent=1, sort_keys=True) + "\n")
+    partial.write_text(json.dumps(shape_of(plan, instance), indent=1, sort_keys=True) + "\n")
     os.replace(partial, target)
     return target
 

@@ -15,7 +15,7 @@ from tandem.store.supervision import mark
 log = logging.getLogger(__name__)
 
 
-def resync_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, source_node: str,
+def resync_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: str, source_node: str,
                     target_node: str) -> dict[str, CutInfo]:
     """Cut every query checkpoint of ``source_node``'s instance into ``target_node``'s own locations.
 
@@ -25,14 +25,14 @@ def resync_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
     name = plan.name if isinstance(plan, PlanConfig) else plan
     if source_node == target_node:
         raise CheckpointError(f"cannot re-sync {target_node} from itself")
-    source_root = checkpoint_dir(cluster, name, shard_id, source_node, "")
+    source_root = checkpoint_dir(cluster, name, instance, source_node, "")
     cuts = {}
     for query, directory in sorted(query_dirs(source_root).items()):
-        cuts[query] = cut_checkpoint(directory, checkpoint_dir(cluster, name, shard_id, target_node, query))
+        cuts[query] = cut_checkpoint(directory, checkpoint_dir(cluster, name, instance, target_node, query))
     return cuts
 
 
-def resync_recorded(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, source_node: str,
+def resync_recorded(db: Database, cluster: ClusterConfig, plan: PlanConfig, instance: str, source_node: str,
                     target_node: str, logger: logging.Logger | logging.LoggerAdapter | None = None,
                     ) -> dict[str, dict[str, Any]] | None:
     """:func:`resync_instance` with its outcome in ``failover_events`` (RESYNC with the cut of each query, or
@@ -45,16 +45,16 @@ def resync_recorded(db: Database, cluster: ClusterConfig, plan: PlanConfig, shar
     """
     logger = logger or log
     try:
-        cuts = resync_instance(cluster, plan, shard_id, source_node, target_node)
+        cuts = resync_instance(cluster, plan, instance, source_node, target_node)
     except CheckpointError as exc:
-        changed = last_changed(checkpoint_dir(cluster, plan.name, shard_id, target_node, ""))
+        changed = last_changed(checkpoint_dir(cluster, plan.name, instance, target_node, ""))
         idle_s = None if changed is None else time.time() - changed
         left_behind = idle_s is not None and idle_s > GUARD_WINDOW_S
         why = (f"re-sync of {target_node} from {source_node} failed ({exc}) and {target_node}'s own checkpoint "
                f"is unchanged for {idle_s:.0f} s: landing retention no longer keeps the input it has not read, "
                f"so it does not start from it; repair {source_node}'s checkpoint or restore a snapshot "
                f"(tandem restore {plan.name})") if left_behind else str(exc)
-        mark(db, plan.name, shard_id, "RESYNC_FAILED", why[:2000], node=target_node, previous_node=source_node)
+        mark(db, plan.name, instance, "RESYNC_FAILED", why[:2000], node=target_node, previous_node=source_node)
         if left_behind:
             raise CheckpointError(why) from exc
         logger.warning("re-sync of %s from %s failed, starting from its own checkpoint: %s",
@@ -64,7 +64,7 @@ def resync_recorded(db: Database, cluster: ClusterConfig, plan: PlanConfig, shar
     summary = ", ".join(f"{q} at batch {c.batch_id} ({c.files} files, {c.bytes} bytes)"
                         if c.batch_id is not None else f"{q}: nothing committed"
                         for q, c in cuts.items()) or "no checkpoint"
-    mark(db, plan.name, shard_id, "RESYNC", f"checkpoint cut of {source_node} copied to {target_node}: {summary}",
+    mark(db, plan.name, instance, "RESYNC", f"checkpoint cut of {source_node} copied to {target_node}: {summary}",
          node=target_node, previous_node=source_node, detail=cut)
     logger.info("re-synced %s from %s: %s", target_node, source_node, summary)
     return cut

@@ -1,6 +1,6 @@
-"""End to end through a real Airflow: the run DAG launches the trades plan for two shards via
+"""End to end through a real Airflow: the run DAG launches the trades plan for two instances via
 spark-submit; the test feeds events and checks the merged aggregates against its own arithmetic;
-then the snapshot DAG, on its schedule, snapshots both shards into the catalog."""
+then the snapshot DAG, on its schedule, snapshots both instances into the catalog."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def snapshots_every_minute(project: Path) -> None:
     path.write_text(yaml.safe_dump(plan))
 
 
-def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_dag_snapshots_them(
+def test_run_dag_launches_two_instances_merged_aggregates_match_and_the_snapshot_dag_snapshots_them(
         project: Path, database_url: str, snapshots_every_minute: None, airflow: AirflowClient) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
@@ -65,13 +65,13 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
     try:
         airflow.wait_for_dag("tandem_trades_run")
         airflow.set_paused("tandem_trades_run", False)
-        runs = [airflow.trigger("tandem_trades_run", {"node": node, "shard_id": shard, "trigger_interval": "1 second"})
-                for shard, node in PLACEMENTS]
+        runs = [airflow.trigger("tandem_trades_run", {"node": node, "instance": instance, "trigger_interval": "1 second"})
+                for instance, node in PLACEMENTS]
         for run_id in runs:
             assert airflow.wait_for_run("tandem_trades_run", run_id, timeout_s=420) == "success"
 
         with Database(cluster.database_url) as db:
-            instances = [get_instance(db, instance_id("trades", shard, node)) for shard, node in PLACEMENTS]
+            instances = [get_instance(db, instance_id("trades", instance, node)) for instance, node in PLACEMENTS]
         for row in instances:
             assert row["status"] == "RUNNING", row
             launched.append(row["submit_pid"])
@@ -80,14 +80,14 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
 
         since = datetime.now(UTC)
         now_ms = int(time.time() * 1000)
-        events = {shard: _events(seed, 500, now_ms) for seed, (shard, _) in enumerate(PLACEMENTS)}
+        events = {instance: _events(seed, 500, now_ms) for seed, (instance, _) in enumerate(PLACEMENTS)}
         lines = 0
-        for shard, shard_events in events.items():
-            for start in range(0, len(shard_events), 100):
-                chunk = shard_events[start:start + 100]
-                write_atomically(instance_landing_dir(cluster, plan, shard), [json.dumps(e) for e in chunk])
+        for instance, instance_events in events.items():
+            for start in range(0, len(instance_events), 100):
+                chunk = instance_events[start:start + 100]
+                write_atomically(instance_landing_dir(cluster, plan, instance), [json.dumps(e) for e in chunk])
                 lines += len(chunk)
-            write_atomically(instance_landing_dir(cluster, plan, shard), ['{"symbol": "IBM", "price": -1}'])
+            write_atomically(instance_landing_dir(cluster, plan, instance), ['{"symbol": "IBM", "price": -1}'])
             lines += 1
 
         deadline = time.monotonic() + 240
@@ -108,7 +108,7 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
                     assert merged[key][column] == pytest.approx(value), (granularity, key, column)
                 assert merged[key]["avg_price"] == pytest.approx(values["price_sum"] / values["trade_count"])
 
-        # the snapshot DAG runs on its schedule (every minute here): one GOOD snapshot per shard's ACTIVE instance
+        # the snapshot DAG runs on its schedule (every minute here): one GOOD snapshot per instance's ACTIVE node
         airflow.wait_for_dag("tandem_trades_snapshot")
         airflow.set_paused("tandem_trades_snapshot", False)
         deadline = time.monotonic() + 300
@@ -117,16 +117,16 @@ def test_run_dag_launches_two_shards_merged_aggregates_match_and_the_snapshot_da
         [run, *_] = airflow.runs("tandem_trades_snapshot", "scheduled")
         assert airflow.wait_for_run("tandem_trades_snapshot", run["dag_run_id"], timeout_s=300) == "success"
         with Database(cluster.database_url) as db:
-            for shard, node in PLACEMENTS:
-                snapshot = catalog.latest_good(db, "trades", shard)
-                assert snapshot is not None, f"no GOOD snapshot of {shard}"
+            for instance, node in PLACEMENTS:
+                snapshot = catalog.latest_good(db, "trades", instance)
+                assert snapshot is not None, f"no GOOD snapshot of {instance}"
                 assert snapshot.node == node and snapshot.taken_at >= since
-                live = checkpoint_dir(cluster, "trades", shard, node, "aggregates")
+                live = checkpoint_dir(cluster, "trades", instance, node, "aggregates")
                 assert 0 <= snapshot.batch_id <= committed_batch(live)
                 assert snapshot.state_rows > 0 and snapshot.output_versions["trade_aggregates"] >= 0
                 assert snapshot.validation["success"] is True
     finally:
-        for shard, node in PLACEMENTS:
-            stop_instance(cluster, plan, shard, node)
+        for instance, node in PLACEMENTS:
+            stop_instance(cluster, plan, instance, node)
     for pid in launched:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -55,8 +55,8 @@ def publish_pizza_outputs(spark) -> tuple[list[dict], dict[str, int], set[str], 
     for (stream, partition), lines in BAD_LINES.items():
         write_atomically(landing_dir(cluster, stream, partition), lines)
     advance_watermark(cluster, plan, PIZZA_T0 + 3_600_000)
-    for shard in plan.shards:
-        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+    for instance in plan.instances:
+        result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
     per_customer, overdue = pizza_reference(orders, deliveries)
     return orders, per_customer, overdue, last_orders_reference(orders, deliveries)
@@ -66,8 +66,8 @@ def catalog_two_snapshots(database_url: str, storage: Path) -> tuple[str, str]:
     """A GOOD and a BAD snapshot in the catalog (rows only: the endpoint reads the catalog)."""
     with Database(database_url) as db:
         ids = []
-        for shard in ("shop-1", "shop-2"):
-            record = begin_snapshot(db, plan=PLAN, shard_id=shard, node="node-a", snapshots_dir=storage / "snapshots")
+        for instance in ("shop-1", "shop-2"):
+            record = begin_snapshot(db, plan=PLAN, instance=instance, node="node-a", snapshots_dir=storage / "snapshots")
             record_contents(db, record.id, batch_id=3, state_rows=12, checkpoint_bytes=2048, state_bytes=1024,
                             query_batches={"orders": 3}, output_versions={"overdue_orders": 1})
             ids.append(record.id)
@@ -145,7 +145,7 @@ def check_page(browser, base: str, token: str, database_url: str, epoch: int, tm
 
     with Database(database_url) as db:
         db.run(lambda c: c.execute("UPDATE plan_instances SET status = 'BLOCKED', error = %s WHERE plan = %s AND "
-                                   "shard_id = 'shop-2' AND node = 'node-a'", (PAGE_ERROR, PLAN)))
+                                   "instance = 'shop-2' AND node = 'node-a'", (PAGE_ERROR, PLAN)))
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     context.add_cookies([{"name": "_token", "value": token, "url": base}])
     page = context.new_page()
@@ -154,8 +154,8 @@ def check_page(browser, base: str, token: str, database_url: str, epoch: int, tm
         lease_line = page.get_by_test_id("lease-shop-1")
         expect(lease_line).to_contain_text("no ACTIVE since ", timeout=30_000)
         expect(lease_line).to_contain_text(f"stopped: instance stopped · last holder node-a at epoch {epoch}")
-        for shard in ("shop-1", "shop-2"):  # two cards side by side would each be too narrow for its table
-            assert_shown_whole(page, shard, ("node-a", "node-b"), 0, 1500)
+        for instance in ("shop-1", "shop-2"):  # two cards side by side would each be too narrow for its table
+            assert_shown_whole(page, instance, ("node-a", "node-b"), 0, 1500)
         expect(page.get_by_test_id("status-shop-2-node-a")).to_have_text("BLOCKED")
         expect(page.get_by_test_id("error-shop-2-node-a")).to_have_text(f"node-a BLOCKED: {PAGE_ERROR}")
         feed = page.get_by_test_id("feed-overdue_orders")
@@ -216,7 +216,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             [r for r in table if r["customer_name"] == one]
         # the rows endpoint reads every kind as the kind does: the latest, events, the quarantine
         latest = admin.ok(f"/plans/{PLAN}/outputs/last_orders/rows")
-        assert latest["kind"] == "latest" and {r["customer_name"]: {k: v for k, v in r.items() if k != "shard_id"}
+        assert latest["kind"] == "latest" and {r["customer_name"]: {k: v for k, v in r.items() if k != "instance"}
                                                for r in latest["rows"]} == last_orders
         assert [r["order_no"] for r in admin.ok(f"/plans/{PLAN}/outputs/last_orders/rows",
                                                 key=f"customer_name:{one}")["rows"]] == [last_orders[one]["order_no"]]
@@ -250,8 +250,8 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         # operations: status, timeline, snapshots, quarantine
         status = admin.ok(f"/plans/{PLAN}/status")
         with Database(database_url) as db:
-            leases = db.run(lambda c: (c.execute("SELECT shard_id, holder, epoch FROM leases WHERE plan = %s", (PLAN,)),
-                                       {r["shard_id"]: r for r in c.fetchall()})[1])
+            leases = db.run(lambda c: (c.execute("SELECT instance, holder, epoch FROM leases WHERE plan = %s", (PLAN,)),
+                                       {r["instance"]: r for r in c.fetchall()})[1])
         for instance in status["instances"]:
             lease = leases[instance["instance"]]
             assert (instance["lease"]["holder"], instance["lease"]["epoch"]) == (lease["holder"], lease["epoch"])

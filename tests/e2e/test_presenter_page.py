@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from _airflow import code_home
-from _ha import TradeFeed, configure_one_shard, fetch, instance_row, lease, wait_for
+from _ha import TradeFeed, configure_one_instance, fetch, instance_row, lease, wait_for
 from _page import assert_shown_whole
 from _project import ProcessGroups, kill_groups
 from tandem.airflow_rest import AirflowClient, admin_password
@@ -32,7 +32,7 @@ from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.e2e
 SUPERVISE = "tandem_trades_supervise"
-SHARD = "shard-1"
+INSTANCE = "shard-1"
 PAGE_UPDATE_S = 10
 WINDOW = {"width": 1500, "height": 1000}
 
@@ -86,11 +86,11 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
         stop_plan_after, airflow_stack, project: Path, database_url: str, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    configure_one_shard(project, "hot")
+    configure_one_instance(project, "hot")
     env_file = code_home(tmp_path)
     with Database(database_url) as db:
         migrate(db)
-    feed = TradeFeed(instance_landing_dir(load_cluster(), load_plan("trades"), SHARD), seed=21)
+    feed = TradeFeed(instance_landing_dir(load_cluster(), load_plan("trades"), INSTANCE), seed=21)
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
@@ -117,14 +117,14 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             open_tandem_page(page)
             tandem = page.frame_locator("iframe").first
             tandem.get_by_role("button", name="trades").click()
-            expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible(timeout=30_000)
-            expect(tandem.get_by_test_id(f"node-{SHARD}-node-b")).to_be_visible()
-            before = lease(database_url, "trades", SHARD)
-            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=30_000)
-            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(before["epoch"]))
-            expect(tandem.get_by_test_id(f"pid-{SHARD}-node-a")).to_have_text(str(instance_row(database_url, "node-a")["pid"]))
+            expect(tandem.get_by_test_id(f"node-{INSTANCE}-node-a")).to_be_visible(timeout=30_000)
+            expect(tandem.get_by_test_id(f"node-{INSTANCE}-node-b")).to_be_visible()
+            before = lease(database_url, "trades", INSTANCE)
+            expect(tandem.get_by_test_id(f"holder-{INSTANCE}")).to_have_text("node-a", timeout=30_000)
+            expect(tandem.get_by_test_id(f"epoch-{INSTANCE}")).to_have_text(str(before["epoch"]))
+            expect(tandem.get_by_test_id(f"pid-{INSTANCE}-node-a")).to_have_text(str(instance_row(database_url, "node-a")["pid"]))
             frame = page.locator("iframe").first.bounding_box()
-            assert_shown_whole(tandem, SHARD, ("node-a", "node-b"), max(frame["x"], 0),
+            assert_shown_whole(tandem, INSTANCE, ("node-a", "node-b"), max(frame["x"], 0),
                                min(frame["x"] + frame["width"], WINDOW["width"]))
             page.screenshot(path=shots / "1-pair.png", full_page=True)
 
@@ -132,11 +132,11 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             os.killpg(killed["submit_pid"], signal.SIGKILL)
             killed_at = time.time()
             feed.write(80)
-            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
-            promoted = lease(database_url, "trades", SHARD)
+            expect(tandem.get_by_test_id(f"holder-{INSTANCE}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
+            promoted = lease(database_url, "trades", INSTANCE)
             assert promoted["holder"] == "node-b" and promoted["epoch"] > before["epoch"]
-            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(promoted["epoch"]))
-            expect(tandem.get_by_test_id(f"last-failover-{SHARD}")).to_contain_text("PROMOTED node-b (from node-a)")
+            expect(tandem.get_by_test_id(f"epoch-{INSTANCE}")).to_have_text(str(promoted["epoch"]))
+            expect(tandem.get_by_test_id(f"last-failover-{INSTANCE}")).to_contain_text("PROMOTED node-b (from node-a)")
             shown_after_s = time.time() - killed_at
             assert shown_after_s <= PAGE_UPDATE_S
             print(f"the page showed node-b at epoch {promoted['epoch']} {shown_after_s:.1f} s after the kill")
@@ -160,19 +160,19 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             assert after.index("STOP") < after.index("LAUNCH") < after.index("RESYNC"), kinds
             print(f"node-a back as PASSIVE {time.time() - killed_at:.0f}s after the kill")
 
-            expect(tandem.get_by_test_id(f"node-{SHARD}-node-a")).to_be_visible()
-            tandem.get_by_test_id(f"failover-{SHARD}").click()  # asks first, in the page (the frame has no modals)
+            expect(tandem.get_by_test_id(f"node-{INSTANCE}-node-a")).to_be_visible()
+            tandem.get_by_test_id(f"failover-{INSTANCE}").click()  # asks first, in the page (the frame has no modals)
             expect(tandem.get_by_test_id("confirm-question")).to_have_text(
-                f"Fail over trades/{SHARD} now? The ACTIVE role moves from node-b to a standby (a new epoch).")
+                f"Fail over trades/{INSTANCE} now? The ACTIVE role moves from node-b to a standby (a new epoch).")
             tandem.get_by_test_id("confirm-yes").click()
             run_link, banner = tandem.get_by_test_id("action-run"), tandem.locator("#banner")
             expect(run_link.or_(tandem.locator("#banner.error"))).to_be_visible(timeout=60_000)
             assert run_link.count() == 1, f"no run link; the page says: {banner.text_content()}"
             expect(run_link).to_contain_text("tandem_ops run")
-            expect(tandem.get_by_test_id(f"holder-{SHARD}")).to_have_text("node-a", timeout=180_000)
-            moved = lease(database_url, "trades", SHARD)
+            expect(tandem.get_by_test_id(f"holder-{INSTANCE}")).to_have_text("node-a", timeout=180_000)
+            moved = lease(database_url, "trades", INSTANCE)
             assert moved["holder"] == "node-a" and moved["epoch"] > promoted["epoch"]
-            expect(tandem.get_by_test_id(f"epoch-{SHARD}")).to_have_text(str(moved["epoch"]))
+            expect(tandem.get_by_test_id(f"epoch-{INSTANCE}")).to_have_text(str(moved["epoch"]))
             page.screenshot(path=shots / "3-after-failover-now.png", full_page=True)
             run = airflow.runs("tandem_ops")[0]
             assert run["conf"]["action"] == "failover_now" and run["triggering_user_name"] == "admin"

@@ -46,7 +46,7 @@ import yaml
 from _airflow import code_home
 from _ha import (
     TradeWriter,
-    configure_one_shard,
+    configure_one_instance,
     db_now,
     failover_events,
     fetch,
@@ -207,7 +207,7 @@ def on_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnHosts]:
     with pytest.MonkeyPatch.context() as monkeypatch, \
             hosts_with_postgres(root, [*HOST_OF_NODE.values(), "control-b"]) as (network, server, url):
         project = use_project(root / "project", url, monkeypatch)
-        configure_one_shard(project, "hot")
+        configure_one_instance(project, "hot")
         add_backup_node(project)
         queue_per_node(project)
         with Database(url) as db:
@@ -398,7 +398,7 @@ def test_the_scheduled_snapshot_runs_on_the_standbys_host(on_hosts: OnHosts) -> 
 
 
 def test_snapshot_now_runs_on_the_standbys_host_too(on_hosts: OnHosts) -> None:
-    """``tandem_ops`` snapshot_now of a shard goes through a run of the snapshot DAG for that shard, so the
+    """``tandem_ops`` snapshot_now of an instance goes through a run of the snapshot DAG for that instance, so the
     snapshot is taken on the PASSIVE's host like a scheduled one, not on the control host's worker."""
     client, url, note = on_hosts.client, on_hosts.url, on_hosts.note
     active, standby = on_hosts.roles()
@@ -412,7 +412,7 @@ def test_snapshot_now_runs_on_the_standbys_host_too(on_hosts: OnHosts) -> None:
     finally:
         client.set_paused(SNAPSHOT, True)
     [run] = [r for r in client.runs(SNAPSHOT) if r["dag_run_id"].startswith("tandem_snapshot_now__shard-1__")]
-    assert (run["state"], run["conf"]) == ("success", {"shard_id": "shard-1"}), run
+    assert (run["state"], run["conf"]) == ("success", {"instance": "shard-1"}), run
     on_standby, snapshot = snapshot_of_active_on_standby_host(on_hosts, run["dag_run_id"], active, standby, since)
     note(f"snapshot_now: {snapshot.id} of {active} taken on {on_standby['hostname']} through {run['dag_run_id']}")
 

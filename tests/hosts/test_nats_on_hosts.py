@@ -32,7 +32,7 @@ from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.store import Database, migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts]
-PLAN, SHARD = "hot_rooms", "readings-1"
+PLAN, INSTANCE = "hot_rooms", "readings-1"
 NATS_OCTET = 200  # the control host's second address, where NATS alone listens
 CUT_S = 20
 
@@ -64,7 +64,7 @@ def test_a_host_cut_off_from_nats_stalls_and_goes_on_without_losing_an_event(
             migrate(db)
         cluster = load_cluster()
         plan = load_plan(PLAN, cluster)
-        pair = HostPair(cluster, plan, build_dist(project), process_groups, shard=SHARD, network=network)
+        pair = HostPair(cluster, plan, build_dist(project), process_groups, instance=INSTANCE, network=network)
         writer = PlanWriter(cluster, plan, rate=20, seed=5)
 
         def in_stream() -> list[tuple]:
@@ -77,7 +77,7 @@ def test_a_host_cut_off_from_nats_stalls_and_goes_on_without_losing_an_event(
             writer.start()
             wait_for(lambda: len(in_stream()) >= 5, 180, "node-a to relay hot readings",
                      detail=lambda: pair.log_tail("node-a"))
-            epoch = lease(url, PLAN, SHARD)["epoch"]
+            epoch = lease(url, PLAN, INSTANCE)["epoch"]
             network.cut_address("host-a", address)
             pair.note(f"host-a cut off from NATS ({nats_url}) for {CUT_S} s")
             try:
@@ -85,9 +85,9 @@ def test_a_host_cut_off_from_nats_stalls_and_goes_on_without_losing_an_event(
                 relayed = len(in_stream())
                 time.sleep(CUT_S - 5)
                 assert len(in_stream()) == relayed, "host-a published to NATS while cut off from it"
-                row = instance_row(url, "node-a", PLAN, SHARD)
+                row = instance_row(url, "node-a", PLAN, INSTANCE)
                 assert row["status"] == "RUNNING" and not row["error"], row
-                assert lease(url, PLAN, SHARD)["holder"] == "node-a"
+                assert lease(url, PLAN, INSTANCE)["holder"] == "node-a"
             finally:
                 network.mend_address("host-a", address)
             pair.note(f"host-a reaches NATS again; {relayed} hot readings were in the stream during the cut")
@@ -105,7 +105,7 @@ def test_a_host_cut_off_from_nats_stalls_and_goes_on_without_losing_an_event(
                                          "ORDER BY xid, event_id", (PLAN,))]
         assert sorted(published) == expected, "the output holds every hot reading once"
         assert in_stream() == published, "the stream holds the outbox, in its order"
-        row = instance_row(url, "node-a", PLAN, SHARD)
+        row = instance_row(url, "node-a", PLAN, INSTANCE)
         assert row["status"] == "RUNNING" and not row["error"], row
-        held = lease(url, PLAN, SHARD)
+        held = lease(url, PLAN, INSTANCE)
         assert (held["holder"], held["epoch"]) == ("node-a", epoch), f"no failover, the instance only stalled: {held}"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from _ha import (
     TradeWriter,
-    configure_one_shard,
+    configure_one_instance,
     db_now,
     failover_events,
     instance_row,
@@ -41,7 +41,7 @@ from tandem.spark_cluster import start_cluster, stop_cluster
 from tandem.store import Database, migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts]
-SHARD = "shard-1"
+INSTANCE = "shard-1"
 MASTER_PORT, WEB_PORT = 7077, 8081  # every host has its own network stack: nothing competes for them
 EXECUTOR_SETTINGS = {"spark.cores.max": "2", "spark.executor.cores": "1", "spark.executor.memory": "512m"}
 TAKEOVER_TIMEOUT_S = 30
@@ -59,7 +59,7 @@ def test_a_pair_on_a_cluster_rides_out_a_worker_host_crash_and_fails_over_when_t
                               worker_prefixes=[network.command("spark-1", []), network.command("spark-2", [])])
         try:
             project = use_project(tmp_path / "project", url, monkeypatch)
-            configure_one_shard(project)
+            configure_one_instance(project)
             for node in ("NODE_A", "NODE_B"):
                 monkeypatch.setenv(f"AIRFLOW_CONN_TANDEM_{node}",
                                    json.dumps({"conn_type": "spark", "host": spark.master_url}))
@@ -71,7 +71,7 @@ def test_a_pair_on_a_cluster_rides_out_a_worker_host_crash_and_fails_over_when_t
             plan = load_plan("trades", cluster)
             pair = HostPair(cluster, plan, build_dist(project), process_groups, network=network,
                             drivers_on_host_address=True)
-            writer = TradeWriter(instance_landing_dir(cluster, plan, SHARD), rate=100, seed=9)
+            writer = TradeWriter(instance_landing_dir(cluster, plan, INSTANCE), rate=100, seed=9)
             pair.start_pair("node-a", "node-b", timeout_s=300)
             for node in ("node-a", "node-b"):
                 assert instance_row(url, node)["spark_app_id"].startswith("app-"), "a standalone application"

@@ -1,4 +1,4 @@
-"""A shard's publish of per-second partials into PostgreSQL: upsert, then every coarser bucket rolled up from its
+"""An instance's publish of per-second partials into PostgreSQL: upsert, then every coarser bucket rolled up from its
 children, against a plain-Python reference over the same partials.
 
 The batches are what an ``update``-mode aggregation sends: new seconds, seconds sent again with more events, a
@@ -65,7 +65,7 @@ def expected_rows(stored: Partials) -> dict[tuple, dict[str, float]]:
 
 def stored_rows(db: Database) -> dict[tuple, dict[str, float]]:
     def read(cursor):
-        cursor.execute("SELECT * FROM tick_aggregates WHERE plan = 'p' AND shard_id = 's0'")
+        cursor.execute("SELECT * FROM tick_aggregates WHERE plan = 'p' AND instance = 's0'")
         return cursor.fetchall()
     return {(row["granularity"], row["bucket_start"], row["symbol"]): {m.column: row[m.column] for m in SPEC.measures}
             for row in db.run(read)}

@@ -37,7 +37,7 @@ from tandem.layout import landing_dir, retained_dir
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
-from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.restore import restore_instance
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
@@ -58,7 +58,7 @@ def partition_of(event: dict) -> int:
     return ["IBM", "WSO2", "ORCL"].index(event["symbol"]) % 2
 
 
-def shard_of(event: dict) -> str:
+def instance_of(event: dict) -> str:
     return f"shard-{partition_of(event) + 1}"
 
 
@@ -85,25 +85,25 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
     on_time = make_events(7, 300, 29_000)
     ahead = [{"symbol": s, "price": 10.0, "quantity": 1, "timestamp": T0_MS + 60_000} for s in ("IBM", "WSO2")]
     land(cluster, on_time)
-    for shard in plan.shards:
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
     land(cluster, ahead)
-    for shard in plan.shards:
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
     late = [{**e, "timestamp": e["timestamp"] % 29_000 + T0_MS} for e in make_events(8, 40, 29_000)]
     land(cluster, late, per_file=40)
     with Database(database_url) as db:
         migrate(db)
         # the stream drops them: its aggregates are those of the trades that came on time
-        for shard in plan.shards:
-            assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+        for instance in plan.instances:
+            assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
         assert_matches(read_output(cluster, "trades", "second", *ALL_TIME),
                        expected_aggregates(on_time + ahead, "second"), "late trades dropped by the stream")
 
         # landing retention moves what no restart or restore needs, but keep_input keeps, out of the streams'
         # folders: the reconcile and the backfill below recompute from retained/
-        for shard in plan.shards:
-            assert take_snapshot(cluster, plan, shard, spark, node="node-a", db=db).record.status == "GOOD"
+        for instance in plan.instances:
+            assert take_snapshot(cluster, plan, instance, spark, node="node-a", db=db).record.status == "GOOD"
         keeping = dataclasses.replace(plan, maintenance=plan.maintenance.model_copy(update={"keep_input_s": 3600.0}))
         landed = {p: sorted(f.name for f in landing_dir(cluster, "trades", p).glob("*.jsonl")) for p in (0, 1)}
         retention = clean_plan_landing(cluster, keeping, db=db)
@@ -129,20 +129,20 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
 
         # reconcile finds exactly the late trades' (second, symbol) keys, and nothing the watermark does not explain
         before = reconcile(cluster, plan, db, spark, START, END, run_id="before")
-        late_keys = {shard: {(e["timestamp"] // 1000, e["symbol"]) for e in late if shard_of(e) == shard}
-                     for shard in plan.shards}
-        assert {o.shard_id: (o.counts["late"], o.real) for o in before} == {
-            shard: (len(keys), 0) for shard, keys in late_keys.items()}
+        late_keys = {instance: {(e["timestamp"] // 1000, e["symbol"]) for e in late if instance_of(e) == instance}
+                     for instance in plan.instances}
+        assert {o.instance: (o.counts["late"], o.real) for o in before} == {
+            instance: (len(keys), 0) for instance, keys in late_keys.items()}
         assert reconciliation_rows(cluster, plan)[0]["run_id"] == "before"
 
         # the backfill, while both instances run and trades keep coming
         stop = threading.Event()
         results: dict[str, str] = {}
 
-        def run(shard: str) -> None:
-            results[shard] = run_instance(cluster, plan, "node-a", shard, spark=spark, stop=stop).status
+        def run(instance: str) -> None:
+            results[instance] = run_instance(cluster, plan, "node-a", instance, spark=spark, stop=stop).status
 
-        running = [threading.Thread(target=run, args=(shard,), daemon=True) for shard in plan.shards]
+        running = [threading.Thread(target=run, args=(instance,), daemon=True) for instance in plan.instances]
         for thread in running:
             thread.start()
         more: list[dict] = []
@@ -172,7 +172,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
             for thread in running:
                 thread.join(300)
         assert not producer.is_alive()
-        assert not [t for t in running if t.is_alive()] and results == {s: "STOPPED" for s in plan.shards}, results
+        assert not [t for t in running if t.is_alive()] and results == {s: "STOPPED" for s in plan.instances}, results
 
     assert done.status == catalog.DONE, done.error
     assert summary(after) == {"late": 0, "extra": 0, "different": 0}
@@ -187,7 +187,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
 
     # the snapshots were taken before the backfill: restoring one would undo it (nothing is stopped to say so)
     with pytest.raises(SnapshotRefused, match=f"would undo backfill {done.id} .*pass --force"):
-        restore_shard(cluster, plan, "shard-1", start=False)
+        restore_instance(cluster, plan, "shard-1", start=False)
 
     # input that retention deleted is refused before anything is registered (NATS: test_nats_source.py)
     gone = min(retained_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)
@@ -211,25 +211,25 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
             "deliveries": [d for d in deliveries if d["order_no"] in late_numbers]}
     write_streams(cluster, plan, on_time)
     advance_watermark(cluster, plan, PIZZA_T0 + 120_000)  # watermark T0 + 110 s: every order of T0 .. 72 s decided
-    for shard in plan.shards:
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
     write_streams(cluster, plan, late)
-    for shard in plan.shards:  # the late orders and their deliveries are dropped
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:  # the late orders and their deliveries are dropped
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
     start = datetime.fromtimestamp(PIZZA_T0 / 1000, UTC)
     with Database(database_url) as db:
         stop = threading.Event()
         results: dict[str, str] = {}
 
-        def run(shard: str) -> None:
-            results[shard] = run_instance(cluster, plan, "node-a", shard, spark=spark, stop=stop).status
+        def run(instance: str) -> None:
+            results[instance] = run_instance(cluster, plan, "node-a", instance, spark=spark, stop=stop).status
 
-        running = [threading.Thread(target=run, args=(shard,), daemon=True) for shard in plan.shards]
+        running = [threading.Thread(target=run, args=(instance,), daemon=True) for instance in plan.instances]
         for thread in running:
             thread.start()
         try:
             deadline = time.monotonic() + 120  # the ACTIVE's lease: the backfill publishes under it
-            while not all(holder(db, shard) for shard in plan.shards) and time.monotonic() < deadline:
+            while not all(holder(db, instance) for instance in plan.instances) and time.monotonic() < deadline:
                 time.sleep(0.5)
             found = summary(reconcile(cluster, plan, db, spark, start, start + timedelta(seconds=90),
                                       run_id="pizza-before"))
@@ -239,7 +239,7 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
                 run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
             db.run(lambda cursor: cursor.execute("DELETE FROM retention_horizons"))
             first = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90))
-            again = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90), shards=["shop-1"])
+            again = run_backfill(cluster, plan, db, spark, start, start + timedelta(seconds=90), instances=["shop-1"])
         finally:
             stop.set()
             for thread in running:
@@ -247,14 +247,14 @@ def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project:
 
     assert first.status == again.status == catalog.DONE, (first.error, again.error)
     _, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
-    published = {output: sum(first.report[s][output]["published"] for s in plan.shards)
+    published = {output: sum(first.report[s][output]["published"] for s in plan.instances)
                  for output in ("overdue_orders", "order_stats", "delivered_orders", "last_orders")}
     late_overdue = late_numbers & overdue
     assert published == {"overdue_orders": len(late_overdue), "order_stats": len(late_numbers),
                          "delivered_orders": len(late_numbers - overdue),
                          "last_orders": latest_orders_that_came_late(plan, orders, late_numbers)}
     assert published["last_orders"] > 0, "some customer's last order must have come late"
-    assert all(first.report[s]["overdue_orders"]["no_longer_produced"] == 0 for s in plan.shards)
+    assert all(first.report[s]["overdue_orders"]["no_longer_produced"] == 0 for s in plan.instances)
     assert found == {"late": sum(published.values()), "extra": 0, "different": 0}
     assert [o["published"] for o in again.report["shop-1"].values() if o.get("recomputed")] == [0, 0, 0, 0]
 
@@ -265,7 +265,7 @@ def latest_orders_that_came_late(plan, orders: list[dict], late_numbers: set[str
     partitions = plan.streams["orders"].partitions
     latest: dict[tuple[str, str], tuple] = {}
     for order in orders:
-        where = (plan.shards[partition_of_key(order["order_no"], partitions) % len(plan.shards)],
+        where = (plan.instances[partition_of_key(order["order_no"], partitions) % len(plan.instances)],
                  order["customer_name"])
         rank = (order["time"], event_id("pizza_shop", "last_orders", {"order_no": order["order_no"]}))
         if where not in latest or rank > latest[where][0]:
@@ -279,6 +279,6 @@ def write_streams(cluster, plan, streams: dict[str, list[dict]]) -> None:
         write_atomically(landing_dir(cluster, stream, partition), lines)
 
 
-def holder(db: Database, shard: str) -> str | None:
-    lease = read_lease(db, "pizza_shop", shard)
+def holder(db: Database, instance: str) -> str | None:
+    lease = read_lease(db, "pizza_shop", instance)
     return None if lease is None or lease.expired_for_s > 0 else lease.holder

@@ -34,12 +34,12 @@ def airflow_env(tmp_path: Path, project: Path) -> dict[str, str]:
 def insert_partials(database_url: str, rows: list[tuple[str, str, float, int, float, float]]) -> None:
     bucket = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
     with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
-        for symbol, shard, price_sum, count, low, high in rows:
+        for symbol, instance, price_sum, count, low, high in rows:
             cursor.execute(
-                """INSERT INTO tandem.trade_aggregates (plan, granularity, bucket_start, symbol, shard_id,
+                """INSERT INTO tandem.trade_aggregates (plan, granularity, bucket_start, symbol, instance,
                        price_sum, trade_count, quantity_sum, price_min, price_max, batch_id)
                    VALUES ('trades', 'hour', %s, %s, %s, %s, %s, %s, %s, %s, 0)""",
-                (bucket, symbol, shard, price_sum, count, 10 * count, low, high))
+                (bucket, symbol, instance, price_sum, count, 10 * count, low, high))
     conn.close()
 
 
@@ -55,7 +55,7 @@ def test_validate_dag_passes_and_logs_the_merged_hourly_aggregates(airflow_env, 
     report = json.loads(report) if isinstance(report, str) else report
     assert report["success"] is True and report["row_count"] == 3 and report["hourly_rows"] == 2
     assert "merged hourly trades aggregates" in output
-    assert "IBM" in output and "100.0000" in output  # (300 + 200) / (3 + 2), merged across both shards
+    assert "IBM" in output and "100.0000" in output  # (300 + 200) / (3 + 2), merged across both instances
 
 
 def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env, database_url):
@@ -64,7 +64,7 @@ def test_validate_dag_fails_without_retry_and_names_the_expectation(airflow_env,
     assert result["state"] == "failed"
     assert result["tis"]["validate"]["state"] == "failed"
     assert result["tis"]["validate"]["try_number"] == 1
-    assert "expect_column_values_to_be_in_set(column=shard_id" in output
+    assert "expect_column_values_to_be_in_set(column=instance" in output
     assert "shard-9" in output and "NVDA" in output
 
 
@@ -75,7 +75,7 @@ def test_run_dag_launches_once_reuses_the_job_and_relaunches_or_stops_a_frozen_d
     A stop that names the replaced launch (``launched_at``) leaves the new one running."""
     cluster = load_cluster()
     env = {**airflow_env, "AIRFLOW_CONN_TANDEM_NODE_B": json.dumps({"conn_type": "spark", "host": "local[1]"})}
-    conf = {"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds"}
+    conf = {"node": "node-b", "instance": "shard-2", "trigger_interval": "2 seconds"}
     try:
         first, output = dag_test(env, "tandem_trades_run", conf)
         with Database(cluster.database_url) as db:
@@ -156,7 +156,7 @@ def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_e
 
     cluster = load_cluster()
     with Database(cluster.database_url) as db:
-        record = catalog.begin_snapshot(db, plan="trades", shard_id="shard-1", node="node-a",
+        record = catalog.begin_snapshot(db, plan="trades", instance="shard-1", node="node-a",
                                         snapshots_dir=snapshots_dir(cluster, "trades"))
         catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
         catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")

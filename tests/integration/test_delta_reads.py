@@ -42,10 +42,10 @@ def test_the_cli_reads_delta_twenty_times_and_exits_0_every_time(project: Path) 
         migrate(db)
     prices = {(minute, symbol): [10.0 + minute + i for i in range(1 + minute % 3)]
               for minute in range(BATCHES) for symbol in ("IBM", "WSO2")}
-    for shard in ("shard-1", "shard-2"):  # each shard saw the same trades: merged counts double
-        key = InstanceKey("trades", shard, "node-a")
+    for instance in ("shard-1", "shard-2"):  # each instance saw the same trades: merged counts double
+        key = InstanceKey("trades", instance, "node-a")
         with Database(cluster.database_url) as db:
-            epoch = try_acquire(db, "trades", shard, "node-a", ttl_s=600.0)
+            epoch = try_acquire(db, "trades", instance, "node-a", ttl_s=600.0)
         sink = AggregateSink(TRADES, key, cluster.database_url, delta_table_dir(cluster, "trades", TRADES.table), 1.0)
         for batch in range(BATCHES):  # one micro-batch per minute: a table of many small files, as a plan makes
             rows = pa.Table.from_pylist([

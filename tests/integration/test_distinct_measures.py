@@ -1,4 +1,4 @@
-"""Distinct measures: Spark's HLL sketches per shard and second, unioned across shards and up to every
+"""Distinct measures: Spark's HLL sketches per instance and second, unioned across instances and up to every
 granularity, in PostgreSQL reads and Delta reads alike, within the sketches' error bound of the
 exact counts the test computes."""
 
@@ -28,18 +28,18 @@ SPEC = AggregationSpec(name="visits", table="test_visits", keys=("site",), measu
 ERROR_BOUND = 3 * 1.04 / 2 ** 6  # three standard errors of an lgK = 12 sketch: 4.9 %
 
 
-def test_distinct_estimates_merge_across_shards_and_granularities(spark, database_url: str, tmp_path: Path) -> None:
+def test_distinct_estimates_merge_across_instances_and_granularities(spark, database_url: str, tmp_path: Path) -> None:
     rng = random.Random(4)
     events = [(rng.choice(["a", "b"]), f"u{int(rng.paretovariate(1.2) * 10)}", T0 + timedelta(milliseconds=rng.randint(0, 240_000)))
               for _ in range(30_000)]
     with Database(database_url) as db:
         migrate(db)
-        for index, shard in enumerate(("s-1", "s-2")):
+        for index, instance in enumerate(("s-1", "s-2")):
             part = events[index::2]
             frame = spark.createDataFrame([(s, u, t) for s, u, t in part], "site string, user string, event_time timestamp")
             rows = second_partials(frame, SPEC, None).toArrow()
-            key = InstanceKey("web", shard, "node-a")
-            epoch = try_acquire(db, "web", shard, "node-a", 30.0)
+            key = InstanceKey("web", instance, "node-a")
+            epoch = try_acquire(db, "web", instance, "node-a", 30.0)
             sink = AggregateSink(SPEC, key, database_url, tmp_path / "visits", watermark_s=1.0)
             sink.publish(rows, BatchInfo(key, 0, epoch, datetime.now(UTC)))
 
@@ -59,7 +59,7 @@ def test_distinct_estimates_merge_across_shards_and_granularities(spark, databas
                 assert set(got) == set(exact), granularity
                 for group, users in exact.items():
                     assert got[group]["visits"] == counts[group]
-                    assert got[group]["shards"] == 2 or counts[group] < 4
+                    assert got[group]["instances"] == 2 or counts[group] < 4
                     assert abs(got[group]["visitors"] - len(users)) <= max(1.0, ERROR_BOUND * len(users)), \
                         (granularity, group, got[group]["visitors"], len(users))
                     checked += 1

@@ -1,4 +1,4 @@
-"""Shards and plans never leak into each other: exact keys in publish_log and the serving table.
+"""Instances and plans never leak into each other: exact keys in publish_log and the serving table.
 
 Real PostgreSQL and Delta through the real sinks (no Spark: the sinks take Arrow batches).
 """
@@ -16,11 +16,11 @@ from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
 from tandem.outputs.aggregation import AggregateSink
 from tandem.outputs.base import BatchInfo
-from tandem.outputs.aggregation import rebuild_postgres_shard
+from tandem.outputs.aggregation import rebuild_postgres_instance
 from tandem.store.db import Database
 from tandem.store.leases import try_acquire
 from tandem.store.migrations import migrate
-from tandem.store.publish_log import forget_shard, published_watermark
+from tandem.store.publish_log import forget_instance, published_watermark
 from tandem.store.registry import InstanceKey
 from tandem.reading import read_output
 
@@ -39,7 +39,7 @@ def seconds(prices: dict[int, list[float]], symbol: str = "IBM") -> pa.Table:
 def publish(url: str, storage: Path, key: InstanceKey, rows: pa.Table, batch_id: int = 0) -> AggregateSink:
     """Publish one batch as the ACTIVE of ``key`` (takes the lease first)."""
     with Database(url) as db:
-        epoch = try_acquire(db, key.plan, key.shard_id, key.node, ttl_s=30.0)
+        epoch = try_acquire(db, key.plan, key.instance, key.node, ttl_s=30.0)
     sink = AggregateSink(TRADES, key, url, storage / key.plan / TRADES.table, watermark_s=1.0)
     sink.publish(rows, BatchInfo(key, batch_id, epoch, datetime.now(UTC)))
     return sink
@@ -52,22 +52,22 @@ def url(database_url: str) -> str:
     return database_url
 
 
-def test_a_standby_of_shard_1_keeps_what_the_active_of_shard_dash_1_published(url: str, tmp_path: Path) -> None:
-    """`_` in a LIKE pattern matches `-`: shard_1's standby trimmed its held rows by shard-1's position."""
+def test_a_standby_of_instance_1_keeps_what_the_active_of_instance_dash_1_published(url: str, tmp_path: Path) -> None:
+    """`_` in a LIKE pattern matches `-`: instance_1's standby trimmed its held rows by shard-1's position."""
     far_ahead = {s: [100.0] for s in range(0, 600, 60)}
     publish(url, tmp_path, InstanceKey("trades", "shard-1", "node-a"), seconds(far_ahead))
 
-    standby = AggregateSink(TRADES, InstanceKey("trades", "shard_1", "node-b"), url,
+    standby = AggregateSink(TRADES, InstanceKey("trades", "instance_1", "node-b"), url,
                             tmp_path / "trades" / TRADES.table, watermark_s=1.0)
     standby.hold(seconds({1: [10.0], 2: [20.0]}), batch_id=0)
     standby.trim()
-    assert len(standby.held) == 2, "shard_1's held rows were trimmed by shard-1's published position"
+    assert len(standby.held) == 2, "instance_1's held rows were trimmed by shard-1's published position"
 
     with Database(url) as db:
-        assert published_watermark(db, "trades", "shard_1", TRADES.table) is None
+        assert published_watermark(db, "trades", "instance_1", TRADES.table) is None
         assert published_watermark(db, "trades", "shard-1", TRADES.table) is not None
-        assert forget_shard(db, "trades", "shard_1") == 0
-        assert forget_shard(db, "trades", "shard-1") == 1
+        assert forget_instance(db, "trades", "instance_1") == 0
+        assert forget_instance(db, "trades", "shard-1") == 1
 
 
 def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, project: Path) -> None:
@@ -90,7 +90,7 @@ def test_two_plans_with_the_same_aggregation_keep_their_own_rows(url: str, proje
 
     # restoring the copy's shard-1 to an empty cut deletes the copy's rows, and only those
     with Database(url) as db:
-        rebuild_postgres_shard(db, TRADES, "copy", "shard-1", seconds({0: [1.0]}).slice(0, 0))
+        rebuild_postgres_instance(db, TRADES, "copy", "shard-1", seconds({0: [1.0]}).slice(0, 0))
     assert read_output(cluster, "copy", "minute", *window) == []
     assert minute_of("trades") == (3, 303.0)
     assert (delta_table_dir(cluster, "copy", TRADES.table)).is_dir()

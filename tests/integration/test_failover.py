@@ -33,10 +33,10 @@ import pytest
 from _ha import (
     HotPair,
     ROLE_CHANGES,
-    SHARD,
+    INSTANCE,
     Pair,
     PrivatePostgres,
-    configure_one_shard,
+    configure_one_instance,
     db_now,
     failover_events,
     fetch,
@@ -68,9 +68,9 @@ TAKEOVER_TIMEOUT_S = 20  # lease ttl 3 s + one 1 s heartbeat, with room for a lo
 NODES = ("node-a", "node-b")
 
 
-def one_shard_pair(project: Path, process_groups: list[int]) -> Pair:
+def one_instance_pair(project: Path, process_groups: list[int]) -> Pair:
     """The temp project on shard-1 with local[1] nodes, as a Pair of node-a / node-b."""
-    configure_one_shard(project)
+    configure_one_instance(project)
     cluster = load_cluster()
     return Pair(cluster, load_plan("trades", cluster), build_dist(project), process_groups)
 
@@ -86,7 +86,7 @@ def hot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPair]:
     with pytest.MonkeyPatch.context() as monkeypatch:
         try:
             use_project(root / "project", server.start(), monkeypatch)
-            pair = one_shard_pair(root / "project", groups)
+            pair = one_instance_pair(root / "project", groups)
             shared = HotPair(pair, server)
             pair.start_pair("node-a", "node-b")
             yield shared
@@ -115,8 +115,8 @@ class TestOneHotPairUnderLoad:
         since = db_now(url)
         before = lease(url)
         delta_path = delta_table_dir(pair.cluster, "trades", "trade_aggregates")
-        lineage = checkpoint_lineage(checkpoint_dir(pair.cluster, "trades", SHARD, active, "aggregates"))
-        app_id = BatchInfo(InstanceKey("trades", SHARD, active), 0, 0, datetime.now(UTC), lineage).app_id(
+        lineage = checkpoint_lineage(checkpoint_dir(pair.cluster, "trades", INSTANCE, active, "aggregates"))
+        app_id = BatchInfo(InstanceKey("trades", INSTANCE, active), 0, 0, datetime.now(UTC), lineage).app_id(
             "trade_aggregates")  # the active's Delta application transaction
         assert committed_version(delta_path, app_id) is not None, app_id
         # Pause it inside a publishing transaction if possible: it then holds the lease row FOR KEY SHARE.
@@ -229,9 +229,9 @@ class TestOneHotPairUnderLoad:
         # from a cut of the active's -> relaunch as PASSIVE; it holds what it would publish.
         with Supervisor(pair.cluster, pair.plan, launched_by="test_failover", py_files=pair.dist,
                         running_timeout_s=240) as supervisor:
-            wait_for(lambda: supervisor.observe(SHARD).view.health(passive).state == "DEAD", 30,
+            wait_for(lambda: supervisor.observe(INSTANCE).view.health(passive).state == "DEAD", 30,
                      f"{passive} to be DEAD")
-            report = supervisor.reconcile(SHARD, cause="test: passive killed")
+            report = supervisor.reconcile(INSTANCE, cause="test: passive killed")
         row = instance_row(url, passive)
         pair.groups.append(row["submit_pid"])
         pair.pgids[passive], pair.launched_at[passive] = row["submit_pid"], datetime.now(UTC)
@@ -252,7 +252,7 @@ class TestOneHotPairUnderLoad:
         # Hand over cleanly: what the re-synced standby held, trimmed by the active's position, must
         # complete the outputs exactly, with nothing published twice.
         handover_at = db_now(url)
-        stop = stop_instance(pair.cluster, "trades", SHARD, active, timeout_s=60)
+        stop = stop_instance(pair.cluster, "trades", INSTANCE, active, timeout_s=60)
         assert stop.status == "STOPPED", stop
         promoted = wait_for(lambda: pair.promoted(passive, before["epoch"]), TAKEOVER_TIMEOUT_S,
                             f"{passive} to take the released lease", detail=lambda: pair.log_tail(passive))

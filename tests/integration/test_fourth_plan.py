@@ -46,7 +46,7 @@ from tandem.outputs.table import read_table_lake
 from tandem.packaging import build_dist
 from tandem.producer import advance_watermark
 from tandem.runtime.node import run_instance
-from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.restore import restore_instance
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
 from tandem.supervisor.health import DEAD
@@ -55,7 +55,7 @@ from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
 
-PLAN, SHARD, STREAM = "fraud_alerts", "cards-1", "payments"
+PLAN, INSTANCE, STREAM = "fraud_alerts", "cards-1", "payments"
 PLAN_FILES = Path(__file__).resolve().parent / "fraud_alerts"
 TANDEM = Path(sys.executable).with_name("tandem")
 
@@ -135,8 +135,8 @@ def postgres_totals(url: str) -> dict[str, tuple[int, float]]:
 
 def published_payments(url: str, node: str, epoch: int) -> bool:
     """Whether ``node`` has published a batch of the ``payments`` query's outputs at ``epoch``."""
-    return bool(fetch(url, "SELECT 1 FROM publish_log WHERE plan = %s AND shard_id = %s AND node = %s AND epoch = %s "
-                           "AND output IN ('card_totals', 'fraud_alerts') LIMIT 1", (PLAN, SHARD, node, epoch)))
+    return bool(fetch(url, "SELECT 1 FROM publish_log WHERE plan = %s AND instance = %s AND node = %s AND epoch = %s "
+                           "AND output IN ('card_totals', 'fraud_alerts') LIMIT 1", (PLAN, INSTANCE, node, epoch)))
 
 
 def outputs(cluster: ClusterConfig, plan) -> dict[str, object]:
@@ -227,25 +227,25 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
     plan = load_plan(PLAN, cluster)
     url = cluster.database_url
     dist = build_dist(project)
-    pair = Pair(cluster, plan, dist, process_groups, shard=SHARD)  # notes, logs, kills; the supervisor launches
+    pair = Pair(cluster, plan, dist, process_groups, instance=INSTANCE)  # notes, logs, kills; the supervisor launches
     supervisor = Supervisor(cluster, plan, launched_by="test_fourth_plan", py_files=dist, running_timeout_s=300)
     writer = PlanWriter(cluster, plan, rate=10, seed=11)  # the module's generator: card tests among payments
-    relaunch = Reconciling(supervisor, SHARD, "test: the ACTIVE was killed")
+    relaunch = Reconciling(supervisor, INSTANCE, "test: the ACTIVE was killed")
     try:
         try:
             writer.start()  # a backlog piles up while the JVMs start: the first alerts are final at the first batches
             # one round: the ACTIVE (it takes the free lease before it reports RUNNING), then the PASSIVE re-synced
             # from it; a launch waits for RUNNING, so the PASSIVE cannot take a never-held lease first
-            report = supervisor.reconcile(SHARD, cause="test: start the pair")
+            report = supervisor.reconcile(INSTANCE, cause="test: start the pair")
             pair.note("\n".join(report.lines()))
             assert report.converged and not report.failed, report.lines()
             assert launched(report, pair) == [("node-a", "ACTIVE"), ("node-b", "PASSIVE")], report.lines()
             resynced_at = {s.action.node: ((s.data.get("cut") or {}).get("payments") or {}).get("batch_id")
                            for s in report.steps if s.action.kind == "LAUNCH"}  # the PASSIVE's start: a cut, or none
             wait_for(lambda: postgres_alerts(url), 240, "the first alerts", detail=lambda: pair.log_tail("node-a"))
-            before = lease(url, PLAN, SHARD)  # the roles as the runtime holds them, whatever the launches were
+            before = lease(url, PLAN, INSTANCE)  # the roles as the runtime holds them, whatever the launches were
             active, standby = before["holder"], ({"node-a", "node-b"} - {before["holder"]}).pop()
-            standby_query = checkpoint_dir(cluster, PLAN, SHARD, standby, "payments")
+            standby_query = checkpoint_dir(cluster, PLAN, INSTANCE, standby, "payments")
             wait_for(lambda: (batch := committed_batch(standby_query)) is not None
                      and (resynced_at.get(standby) is None or batch > resynced_at[standby]), 240,
                      f"{standby} to process the backlog",  # a batch of its own, after the cut it was re-synced to
@@ -256,7 +256,7 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
                                 f"{standby} to take over from the killed {active}",
                                 detail=lambda: pair.log_tail(standby))
             pair.note(f"SIGKILL {active} -> {standby} PROMOTED at epoch {promoted['epoch']}")
-            wait_for(lambda: supervisor.observe(SHARD).view.health(active).state == DEAD, 30,
+            wait_for(lambda: supervisor.observe(INSTANCE).view.health(active).state == DEAD, 30,
                      f"the supervisor to see {active} DEAD")
             relaunched_since = db_now(url)
             relaunch.start()  # stop, re-sync from the new ACTIVE, relaunch as PASSIVE: meanwhile the test goes on
@@ -264,7 +264,7 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
                      f"{standby} to publish payments", detail=lambda: pair.log_tail(standby))
         finally:
             by_writer = writer.stop()
-        snapshot = take_snapshot(cluster, plan, SHARD, spark)  # the new ACTIVE's, while it works through the last files
+        snapshot = take_snapshot(cluster, plan, INSTANCE, spark)  # the new ACTIVE's, while it works through the last files
         pair.note(f"snapshot: {snapshot.summary()}")
         assert snapshot.good and snapshot.record.node == standby and "payments" in snapshot.record.query_batches, \
             snapshot.summary()
@@ -291,18 +291,18 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
         cut = report.steps[1].data.get("cut") or {}
         assert (cut.get("payments") or {}).get("batch_id") is not None, f"{active} was not re-synced: {cut}"
         recorded = [(e["kind"], e["node"], e["previous_node"]) for e in failover_events(
-            url, since=relaunched_since, kinds=("STOP", "RESYNC", "RESYNC_FAILED", "LAUNCH"), plan=PLAN, shard=SHARD)]
+            url, since=relaunched_since, kinds=("STOP", "RESYNC", "RESYNC_FAILED", "LAUNCH"), plan=PLAN, instance=INSTANCE)]
         assert recorded == [("STOP", active, None), ("LAUNCH", active, None), ("RESYNC", active, standby)], recorded
-        row = instance_row(url, active, PLAN, SHARD)
+        row = instance_row(url, active, PLAN, INSTANCE)
         assert (row["status"], row["role"]) == ("RUNNING", "PASSIVE"), row
-        assert lease(url, PLAN, SHARD)["holder"] == standby, "the relaunched PASSIVE took the lease from a live ACTIVE"
+        assert lease(url, PLAN, INSTANCE)["holder"] == standby, "the relaunched PASSIVE took the lease from a live ACTIVE"
 
         # the failover: the new ACTIVE publishes everything, exactly once, in PostgreSQL and Delta (the PASSIVE runs)
         wait_for(lambda: not differences(outputs(cluster, plan), alerts, totals), 90,
                  f"{standby} to publish every output",
                  detail=lambda: "\n".join([*differences(outputs(cluster, plan), alerts, totals),
                                            pair.log_tail(standby)]))
-        assert split_brain(url, PLAN, SHARD) == []
+        assert split_brain(url, PLAN, INSTANCE) == []
         pair.note(f"after the failover: {len(alerts)} alerts ({len(after_the_cut)} after the cut) and {len(payments)} "
                   f"payments of {len(totals)} cards, exactly; {active} runs as PASSIVE")
 
@@ -316,17 +316,17 @@ def test_a_plan_of_a_yaml_and_a_module_fails_over_and_restores_exactly_once(proj
 
         # restore the new ACTIVE's cut (both instances stopped first, none relaunched) and replay everything after it:
         # the outputs are kept, and nothing counts twice
-        lines = restore_shard(cluster, plan, SHARD, snapshot_id=snapshot.record.id, start=False).lines()
+        lines = restore_instance(cluster, plan, INSTANCE, snapshot_id=snapshot.record.id, start=False).lines()
         pair.note("\n".join(lines))
-        ended = {n: instance_row(url, n, PLAN, SHARD)["status"] for n in plan.nodes}
+        ended = {n: instance_row(url, n, PLAN, INSTANCE)["status"] for n in plan.nodes}
         assert all(status in ENDED_STATUSES for status in ended.values()), f"the restore left running: {ended}"
-        query_dir = checkpoint_dir(cluster, PLAN, SHARD, standby, "payments")
+        query_dir = checkpoint_dir(cluster, PLAN, INSTANCE, standby, "payments")
         assert committed_batch(query_dir) == snapshot.record.query_batches["payments"]
-        result = run_instance(cluster, plan, standby, SHARD, spark=spark, available_now=True)
+        result = run_instance(cluster, plan, standby, INSTANCE, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
         assert committed_batch(query_dir) > snapshot.record.query_batches["payments"], "the replay processed nothing"
         assert differences(outputs(cluster, plan), alerts, totals) == []
-        assert split_brain(url, PLAN, SHARD) == []
+        assert split_brain(url, PLAN, INSTANCE) == []
         pair.note("after the restore and the replay: every output exactly the reference")
     finally:
         if relaunch.is_alive():  # the test failed while the supervisor relaunches: let its launch end, then kill it
@@ -349,7 +349,7 @@ def test_a_new_plan_runs_as_written(project: Path, spark) -> None:
     files = list(produce(cluster, plan, rate=40, duration_s=2, clock=ticks.__next__,
                          on_tick=lambda batch: written.extend(e for e, _ in batch["readings_events"])))
     assert files and len(written) == 80
-    result = run_instance(cluster, plan, plan.nodes[0], plan.shards[0], spark=spark, available_now=True)
+    result = run_instance(cluster, plan, plan.nodes[0], plan.instances[0], spark=spark, available_now=True)
     assert result.status == "STOPPED", result.error
     expected = sorted({(e["device_id"], e["value"], e["time"]) for e in written if e["value"] >= 50.0})  # one per key
     published = sorted((r["payload"]["device_id"], r["payload"]["value"], r["payload"]["time"]) for r in fetch(

@@ -17,7 +17,7 @@ BUCKET = datetime(2026, 1, 1, tzinfo=timezone.utc)
 def rows(*published: tuple[int, int, str]) -> pa.Table:
     """One row of the same key per (epoch, batch, node)."""
     return pa.Table.from_pylist([
-        {"granularity": "second", "bucket_start": BUCKET, "symbol": "IBM", "shard_id": "shard-1", "epoch": epoch,
+        {"granularity": "second", "bucket_start": BUCKET, "symbol": "IBM", "instance": "shard-1", "epoch": epoch,
          "batch_id": batch, "node": node} for epoch, batch, node in published])
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 def batch(instance: str, batch_id: int, rows: int = 5) -> pa.Table:
-    return pa.table({"shard_id": [instance] * rows, "batch": [batch_id] * rows,
+    return pa.table({"instance": [instance] * rows, "batch": [batch_id] * rows,
                      "value": [batch_id * 100 + i for i in range(rows)]})
 
 
@@ -54,7 +54,7 @@ class Appender(threading.Thread):
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
-    return sorted(zip(*(table.column(c).to_pylist() for c in ("shard_id", "batch", "value"))))
+    return sorted(zip(*(table.column(c).to_pylist() for c in ("instance", "batch", "value"))))
 
 
 def test_compaction_and_vacuum_under_live_appends_lose_nothing_and_keep_a_snapshots_version(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_compaction_and_vacuum_under_live_appends_lose_nothing_and_keep_a_snapsh
         for instance in ("shard-1", "shard-2"):
             append_once(path, batch(instance, batch_id), f"{instance}/out/q", batch_id)
     snapshot_version = version_at_batch(path, "shard-1/out/q", 19)  # a snapshot of shard-1 cut at its batch 19
-    at_snapshot = rows_of(read_table(path, ds.field("shard_id") == "shard-1", version=snapshot_version))
+    at_snapshot = rows_of(read_table(path, ds.field("instance") == "shard-1", version=snapshot_version))
     assert {row[1] for row in at_snapshot} == set(range(20))
     files_before = len(DeltaTable(str(path)).file_uris())
 
@@ -86,11 +86,11 @@ def test_compaction_and_vacuum_under_live_appends_lose_nothing_and_keep_a_snapsh
     assert len(DeltaTable(str(path)).file_uris()) < files_before + 2 * (ends[0] - 30)
 
     # the snapshot's version is still readable, and rolling shard-1 back to it restores exactly its slice
-    assert rows_of(read_table(path, ds.field("shard_id") == "shard-1", version=snapshot_version)) == at_snapshot
+    assert rows_of(read_table(path, ds.field("instance") == "shard-1", version=snapshot_version)) == at_snapshot
     roll_back_slice(path, "shard-1", snapshot_version)
     now = read_table(path)
-    assert rows_of(now.filter(pa.compute.equal(now.column("shard_id"), "shard-1"))) == at_snapshot
-    assert rows_of(now.filter(pa.compute.equal(now.column("shard_id"), "shard-2"))) == \
+    assert rows_of(now.filter(pa.compute.equal(now.column("instance"), "shard-1"))) == at_snapshot
+    assert rows_of(now.filter(pa.compute.equal(now.column("instance"), "shard-2"))) == \
         [row for row in expected if row[0] == "shard-2"], "the other instance's rows are untouched"
 
 

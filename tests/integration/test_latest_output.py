@@ -99,7 +99,7 @@ def expected(rows: list[dict]) -> list[dict]:
 
 def read(cluster, plan, source: str, **request) -> list[dict]:
     rows = kind_of(plan, OUTPUT).read(cluster, plan, OUTPUT, ReadRequest(source=source, **request))
-    return [{k: v for k, v in row.items() if k != "shard_id"} for row in rows]
+    return [{k: v for k, v in row.items() if k != "instance"} for row in rows]
 
 
 def table(rows: list[dict]) -> pa.Table:
@@ -125,13 +125,13 @@ def test_the_latest_row_of_each_key_wins_in_any_order_across_instances_and_a_han
         # instance 1 reads half the users, instance 2 the other half and, as a key may be, some of the first's
         parts = {"logins-1": [r for r in rows if r["user_name"] in USERS[:2]],
                  "logins-2": [r for r in rows if r["user_name"] in USERS[2:] or r["attempts"] % 5 == 0]}
-        for shard_id, part in parts.items():
+        for instance, part in parts.items():
             shuffle.shuffle(part)
-            active, standby = (InstanceKey(PLAN, shard_id, node) for node in ("node-a", "node-b"))
+            active, standby = (InstanceKey(PLAN, instance, node) for node in ("node-a", "node-b"))
             sink = kind.sink(plan, OUTPUT, active, url, delta_table_dir(cluster, PLAN, OUTPUT))
             held = kind.sink(plan, OUTPUT, standby, url, delta_table_dir(cluster, PLAN, OUTPUT))
             try:
-                publish_and_hand_over(db, shard_id, part, sink, held)
+                publish_and_hand_over(db, instance, part, sink, held)
             finally:  # each sink holds a connection (hypothesis keeps a failing example's frames)
                 sink.db.close()
                 held.db.close()
@@ -141,20 +141,20 @@ def test_the_latest_row_of_each_key_wins_in_any_order_across_instances_and_a_han
     assert read(cluster, plan, "postgres", keys={"user_name": ["ann"]}) == [r for r in want if r["user_name"] == "ann"]
 
 
-def publish_and_hand_over(db: Database, shard_id: str, part: list[dict], sink, held) -> None:
+def publish_and_hand_over(db: Database, instance: str, part: list[dict], sink, held) -> None:
     """The ACTIVE publishes the first half of the batches (each twice: a replay), the standby holds them all; the
     ACTIVE is lost, the standby takes over and flushes what it held (the published part trimmed); the stale
     ACTIVE's late batch is fenced, and one under the new epoch that ranks lower changes nothing."""
     active, standby = sink.instance, held.instance
-    epoch = try_acquire(db, PLAN, shard_id, active.node, 30.0)
+    epoch = try_acquire(db, PLAN, instance, active.node, 30.0)
     batches = [part[i:i + 3] for i in range(0, len(part), 3)]
     for number, rows_of in enumerate(batches):
         held.hold(table(rows_of), number)
         if number < len(batches) // 2:
             sink.publish(table(rows_of), batch(active, number, epoch))
             sink.publish(table(rows_of), batch(active, number, epoch))
-    assert release(db, PLAN, shard_id, active.node, epoch, "test hand-over")
-    new_epoch = try_acquire(db, PLAN, shard_id, standby.node, 30.0)
+    assert release(db, PLAN, instance, active.node, epoch, "test hand-over")
+    new_epoch = try_acquire(db, PLAN, instance, standby.node, 30.0)
     held.flush(batch(standby, len(batches), new_epoch))
     if part:
         with pytest.raises(FencedError):
@@ -165,20 +165,20 @@ def publish_and_hand_over(db: Database, shard_id: str, part: list[dict], sink, h
 
 def test_restore_backfill_reconcile_retention_and_validation_keep_the_contract(logins) -> None:
     cluster, plan = logins
-    url, shard_id = cluster.database_url, "logins-1"
+    url, instance = cluster.database_url, "logins-1"
     kind = kind_of(plan, OUTPUT)
-    active = InstanceKey(PLAN, shard_id, "node-a")
+    active = InstanceKey(PLAN, instance, "node-a")
     first, late = login(1, "ann", 10), login(2, "ann", 20)  # the late one came after the watermark
     with Database(url) as db:
-        epoch = try_acquire(db, PLAN, shard_id, "node-a", 60.0)
+        epoch = try_acquire(db, PLAN, instance, "node-a", 60.0)
         sink = kind.sink(plan, OUTPUT, active, url, delta_table_dir(cluster, PLAN, OUTPUT))
         sink.publish(table([first]), batch(active, 0, epoch))
         sink.db.close()
         assert not kind.rolled_back_on_restore(plan.outputs[OUTPUT])
-        assert kind.restore(db, plan, OUTPUT, delta_table_dir(cluster, PLAN, OUTPUT), shard_id, 0) is None
+        assert kind.restore(db, plan, OUTPUT, delta_table_dir(cluster, PLAN, OUTPUT), instance, 0) is None
 
         recomputed = table([first, late]).append_column(BATCH_COLUMN, pa.array([0, 0], pa.int64()))
-        job = Recomputed(cluster, plan, db, shard_id, OUTPUT, recomputed, T0, T0 + timedelta(minutes=1))
+        job = Recomputed(cluster, plan, db, instance, OUTPUT, recomputed, T0, T0 + timedelta(minutes=1))
         before = kind.compare(job)
         assert before.counts == {"late": 1, "extra": 0, "different": 0}
         assert kind.replace(job, "bf-1") == {"recomputed": True, "rows": 1, "published": 1, "already_published": 0}
@@ -188,7 +188,7 @@ def test_restore_backfill_reconcile_retention_and_validation_keep_the_contract(l
 
         implied = kind.validation(plan, OUTPUT)
         sampled = db.run(lambda cursor: implied.read(cursor, Window(T0), 10))
-        assert implied.frame(sampled).to_dict("records") == [{**expected([late])[0], "shard_id": shard_id}]
+        assert implied.frame(sampled).to_dict("records") == [{**expected([late])[0], "instance": instance}]
 
         run = RetentionRun(db, plan, datetime.now(timezone.utc), {})
         assert [t.rows for t in kind.trim(run, OUTPUT)] == [0], "updated just now: kept"

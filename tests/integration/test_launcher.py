@@ -74,19 +74,19 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def write_trades(cluster: ClusterConfig, shard: str, count: int, files: int, seed: int) -> None:
+def write_trades(cluster: ClusterConfig, instance: str, count: int, files: int, seed: int) -> None:
     generator = TradeGenerator(seed)
     now_ms = int(time.time() * 1000)
     events = [json.dumps(generator.event(now_ms - 1000 + i)) for i in range(count)]
     per_file = count // files
     for start in range(0, count, per_file):
-        write_atomically(instance_landing_dir(cluster, load_plan("trades", cluster), shard), events[start:start + per_file])
+        write_atomically(instance_landing_dir(cluster, load_plan("trades", cluster), instance), events[start:start + per_file])
 
 
-def published_trades(database_url: str, shard: str) -> int:
+def published_trades(database_url: str, instance: str) -> int:
     with psycopg2.connect(database_url) as conn, conn.cursor() as cursor:
         cursor.execute("SELECT COALESCE(SUM(trade_count), 0) FROM tandem.trade_aggregates "
-                       "WHERE granularity = 'second' AND shard_id = %s", (shard,))
+                       "WHERE granularity = 'second' AND instance = %s", (instance,))
         total = cursor.fetchone()[0]
     conn.close()
     return int(total)
@@ -241,7 +241,7 @@ def test_stopping_a_hand_started_driver_never_signals_the_process_that_took_an_o
                           checkpoint_root=str(cluster.storage_root))
         by_hand = subprocess.Popen(
             ["spark-submit", "--properties-file", str(cluster.spark_defaults), "--py-files", str(dist(launch_project)),
-             str(REPO / "jobs" / "run_plan.py"), "--plan", "trades", "--node", "node-a", "--shard", "shard-1"],
+             str(REPO / "jobs" / "run_plan.py"), "--plan", "trades", "--node", "node-a", "--instance", "shard-1"],
             env=child_environment(cluster), cwd=launch_project, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
         process_groups.append(by_hand.pid)

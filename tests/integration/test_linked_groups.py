@@ -64,17 +64,17 @@ def stats(cluster, source: str) -> dict[tuple, tuple[int, float]]:
 def kill_the_active(pair: Pair, supervisor: Supervisor) -> int:
     """kill -9 of the instance's ACTIVE (node-a): node-b takes the lease, publishes at its epoch, and the
     supervisor sees node-a DEAD. Returns the new epoch."""
-    before = lease(pair.url, PLAN, pair.shard)
+    before = lease(pair.url, PLAN, pair.instance)
     assert before["holder"] == "node-a", before
     pair.kill("node-a", signal.SIGKILL)
     promoted = wait_for(lambda: pair.promoted("node-b", before["epoch"]), TAKEOVER_TIMEOUT_S,
-                        f"node-b to take {pair.shard} over from the killed node-a",
+                        f"node-b to take {pair.instance} over from the killed node-a",
                         detail=lambda: pair.log_tail("node-b"))
-    pair.note(f"SIGKILL {pair.shard} node-a -> node-b PROMOTED at epoch {promoted['epoch']}")
-    wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), 120, f"node-b to publish {pair.shard}",
+    pair.note(f"SIGKILL {pair.instance} node-a -> node-b PROMOTED at epoch {promoted['epoch']}")
+    wait_for(lambda: pair.first_publish("node-b", promoted["epoch"]), 120, f"node-b to publish {pair.instance}",
              detail=lambda: pair.log_tail("node-b"))
-    wait_for(lambda: supervisor.observe(pair.shard).view.health("node-a").state == DEAD, 30,
-             f"the supervisor to see {pair.shard} on node-a DEAD")
+    wait_for(lambda: supervisor.observe(pair.instance).view.health("node-a").state == DEAD, 30,
+             f"the supervisor to see {pair.instance} on node-a DEAD")
     return promoted["epoch"]
 
 
@@ -88,13 +88,13 @@ def test_two_stages_linked_by_a_stream_are_exact_across_kills_of_each_active(
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
     assert plan.input_streams == ["temps"] and plan.publisher_of("hot") == "hot_readings"
-    assert [s for s in plan.shards] == [STAGE_1, STAGE_2, LATE]
+    assert [s for s in plan.instances] == [STAGE_1, STAGE_2, LATE]
     dist = build_dist(project)
-    pairs = {shard: Pair(cluster, plan, dist, process_groups, shard=shard) for shard in (STAGE_1, STAGE_2)}
-    supervisors = {shard: Supervisor(cluster, plan, launched_by="test_linked_groups", py_files=dist,
-                                     running_timeout_s=300) for shard in pairs}  # one database connection each
+    pairs = {instance: Pair(cluster, plan, dist, process_groups, instance=instance) for instance in (STAGE_1, STAGE_2)}
+    supervisors = {instance: Supervisor(cluster, plan, launched_by="test_linked_groups", py_files=dist,
+                                     running_timeout_s=300) for instance in pairs}  # one database connection each
     writer = PlanWriter(cluster, plan, rate=20, seed=3)  # the temperature plan's readings: rooms drift, jump, run hot
-    starts = {shard: Reconciling(supervisors[shard], shard, "test: start the pair") for shard in pairs}
+    starts = {instance: Reconciling(supervisors[instance], instance, "test: start the pair") for instance in pairs}
     note = pairs[STAGE_1].note
 
     def in_stream() -> list[dict]:
@@ -104,15 +104,15 @@ def test_two_stages_linked_by_a_stream_are_exact_across_kills_of_each_active(
         try:
             for start in starts.values():  # both instances at once: their JVM starts overlap
                 start.start()
-            for shard, start in starts.items():
+            for instance, start in starts.items():
                 report = start.report(600)
                 note("\n".join(report.lines()))
                 assert report.converged and not report.failed, report.lines()
-                assert launched(report, pairs[shard]) == [("node-a", "ACTIVE"), ("node-b", "PASSIVE")], report.lines()
+                assert launched(report, pairs[instance]) == [("node-a", "ACTIVE"), ("node-b", "PASSIVE")], report.lines()
             writer.start()
-            for shard, pair in pairs.items():
-                wait_for(lambda: pair.first_publish("node-a", lease(pair.url, PLAN, shard)["epoch"]), 240,
-                         f"{shard} to publish", detail=lambda: pair.log_tail("node-a"))
+            for instance, pair in pairs.items():
+                wait_for(lambda: pair.first_publish("node-a", lease(pair.url, PLAN, instance)["epoch"]), 240,
+                         f"{instance} to publish", detail=lambda: pair.log_tail("node-a"))
             kill_the_active(pairs[STAGE_1], supervisors[STAGE_1])
             relayed = len(in_stream())
             wait_for(lambda: len(in_stream()) >= relayed + 5, 120, "stage 1's new ACTIVE to relay hot readings",
@@ -140,9 +140,9 @@ def test_two_stages_linked_by_a_stream_are_exact_across_kills_of_each_active(
         consumed = [(e["room_no"], e["device_id"], e["time"], e["temp"]) for e in in_stream()]
         assert consumed == published, "the stream holds the outbox, in its order"
         assert len(set(consumed)) == len(consumed) == hot_count, "every hot reading once in the stream"
-        for shard in pairs:
-            assert split_brain(database_url, PLAN, shard) == [], shard
-            assert lease(database_url, PLAN, shard)["holder"] == "node-b", shard
+        for instance in pairs:
+            assert split_brain(database_url, PLAN, instance) == [], instance
+            assert lease(database_url, PLAN, instance)["holder"] == "node-b", instance
     finally:
         for start in starts.values():
             if start.is_alive():  # the test failed during a launch: let it end, then kill what it launched

@@ -74,7 +74,7 @@ def test_no_action_happens_after_the_supervision_lock_is_lost_mid_reconcile(proj
 
     with Database(cluster.database_url) as db:
         events = db.run(lambda cursor: (cursor.execute(
-            "SELECT kind, reason FROM failover_events WHERE plan = 'trades' AND shard_id = 'shard-1' ORDER BY id"),
+            "SELECT kind, reason FROM failover_events WHERE plan = 'trades' AND instance = 'shard-1' ORDER BY id"),
             cursor.fetchall())[1])
         instances = db.run(lambda cursor: (cursor.execute("SELECT instance_id FROM plan_instances"),
                                            cursor.fetchall())[1])

@@ -30,7 +30,7 @@ from tandem.messaging import JetStream, StreamSpec, ensure_declared, stream_name
 from tandem.messaging.server import EmbeddedServer
 from tandem.producer import Destinations
 from tandem.runtime.node import run_instance
-from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.restore import restore_instance
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database
 from tandem.supervisor.observe import unread_messages_since
@@ -82,8 +82,8 @@ def assert_exact(cluster, events: list[dict]) -> None:
                     assert got[key][column] == pytest.approx(value, rel=1e-9), f"{source} {granularity} {key} {column}"
 
 
-def committed_batches(cluster, shard: str) -> list[int]:
-    commits = checkpoint_dir(cluster, "trades", shard, "node-a", "aggregates") / "commits"
+def committed_batches(cluster, instance: str) -> list[int]:
+    commits = checkpoint_dir(cluster, "trades", instance, "node-a", "aggregates") / "commits"
     return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
 
 
@@ -97,8 +97,8 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
     bad = ['{"symbol": "IBM", "price": -3, "quantity": 1, "timestamp": %d}' % T0, "not json at all"]
     with Destinations(cluster, plan) as out:
         publish(out, first, 2, extra={0: bad})
-        for shard in plan.shards:
-            result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+        for instance in plan.instances:
+            result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
             assert result.status == "STOPPED", result.error
         assert_exact(cluster, first)
         # the stream holds 702 sequences; 150 a batch at most, over two partitions' subjects
@@ -110,7 +110,7 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
 
     quarantined = read_table(delta_table_dir(cluster, "trades", "quarantine")).to_pylist()
     assert sorted(r["raw"] for r in quarantined) == sorted(bad)
-    assert all(r["source_file"].startswith(f"nats:{prefix}.trades.0:") and r["shard_id"] == "shard-1"
+    assert all(r["source_file"].startswith(f"nats:{prefix}.trades.0:") and r["instance"] == "shard-1"
                for r in quarantined), quarantined
     with JetStream([nats_server.url]) as js:
         sequences = {int(r["source_file"].rsplit(":", 1)[1]) for r in quarantined}
@@ -134,8 +134,8 @@ def test_trades_over_nats_are_exact_in_bounded_batches_and_bad_messages_are_quar
     waiting = unread_messages_since(cluster, plan, "shard-1", "node-a")
     assert waiting is not None and published_at - 1 <= waiting <= datetime.now(UTC).timestamp() + 1, waiting
     assert unread_messages_since(cluster, plan, "shard-1", "node-b") is None, "node-b never ran: judged by its start"
-    for shard in plan.shards:
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
     assert unread_messages_since(cluster, plan, "shard-1", "node-a") is None
     assert_exact(cluster, first + second)  # the late trades were dropped
     start = datetime.fromtimestamp(T0 / 1000, tz=UTC)
@@ -162,7 +162,7 @@ def test_messages_retention_dropped_before_they_were_read_stop_the_instance_and_
     before = committed_batches(cluster, "shard-1")
     with pytest.raises(SnapshotRefused, match=rf"snapshot {snapshot.record.id} cannot be restored: the input after "
                                               rf"its cut is gone: {gone}"):
-        restore_shard(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
+        restore_instance(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
     assert committed_batches(cluster, "shard-1") == before and checkpoint.is_dir()  # refused before any change
     assert not fetch(cluster.database_url, "SELECT 1 FROM failover_events WHERE kind = 'RESTORED'")
 

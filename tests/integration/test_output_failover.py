@@ -61,12 +61,12 @@ def configure(project: Path, plan_name: str) -> None:
     one_core_nodes(project)
 
 
-def kill_then_pause(pair: Pair, plan: PlanConfig, shard: str) -> str:
+def kill_then_pause(pair: Pair, plan: PlanConfig, instance: str) -> str:
     """kill -9 of the ACTIVE (the PASSIVE takes over), the killed node back as PASSIVE, SIGSTOP of the new ACTIVE
     past its lease (the other takes over), SIGCONT: it fences itself. Each step acts on the node holding the lease
     then: on a starved machine a lease can also change hands between the steps. Returns the last to take over."""
     url = pair.url
-    before = lease(url, plan.name, shard)
+    before = lease(url, plan.name, instance)
     killed, standby = before["holder"], pair.other(before["holder"])
     pair.kill(killed, signal.SIGKILL)
     promoted = wait_for(lambda: pair.promoted(standby, before["epoch"]), TAKEOVER_TIMEOUT_S,
@@ -76,14 +76,14 @@ def kill_then_pause(pair: Pair, plan: PlanConfig, shard: str) -> str:
     pair.launch(killed, "PASSIVE")
     pair.wait_running(killed)
     time.sleep(15)  # the relaunched node processes the backlog as a standby, holding what it would publish
-    return pause(pair, plan, shard)
+    return pause(pair, plan, instance)
 
 
-def pause(pair: Pair, plan: PlanConfig, shard: str) -> str:
+def pause(pair: Pair, plan: PlanConfig, instance: str) -> str:
     """SIGSTOP of the ACTIVE past its lease (the standby takes over), SIGCONT: it fences itself. Returns the node
     that took over."""
     url = pair.url
-    before = lease(url, plan.name, shard)
+    before = lease(url, plan.name, instance)
     active, standby = before["holder"], pair.other(before["holder"])
     pair.kill(active, signal.SIGSTOP)
     try:
@@ -93,14 +93,14 @@ def pause(pair: Pair, plan: PlanConfig, shard: str) -> str:
         time.sleep(5)
     finally:
         pair.kill(active, signal.SIGCONT)
-    wait_for(lambda: [e for e in failover_events(url, plan=plan.name, shard=shard)
+    wait_for(lambda: [e for e in failover_events(url, plan=plan.name, instance=instance)
                       if e["kind"] == "DEMOTED" and e["node"] == active and e["epoch"] == before["epoch"]], 30,
              f"the resumed {active} to fence itself", detail=lambda: pair.log_tail(active))
     time.sleep(5)
     return standby
 
 
-def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, shard: str, rate: int,
+def failovers_under_load(project: Path, process_groups: list[int], plan_name: str, instance: str, rate: int,
                          first_output: Callable[[str], object], what: str,
                          failovers: Callable[[Pair, PlanConfig, str], str],
                          change: Callable[[dict], object] | None = None,
@@ -114,13 +114,13 @@ def failovers_under_load(project: Path, process_groups: list[int], plan_name: st
         edit_plan(project, plan_name, change)
     cluster = load_cluster()
     plan = load_plan(plan_name, cluster)
-    pair = Pair(cluster, plan, build_dist(project), process_groups, shard=shard)
+    pair = Pair(cluster, plan, build_dist(project), process_groups, instance=instance)
     writer = PlanWriter(cluster, plan, rate=rate, spell=spell)
     try:
         pair.start_pair("node-a", "node-b")
         writer.start()  # after the start: the first batches are not a backlog of the launch time
         wait_for(lambda: first_output(pair.url), CATCH_UP_TIMEOUT_S, what, detail=lambda: pair.log_tail("node-a"))
-        holder = failovers(pair, plan, shard)
+        holder = failovers(pair, plan, instance)
     finally:
         events = writer.stop()
     advance_watermark(cluster, plan, int(time.time() * 1000) + 3_600_000)
@@ -129,7 +129,7 @@ def failovers_under_load(project: Path, process_groups: list[int], plan_name: st
 
 # --- the pizza shop ---------------------------------------------------------------------------------------------
 
-PLAN, SHARD = "pizza_shop", "shop-1"
+PLAN, INSTANCE = "pizza_shop", "shop-1"
 
 
 def fields_as_another_producer_spells_them(declared: dict) -> None:
@@ -204,7 +204,7 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
     poller.start()
     try:
         plan, pair, events, holder = failovers_under_load(
-            project, process_groups, PLAN, SHARD, 20, lambda url: published(url)[0], "the first overdue orders",
+            project, process_groups, PLAN, INSTANCE, 20, lambda url: published(url)[0], "the first overdue orders",
             kill_then_pause, lambda declared: (publish_output("overdue_orders", "overdue", 2, "order_no",
                                                               {"order_no": "string", "customer_name": "string",
                                                                "expiry_time": "epoch_millis"})(declared),
@@ -241,7 +241,7 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
         assert sum(r["orders"] for r in days(source)) == len(events["orders"]), source
         assert sum(r["on_time"] for r in days(source)) == sum(per_customer.values()), source
     # latest per key (published after the facts in the same batch): no older order of a customer won over a newer
-    want = {c: {**row, "shard_id": SHARD} for c, row in last_orders_reference(events["orders"],
+    want = {c: {**row, "instance": INSTANCE} for c, row in last_orders_reference(events["orders"],
                                                                              events["deliveries"]).items()}
 
     def last_orders(source: str) -> dict[str, dict]:
@@ -249,8 +249,8 @@ def test_events_and_table_outputs_exactly_once_across_kill_and_pause(
 
     wait_for(lambda: all(last_orders(source) == want for source in ("postgres", "delta")), 60,
              "every customer's last order", detail=lambda: f"{last_orders('postgres')}\n{want}")
-    assert split_brain(url, PLAN, SHARD) == []
-    assert lease(url, PLAN, SHARD)["holder"] == holder
+    assert split_brain(url, PLAN, INSTANCE) == []
+    assert lease(url, PLAN, INSTANCE)["holder"] == holder
 
     # a client that polled the events endpoint through both failovers got every overdue order exactly once
     poller.join(10)

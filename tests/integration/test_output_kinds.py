@@ -55,7 +55,7 @@ def db(database_url: str):
 
 def take(db: Database, key: InstanceKey) -> int:
     db.run(lambda cursor: cursor.execute("UPDATE leases SET expires_at = now() - interval '1 second'"))
-    epoch = try_acquire(db, key.plan, key.shard_id, key.node, 30.0)
+    epoch = try_acquire(db, key.plan, key.instance, key.node, 30.0)
     assert epoch is not None
     return epoch
 
@@ -87,7 +87,7 @@ def test_events_survive_a_crash_between_postgres_and_delta_without_a_duplicate(d
     standby.flush(batch(STANDBY, -1, take(db, STANDBY)))
     rows = db.run(lambda cursor: read_events(cursor, "p", "alerts", T0, T0 + timedelta(days=1)))
     assert [r["payload"]["room_no"] for r in rows] == list(range(20))
-    assert {r["payload"]["room_no"]: r["shard_id"] for r in rows}.keys() == set(range(20))
+    assert {r["payload"]["room_no"]: r["instance"] for r in rows}.keys() == set(range(20))
     lake = read_events_lake(path)
     assert sorted(lake.column("room_no").to_pylist()) == list(range(20))
     assert sorted(lake.column("event_id").to_pylist()) == sorted(r["event_id"] for r in rows)
@@ -110,7 +110,7 @@ def test_a_paused_old_active_cannot_write_postgres_and_its_late_delta_append_is_
     # what the fence cannot stop: an append the old active had already decided before the epoch moved
     late = alerts(range(0, 6)).append_column("event_id", pa.array(
         [old.identities(alerts(range(i, i + 1))).popitem()[0] for i in range(6)]))
-    for name, value, kind in (("shard_id", "g-1", pa.string()), ("node", "node-a", pa.string()),
+    for name, value, kind in (("instance", "g-1", pa.string()), ("node", "node-a", pa.string()),
                               ("epoch", old_epoch, pa.int64()), ("batch_id", 0, pa.int64())):
         late = late.append_column(name, pa.array([value] * 6, kind))
     late = late.append_column("published_at", pa.array([datetime.now(UTC)] * 6, pa.timestamp("us", tz="UTC")))
@@ -148,7 +148,7 @@ def test_table_contributions_count_once_whoever_publishes_them_and_merge_across_
     assert lake == expected
 
 
-def test_a_source_files_bad_lines_are_quarantined_once_per_shard_whoever_publishes_them(db, database_url,
+def test_a_source_files_bad_lines_are_quarantined_once_per_instance_whoever_publishes_them(db, database_url,
                                                                                         tmp_path: Path) -> None:
     from tandem.outputs.quarantine import QuarantineSink
 
@@ -164,13 +164,13 @@ def test_a_source_files_bad_lines_are_quarantined_once_per_shard_whoever_publish
     assert sink.publish(bad(["a.jsonl", "b.jsonl"]), BatchInfo(ACTIVE, 3, epoch, T0, "lineage-1")) == 4
     # a replay after a restore (a new lineage, other batch ids) reads a.jsonl again, with a new file c.jsonl
     assert sink.publish(bad(["a.jsonl", "c.jsonl"]), BatchInfo(ACTIVE, 1, epoch, T0, "lineage-2")) == 2
-    # another shard's file of the same name is its own
+    # another instance's file of the same name is its own
     other = InstanceKey("p", "g-2", "node-a")
     other_epoch = take(db, other)
     assert QuarantineSink(other, database_url, path).publish(bad(["a.jsonl"]),
                                                              BatchInfo(other, 1, other_epoch, T0, "x")) == 2
     rows = tables.read_table(path).to_pylist()
-    assert sorted((r["shard_id"], r["raw"]) for r in rows) == sorted(
+    assert sorted((r["instance"], r["raw"]) for r in rows) == sorted(
         [("g-1", f"{f}:{i}") for f in ("a.jsonl", "b.jsonl", "c.jsonl") for i in range(2)]
         + [("g-2", f"a.jsonl:{i}") for i in range(2)])
 

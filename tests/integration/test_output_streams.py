@@ -32,9 +32,9 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 
-def write_events(url: str, shard: str, numbers: range, per_transaction: int = 25) -> None:
+def write_events(url: str, instance: str, numbers: range, per_transaction: int = 25) -> None:
     """Overdue orders ``o-<n>`` as the events sink writes them: ``per_transaction`` a transaction."""
-    key = InstanceKey(PLAN, shard, "node-a")
+    key = InstanceKey(PLAN, instance, "node-a")
     with Database(url, "test-writer") as db:
         for start in range(numbers.start, numbers.stop, per_transaction):
             batch = {f"e-{n:06d}": (T0 + timedelta(seconds=n), {"order_no": f"o-{n}", "expiry_time": (
@@ -86,8 +86,8 @@ def setup(project: Path, database_url: str, nats_server: EmbeddedServer, monkeyp
 def test_two_relays_and_two_writers_at_once_publish_every_event_once_in_outbox_order(
         setup, database_url: str, nats_server: EmbeddedServer, capsys: pytest.CaptureFixture) -> None:
     cluster, plan, prefix = setup
-    writers = [threading.Thread(target=write_events, args=(database_url, shard, numbers))
-               for shard, numbers in (("shop-1", range(0, 1500)), ("shop-2", range(1500, 3000)))]
+    writers = [threading.Thread(target=write_events, args=(database_url, instance, numbers))
+               for instance, numbers in (("shop-1", range(0, 1500)), ("shop-2", range(1500, 3000)))]
     done = threading.Event()
     stored: list[int] = []
     errors: list[BaseException] = []

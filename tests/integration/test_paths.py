@@ -1,4 +1,4 @@
-"""No name or recorded path leads outside the storage root; shards and nodes must belong to the plan (issue 9, item 7)."""
+"""No name or recorded path leads outside the storage root; instances and nodes must belong to the plan (issue 9, item 7)."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def test_a_recorded_path_is_used_only_under_the_root(project: Path) -> None:
             under_root(cluster, outside)
 
 
-def test_a_snapshot_of_a_shard_outside_the_plan_is_refused_before_anything_is_read_or_recorded(project: Path) -> None:
+def test_a_snapshot_of_a_instance_outside_the_plan_is_refused_before_anything_is_read_or_recorded(project: Path) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     with Database(cluster.database_url) as db:
         migrate(db)
-        for shard, node in ((HOSTILE, "node-a"), ("shard-9", None), ("shard-1", "node-z")):
+        for instance, node in ((HOSTILE, "node-a"), ("shard-9", None), ("shard-1", "node-z")):
             with pytest.raises(ConfigError, match=r"trades.yaml: (groups|nodes): .* is not an? (instance|node) of plan"):
-                take_snapshot(cluster, plan, shard, spark=None, node=node, db=db)
+                take_snapshot(cluster, plan, instance, spark=None, node=node, db=db)
         rows = db.run(lambda cursor: (cursor.execute("SELECT count(*) AS n FROM snapshots"), cursor.fetchone())[1])
     assert rows["n"] == 0
     assert not (cluster.storage_root / "snapshots").exists()
@@ -76,7 +76,7 @@ def test_pruning_never_deletes_where_a_catalog_row_points_outside_the_root(proje
     with Database(cluster.database_url) as db:
         migrate(db)
         db.run(lambda cursor: cursor.execute(
-            """INSERT INTO snapshots (id, plan, shard_id, instance_id, node, taken_at, checkpoint_path, status)
+            """INSERT INTO snapshots (id, plan, instance, instance_id, node, taken_at, checkpoint_path, status)
                VALUES (%s, 'trades', 'shard-1', 'trades/shard-1/node-a', 'node-a', now() - interval '2 days', %s,
                        'TAKING')""", (hostile_id, str(outside))))
         prune_snapshots(cluster, plan, db=db)
@@ -87,16 +87,16 @@ def test_pruning_never_deletes_where_a_catalog_row_points_outside_the_root(proje
     assert "not pruning snapshot" in caplog.text and "cannot name a folder" in caplog.text
 
 
-def test_tandem_run_refuses_an_unknown_shard_with_one_line_before_starting_spark(project: Path) -> None:
+def test_tandem_run_refuses_an_unknown_instance_with_one_line_before_starting_spark(project: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "tandem.cli", "run", "--plan", "trades", "--node", "node-a",
-                           "--shard", "shard-9"], env=dict(os.environ), capture_output=True, text=True, timeout=120)
+                           "--instance", "shard-9"], env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"error: {Path(os.environ['TANDEM_CONF_DIR']) / 'plans' / 'trades.yaml'}: groups: 'shard-9' is not an "
         "instance of plan trades (instances: shard-1, shard-2)"]
 
 
-def test_ops_actions_refuse_a_shard_or_node_of_another_plan(project: Path) -> None:
+def test_ops_actions_refuse_a_instance_or_node_of_another_plan(project: Path) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     with pytest.raises(OpsRefused, match="'shard-9' is not an instance of plan trades"):
@@ -117,10 +117,10 @@ def test_landing_retention_never_trusts_a_recorded_cut_outside_the_root(project:
     with Database(cluster.database_url) as db:
         migrate(db)
         db.run(lambda cursor: cursor.execute(
-            """INSERT INTO snapshots (id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at,
+            """INSERT INTO snapshots (id, plan, instance, instance_id, node, batch_id, taken_at, completed_at,
                                       checkpoint_path, status, query_batches)
                VALUES ('forged', 'trades', 'shard-1', 'trades/shard-1/node-a', 'node-a', 0, now(), now(), %s,
                        'GOOD', '{"aggregates": 0}')""", (str(tmp_path / "forged"),)))
         with pytest.raises(PathOutsideRoot, match="outside the storage root"):
-            clean_plan_landing(cluster, plan, shard_id="shard-1", db=db)
+            clean_plan_landing(cluster, plan, instance="shard-1", db=db)
     assert (landing / "events-1.jsonl").exists()

@@ -52,8 +52,8 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
     [(_, partition)] = partitioned(plan, {"orders": [(poison, "")]})
     write_atomically(landing_dir(cluster, "orders", partition), [json.dumps(poison)])
 
-    for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
-        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+    for instance in plan.instances:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
+        result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
     per_customer, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
@@ -75,11 +75,11 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
     last_orders = last_orders_reference(orders, deliveries)
     for source in ("postgres", "delta"):
         latest = run_cli("query", "pizza_shop", "last_orders", "--json", "--source", source)
-        assert {row["customer_name"]: {k: v for k, v in row.items() if k != "shard_id"} for row in latest} \
+        assert {row["customer_name"]: {k: v for k, v in row.items() if k != "instance"} for row in latest} \
             == last_orders, source
     customer = sorted(last_orders)[0]
     assert run_cli("query", "pizza_shop", "last_orders", "--json", "--key", f"customer_name={customer}") == [
-        {**last_orders[customer], "shard_id": next(r["shard_id"] for r in latest if r["customer_name"] == customer)}]
+        {**last_orders[customer], "instance": next(r["instance"] for r in latest if r["customer_name"] == customer)}]
     assert sorted(row["reason"] for row in run_cli("query", "pizza_shop", "quarantine", "--json")) == sorted(reasons)
 
 
@@ -121,7 +121,7 @@ def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders:
         assert {r["bucket_start"]: (r["orders"], r["on_time"], r["customers"]) for r in stats} == {
             minute: (len(os), sum(o["order_no"] in delivered for o in os), len({o["customer_name"] for o in os}))
             for minute, os in by_minute.items()}, source
-        assert {r["shards"] for r in stats} == {2}
+        assert {r["instances"] for r in stats} == {2}
         by_day = read_output(cluster, "pizza_shop", "day", *window, output="order_stats", source=source)  # rolled up from minutes
         assert [(r["orders"], r["on_time"], r["customers"]) for r in by_day] == [
             (len(orders), len(delivered), len({o["customer_name"] for o in orders}))], source

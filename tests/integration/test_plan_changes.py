@@ -37,16 +37,16 @@ def checkpoint_files(project: Path) -> dict[str, tuple[int, int]]:
             if p.is_file() and p.name != SHAPE_FILE}
 
 
-def instance_row(db: Database, shard: str) -> dict:
+def instance_row(db: Database, instance: str) -> dict:
     return db.run(lambda cursor: (cursor.execute(
         "SELECT status, error, failure, failure_repeats FROM plan_instances WHERE instance_id = %s",
-        (f"trades/{shard}/node-a",)), cursor.fetchone())[1])
+        (f"trades/{instance}/node-a",)), cursor.fetchone())[1])
 
 
 def run_all(cluster, spark) -> None:
     plan = load_plan("trades", cluster)
-    for shard in plan.shards:
-        assert run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True).status == "STOPPED"
+    for instance in plan.instances:
+        assert run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True).status == "STOPPED"
 
 
 def test_a_changed_parallelism_or_measure_is_refused_before_any_query_starts(project: Path, database_url: str,
@@ -58,7 +58,7 @@ def test_a_changed_parallelism_or_measure_is_refused_before_any_query_starts(pro
     assert (project / "data" / "checkpoints" / "trades" / "shard-1" / "node-a" / SHAPE_FILE).is_file()
     before = checkpoint_files(project)
     with Database(database_url) as db:
-        leases = {shard: read_lease(db, "trades", shard) for shard in ("shard-1", "shard-2")}
+        leases = {instance: read_lease(db, "trades", instance) for instance in ("shard-1", "shard-2")}
 
     refusals = [
         ("parallel 2 -> 1", lambda d: d["groups"]["shard"].update(parallel=1), "shard-1",
@@ -70,7 +70,7 @@ def test_a_changed_parallelism_or_measure_is_refused_before_any_query_starts(pro
          "aggregation trade_aggregates: measure quantity_max added"),
     ]
     original = (project / "conf" / "plans" / "trades.yaml").read_text()
-    for label, change, shard, words in refusals:
+    for label, change, instance, words in refusals:
         edit_plan(project, "trades", change)
         changed = load_plan("trades", load_cluster())
         checked = subprocess.run([sys.executable, "-m", "tandem.cli", "config", "check"], capture_output=True,
@@ -78,17 +78,17 @@ def test_a_changed_parallelism_or_measure_is_refused_before_any_query_starts(pro
         assert checked.returncode == 2 and words in checked.stdout + checked.stderr, (label, checked.stdout)
         for attempt in (1, 2):
             with pytest.raises(PlanChanged) as refused:
-                run_instance(cluster, changed, "node-a", shard, spark=spark, available_now=True)
+                run_instance(cluster, changed, "node-a", instance, spark=spark, available_now=True)
             line = str(refused.value)
-            assert "\n" not in line and words in line and line.startswith(f"plan trades, instance {shard}: "), label
+            assert "\n" not in line and words in line and line.startswith(f"plan trades, instance {instance}: "), label
             with Database(database_url) as db:
-                row = instance_row(db, shard)
+                row = instance_row(db, instance)
                 assert (row["status"], row["error"], row["failure"]) == ("FAILED", line, line), label
                 assert row["failure_repeats"] == attempt, label  # the same failure: the supervisor blocks it
         assert not spark.streams.active, label
     assert checkpoint_files(project) == before
     with Database(database_url) as db:
-        assert {shard: read_lease(db, "trades", shard) for shard in leases}.keys() == leases.keys()
+        assert {instance: read_lease(db, "trades", instance) for instance in leases}.keys() == leases.keys()
         assert all(read_lease(db, "trades", s).epoch == leases[s].epoch for s in leases)
 
     (project / "conf" / "plans" / "trades.yaml").write_text(original)

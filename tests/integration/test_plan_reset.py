@@ -40,7 +40,7 @@ from tandem.store.registry import InstanceKey, record_start, record_status, regi
 
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
-PLAN, SHARD = "pizza_shop", "shop-1"
+PLAN, INSTANCE = "pizza_shop", "shop-1"
 T0 = datetime(2026, 1, 1, 10, tzinfo=UTC)
 
 
@@ -68,12 +68,12 @@ def count(db: Database, table: str, plan: str = PLAN) -> int:
 def run_and_stop(cluster, plan, node: str, numbers: range, batch_id: int) -> None:
     """One run of a driver on ``node``: announce, take the lease as ACTIVE, publish ``numbers`` to every output, then
     stop as :func:`tandem.runtime.node.run_instance` does (lease released, status STOPPED)."""
-    key = InstanceKey(PLAN, SHARD, node)
+    key = InstanceKey(PLAN, INSTANCE, node)
     me = psutil.Process()
     with Database(cluster.database_url) as db:
         record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(), ancestors=[],
                      spark_app_id="local-test", trigger_interval_s=1.0,
-                     checkpoint_root=str(checkpoint_dir(cluster, PLAN, SHARD, node, "")))
+                     checkpoint_root=str(checkpoint_dir(cluster, PLAN, INSTANCE, node, "")))
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s)
         roles.start(wants_active=True)
         assert roles.epoch is not None
@@ -82,13 +82,13 @@ def run_and_stop(cluster, plan, node: str, numbers: range, batch_id: int) -> Non
         for output in ("delivered_orders", "overdue_orders", "order_stats"):
             sink = sink_for(plan, output, key, cluster.database_url, delta_table_dir(cluster, PLAN, output))
             assert sink.publish(orders(numbers), BatchInfo(key, batch_id, roles.epoch, datetime.now(UTC))) > 0
-        record_shape(cluster, plan, SHARD, node)
-        (checkpoint_dir(cluster, PLAN, SHARD, node, "orders") / "offsets").mkdir(parents=True)
-        (checkpoint_dir(cluster, PLAN, SHARD, node, "orders") / "offsets" / "0").write_text("v1\n{}\n")
-        with pytest.raises(PlanRunning, match=f"{node} holds the lease of instance {SHARD}"):
+        record_shape(cluster, plan, INSTANCE, node)
+        (checkpoint_dir(cluster, PLAN, INSTANCE, node, "orders") / "offsets").mkdir(parents=True)
+        (checkpoint_dir(cluster, PLAN, INSTANCE, node, "orders") / "offsets" / "0").write_text("v1\n{}\n")
+        with pytest.raises(PlanRunning, match=f"{node} holds the lease of instance {INSTANCE}"):
             reset_plan(cluster, plan)
         roles.stop(release_reason(RunResult("STOPPED"), None))  # the end of run_instance
-        with pytest.raises(PlanRunning, match=f"{PLAN}/{SHARD}/{node} is RUNNING: its driver beat"):
+        with pytest.raises(PlanRunning, match=f"{PLAN}/{INSTANCE}/{node} is RUNNING: its driver beat"):
             reset_plan(cluster, plan)  # the lease is free, but the driver is still there
         record_status(db, key, "STOPPED")
 
@@ -123,7 +123,7 @@ def test_a_stopped_plan_reads_stopped_and_a_reset_leaves_nothing_but_its_input(p
                                            (PLAN,)), c.fetchone())[1])["n"] > 0
     assert cli.main(["status", PLAN]) == 0
     shown = capsys.readouterr().out
-    title = next(line for line in shown.splitlines() if f"{PLAN} / {SHARD}" in line)
+    title = next(line for line in shown.splitlines() if f"{PLAN} / {INSTANCE}" in line)
     assert "lease: node-b at epoch 2, stopped " in title and " ago (instance stopped)" in title, title
     assert "expired" not in title, title
     rows = [line.split() for line in shown.splitlines() if f"{T0.year}" not in line and "STOPPED STOPPED" in
@@ -134,7 +134,7 @@ def test_a_stopped_plan_reads_stopped_and_a_reset_leaves_nothing_but_its_input(p
     serving = spec_for(plan, "order_stats").table
     changed = dataclasses.replace(plan, groups={"shop": plan.groups["shop"].model_copy(update={"parallel": 1})})
     with pytest.raises(PlanChanged):  # what a reset is for: the checkpoints were built for two instances
-        check_unchanged(cluster, changed, SHARD, "node-a")
+        check_unchanged(cluster, changed, INSTANCE, "node-a")
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(PLAN + "\n"))  # no terminal: a confirmation is refused
     assert cli.main(["plan", "reset", PLAN]) == 2
@@ -161,16 +161,16 @@ def test_a_stopped_plan_reads_stopped_and_a_reset_leaves_nothing_but_its_input(p
         for table in ("plan_instances", "heartbeats", "publish_log", "leases", "snapshots", "output_events",
                       "output_table_rows", "output_contributions", "output_streams"):
             assert count(db, table) == 0, table
-        events = db.run(lambda c: (c.execute("SELECT shard_id, kind FROM failover_events WHERE plan = %s ORDER BY 1",
+        events = db.run(lambda c: (c.execute("SELECT instance, kind FROM failover_events WHERE plan = %s ORDER BY 1",
                                              (PLAN,)), c.fetchall())[1])
-        assert [(e["shard_id"], e["kind"]) for e in events] == [(s, "RESET") for s in sorted(plan.shards)]
+        assert [(e["instance"], e["kind"]) for e in events] == [(s, "RESET") for s in sorted(plan.instances)]
         table = db.run(lambda c: (c.execute("SELECT to_regclass(%s) AS t", (serving,)), c.fetchone())[1])
         assert table["t"] is None, "dropped: the next publish creates it with the measures declared then"
         assert count(db, "leases", "trades") == 1, "another plan's rows are left alone"
-    check_unchanged(cluster, changed, SHARD, "node-a")  # no shape recorded any more: the changed plan may start
+    check_unchanged(cluster, changed, INSTANCE, "node-a")  # no shape recorded any more: the changed plan may start
     monkeypatch.setattr(sys, "stdin", Typed(f"{PLAN}\n"))
     assert cli.main(["plan", "reset", PLAN]) == 0  # again, confirmed: finds nothing to remove but the RESET events
     again = capsys.readouterr().out
     assert "output overdue_orders: 0 events" in again and str(cluster.storage_root) not in again, again
     with Database(cluster.database_url) as db:  # the next run starts from nothing: its first epoch again
-        assert try_acquire(db, PLAN, SHARD, "node-a", 30.0) == 1
+        assert try_acquire(db, PLAN, INSTANCE, "node-a", 30.0) == 1

@@ -11,7 +11,7 @@ input, each row once, in PostgreSQL and Delta (the rows the replay emits again h
 already published).
 
 For trades, whose aggregation a restore rolls back, with the table under its default name (not the
-output's): after the restore the aggregation is the reference at the cut for the restored shard.
+output's): after the restore the aggregation is the reference at the cut for the restored instance.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir,
 from tandem.producer import advance_watermark, partitioned, write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
-from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.restore import restore_instance
 from tandem.snapshots.state_export import STATE_TABLE, TIMERS, read_state
 from tandem.snapshots.take import take_snapshot
 from tandem.store import Database
@@ -63,31 +63,31 @@ def thirds(events: list[dict]) -> list[list[dict]]:
     return [events[:n // 3], events[n // 3:2 * n // 3], events[2 * n // 3:]]
 
 
-def run_one(cluster, plan, shard: str, spark) -> None:
-    """Run node-a's instance of ``shard`` until it has processed every input file (it must stop cleanly)."""
-    result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+def run_one(cluster, plan, instance: str, spark) -> None:
+    """Run node-a's instance of ``instance`` until it has processed every input file (it must stop cleanly)."""
+    result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
     assert result.status == "STOPPED", result.error
 
 
 def run_all(cluster, plan, spark) -> None:
-    for shard in plan.shards:  # available-now ends with a no-data batch: the watermark fires the timers
-        run_one(cluster, plan, shard, spark)
+    for instance in plan.instances:  # available-now ends with a no-data batch: the watermark fires the timers
+        run_one(cluster, plan, instance, spark)
 
 
 def snapshot_all(cluster, plan, spark) -> dict[str, str]:
     """Snapshot every instance of node-a; each must be GOOD. Returns the snapshot id per instance."""
     taken = {}
-    for shard in plan.shards:
-        snapshot = take_snapshot(cluster, plan, shard, spark, node="node-a")
+    for instance in plan.instances:
+        snapshot = take_snapshot(cluster, plan, instance, spark, node="node-a")
         assert snapshot.good, snapshot.summary()
-        taken[shard] = snapshot.record.id
+        taken[instance] = snapshot.record.id
     return taken
 
 
 def restore_all(cluster, plan, taken: dict[str, str]) -> list[str]:
     lines = []
-    for shard, snapshot_id in taken.items():
-        lines += restore_shard(cluster, plan, shard, snapshot_id=snapshot_id, start=False).lines()
+    for instance, snapshot_id in taken.items():
+        lines += restore_instance(cluster, plan, instance, snapshot_id=snapshot_id, start=False).lines()
     return lines
 
 
@@ -111,11 +111,11 @@ def joined(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
 def assert_pizza_outputs_at(cluster, plan, database_url: str, streams: dict[str, list[dict]],
                             watermarks: dict[str, int]) -> None:
     """Every pizza output is the reference of the orders and deliveries read, with each instance's orders decided
-    up to its watermark (``watermarks``, by shard)."""
+    up to its watermark (``watermarks``, by instance)."""
     partitions = plan.streams["orders"].partitions
     decided = []
-    for shard, at in watermarks.items():
-        mine = set(plan.partitions(shard, "orders"))
+    for instance, at in watermarks.items():
+        mine = set(plan.partitions(instance, "orders"))
         decided += decided_orders([o for o in streams["orders"] if partition_of(o["order_no"], partitions) in mine], at)
     assert_pizza_outputs(cluster, plan, database_url, decided, streams["deliveries"])
 
@@ -139,23 +139,23 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
 
     # at the cut, every output is the reference of part 1 with the orders decided by each instance's watermark
     assert_pizza_outputs_at(cluster, plan, database_url, parts[0], {
-        shard: watermark(snapshot_dir(cluster, plan.name, snapshot_id) / "orders")
-        for shard, snapshot_id in taken.items()})
+        instance: watermark(snapshot_dir(cluster, plan.name, snapshot_id) / "orders")
+        for instance, snapshot_id in taken.items()})
     assert quarantine_reasons(cluster, plan) == ["missing field 'customer_name'"]
 
     # the export: every pending order of an instance with its customer, time and expiry timer
     by_order = {o["order_no"]: o for o in orders}
     state_path = delta_table_dir(cluster, plan.name, STATE_TABLE)
     pending = 0
-    for shard, snapshot_id in taken.items():
+    for instance, snapshot_id in taken.items():
         rows = read_state(state_path, snapshot_id)
-        assert {r["store_name"] for r in rows} == {"order", TIMERS}, shard
+        assert {r["store_name"] for r in rows} == {"order", TIMERS}, instance
         timers = {(r["key"]["order_no"], r["value"]["expiration_timestamp_ms"]) for r in rows
                   if r["store_name"] == TIMERS}
-        mine = set(plan.partitions(shard, "orders"))
+        mine = set(plan.partitions(instance, "orders"))
         for row in (r for r in rows if r["store_name"] == "order"):
             order_no, value = row["key"]["order_no"], row["value"]
-            assert partition_of(order_no, 4) in mine, f"{order_no} in {shard}, not its partition"
+            assert partition_of(order_no, 4) in mine, f"{order_no} in {instance}, not its partition"
             if value.get("time") is not None:  # to_json leaves out null fields: no order yet, only deliveries
                 order = by_order[order_no]
                 assert (value.get("customer_name"), value["time"]) == (order["customer_name"], order["time"])
@@ -167,8 +167,8 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
     write(cluster, plan, parts[1])
     write_atomically(landing_dir(cluster, "deliveries", 1), ['{"order_no": "o-1"}', '{"order_no": "", "time": 5}'])
     run_all(cluster, plan, spark)
-    published = {shard: watermark(checkpoint_dir(cluster, plan.name, shard, "node-a", "orders"))
-                 for shard in plan.shards}
+    published = {instance: watermark(checkpoint_dir(cluster, plan.name, instance, "node-a", "orders"))
+                 for instance in plan.instances}
     lines = restore_all(cluster, plan, taken)
     for output in plan.outputs:
         assert any(f"{output}: kept" in line for line in lines), (output, lines)
@@ -224,8 +224,8 @@ def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(proj
     kept = [(r["key"]["room_no"], e["time"], e["device_id"], e["temp"])
             for r in rows if r["store_name"] == "readings" for e in r["value"]]
     assert kept and set(kept) <= written, "every reading in the state is one the test wrote, of its room"
-    for shard in ("group-2-1", "group-2-2"):
-        assert read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), taken[shard]) == []
+    for instance in ("group-2-1", "group-2-2"):
+        assert read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), taken[instance]) == []
 
     write(cluster, plan, {"temps": parts[1]})
     write_atomically(landing_dir(cluster, "temps", 0), [bad_lines[1][0]])
@@ -269,7 +269,7 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     assert spec_for(plan, "trade_aggregates").table == "trades_trade_aggregates"
-    landing = {shard: instance_landing_dir(cluster, plan, shard) for shard in plan.shards}
+    landing = {instance: instance_landing_dir(cluster, plan, instance) for instance in plan.instances}
     trades = sorted(make_trades(31, 400, 40_000), key=lambda e: e["timestamp"])
     before, after = trades[:200], trades[200:]  # shard-1's, in time order: before the cut and after it
     other = make_trades(32, 200, 40_000)  # shard-2's, the same symbols and seconds
@@ -305,7 +305,7 @@ def test_trades_restore_rolls_an_aggregation_with_the_default_table_back_to_the_
     done = DeltaUpkeepOperator(task_id="delta_upkeep", plan="trades").execute({})  # the DAG's task: the YAML's week
     assert {Path(u["table"]).name for u in done} == {"quarantine", "trade_aggregates"}, done
     assert mismatches(cluster, as_trades(trades + other)) == [], "the upkeep changed what the tables hold"
-    report = restore_shard(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
+    report = restore_instance(cluster, plan, "shard-1", snapshot_id=snapshot.record.id, start=False)
     assert mismatches(cluster, as_trades(before + other)) == [], \
         "shard-1 is not back at its cut, or shard-2 is not as it was:\n" + "\n".join(report.lines())
     assert quarantine_reasons(cluster, plan) == reasons, "the quarantine is kept"

@@ -37,9 +37,9 @@ def db(project: Path, database_url: str):
             database.run(lambda c, n=node: c.execute(
                 "INSERT INTO nodes (name, spark_master, airflow_conn_id) VALUES (%s, 'local[1]', 'spark_default')",
                 (n,)))
-            for shard in ("shard-1", "shard-2"):
-                database.run(lambda c, n=node, s=shard: c.execute(
-                    "INSERT INTO plan_instances (instance_id, plan, shard_id, node) VALUES (%s, 'trades', %s, %s)",
+            for instance in ("shard-1", "shard-2"):
+                database.run(lambda c, n=node, s=instance: c.execute(
+                    "INSERT INTO plan_instances (instance_id, plan, instance, node) VALUES (%s, 'trades', %s, %s)",
                     (f"trades/{s}/{n}", s, n)))
         yield database
 
@@ -65,11 +65,11 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
     now = catalog.database_now(db)
 
     # aggregation partials: seconds and minutes of two days' ages either side of the seconds' retention
-    for shard, granularity, age in itertools.product(("shard-1", "shard-2"), ("second", "minute"),
+    for instance, granularity, age in itertools.product(("shard-1", "shard-2"), ("second", "minute"),
                                                      (3 * DAY, 2 * DAY + HOUR, 2 * DAY - HOUR, HOUR)):
         bucket = (now - age).replace(second=0, microsecond=0)
         insert(db, "trade_aggregates", {"plan": "trades", "granularity": granularity, "bucket_start": bucket,
-                                        "symbol": "IBM", "shard_id": shard, "price_sum": 10.0, "trade_count": 2,
+                                        "symbol": "IBM", "instance": instance, "price_sum": 10.0, "trade_count": 2,
                                         "quantity_sum": 3, "price_min": 4.0, "price_max": 6.0, "epoch": 1,
                                         "batch_id": 1})
     # progress: one (instance, query) only has old rows (a stopped instance); others old and new
@@ -78,7 +78,7 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
                       ("trades/shard-1/node-b", "aggregates"): (30 * HOUR, 26 * HOUR)}
     for (instance, query), ages in heartbeat_ages.items():
         for batch_id, age in enumerate(sorted(ages, reverse=True)):
-            insert(db, "heartbeats", {"instance_id": instance, "plan": "trades", "shard_id": "shard-1",
+            insert(db, "heartbeats", {"instance_id": instance, "plan": "trades", "instance": "shard-1",
                                       "node": instance.rsplit("/", 1)[1], "query_name": query,
                                       "query_id": str(uuid.uuid4()), "run_id": str(uuid.uuid4()),
                                       "batch_id": batch_id, "input_rows": 1, "recorded_at": now - age,
@@ -89,7 +89,7 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
                  ("node-b", 1, 3 * DAY, 5), ("node-b", 2, 2.9 * DAY, 25), ("node-b", 3, HOUR, None)]
     base = now - 10 * DAY
     for node, batch_id, age, watermark in published:
-        insert(db, "publish_log", {"instance_id": f"trades/shard-1/{node}", "plan": "trades", "shard_id": "shard-1",
+        insert(db, "publish_log", {"instance_id": f"trades/shard-1/{node}", "plan": "trades", "instance": "shard-1",
                                    "node": node, "output": "trade_aggregates", "batch_id": batch_id, "epoch": 1,
                                    "rows": 1, "published_at": now - age,
                                    "watermark": None if watermark is None else base + timedelta(seconds=watermark)})
@@ -98,20 +98,20 @@ def test_retention_deletes_old_rows_and_keeps_what_is_read(project: Path, db: Da
               ("shard-1", "node-a", "PROMOTED", 35), ("shard-1", "node-a", "PROMOTED", 1),
               ("shard-1", "node-b", "PROMOTED", 33), ("shard-2", None, "DETECTED", 50),
               ("shard-2", None, "DETECTED", 45), ("shard-2", "node-a", "RELEASED", 31)]
-    for shard, node, kind, days in events:
-        insert(db, "failover_events", {"plan": "trades", "shard_id": shard, "node": node, "kind": kind,
+    for instance, node, kind, days in events:
+        insert(db, "failover_events", {"plan": "trades", "instance": instance, "node": node, "kind": kind,
                                        "epoch": 1, "reason": "test", "happened_at": now - days * DAY})
     # contribution ids: shard-2 has a GOOD snapshot 39 days old; ids not in the lake stay whatever their age
-    snapshot = catalog.begin_snapshot(db, plan="trades", shard_id="shard-2", node="node-a",
+    snapshot = catalog.begin_snapshot(db, plan="trades", instance="shard-2", node="node-a",
                                       snapshots_dir=project / "data" / "snapshots", taken_at=now - 39 * DAY)
     catalog.record_contents(db, snapshot.id, batch_id=3, checkpoint_bytes=1)
     catalog.mark_good(db, snapshot.id, {"success": True})
     contributions = [("shard-1", 40 * DAY, True), ("shard-1", 40 * DAY, False), ("shard-1", 31 * DAY, True),
                      ("shard-1", 29 * DAY, True), ("shard-2", 40 * DAY, True), ("shard-2", 39 * DAY - HOUR / 2, True),
                      ("shard-2", 35 * DAY, True)]
-    for index, (shard, age, in_lake) in enumerate(contributions):
+    for index, (instance, age, in_lake) in enumerate(contributions):
         insert(db, "output_contributions", {"plan": "trades", "output": "orders", "contribution_id": f"c{index}",
-                                            "shard_id": shard, "key": "{}", "in_lake": in_lake,
+                                            "instance": instance, "key": "{}", "in_lake": in_lake,
                                             "applied_at": now - age})
 
     before = snapshot_of_reads(db)
@@ -151,7 +151,7 @@ def test_tandem_maintain_migrates_a_fresh_database_trims_and_says_what_it_did(pr
         for granularity, age in (("second", 3 * DAY), ("second", HOUR), ("minute", 3 * DAY)):
             insert(db, "trade_aggregates", {
                 "plan": "trades", "granularity": granularity, "bucket_start": (now - age).replace(microsecond=0),
-                "symbol": "IBM", "shard_id": "shard-1", "price_sum": 1.0, "trade_count": 1, "quantity_sum": 1,
+                "symbol": "IBM", "instance": "shard-1", "price_sum": 1.0, "trade_count": 1, "quantity_sum": 1,
                 "price_min": 1.0, "price_max": 1.0, "epoch": 1, "batch_id": 1})
         assert cli.main(["maintain", "trades"]) == 0
         second = " ".join(capsys.readouterr().out.split())
@@ -166,7 +166,7 @@ def test_after_a_retention_run_new_rows_reuse_the_space_of_the_deleted_ones(db: 
     deleted rows' space is never reused and the table grows by what is written, whatever the retention."""
     def write_seconds(start: datetime, count: int) -> None:
         db.run(lambda c: c.execute(
-            "INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, shard_id, price_sum, trade_count, "
+            "INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, instance, price_sum, trade_count, "
             "quantity_sum, price_min, price_max, epoch, batch_id) SELECT 'trades', 'second', %s + make_interval("
             "secs => n), 'IBM', 'shard-1', 1.0, 1, 1, 1.0, 1.0, 1, 1 FROM generate_series(1, %s) n", (start, count)))
 
@@ -186,7 +186,7 @@ def test_after_a_retention_run_new_rows_reuse_the_space_of_the_deleted_ones(db: 
 
 
 def identity(table: str):
-    keys = {"trade_aggregates": ("granularity", "bucket_start", "shard_id"), "heartbeats": ("id",),
+    keys = {"trade_aggregates": ("granularity", "bucket_start", "instance"), "heartbeats": ("id",),
             "publish_log": ("instance_id", "batch_id"), "failover_events": ("id",),
             "output_contributions": ("contribution_id",)}[table]
     return lambda row: tuple(str(row[k]) for k in keys)
@@ -217,26 +217,26 @@ def reference_kept(stored: dict[str, list[dict]], now: datetime, retention, *,
                       (sorted(g, key=lambda r: r["batch_id"]) for g in
                        grouped("publish_log", lambda r: (r["instance_id"], r["output"])).values())]
     furthest = [(r["instance_id"], r["batch_id"]) for g in
-                grouped("publish_log", lambda r: (r["shard_id"], r["output"])).values()
+                grouped("publish_log", lambda r: (r["instance"], r["output"])).values()
                 for r in [max((r for r in g if r["watermark"]), key=lambda r: r["watermark"])]]
     kept["publish_log"] = [r for r in stored["publish_log"]
                            if (r["instance_id"], r["batch_id"]) in newest_batches + furthest
                            or not older(r, "published_at", retention.publish_log_s)]
     newest_events = [max(g, key=lambda r: r["happened_at"])["id"] for g in
-                     grouped("failover_events", lambda r: (r["shard_id"], r["node"], r["kind"])).values()]
+                     grouped("failover_events", lambda r: (r["instance"], r["node"], r["kind"])).values()]
     kept["failover_events"] = [r for r in stored["failover_events"]
                                if r["id"] in newest_events or not older(r, "happened_at", retention.failover_events_s)]
     kept["output_contributions"] = [
         r for r in stored["output_contributions"]
         if not r["in_lake"] or not older(r, "applied_at", retention.contributions_s)
-        or (r["shard_id"] in oldest_snapshot and r["applied_at"] >= oldest_snapshot[r["shard_id"]] - HOUR)]
+        or (r["instance"] in oldest_snapshot and r["applied_at"] >= oldest_snapshot[r["instance"]] - HOUR)]
     return kept
 
 
 def snapshot_of_reads(db: Database) -> dict:
     """What the running system reads from the trimmed tables."""
     return {"published": published_watermark(db, "trades", "shard-1", "trade_aggregates"),
-            "events": sorted((r["shard_id"], r["kind"], r["node"], str(r["happened_at"])) for r in
+            "events": sorted((r["instance"], r["kind"], r["node"], str(r["happened_at"])) for r in
                              newest_of_kinds(db, "trades", ["PROMOTED", "RELEASED", "DRAINED"], "RELEASED")),
             "progress": {instance: {k: v for k, v in row.items() if not k.endswith("_s")}  # ages and lags grow
                          for instance, row in latest_progress(db, "trades").items()},
@@ -258,11 +258,11 @@ def test_events_and_table_rows_past_their_retention_go_and_what_is_still_needed_
     events = [("old-in-lake", 40 * DAY, True), ("old-not-in-lake", 40 * DAY, False), ("new", DAY, True)]
     for event_id, age, in_lake in events:
         insert(db, "output_events", {"plan": "pizza_shop", "output": "overdue_orders", "event_id": event_id,
-                                     "shard_id": "shop-1", "event_time": now - age, "payload": "{}", "node": "node-a",
+                                     "instance": "shop-1", "event_time": now - age, "payload": "{}", "node": "node-a",
                                      "epoch": 1, "batch_id": 1, "in_lake": in_lake, "published_at": now - age})
     for key, age in (("gone", 90 * DAY), ("kept", 10 * DAY)):
         insert(db, "output_table_rows", {"plan": "pizza_shop", "output": "delivered_orders", "key": f'"{key}"',
-                                         "shard_id": "shop-1", "value": "{}", "version": 1, "node": "node-a",
+                                         "instance": "shop-1", "value": "{}", "version": 1, "node": "node-a",
                                          "epoch": 1, "batch_id": 1, "updated_at": now - age})
     from tandem.batch.trim import trim_plan_rows
 
@@ -273,7 +273,7 @@ def test_events_and_table_rows_past_their_retention_go_and_what_is_still_needed_
     # an output published to a NATS stream: only what its relay recorded as stored goes
     for event_id in ("relayed", "not-yet-relayed"):
         insert(db, "output_events", {"plan": "pizza_shop", "output": "hot", "event_id": event_id,
-                                     "shard_id": "shop-1", "event_time": now - 40 * DAY, "payload": "{}",
+                                     "instance": "shop-1", "event_time": now - 40 * DAY, "payload": "{}",
                                      "node": "node-a", "epoch": 1, "batch_id": 1, "in_lake": True,
                                      "published_at": now - 40 * DAY})
     [position] = rows(db, "SELECT xid::text::bigint AS xid FROM output_events WHERE event_id = 'relayed'")

@@ -19,7 +19,7 @@ from tandem.store import Database, migrate
 pytestmark = pytest.mark.integration
 UTC = timezone.utc
 BUCKET = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
-COLUMNS = ("plan", "granularity", "bucket_start", "symbol", "shard_id", "price_sum", "trade_count", "quantity_sum",
+COLUMNS = ("plan", "granularity", "bucket_start", "symbol", "instance", "price_sum", "trade_count", "quantity_sum",
            "price_min", "price_max", "batch_id")
 
 
@@ -41,8 +41,8 @@ def insert(database_url: str, *rows: dict) -> None:
     conn.close()
 
 
-def good(symbol: str, shard: str, prices: list[float], **overrides) -> dict:
-    return {"symbol": symbol, "shard_id": shard, "price_sum": sum(prices), "trade_count": len(prices),
+def good(symbol: str, instance: str, prices: list[float], **overrides) -> dict:
+    return {"symbol": symbol, "instance": instance, "price_sum": sum(prices), "trade_count": len(prices),
             "quantity_sum": 10 * len(prices), "price_min": min(prices), "price_max": max(prices), **overrides}
 
 
@@ -88,7 +88,7 @@ def test_average_above_max_fails_the_upper_bound_expectation(cluster, database_u
     assert (failure.kwargs["column_A"], failure.kwargs["column_B"]) == ("price_max", "avg_price")
     assert failure.unexpected_count == 1
     sample = failure.samples[0]
-    assert sample["symbol"] == "MSFT" and sample["shard_id"] == "shard-1"
+    assert sample["symbol"] == "MSFT" and sample["instance"] == "shard-1"
     assert sample["avg_price"] == 45.0 and sample["price_max"] == 20.0
 
 
@@ -111,14 +111,14 @@ def test_zero_count_fails_the_trade_count_expectation(cluster, database_url):
     assert failure.samples[0]["trade_count"] == 0 and failure.samples[0]["symbol"] == "TSLA"
 
 
-def test_unknown_shard_fails_the_shard_set_expectation_with_the_plans_shards(cluster, database_url):
+def test_unknown_instance_fails_the_instance_set_expectation_with_the_plans_instances(cluster, database_url):
     insert(database_url, *GOOD_ROWS, good("NVDA", "shard-9", [7.0, 8.0]))
     report = validate_serving_table(cluster, "trades")
     failure = only_failure(report)
     assert failure.expectation == "expect_column_values_to_be_in_set"
-    assert failure.kwargs["column"] == "shard_id"
-    assert failure.kwargs["value_set"] == list(load_plan("trades", cluster).shards)
-    assert failure.samples[0]["shard_id"] == "shard-9" and failure.samples[0]["symbol"] == "NVDA"
+    assert failure.kwargs["column"] == "instance"
+    assert failure.kwargs["value_set"] == list(load_plan("trades", cluster).instances)
+    assert failure.samples[0]["instance"] == "shard-9" and failure.samples[0]["symbol"] == "NVDA"
     assert "shard-9" in report.summary()
 
 
@@ -131,7 +131,7 @@ def test_several_bad_rows_each_fail_their_own_expectation(cluster, database_url)
     assert not report.success
     assert report.failure("expect_column_pair_values_a_to_be_greater_than_b", column_A="price_max") is not None
     assert report.failure("expect_column_values_to_be_between", column="trade_count") is not None
-    assert report.failure("expect_column_values_to_be_in_set", column="shard_id") is not None
+    assert report.failure("expect_column_values_to_be_in_set", column="instance") is not None
     assert report.failure("expect_column_pair_values_a_to_be_greater_than_b", column_A="avg_price") is None
     assert len(report.failures) == 3
 
@@ -157,16 +157,16 @@ def test_missing_suite_is_a_clear_error(cluster, project):
 # --- events and tables (pizza_shop): generated expectations plus the plan's suite -----------------
 
 def publish_pizza(database_url: str, overdue: list[dict], delivered: dict[str, tuple[str, str]],
-                  shard: str = "shop-1") -> None:
-    """Overdue order events, and on-time orders ``{order_no: (customer, shard)}`` applied to the table."""
+                  instance: str = "shop-1") -> None:
+    """Overdue order events, and on-time orders ``{order_no: (customer, instance)}`` applied to the table."""
     from tandem.declarations import event_id
     from tandem.store.outputs import apply_contributions, insert_events
     from tandem.store.registry import InstanceKey
 
     with Database(database_url) as db:
         def work(cursor) -> None:
-            instance = InstanceKey("pizza_shop", shard, "node-a")
-            insert_events(cursor, instance, "overdue_orders", {
+            key = InstanceKey("pizza_shop", instance, "node-a")
+            insert_events(cursor, key, "overdue_orders", {
                 event_id("pizza_shop", "overdue_orders", {"order_no": e["order_no"]}):
                     (datetime.fromtimestamp(e["expiry_time"] / 1000, UTC), e) for e in overdue}, 1, 0)
             for order_no, (customer, on) in delivered.items():
@@ -206,7 +206,7 @@ def test_events_and_tables_are_validated_by_the_plan_and_its_suite(cluster, data
     failed = {(o.expectation, o.kwargs.get("column") or o.kwargs.get("column_A")) for o in events.failures}
     assert failed == {("expect_column_values_to_not_be_null", "customer_name"),
                       ("expect_column_pair_values_a_to_be_greater_than_b", "expiry_time")}, events.summary()
-    bad = table.failure("expect_column_values_to_be_in_set", column="shard_id")
+    bad = table.failure("expect_column_values_to_be_in_set", column="instance")
     assert bad is not None and bad.unexpected_count == 1, table.summary()
 
 
@@ -233,11 +233,11 @@ def test_trades_without_a_suite_file_validates_its_serving_table_with_the_implie
     report = validate_serving_table(cluster, plan)
     assert failed(report) == {("expect_column_pair_values_a_to_be_greater_than_b", "price_max"),
                               ("expect_column_values_to_be_between", "trade_count"),
-                              ("expect_column_values_to_be_in_set", "shard_id")}, report.summary()
+                              ("expect_column_values_to_be_in_set", "instance")}, report.summary()
 
 
 def insert_order_stats(database_url: str, *rows: tuple[str, str, int]) -> None:
-    """Partial rows ``(granularity, shard, orders)`` of pizza_shop's order_stats, in the table its spec makes."""
+    """Partial rows ``(granularity, instance, orders)`` of pizza_shop's order_stats, in the table its spec makes."""
     from tandem.store.aggregates import ensure_table
     from tandem.aggregation.spec import spec_for
 
@@ -245,10 +245,10 @@ def insert_order_stats(database_url: str, *rows: tuple[str, str, int]) -> None:
     with Database(database_url) as db:
         def work(cursor) -> None:
             ensure_table(cursor, spec)
-            for granularity, shard, orders in rows:
-                cursor.execute(f"INSERT INTO {spec.table} (plan, granularity, bucket_start, shard_id, orders, on_time, "
+            for granularity, instance, orders in rows:
+                cursor.execute(f"INSERT INTO {spec.table} (plan, granularity, bucket_start, instance, orders, on_time, "
                                "epoch, batch_id) VALUES ('pizza_shop', %s, %s, %s, %s, 0, 1, 0)",
-                               (granularity, BUCKET, shard, orders))
+                               (granularity, BUCKET, instance, orders))
         db.run(work)
 
 
@@ -256,11 +256,11 @@ def insert_last_orders(database_url: str, *rows: tuple[str | None, str, int]) ->
     """Rows ``(customer, instance, order time in ms)`` of pizza_shop's last_orders, as its sink keeps them."""
     with Database(database_url) as db:
         db.run(lambda cursor: cursor.executemany(
-            "INSERT INTO output_latest (plan, output, key, shard_id, event_time, tiebreak, row, node, epoch, batch_id) "
+            "INSERT INTO output_latest (plan, output, key, instance, event_time, tiebreak, row, node, epoch, batch_id) "
             "VALUES ('pizza_shop', 'last_orders', %s, %s, to_timestamp(%s / 1000.0), 't', %s, 'node-a', 1, 0)",
-            [(json.dumps({"customer_name": customer}), shard, at,
+            [(json.dumps({"customer_name": customer}), instance, at,
               json.dumps({"customer_name": customer, "order_time": at, "order_no": f"o-{at}", "outcome": "overdue",
-                          "delivered": 0})) for customer, shard, at in rows]))
+                          "delivered": 0})) for customer, instance, at in rows]))
 
 
 def test_pizza_shop_without_suite_files_validates_every_output_with_the_implied_suite(cluster, project,
@@ -292,9 +292,9 @@ def test_pizza_shop_without_suite_files_validates_every_output_with_the_implied_
     assert failed(reports["delivered_orders"]) == {("expect_column_values_to_not_be_null", "customer_name")}
     assert failed(reports["order_stats"]) == {("expect_column_values_to_be_between", "orders"),
                                               ("expect_column_values_to_be_in_set", "granularity"),
-                                              ("expect_column_values_to_be_in_set", "shard_id")}
+                                              ("expect_column_values_to_be_in_set", "instance")}
     assert failed(reports["last_orders"]) == {("expect_column_values_to_not_be_null", "customer_name"),
-                                              ("expect_column_values_to_be_in_set", "shard_id")}
+                                              ("expect_column_values_to_be_in_set", "instance")}
 
 
 def test_a_snapshot_of_a_plan_without_a_state_suite_is_validated_with_the_implied_one(cluster, project):
@@ -310,7 +310,7 @@ def test_a_snapshot_of_a_plan_without_a_state_suite_is_validated_with_the_implie
     def validate(*rows: tuple[int, int, str | None]):
         """State rows ``(partition, batch, key)`` of a cut at batch 7 of an operator with 2 partitions."""
         table = pa.Table.from_pylist([{
-            "snapshot_id": "s", "plan": "trades", "shard_id": "shard-1", "instance_id": "trades/shard-1/node-a",
+            "snapshot_id": "s", "plan": "trades", "instance": "shard-1", "instance_id": "trades/shard-1/node-a",
             "query": "aggregates", "operator_id": 0, "operator_name": "stateStoreSave", "store_name": "default",
             "partition_id": partition, "batch_id": batch, "key": key, "value": "{}"}
             for partition, batch, key in rows], schema=STATE_SCHEMA)

@@ -65,19 +65,19 @@ class ActiveRole:
         self.instance, self.epoch = instance, epoch
 
 
-def active(cluster, url: str, shard: str) -> ActiveRole:
-    """The instance ``shard`` on node-a, started and holding its lease."""
-    key = InstanceKey(PLAN, shard, "node-a")
+def active(cluster, url: str, instance: str) -> ActiveRole:
+    """The instance ``instance`` on node-a, started and holding its lease."""
+    key = InstanceKey(PLAN, instance, "node-a")
     with Database(url, "test-instance") as db:
         register_nodes(db, cluster)
         record_start(db, key, host="test", pid=1, pid_started_at=0.0, ancestors=[], spark_app_id="app",
                      trigger_interval_s=1.0, checkpoint_root="/nowhere")
-        return ActiveRole(key, try_acquire(db, PLAN, shard, "node-a", ttl_s=600.0))
+        return ActiveRole(key, try_acquire(db, PLAN, instance, "node-a", ttl_s=600.0))
 
 
-def write_events(url: str, shard: str, numbers: range, big: set[int] = frozenset()) -> None:
+def write_events(url: str, instance: str, numbers: range, big: set[int] = frozenset()) -> None:
     """Overdue orders ``o-<n>`` as the events sink writes them; those in ``big`` with a 5,000-character name."""
-    key = InstanceKey(PLAN, shard, "node-a")
+    key = InstanceKey(PLAN, instance, "node-a")
     batch = {f"e-{n:06d}": (T0 + timedelta(seconds=n), {
         "order_no": f"o-{n}", "expiry_time": (T0 + timedelta(seconds=n)).isoformat(),
         "customer_name": "x" * 5000 if n in big else "c"}) for n in numbers}
@@ -148,8 +148,8 @@ def test_an_event_too_large_for_nats_is_quarantined_once_and_the_others_keep_gap
     cluster, plan, prefix = setup
     big = {3, 4, 11, 19}  # 19 ends the outbox: the relay goes on after it when more come
     write_events(database_url, "shop-1", range(0, 20), big)
-    threads = [RelayThread(cluster, plan, active(cluster, database_url, shard), interval_s=0.05)
-               for shard in ("shop-1", "shop-2")]  # two ACTIVEs relay at once
+    threads = [RelayThread(cluster, plan, active(cluster, database_url, instance), interval_s=0.05)
+               for instance in ("shop-1", "shop-2")]  # two ACTIVEs relay at once
     for thread in threads:
         thread.start()
     try:

@@ -29,8 +29,8 @@ def test_a_demotion_during_a_renewal_that_hangs_waits_for_it_instead_of_failing(
         migrate(db)
         register_nodes(db, cluster)
         db.run(lambda cursor: cursor.execute(
-            """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, updated_at)
-               VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (KEY.id, KEY.plan, KEY.shard_id, KEY.node)))
+            """INSERT INTO plan_instances (instance_id, plan, instance, node, status, updated_at)
+               VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (KEY.id, KEY.plan, KEY.instance, KEY.node)))
     roles = RoleController(KEY, cluster.database_url, ttl_s=30)
     roles.start(wants_active=True)
     assert roles.role == "ACTIVE"
@@ -39,8 +39,8 @@ def test_a_demotion_during_a_renewal_that_hangs_waits_for_it_instead_of_failing(
     renewing = threading.Thread(target=roles.tick, name="liveness")
     try:
         with blocker.cursor() as cursor:
-            cursor.execute("SELECT * FROM leases WHERE plan = %s AND shard_id = %s FOR UPDATE",
-                           (KEY.plan, KEY.shard_id))
+            cursor.execute("SELECT * FROM leases WHERE plan = %s AND instance = %s FOR UPDATE",
+                           (KEY.plan, KEY.instance))
             renewing.start()
             time.sleep(1.0)  # the renewal now waits for the row lock inside its transaction
             released = threading.Timer(1.0, blocker.rollback)
@@ -62,15 +62,15 @@ def test_a_demotion_during_a_renewal_that_hangs_waits_for_it_instead_of_failing(
 
 
 def _active_and_standby(database_url: str, ttl_s: float) -> tuple[RoleController, RoleController]:
-    """Node-a ACTIVE and node-b PASSIVE for ``KEY``'s shard, both registered as running."""
-    standby_key = InstanceKey(KEY.plan, KEY.shard_id, "node-b")
+    """Node-a ACTIVE and node-b PASSIVE for ``KEY``'s instance, both registered as running."""
+    standby_key = InstanceKey(KEY.plan, KEY.instance, "node-b")
     with Database(database_url) as db:
         migrate(db)
         register_nodes(db, load_cluster())
         for key in (KEY, standby_key):
             db.run(lambda cursor, key=key: cursor.execute(
-                """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, updated_at)
-                   VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (key.id, key.plan, key.shard_id, key.node)))
+                """INSERT INTO plan_instances (instance_id, plan, instance, node, status, updated_at)
+                   VALUES (%s, %s, %s, %s, 'RUNNING', now())""", (key.id, key.plan, key.instance, key.node)))
     active = RoleController(KEY, database_url, ttl_s=ttl_s)
     active.start(wants_active=True)
     standby = RoleController(standby_key, database_url, ttl_s=ttl_s)
@@ -88,8 +88,8 @@ def test_a_renewal_cut_off_before_its_commit_does_not_hold_the_standbys_take_ove
     active, standby = _active_and_standby(cluster.database_url, ttl_s=2)
     cut_off = active.db.connection()
     with cut_off.cursor() as cursor:  # the renewal's UPDATE, on the active's own session; no COMMIT follows
-        cursor.execute("UPDATE leases SET renewed_at = now() WHERE plan = %s AND shard_id = %s",
-                       (KEY.plan, KEY.shard_id))
+        cursor.execute("UPDATE leases SET renewed_at = now() WHERE plan = %s AND instance = %s",
+                       (KEY.plan, KEY.instance))
 
     def take_over() -> None:
         deadline = time.monotonic() + 30
@@ -128,7 +128,7 @@ def test_an_active_publishing_for_longer_than_its_lease_keeps_it(project, databa
     def publish() -> None:
         with active.lock, Database(cluster.database_url) as db:
             def write(cursor) -> None:
-                check_fence(cursor, KEY.plan, KEY.shard_id, KEY.node, epoch)
+                check_fence(cursor, KEY.plan, KEY.instance, KEY.node, epoch)
                 cursor.execute("SELECT pg_sleep(5)")
             db.run(write, attempts=1)
             committed.append(True)
@@ -147,14 +147,14 @@ def test_an_active_publishing_for_longer_than_its_lease_keeps_it(project, databa
             thread.start()
         time.sleep(3.5)  # the publish is 3.5 s into its 5-s statement, past the ttl since it began
         with Database(cluster.database_url) as db:
-            mid_publish = read_lease(db, KEY.plan, KEY.shard_id)
+            mid_publish = read_lease(db, KEY.plan, KEY.instance)
         for thread in threads:
             thread.join(timeout=60)
         assert mid_publish.expired_for_s < 0, f"the lease lapsed while its holder published: {mid_publish}"
         assert committed == [True]
         assert (active.role, active.epoch, standby.role) == ("ACTIVE", epoch, "PASSIVE")
         with Database(cluster.database_url) as db:
-            lease = read_lease(db, KEY.plan, KEY.shard_id)
+            lease = read_lease(db, KEY.plan, KEY.instance)
         assert (lease.holder, lease.epoch) == (KEY.node, epoch)
     finally:
         active.stop()
@@ -172,7 +172,7 @@ def test_a_promotion_publishing_what_was_held_for_longer_than_the_lease_keeps_it
 
     def holder() -> str | None:
         with Database(cluster.database_url) as db:
-            return read_lease(db, KEY.plan, KEY.shard_id).holder
+            return read_lease(db, KEY.plan, KEY.instance).holder
 
     promoting = threading.Thread(target=standby.tick, name="node-b-liveness")  # takes the lease, publishes 5 s
     promoting.start()
@@ -186,7 +186,7 @@ def test_a_promotion_publishing_what_was_held_for_longer_than_the_lease_keeps_it
             returned.tick()
             time.sleep(0.5)
         with Database(cluster.database_url) as db:
-            lease = read_lease(db, KEY.plan, KEY.shard_id)
+            lease = read_lease(db, KEY.plan, KEY.instance)
         assert (lease.holder, lease.epoch, returned.role) == ("node-b", standby.epoch, "PASSIVE"), lease
     finally:
         promoting.join(timeout=30)
@@ -212,7 +212,7 @@ def test_a_promotion_that_cannot_publish_what_was_held_gives_the_lease_back(proj
         assert standby.role == "PASSIVE" and "a sink's bug" in (standby.failure or ""), standby.failure
         time.sleep(1)
         with Database(cluster.database_url) as db:
-            lease = read_lease(db, KEY.plan, KEY.shard_id)
+            lease = read_lease(db, KEY.plan, KEY.instance)
         assert lease.holder == "node-b" and lease.expired_for_s > 0, lease
     finally:
         standby.stop()

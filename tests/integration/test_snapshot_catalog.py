@@ -42,20 +42,20 @@ def db(database_url: str):
         yield database
 
 
-def begin(db: Database, minutes: float = 0.0, shard: str = "shard-1", node: str = "node-a"):
-    return begin_snapshot(db, plan="trades", shard_id=shard, node=node, snapshots_dir=SNAPSHOTS,
+def begin(db: Database, minutes: float = 0.0, instance: str = "shard-1", node: str = "node-a"):
+    return begin_snapshot(db, plan="trades", instance=instance, node=node, snapshots_dir=SNAPSHOTS,
                           taken_at=T0 + timedelta(minutes=minutes))
 
 
-def good(db: Database, minutes: float, shard: str = "shard-1", batch: int = 7):
-    record = begin(db, minutes, shard)
+def good(db: Database, minutes: float, instance: str = "shard-1", batch: int = 7):
+    record = begin(db, minutes, instance)
     record_contents(db, record.id, batch_id=batch, checkpoint_bytes=100)
     return mark_good(db, record.id, {"success": True})
 
 
-def test_begin_inserts_a_taking_row_named_after_plan_shard_and_time(db: Database) -> None:
+def test_begin_inserts_a_taking_row_named_after_plan_instance_and_time(db: Database) -> None:
     before = database_now(db)
-    record = begin_snapshot(db, plan="trades", shard_id="shard-1", node="node-a", snapshots_dir=SNAPSHOTS)
+    record = begin_snapshot(db, plan="trades", instance="shard-1", node="node-a", snapshots_dir=SNAPSHOTS)
     assert ID_PATTERN.match(record.id), record.id
     assert record.status == TAKING
     assert record.instance_id == "trades/shard-1/node-a"
@@ -139,13 +139,13 @@ def test_unknown_snapshots_are_named(db: Database) -> None:
             change()
 
 
-def test_latest_good_is_the_newest_good_of_its_shard(db: Database) -> None:
+def test_latest_good_is_the_newest_good_of_its_instance(db: Database) -> None:
     assert latest_good(db, "trades", "shard-1") is None
     good(db, 0)
     newest = good(db, 15)
     mark_bad(db, begin(db, 30).id, "validation failed")  # newer, but BAD
     begin(db, 45)  # newer, still TAKING
-    good(db, 60, shard="shard-2")  # another shard
+    good(db, 60, instance="shard-2")  # another instance
     pruned = good(db, 20)
     mark_pruned(db, pruned.id, "test")
     assert latest_good(db, "trades", "shard-1") == newest
@@ -153,12 +153,12 @@ def test_latest_good_is_the_newest_good_of_its_shard(db: Database) -> None:
     assert latest_good(db, "other", "shard-1") is None
 
 
-def test_list_is_newest_first_and_filters_by_shard_and_status(db: Database) -> None:
+def test_list_is_newest_first_and_filters_by_instance_and_status(db: Database) -> None:
     ids = [good(db, minutes).id for minutes in (0, 15, 30)]
     bad = mark_bad(db, begin(db, 45).id, "x").id
-    other = good(db, 50, shard="shard-2").id
+    other = good(db, 50, instance="shard-2").id
     assert [r.id for r in list_snapshots(db, "trades")] == [other, bad, *reversed(ids)]
-    assert [r.id for r in list_snapshots(db, "trades", shard_id="shard-1", statuses=(GOOD,))] == list(reversed(ids))
+    assert [r.id for r in list_snapshots(db, "trades", instance="shard-1", statuses=(GOOD,))] == list(reversed(ids))
     assert [r.id for r in list_snapshots(db, "trades", limit=2)] == [other, bad]
     assert list_snapshots(db, "other") == []
     with pytest.raises(ValueError, match="unknown snapshot status DONE"):
@@ -183,15 +183,15 @@ def test_the_table_refuses_impossible_rows(db: Database) -> None:
 def test_latest_good_uses_the_partial_index(db: Database) -> None:
     def fill_and_explain(cursor) -> str:
         cursor.execute(
-            """INSERT INTO snapshots (id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at,
+            """INSERT INTO snapshots (id, plan, instance, instance_id, node, batch_id, taken_at, completed_at,
                                       checkpoint_path, status, pruned_at)
-               SELECT 'p' || (i % 20) || '-' || i, 'p' || (i % 20), 'shard-' || ((i / 20) % 4), 'x', 'node-a', i,
+               SELECT 'p' || (i % 20) || '-' || i, 'p' || (i % 20), 'instance-' || ((i / 20) % 4), 'x', 'node-a', i,
                       timestamptz '2026-01-01' + make_interval(mins => i), now(), '/x',
                       CASE WHEN (i / 80) % 10 = 0 THEN 'GOOD' ELSE 'PRUNED' END,
                       CASE WHEN (i / 80) % 10 = 0 THEN NULL ELSE now() END
                FROM generate_series(0, 49999) AS i""")
         cursor.execute("ANALYZE snapshots")
-        cursor.execute("""EXPLAIN SELECT * FROM snapshots WHERE plan = 'p3' AND shard_id = 'shard-1'
+        cursor.execute("""EXPLAIN SELECT * FROM snapshots WHERE plan = 'p3' AND instance = 'shard-1'
                           AND status = 'GOOD' ORDER BY taken_at DESC, id DESC LIMIT 1""")
         return "\n".join(row["QUERY PLAN"] for row in cursor.fetchall())
 

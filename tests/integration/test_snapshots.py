@@ -19,11 +19,11 @@ import yaml
 from pyspark.sql import functions as F
 from _ha import (
     PLAN,
-    SHARD,
+    INSTANCE,
     UTC,
     Pair,
     TradeWriter,
-    configure_one_shard,
+    configure_one_instance,
     expected_aggregates,
     fetch,
     lease,
@@ -45,7 +45,7 @@ from tandem.runtime.node import run_instance
 from tandem.snapshots import landing_file_key, processed_files
 from tandem.snapshots.landing import clean_plan_landing
 from tandem.outputs.aggregation import newest_per_key
-from tandem.snapshots.restore import restore_shard
+from tandem.snapshots.restore import restore_instance
 from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
 from tandem.snapshots.take import prune_snapshots, take_snapshot
 from tandem.store import Database, snapshots as catalog
@@ -94,7 +94,7 @@ def assert_cut_consistent(cluster, snapshot: catalog.SnapshotRecord) -> None:
 
     version = snapshot.output_versions["trade_aggregates"]
     rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"),
-                      (ds.field("shard_id") == SHARD) & (ds.field("granularity") == "second"), version=version)
+                      (ds.field("instance") == INSTANCE) & (ds.field("granularity") == "second"), version=version)
     latest = newest_per_key(rows, TRADES).to_pylist()
     assert max(r["batch_id"] for r in latest) <= snapshot.batch_id
     published = {(r["bucket_start"].astimezone(UTC), r["symbol"]): r for r in latest}
@@ -105,16 +105,16 @@ def assert_cut_consistent(cluster, snapshot: catalog.SnapshotRecord) -> None:
 
 def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(project: Path, database_url: str,
                                                                           spark, capsys) -> None:
-    configure_one_shard(project)
+    configure_one_instance(project)
     keep_snapshots(project, 2)
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
-    live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
-    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=200)
+    live = checkpoint_dir(cluster, PLAN, INSTANCE, "node-a", "aggregates")
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), INSTANCE), rate=200)
     stop = threading.Event()
     result: list = []
     runner = threading.Thread(target=lambda: result.append(run_instance(
-        cluster, plan, "node-a", SHARD, spark=spark, trigger_interval_s=0.3, stop=stop)))
+        cluster, plan, "node-a", INSTANCE, spark=spark, trigger_interval_s=0.3, stop=stop)))
     taken = []
     writer.start()
     runner.start()
@@ -122,7 +122,7 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
         wait_for(lambda: (committed_batch(live) or 0) >= 2, 180, "the first batches", poll_s=0.3)
         # snapshots while the writer writes and the query commits batch after batch
         while len(taken) < 4:
-            taken.append(take_snapshot(cluster, plan, SHARD, spark))
+            taken.append(take_snapshot(cluster, plan, INSTANCE, spark))
     finally:
         writer.stop()
         stop.set()
@@ -159,7 +159,7 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
                      and f.suffix in (".delta", ".zip", ".changelog")]
     newest_state.unlink()
     with pytest.raises(SnapshotRefused, match="state 0/0 version"):
-        restore_shard(cluster, plan, SHARD, snapshot_id=newest.id, start=False)
+        restore_instance(cluster, plan, INSTANCE, snapshot_id=newest.id, start=False)
     capsys.readouterr()
     assert cli.main(["restore", PLAN, "--snapshot", newest.id]) == 2
     assert f"snapshot {newest.id} is BAD" in capsys.readouterr().err.replace("\n", "")
@@ -168,25 +168,25 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     oldest_kept_cut = set.intersection(*({landing_file_key(f) for f in processed_files(Path(
         taken[1].record.checkpoint_path) / query)} for query in ("aggregates", "quarantine")))
     at_cut = events_in(processed_files(Path(restored.checkpoint_path) / "aggregates"))
-    landing = instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD)
+    landing = instance_landing_dir(cluster, load_plan(PLAN, cluster), INSTANCE)
     before = {str(p) for p in landing.iterdir() if p.is_file()}
     assert oldest_kept_cut < before
     # node-b: the first snapshot's cut, unchanged for longer than the guard window (a cold standby killed long ago,
     # not the lease holder): it holds no landing file back, and a failed re-sync does not start it from there
-    stale = checkpoint_dir(cluster, PLAN, SHARD, "node-b", "")
+    stale = checkpoint_dir(cluster, PLAN, INSTANCE, "node-b", "")
     for query in ("aggregates", "quarantine"):
         cut_checkpoint(Path(taken[0].record.checkpoint_path) / query, stale / query)
     assert not oldest_kept_cut <= processed_files(stale / "aggregates")
     long_ago = time.time() - GUARD_WINDOW_S - 60
     for directory in [stale, *[d / sub for d in query_dirs(stale).values() for sub in ("", "offsets", "commits")]]:
         os.utime(directory, (long_ago, long_ago))
-    broken = checkpoint_dir(cluster, PLAN, SHARD, "node-x", "aggregates") / "commits"
+    broken = checkpoint_dir(cluster, PLAN, INSTANCE, "node-x", "aggregates") / "commits"
     broken.mkdir(parents=True)
     (broken / "0").write_text("v1\n{}\n")
     with Database(cluster.database_url, "test") as db:
         assert catalog.get_snapshot(db, newest.id).status == catalog.BAD
         with pytest.raises(CheckpointError, match="landing retention no longer keeps the input it has not read"):
-            resync_recorded(db, cluster, plan, SHARD, "node-x", "node-b")
+            resync_recorded(db, cluster, plan, INSTANCE, "node-x", "node-b")
 
         # retention keeps exactly the newest 2 good ones (and the newest bad one, for inspection) ...
         prune_snapshots(cluster, plan, db=db)
@@ -203,13 +203,13 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
 
     # restore the newest good snapshot: outputs roll back to the cut, then the rest of the input adds up exactly
     everything = writer.snapshot()
-    report = restore_shard(cluster, plan, SHARD, start=False)
+    report = restore_instance(cluster, plan, INSTANCE, start=False)
     assert report.snapshot.id == restored.id
     assert len(at_cut) < len(everything)
     assert mismatches(cluster, at_cut) == [], "outputs were not rolled back to the snapshot's cut"
     for node in ("node-a", "node-b"):
-        assert committed_batch(checkpoint_dir(cluster, PLAN, SHARD, node, "aggregates")) == restored.batch_id
-    assert run_instance(cluster, plan, "node-b", SHARD, spark=spark, available_now=True).status == "STOPPED"
+        assert committed_batch(checkpoint_dir(cluster, PLAN, INSTANCE, node, "aggregates")) == restored.batch_id
+    assert run_instance(cluster, plan, "node-b", INSTANCE, spark=spark, available_now=True).status == "STOPPED"
     assert mismatches(cluster, everything) == []
     first = fetch(cluster.database_url, """SELECT min(batch_id) AS b FROM tandem.heartbeats
                                           WHERE node = 'node-b' AND query_name = 'aggregates'""")[0]["b"]
@@ -220,20 +220,20 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
                                                                          process_groups: list[int], spark) -> None:
     """Every instance killed (-9) and its checkpoints lost: the restore from the latest good snapshot,
     after reprocessing the input since its cut, leaves the outputs of an uninterrupted run."""
-    configure_one_shard(project, standby="cold")  # one running instance: the whole cluster of the plan
+    configure_one_instance(project, standby="cold")  # one running instance: the whole cluster of the plan
     cluster = load_cluster()
     plan = load_plan(PLAN, cluster)
     dist = build_dist(project)
     pair = Pair(cluster, plan, dist, process_groups)
-    live = checkpoint_dir(cluster, PLAN, SHARD, "node-a", "aggregates")
-    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), SHARD), rate=200)
+    live = checkpoint_dir(cluster, PLAN, INSTANCE, "node-a", "aggregates")
+    writer = TradeWriter(instance_landing_dir(cluster, load_plan(PLAN, cluster), INSTANCE), rate=200)
     try:
         pair.launch("node-a", "ACTIVE")
         pair.wait_running("node-a")
         writer.start()
         wait_for(lambda: (committed_batch(live) or 0) >= 3, 180, "node-a's first batches",
                  detail=lambda: pair.log_tail("node-a"))
-        snapshot = take_snapshot(cluster, plan, SHARD, spark).record
+        snapshot = take_snapshot(cluster, plan, INSTANCE, spark).record
         assert snapshot.status == catalog.GOOD, snapshot.reason
         cut = snapshot.batch_id
         old_epoch = lease(cluster.database_url)["epoch"]
@@ -244,10 +244,10 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         pair.wait_group_gone("node-a")
         writer.stopping.wait(2.0)  # input keeps arriving while nothing runs
         events = writer.stop()
-        shutil.rmtree(checkpoint_dir(cluster, PLAN, SHARD, "node-a", "").parent)  # every live checkpoint is lost
+        shutil.rmtree(checkpoint_dir(cluster, PLAN, INSTANCE, "node-a", "").parent)  # every live checkpoint is lost
         restored_at = datetime.now(UTC)
 
-        report = restore_shard(cluster, plan, SHARD, launched_by="test_snapshots", py_files=dist)
+        report = restore_instance(cluster, plan, INSTANCE, launched_by="test_snapshots", py_files=dist)
         with Database(cluster.database_url, "test") as db:
             process_groups.append(get_instance(db, "trades/shard-1/node-a")["submit_pid"])
         assert report.snapshot.id == snapshot.id and report.node == "node-a"
@@ -258,9 +258,9 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         resumed = fetch(cluster.database_url, """SELECT min(batch_id) AS first FROM tandem.heartbeats
                         WHERE node = 'node-a' AND query_name = 'aggregates' AND recorded_at > %s""", (restored_at,))
         assert resumed[0]["first"] == cut + 1, "the restored instance did not resume right after the cut"
-        rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"), ds.field("shard_id") == SHARD).to_pylist()
+        rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"), ds.field("instance") == INSTANCE).to_pylist()
         assert not [r for r in rows if r["epoch"] == old_epoch and r["batch_id"] > cut], \
             "Delta still holds what the crashed instance published after the cut"
     finally:
         writer.stopping.set()
-        stop_instance(cluster, plan, SHARD, "node-a", timeout_s=20)
+        stop_instance(cluster, plan, INSTANCE, "node-a", timeout_s=20)

@@ -22,7 +22,7 @@ from tandem.aggregation import sketches
 from tandem.aggregation.spec import AggregationSpec, Measure
 from tandem.lake.history import roll_back_slice
 from tandem.lake.tables import read_table
-from tandem.outputs.aggregation import rebuild_postgres_shard
+from tandem.outputs.aggregation import rebuild_postgres_instance
 from tandem.store import aggregates
 from tandem.store import outputs as store
 from tandem.store.db import Database
@@ -82,12 +82,12 @@ def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_na
                                                                {(start, "a", "c1", "k")}))
     assert sorted(found.column("granularity").to_pylist()) == ["minute", "second"]
 
-    # restore: the Delta rows of the shard back into PostgreSQL, all of them and only the touched keys
+    # restore: the Delta rows of the instance back into PostgreSQL, all of them and only the touched keys
     # (without the sketches: CSV cannot carry them as they are, which is the restore's business, not quoting's)
     without_sketches = replace(SPEC, measures=SPEC.measures[:2])
     delta_rows = written.drop_columns(["group"])
-    assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows) == 5
-    assert rebuild_postgres_shard(db, without_sketches, "plan", "shard-1", delta_rows,
+    assert rebuild_postgres_instance(db, without_sketches, "plan", "shard-1", delta_rows) == 5
+    assert rebuild_postgres_instance(db, without_sketches, "plan", "shard-1", delta_rows,
                                   touched=delta_rows.slice(0, 1)) == 1
 
     assert len(db.run(lambda cursor: aggregates.serving_rows(cursor, SPEC, "plan", start, None, "second", 100))) == 3
@@ -106,17 +106,17 @@ def test_table_values_are_json_keys_and_column_names_never_sql(db: Database) -> 
     assert victim_exists(db)
 
 
-def test_a_shard_slice_is_restored_by_a_predicate_that_matches_only_its_shard_id(tmp_path: Path) -> None:
+def test_a_instance_slice_is_restored_by_a_predicate_that_matches_only_its_instance(tmp_path: Path) -> None:
     path = tmp_path / "delta"
-    shards = ["x' OR '1'='1", "x", "back\\slash'"]
-    write_deltalake(str(path), pa.table({"shard_id": shards, "value": [1, 2, 3]}))
-    write_deltalake(str(path), pa.table({"shard_id": shards, "value": [10, 20, 30]}), mode="append")
-    for shard in (shards[0], shards[2]):
-        restored = roll_back_slice(path, shard, version=0).restored
-        assert restored.column("shard_id").to_pylist() == [shard]
+    instances = ["x' OR '1'='1", "x", "back\\slash'"]
+    write_deltalake(str(path), pa.table({"instance": instances, "value": [1, 2, 3]}))
+    write_deltalake(str(path), pa.table({"instance": instances, "value": [10, 20, 30]}), mode="append")
+    for instance in (instances[0], instances[2]):
+        restored = roll_back_slice(path, instance, version=0).restored
+        assert restored.column("instance").to_pylist() == [instance]
     assert sorted(read_table(path).to_pylist(), key=str) == sorted(
-        [{"shard_id": shards[0], "value": 1}, {"shard_id": "x", "value": 2}, {"shard_id": "x", "value": 20},
-         {"shard_id": shards[2], "value": 3}], key=str)
+        [{"instance": instances[0], "value": 1}, {"instance": "x", "value": 2}, {"instance": "x", "value": 20},
+         {"instance": instances[2], "value": 3}], key=str)
 
 
 def test_rows_copied_out_are_the_values_psycopg2_reads(db: Database) -> None:

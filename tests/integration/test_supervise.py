@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extras
 import pytest
-from _ha import (TradeFeed, configure_one_shard, fetch, mismatches, published_total, split_brain, start_writer,
+from _ha import (TradeFeed, configure_one_instance, fetch, mismatches, published_total, split_brain, start_writer,
                  wait_for)
 from _project import create_database, drop_database, kill_groups, use_project
 
@@ -36,11 +36,11 @@ from tandem.packaging import build_dist
 from tandem.supervisor.reconcile import Supervisor
 
 pytestmark = pytest.mark.integration
-SHARD = "shard-1"
+INSTANCE = "shard-1"
 
 
 def make_supervisor(project: Path, dist: Path, standby: str) -> Supervisor:
-    configure_one_shard(project, standby)
+    configure_one_instance(project, standby)
     cluster = load_cluster()
     return Supervisor(cluster, load_plan("trades", cluster), launched_by="test_supervise", py_files=dist,
                       running_timeout_s=300)
@@ -95,7 +95,7 @@ def hot_plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPlan]:
             project = use_project(root / "project", url, monkeypatch)
             supervisor = make_supervisor(project, build_dist(project), "hot")
             try:
-                landing = instance_landing_dir(supervisor.cluster, load_plan("trades", supervisor.cluster), SHARD)
+                landing = instance_landing_dir(supervisor.cluster, load_plan("trades", supervisor.cluster), INSTANCE)
                 yield HotPlan(supervisor, TradeFeed(landing))
             finally:
                 kill_launched(supervisor, [])
@@ -106,7 +106,7 @@ def hot_plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HotPlan]:
 def instance(supervisor: Supervisor, node: str) -> dict | None:
     with psycopg2.connect(supervisor.cluster.database_url) as conn, \
             conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute("SELECT * FROM tandem.plan_instances WHERE instance_id = %s", (f"trades/{SHARD}/{node}",))
+        cur.execute("SELECT * FROM tandem.plan_instances WHERE instance_id = %s", (f"trades/{INSTANCE}/{node}",))
         row = cur.fetchone()
     conn.close()
     return row
@@ -122,7 +122,7 @@ def events(supervisor: Supervisor) -> list[dict]:
 
 
 def health(supervisor: Supervisor, node: str) -> str:
-    return supervisor.observe(SHARD).view.health(node).state
+    return supervisor.observe(INSTANCE).view.health(node).state
 
 
 def kill9(supervisor: Supervisor, node: str) -> None:
@@ -146,7 +146,7 @@ def test_warm_standby_takes_over_by_itself_and_losing_both_nodes_restarts_from_t
     url = supervisor.cluster.database_url
     writer = start_writer(supervisor.cluster, rate=100)
     try:
-        report = supervisor.reconcile(SHARD, cause="test bootstrap")
+        report = supervisor.reconcile(INSTANCE, cause="test bootstrap")
         assert [(s.action.kind, s.action.node, s.action.role) for s in report.steps] == [
             ("LAUNCH", "node-a", "ACTIVE"), ("LAUNCH", "node-b", "WARM")], report.lines()
         wait_for(lambda: len(fetch(url, "SELECT 1 FROM publish_log WHERE instance_id LIKE '%%/node-a'")) >= 3, 120,
@@ -156,7 +156,7 @@ def test_warm_standby_takes_over_by_itself_and_losing_both_nodes_restarts_from_t
             "a warm standby runs no query"
 
         kill9(supervisor, "node-a")
-        wait_for(lambda: read_lease(Database(url), "trades", SHARD).holder == "node-b", 60,
+        wait_for(lambda: read_lease(Database(url), "trades", INSTANCE).holder == "node-b", 60,
                  "node-b to take the lease by itself")
         # the lease first, then the cut of node-a's checkpoint (its RESYNC event), then the queries
         [resync] = wait_for(lambda: [e for e in events(supervisor) if e["kind"] == "RESYNC"], 60,
@@ -170,7 +170,7 @@ def test_warm_standby_takes_over_by_itself_and_losing_both_nodes_restarts_from_t
                  "both nodes to be DEAD")
 
         relaunched_at = fetch(url, "SELECT clock_timestamp() AS t")[0]["t"]
-        report = supervisor.reconcile(SHARD, cause="test: both nodes killed")
+        report = supervisor.reconcile(INSTANCE, cause="test: both nodes killed")
         assert report.converged, report.lines()
         assert [(s.action.kind, s.action.node) for s in report.steps] == [
             ("STOP", "node-a"), ("STOP", "node-b"), ("LAUNCH", "node-a"), ("LAUNCH", "node-b")], report.lines()
@@ -213,7 +213,7 @@ class TestHotSupervision:
     def test_hot_kill_passive_then_active_each_comes_back_as_passive_after_resync(self, hot_plan: HotPlan) -> None:
         supervisor, feed = hot_plan.supervisor, hot_plan.feed
         feed.write()
-        report = supervisor.reconcile(SHARD, cause="test bootstrap")
+        report = supervisor.reconcile(INSTANCE, cause="test bootstrap")
         assert report.converged, report.lines()
         assert [(s.action.kind, s.action.node, getattr(s.action, "role", None)) for s in report.steps] == [
             ("LAUNCH", "node-a", "ACTIVE"), ("LAUNCH", "node-b", "PASSIVE")]
@@ -225,7 +225,7 @@ class TestHotSupervision:
         kill9(supervisor, "node-b")
         wait_for(lambda: health(supervisor, "node-b") == "DEAD", 30, "node-b to be DEAD")
         feed.write()
-        report = supervisor.reconcile(SHARD, cause="test: passive killed")
+        report = supervisor.reconcile(INSTANCE, cause="test: passive killed")
         assert report.converged, report.lines()
         assert [s.action.kind for s in report.steps] == ["STOP", "LAUNCH"]
         launch = report.steps[1]
@@ -234,22 +234,22 @@ class TestHotSupervision:
         row = instance(supervisor, "node-b")
         assert (row["status"], row["role"]) == ("RUNNING", "PASSIVE")
         assert instance(supervisor, "node-a")["pid"] == active_pid
-        assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-a"
+        assert read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == "node-a"
         assert_all_published(supervisor, feed)
 
         # kill -9 the active: the passive takes the lease by itself; the supervisor brings node-a back as PASSIVE
-        epoch = read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).epoch
+        epoch = read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).epoch
         kill9(supervisor, "node-a")
-        wait_for(lambda: read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == "node-b", 30,
+        wait_for(lambda: read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == "node-b", 30,
                  "node-b to take the lease")
         feed.write()
-        report = supervisor.reconcile(SHARD, cause="test: active killed")
+        report = supervisor.reconcile(INSTANCE, cause="test: active killed")
         assert report.converged, report.lines()
         kinds = [s.action.kind for s in report.steps]
         assert kinds[0] == "STOP" and kinds[-1] == "LAUNCH"
         launch = report.steps[-1].action
         assert (launch.node, launch.role, launch.resync_from) == ("node-a", "PASSIVE", "node-b")
-        lease = read_lease(Database(supervisor.cluster.database_url), "trades", SHARD)
+        lease = read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE)
         assert lease.holder == "node-b" and lease.epoch > epoch
         assert (instance(supervisor, "node-a")["role"], instance(supervisor, "node-b")["role"]) == ("PASSIVE", "ACTIVE")
         assert_all_published(supervisor, feed)
@@ -263,34 +263,34 @@ class TestHotSupervision:
         supervisor, feed = hot_plan.supervisor, hot_plan.feed
         seen = len(events(supervisor))
         feed.write()
-        assert supervisor.reconcile(SHARD).converged  # launches the pair unless the test before left it running
-        active = read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder
+        assert supervisor.reconcile(INSTANCE).converged  # launches the pair unless the test before left it running
+        active = read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder
         passive = ({"node-a", "node-b"} - {active}).pop()
         assert (instance(supervisor, active)["role"], instance(supervisor, passive)["role"]) == ("ACTIVE", "PASSIVE")
         pids = {n: instance(supervisor, n)["pid"] for n in ("node-a", "node-b")}
 
         # failover now: a lease handover; nothing restarts, the old active stays on as PASSIVE
-        report = supervisor.fail_over_now(SHARD)
+        report = supervisor.fail_over_now(INSTANCE)
         assert report.converged, report.lines()
         assert [s.action.kind for s in report.steps] == ["HANDOVER", "AWAIT"]
-        assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == passive
+        assert read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == passive
         wait_for(lambda: instance(supervisor, active)["role"] == "PASSIVE", 10, f"{active} to demote itself")
         assert {n: instance(supervisor, n)["pid"] for n in pids} == pids
         feed.write()
         assert_all_published(supervisor, feed)
 
         # drain the new active: handed back to the old one, then the drained node stops and stays down
-        report = supervisor.drain(SHARD, passive)
+        report = supervisor.drain(INSTANCE, passive)
         assert report.converged, report.lines()
         assert [s.action.kind for s in report.steps] == ["HANDOVER", "AWAIT", "STOP"]
-        assert read_lease(Database(supervisor.cluster.database_url), "trades", SHARD).holder == active
+        assert read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == active
         assert instance(supervisor, passive)["status"] == "STOPPED"
-        assert supervisor.reconcile(SHARD).steps == [], "a drained node must stay down"
+        assert supervisor.reconcile(INSTANCE).steps == [], "a drained node must stay down"
         feed.write()
         assert_all_published(supervisor, feed)
 
         # restart the drained node: undrained, re-synced from the active, back as PASSIVE
-        report = supervisor.restart(SHARD, passive)
+        report = supervisor.restart(INSTANCE, passive)
         assert report.converged, report.lines()
         launch = report.steps[-1].action
         assert (launch.kind, launch.node, launch.role, launch.resync_from) == ("LAUNCH", passive, "PASSIVE", active)
@@ -305,10 +305,10 @@ class TestHotSupervision:
         partial too, and every other output is exact."""
         supervisor, feed = hot_plan.supervisor, hot_plan.feed
         url = supervisor.cluster.database_url
-        assert supervisor.reconcile(SHARD).converged  # the pair the tests before left running, or a new one
+        assert supervisor.reconcile(INSTANCE).converged  # the pair the tests before left running, or a new one
         feed.write()
         assert_all_published(supervisor, feed)
-        lease = read_lease(Database(url), "trades", SHARD)
+        lease = read_lease(Database(url), "trades", INSTANCE)
         pids = {n: instance(supervisor, n)["pid"] for n in ("node-a", "node-b")}
         seen = len(events(supervisor))
         fetch(url, """CREATE FUNCTION refuse_trade() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -360,7 +360,7 @@ class TestHotSupervision:
 
         problems = mismatches(supervisor.cluster, feed.events, sources=("postgres", "delta"))
         assert not problems, "\n".join(problems[:10])
-        after = read_lease(Database(url), "trades", SHARD)
+        after = read_lease(Database(url), "trades", INSTANCE)
         assert (after.holder, after.epoch) == (lease.holder, lease.epoch), "a failover happened"
         assert {n: instance(supervisor, n)["pid"] for n in pids} == pids, "an instance was restarted"
         assert {instance(supervisor, n)["status"] for n in pids} == {"RUNNING"}
@@ -376,7 +376,7 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
     operator's restart (after the cause is gone) brings it back and nothing is lost."""
     import yaml
 
-    configure_one_shard(project, "cold")
+    configure_one_instance(project, "cold")
     plan_path = project / "conf" / "plans" / "trades.yaml"
     declared = yaml.safe_load(plan_path.read_text())
     declared["nodes"] = ["node-a"]  # one node: every relaunch is this node's
@@ -385,7 +385,7 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
     supervisor = Supervisor(cluster, load_plan("trades", cluster), launched_by="test_supervise",
                             py_files=build_dist(project), running_timeout_s=300)
     url = cluster.database_url
-    feed = TradeFeed(instance_landing_dir(cluster, supervisor.plan, SHARD))
+    feed = TradeFeed(instance_landing_dir(cluster, supervisor.plan, INSTANCE))
     try:
         with Database(url) as db:
             migrate(db)
@@ -398,19 +398,19 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
         feed.write(extra_lines=[json.dumps(blocker)])
         feed.events.append((blocker["timestamp"], "BLOCKER", 1.0, 1))
         feed.count, feed.quantity = feed.count + 1, feed.quantity + 1
-        assert supervisor.reconcile(SHARD, cause="test bootstrap").steps[0].action.kind == "LAUNCH"
+        assert supervisor.reconcile(INSTANCE, cause="test bootstrap").steps[0].action.kind == "LAUNCH"
 
         for run in (1, 2):  # the first failure is relaunched; the second, at the same batch, blocks
             wait_for(lambda: instance(supervisor, "node-a")["status"] == "FAILED", 120, f"run {run} to fail")
             row = instance(supervisor, "node-a")
             assert row["failure_repeats"] == run and "SQLSTATE P0001: no BLOCKER here" in row["failure"], row
-            report = supervisor.reconcile(SHARD, cause=f"test: failure {run}")
+            report = supervisor.reconcile(INSTANCE, cause=f"test: failure {run}")
             kinds = [s.action.kind for s in report.steps]
             assert kinds == (["LAUNCH"] if run == 1 else ["BLOCK"]), report.lines()
         row = instance(supervisor, "node-a")
         assert row["status"] == "BLOCKED" and "SQLSTATE P0001: no BLOCKER here" in row["error"], row
         assert "batch" in row["error"] and "of checkpoint" in row["error"], row["error"]
-        assert supervisor.reconcile(SHARD, cause="test: blocked").steps == [], "a BLOCKED instance is not relaunched"
+        assert supervisor.reconcile(INSTANCE, cause="test: blocked").steps == [], "a BLOCKED instance is not relaunched"
         assert [e["kind"] for e in events(supervisor)].count("BLOCK") == 1
 
         from tandem.cli import main
@@ -420,7 +420,7 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
         assert "BLOCKED" in shown and "no BLOCKER here" in shown, shown
 
         fetch(url, "DROP TRIGGER block_trade ON trade_aggregates; SELECT 1")  # the operator fixes the cause
-        report = supervisor.restart(SHARD, "node-a")
+        report = supervisor.restart(INSTANCE, "node-a")
         assert report.converged and report.steps[-1].action.kind == "LAUNCH", report.lines()
         assert_all_published(supervisor, feed)
         problems = mismatches(cluster, feed.events, sources=("postgres",))

@@ -52,7 +52,7 @@ def make_readings(seed: int, count: int) -> list[dict]:
 
 def published(database_url: str, output: str) -> list[dict]:
     with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute("SELECT event_id, shard_id, payload FROM tandem.output_events WHERE plan = 'temperatures' "
+        cur.execute("SELECT event_id, instance, payload FROM tandem.output_events WHERE plan = 'temperatures' "
                     "AND output = %s", (output,))
         return cur.fetchall()
 
@@ -72,9 +72,9 @@ def test_every_output_equals_the_reference_with_two_groups_and_three_instances(p
     write_atomically(landing_dir(cluster, "temps", 0), bad)
     advance_watermark(cluster, plan, T0 + 3_600_000)  # a reading an hour later in every partition: all final
 
-    assert plan.shards == ("group-1-1", "group-2-1", "group-2-2")
-    for shard in plan.shards:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
-        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+    assert plan.instances == ("group-1-1", "group-2-1", "group-2-2")
+    for instance in plan.instances:  # available-now ends with a no-data batch: the sentinel's watermark fires the timers
+        result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
     assert_outputs_equal_the_reference(cluster, plan, database_url, readings)
@@ -93,7 +93,7 @@ def reconcile_by_arrival(cluster, plan, database_url: str, spark) -> None:
     with Database(database_url) as db:
         outcomes = reconcile(cluster, plan, db, spark, start, end, run_id="temperatures-by-arrival")
         assert summary(outcomes) == {"late": 0, "extra": 0, "different": 0}, [o.row() for o in outcomes]
-        compared = {(o.shard_id, o.output): o.compared for o in outcomes}
+        compared = {(o.instance, o.output): o.compared for o in outcomes}
         assert compared[("group-2-1", "high_temps")] and compared[("group-2-2", "high_temps")], compared
 
         pending = instance_landing_dir(cluster, plan, "group-2-1") / "late.jsonl"
@@ -110,8 +110,8 @@ def assert_outputs_equal_the_reference(cluster, plan, database_url: str, reading
     expected = temperature_reference(readings)
     assert expected["temp_alerts"] and expected["high_temps"], "the input must exercise every output"
     assert_outputs_hold(cluster, plan, database_url, expected)
-    shards = {row["shard_id"] for row in published(database_url, "high_temps")}
-    assert shards == {"group-2-1", "group-2-2"}, "both parallel instances of group-2 publish their rooms"
+    instances = {row["instance"] for row in published(database_url, "high_temps")}
+    assert instances == {"group-2-1", "group-2-2"}, "both parallel instances of group-2 publish their rooms"
 
 
 def assert_outputs_hold(cluster, plan, database_url: str, expected: dict[str, set[tuple]]) -> None:

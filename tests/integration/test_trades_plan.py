@@ -54,10 +54,10 @@ def assert_matches(actual_rows: list[dict], expected: dict[tuple, dict], label: 
             assert actual[key][column] == pytest.approx(value, rel=1e-9), f"{label} {key} {column}"
 
 
-def partial_rows(database_url: str, shard_id: str, granularity: str) -> list[dict]:
+def partial_rows(database_url: str, instance: str, granularity: str) -> list[dict]:
     with psycopg2.connect(database_url) as conn, conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute("SELECT * FROM tandem.trade_aggregates WHERE shard_id = %s AND granularity = %s",
-                    (shard_id, granularity))
+        cur.execute("SELECT * FROM tandem.trade_aggregates WHERE instance = %s AND granularity = %s",
+                    (instance, granularity))
         rows = cur.fetchall()
     for row in rows:
         row["bucket_start"] = row["bucket_start"].astimezone(UTC)
@@ -68,20 +68,20 @@ def partial_rows(database_url: str, shard_id: str, granularity: str) -> list[dic
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
 
 
-def test_partials_per_shard_and_merged_values_match_the_events(project: Path, database_url: str, spark) -> None:
+def test_partials_per_instance_and_merged_values_match_the_events(project: Path, database_url: str, spark) -> None:
     cluster = load_cluster()
     plan = load_plan("trades", cluster)
     events = {"shard-1": make_events(1, 600, 25_000), "shard-2": make_events(2, 400, 25_000)}
-    for shard, shard_events in events.items():
-        write_events(instance_landing_dir(cluster, plan, shard), shard_events, per_file=100)
-        result = run_instance(cluster, plan, "node-a", shard, spark=spark, available_now=True)
+    for instance, instance_events in events.items():
+        write_events(instance_landing_dir(cluster, plan, instance), instance_events, per_file=100)
+        result = run_instance(cluster, plan, "node-a", instance, spark=spark, available_now=True)
         assert result.status == "STOPPED", result.error
 
     everything = events["shard-1"] + events["shard-2"]
     for granularity in GRANULARITIES:
-        for shard, shard_events in events.items():
-            assert_matches(partial_rows(database_url, shard, granularity), expected_aggregates(shard_events, granularity),
-                           f"partial {shard} {granularity}")
+        for instance, instance_events in events.items():
+            assert_matches(partial_rows(database_url, instance, granularity), expected_aggregates(instance_events, granularity),
+                           f"partial {instance} {granularity}")
         expected = expected_aggregates(everything, granularity)
         from_postgres = read_output(cluster, "trades", granularity, *ALL_TIME)
         from_delta = read_output(cluster, "trades", granularity, *ALL_TIME, source="delta")
@@ -91,7 +91,7 @@ def test_partials_per_shard_and_merged_values_match_the_events(project: Path, da
                                     datetime(2026, 1, 1, tzinfo=UTC), keys={"symbol": ["IBM"]})
     expected_2025 = expected_aggregates([e for e in everything if e["symbol"] == "IBM"], "year")
     assert year_2025["trade_count"] == expected_2025[(datetime(2025, 1, 1, tzinfo=UTC), "IBM")]["trade_count"]
-    assert year_2025["shards"] == 2
+    assert year_2025["instances"] == 2
 
 
 def test_replaying_a_batch_does_not_double_count(project: Path, database_url: str, spark) -> None:
@@ -192,7 +192,7 @@ def test_quarantine_catches_each_bad_case_and_keeps_good_lines(project: Path, da
                                   "its first 4096 characters are kept")
     assert reasons[kept_not_utf8] == "line is not valid UTF-8 (invalid bytes are kept as U+FFFD)"
     assert {row["source_file"].removeprefix("file:") for row in quarantine} == {str(source), str(not_utf8)}
-    assert {row["shard_id"] for row in quarantine} == {"shard-1"}
+    assert {row["instance"] for row in quarantine} == {"shard-1"}
 
     assert_matches(read_output(cluster, "trades", "minute", *ALL_TIME), expected_aggregates(good, "minute"),
                    "good lines of a file with bad lines")
@@ -255,7 +255,7 @@ def test_per_symbol_range_query_uses_the_symbol_index(database_url: str) -> None
         migrate(db)
 
         def explain(cur) -> str:
-            cur.execute("""INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, shard_id, price_sum,
+            cur.execute("""INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, instance, price_sum,
                                trade_count, quantity_sum, price_min, price_max, batch_id)
                            SELECT 'trades', 'minute', timestamptz '2024-01-01' + make_interval(mins => i % 5000),
                                   's' || (i / 5000), 'shard-1', 1, 1, 1, 1, 1, 0

@@ -128,7 +128,7 @@ def expected(events: list[Event], granularity: str) -> dict[tuple, dict[str, Any
                   "quantity_min": min(m.quantity for m in members), "quantity_max": max(m.quantity for m in members),
                   "venue_min": min(m.venue for m in members), "venue_max": max(m.venue for m in members),
                   "venues": len({m.venue for m in members}),
-                  "shards": len({m.instance for m in members})}
+                  "instances": len({m.instance for m in members})}
             for key, members in groups.items()}
 
 

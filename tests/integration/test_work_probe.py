@@ -18,7 +18,7 @@ from tandem.runtime.listener import SparkWorkProbe
 from tandem.store import Database, migrate
 from tandem.store.heartbeats import beat
 from tandem.store.registry import InstanceKey, record_start, record_status, register_nodes
-from tandem.supervisor.observe import observe_shard
+from tandem.supervisor.observe import observe_instance
 
 pytestmark = pytest.mark.integration
 
@@ -64,11 +64,11 @@ def test_the_supervisor_reads_when_the_work_last_advanced(project, database_url:
                      trigger_interval_s=1.0, checkpoint_root="/tmp/x")
         record_status(db, key, "RUNNING")
         beat(db, key.id, "h", 1, started)
-        assert observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None
+        assert observe_instance(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None
         beat(db, key.id, "h", 1, started, work_advanced=True)
         time.sleep(1.2)
         beat(db, key.id, "h", 1, started)  # no work since: the age grows
-        age = observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s
+        age = observe_instance(db, cluster, plan, "shard-1").observations["node-a"].work_age_s
         assert age is not None and 1.0 <= age < 10.0, age
         beat(db, key.id, "h", 1, datetime.now(timezone.utc))  # a new run has seen no work yet
-        assert observe_shard(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None
+        assert observe_instance(db, cluster, plan, "shard-1").observations["node-a"].work_age_s is None

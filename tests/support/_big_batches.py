@@ -89,7 +89,7 @@ def batch_of(kind: str, n: int) -> pa.Table:
 
 def batch_info(db: Database, batch_id: int = 0) -> BatchInfo:
     """A batch of :data:`INSTANCE` under its lease (taken now, or kept by this node)."""
-    epoch = try_acquire(db, PLAN, INSTANCE.shard_id, INSTANCE.node, 3_600.0, same_node=True)
+    epoch = try_acquire(db, PLAN, INSTANCE.instance, INSTANCE.node, 3_600.0, same_node=True)
     assert epoch is not None
     return BatchInfo(INSTANCE, batch_id, epoch, datetime.now(timezone.utc))
 

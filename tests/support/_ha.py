@@ -52,7 +52,7 @@ from tandem.reading import read_output
 UTC = timezone.utc
 REPO = Path(__file__).resolve().parents[2]
 PLAN = "trades"
-SHARD = "shard-1"
+INSTANCE = "shard-1"
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 MEASURES = ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max")
 ALL_TIME = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
@@ -63,7 +63,7 @@ SYMBOLS = ("IBM", "WSO2", "ORCL", "MSFT", "GOOG", "AAPL", "AMZN", "NVDA")
 # Configuration
 
 
-def configure_one_shard(project: Path, standby: str | None = None) -> None:
+def configure_one_instance(project: Path, standby: str | None = None) -> None:
     """The temp project's trades plan on shard-1 only (see :func:`one_core_nodes` for the masters);
     ``standby`` sets the HA mode with launch and stall timeouts for a loaded machine."""
     plan_path = project / "conf" / "plans" / "trades.yaml"
@@ -94,7 +94,7 @@ def one_core_nodes(project: Path) -> None:
 
 class TradeFeed:
     """Trade events with current timestamps into one instance's landing directory, one atomically
-    renamed file per :meth:`write`, and the totals the shard's outputs must then show."""
+    renamed file per :meth:`write`, and the totals the instance's outputs must then show."""
 
     def __init__(self, directory: Path, seed: int = 5) -> None:
         self.directory = directory
@@ -113,16 +113,16 @@ class TradeFeed:
         self.events += [(e["timestamp"], e["symbol"], e["price"], e["quantity"]) for e in events]
 
     @staticmethod
-    def published(database_url: str, shard: str = SHARD) -> tuple[int, int]:
-        """(trades counted, quantity) of the shard's per-second partials in PostgreSQL."""
+    def published(database_url: str, instance: str = INSTANCE) -> tuple[int, int]:
+        """(trades counted, quantity) of the instance's per-second partials in PostgreSQL."""
         [row] = fetch(database_url, "SELECT COALESCE(SUM(trade_count), 0) AS n, COALESCE(SUM(quantity_sum), 0) AS q "
-                                    "FROM tandem.trade_aggregates WHERE granularity = 'second' AND shard_id = %s",
-                      (shard,))
+                                    "FROM tandem.trade_aggregates WHERE granularity = 'second' AND instance = %s",
+                      (instance,))
         return int(row["n"]), int(row["q"])
 
-    def all_published(self, database_url: str, shard: str = SHARD) -> bool:
-        """Whether every trade written so far is counted exactly once in the shard's outputs."""
-        return self.published(database_url, shard) == (self.count, self.quantity)
+    def all_published(self, database_url: str, instance: str = INSTANCE) -> bool:
+        """Whether every trade written so far is counted exactly once in the instance's outputs."""
+        return self.published(database_url, instance) == (self.count, self.quantity)
 
 
 class TradeWriter(threading.Thread):
@@ -254,7 +254,7 @@ class StreamPartition:
 def start_writer(cluster: ClusterConfig, rate: int = 200, seed: int = 1) -> TradeWriter:
     """A :class:`TradeWriter` into the first partition of shard-1's share of the trades stream, files or NATS."""
     plan = load_plan(PLAN, cluster)
-    sink = StreamPartition(cluster, plan, "trades", plan.partitions(SHARD, "trades")[0])
+    sink = StreamPartition(cluster, plan, "trades", plan.partitions(INSTANCE, "trades")[0])
     writer = TradeWriter(None, rate=rate, seed=seed, sink=sink)
     writer.start()
     return writer
@@ -343,17 +343,17 @@ def published_twice(path: Path, limit: int = 5) -> list[str]:
     nodes is two publishers at once. (Readers keep the newest version of a key, so the merged
     values alone would hide both.)
     """
-    rows = read_table(path, columns=["granularity", "bucket_start", "symbol", "shard_id", "epoch", "batch_id",
+    rows = read_table(path, columns=["granularity", "bucket_start", "symbol", "instance", "epoch", "batch_id",
                                      "node"]).to_pylist()
-    seen: Counter = Counter((r["granularity"], r["bucket_start"], r["symbol"], r["shard_id"], r["epoch"], r["batch_id"])
+    seen: Counter = Counter((r["granularity"], r["bucket_start"], r["symbol"], r["instance"], r["epoch"], r["batch_id"])
                             for r in rows)
     twice = [key for key, n in seen.items() if n > 1]
     nodes_by_epoch: dict[tuple, set[str]] = defaultdict(set)
     for row in rows:
-        nodes_by_epoch[(row["shard_id"], row["epoch"])].add(row["node"])
+        nodes_by_epoch[(row["instance"], row["epoch"])].add(row["node"])
     problems = [f"delta: {len(twice)} (key, epoch, batch) published twice, e.g. {sorted(twice)[:limit]}"] if twice else []
-    problems += [f"delta: {shard} epoch {epoch} written by {sorted(nodes)}"
-                 for (shard, epoch), nodes in sorted(nodes_by_epoch.items()) if len(nodes) > 1]
+    problems += [f"delta: {instance} epoch {epoch} written by {sorted(nodes)}"
+                 for (instance, epoch), nodes in sorted(nodes_by_epoch.items()) if len(nodes) > 1]
     return problems
 
 
@@ -376,9 +376,9 @@ def published_total(database_url: str) -> int:
     return TradeFeed.published(database_url)[0]
 
 
-def lease(database_url: str, plan: str = PLAN, shard: str = SHARD) -> dict | None:
-    rows = fetch(database_url, "SELECT *, now() > expires_at AS expired FROM leases WHERE plan = %s AND shard_id = %s",
-                 (plan, shard))
+def lease(database_url: str, plan: str = PLAN, instance: str = INSTANCE) -> dict | None:
+    rows = fetch(database_url, "SELECT *, now() > expires_at AS expired FROM leases WHERE plan = %s AND instance = %s",
+                 (plan, instance))
     return rows[0] if rows else None
 
 
@@ -387,54 +387,54 @@ ROLE_CHANGES = ("PROMOTED", "DEMOTED", "RELEASED")
 
 
 def failover_events(database_url: str, since: datetime | None = None, kinds: tuple[str, ...] | None = None,
-                    plan: str = PLAN, shard: str = SHARD) -> list[dict]:
-    return fetch(database_url, "SELECT * FROM failover_events WHERE plan = %s AND shard_id = %s "
+                    plan: str = PLAN, instance: str = INSTANCE) -> list[dict]:
+    return fetch(database_url, "SELECT * FROM failover_events WHERE plan = %s AND instance = %s "
                                "AND (%s::timestamptz IS NULL OR happened_at >= %s) "
                                "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id",
-                 (plan, shard, since, since, list(kinds) if kinds else None, list(kinds) if kinds else None))
+                 (plan, instance, since, since, list(kinds) if kinds else None, list(kinds) if kinds else None))
 
 
-def publish_log(database_url: str, node: str | None = None, plan: str = PLAN, shard: str = SHARD) -> list[dict]:
-    return fetch(database_url, "SELECT * FROM publish_log WHERE plan = %s AND shard_id = %s "
+def publish_log(database_url: str, node: str | None = None, plan: str = PLAN, instance: str = INSTANCE) -> list[dict]:
+    return fetch(database_url, "SELECT * FROM publish_log WHERE plan = %s AND instance = %s "
                                "AND (%s::text IS NULL OR node = %s) ORDER BY published_at, batch_id",
-                 (plan, shard, node, node))
+                 (plan, instance, node, node))
 
 
-def instance_row(database_url: str, node: str, plan: str = PLAN, shard: str = SHARD) -> dict | None:
-    rows = fetch(database_url, "SELECT * FROM plan_instances WHERE instance_id = %s", (f"{plan}/{shard}/{node}",))
+def instance_row(database_url: str, node: str, plan: str = PLAN, instance: str = INSTANCE) -> dict | None:
+    rows = fetch(database_url, "SELECT * FROM plan_instances WHERE instance_id = %s", (f"{plan}/{instance}/{node}",))
     return rows[0] if rows else None
 
 
 def latest_watermark(database_url: str, node: str, since: datetime | None = None, plan: str = PLAN,
-                     shard: str = SHARD) -> datetime | None:
+                     instance: str = INSTANCE) -> datetime | None:
     """How far the node's instance has read: the event-time watermark of its slowest query that has one
     (its newest batch since ``since``; trades: ``aggregates``)."""
     rows = fetch(database_url, "SELECT min(w) AS w FROM (SELECT max(watermark) AS w FROM heartbeats "
                                "WHERE instance_id = %s AND watermark IS NOT NULL "
                                "AND (%s::timestamptz IS NULL OR recorded_at >= %s) GROUP BY query_name) AS q",
-                 (f"{plan}/{shard}/{node}", since, since))
+                 (f"{plan}/{instance}/{node}", since, since))
     return rows[0]["w"]
 
 
 def level_with(database_url: str, standby: str, active: str, slack_s: float = 5.0,
-               since: Mapping[str, datetime] | None = None, plan: str = PLAN, shard: str = SHARD) -> bool:
+               since: Mapping[str, datetime] | None = None, plan: str = PLAN, instance: str = INSTANCE) -> bool:
     """Whether ``standby`` is hot: its slowest query's watermark within ``slack_s`` of ``active``'s
     (each node's heartbeats since ``since[node]``, when given)."""
-    marks = [latest_watermark(database_url, node, (since or {}).get(node), plan, shard) for node in (standby, active)]
+    marks = [latest_watermark(database_url, node, (since or {}).get(node), plan, instance) for node in (standby, active)]
     return None not in marks and marks[0].timestamp() >= marks[1].timestamp() - slack_s
 
 
-def promotion(database_url: str, node: str, above_epoch: int, plan: str = PLAN, shard: str = SHARD) -> dict | None:
+def promotion(database_url: str, node: str, above_epoch: int, plan: str = PLAN, instance: str = INSTANCE) -> dict | None:
     """The first PROMOTED event of ``node`` to an epoch above ``above_epoch``, if any."""
-    for event in failover_events(database_url, plan=plan, shard=shard):
+    for event in failover_events(database_url, plan=plan, instance=instance):
         if event["kind"] == "PROMOTED" and event["node"] == node and event["epoch"] > above_epoch:
             return event
     return None
 
 
-def first_publish(database_url: str, node: str, epoch: int, plan: str = PLAN, shard: str = SHARD) -> dict | None:
+def first_publish(database_url: str, node: str, epoch: int, plan: str = PLAN, instance: str = INSTANCE) -> dict | None:
     """The earliest publish_log row of ``node`` at ``epoch``, if any."""
-    rows = [r for r in publish_log(database_url, node, plan, shard) if r["epoch"] == epoch]
+    rows = [r for r in publish_log(database_url, node, plan, instance) if r["epoch"] == epoch]
     return min(rows, key=lambda r: r["published_at"]) if rows else None
 
 
@@ -484,7 +484,7 @@ class Pair:
     dist: Path
     groups: list[int]
     trigger: str = "1 second"
-    shard: str = SHARD
+    instance: str = INSTANCE
     pgids: dict[str, int] = field(default_factory=dict)
     launched_at: dict[str, datetime] = field(default_factory=dict)
 
@@ -499,7 +499,7 @@ class Pair:
         print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
 
     def launch(self, node: str, role: str) -> int:
-        job = launch_instance(self.cluster, self.plan, self.shard, node, self.trigger, role=role,
+        job = launch_instance(self.cluster, self.plan, self.instance, node, self.trigger, role=role,
                               launched_by="test_failover", py_files=self.dist)
         assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
         self.groups.append(job.submit_pid)
@@ -508,12 +508,12 @@ class Pair:
         return job.submit_pid
 
     def wait_running(self, node: str, timeout_s: float = 240) -> dict:
-        return wait_until_running(self.cluster, self.plan.name, self.shard, node, timeout_s=timeout_s)
+        return wait_until_running(self.cluster, self.plan.name, self.instance, node, timeout_s=timeout_s)
 
     def start_pair(self, active: str = "node-a", passive: str = "node-b", timeout_s: float = 240) -> None:
         """ACTIVE first (it takes the free lease at start), then the PASSIVE once the lease is taken."""
         self.launch(active, "ACTIVE")
-        wait_for(lambda: (lease(self.url, self.plan.name, self.shard) or {}).get("holder") == active, timeout_s, f"{active} to take the lease",
+        wait_for(lambda: (lease(self.url, self.plan.name, self.instance) or {}).get("holder") == active, timeout_s, f"{active} to take the lease",
                  detail=lambda: self.log_tail(active))
         self.launch(passive, "PASSIVE")
         self.wait_running(active, timeout_s)
@@ -531,7 +531,7 @@ class Pair:
 
     def caught_up(self, node: str, slack_s: float = 10.0) -> bool:
         """The node's watermark is within ``slack_s`` of now − 10 s watermark delay: it has read what was written."""
-        watermark = latest_watermark(self.url, node, self.launched_at.get(node), self.plan.name, self.shard)
+        watermark = latest_watermark(self.url, node, self.launched_at.get(node), self.plan.name, self.instance)
         if watermark is None:
             return False
         behind = time.time() - watermark.timestamp() - self.plan.watermark_s
@@ -539,13 +539,13 @@ class Pair:
 
     def wait_caught_up(self, node: str, timeout_s: float = 300) -> None:
         wait_for(lambda: self.caught_up(node), timeout_s, f"{node} to catch up with the input",
-                 detail=lambda: f"watermark {latest_watermark(self.url, node, None, self.plan.name, self.shard)}, "
+                 detail=lambda: f"watermark {latest_watermark(self.url, node, None, self.plan.name, self.instance)}, "
                                 f"now {datetime.now(UTC)}\n"
                                 f"{self.log_tail(node)}")
 
     def wait_level(self, standby: str, active: str, slack_s: float = 5.0, timeout_s: float = 600) -> None:
         """Wait until the standby is hot (:func:`level_with`, each node's watermarks since its launch)."""
-        wait_for(lambda: level_with(self.url, standby, active, slack_s, self.launched_at, self.plan.name, self.shard),
+        wait_for(lambda: level_with(self.url, standby, active, slack_s, self.launched_at, self.plan.name, self.instance),
                  timeout_s, f"{standby} to process what {active} has", detail=lambda: self.log_tail(standby))
 
     @staticmethod
@@ -555,19 +555,19 @@ class Pair:
 
     def roles(self) -> tuple[str, str]:
         """(the node holding the lease, the other node of the pair)."""
-        holder = lease(self.url, self.plan.name, self.shard)["holder"]
+        holder = lease(self.url, self.plan.name, self.instance)["holder"]
         return holder, self.other(holder)
 
     def promoted(self, node: str, above_epoch: int) -> dict | None:
-        return promotion(self.url, node, above_epoch, self.plan.name, self.shard)
+        return promotion(self.url, node, above_epoch, self.plan.name, self.instance)
 
     def first_publish(self, node: str, epoch: int) -> dict | None:
-        return first_publish(self.url, node, epoch, self.plan.name, self.shard)
+        return first_publish(self.url, node, epoch, self.plan.name, self.instance)
 
     def log_tail(self, node: str, lines: int = 30) -> str:
         """For a failed wait: the node's instance row, its log's Tandem and ERROR lines (a query's error is
         followed by its plan, which fills any tail), then the log's last ``lines`` lines."""
-        row = instance_row(self.url, node, self.plan.name, self.shard)
+        row = instance_row(self.url, node, self.plan.name, self.instance)
         path = row and row["log_path"]
         if not path or not Path(path).is_file():
             return f"(no log for {node})"
@@ -671,17 +671,17 @@ class PrivatePostgres:
         self._script("destroy")
 
 
-def split_brain(database_url: str, plan: str = PLAN, shard: str = SHARD) -> list[str]:
+def split_brain(database_url: str, plan: str = PLAN, instance: str = INSTANCE) -> list[str]:
     """Evidence of two publishers at once: an epoch published by two nodes, or a publish at an
     epoch after the next epoch was granted. [] when every epoch's publishes precede the next one's."""
     problems = []
     nodes_by_epoch: dict[int, set[str]] = defaultdict(set)
-    rows = publish_log(database_url, plan=plan, shard=shard)
+    rows = publish_log(database_url, plan=plan, instance=instance)
     for row in rows:
         nodes_by_epoch[row["epoch"]].add(row["instance_id"])
     problems += [f"epoch {epoch} published by {sorted(nodes)}" for epoch, nodes in nodes_by_epoch.items()
                  if len(nodes) > 1]
-    for promotion in failover_events(database_url, plan=plan, shard=shard):
+    for promotion in failover_events(database_url, plan=plan, instance=instance):
         if promotion["kind"] != "PROMOTED":
             continue
         stale = [r for r in rows if r["epoch"] < promotion["epoch"] and r["published_at"] > promotion["happened_at"]]
@@ -712,7 +712,7 @@ class HotPair:
     def start_load(self) -> None:
         """~200 events/s into shard-1's landing directory (a new writer, a new seed, for each test)."""
         self.load_started_at = db_now(self.url)
-        self.writer = TradeWriter(instance_landing_dir(self.pair.cluster, load_plan("trades", self.pair.cluster), SHARD), rate=200, seed=next(self.seeds))
+        self.writer = TradeWriter(instance_landing_dir(self.pair.cluster, load_plan("trades", self.pair.cluster), INSTANCE), rate=200, seed=next(self.seeds))
         self.writer.start()
 
     def stop_load(self) -> list[tuple[int, str, float, int]]:
@@ -735,7 +735,7 @@ class HotPair:
         timeout_s = self.pair.plan.heartbeat.timeout_s
         wait_for(lambda: not fetch(self.url, "SELECT 1 FROM liveness WHERE instance_id = %s AND "
                                              "beat_at > now() - make_interval(secs => %s)",
-                                   (f"trades/{SHARD}/{node}", timeout_s)),
+                                   (f"trades/{INSTANCE}/{node}", timeout_s)),
                  30, f"{node}'s last liveness beat to age past {timeout_s:g}s")
         self.pair.launch(node, "PASSIVE")
         self.pair.wait_running(node)
@@ -815,7 +815,7 @@ def register_last_launches(pair: Pair) -> None:
     whose report never came back (it failed, or the test did) is killed too. The database may be gone."""
     for node in pair.plan.nodes:
         try:
-            row = instance_row(pair.url, node, pair.plan.name, pair.shard)
+            row = instance_row(pair.url, node, pair.plan.name, pair.instance)
         except Exception:  # noqa: BLE001 - kill what is known
             row = None
         if row and row["submit_pid"] and row["submit_pid"] not in pair.groups:
@@ -823,18 +823,18 @@ def register_last_launches(pair: Pair) -> None:
 
 
 class Reconciling(threading.Thread):
-    """``supervisor.reconcile(shard)`` in a thread (a launch waits for RUNNING: a JVM start), so the
+    """``supervisor.reconcile(instance)`` in a thread (a launch waits for RUNNING: a JVM start), so the
     test goes on meanwhile; :meth:`report` joins it and returns its report, or raises what it raised."""
 
-    def __init__(self, supervisor: Supervisor, shard: str, cause: str) -> None:
-        super().__init__(name=f"supervisor-reconcile-{shard}", daemon=True)
-        self.supervisor, self.shard, self.cause = supervisor, shard, cause
+    def __init__(self, supervisor: Supervisor, instance: str, cause: str) -> None:
+        super().__init__(name=f"supervisor-reconcile-{instance}", daemon=True)
+        self.supervisor, self.instance, self.cause = supervisor, instance, cause
         self.result: Report | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.result = self.supervisor.reconcile(self.shard, cause=self.cause)
+            self.result = self.supervisor.reconcile(self.instance, cause=self.cause)
         except BaseException as exc:  # noqa: BLE001 - surfaced by report()
             self.error = exc
 

@@ -267,11 +267,11 @@ def _cli_on_host(network: HostNetwork, host: str, argv: list[str], local_ip: str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def launch_on_host(network: HostNetwork, host: str, plan: str, shard: str, node: str, role: str,
+def launch_on_host(network: HostNetwork, host: str, plan: str, instance: str, node: str, role: str,
                    trigger: str | None = None, resync_from: str | None = None, replace: bool = False,
                    local_ip: str = "127.0.0.1") -> NodeLaunch:
     """``tandem launch`` run on ``host``: the re-sync and the instance's ``spark-submit`` happen there."""
-    argv = ["launch", plan, shard, node, "--role", role]
+    argv = ["launch", plan, instance, node, "--role", role]
     argv += ["--trigger-interval", trigger] if trigger else []
     argv += ["--resync-from", resync_from] if resync_from else []
     argv += ["--replace"] if replace else []
@@ -290,16 +290,16 @@ class CliOnHosts:
     network: HostNetwork
     plan: str
 
-    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
-        return launch_on_host(self.network, HOST_OF[node], self.plan, shard_id, node, role, resync_from=resync_from,
+    def launch(self, instance: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        return launch_on_host(self.network, HOST_OF[node], self.plan, instance, node, role, resync_from=resync_from,
                               replace=True)
 
-    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+    def stop(self, instance: str, node: str, timeout_s: float) -> StopResult:
         try:
-            return stop_instance(load_cluster(), self.plan, shard_id, node, timeout_s=timeout_s)
+            return stop_instance(load_cluster(), self.plan, instance, node, timeout_s=timeout_s)
         except LaunchError:
             return StopResult(**_cli_on_host(self.network, HOST_OF[node],
-                                             ["stop", self.plan, shard_id, node, "--timeout", str(timeout_s)]))
+                                             ["stop", self.plan, instance, node, "--timeout", str(timeout_s)]))
 
 
 @dataclass
@@ -315,7 +315,7 @@ class HostPair(Pair):
     def launch(self, node: str, role: str) -> int:
         host = self.host_of[node]
         local_ip = self.network.address(host) if self.drivers_on_host_address else "127.0.0.1"
-        job = launch_on_host(self.network, host, self.plan.name, self.shard, node, role, self.trigger,
+        job = launch_on_host(self.network, host, self.plan.name, self.instance, node, role, self.trigger,
                              local_ip=local_ip).job
         assert not job.reused, f"{node}: the launcher reused a job instead of launching: {job.reason}"
         self.groups.append(job.submit_pid)

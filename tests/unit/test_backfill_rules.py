@@ -104,19 +104,19 @@ def test_only_the_lease_holder_s_newest_watermark_closes_a_range() -> None:
 def test_a_range_reaching_rows_the_retention_deleted_is_refused(conf: Path) -> None:
     cluster = load_cluster(conf / "cluster.yaml")
     trades = load_plan("trades", cluster)
-    shards = list(trades.shards)
+    instances = list(trades.instances)
     old = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
     seconds_gone = {"partials/trade_aggregates/second": old + timedelta(days=1)}
-    assert retention_refusal(trades, old, old + timedelta(minutes=30), {}, shards) is None, "nothing trimmed"
-    assert retention_refusal(trades, old, old + timedelta(minutes=30), seconds_gone, shards) is None, "aligned"
-    inside = retention_refusal(trades, old + timedelta(seconds=90), old + timedelta(minutes=30), seconds_gone, shards)
+    assert retention_refusal(trades, old, old + timedelta(minutes=30), {}, instances) is None, "nothing trimmed"
+    assert retention_refusal(trades, old, old + timedelta(minutes=30), seconds_gone, instances) is None, "aligned"
+    inside = retention_refusal(trades, old + timedelta(seconds=90), old + timedelta(minutes=30), seconds_gone, instances)
     assert "inside the minute bucket" in inside and "maintenance.retention.partials.second" in inside
     assert "start it at a minute boundary (2026-11-20T09:01:00+00:00 or 2026-11-20T09:02:00+00:00)" in inside
-    ends = retention_refusal(trades, old, old + timedelta(minutes=30, seconds=5), seconds_gone, shards)
+    ends = retention_refusal(trades, old, old + timedelta(minutes=30, seconds=5), seconds_gone, instances)
     assert ends.startswith("it ends at")
     later = old + timedelta(days=2)
     assert retention_refusal(trades, later + timedelta(seconds=7), later + timedelta(seconds=9), seconds_gone,
-                             shards) is None, "the minute's seconds are all there"
+                             instances) is None, "the minute's seconds are all there"
 
     pizza = load_plan("pizza_shop", cluster)  # order_stats and delivered_orders: published once by id
     ids_gone = {"contributions/orders-1": old}

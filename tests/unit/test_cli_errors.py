@@ -31,3 +31,18 @@ def test_a_bad_request_is_one_literal_line_and_exit_2(conf: Path, argv: list[str
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["snapshot", "trades", "--shard", "shard-2"], "shard-2"),
+    (["restore", "trades", "--shard", "shard-2"], "shard-2"),
+    (["backfill", "trades", "--shard", "shard-1", "--instance", "shard-2"], ["shard-1", "shard-2"]),
+    (["backfill", "trades", "--instance", "shard-2"], ["shard-2"]),
+    (["run", "--plan", "trades", "--node", "node-a", "--shard", "shard-1"], "shard-1"),
+])
+def test_shard_is_a_deprecated_alias_of_instance(capsys: pytest.CaptureFixture, argv: list[str], expected) -> None:
+    from tandem.cli import build_parser
+
+    assert build_parser().parse_args(argv).instance == expected
+    warned = capsys.readouterr().err
+    assert ("--shard is deprecated: use --instance" in warned) == ("--shard" in argv), warned

@@ -18,7 +18,7 @@ def test_shipped_configuration_loads(conf: Path) -> None:
     assert set(cluster.nodes) == {"node-a", "node-b"}
     assert cluster.storage_root == (conf.parent / ".tandem/data").resolve()
     trades = plans["trades"]
-    assert trades.shards == ("shard-1", "shard-2")
+    assert trades.instances == ("shard-1", "shard-2")
     assert trades.watermark_s == 10.0
     assert trades.heartbeat.timeout_s == 3.0
 
@@ -50,7 +50,7 @@ def test_environment_overrides_paths_and_urls(conf: Path, tmp_path: Path, monkey
         ("plans/trades.yaml", lambda d: d.update(watermark="soon"), "watermark", "duration"),
         ("plans/trades.yaml", lambda d: d["groups"]["shard"].update(parallel=0), "groups.shard.parallel",
          "positive integer"),
-        ("plans/trades.yaml", lambda d: d.update(groups={"Shard 1": {"queries": ["aggregates"]}}), "groups.Shard 1",
+        ("plans/trades.yaml", lambda d: d.update(groups={"Instance 1": {"queries": ["aggregates"]}}), "groups.Instance 1",
          "must match"),
         ("plans/trades.yaml", lambda d: d.update(nodes=["node-z"]), "nodes[0]", "unknown node"),
         ("plans/trades.yaml", lambda d: d["heartbeat"].update(max_missed=0), "heartbeat.max_missed", "positive"),

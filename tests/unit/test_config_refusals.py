@@ -196,8 +196,8 @@ CASES = {
                                f"outputs.stats_{'x' * 56}.table", "the default table name 'trades_stats_xxx"),
     "default table with a dash": (PLAN, data(lambda d: d["outputs"].update({"trade-stats": STATS})),
                                   "outputs.trade-stats.table", "the default table name 'trades_trade-stats' must match"),
-    "key named like a table column": (PLAN, aggregates(key=["shard_id"]), "outputs.trade_aggregates",
-                                      "shard_id: each key, measure and ratio needs a column name of its own"),
+    "key named like a table column": (PLAN, aggregates(key=["instance"]), "outputs.trade_aggregates",
+                                      "instance: each key, measure and ratio needs a column name of its own"),
     "measure named like a key": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
         symbol={"max": "price"})), "outputs.trade_aggregates", "symbol: each key, measure and ratio"),
 }

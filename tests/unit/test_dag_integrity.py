@@ -88,18 +88,18 @@ def test_run_dag_shape(dagbag, plans):
     for name, plan in plans.items():
         dag = dagbag.dags[f"tandem_{name}_run"]
         assert dag.schedule is None
-        assert dag.max_active_runs == len(plan.nodes) * len(plan.shards)
+        assert dag.max_active_runs == len(plan.nodes) * len(plan.instances)
         route = dag.get_task("route")
         assert route.downstream_task_ids == {f"{verb}_{node}" for node in plan.nodes for verb in ("launch", "stop")}
         for node in plan.nodes:
             task = dag.get_task(f"launch_{node}")
             assert task.task_type == "LaunchPlanInstanceOperator"
             assert task.node == node
-            assert set(task.template_fields) >= {"plan", "shard_id", "trigger_interval", "role", "resync_from",
+            assert set(task.template_fields) >= {"plan", "instance", "trigger_interval", "role", "resync_from",
                                                  "expires_at", "action"}
             stop = dag.get_task(f"stop_{node}")
             assert stop.task_type == "StopPlanInstanceOperator" and stop.node == node
-            assert set(stop.template_fields) >= {"plan", "shard_id", "stop_timeout", "expires_at", "launched_at"}
+            assert set(stop.template_fields) >= {"plan", "instance", "stop_timeout", "expires_at", "launched_at"}
             assert (stop.queue, stop.executor) == (task.queue, task.executor), "both run on the node's host"
             for action, chosen in (("launch", task), ("relaunch", task), ("stop", stop)):
                 assert route.python_callable(params={"node": node, "action": action}) == chosen.task_id
@@ -158,31 +158,31 @@ def test_snapshot_dag_shape(dagbag, plans):
         prune = dag.get_task("prune")
         assert prune.trigger_rule == "all_done", "retention must run even when a snapshot failed"
         snapshots = [t for t in dag.tasks if t.task_type == "TakeSnapshotOperator"]
-        assert sorted((t.shard_id, t.task_id) for t in snapshots) == sorted(
-            (shard, f"snapshot_{shard}_on_{node}") for shard in plan.shards for node in plan.nodes)
+        assert sorted((t.instance, t.task_id) for t in snapshots) == sorted(
+            (instance, f"snapshot_{instance}_on_{node}") for instance in plan.instances for node in plan.nodes)
         assert all(t.node == "" for t in snapshots), "every host snapshots the ACTIVE instance"
         assert all(t.downstream_task_ids == {"prune", "all_snapshots_good"} for t in snapshots)
-        for shard in plan.shards:  # one task per node of the shard, after the choice of the host
-            choose = dag.get_task(f"choose_host_{shard}")
-            assert choose.task_type == "ChooseSnapshotHostOperator" and choose.shard_id == shard
-            assert choose.downstream_task_ids == {f"snapshot_{shard}_on_{node}" for node in plan.nodes}
+        for instance in plan.instances:  # one task per node of the instance, after the choice of the host
+            choose = dag.get_task(f"choose_host_{instance}")
+            assert choose.task_type == "ChooseSnapshotHostOperator" and choose.instance == instance
+            assert choose.downstream_task_ids == {f"snapshot_{instance}_on_{node}" for node in plan.nodes}
         assert dag.get_task("all_snapshots_good").trigger_rule == "none_failed", "a failed snapshot fails the run"
 
 
-def test_a_snapshot_run_takes_every_shard_by_default_and_one_shard_when_triggered_for_it(dagbag, plans):
-    """Scheduled runs have the Param's default (every shard); ``tandem_ops`` snapshot_now triggers a run
-    for one shard, and the host choices of the other shards render that shard's name (they skip)."""
+def test_a_snapshot_run_takes_every_instance_by_default_and_one_instance_when_triggered_for_it(dagbag, plans):
+    """Scheduled runs have the Param's default (every instance); ``tandem_ops`` snapshot_now triggers a run
+    for one instance, and the host choices of the other instances render that instance's name (they skip)."""
     from airflow.sdk.exceptions import ParamValidationError
 
     dag = dagbag.dags["tandem_pizza_shop_snapshot"]
-    assert dag.params.validate() == {"shard_id": ""}
+    assert dag.params.validate() == {"instance": ""}
     params = copy.deepcopy(dag.params)
-    params.update({"shard_id": "shop-2"})
-    for shard in plans["pizza_shop"].shards:
-        task = dag.get_task(f"choose_host_{shard}")
-        assert task.render_template(task.selected_shard, {"params": params.validate()}) == "shop-2"
-    with pytest.raises(ParamValidationError):  # another plan's shard
-        params.update({"shard_id": "shard-1"})
+    params.update({"instance": "shop-2"})
+    for instance in plans["pizza_shop"].instances:
+        task = dag.get_task(f"choose_host_{instance}")
+        assert task.render_template(task.selected_instance, {"params": params.validate()}) == "shop-2"
+    with pytest.raises(ParamValidationError):  # another plan's instance
+        params.update({"instance": "shard-1"})
         params.validate()
 
 
@@ -245,7 +245,7 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 
 @pytest.mark.parametrize("dag_id", ["tandem_ops", "tandem_restore"])
 def test_a_conf_of_an_older_client_still_names_the_instance_shard_id(dagbag, dag_id, caplog):
-    """Until the next release, a run triggered with ``shard_id`` (the Param's former name) acts on that
+    """Until the next release, a run triggered with ``instance`` (the Param's former name) acts on that
     instance; with both names given and different it fails without retry."""
     import logging
 
@@ -272,17 +272,17 @@ def test_a_conf_of_an_older_client_still_names_the_instance_shard_id(dagbag, dag
         instance_of({"instance": "shard-1", "shard_id": "shard-2"})
 
 
-def test_run_params_default_to_the_plans_first_node_and_shard(dagbag, plans):
+def test_run_params_default_to_the_plans_first_node_and_instance(dagbag, plans):
     plan = plans["trades"]
     values = dagbag.dags["tandem_trades_run"].params.validate()
-    assert values == {"action": "launch", "node": plan.nodes[0], "shard_id": plan.shards[0],
+    assert values == {"action": "launch", "node": plan.nodes[0], "instance": plan.instances[0],
                       "trigger_interval": "1 second", "role": "ACTIVE", "resync_from": "", "expires_at": "",
                       "stop_timeout": "1 minute", "launched_at": ""}
     assert parse_duration(values["trigger_interval"]) == plan.trigger_interval_s
 
 
 @pytest.mark.parametrize(("param", "value"), [
-    ("node", "node-z"), ("shard_id", "shard-9"), ("trigger_interval", "soon"), ("trigger_interval", "1 fortnight"),
+    ("node", "node-z"), ("instance", "shard-9"), ("trigger_interval", "soon"), ("trigger_interval", "1 fortnight"),
     ("node", 3), ("role", "LEADER"), ("resync_from", "node-z"), ("action", "restart"), ("stop_timeout", "never"),
 ])
 def test_run_params_reject_bad_values(dagbag, param, value):
@@ -305,13 +305,33 @@ def test_run_templates_render_the_params(dagbag):
     dag = dagbag.dags["tandem_trades_run"]
     task = dag.get_task("launch_node-b")
     params = copy.deepcopy(dag.params)
-    params.update({"node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds", "role": "PASSIVE",
+    params.update({"node": "node-b", "instance": "shard-2", "trigger_interval": "2 seconds", "role": "PASSIVE",
                    "resync_from": "node-a"})
     rendered = {field: task.render_template(getattr(task, field), {"params": params.validate()})
-                for field in ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from")}
-    assert rendered == {"plan": "trades", "node": "node-b", "shard_id": "shard-2", "trigger_interval": "2 seconds",
+                for field in ("plan", "node", "instance", "trigger_interval", "role", "resync_from")}
+    assert rendered == {"plan": "trades", "node": "node-b", "instance": "shard-2", "trigger_interval": "2 seconds",
                         "role": "PASSIVE", "resync_from": "node-a"}
 
+
+
+@pytest.mark.parametrize("dag_id, task_id, field", [("tandem_trades_run", "launch_node-b", "instance"),
+                                                    ("tandem_trades_run", "stop_node-b", "instance"),
+                                                    ("tandem_trades_snapshot", "choose_host_shard-1",
+                                                     "selected_instance")])
+def test_a_run_of_an_older_client_naming_shard_id_gets_that_instance(dagbag, dag_id, task_id, field):
+    """A conf key ``shard_id`` (before the rename) is obeyed until the next release, though the run DAG's Param
+    ``instance`` has a default (the plan's first instance)."""
+    dag = dagbag.dags[dag_id]
+    task = dag.get_task(task_id)
+
+    def rendered(conf: dict) -> str:
+        params = copy.deepcopy(dag.params)
+        params.update({**({"node": "node-b"} if "node" in params else {}), **conf})
+        return task.render_template(getattr(task, field), {"params": params.validate()})
+
+    assert rendered({"shard_id": "shard-2"}) == "shard-2"
+    assert rendered({"instance": "shard-2"}) == "shard-2"
+    assert rendered({}) == ("shard-1" if dag_id.endswith("_run") else "")
 
 def test_dags_serialize_like_the_scheduler_stores_them(dagbag):
     from airflow.serialization.serialized_objects import DagSerialization
@@ -427,7 +447,7 @@ def test_launch_operator_rejects_a_bad_interval_without_retry():
 
     from tandem.airflow.instance_operators import LaunchPlanInstanceOperator
 
-    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", instance="shard-1",
                                           trigger_interval="soon")
     with pytest.raises(AirflowFailException, match="Param trigger_interval: expected a duration"):
         operator.execute(context={})
@@ -438,7 +458,7 @@ def test_launch_operator_rejects_an_unknown_action_without_retry():
 
     from tandem.airflow.instance_operators import LaunchPlanInstanceOperator
 
-    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+    operator = LaunchPlanInstanceOperator(task_id="t", plan="trades", node="node-a", instance="shard-1",
                                           action="stop")
     with pytest.raises(AirflowFailException, match="Param action: 'stop' is not launch or relaunch"):
         operator.execute(context={})
@@ -449,7 +469,7 @@ def test_stop_operator_rejects_a_bad_timeout_without_retry():
 
     from tandem.airflow.instance_operators import StopPlanInstanceOperator
 
-    operator = StopPlanInstanceOperator(task_id="t", plan="trades", node="node-a", shard_id="shard-1",
+    operator = StopPlanInstanceOperator(task_id="t", plan="trades", node="node-a", instance="shard-1",
                                         stop_timeout="soon")
     with pytest.raises(AirflowFailException, match="Param stop_timeout: expected a duration"):
         operator.execute(context={})

@@ -1,4 +1,4 @@
-"""Role decisions for one (plan, shard) from hand-written observations (pure, no PostgreSQL)."""
+"""Role decisions for one (plan, instance) from hand-written observations (pure, no PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tandem.supervisor.decisions import (
     HandOver,
     Launch,
     LeaseView,
-    ShardView,
+    InstanceView,
     Stop,
     actionable,
     decide,
@@ -36,11 +36,11 @@ def inst(node: str, state: str = HEALTHY, role: str | None = PASSIVE) -> Instanc
 
 def view(*instances: InstanceHealth, holder: str | None = None, epoch: int = 1, valid: bool = True,
          expired_for_s: float | None = None, standby: str = HOT, drained: tuple[str, ...] = (),
-         launches: dict[str, int] | None = None, nodes: tuple[str, ...] | None = None) -> ShardView:
+         launches: dict[str, int] | None = None, nodes: tuple[str, ...] | None = None) -> InstanceView:
     nodes = nodes or tuple(i.node for i in instances)
     lease = None if holder is None and not valid else LeaseView(holder, epoch, valid,
                                                                  None if valid else (expired_for_s or 0.5))
-    return ShardView("trades", "shard-1", nodes, standby, TTL, {i.node: i for i in instances}, lease,
+    return InstanceView("trades", "shard-1", nodes, standby, TTL, {i.node: i for i in instances}, lease,
                      frozenset(drained), launches or {})
 
 
@@ -48,7 +48,7 @@ def test_initial_roles_follow_the_node_order():
     assert [initial_role(i) for i in range(4)] == [ACTIVE, PASSIVE, BACKUP, BACKUP]
 
 
-def test_a_converged_shard_needs_nothing():
+def test_a_converged_instance_needs_nothing():
     world = view(inst("a", role=ACTIVE), inst("b", role=PASSIVE), inst("c", role=BACKUP), holder="a")
     assert decide(world) == []
 
@@ -56,7 +56,7 @@ def test_a_converged_shard_needs_nothing():
 def test_bootstrap_starts_the_first_node_as_active_then_the_standbys_in_order():
     empty = view(inst("a", MISSING, None), inst("b", MISSING, None), inst("c", MISSING, None), holder=None,
                  valid=False)
-    assert decide(empty) == [Launch("a", ACTIVE, "no instance of the shard runs")]
+    assert decide(empty) == [Launch("a", ACTIVE, "no instance of the instance runs")]
     active_up = view(inst("a", role=ACTIVE), inst("b", MISSING, None), inst("c", MISSING, None), holder="a")
     actions = decide(active_up)
     assert [(a.node, a.role, a.resync_from) for a in actions] == [("b", PASSIVE, "a"), ("c", BACKUP, "a")]
@@ -315,7 +315,7 @@ def test_a_recorded_blocked_node_waits_for_an_operator_and_the_others_run_withou
     assert (actions[1].node, actions[1].role, actions[1].resync_from) == ("c", PASSIVE, "b")
 
 
-def test_when_every_node_is_blocked_nothing_is_launched_and_the_shard_says_why():
+def test_when_every_node_is_blocked_nothing_is_launched_and_the_instance_says_why():
     world = view(blocked("a", recorded=True), blocked("b", recorded=True), holder=None, valid=False)
     actions = decide(world)
     assert all(isinstance(a, Blocked) for a in actions) and not actionable(actions)

@@ -10,7 +10,7 @@ import pytest
 
 from tandem.errors import cause_of, raised_in
 from tandem.runtime.node import RunResult, failure_of, release_reason
-from tandem.supervisor.health import FAILED, STOPPED, InstanceObservation, Thresholds, evaluate
+from tandem.supervisor.health import FAILED, STOPPED, NodeObservation, Thresholds, evaluate
 
 SPARK_TEXT = """An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
   File "/venv/lib/python3.11/site-packages/py4j/clientserver.py", line 644, in _call_proxy
@@ -60,9 +60,9 @@ def test_a_cause_is_one_line_of_a_bounded_length() -> None:
 
 def test_a_failed_instance_shows_the_cause_not_the_top_of_a_traceback() -> None:
     limits = Thresholds(heartbeat_timeout_s=3.0, stall_timeout_s=30.0, launch_timeout_s=120.0)
-    failed = evaluate(InstanceObservation("node-a", "FAILED", error="query q failed: " + SPARK_TEXT), limits)
+    failed = evaluate(NodeObservation("node-a", "FAILED", error="query q failed: " + SPARK_TEXT), limits)
     assert (failed.state, failed.evidence) == (FAILED, f"ended with an error: query q failed: {CAUSE}")
-    stopped = evaluate(InstanceObservation("node-a", "STOPPED", error="stopped at the request of ops"), limits)
+    stopped = evaluate(NodeObservation("node-a", "STOPPED", error="stopped at the request of ops"), limits)
     assert (stopped.state, stopped.evidence) == (STOPPED, "stopped: stopped at the request of ops")
 
 

@@ -13,7 +13,7 @@ from tandem.supervisor.health import (
     STALLED,
     STARTING,
     STOPPED,
-    InstanceObservation,
+    NodeObservation,
     Thresholds,
     evaluate,
 )
@@ -21,11 +21,11 @@ from tandem.supervisor.health import (
 LIMITS = Thresholds(heartbeat_timeout_s=3.0, stall_timeout_s=30.0, launch_timeout_s=120.0)
 
 
-def running(**changes) -> InstanceObservation:
+def running(**changes) -> NodeObservation:
     values = dict(node="node-a", status="RUNNING", role="ACTIVE", epoch=4, beat_age_s=0.4, launched_age_s=600.0,
                   started_age_s=590.0, last_batch_age_s=0.8, waiting_input_age_s=None)
     values.update(changes)
-    return InstanceObservation(**values)
+    return NodeObservation(**values)
 
 
 def test_a_beating_instance_without_waiting_input_is_healthy():
@@ -40,7 +40,7 @@ def test_an_idle_instance_is_healthy_however_long_ago_its_last_batch_was():
 
 
 def test_never_recorded_is_missing():
-    assert evaluate(InstanceObservation("node-b", None), LIMITS).state == MISSING
+    assert evaluate(NodeObservation("node-b", None), LIMITS).state == MISSING
 
 
 def test_failed_carries_the_error():

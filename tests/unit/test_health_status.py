@@ -24,14 +24,14 @@ def test_status_shows_roles_health_lease_and_events(project: Path, database_url:
 
         def work(cur):
             for node, role, epoch, beat in (("node-a", "ACTIVE", 4, 0.3), ("node-b", "PASSIVE", 0, 12.0)):
-                cur.execute("""INSERT INTO plan_instances (instance_id, plan, shard_id, node, role, epoch, status,
+                cur.execute("""INSERT INTO plan_instances (instance_id, plan, instance, node, role, epoch, status,
                                                            started_at, pid)
                                VALUES (%s, 'trades', 'shard-1', %s, %s, %s, 'RUNNING', now(), 4242)""",
                             (f"trades/shard-1/{node}", node, role, epoch))
                 cur.execute("""INSERT INTO liveness (instance_id, host, pid, beat_at, started_at)
                                VALUES (%s, 'h', 4242, now() - make_interval(secs => %s), now())""",
                             (f"trades/shard-1/{node}", beat))
-            cur.execute("""INSERT INTO leases (plan, shard_id, holder, epoch, ttl_s, expires_at)
+            cur.execute("""INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at)
                            VALUES ('trades', 'shard-1', 'node-a', 4, 3, now() + interval '2 seconds')""")
             record_event(cur, "trades", "shard-1", "PROMOTED", "PASSIVE took the lease: lease expired",
                          node="node-a", previous_node="node-b", epoch=4)

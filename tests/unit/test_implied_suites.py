@@ -67,8 +67,8 @@ def test_every_validated_output_of_a_shipped_plan_has_its_part_of_the_implied_su
         part = part_for(suite, plan, output)
         assert checks(part) == checks(output_expectations(plan, output)) and len(part) == len(checks(part))
         assert all(e["meta"]["why"] for e in part)
-        assert check("expect_column_values_to_be_in_set", column="shard_id",
-                     value_set={"$PARAMETER": "plan_shards"}) in checks(part)  # only the plan's instances
+        assert check("expect_column_values_to_be_in_set", column="instance",
+                     value_set={"$PARAMETER": "plan_instances"}) in checks(part)  # only the plan's instances
 
 
 def test_the_trades_aggregation_implies_what_its_suite_file_checks_generically() -> None:
@@ -90,10 +90,10 @@ def test_an_aggregation_of_facts_keeps_its_granularities_and_a_count_of_at_least
     implied = checks(aggregation_expectations(plan, "order_stats"))
     assert check("expect_column_values_to_be_in_set", column="granularity",
                  value_set=["second", "minute", "hour", "day"]) in implied
-    assert {not_null("granularity"), not_null("bucket_start"), not_null("shard_id"),
+    assert {not_null("granularity"), not_null("bucket_start"), not_null("instance"),
             between("orders", min_value=1)} <= implied
     assert not any("on_time" in c or '"customers"' in c for c in implied - {
-        check("expect_table_columns_to_match_set", column_set=["granularity", "bucket_start", "shard_id", "orders",
+        check("expect_table_columns_to_match_set", column_set=["granularity", "bucket_start", "instance", "orders",
                                                                "on_time", "customers"], exact_match=False)})
     # a sum of a computed field and a distinct count carry no bounds
     assert checks(part_for(shipped("pizza_shop_outputs"), plan, "order_stats")) & implied \
@@ -110,7 +110,7 @@ def test_events_and_tables_need_their_keys_values_and_time() -> None:
         <= alerts
     table = checks(output_expectations(pizza, "delivered_orders"))
     assert {not_null("customer_name"), not_null("delivered"), between("version", min_value=1),
-            check("expect_compound_columns_to_be_unique", column_list=["customer_name", "shard_id"])} <= table
+            check("expect_compound_columns_to_be_unique", column_list=["customer_name", "instance"])} <= table
     overdue = checks(output_expectations(pizza, "overdue_orders"))
     assert {not_null("order_no"), not_null("expiry_time"),
             check("expect_column_values_to_be_unique", column="event_id")} <= overdue

@@ -50,7 +50,7 @@ def test_contribution_ids_go_after_the_retention_and_before_what_a_kept_snapshot
     assert contributions_cutoff(now, month, now - timedelta(days=40)) == now - timedelta(days=40)
 
     def snapshot(replay_from: datetime | None) -> SnapshotRecord:
-        return SnapshotRecord(id="s", plan="trades", shard_id="shard-1", instance_id="trades/shard-1/node-a",
+        return SnapshotRecord(id="s", plan="trades", instance="shard-1", instance_id="trades/shard-1/node-a",
                               node="node-a", taken_at=now, checkpoint_path="/x", status=GOOD, replay_from=replay_from)
 
     # the cut's earliest commit, less the clock margin; an hour before the start when it was not recorded

@@ -152,12 +152,12 @@ def test_cmdline_matches_only_the_same_instance():
             "tandem:trades/shard-1/node-a", "/p/jobs/run_plan.py", "--plan", "trades", "--node", "node-a",
             "--instance", "shard-1", "--trigger-interval", "1 seconds"]
     assert is_instance_cmdline(java, KEY)
-    assert is_instance_cmdline([arg.replace("--instance", "--shard") for arg in java], KEY)  # launched before --instance
-    assert is_instance_cmdline(["python", "/p/jobs/run_plan.py", "--shard", "shard-1", "--plan", "trades",
+    assert is_instance_cmdline([arg.replace("--instance", "--instance") for arg in java], KEY)  # launched before --instance
+    assert is_instance_cmdline(["python", "/p/jobs/run_plan.py", "--instance", "shard-1", "--plan", "trades",
                                 "--node", "node-a"], KEY)
     assert not is_instance_cmdline(java, InstanceKey("trades", "shard-2", "node-a"))
     assert not is_instance_cmdline(java, InstanceKey("trades", "shard-1", "node-b"))
-    assert not is_instance_cmdline(["python", "other.py", "--plan", "trades", "--node", "node-a", "--shard",
+    assert not is_instance_cmdline(["python", "other.py", "--plan", "trades", "--node", "node-a", "--instance",
                                     "shard-1"], KEY)
     assert not is_instance_cmdline([], KEY)
 
@@ -238,7 +238,7 @@ def test_a_launch_starts_with_an_empty_scratch_folder(tmp_path):
     assert reset_scratch_dir(tmp_path / "new") == tmp_path / "new" and (tmp_path / "new").is_dir()
 
 
-def test_log_path_is_per_plan_shard_and_node_with_a_utc_timestamp(cluster):
+def test_log_path_is_per_plan_instance_and_node_with_a_utc_timestamp(cluster):
     moment = datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=timezone.utc)
     path = log_path_for(cluster, KEY, moment)
     assert path == cluster.storage_root / "logs" / "trades" / "shard-1" / "node-a-20250304T050607.891Z.log"
@@ -249,7 +249,7 @@ def test_launch_without_dist_says_run_make_dist(cluster):
         launch_instance(cluster, "trades", "shard-1", "node-a")
 
 
-def test_launch_rejects_a_shard_or_node_outside_the_plan(cluster):
+def test_launch_rejects_a_instance_or_node_outside_the_plan(cluster):
     plan = load_plan("trades", cluster)
     with pytest.raises(LaunchRejected, match=r"trades.yaml: groups: 'shard-9' is not an instance of plan trades"):
         launch_instance(cluster, plan, "shard-9", "node-a")

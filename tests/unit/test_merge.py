@@ -10,8 +10,8 @@ from _project import TRADES
 HOUR = datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
 
 
-def partial(shard: str, symbol: str, prices: list[float], quantities: list[int], bucket=HOUR) -> dict:
-    return {"bucket_start": bucket, "symbol": symbol, "shard_id": shard, "price_sum": sum(prices),
+def partial(instance: str, symbol: str, prices: list[float], quantities: list[int], bucket=HOUR) -> dict:
+    return {"bucket_start": bucket, "symbol": symbol, "instance": instance, "price_sum": sum(prices),
             "trade_count": len(prices), "quantity_sum": sum(quantities), "price_min": min(prices),
             "price_max": max(prices)}
 
@@ -22,7 +22,7 @@ def test_seed_example_hourly_totals_add_up() -> None:
                                    partial("wso2-sp-2", "IBM", [30.0], [40])])
     assert len(rows) == 1
     assert rows[0]["quantity_sum"] == 70
-    assert rows[0]["shards"] == 2
+    assert rows[0]["instances"] == 2
 
 
 def test_average_is_weighted_by_count_not_an_average_of_averages() -> None:
@@ -39,14 +39,14 @@ def test_groups_stay_apart_by_bucket_and_symbol_and_are_sorted() -> None:
     rows = merge_partials(TRADES, [partial("a", "WSO2", [5.0], [1], later), partial("a", "IBM", [7.0], [2], later),
                                    partial("b", "IBM", [9.0], [3])])
     assert [(r["bucket_start"], r["symbol"]) for r in rows] == [(HOUR, "IBM"), (later, "IBM"), (later, "WSO2")]
-    assert [r["shards"] for r in rows] == [1, 1, 1]
+    assert [r["instances"] for r in rows] == [1, 1, 1]
 
 
 def test_merging_equals_a_single_node_that_saw_every_event() -> None:
     prices = [float(p) for p in range(1, 101)]
     quantities = list(range(100, 200))
-    shards = [partial(f"s{k}", "IBM", prices[k::3], quantities[k::3]) for k in range(3)]
-    [merged] = merge_partials(TRADES, shards)
+    instances = [partial(f"s{k}", "IBM", prices[k::3], quantities[k::3]) for k in range(3)]
+    [merged] = merge_partials(TRADES, instances)
     [single] = merge_partials(TRADES, [partial("all", "IBM", prices, quantities)])
     for column in ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max", "avg_price"):
         assert merged[column] == single[column]

@@ -74,10 +74,10 @@ def test_a_restore_rolls_spark_partials_back_and_rebuilds_the_changed_keys(monke
     trades = load_plan("trades")
     changed, at_cut = pa.table({"symbol": ["IBM"]}), pa.table({"symbol": ["IBM", "SAP"]})
     rolled, rebuilt = [], []
-    monkeypatch.setattr(aggregation, "roll_back_slice", lambda path, shard, version: rolled.append(
-        (path, shard, version)) or RolledBack(version, changed, at_cut, 12))
-    monkeypatch.setattr(aggregation, "rebuild_postgres_shard", lambda db, spec, plan, shard, rows, touched: rebuilt.append(
-        (spec.name, plan, shard, rows, touched)) or 2)
+    monkeypatch.setattr(aggregation, "roll_back_slice", lambda path, instance, version: rolled.append(
+        (path, instance, version)) or RolledBack(version, changed, at_cut, 12))
+    monkeypatch.setattr(aggregation, "rebuild_postgres_instance", lambda db, spec, plan, instance, rows, touched: rebuilt.append(
+        (spec.name, plan, instance, rows, touched)) or 2)
     outcome = aggregation.KIND.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 7)
     assert rolled == [(tmp_path, "shard-1", 7)]
     assert rebuilt == [("trade_aggregates", "trades", "shard-1", at_cut, changed)]  # only the keys that changed
@@ -87,8 +87,8 @@ def test_a_restore_rolls_spark_partials_back_and_rebuilds_the_changed_keys(monke
 def test_a_restore_with_nothing_changed_rewrites_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     trades = load_plan("trades")
     monkeypatch.setattr(aggregation, "roll_back_slice",
-                        lambda path, shard, version: RolledBack(version, pa.table({}), None, 9))
-    monkeypatch.setattr(aggregation, "rebuild_postgres_shard", lambda *args: pytest.fail("rebuilt"))
+                        lambda path, instance, version: RolledBack(version, pa.table({}), None, 9))
+    monkeypatch.setattr(aggregation, "rebuild_postgres_instance", lambda *args: pytest.fail("rebuilt"))
     assert aggregation.KIND.restore(UnusedDatabase(), trades, "trade_aggregates", tmp_path, "shard-1", 9) == {
         "snapshot_version": 9, "changed_rows": 0, "delta_rows": 0, "new_version": 9, "postgres_rows": 0}
 
@@ -110,10 +110,10 @@ def test_an_events_lake_read_keeps_the_first_published_row_of_each_id() -> None:
 def test_a_table_lake_read_sums_each_instances_newest_version() -> None:
     config = load_plan("pizza_shop").outputs["delivered_orders"]  # key customer_name, value delivered
     rows = pa.Table.from_pylist([
-        {"customer_name": "ann", "delivered": 1.0, "shard_id": "s-1", "version": 1},
-        {"customer_name": "ann", "delivered": 3.0, "shard_id": "s-1", "version": 3},
-        {"customer_name": "ann", "delivered": 2.0, "shard_id": "s-2", "version": 2},
-        {"customer_name": "bob", "delivered": 5.0, "shard_id": "s-2", "version": 5},
+        {"customer_name": "ann", "delivered": 1.0, "instance": "s-1", "version": 1},
+        {"customer_name": "ann", "delivered": 3.0, "instance": "s-1", "version": 3},
+        {"customer_name": "ann", "delivered": 2.0, "instance": "s-2", "version": 2},
+        {"customer_name": "bob", "delivered": 5.0, "instance": "s-2", "version": 5},
     ])
     assert sorted(merge_table_rows(rows, config), key=lambda r: r["customer_name"]) == [
         {"customer_name": "ann", "delivered": 5.0, "instances": 2},
@@ -131,13 +131,13 @@ def test_the_quarantine_is_not_validated() -> None:
 def test_events_are_validated_by_event_time_up_to_now_by_default() -> None:
     pizza = load_plan("pizza_shop")
     policy = kind_of(pizza, "overdue_orders").validation(pizza, "overdue_orders")
-    cursor = RecordingCursor([{"event_id": "e", "shard_id": "shop-1", "event_time": T0, "payload": {"order_no": 1}}])
+    cursor = RecordingCursor([{"event_id": "e", "instance": "shop-1", "event_time": T0, "payload": {"order_no": 1}}])
     assert policy.read(cursor, Window(T0), 10) == cursor.rows
     [(plan, output, since, until, limit)] = cursor.params
     assert (plan, output, since, limit) == ("pizza_shop", "overdue_orders", T0, 10)
     assert until > T0 and until.tzinfo is not None
     assert policy.key_columns == ["event_id"] and not policy.takes_unnamed and policy.granularities == ()
-    assert list(policy.frame(cursor.rows).columns) == ["order_no", "event_id", "shard_id", "event_time"]
+    assert list(policy.frame(cursor.rows).columns) == ["order_no", "event_id", "instance", "event_time"]
 
 
 def test_a_table_is_validated_whole_whatever_the_window() -> None:
@@ -146,14 +146,14 @@ def test_a_table_is_validated_whole_whatever_the_window() -> None:
     cursor = RecordingCursor([])
     policy.read(cursor, Window(T0, T0, "minute"), 5)
     assert cursor.params == [("pizza_shop", "delivered_orders", 5)]
-    assert policy.key_columns == ["customer_name", "shard_id"] and policy.required == policy.implied
+    assert policy.key_columns == ["customer_name", "instance"] and policy.required == policy.implied
 
 
 def test_an_aggregation_is_validated_by_buckets_overlapping_the_window_with_its_ratios(
         monkeypatch: pytest.MonkeyPatch) -> None:
     trades = load_plan("trades")
     policy = kind_of(trades, "trade_aggregates").validation(trades, "trade_aggregates")
-    rows = [{"granularity": "minute", "bucket_start": T0, "symbol": "IBM", "shard_id": "shard-1", "trade_count": 2,
+    rows = [{"granularity": "minute", "bucket_start": T0, "symbol": "IBM", "instance": "shard-1", "trade_count": 2,
              "price_sum": 3.0, "price_min": 1.0, "price_max": 2.0}]
     asked = []
     monkeypatch.setattr(aggregation.aggregates, "serving_rows",
@@ -162,4 +162,4 @@ def test_an_aggregation_is_validated_by_buckets_overlapping_the_window_with_its_
     assert asked == [("trade_aggregates", "trades", T0, None, "minute", 5)]
     assert policy.takes_unnamed and "minute" in policy.granularities and policy.table == "tandem.trade_aggregates"
     assert policy.frame(rows)["avg_price"].tolist() == [1.5]
-    assert [e["kwargs"]["column"] for e in policy.required] == ["shard_id"]  # a suite file gets the instances only
+    assert [e["kwargs"]["column"] for e in policy.required] == ["instance"]  # a suite file gets the instances only

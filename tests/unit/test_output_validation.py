@@ -30,7 +30,7 @@ def test_an_events_output_is_checked_for_its_ids_keys_and_time() -> None:
 
 def test_a_table_output_has_one_row_per_key_and_instance() -> None:
     got = columns(table.expectations(load_plan("pizza_shop").outputs["delivered_orders"]))
-    assert ("expect_compound_columns_to_be_unique", "customer_name,shard_id") in got
+    assert ("expect_compound_columns_to_be_unique", "customer_name,instance") in got
     assert ("expect_column_values_to_be_between", "version") in got
 
 
@@ -69,11 +69,11 @@ def test_a_suite_file_gets_what_the_kind_requires_unless_it_has_it() -> None:
 
 def test_payloads_keys_and_values_become_columns() -> None:
     at = datetime(2025, 1, 1, tzinfo=timezone.utc)
-    frame = events_frame([{"event_id": "e1", "shard_id": "g-1", "event_time": at, "payload": {"room_no": 101}}])
-    assert frame.to_dict("records") == [{"room_no": 101, "event_id": "e1", "shard_id": "g-1", "event_time": at}]
-    frame = table_frame([{"key": {"customer_name": "ann"}, "value": {"delivered": 3}, "shard_id": "s-1", "version": 3}])
-    assert frame.to_dict("records") == [{"customer_name": "ann", "delivered": 3, "shard_id": "s-1", "version": 3}]
-    assert list(events_frame([]).columns) == ["event_id", "shard_id", "event_time"]
+    frame = events_frame([{"event_id": "e1", "instance": "g-1", "event_time": at, "payload": {"room_no": 101}}])
+    assert frame.to_dict("records") == [{"room_no": 101, "event_id": "e1", "instance": "g-1", "event_time": at}]
+    frame = table_frame([{"key": {"customer_name": "ann"}, "value": {"delivered": 3}, "instance": "s-1", "version": 3}])
+    assert frame.to_dict("records") == [{"customer_name": "ann", "delivered": 3, "instance": "s-1", "version": 3}]
+    assert list(events_frame([]).columns) == ["event_id", "instance", "event_time"]
 
 
 def test_merged_rows_are_logged_column_by_column() -> None:

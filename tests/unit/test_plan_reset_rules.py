@@ -20,7 +20,7 @@ def instance(status: str, *, beat: float | None = None, launched: float | None =
 
 
 def lease(valid: bool, left_s: float = 4.25) -> dict:
-    return {"shard_id": "g-1", "holder": "node-a", "epoch": 3, "valid": valid, "left_s": left_s}
+    return {"instance": "g-1", "holder": "node-a", "epoch": 3, "valid": valid, "left_s": left_s}
 
 
 @pytest.mark.parametrize(("row", "reason"), [

@@ -185,8 +185,8 @@ def events(database_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_responses_name_the_instance_and_the_deprecated_shard_id_still_works(app, events,
                                                                                fake_airflow: FakeAirflowApi) -> None:
-    """Until the next release a client of the former names is served: the ``shard_id`` query parameter and
-    body field are accepted, and each response repeats ``instance`` as ``shard_id`` (marked deprecated)."""
+    """Until the next release a client of the former names is served: the ``instance`` query parameter and
+    body field are accepted, and each response repeats ``instance`` as ``instance`` (marked deprecated)."""
     client = TestClient(app)
     timeline = "/api/v1/plans/trades/timeline"
     [event] = client.get(timeline, params={"instance": "shard-2"}).json()["events"]

@@ -141,7 +141,7 @@ def pizza_and_trades(database_url: str, conf: Path, monkeypatch: pytest.MonkeyPa
 def test_output_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_trades) -> None:
     db, pizza, _ = pizza_and_trades
     db.run(lambda c: c.executemany(
-        "INSERT INTO output_table_rows (plan, output, key, shard_id, value, version, node, epoch, batch_id) "
+        "INSERT INTO output_table_rows (plan, output, key, instance, value, version, node, epoch, batch_id) "
         "VALUES ('pizza_shop', 'delivered_orders', %s, 'shop-1', '{\"delivered\": 2}', 1, 'node-a', 1, 0)",
         [(json.dumps({"customer_name": name}),) for name in ("ann", "bob", "cy", "di", "ed")]))
     cluster = load_cluster()
@@ -153,13 +153,13 @@ def test_output_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_t
                                                     {"customer_name": ["bob"]}, limit=1).rows] == ["bob"]
     # the latest kind through the same read: the latest row per key over instances, filtered, limited
     db.run(lambda c: c.executemany(
-        "INSERT INTO output_latest (plan, output, key, shard_id, event_time, tiebreak, row, node, epoch, batch_id) "
+        "INSERT INTO output_latest (plan, output, key, instance, event_time, tiebreak, row, node, epoch, batch_id) "
         "VALUES ('pizza_shop', 'last_orders', %s, %s, to_timestamp(%s), 't', %s, 'node-a', 1, 0)",
-        [(json.dumps({"customer_name": name}), shard, at,
+        [(json.dumps({"customer_name": name}), instance, at,
           json.dumps({"customer_name": name, "order_no": f"{name}-{at}"}))
-         for name in ("ann", "bob", "cy") for shard, at in (("shop-1", 10), ("shop-2", 20))]))
+         for name in ("ann", "bob", "cy") for instance, at in (("shop-1", 10), ("shop-2", 20))]))
     latest = output_rows(cluster, db, pizza, "last_orders", {"customer_name": ["ann", "cy"]}, limit=2)
-    assert (latest.kind, [(r["order_no"], r["shard_id"]) for r in latest.rows]) == (
+    assert (latest.kind, [(r["order_no"], r["instance"]) for r in latest.rows]) == (
         "latest", [("ann-20", "shop-2"), ("cy-20", "shop-2")])
     with pytest.raises(BadRequest, match=r"latest last_orders has more than 2 rows"):
         output_rows(cluster, db, pizza, "last_orders", limit=2)
@@ -170,7 +170,7 @@ def test_aggregate_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_an
     start = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [(start + timedelta(minutes=m), symbol) for m in range(3) for symbol in ("IBM", "ORCL", "WSO2", "MSFT")]
     db.run(lambda c: c.executemany(
-        "INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, shard_id, price_sum, trade_count, "
+        "INSERT INTO trade_aggregates (plan, granularity, bucket_start, symbol, instance, price_sum, trade_count, "
         "quantity_sum, price_min, price_max, epoch, batch_id) VALUES ('trades', 'minute', %s, %s, 'shard-1', 10, 2, 5, "
         "4, 6, 1, 0)", rows))
     end = start + timedelta(hours=1)
@@ -186,10 +186,10 @@ def test_aggregate_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_an
 # The quarantine summary: served from the cache while the Delta table's version is unchanged
 
 
-def _quarantine_lines(times: list[int], shard: str) -> pa.Table:
+def _quarantine_lines(times: list[int], instance: str) -> pa.Table:
     return pa.table({
         "quarantined_at": pa.array([datetime(2026, 1, 1, 0, 0, t, tzinfo=UTC) for t in times], pa.timestamp("us", "UTC")),
-        "shard_id": [shard] * len(times), "node": ["node-a"] * len(times),
+        "instance": [instance] * len(times), "node": ["node-a"] * len(times),
         "source_file": [f"f{t}.json" for t in times], "reason": ["bad json"] * len(times),
         "raw": [f"line {t}" for t in times]})
 

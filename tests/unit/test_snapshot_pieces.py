@@ -21,7 +21,7 @@ T = [datetime(2025, 3, 1, 12, 0, s, tzinfo=UTC) for s in range(3)]
 
 
 def partials(rows: list[tuple]) -> pa.Table:
-    names = ["granularity", "bucket_start", "symbol", "shard_id", "epoch", "batch_id", "trade_count"]
+    names = ["granularity", "bucket_start", "symbol", "instance", "epoch", "batch_id", "trade_count"]
     return pa.Table.from_pylist([dict(zip(names, r)) for r in rows])
 
 
@@ -34,9 +34,9 @@ def test_newest_per_key_takes_the_highest_epoch_then_batch_of_each_key() -> None
         ("second", T[1], "IBM", "s1", 1, 9, 6),
         ("minute", T[0], "IBM", "s1", 1, 2, 20),
         ("second", T[0], "ORCL", "s1", 1, 2, 1),
-        ("second", T[0], "IBM", "s2", 1, 1, 3),    # another shard is another key
+        ("second", T[0], "IBM", "s2", 1, 1, 3),    # another instance is another key
     ])
-    newest = {(r["granularity"], r["bucket_start"], r["symbol"], r["shard_id"]): r["trade_count"]
+    newest = {(r["granularity"], r["bucket_start"], r["symbol"], r["instance"]): r["trade_count"]
               for r in newest_per_key(rows, TRADES).to_pylist()}
     assert newest == {("second", T[0], "IBM", "s1"): 12, ("second", T[1], "IBM", "s1"): 6,
                       ("minute", T[0], "IBM", "s1"): 20, ("second", T[0], "ORCL", "s1"): 1,
@@ -63,7 +63,7 @@ def test_spark_value_names_are_made_unique_in_order() -> None:
 def state_rows(values: list[dict], batch: int = 7, query: str = "aggregates") -> tuple[pa.Table, pa.Table]:
     keys = [{"window": {"start": T[0]}, "symbol": f"S{i}"} for i in range(len(values))]
     rows = pa.Table.from_pylist([{
-        "snapshot_id": "s", "plan": "trades", "shard_id": "shard-1", "instance_id": "trades/shard-1/node-a",
+        "snapshot_id": "s", "plan": "trades", "instance": "shard-1", "instance_id": "trades/shard-1/node-a",
         "query": query, "operator_id": 0, "operator_name": "stateStoreSave", "store_name": "default",
         "partition_id": i % 2, "batch_id": batch, "key": json.dumps(key, default=str), "value": json.dumps(value)}
         for i, (key, value) in enumerate(zip(keys, values))], schema=STATE_SCHEMA)
@@ -118,7 +118,7 @@ def test_a_transform_with_state_operator_exports_each_user_variable_and_its_time
 def test_the_cut_batch_of_every_store_of_a_transform_with_state_operator_is_known() -> None:
     tws = StateOperator(0, "transformWithStateInPandasExec", "default", 2, 0, 4, ("order",))
     rows = pa.Table.from_pylist([
-        {"snapshot_id": "s", "plan": "p", "shard_id": "g-1", "instance_id": "p/g-1/a", "query": "orders",
+        {"snapshot_id": "s", "plan": "p", "instance": "g-1", "instance_id": "p/g-1/a", "query": "orders",
          "operator_id": 0, "operator_name": tws.operator_name, "store_name": store, "partition_id": 0,
          "batch_id": 4, "key": '{"order_no": "o-1"}', "value": "{}"} for store in ("order", TIMERS)],
         schema=STATE_SCHEMA)
@@ -138,7 +138,7 @@ def test_every_sink_is_named_after_its_output_also_when_its_table_is_not(conf: P
     plans = load_plans(load_cluster(conf / "cluster.yaml"))
     assert set(plans) == {"hot_rooms", "pizza_shop", "temperatures", "trades"}
     for plan in plans.values():
-        instance = InstanceKey(plan.name, plan.shards[0], plan.nodes[0])
+        instance = InstanceKey(plan.name, plan.instances[0], plan.nodes[0])
         names = {output: sink_for(plan, output, instance, "postgresql://unused", Path("unused")).output
                  for output in plan.outputs}
         assert names == {output: output for output in plan.outputs}, plan.name

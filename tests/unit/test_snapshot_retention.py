@@ -26,12 +26,12 @@ T0 = datetime(2026, 11, 21, 0, 0, 0, tzinfo=UTC)
 NOW = T0 + timedelta(hours=10)
 
 
-def snap(minutes: float, status: str = GOOD, shard: str = "shard-1", plan: str = "trades", name: str | None = None,
+def snap(minutes: float, status: str = GOOD, instance: str = "shard-1", plan: str = "trades", name: str | None = None,
          reason: str | None = None) -> SnapshotRecord:
     """A catalog row taken ``minutes`` after T0; its id is ``name`` or ``<status>@<minutes>``."""
     return SnapshotRecord(
-        id=name or f"{shard}-{status.lower()}@{minutes:g}", plan=plan, shard_id=shard,
-        instance_id=f"{plan}/{shard}/node-a", node="node-a", taken_at=T0 + timedelta(minutes=minutes),
+        id=name or f"{instance}-{status.lower()}@{minutes:g}", plan=plan, instance=instance,
+        instance_id=f"{plan}/{instance}/node-a", node="node-a", taken_at=T0 + timedelta(minutes=minutes),
         checkpoint_path=f"/data/snapshots/{plan}/x", status=status,
         batch_id=None if status == TAKING else int(minutes), reason=reason,
         pruned_at=NOW if status == PRUNED else None)
@@ -75,15 +75,15 @@ def test_keep_one_keeps_only_the_newest_good() -> None:
 def test_the_newest_good_snapshot_is_never_pruned_and_exactly_keep_good_ones_stay(seed: int) -> None:
     rng = random.Random(seed)
     statuses = (GOOD, BAD, TAKING, PRUNED)
-    rows = [snap(m, rng.choice(statuses), shard=rng.choice(("shard-1", "shard-2")))
+    rows = [snap(m, rng.choice(statuses), instance=rng.choice(("shard-1", "shard-2")))
             for m in rng.sample(range(600), rng.randint(0, 12))]
     keep = rng.randint(1, 4)
     plan = decide_retention(rows, keep, NOW)
-    for shard in ("shard-1", "shard-2"):
-        goods = sorted((r for r in rows if r.status == GOOD and r.shard_id == shard), key=lambda r: r.taken_at,
+    for instance in ("shard-1", "shard-2"):
+        goods = sorted((r for r in rows if r.status == GOOD and r.instance == instance), key=lambda r: r.taken_at,
                        reverse=True)
-        assert plan.kept_good("trades", shard) == tuple(r.id for r in goods[:keep])
-        bads_kept = [d for d in plan.decisions if d.shard_id == shard and d.status == BAD and d.action == KEEP]
+        assert plan.kept_good("trades", instance) == tuple(r.id for r in goods[:keep])
+        bads_kept = [d for d in plan.decisions if d.instance == instance and d.status == BAD and d.action == KEEP]
         assert len(bads_kept) <= 1
     assert all(d.status != PRUNED for d in plan.decisions)
     assert len(plan.decisions) == sum(r.status != PRUNED for r in rows)
@@ -138,8 +138,8 @@ def test_pruned_snapshots_are_history_and_count_for_nothing() -> None:
     assert actions(plan) == {"shard-1-good@0": KEEP}
 
 
-def test_shards_and_plans_are_decided_separately() -> None:
-    rows = [snap(0), snap(15), snap(5, shard="shard-2"), snap(1, plan="other")]
+def test_instances_and_plans_are_decided_separately() -> None:
+    rows = [snap(0), snap(15), snap(5, instance="shard-2"), snap(1, plan="other")]
     plan = decide_retention(rows, keep=1, now=NOW)
     assert actions(plan) == {"shard-1-good@15": KEEP, "shard-1-good@0": PRUNE, "shard-2-good@5": KEEP,
                              "shard-1-good@1": KEEP}
@@ -316,11 +316,11 @@ def test_latest_good_without_a_good_snapshot_says_what_there_is() -> None:
         choose_snapshot([], latest_good=True)
 
 
-def test_latest_good_is_per_shard_but_an_id_may_come_from_any_shard() -> None:
-    rows = [*ROWS, snap(60, shard="shard-2")]
-    with pytest.raises(SnapshotError, match=r"several shards \(trades/shard-1, trades/shard-2\)"):
+def test_latest_good_is_per_instance_but_an_id_may_come_from_any_instance() -> None:
+    rows = [*ROWS, snap(60, instance="shard-2")]
+    with pytest.raises(SnapshotError, match=r"several instances \(trades/shard-1, trades/shard-2\)"):
         choose_snapshot(rows, latest_good=True)
-    assert choose_snapshot(rows, snapshot_id="shard-2-good@60").shard_id == "shard-2"
+    assert choose_snapshot(rows, snapshot_id="shard-2-good@60").instance == "shard-2"
 
 
 def test_an_id_and_latest_good_together_are_an_error() -> None:

@@ -20,7 +20,7 @@ from tandem.store.registry import register_nodes
 
 @pytest.fixture
 def world(project: Path, database_url: str):
-    """The temp project with a one-shard trades plan, and a helper that writes instance rows."""
+    """The temp project with a one-instance trades plan, and a helper that writes instance rows."""
     path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(path.read_text())
     plan["groups"]["shard"]["parallel"] = 1
@@ -33,7 +33,7 @@ def world(project: Path, database_url: str):
     def instance(node: str, status: str = "RUNNING", beat_age_s: float | None = 0.2, role: str = "PASSIVE",
                  error: str | None = None, started_age_s: float = 60.0) -> None:
         def work(cur):
-            cur.execute("""INSERT INTO plan_instances (instance_id, plan, shard_id, node, role, status, error,
+            cur.execute("""INSERT INTO plan_instances (instance_id, plan, instance, node, role, status, error,
                                                        launched_at, started_at, host, pid)
                            VALUES (%s, 'trades', 'shard-1', %s, %s, %s, %s, now() - make_interval(secs => %s),
                                    now() - make_interval(secs => %s), 'elsewhere', 1)""",
@@ -46,7 +46,7 @@ def world(project: Path, database_url: str):
 
     def lease(holder: str, epoch: int = 1, valid: bool = True) -> None:
         db.run(lambda cur: cur.execute(
-            """INSERT INTO leases (plan, shard_id, holder, epoch, ttl_s, expires_at)
+            """INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at)
                VALUES ('trades', 'shard-1', %s, %s, 3, now() + make_interval(secs => %s))""",
             (holder, epoch, 60 if valid else -5)))
 
@@ -87,7 +87,7 @@ def test_run_fires_on_a_dead_passive_with_the_evidence(world):
     lease("node-a")
     event = first_event(trigger_for(cluster))
     assert event["status"] == "unhealthy"
-    assert (event["plan"], event["shard_id"], event["node"], event["health"]) == ("trades", "shard-1", "node-b", "DEAD")
+    assert (event["plan"], event["instance"], event["node"], event["health"]) == ("trades", "shard-1", "node-b", "DEAD")
     assert "last liveness beat 9." in event["evidence"] and "heartbeat timeout 3s" in event["evidence"]
     assert event["instances"]["node-a"]["state"] == "HEALTHY"
     assert event["lease"]["holder"] == "node-a" and event["lease"]["valid"] is True
@@ -137,7 +137,7 @@ def test_run_fires_when_nothing_runs(world):
     cluster, *_ = world
     event = first_event(trigger_for(cluster))
     assert event["health"] == "MISSING" and event["node"] == "node-a"
-    assert event["decisions"] == ["launch node-a as ACTIVE: no instance of the shard runs"]
+    assert event["decisions"] == ["launch node-a as ACTIVE: no instance of the instance runs"]
 
 
 def test_sensor_defers_to_the_trigger_while_healthy(world):
@@ -156,7 +156,7 @@ def test_sensor_defers_to_the_trigger_while_healthy(world):
     assert trigger.plan == "trades" and trigger.poll_interval_s == 0.5
     assert 100 < trigger.deadline - time.time() <= 120
     assert deferred.value.timeout.total_seconds() == sensor.timeout > 120
-    event = {"status": "unhealthy", "plan": "trades", "shard_id": "shard-1", "node": "node-b", "health": "DEAD",
+    event = {"status": "unhealthy", "plan": "trades", "instance": "shard-1", "node": "node-b", "health": "DEAD",
              "evidence": "x", "decisions": []}
     assert sensor.execute_complete(context={}, event=event) == event
 

@@ -1,7 +1,7 @@
 """Partial aggregates in Delta: the same rows as PostgreSQL, appended once per micro-batch.
 
 Every published row carries ``(epoch, batch_id)``; a key that was updated by several batches
-appears several times and readers keep its newest version before merging shards.
+appears several times and readers keep its newest version before merging instances.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def append_rows(path: Path, spec: AggregationSpec, rows: pa.Table, *, node: str,
 
 
 NEWEST_FIRST = [("epoch", "descending"), ("batch_id", "descending"), ("published_at", "descending")]
-"""The order of a key's versions, newest first: a backfill's rows carry the shard's last published (epoch, batch)
+"""The order of a key's versions, newest first: a backfill's rows carry the instance's last published (epoch, batch)
 and come after that batch's own rows."""
 
 
@@ -47,14 +47,14 @@ def _rows_table(spec: AggregationSpec, rows: pa.Table, node: str, published_at: 
             .cast(arrow_schema(spec)))
 
 
-def replace_range(path: Path, spec: AggregationSpec, shard_id: str, start: datetime, end: datetime,
+def replace_range(path: Path, spec: AggregationSpec, instance: str, start: datetime, end: datetime,
                   written: pa.Table, *, node: str, published_at: datetime, app_id: str) -> int:
-    """The Delta side of :func:`tandem.aggregation.postgres.replace_range`: the shard's seconds in ``[start, end)``
+    """The Delta side of :func:`tandem.aggregation.postgres.replace_range`: the instance's seconds in ``[start, end)``
     replaced by the recomputed ones (one commit with a predicate, tried again after a conflict with a live append),
     then the rebuilt coarser buckets appended (their newest version wins on read). Returns the rows written."""
     is_second = pc.equal(written["granularity"], "second")
     seconds, coarser = written.filter(is_second), written.filter(pc.invert(is_second))
-    predicate = (f"granularity = 'second' AND shard_id = {string_literal(shard_id)} "
+    predicate = (f"granularity = 'second' AND instance = {string_literal(instance)} "
                  f"AND bucket_start >= '{start.isoformat()}' AND bucket_start < '{end.isoformat()}'")
     path.mkdir(parents=True, exist_ok=True)
     retry_on_conflict(lambda: write_deltalake(str(path), _rows_table(spec, seconds, node, published_at),
@@ -70,7 +70,7 @@ def replace_range(path: Path, spec: AggregationSpec, shard_id: str, start: datet
 
 def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,
                   keys: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
-    """The newest version of every partial row in ``[start, end)`` (one per shard and key)."""
+    """The newest version of every partial row in ``[start, end)`` (one per instance and key)."""
     spec.check_granularity(granularity)
     condition = (ds.field("granularity") == granularity) & (ds.field("bucket_start") >= pa.scalar(start, UTC_MICROS)) \
         & (ds.field("bucket_start") < pa.scalar(end, UTC_MICROS))
@@ -81,7 +81,7 @@ def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: da
     table = read_table(path, condition)
     if table.num_rows == 0:
         return []
-    identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
+    identity = ["granularity", "bucket_start", *spec.keys, "instance"]
     table = table.sort_by([*[(c, "ascending") for c in identity], *NEWEST_FIRST])
     latest: dict[tuple, dict[str, Any]] = {}
     for row in table.to_pylist():

@@ -1,4 +1,4 @@
-"""Merge partial aggregates across shards (pure): avg = Σsum / Σcount, min of mins, max of maxes, union of sketches."""
+"""Merge partial aggregates across instances (pure): avg = Σsum / Σcount, min of mins, max of maxes, union of sketches."""
 
 from __future__ import annotations
 
@@ -49,28 +49,28 @@ def with_ratios(spec: AggregationSpec, row: MergedRow) -> MergedRow:
 def merge_partials(spec: AggregationSpec, partials: Iterable[Mapping[str, Any]]) -> list[MergedRow]:
     """Merge partial rows that share ``(bucket_start, *keys)`` into one row each.
 
-    Each partial must carry ``bucket_start``, the spec's keys and measures, and ``shard_id``.
-    The result is sorted by bucket then keys and carries ``shards`` (how many shards contributed).
+    Each partial must carry ``bucket_start``, the spec's keys and measures, and ``instance``.
+    The result is sorted by bucket then keys and carries ``instances`` (how many instances contributed).
     """
     merged: dict[tuple, MergedRow] = {}
-    shards: dict[tuple, set[str]] = {}
+    instances: dict[tuple, set[str]] = {}
     for part in partials:
         group = (part["bucket_start"], *(part[k] for k in spec.keys))
         current = merged.get(group)
         if current is None:
             merged[group] = {"bucket_start": part["bucket_start"], **{k: part[k] for k in spec.keys},
                              **{m.column: part[m.column] for m in spec.measures}}
-            shards[group] = {part["shard_id"]}
+            instances[group] = {part["instance"]}
             continue
         for measure in spec.measures:
             current[measure.column] = combine(measure, current[measure.column], part[measure.column])
-        shards[group].add(part["shard_id"])
+        instances[group].add(part["instance"])
     rows = []
     for group in sorted(merged, key=_sort_key):
         row = merged[group]
         for column in spec.distinct_columns:
             row[column] = sketches.estimate(row[column])
-        row["shards"] = len(shards[group])
+        row["instances"] = len(instances[group])
         rows.append(with_ratios(spec, row))
     return rows
 

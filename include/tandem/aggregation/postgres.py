@@ -1,7 +1,7 @@
 """Partial aggregates in PostgreSQL: publish (upsert + roll-up) and merge on read; the SQL is
 :mod:`tandem.store.aggregates`'s.
 
-A micro-batch brings complete per-second partials of one shard. They are upserted, then every
+A micro-batch brings complete per-second partials of one instance. They are upserted, then every
 coarser bucket they touch is recomputed from its children (second → minute → … → year) in the
 same transaction, so each row always holds full values and replaying a batch changes nothing.
 """
@@ -22,43 +22,43 @@ from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
 from tandem.store import aggregates
 
 
-def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, shard_id: str, epoch: int, batch_id: int) -> pa.Table:
-    """Upsert the staged seconds of one plan's shard and recompute every touched coarser bucket.
+def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, instance: str, epoch: int, batch_id: int) -> pa.Table:
+    """Upsert the staged seconds of one plan's instance and recompute every touched coarser bucket.
 
     The seconds are staged by :func:`tandem.store.aggregates.stage_batch`. Returns every written row
     (``spec.written_schema``: without the plan column, as the Delta copy lives under the plan's own folder).
     """
-    written = [aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id)]
+    written = [aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id)]
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
-        rows = aggregates.roll_up(cursor, spec, MERGE_SQL, plan, shard_id, epoch, batch_id, granularity, child)
-        written.append(_with_children_sketches(cursor, spec, plan, shard_id, granularity, child, rows))
+        rows = aggregates.roll_up(cursor, spec, MERGE_SQL, plan, instance, epoch, batch_id, granularity, child)
+        written.append(_with_children_sketches(cursor, spec, plan, instance, granularity, child, rows))
     return pa.concat_tables(written)
 
 
-def replace_range(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: pa.Table, start: datetime,
+def replace_range(cursor, spec: AggregationSpec, plan: str, instance: str, seconds: pa.Table, start: datetime,
                   end: datetime, epoch: int, batch_id: int) -> tuple[pa.Table, dict[str, int]]:
-    """Replace one plan's shard seconds in ``[start, end)`` with ``seconds`` (a recomputation of that range) and
+    """Replace one plan's instance seconds in ``[start, end)`` with ``seconds`` (a recomputation of that range) and
     rebuild every coarser bucket overlapping it from its children; the caller holds the table's publishers off
     (:func:`tandem.store.aggregates.lock_for_replace`) in the same transaction.
 
     Returns the rows written (``spec.written_schema``) and how many seconds (and events they counted) were there
     before.
     """
-    replaced = aggregates.delete_seconds(cursor, spec, plan, shard_id, start, end)
+    replaced = aggregates.delete_seconds(cursor, spec, plan, instance, start, end)
     written = [spec.written_schema.empty_table()]
     if seconds.num_rows:
         aggregates.stage_batch(cursor, spec, seconds)
-        written.append(aggregates.upsert_seconds(cursor, spec, plan, shard_id, epoch, batch_id))
+        written.append(aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id))
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
-        rows = aggregates.rebuild_buckets(cursor, spec, MERGE_SQL, plan, shard_id, epoch, batch_id, granularity,
+        rows = aggregates.rebuild_buckets(cursor, spec, MERGE_SQL, plan, instance, epoch, batch_id, granularity,
                                           child, start, end)
-        written.append(_with_children_sketches(cursor, spec, plan, shard_id, granularity, child, rows))
+        written.append(_with_children_sketches(cursor, spec, plan, instance, granularity, child, rows))
     return pa.concat_tables(written), replaced
 
 
-def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, shard_id: str, granularity: str, child: str,
+def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, instance: str, granularity: str, child: str,
                             rows: pa.Table) -> pa.Table:
     """``rows`` rolled up to ``granularity``, each distinct measure's sketch set to the union of its children's
     (stored, and returned); ``rows`` as they are when the aggregation has no distinct measure.
@@ -67,7 +67,7 @@ def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, shard_id: 
     (a pair of statements per row took minutes for 100,000 keys)."""
     if not spec.distinct_columns or not rows.num_rows:
         return rows
-    children = aggregates.children_sketches(cursor, spec, plan, shard_id, granularity, child, rows)
+    children = aggregates.children_sketches(cursor, spec, plan, instance, granularity, child, rows)
     parents = children.column("parent").to_pylist()
     for column in spec.distinct_columns:
         rows = rows.set_column(rows.schema.get_field_index(column), column, pa.array(
@@ -85,14 +85,14 @@ def unions_by_parent(parents: list[int], children: list[bytes | None], count: in
     return [sketches.union(group) for group in grouped]
 
 
-def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, shard_id: str, seconds: set[tuple],
+def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, instance: str, seconds: set[tuple],
                     granularities: tuple[str, ...] | None = None) -> pa.Table:
-    """A shard's rows of every bucket (of ``granularities``, default the spec's) containing one of ``seconds``
+    """An instance's rows of every bucket (of ``granularities``, default the spec's) containing one of ``seconds``
     (``(second, *keys)``), in ``spec.written_schema``."""
     wanted = sorted({(g, bucket_start(second[0], g), *second[1:]) for second in seconds
                      for g in granularities or spec.granularities},
                     key=str)
-    return aggregates.rows_of_buckets(cursor, spec, plan, shard_id, wanted)
+    return aggregates.rows_of_buckets(cursor, spec, plan, instance, wanted)
 
 
 def query_merged(cursor, spec: AggregationSpec, plan: str, granularity: str, start: datetime, end: datetime,
@@ -142,5 +142,5 @@ def _plain(spec: AggregationSpec, row: dict[str, Any]) -> dict[str, Any]:
             out[measure.column] = float(out[measure.column])
         elif measure.kind == "distinct":
             out[measure.column] = sketches.estimate(sketches.union(out[measure.column]))
-    out["shards"] = int(out["shards"])
+    out["instances"] = int(out["instances"])
     return out

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from tandem.aggregation.granularity import GRANULARITIES
 
-# How partial values of a measure combine across shards and from child buckets to parents.
+# How partial values of a measure combine across instances and from child buckets to parents.
 # A distinct measure is an HLL sketch (DataSketches format), unioned in Python.
 MERGE_SQL = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
 KINDS = (*MERGE_SQL, "distinct")
@@ -43,7 +43,7 @@ class Ratio:
 
 @dataclass(frozen=True)
 class AggregationSpec:
-    """A sharded aggregation served from one PostgreSQL table and one Delta table of the same rows."""
+    """An aggregation of partials per instance, served from one PostgreSQL table and one Delta table of the same rows."""
 
     name: str
     table: str
@@ -86,7 +86,7 @@ class AggregationSpec:
         """A published row's columns, as a publish returns them (the serving table's, without ``plan`` and
         ``updated_at``)."""
         return pa.schema([("granularity", pa.string()), ("bucket_start", UTC_MICROS),
-                          *[(k, pa.string()) for k in self.keys], ("shard_id", pa.string()),
+                          *[(k, pa.string()) for k in self.keys], ("instance", pa.string()),
                           *[(m.column, ARROW_TYPES[m.sql_type]) for m in self.measures],
                           ("epoch", pa.int64()), ("batch_id", pa.int64())])
 

@@ -70,15 +70,15 @@ class RegisterBackfillOperator(PlanTaskOperator):
         cluster, plan = self.loaded()
         start, end = _moment("start", self.start), _moment("end", self.end)
         try:
-            shards = [plan.check_shard(self.instance)] if self.instance else list(plan.shards)
+            instances = [plan.check_instance(self.instance)] if self.instance else list(plan.instances)
             with Database(cluster.database_url, "tandem-backfill") as db:
-                check_backfill(cluster, plan, db, start, end, shards)
+                check_backfill(cluster, plan, db, start, end, instances)
                 ti = context["ti"]
-                record = register(db, plan.name, start, end, shards, f"airflow {ti.dag_id}/{ti.run_id}")
+                record = register(db, plan.name, start, end, instances, f"airflow {ti.dag_id}/{ti.run_id}")
         except (BackfillRefused, ConfigError) as exc:
             raise AirflowFailException(str(exc)) from None
         self.log.info("backfill %s registered: %s .. %s, instances %s", record.id, start.isoformat(),
-                      end.isoformat(), ", ".join(shards))
+                      end.isoformat(), ", ".join(instances))
         return record.id
 
 
@@ -113,9 +113,9 @@ class BackfillReportOperator(PlanTaskOperator):
             raise AirflowFailException(f"no backfill {self.backfill_id!r} of plan {plan.name}")
         lines = [f"backfill {record.id} of {plan.name}: {record.status} "
                  f"({record.range_start.isoformat()} .. {record.range_end.isoformat()})"]
-        for shard, outputs in record.report.items():
+        for instance, outputs in record.report.items():
             for output, outcome in outputs.items():
-                lines.append(f"{shard} {output}: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
+                lines.append(f"{instance} {output}: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
         if record.error:
             lines.append(f"error: {record.error}")
         for line in lines:
@@ -173,7 +173,7 @@ class ReconcileVerdictOperator(PlanTaskOperator):
         lines = [f"reconcile of {plan.name} {rows[0]['range_start']:%Y-%m-%d}: "
                  + ", ".join(f"{counts[k]} {k}" for k in DIFFERENCES)]
         for row in rows:
-            lines.append(f"{row['shard_id']} {row['output']}: {row['compared']} compared, "
+            lines.append(f"{row['instance']} {row['output']}: {row['compared']} compared, "
                          + ", ".join(f"{row[k]} {k}" for k in DIFFERENCES)
                          + (f" (skipped: {row['skipped']})" if row["skipped"] else f"; examples {row['examples']}"))
         for line in lines:

@@ -92,10 +92,15 @@ LAUNCH, RELAUNCH, STOP = "launch", "relaunch", "stop"
 RUN_ACTIONS = (LAUNCH, RELAUNCH, STOP)
 """``action`` of ``tandem_<plan>_run``: keep a live instance, replace it on its host, or stop it there."""
 
+INSTANCE_TEMPLATE = "{{ params.get('shard_id') or params.instance }}"
+"""The templated instance of a ``tandem_<plan>_run`` or ``tandem_<plan>_snapshot`` run: the Param ``instance``, or
+the conf key ``shard_id`` of a client older than the rename (until the next release; the run DAG's Param has a
+default, so the older key must win when it is there)."""
 
-def snapshot_task_id(shard_id: str, node: str) -> str:
-    """The task of ``tandem_<plan>_snapshot`` that snapshots ``shard_id`` on ``node``'s host."""
-    return f"snapshot_{shard_id}_on_{node}"
+
+def snapshot_task_id(instance: str, node: str) -> str:
+    """The task of ``tandem_<plan>_snapshot`` that snapshots ``instance`` on ``node``'s host."""
+    return f"snapshot_{instance}_on_{node}"
 
 
 def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
@@ -106,7 +111,7 @@ def node_task_args(cluster: ClusterConfig, node: str) -> dict[str, Any]:
 
 
 def run_params(plan: PlanConfig) -> dict[str, Any]:
-    """Params of ``tandem_<plan>_run``: the action, node and shard (enums of the plan's), trigger
+    """Params of ``tandem_<plan>_run``: the action, node and instance (enums of the plan's), trigger
     interval, role, the node to re-sync from, the request's deadline, and a stop's timeout and launch."""
     from airflow.sdk import Param
 
@@ -118,8 +123,8 @@ def run_params(plan: PlanConfig) -> dict[str, Any]:
                                     "driver does not obey a stop request)"),
         "node": Param(plan.nodes[0], type="string", enum=list(plan.nodes), title="Node",
                       description=f"where to run (a node of plan {plan.name})"),
-        "shard_id": Param(plan.shards[0], type="string", enum=list(plan.shards), title="Shard",
-                          description="which shard's events this instance reads and tags its partials with"),
+        "instance": Param(plan.instances[0], type="string", enum=list(plan.instances), title="Instance",
+                          description="which instance of the plan runs on the node (it reads that instance's partitions)"),
         "trigger_interval": Param(human_duration(plan.trigger_interval_s), type="string", pattern=DURATION_PATTERN,
                                   title="Trigger interval",
                                   description="micro-batch interval, e.g. '500 ms', '1 second', '2 seconds'"),
@@ -147,7 +152,7 @@ def run_doc(plan: PlanConfig) -> str:
 
 {plan.description}
 
-Launches one instance (plan × shard × node) as a detached `spark-submit` job and waits until it
+Launches one instance (plan × instance × node) as a detached `spark-submit` job and waits until it
 reports RUNNING, or stops it. `route` picks the task `launch_<node>` or `stop_<node>`, which runs on
 the node's own host when the node names an `airflow_queue` (an Edge worker there serves it).
 
@@ -161,7 +166,7 @@ the node's own host when the node names an `airflow_queue` (an Edge worker there
   does this when a stop request through PostgreSQL was not obeyed.
 
 Trigger from the UI or REST with conf such as
-`{{"node": "{plan.nodes[0]}", "shard_id": "{plan.shards[0]}", "trigger_interval": "{human_duration(plan.trigger_interval_s)}"}}`.
+`{{"node": "{plan.nodes[0]}", "instance": "{plan.instances[0]}", "trigger_interval": "{human_duration(plan.trigger_interval_s)}"}}`.
 """
 
 
@@ -217,7 +222,7 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
     from airflow.sdk import Param
 
     names = sorted(plans)
-    instances = sorted({instance for plan in plans.values() for instance in plan.shards})
+    instances = sorted({instance for plan in plans.values() for instance in plan.instances})
     return {
         "action": Param("failover_now", type="string", enum=list(OPS_ACTIONS), title="Action",
                         description="failover_now: move the ACTIVE role to a standby now; drain_node: hand the "
@@ -275,26 +280,26 @@ The other plans' DAGs are unaffected.
 
 
 def snapshot_params(plan: PlanConfig) -> dict[str, Any]:
-    """Params of ``tandem_<plan>_snapshot``: the shard (empty, as scheduled runs have it: every shard)."""
+    """Params of ``tandem_<plan>_snapshot``: the instance (empty, as scheduled runs have it: every instance)."""
     from airflow.sdk import Param
 
-    return {"shard_id": Param("", type="string", enum=["", *plan.shards], title="Shard",
-                              description="one shard, or empty for every shard (tandem_ops snapshot_now picks one)")}
+    return {"instance": Param("", type="string", enum=["", *plan.instances], title="Instance",
+                              description="one instance, or empty for every instance (tandem_ops snapshot_now picks one)")}
 
 
 def snapshot_doc(plan: PlanConfig) -> str:
     return f"""### Snapshots of plan `{plan.name}`
 
-Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each shard, on the host of a
-live standby (PASSIVE first; the ACTIVE's own host when no standby runs: `choose_host_<shard>`), a consistent
+Every {human_duration(plan.snapshot.interval_s)} (`snapshot.interval`), for each instance, on the host of a
+live standby (PASSIVE first; the ACTIVE's own host when no standby runs: `choose_host_<instance>`), a consistent
 cut of the ACTIVE instance's checkpoint at its last committed batch (the query keeps running), its
 operator state exported to the Delta table `state_snapshots`, the Delta versions of the plan's outputs
 at the cut, validated with the suite {suite_doc(plan.snapshot.suite)} and marked GOOD or
-BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} GOOD snapshots per shard
+BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} GOOD snapshots per instance
 (`snapshot.keep`; never the newest good one) and deletes the others' files.
 
-A shard with no ACTIVE instance is skipped. A run triggered with a shard (Param `shard_id`, as
-`tandem_ops` snapshot_now does) snapshots only that shard. A BAD snapshot fails its task (see its log for the
+An instance with no ACTIVE instance is skipped. A run triggered with an instance (Param `instance`, as
+`tandem_ops` snapshot_now does) snapshots only that instance. A BAD snapshot fails its task (see its log for the
 failed expectations). List them with `tandem snapshots {plan.name}`; restore with the `tandem_restore`
 DAG or `tandem restore {plan.name}`.
 """
@@ -306,7 +311,7 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
     from airflow.sdk import Param
 
     names = sorted(plans)
-    instances = sorted({instance for plan in plans.values() for instance in plan.shards})
+    instances = sorted({instance for plan in plans.values() for instance in plan.instances})
     return {
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
                       description="a plan whose file loads (broken plans: see the DAG's docs)"),
@@ -388,7 +393,7 @@ def backfill_params(plan: PlanConfig) -> dict[str, Any]:
                        description="first instant of the range, ISO (UTC when no zone), e.g. 2026-11-26T10:00:00Z"),
         "end": Param("", type="string", minLength=1, title="End",
                      description="end of the range (excluded); at or before the slowest instance's watermark"),
-        "instance": Param("", type="string", enum=["", *plan.shards], title="Instance",
+        "instance": Param("", type="string", enum=["", *plan.instances], title="Instance",
                           description="one instance, or empty for every instance of the plan"),
     }
 

@@ -37,7 +37,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
 
     :param plan: plan name (``conf/plans/<plan>.yaml``). Templated.
     :param node: node name from ``cluster.yaml``, one of the plan's nodes. Templated.
-    :param shard_id: one of the plan's shards. Templated.
+    :param instance: one of the plan's instances. Templated.
     :param trigger_interval: micro-batch interval such as ``"1 second"``; empty means the plan's. Templated.
     :param role: ACTIVE, PASSIVE, BACKUP or WARM. Templated.
     :param resync_from: a node whose checkpoint is cut and copied over this node's first; empty: none. Templated.
@@ -47,17 +47,17 @@ class LaunchPlanInstanceOperator(BaseOperator):
     :param running_timeout_s: how long to wait for the instance to report RUNNING.
     """
 
-    template_fields = ("plan", "node", "shard_id", "trigger_interval", "role", "resync_from", "expires_at", "action")
+    template_fields = ("plan", "node", "instance", "trigger_interval", "role", "resync_from", "expires_at", "action")
     ui_color = "#dcefe3"
 
-    def __init__(self, *, plan: str, node: str, shard_id: str, trigger_interval: str | None = None,
+    def __init__(self, *, plan: str, node: str, instance: str, trigger_interval: str | None = None,
                  role: str = ACTIVE, resync_from: str = "", expires_at: str = "", action: str = LAUNCH,
                  cluster_config: str | None = None, running_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action = action
         self.plan = plan
         self.node = node
-        self.shard_id = shard_id
+        self.instance = instance
         self.trigger_interval = trigger_interval
         self.role = role
         self.resync_from = resync_from
@@ -78,7 +78,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
         launched_by = f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}"
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"launch of {self.node}")
-            job = resync_then_launch(cluster, plan, self.shard_id, self.node, role=self.role or ACTIVE,
+            job = resync_then_launch(cluster, plan, self.instance, self.node, role=self.role or ACTIVE,
                                      resync_from=self.resync_from or None, replace=self.action == RELAUNCH,
                                      trigger_interval=interval, launched_by=launched_by, logger=self.log).job
         except LaunchRejected as exc:
@@ -90,7 +90,7 @@ class LaunchPlanInstanceOperator(BaseOperator):
         if job.command:
             self.log.info("command: %s", " ".join(job.command))
         try:
-            row = wait_until_running(cluster, plan, self.shard_id, self.node, timeout_s=self.running_timeout_s)
+            row = wait_until_running(cluster, plan, self.instance, self.node, timeout_s=self.running_timeout_s)
         except LaunchError as exc:
             raise AirflowException(str(exc)) from None
         result = {
@@ -146,23 +146,23 @@ class StopPlanInstanceOperator(BaseOperator):
 
     :param plan: plan name. Templated.
     :param node: the node whose instance stops; the task runs on its host. Templated.
-    :param shard_id: one of the plan's shards. Templated.
+    :param instance: one of the plan's instances. Templated.
     :param stop_timeout: e.g. ``"1 minute"``: how long after SIGTERM before SIGKILL. Templated.
     :param expires_at: ISO time after which the stop is refused (a late task of an old decision). Templated.
     :param launched_at: ISO time of the launch to stop (the row's ``launched_at``); a newer launch is
         left alone. Empty: whichever runs. Templated.
     """
 
-    template_fields = ("plan", "node", "shard_id", "stop_timeout", "expires_at", "launched_at")
+    template_fields = ("plan", "node", "instance", "stop_timeout", "expires_at", "launched_at")
     ui_color = "#f3dcdc"
 
-    def __init__(self, *, plan: str, node: str, shard_id: str, stop_timeout: str = "1 minute",
+    def __init__(self, *, plan: str, node: str, instance: str, stop_timeout: str = "1 minute",
                  expires_at: str = "", launched_at: str = "", cluster_config: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.node = node
-        self.shard_id = shard_id
+        self.instance = instance
         self.stop_timeout = stop_timeout
         self.expires_at = expires_at
         self.launched_at = launched_at
@@ -186,8 +186,8 @@ class StopPlanInstanceOperator(BaseOperator):
         ti = context["ti"]
         try:
             check_deadline(deadline, datetime.now(timezone.utc), f"stop of {self.node}")
-            plan.check_shard(self.shard_id)
-            result = stop_launch(cluster, plan, self.shard_id, self.node, launched_at, timeout_s=timeout_s,
+            plan.check_instance(self.instance)
+            result = stop_launch(cluster, plan, self.instance, self.node, launched_at, timeout_s=timeout_s,
                                  requested_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}")
         except (LaunchRejected, ConfigError) as exc:
             raise AirflowFailException(str(exc)) from None

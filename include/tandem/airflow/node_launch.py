@@ -10,7 +10,7 @@ Purpose
 
 How it works
     The run is created through the Task SDK (the same Execution API call as
-    ``TriggerDagRunOperator``), with the request in its conf: the action, node, shard, role, the
+    ``TriggerDagRunOperator``), with the request in its conf: the action, node, instance, role, the
     node to re-sync from, and a deadline. A relaunch runs
     :func:`~tandem.supervisor.node_actions.resync_then_launch` on the host (which first stops
     what is left of the instance there) and waits for RUNNING.
@@ -86,10 +86,10 @@ class NodeQueue:
         """The plan's run DAG, whose runs launch and stop nodes on their hosts."""
         return plan_dag_id(self.plan.name, "run")
 
-    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+    def launch(self, instance: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
         conf = {"role": role, "resync_from": resync_from or "",
                 "trigger_interval": human_duration(self.plan.trigger_interval_s)}
-        run_id = self._trigger(RELAUNCH, shard_id, node, conf, f"{role} on {node} for {shard_id}", self.start_timeout_s)
+        run_id = self._trigger(RELAUNCH, instance, node, conf, f"{role} on {node} for {instance}", self.start_timeout_s)
         dag_id, task_id = self.run_dag, launch_task_id(node)
         state = self._wait(dag_id, run_id, task_id, self.start_timeout_s, self.running_timeout_s)
         if state == "failed":
@@ -98,18 +98,18 @@ class NodeQueue:
             raise LaunchError(f"the launch of {node} did not end within "
                               f"{self.start_timeout_s + self.running_timeout_s:g}s ({dag_id} run {run_id} is "
                               f"{state}): is a worker of {self._queue(node)} up on {node}'s host?")
-        row = self._row(shard_id, node)
+        row = self._row(instance, node)
         if row is None:
             raise LaunchError(f"{dag_id} run {run_id} succeeded but {node} has no instance row")
         return NodeLaunch(LaunchedJob.from_row(row, reused=False, reason=f"{dag_id} run {run_id}"), None)
 
-    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+    def stop(self, instance: str, node: str, timeout_s: float) -> StopResult:
         requested_by = f"airflow {self.ti.dag_id}/{self.ti.run_id}/{self.ti.task_id}"
-        row = self._row(shard_id, node)
+        row = self._row(instance, node)
         launch = row["launched_at"].isoformat() if row and row["launched_at"] else ""  # a later one is left alone
         unconfirmed = None
         try:
-            stopped = stop_instance(self.cluster, self.plan, shard_id, node, timeout_s=timeout_s,
+            stopped = stop_instance(self.cluster, self.plan, instance, node, timeout_s=timeout_s,
                                     requested_by=requested_by)
         except LaunchError as exc:  # it beats (its host is up) but has not obeyed its stop request
             why = str(exc)
@@ -117,9 +117,9 @@ class NodeQueue:
             if stopped.confirmed:
                 return stopped
             unconfirmed, why = stopped, stopped.detail
-        self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, shard_id, node, why)
-        run_id = self._trigger(STOP, shard_id, node, {"stop_timeout": human_duration(timeout_s), "launched_at": launch},
-                               f"stop {node} for {shard_id}", self.stop_start_timeout_s)
+        self.log.warning("%s/%s %s: %s; stopping it on its host", self.plan.name, instance, node, why)
+        run_id = self._trigger(STOP, instance, node, {"stop_timeout": human_duration(timeout_s), "launched_at": launch},
+                               f"stop {node} for {instance}", self.stop_start_timeout_s)
         where = f"{self.run_dag} run {run_id}"
         if unconfirmed is not None and not self.await_unconfirmed_stops:
             # no beat: its host is down (nothing runs the task; it expires) or its driver hangs (the
@@ -128,34 +128,34 @@ class NodeQueue:
         state = self._wait(self.run_dag, run_id, stop_task_id(node), self.stop_start_timeout_s,
                            timeout_s + 30)
         if state == "success":
-            row = self._row(shard_id, node)
+            row = self._row(instance, node)
             return StopResult(row["instance_id"], row["status"], False, f"{why}; stopped on its host by {where}")
         if unconfirmed is not None:  # nothing answers on its host either: most likely it is down
             return replace(unconfirmed, detail=f"{why}; the stop on its host did not run ({where} is {state})")
         raise LaunchError(f"{why}; the stop on its host did not run either ({where} is {state})")
 
-    def _trigger(self, action: str, shard_id: str, node: str, conf: dict[str, Any], what: str,
+    def _trigger(self, action: str, instance: str, node: str, conf: dict[str, Any], what: str,
                  start_timeout_s: float) -> str:
         """Trigger ``action`` for ``node`` in ``tandem_<plan>_run`` with a deadline; its run id."""
         dag_id = self.run_dag
-        run_id = f"tandem_{action}__{node}__{shard_id}__{uuid.uuid4().hex[:8]}"
+        run_id = f"tandem_{action}__{node}__{instance}__{uuid.uuid4().hex[:8]}"
         deadline = datetime.now(timezone.utc) + timedelta(seconds=start_timeout_s)
-        conf = {"action": action, "node": node, "shard_id": shard_id, "expires_at": deadline.isoformat(), **conf}
+        conf = {"action": action, "node": node, "instance": instance, "expires_at": deadline.isoformat(), **conf}
         try:
             trigger_dag_run(self.ti, dag_id, run_id, conf, what)
         except TriggerRefused as exc:
             raise LaunchError(f"could not trigger {dag_id} for {node}: {exc}") from None
         task_id = (stop_task_id if action == STOP else launch_task_id)(node)
-        self.log.info("%s %s/%s on %s through %s run %s (task %s on %s)", action, self.plan.name, shard_id, node,
+        self.log.info("%s %s/%s on %s through %s run %s (task %s on %s)", action, self.plan.name, instance, node,
                       dag_id, run_id, task_id, self._queue(node))
         return run_id
 
     def _queue(self, node: str) -> str:
         return self.cluster.node(node).airflow_queue or "the default queue"
 
-    def _row(self, shard_id: str, node: str) -> dict | None:
+    def _row(self, instance: str, node: str) -> dict | None:
         with Database(self.cluster.database_url, "tandem-supervisor") as db:
-            return get_instance(db, instance_key(self.plan, shard_id, node).id)
+            return get_instance(db, instance_key(self.plan, instance, node).id)
 
     def _wait(self, dag_id: str, run_id: str, task_id: str, start_timeout_s: float, run_timeout_s: float) -> str:
         """The run's final state, or its state when its task did not start in time (the node's host is

@@ -15,7 +15,7 @@ from tandem.store.db import Database
 
 
 class StreamHealthSensor(BaseSensorOperator):
-    """Watch a plan's instances; succeed with the evidence when a shard needs the supervisor.
+    """Watch a plan's instances; succeed with the evidence when an instance needs the supervisor.
 
     Pokes once (a failure may already be there); otherwise defers to
     :class:`~tandem.airflow.triggers.StreamHealthTrigger`, which polls PostgreSQL from the
@@ -65,7 +65,7 @@ class StreamHealthSensor(BaseSensorOperator):
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         event = event or {"status": "quiet", "plan": self.plan}
         if event.get("status") == "unhealthy":
-            self.log.info("plan %s shard %s: %s on %s: %s", event["plan"], event["shard_id"], event["health"],
+            self.log.info("plan %s instance %s: %s on %s: %s", event["plan"], event["instance"], event["health"],
                           event["node"], event["evidence"])
             for decision in event.get("decisions", []):
                 self.log.info("  due: %s", decision)

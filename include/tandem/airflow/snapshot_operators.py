@@ -1,6 +1,6 @@
 """Airflow operators for a plan's snapshots: choose the host, take, prune, restore; and landing retention.
 
-The scheduled snapshot DAG branches to one ``snapshot_<shard>_on_<node>`` task per shard
+The scheduled snapshot DAG branches to one ``snapshot_<instance>_on_<node>`` task per instance
 (:class:`ChooseSnapshotHostOperator`, :class:`TakeSnapshotOperator`) and prunes
 (:class:`PruneSnapshotsOperator`); the restore DAG restores (:class:`RestoreSnapshotOperator`); the
 maintenance DAG deletes the landing files no instance and no kept snapshot needs
@@ -27,19 +27,19 @@ from tandem.names import plan_dag_id
 SNAPSHOT_RUN_TIMEOUT_S = 1800.0
 
 
-def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: float = 2.0) -> dict[str, Any]:
-    """Snapshot now through a run of ``tandem_<plan>_snapshot`` (one shard, or every shard when empty),
+def snapshot_on_hosts(log: Any, plan: Any, instance: str, ti: Any, *, poll_s: float = 2.0) -> dict[str, Any]:
+    """Snapshot now through a run of ``tandem_<plan>_snapshot`` (one instance, or every instance when empty),
     so that each snapshot runs on a live standby's host as scheduled ones do; wait for the run and
-    report where each shard's snapshot ran. Fails when the run fails."""
+    report where each instance's snapshot ran. Fails when the run fails."""
     import time
     import uuid
 
     from tandem.airflow.node_launch import FINISHED, TriggerRefused, dag_run_state, state_text, trigger_dag_run
 
     dag_id = plan_dag_id(plan.name, "snapshot")
-    run_id = f"tandem_snapshot_now__{shard_id or 'all'}__{uuid.uuid4().hex[:8]}"
+    run_id = f"tandem_snapshot_now__{instance or 'all'}__{uuid.uuid4().hex[:8]}"
     try:
-        trigger_dag_run(ti, dag_id, run_id, {"shard_id": shard_id}, f"snapshot_now of {shard_id or 'every shard'}")
+        trigger_dag_run(ti, dag_id, run_id, {"instance": instance}, f"snapshot_now of {instance or 'every instance'}")
     except TriggerRefused as exc:
         raise AirflowFailException(f"could not trigger {dag_id}: {exc}") from None
     log.info("snapshot_now: waiting for %s run %s", dag_id, run_id)
@@ -48,10 +48,10 @@ def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: fl
     while state not in FINISHED and time.monotonic() < deadline:
         time.sleep(poll_s)
         state = dag_run_state(ti, dag_id, run_id)
-    task_ids = [snapshot_task_id(s, n) for s in ([shard_id] if shard_id else plan.shards) for n in plan.nodes]
+    task_ids = [snapshot_task_id(s, n) for s in ([instance] if instance else plan.instances) for n in plan.nodes]
     states = (ti.get_task_states(dag_id=dag_id, task_ids=task_ids, run_ids=[run_id]) or {}).get(run_id) or {}
     ran = sorted(task for task, task_state in states.items() if state_text(task_state) not in ("skipped", "None", ""))
-    summary = f"snapshot_now {plan.name} {shard_id or 'every shard'}: {dag_id} run {run_id} {state}; " \
+    summary = f"snapshot_now {plan.name} {instance or 'every instance'}: {dag_id} run {run_id} {state}; " \
               f"snapshot tasks that ran: {', '.join(ran) or 'none (no ACTIVE instance)'}"
     log.info("%s", summary)
     set_run_note(log, ti, summary)
@@ -61,28 +61,28 @@ def snapshot_on_hosts(log: Any, plan: Any, shard_id: str, ti: Any, *, poll_s: fl
     return {"plan": plan.name, "dag_id": dag_id, "run_id": run_id, "state": state, "snapshot_tasks": ran}
 
 
-def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str], ti: Any, *,
+def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, instances: list[str], ti: Any, *,
                    node: str | None = None) -> dict[str, Any]:
-    """Snapshot each shard's ACTIVE instance (or ``node``'s); fail the task when one is BAD, skip when none runs."""
+    """Snapshot each instance's ACTIVE node (or ``node``'s); fail the task when one is BAD, skip when none runs."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from tandem.errors import SnapshotError
     from tandem.snapshots.take import snapshot_session, take_snapshot
 
-    unknown = [s for s in shards if s not in plan.shards]
+    unknown = [s for s in instances if s not in plan.instances]
     if unknown:
-        raise AirflowFailException(f"{plan.path}: shards: {', '.join(unknown)} not in the plan's shards")
+        raise AirflowFailException(f"{plan.path}: instances: {', '.join(unknown)} not in the plan's instances")
     spark = snapshot_session(cluster, plan)  # at nice 10: background work, the running queries keep the CPU first
     taken, skipped, lines = [], [], []
     try:
-        for shard in shards:
+        for instance in instances:
             try:
-                snapshot = take_snapshot(cluster, plan, shard, spark, node=node)
+                snapshot = take_snapshot(cluster, plan, instance, spark, node=node)
             except SnapshotError as exc:
                 if "has no ACTIVE instance" in str(exc) or "nothing to snapshot" in str(exc):
-                    log.warning("%s/%s: %s", plan.name, shard, exc)
-                    skipped.append(shard)
-                    lines.append(f"{shard}: skipped: {exc}")
+                    log.warning("%s/%s: %s", plan.name, instance, exc)
+                    skipped.append(instance)
+                    lines.append(f"{instance}: skipped: {exc}")
                     continue
                 raise AirflowFailException(str(exc)) from None
             log.info("%s", snapshot.summary())
@@ -101,79 +101,79 @@ def take_snapshots(log: Any, cluster: ClusterConfig, plan: Any, shards: list[str
 
 
 class ChooseSnapshotHostOperator(BaseBranchOperator):
-    """Choose the host that snapshots one shard: follow the task ``snapshot_<shard>_on_<node>`` of that host.
+    """Choose the host that snapshots one instance: follow the task ``snapshot_<instance>_on_<node>`` of that host.
 
     :func:`tandem.supervisor.decisions.snapshot_node` decides: a live standby's host (the snapshot
     then costs the ACTIVE's host nothing), else the ACTIVE's own; with no ACTIVE, every snapshot
-    task of the shard is skipped.
+    task of the instance is skipped.
 
     :param plan: plan name.
-    :param shard_id: the shard.
-    :param selected_shard: the shard the run was triggered for; empty: every shard. Templated.
+    :param instance: the instance.
+    :param selected_instance: the instance the run was triggered for; empty: every instance. Templated.
     """
 
-    template_fields = ("selected_shard",)
+    template_fields = ("selected_instance",)
     ui_color = "#dcecf5"
 
-    def __init__(self, *, plan: str, shard_id: str, selected_shard: str = "", cluster_config: str | None = None,
+    def __init__(self, *, plan: str, instance: str, selected_instance: str = "", cluster_config: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
-        self.shard_id = shard_id
-        self.selected_shard = selected_shard
+        self.instance = instance
+        self.selected_instance = selected_instance
         self.cluster_config = cluster_config
 
     def choose_branch(self, context: Any) -> str | None:
         from tandem.store.db import Database
         from tandem.supervisor.decisions import snapshot_node
-        from tandem.supervisor.observe import observe_shard
+        from tandem.supervisor.observe import observe_instance
 
-        if self.selected_shard and self.selected_shard != self.shard_id:
-            self.log.info("this run snapshots %s only", self.selected_shard)
+        if self.selected_instance and self.selected_instance != self.instance:
+            self.log.info("this run snapshots %s only", self.selected_instance)
             return None
         cluster = task_cluster(self.cluster_config)
         plan = load_plan(self.plan, cluster)
         with Database(cluster.database_url, "tandem-snapshot-host") as db:
-            view = observe_shard(db, cluster, plan, self.shard_id).view
+            view = observe_instance(db, cluster, plan, self.instance).view
         node = snapshot_node(view)
         states = ", ".join(f"{n} {h.role or '-'} {h.state}" for n, h in view.instances.items())
         if node is None:
             self.log.warning("%s/%s: no node holds the ACTIVE lease (%s): nothing to snapshot", plan.name,
-                             self.shard_id, states)
+                             self.instance, states)
             return None
         self.log.info("%s/%s: the ACTIVE instance on %s is snapshotted on %s's host (%s)", plan.name,
-                      self.shard_id, view.lease.holder, node, states)
-        return snapshot_task_id(self.shard_id, node)
+                      self.instance, view.lease.holder, node, states)
+        return snapshot_task_id(self.instance, node)
 
 
 class TakeSnapshotOperator(BaseOperator):
-    """Take a snapshot of one shard's ACTIVE instance: cut, state export, validation (GOOD or BAD).
+    """Take a snapshot of one instance's ACTIVE node: cut, state export, validation (GOOD or BAD).
 
-    Fails (no retry) when the snapshot is BAD; skips when no instance of the shard is ACTIVE. It
+    Fails (no retry) when the snapshot is BAD; skips when no instance of the instance is ACTIVE. It
     runs wherever its task's queue sends it: the scheduled DAG puts one task per node on that
     node's queue (:class:`ChooseSnapshotHostOperator` picks one); the cut reads the ACTIVE's
     checkpoint from the shared storage.
 
     :param plan: plan name. Templated.
-    :param shard_id: the shard. Templated.
+    :param instance: the instance. Templated.
     :param node: snapshot this node's instance instead of the ACTIVE one. Templated.
     """
 
-    template_fields = ("plan", "shard_id", "node")
+    template_fields = ("plan", "instance", "node")
     ui_color = "#dcecf5"
 
-    def __init__(self, *, plan: str, shard_id: str, node: str = "", cluster_config: str | None = None,
+    def __init__(self, *, plan: str, instance: str, node: str = "", cluster_config: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
-        self.shard_id = shard_id
+        self.instance = instance
         self.node = node
         self.cluster_config = cluster_config
 
     def execute(self, context: Any) -> dict[str, Any]:
         cluster = task_cluster(self.cluster_config)
         plan = load_plan(self.plan, cluster)
-        return take_snapshots(self.log, cluster, plan, [self.shard_id], context["ti"], node=self.node or None)
+        return take_snapshots(self.log, cluster, plan, [self.instance], context["ti"], node=self.node or None)
 
 
 class PlanTaskOperator(BaseOperator):
@@ -195,7 +195,7 @@ class PlanTaskOperator(BaseOperator):
 
 
 class PruneSnapshotsOperator(PlanTaskOperator):
-    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per shard, prune the rest."""
+    """Apply snapshot retention to a plan: keep the newest ``snapshot.keep`` GOOD per instance, prune the rest."""
 
     ui_color = "#dcecf5"
 
@@ -225,7 +225,7 @@ class RestoreSnapshotOperator(BaseOperator):
 
     :param plan: plan name. Templated.
     :param instance: one group instance, or empty for every one (ignored with a snapshot id). Templated. A
-        run whose conf has ``shard_id``, its deprecated former name, is obeyed too (until the next release).
+        run whose conf has ``instance``, its deprecated former name, is obeyed too (until the next release).
     :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
     :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
     :param force: restore a BAD snapshot anyway. Templated.
@@ -250,7 +250,7 @@ class RestoreSnapshotOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from tandem.airflow.node_launch import NodeQueue
         from tandem.errors import SnapshotError
-        from tandem.snapshots.restore import restore_shard, shards_to_restore
+        from tandem.snapshots.restore import restore_instance, instances_to_restore
 
         if not _flag(self.confirm):
             raise AirflowFailException(f"restore of {self.plan} refused: it rewinds the plan's outputs to the snapshot; "
@@ -258,16 +258,16 @@ class RestoreSnapshotOperator(BaseOperator):
         cluster = task_cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
-            instance = requested_instance(self.log, self.instance, context["params"])
-            shards = shards_to_restore(cluster, plan, self.snapshot_id, instance)
+            requested = requested_instance(self.log, self.instance, context["params"])
+            instances = instances_to_restore(cluster, plan, self.snapshot_id, requested)
         except (ConfigError, SnapshotError) as exc:
             raise AirflowFailException(str(exc)) from None
         force = _flag(self.force)
         ti = context["ti"]
         lines = []
-        for shard in shards:
+        for instance in instances:
             try:
-                report = restore_shard(cluster, plan, shard, snapshot_id=self.snapshot_id or None, force=force,
+                report = restore_instance(cluster, plan, instance, snapshot_id=self.snapshot_id or None, force=force,
                                        node=self.node or None,
                                        launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
                                        node_host=NodeQueue(cluster, plan, ti, await_unconfirmed_stops=True,
@@ -278,7 +278,7 @@ class RestoreSnapshotOperator(BaseOperator):
                 self.log.info("%s", line)
             lines += report.lines()
         set_run_note(self.log, ti, "\n".join(lines))
-        return {"plan": plan.name, "shards": shards, "summary": lines}
+        return {"plan": plan.name, "instances": instances, "summary": lines}
 
 
 class CleanLandingOperator(PlanTaskOperator):

@@ -1,6 +1,6 @@
 """Airflow operators that supervise a plan: the supervision DAG's reconcile, and an operator's actions.
 
-:class:`ReconcilePlanOperator` observes every shard, decides and acts
+:class:`ReconcilePlanOperator` observes every instance, decides and acts
 (:class:`tandem.supervisor.reconcile.Supervisor`); :class:`PlanOpsOperator` carries out
 ``failover_now``, ``drain_node``, ``restart_node`` and ``snapshot_now`` (the ops DAG). See
 :mod:`tandem.airflow.operator_support` for the cluster configuration and which errors are retried.
@@ -22,14 +22,14 @@ from tandem.ops import SNAPSHOT_NOW
 
 
 class ReconcilePlanOperator(BaseOperator):
-    """Supervise a plan: observe every shard, decide, act (launch, stop, re-sync, wait for promotion).
+    """Supervise a plan: observe every instance, decide, act (launch, stop, re-sync, wait for promotion).
 
     ``ensure`` (no ``watch_task_id``): make sure every node of the plan runs in its role at the
     start of a supervision run. ``react`` (``watch_task_id`` set): record what the watch sensor
-    detected (``DETECTED`` in ``tandem.failover_events``), then reconcile, the detected shard
+    detected (``DETECTED`` in ``tandem.failover_events``), then reconcile, the detected instance
     first. Every decision goes to ``tandem.failover_events`` and to this task's log. Fails (and
-    is retried) when an action failed; a shard the supervisor gave up on (BLOCKED) is logged
-    and recorded but does not fail the task. Returns the reports' lines per shard.
+    is retried) when an action failed; an instance the supervisor gave up on (BLOCKED) is logged
+    and recorded but does not fail the task. Returns the reports' lines per instance.
 
     :param plan: plan name. Templated.
     :param watch_task_id: the sensor whose event (XCom ``return_value``) caused this reconcile.
@@ -57,7 +57,7 @@ class ReconcilePlanOperator(BaseOperator):
         plan = load_plan(self.plan, cluster)
         ti = context["ti"]
         event = ti.xcom_pull(task_ids=self.watch_task_id) if self.watch_task_id else None
-        shards = list(plan.shards)
+        instances = list(plan.instances)
         cause = f"{ti.dag_id} {ti.run_id}: {'start of the supervision run' if event is None else 'watch'}"
         with Supervisor(cluster, plan, launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id} try {ti.try_number}",
                         log=self.log, running_timeout_s=self.running_timeout_s,
@@ -67,15 +67,15 @@ class ReconcilePlanOperator(BaseOperator):
                 cause = (f"{ti.dag_id} {ti.run_id}: {event['health']} on {event['node']}: {event['evidence']}")
                 self.log.info("detected: %s", cause)
                 if ti.try_number == 1:
-                    mark(supervisor.db, plan.name, event["shard_id"], "DETECTED", event["evidence"],
+                    mark(supervisor.db, plan.name, event["instance"], "DETECTED", event["evidence"],
                          node=event["node"], detail={"health": event["health"], "decisions": event.get("decisions", []),
                                                      "instances": event.get("instances", {}),
                                                      "lease": event.get("lease")})
-                shards.sort(key=lambda s: s != event["shard_id"])
+                instances.sort(key=lambda s: s != event["instance"])
             elif event:
                 self.log.info("the watch ended quietly: %s", event)
-            reports = {shard: supervisor.reconcile(shard, cause=cause) for shard in shards}
-        summary = {shard: report.lines() for shard, report in reports.items()}
+            reports = {instance: supervisor.reconcile(instance, cause=cause) for instance in instances}
+        summary = {instance: report.lines() for instance, report in reports.items()}
         for lines in summary.values():
             for line in lines:
                 self.log.info("%s", line)
@@ -106,7 +106,7 @@ class PlanOpsOperator(BaseOperator):
     :param action: one of failover_now, drain_node, restart_node, snapshot_now. Templated.
     :param plan: plan name. Templated.
     :param instance: one group instance, or empty for every one of the plan. Templated. A run whose conf
-        has ``shard_id``, its deprecated former name, is obeyed too (until the next release).
+        has ``instance``, its deprecated former name, is obeyed too (until the next release).
     :param node: the node (required for drain_node and restart_node). Templated.
     """
 
@@ -132,7 +132,7 @@ class PlanOpsOperator(BaseOperator):
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
         instance = requested_instance(self.log, self.instance, context["params"])
-        shards = [instance] if instance else list(plan.shards)
+        instances = [instance] if instance else list(plan.instances)
         ti = context["ti"]
         if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
             return snapshot_on_hosts(self.log, plan, instance, ti)
@@ -140,14 +140,14 @@ class PlanOpsOperator(BaseOperator):
             if not self.node:
                 self.log.warning("%s is paused (its runs would wait): snapshotting in this task instead",
                                  plan_dag_id(plan.name, "snapshot"))
-            return take_snapshots(self.log, cluster, plan, shards, ti, node=self.node or None)
+            return take_snapshots(self.log, cluster, plan, instances, ti, node=self.node or None)
         try:
-            reports = run_ops_action(cluster, plan, self.action, self.node or None, shards,
+            reports = run_ops_action(cluster, plan, self.action, self.node or None, instances,
                                      launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=self.log,
                                      node_host=NodeQueue(cluster, plan, ti, log=self.log))
         except OpsRefused as exc:
             raise AirflowFailException(str(exc)) from None
-        lines = [f"{self.action} {plan.name} {self.node or ''} on {', '.join(shards)}"]
+        lines = [f"{self.action} {plan.name} {self.node or ''} on {', '.join(instances)}"]
         for report in reports:
             lines += report.lines()
         summary = "\n".join(lines)
@@ -156,7 +156,7 @@ class PlanOpsOperator(BaseOperator):
         failed = [step.line() for report in reports for step in report.failed]
         if failed:
             raise AirflowException(f"{self.action}: actions failed: " + "; ".join(failed))
-        return {"action": self.action, "plan": plan.name, "node": self.node, "shards": shards, "summary": lines,
+        return {"action": self.action, "plan": plan.name, "node": self.node, "instances": instances, "summary": lines,
                 "converged": all(report.converged for report in reports)}
 
 

@@ -2,7 +2,7 @@
 
 ``StreamHealthTrigger`` polls the plan's heartbeats, liveness beats, leases and landing
 directories (psycopg2 and file system reads run in a worker thread, never on the event loop)
-and yields one event when a shard needs the supervisor: an instance is DEAD, FAILED or STALLED,
+and yields one event when an instance needs the supervisor: an instance is DEAD, FAILED or STALLED,
 or another decision is due (a node that should run is down, a standby did not take an expired
 lease). At its deadline it yields a ``quiet`` event, so every supervision run ends eventually.
 """
@@ -26,14 +26,14 @@ from tandem.store.db import Database
 
 def health_finding(db: Database, cluster: ClusterConfig, plan: PlanConfig,
                    inputs: InputMtimes | None = None) -> dict[str, Any] | None:
-    """The first shard of the plan that needs the supervisor, as a JSON-able event payload (or ``None``);
+    """The first instance of the plan that needs the supervisor, as a JSON-able event payload (or ``None``);
     ``inputs``: the landing folders as the previous polls saw them."""
     from tandem.supervisor.decisions import actionable, decide
     from tandem.supervisor.health import FAILING
-    from tandem.supervisor.observe import observe_shard
+    from tandem.supervisor.observe import observe_instance
 
-    for shard in plan.shards:
-        view = observe_shard(db, cluster, plan, shard, inputs).view
+    for instance in plan.instances:
+        view = observe_instance(db, cluster, plan, instance, inputs).view
         actions = decide(view)
         if not actionable(actions):
             continue
@@ -45,7 +45,7 @@ def health_finding(db: Database, cluster: ClusterConfig, plan: PlanConfig,
         return {
             "status": "unhealthy",
             "plan": plan.name,
-            "shard_id": shard,
+            "instance": instance,
             "node": subject.node,
             "health": subject.state,
             "evidence": subject.evidence,
@@ -60,7 +60,7 @@ def health_finding(db: Database, cluster: ClusterConfig, plan: PlanConfig,
 
 
 class StreamHealthTrigger(BaseTrigger):
-    """Fire when a shard of ``plan`` needs the supervisor (DEAD / FAILED / STALLED, ...), or at ``deadline``.
+    """Fire when an instance of ``plan`` needs the supervisor (DEAD / FAILED / STALLED, ...), or at ``deadline``.
 
     :param plan: the plan name.
     :param cluster_config: path of ``cluster.yaml`` (default: from the environment).
@@ -99,7 +99,7 @@ class StreamHealthTrigger(BaseTrigger):
                     self.log.warning("observing plan %s failed (poll %d): %s", self.plan, polls, exc)
                     finding = None
                 if finding is not None:
-                    self.log.info("plan %s shard %s: %s on %s: %s", self.plan, finding["shard_id"], finding["health"],
+                    self.log.info("plan %s instance %s: %s on %s: %s", self.plan, finding["instance"], finding["health"],
                                   finding["node"], finding["evidence"])
                     yield TriggerEvent(finding)
                     return

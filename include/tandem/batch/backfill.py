@@ -96,27 +96,27 @@ Step = Callable[[str], None]
 # --- refusals (pure) ---------------------------------------------------------------------------------------------
 
 
-def closed_until(positions: Mapping[tuple[str, str], datetime | None], shards: list[str],
+def closed_until(positions: Mapping[tuple[str, str], datetime | None], instances: list[str],
                  holders: Mapping[str, str | None] | None = None) -> dict[str, datetime | None]:
     """Per instance, the event time up to which it will not write again: the newest watermark of its slowest query
-    with one (``positions``: ``(instance, query)`` -> watermark, the instance as ``<plan>/<shard>/<node>``), on the
-    node that holds its lease now (``holders``: shard -> node; ``None`` or no holder: the furthest of its nodes).
+    with one (``positions``: ``(instance, query)`` -> watermark, the instance as ``<plan>/<instance>/<node>``), on the
+    node that holds its lease now (``holders``: instance -> node; ``None`` or no holder: the furthest of its nodes).
     Another node's may be from before a restore took the instance back; ``None`` when no query has one yet."""
     furthest: dict[tuple[str, str], datetime] = {}
-    for (instance, query), watermark in positions.items():
-        _, shard, node = instance.split("/")
-        holder = (holders or {}).get(shard)
+    for (key_id, query), watermark in positions.items():
+        _, instance, node = key_id.split("/")
+        holder = (holders or {}).get(instance)
         if watermark is None or (holder is not None and node != holder):
             continue
-        key = (shard, query)
+        key = (instance, query)
         if key not in furthest or watermark > furthest[key]:
             furthest[key] = watermark
-    return {shard: min((w for (s, _), w in furthest.items() if s == shard), default=None) for shard in shards}
+    return {instance: min((w for (s, _), w in furthest.items() if s == instance), default=None) for instance in instances}
 
 
 def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed: Mapping[str, datetime],
-                      shards: list[str]) -> str | None:
-    """Why ``[start, end)`` of ``shards`` needs rows the plan's retention deleted, or ``None`` (pure; ``trimmed``:
+                      instances: list[str]) -> str | None:
+    """Why ``[start, end)`` of ``instances`` needs rows the plan's retention deleted, or ``None`` (pure; ``trimmed``:
     :func:`tandem.store.trim.horizons`, rows older than each instant may be gone):
 
     - an output published once by id (a table, an aggregation with ``id``) publishes only the rows whose ids it does
@@ -127,10 +127,10 @@ def retention_refusal(plan: PlanConfig, start: datetime, end: datetime, trimmed:
       finer rows).
     """
     by_id = [name for name in plan.outputs if kind_of(plan, name).applies_contributions(plan.outputs[name])]
-    for shard in shards if by_id else ():
-        horizon = trimmed.get(contributions_horizon(shard))
+    for instance in instances if by_id else ():
+        horizon = trimmed.get(contributions_horizon(instance))
         if horizon is not None and start < horizon + CONTRIBUTION_MARGIN:
-            return (f"it starts at {start.isoformat()}, and instance {shard}'s ids of {', '.join(by_id)} applied "
+            return (f"it starts at {start.isoformat()}, and instance {instance}'s ids of {', '.join(by_id)} applied "
                     f"before {horizon.isoformat(timespec='seconds')} were deleted (maintenance.retention."
                     "contributions): rows whose ids are gone would be published again; start it at or after "
                     f"{(horizon + CONTRIBUTION_MARGIN).isoformat(timespec='seconds')}")
@@ -151,7 +151,7 @@ def read_through(pending_ms: Iterable[int], now_ms: int, lateness_s: float) -> d
     return datetime.fromtimestamp(min(pending_ms, default=now_ms) / 1000 - lateness_s, tz=timezone.utc)
 
 
-def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query_dir: Path,
+def _unread_since(cluster: ClusterConfig, plan: PlanConfig, instance: str, query_dir: Path,
                   landed: Mapping[Path, int]) -> list[int]:
     """When each input the query of ``query_dir`` has not read by its last committed batch arrived (ms): landing
     files of the instance it did not process, and per partition subject of each ``nats`` source the first message
@@ -160,39 +160,39 @@ def _unread_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, query
     pending = [modified for path, modified in landed.items() if path not in processed]
     offsets = source_offsets(query_dir / "offsets" / str(committed_batch(query_dir)))
     for name, stream in plan.streams.items():
-        if stream.source != "nats" or not plan.partitions(shard_id, name):
+        if stream.source != "nats" or not plan.partitions(instance, name):
             continue
         nats = nats_of(cluster, plan, name)
         with JetStream(nats, name="tandem-backfill-check") as js:
             pending += [int(published.timestamp() * 1000) for published in
-                        unread_since(js, nats.prefix, name, plan.partitions(shard_id, name), offsets)]
+                        unread_since(js, nats.prefix, name, plan.partitions(instance, name), offsets)]
     return pending
 
 
-def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> datetime | None:
+def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, instance: str) -> datetime | None:
     """:func:`read_through` of an instance from the node that read furthest, when every query of it committed a
     batch with no state (a Spark checkpoint has a ``state`` folder once a query keeps state); else ``None``."""
-    per_node = [query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)) for node in plan.nodes]
+    per_node = [query_dirs(checkpoint_dir(cluster, plan.name, instance, node)) for node in plan.nodes]
     stateless = [queries for queries in per_node if queries and all(
         committed_batch(q) is not None and not (q / "state").exists() for q in queries.values())]
     if not stateless:
         return None
-    folders = [folder for stream in instance_landing_dirs(cluster, plan, shard_id).values() for folder in stream]
+    folders = [folder for stream in instance_landing_dirs(cluster, plan, instance).values() for folder in stream]
     landed = {path: int(mtime * 1000) for folder in folders for path, mtime in input_mtimes(folder).items()}
     now_ms = int(time.time() * 1000)
-    return max(min(read_through(_unread_since(cluster, plan, shard_id, q, landed), now_ms, plan.watermark_s)
+    return max(min(read_through(_unread_since(cluster, plan, instance, q, landed), now_ms, plan.watermark_s)
                    for q in queries.values()) for queries in stateless)
 
 
 def instances_closed_until(cluster: ClusterConfig, db: Database, plan: PlanConfig,
-                           shards: list[str]) -> dict[str, datetime | None]:
-    """:func:`closed_until` of ``shards`` from the newest progress rows of ``plan`` in PostgreSQL, on the nodes that
+                           instances: list[str]) -> dict[str, datetime | None]:
+    """:func:`closed_until` of ``instances`` from the newest progress rows of ``plan`` in PostgreSQL, on the nodes that
     hold their leases; for an instance whose queries keep no state (no watermark either), :func:`read_through` of
     its checkpoints and landing files."""
-    holders = {shard: lease.holder if (lease := read_lease(db, plan.name, shard)) else None for shard in shards}
-    closed = closed_until(newest_watermarks(db, plan.name), shards, holders)
-    return {shard: until if until is not None else _stateless_read_through(cluster, plan, shard)
-            for shard, until in closed.items()}
+    holders = {instance: lease.holder if (lease := read_lease(db, plan.name, instance)) else None for instance in instances}
+    closed = closed_until(newest_watermarks(db, plan.name), instances, holders)
+    return {instance: until if until is not None else _stateless_read_through(cluster, plan, instance)
+            for instance, until in closed.items()}
 
 
 def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, datetime | None]) -> str | None:
@@ -201,12 +201,12 @@ def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, dateti
         return "start and end must carry a time zone (e.g. 2026-11-26T10:00:00Z)"
     if start >= end:
         return f"the range is empty: start {start.isoformat()} is not before end {end.isoformat()}"
-    for shard, until in closed.items():
+    for instance, until in closed.items():
         if until is None:
-            return (f"instance {shard} has no event-time watermark yet (nor, keeping no state, has it read any "
+            return (f"instance {instance} has no event-time watermark yet (nor, keeping no state, has it read any "
                     "input): no range of it is closed")
         if end > until:
-            return (f"the range is not closed: it ends at {end.isoformat()}, after instance {shard}'s watermark "
+            return (f"the range is not closed: it ends at {end.isoformat()}, after instance {instance}'s watermark "
                     f"{until.isoformat()} (the stream may still write into it); end it at or before that")
     return None
 
@@ -230,35 +230,35 @@ def still_retained(cluster: ClusterConfig, landing_file: Path) -> bool:
 
 
 def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
-                   shards: list[str]) -> None:
-    """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``shards`` cannot be backfilled now."""
-    reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, shards)) \
-        or retention_refusal(plan, start, end, horizons(db, plan.name), shards)
+                   instances: list[str]) -> None:
+    """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``instances`` cannot be backfilled now."""
+    reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, instances)) \
+        or retention_refusal(plan, start, end, horizons(db, plan.name), instances)
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
-    dropped = dropped_messages(cluster, plan, shards, start)
+    dropped = dropped_messages(cluster, plan, instances, start)
     if dropped:
         raise BackfillRefused(f"backfill of plan {plan.name}: {'; '.join(dropped)}")
-    for shard in shards:
+    for instance in instances:
         processed: dict[str, int] = {}
         for node in plan.nodes:
-            for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard, node)).values():
+            for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).values():
                 processed.update(processed_file_times(query_dir))
         gone = missing_input(processed, start, lambda path: still_retained(cluster, path))
         if gone:
             raise BackfillRefused(
-                f"backfill of plan {plan.name}: {len(gone)} input file(s) of instance {shard} that may hold events "
+                f"backfill of plan {plan.name}: {len(gone)} input file(s) of instance {instance} that may hold events "
                 f"of the range are no longer retained: {', '.join(map(str, gone[:LISTED]))}"
                 + (f" and {len(gone) - LISTED} more" if len(gone) > LISTED else ""))
 
 
-def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str], start: datetime) -> list[str]:
+def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, instances: list[str], start: datetime) -> list[str]:
     """For each ``nats`` stream the instances read, why messages published at or after ``start`` may be gone
     (:func:`tandem.messaging.jetstream.dropped_since`); a message is published after the events it holds, as a
     landing file is written after them."""
     reasons = []
     for name, stream in plan.streams.items():
-        if stream.source != "nats" or not any(plan.partitions(shard, name) for shard in shards):
+        if stream.source != "nats" or not any(plan.partitions(instance, name) for instance in instances):
             continue
         nats = nats_of(cluster, plan, name)
         jetstream = stream_name(nats.prefix, name)
@@ -274,7 +274,7 @@ def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, shards: list[str]
 # --- recompute ---------------------------------------------------------------------------------------------------
 
 
-def gather_input(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, folder: Path) -> dict[str, list[Path]]:
+def gather_input(cluster: ClusterConfig, plan: PlanConfig, instance: str, folder: Path) -> dict[str, list[Path]]:
     """Link every input file still retained for the instance's ``files`` streams (``landing/`` and ``retained/``)
     into ``folder/<stream>/<partition>/``; the folders by stream. The recomputation reads this one set: landing
     retention may move a file from one place to the other meanwhile, and a file read in both places (or in
@@ -283,7 +283,7 @@ def gather_input(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, folder
     for stream, declared in plan.streams.items():
         if declared.source != "files":
             continue
-        for partition in plan.partitions(shard_id, stream):
+        for partition in plan.partitions(instance, stream):
             landing, retained = landing_dir(cluster, stream, partition), retained_dir(cluster, stream, partition)
             names = sorted({path.name for path in (*input_files(landing), *input_files(retained))})
             target = folder / stream / str(partition)
@@ -317,12 +317,12 @@ def in_one_batch(plan: PlanConfig) -> PlanConfig:
                                               for name, stream in plan.streams.items()})
 
 
-def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str,
               scratch: Path) -> dict[str, pa.Table]:
     """Run the instance's queries (not the quarantine) over all its retained input (:func:`gather_input`) as finite
     queries; per output, every row they emitted, with the micro-batch it came in as :data:`BATCH_COLUMN`."""
-    ctx = PlanContext(cluster, in_one_batch(plan), InstanceKey(plan.name, shard_id, "backfill"), spark,
-                      input_folders=gather_input(cluster, plan, shard_id, scratch / "input"))
+    ctx = PlanContext(cluster, in_one_batch(plan), InstanceKey(plan.name, instance, "backfill"), spark,
+                      input_folders=gather_input(cluster, plan, instance, scratch / "input"))
     specs = check_plan_module(plan, load_plan_module(plan))
     rows: dict[str, list[pa.Table]] = {}
     for name in ctx.queries:
@@ -338,7 +338,7 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
             pq.write_table(table, folder / f"{batch_id}.parquet")
 
         query = start_query(spark, definition, definition.frame.writeStream
-                            .queryName(f"backfill:{plan.name}/{shard_id}:{name}").outputMode(definition.output_mode)
+                            .queryName(f"backfill:{plan.name}/{instance}:{name}").outputMode(definition.output_mode)
                             .option("checkpointLocation", str(scratch / "checkpoints" / name))
                             .foreachBatch(keep).trigger(availableNow=True))
         query.awaitTermination()
@@ -357,11 +357,11 @@ def recompute(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, sha
 # --- replace -----------------------------------------------------------------------------------------------------
 
 
-def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard_id: str, output: str,
+def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, instance: str, output: str,
                    rows: pa.Table | None, start: datetime, end: datetime, backfill_id: str) -> dict[str, Any]:
     """Put the recomputed ``rows`` of one instance's ``output`` in place for ``[start, end)`` (``None``: it emitted
     none), as its kind does (:meth:`tandem.outputs.base.OutputKind.replace`); what changed."""
-    job = Recomputed(cluster, plan, db, shard_id, output, rows, start, end)
+    job = Recomputed(cluster, plan, db, instance, output, rows, start, end)
     return kind_of(plan, output).replace(job, backfill_id)
 
 
@@ -369,15 +369,15 @@ def replace_output(cluster: ClusterConfig, plan: PlanConfig, db: Database, shard
 
 
 def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: SparkSession, start: datetime,
-                 end: datetime, *, shards: list[str] | None = None, requested_by: str = "tandem backfill",
+                 end: datetime, *, instances: list[str] | None = None, requested_by: str = "tandem backfill",
                  backfill_id: str | None = None, step: Step = log.info) -> catalog.BackfillRecord:
     """Check, register (or take over the registered ``backfill_id``), recompute and replace ``[start, end)`` of
-    ``shards`` (default: every instance of the plan); the finished record (DONE, or FAILED with the error, which
+    ``instances`` (default: every instance of the plan); the finished record (DONE, or FAILED with the error, which
     is raised again)."""
     if backfill_id is None:
-        shards = [plan.check_shard(s) for s in shards] if shards else list(plan.shards)
-        check_backfill(cluster, plan, db, start, end, shards)
-        backfill_id = catalog.register(db, plan.name, start, end, shards, requested_by).id
+        instances = [plan.check_instance(s) for s in instances] if instances else list(plan.instances)
+        check_backfill(cluster, plan, db, start, end, instances)
+        backfill_id = catalog.register(db, plan.name, start, end, instances, requested_by).id
     with AdvisoryLock(cluster.database_url, "backfill", catalog.run_lock_name(backfill_id)), \
             plan_lock(cluster.database_url, plan.name, f"backfill {backfill_id}"):  # both held while it runs
         record = catalog.get_backfill(db, backfill_id)
@@ -392,15 +392,15 @@ def _run_registered(cluster: ClusterConfig, plan: PlanConfig, db: Database, spar
     report: dict[str, Any] = {}
     scratch = backfill_dir(cluster, plan.name, record.id)
     try:
-        for shard in record.shards:
-            step(f"{shard}: recomputing {record.range_start.isoformat()} .. {record.range_end.isoformat()}")
-            recomputed = recompute(spark, cluster, plan, shard, scratch / shard)
-            report[shard] = {}
+        for instance in record.instances:
+            step(f"{instance}: recomputing {record.range_start.isoformat()} .. {record.range_end.isoformat()}")
+            recomputed = recompute(spark, cluster, plan, instance, scratch / instance)
+            report[instance] = {}
             for output in plan.outputs:
                 if not kind_of(plan, output).recomputed:
                     continue
-                step(f"{shard}: replacing {output}")
-                report[shard][output] = replace_output(cluster, plan, db, shard, output, recomputed.get(output),
+                step(f"{instance}: replacing {output}")
+                report[instance][output] = replace_output(cluster, plan, db, instance, output, recomputed.get(output),
                                                        record.range_start, record.range_end, record.id)
     except Exception as exc:
         catalog.finish(db, record.id, catalog.FAILED, report, f"{type(exc).__name__}: {exc}")

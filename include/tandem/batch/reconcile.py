@@ -38,18 +38,18 @@ from tandem.store import Database
 
 
 def reconcile(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: SparkSession, start: datetime,
-              end: datetime, *, run_id: str, shards: list[str] | None = None) -> list[Outcome]:
-    """Recompute ``[start, end)`` of every instance (or ``shards``), compare it with the published outputs, append
+              end: datetime, *, run_id: str, instances: list[str] | None = None) -> list[Outcome]:
+    """Recompute ``[start, end)`` of every instance (or ``instances``), compare it with the published outputs, append
     the outcomes to ``delta/<plan>/reconciliations`` (once per ``run_id``) and return them. Refused as a backfill
     would be (range not closed, input gone)."""
-    shards = [plan.check_shard(s) for s in shards] if shards else list(plan.shards)
-    check_backfill(cluster, plan, db, start, end, shards)
+    instances = [plan.check_instance(s) for s in instances] if instances else list(plan.instances)
+    check_backfill(cluster, plan, db, start, end, instances)
     scratch = backfill_dir(cluster, plan.name, f"reconcile-{run_id}".replace("/", "_").replace(":", "_"))
     outcomes = []
     try:
-        for shard in shards:
-            recomputed = recompute(spark, cluster, plan, shard, scratch / shard)
-            outcomes += [kind_of(plan, output).compare(Recomputed(cluster, plan, db, shard, output,
+        for instance in instances:
+            recomputed = recompute(spark, cluster, plan, instance, scratch / instance)
+            outcomes += [kind_of(plan, output).compare(Recomputed(cluster, plan, db, instance, output,
                                                                   recomputed.get(output), start, end))
                          for output in plan.outputs if kind_of(plan, output).recomputed]
     finally:

@@ -22,13 +22,13 @@ recomputed; ``different``: other values."""
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("reconciled_at", pa.timestamp("us", tz="UTC")),
     ("range_start", pa.timestamp("us", tz="UTC")), ("range_end", pa.timestamp("us", tz="UTC")),
-    ("shard_id", pa.string()), ("output", pa.string()), ("compared", pa.int64()),
+    ("instance", pa.string()), ("output", pa.string()), ("compared", pa.int64()),
     *[(k, pa.int64()) for k in DIFFERENCES], ("examples", pa.string()), ("skipped", pa.string())])
 
 
 def store_outcomes(cluster: ClusterConfig, plan: PlanConfig, outcomes: list[dict[str, Any]], start: datetime,
                    end: datetime, run_id: str) -> None:
-    """Append one run's outcomes (``shard_id``, ``output``, ``compared``, the counts, ``examples``, ``skipped``), once
+    """Append one run's outcomes (``instance``, ``output``, ``compared``, the counts, ``examples``, ``skipped``), once
     per ``run_id``."""
     now = datetime.now(timezone.utc)
     rows = pa.Table.from_pylist([{"run_id": run_id, "reconciled_at": now, "range_start": start, "range_end": end,

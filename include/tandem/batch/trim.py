@@ -4,7 +4,7 @@
 deletes and what they always keep are :mod:`tandem.store.trim`'s. Ages are measured on PostgreSQL's clock.
 Contribution ids are kept longer when a kept snapshot needs them: a restore replays the input after the
 snapshot's cut, and each row the replay brings again must find its id to be applied once; so no id applied
-after the earliest commit of a shard's oldest TAKING or GOOD snapshot's cut (its ``replay_from``, less
+after the earliest commit of an instance's oldest TAKING or GOOD snapshot's cut (its ``replay_from``, less
 :data:`CLOCK_MARGIN`) goes (:func:`replay_needs_since`, :func:`tandem.outputs.base.contributions_cutoff`); each
 output kind trims its own rows (:meth:`tandem.outputs.base.OutputKind.trim`).
 Then the tables with many dead rows are vacuumed (:func:`tandem.store.trim.vacuum_bloated`): deleted rows only
@@ -44,9 +44,9 @@ class Retention:
             f"vacuumed (dead rows made reusable): {', '.join(self.vacuumed) or 'none needed'}"]
 
 
-def contributions_horizon(shard_id: str) -> str:
+def contributions_horizon(instance: str) -> str:
     """The name an instance's trimmed contribution ids are recorded under."""
-    return f"contributions/{shard_id}"
+    return f"contributions/{instance}"
 
 
 def replay_needs_since(snapshot: catalog.SnapshotRecord) -> datetime:
@@ -74,14 +74,14 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
         needs: dict[str, datetime] = {}
         for snapshot in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING, catalog.GOOD)):
             since = replay_needs_since(snapshot)
-            needs[snapshot.shard_id] = min(since, needs.get(snapshot.shard_id, since))
+            needs[snapshot.instance] = min(since, needs.get(snapshot.instance, since))
         run = RetentionRun(db, plan, now, needs)
-        for shard_id in plan.shards:
-            before = run.replay_cutoff(retention.contributions_s, shard_id)
-            done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, shard_id, before),
-                                before, f"instance {shard_id}"))
+        for instance in plan.instances:
+            before = run.replay_cutoff(retention.contributions_s, instance)
+            done.append(Trimmed("output_contributions", trim.trim_contributions(db, plan.name, instance, before),
+                                before, f"instance {instance}"))
             if done[-1].rows:
-                trim.record_horizon(db, plan.name, contributions_horizon(shard_id), before)
+                trim.record_horizon(db, plan.name, contributions_horizon(instance), before)
         for output in plan.outputs:
             done += kind_of(plan, output).trim(run, output)
         return Retention(done, trim.vacuum_bloated(db, {part.table for part in done if part.rows}))

@@ -15,9 +15,9 @@ How it works
 
     A rollback touches one instance, not the whole table: the tables are shared by every instance
     of the plan and the others keep running from their own checkpoints. Each micro-batch append
-    comes from one instance, so an instance's rows are a clean slice (``shard_id``):
+    comes from one instance, so an instance's rows are a clean slice (``instance``):
     :func:`roll_back_slice` replaces them with the slice at the snapshot's version (time travel),
-    in one Delta commit (an overwrite with a ``shard_id`` predicate).
+    in one Delta commit (an overwrite with a ``instance`` predicate).
 
 What it does not do
     It knows nothing of output kinds: what a rollback means for an output's PostgreSQL copy is the
@@ -68,13 +68,13 @@ def version_at_batch(path: Path, app_id: str, batch_id: int) -> int | None:
     return low - 1 if low > 0 else None
 
 
-def shard_slice(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+def instance_slice(path: Path, instance: str, version: int | None) -> pa.Table | None:
     """The rows of one instance at ``version`` (time travel); ``None`` when the table does not exist."""
     if not table_exists(path):
         return None
     if version is None:
-        return read_table(path, ds.field("shard_id") == shard_id).slice(0, 0)
-    return read_table(path, ds.field("shard_id") == shard_id, version=version)
+        return read_table(path, ds.field("instance") == instance).slice(0, 0)
+    return read_table(path, ds.field("instance") == instance, version=version)
 
 
 def vacuumed_files(path: Path, version: int) -> list[str]:
@@ -89,7 +89,7 @@ def vacuumed_files(path: Path, version: int) -> list[str]:
     return sorted(f for f in (uri.removeprefix("file://") for uri in uris) if not Path(f).exists())
 
 
-def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Table | None:
+def changed_instance_rows(path: Path, instance: str, version: int | None) -> pa.Table | None:
     """The instance's rows in files added to the table after ``version`` or removed from it since.
 
     These are the only rows a rollback to ``version`` changes. ``None`` when a removed file is gone
@@ -103,7 +103,7 @@ def changed_shard_rows(path: Path, shard_id: str, version: int | None) -> pa.Tab
     if not all(Path(file).exists() for file in changed):
         return None
     dataset = ds.dataset(changed, format="parquet", partitioning="hive", partition_base_dir=str(path))
-    return dataset.to_table(filter=ds.field("shard_id") == shard_id)
+    return dataset.to_table(filter=ds.field("instance") == instance)
 
 
 @dataclass(frozen=True)
@@ -131,18 +131,18 @@ class RolledBack:
                 "new_version": self.new_version}
 
 
-def roll_back_slice(path: Path, shard_id: str, version: int | None) -> RolledBack:
+def roll_back_slice(path: Path, instance: str, version: int | None) -> RolledBack:
     """Make the instance's rows of the Delta table at ``path`` its rows at ``version``, in one commit.
 
     Nothing is written when no file holding the instance's rows changed since ``version``.
     """
-    changed = changed_shard_rows(path, shard_id, version)
+    changed = changed_instance_rows(path, instance, version)
     if changed is not None and changed.num_rows == 0:
         return RolledBack(version, changed, None, DeltaTable(str(path)).version())
-    rows = shard_slice(path, shard_id, version)
+    rows = instance_slice(path, instance, version)
     if rows is None:
         return RolledBack(version, changed, None, -1)
     table = DeltaTable(str(path))
-    write_deltalake(str(path), rows, mode="overwrite", predicate=f"shard_id = {string_literal(shard_id)}",
+    write_deltalake(str(path), rows, mode="overwrite", predicate=f"instance = {string_literal(instance)}",
                     partition_by=table.metadata().partition_columns or None)
     return RolledBack(version, changed, rows, DeltaTable(str(path)).version())

@@ -12,6 +12,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 
+RENAMED_COLUMNS = {"shard_id": "instance"}
+"""Columns of tables written before a rename, by their name today: a version written before issue 47 holds
+``shard_id``; :func:`read_table` names it ``instance`` and :func:`rename_legacy_columns` upgrades a table."""
+
+
 def table_exists(path: Path) -> bool:
     return DeltaTable.is_deltatable(str(path))
 
@@ -19,7 +24,7 @@ def table_exists(path: Path) -> bool:
 def string_literal(value: str) -> str:
     """``value`` as a string literal of a delta-rs SQL predicate (DataFusion's: quotes doubled, backslashes literal).
 
-    E.g. ``predicate=f"shard_id = {string_literal(shard_id)}"``: the predicate then matches exactly that value.
+    E.g. ``predicate=f"instance = {string_literal(instance)}"``: the predicate then matches exactly that value.
     """
     return "'" + value.replace("'", "''") + "'"
 
@@ -77,7 +82,34 @@ def read_table(path: Path, filter_expression: ds.Expression | None = None, colum
     partitions = [_partition_expression(action, partition_columns, schema) for action in actions]
     dataset = ds.FileSystemDataset.from_paths(files, schema=schema, format=ds.ParquetFileFormat(),
                                               filesystem=LocalFileSystem(), partitions=partitions)
-    return dataset.to_table(filter=filter_expression, columns=columns)
+    legacy = _legacy_names(schema)
+    if not legacy:
+        return dataset.to_table(filter=filter_expression, columns=columns)
+    # a version written before a rename (a snapshot's, or a table not upgraded yet): named as today, then filtered
+    found = dataset.to_table().rename_columns([legacy.get(name, name) for name in schema.names])
+    if filter_expression is not None:
+        found = found.filter(filter_expression)
+    return found.select(columns) if columns is not None else found
+
+
+def _legacy_names(schema: pa.Schema) -> dict[str, str]:
+    return {old: new for old, new in RENAMED_COLUMNS.items() if old in schema.names and new not in schema.names}
+
+
+def has_legacy_columns(path: Path) -> bool:
+    """Whether the newest version of the table still has a column of a former name (:data:`RENAMED_COLUMNS`)."""
+    return table_exists(path) and bool(_legacy_names(pa.schema(DeltaTable(str(path)).schema().to_arrow())))
+
+
+def rename_legacy_columns(path: Path) -> bool:
+    """Rewrite the newest version of a table written before a rename with today's column names, in one overwrite
+    commit (older versions keep theirs: :func:`read_table` renames them on read); whether it had to."""
+    if not has_legacy_columns(path):
+        return False
+    table = DeltaTable(str(path))
+    write_deltalake(str(path), read_table(path), mode="overwrite", schema_mode="overwrite",
+                    partition_by=table.metadata().partition_columns or None)
+    return True
 
 
 def _partition_expression(action: dict, partition_columns: list[str], schema: pa.Schema) -> ds.Expression:

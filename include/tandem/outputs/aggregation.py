@@ -117,11 +117,11 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
             # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
             # the lease's FOR KEY SHARE lock then, or the take-over would wait for as long as it is frozen.
             aggregates.stage_batch(cursor, self.spec, rows if len(indices) == rows.num_rows else rows.take(indices))
-            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            check_fence(cursor, key.plan, key.instance, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, self.spec)
                 aggregates.ensure_key_index(cursor, self.spec)
-            written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.shard_id, batch.epoch,
+            written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.instance, batch.epoch,
                                                       batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, newest, None)
             return written
@@ -146,7 +146,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         return {tuple(row[c] for c in identity): row for row in rows.to_pylist()}
 
     def published_of(self, held: dict[tuple, dict]) -> list[tuple]:
-        done = published_watermark(self.db, self.instance.plan, self.instance.shard_id, self.output)
+        done = published_watermark(self.db, self.instance.plan, self.instance.instance, self.output)
         # a bucket ending at or before the published position is final on the active's side
         if done is None:
             return []
@@ -183,21 +183,21 @@ class FactAggregateSink(HeldById):
         spec = self.spec
 
         def work(cursor, ids: list[str]) -> tuple[pa.Table, list[str]]:
-            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            check_fence(cursor, key.plan, key.instance, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, spec)
                 aggregates.ensure_key_index(cursor, spec)
             new = store.insert_contributions(cursor, key, self.output, {cid: {} for cid in ids})
             written = spec.written_schema.empty_table()
             if new:
-                seconds = add_facts(cursor, spec, key.plan, key.shard_id, [rows[i] for i in new], self._second)
+                seconds = add_facts(cursor, spec, key.plan, key.instance, [rows[i] for i in new], self._second)
                 aggregates.stage_batch(cursor, spec, seconds)
-                written = agg_postgres.upsert_and_roll_up(cursor, spec, key.plan, key.shard_id, batch.epoch,
+                written = agg_postgres.upsert_and_roll_up(cursor, spec, key.plan, key.instance, batch.epoch,
                                                           batch.batch_id)
             pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, ids)
             if set(pending) - new:  # applied by an active that died before its Delta append: copy their rows now
                 written = pa.concat_tables([written, agg_postgres.rows_of_seconds(
-                    cursor, spec, key.plan, key.shard_id, {self._second(rows[i]) for i in pending})])
+                    cursor, spec, key.plan, key.instance, {self._second(rows[i]) for i in pending})])
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, None, None)
             return written, pending
 
@@ -214,13 +214,13 @@ class FactAggregateSink(HeldById):
         return written.num_rows
 
 
-def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: list[dict[str, Any]],
+def add_facts(cursor, spec: AggregationSpec, plan: str, instance: str, facts: list[dict[str, Any]],
               second_of) -> pa.Table:
     """The per-second partials touched by ``facts``, with the facts added to what the table holds."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for fact in facts:
         groups.setdefault(second_of(fact), []).append(fact)
-    current = agg_postgres.rows_of_seconds(cursor, spec, plan, shard_id, set(groups), granularities=("second",))
+    current = agg_postgres.rows_of_seconds(cursor, spec, plan, instance, set(groups), granularities=("second",))
     by_group = {(r["bucket_start"], *(r[k] for k in spec.keys)): r for r in current.to_pylist()}
     out = []
     for group, members in groups.items():
@@ -248,8 +248,8 @@ def add_facts(cursor, spec: AggregationSpec, plan: str, shard_id: str, facts: li
 
 
 def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
-    """The newest version (highest epoch, then batch, then publish time) of every (granularity, bucket, keys, shard) in ``rows`` (pure)."""
-    identity = ["granularity", "bucket_start", *spec.keys, "shard_id"]
+    """The newest version (highest epoch, then batch, then publish time) of every (granularity, bucket, keys, instance) in ``rows`` (pure)."""
+    identity = ["granularity", "bucket_start", *spec.keys, "instance"]
     if rows.num_rows == 0:
         return rows
     newest_first = [(c, order) for c, order in agg_delta.NEWEST_FIRST if c in rows.column_names]
@@ -262,15 +262,15 @@ def newest_per_key(rows: pa.Table, spec: AggregationSpec) -> pa.Table:
     return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
-def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard_id: str, delta_rows: pa.Table,
+def rebuild_postgres_instance(db: Database, spec: AggregationSpec, plan: str, instance: str, delta_rows: pa.Table,
                            touched: pa.Table | None = None) -> int:
-    """Make one plan's shard rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
+    """Make one plan's instance rows of the spec's PostgreSQL table the newest version of each key in ``delta_rows``.
 
     With ``touched`` (rows whose keys changed), only those keys are replaced; otherwise every row
-    of the shard. One transaction; returns how many rows were written.
+    of the instance. One transaction; returns how many rows were written.
     """
     identity = ["granularity", "bucket_start", *spec.keys]
-    columns = [*identity, "shard_id", *spec.measure_columns, "epoch", "batch_id"]
+    columns = [*identity, "instance", *spec.measure_columns, "epoch", "batch_id"]
     keys = None
     if touched is not None:
         keys = touched.select(identity).group_by(identity).aggregate([])
@@ -279,7 +279,7 @@ def rebuild_postgres_shard(db: Database, spec: AggregationSpec, plan: str, shard
     rows = latest.select(columns) if latest.num_rows else latest
 
     def work(cursor) -> int:
-        aggregates.replace_shard_rows(cursor, spec, plan, shard_id, rows, keys)
+        aggregates.replace_instance_rows(cursor, spec, plan, instance, rows, keys)
         return latest.num_rows
 
     return db.run(work)
@@ -297,7 +297,7 @@ def serving_frame(rows: list[Mapping[str, Any]], spec: AggregationSpec) -> pd.Da
     """Partial-aggregate rows as a DataFrame with the spec's ratios added (e.g. ``avg_price``) (pure)."""
     import pandas as pd  # only validations build frames
 
-    columns = [*_SERVING_KEYS, *spec.keys, "shard_id", *spec.measure_columns]
+    columns = [*_SERVING_KEYS, *spec.keys, "instance", *spec.measure_columns]
     frame = pd.DataFrame.from_records([{c: row.get(c) for c in columns} for row in rows], columns=columns)
     for measure in spec.measures:
         frame[measure.column] = pd.to_numeric(frame[measure.column], errors="coerce")
@@ -363,7 +363,7 @@ def expectations(plan: PlanConfig, output: str) -> list[dict[str, Any]]:
     :func:`serving_frame` makes them: ratios added)."""
     spec = spec_for(plan, output)
     declared = plan.outputs[output].measures
-    keys = [*_SERVING_KEYS, *spec.keys, "shard_id"]
+    keys = [*_SERVING_KEYS, *spec.keys, "instance"]
     implied = [
         expect("expect_table_columns_to_match_set", "the serving table and its ratios are all there",
                column_set=[*keys, *spec.measure_columns, *(r.column for r in spec.ratios)], exact_match=False),
@@ -411,7 +411,7 @@ def validation(plan: PlanConfig, output: str) -> Validation:
         return aggregates.serving_rows(cursor, spec, plan.name, window.since, window.until, window.granularity,
                                        limit)
 
-    return Validation(table=f"tandem.{spec.table}", key_columns=[*_SERVING_KEYS, *spec.keys, "shard_id"],
+    return Validation(table=f"tandem.{spec.table}", key_columns=[*_SERVING_KEYS, *spec.keys, "instance"],
                       implied=expectations(plan, output), required=[instances()], takes_unnamed=True, read=read,
                       frame=lambda rows: serving_frame(rows, spec), granularities=tuple(spec.granularities))
 
@@ -492,7 +492,7 @@ class AggregationKind(OutputKind):
              db: Database | None = None) -> list[dict[str, Any]]:
         """Merged aggregates of buckets of the granularity (default: the finest kept) starting in ``[start, end)``
         (default: all): avg = Σsum / Σcount across instances, min of mins, max of maxes, distinct = the union's
-        estimate; ``shards``: how many instances hold the bucket."""
+        estimate; ``instances``: how many instances hold the bucket."""
         spec = spec_for(plan, output)
         granularity = request.granularity or spec.granularities[0]
         if granularity not in spec.granularities:
@@ -523,7 +523,7 @@ class AggregationKind(OutputKind):
                                            "tandem migrate)") from None
         return rows[:request.limit] if request.limit is not None else rows
 
-    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
+    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, instance: str,
                 version: int | None) -> dict[str, int | None] | None:
         """Put the instance's partials back to the snapshot's cut (``version`` of the Delta table at ``path``).
 
@@ -535,10 +535,10 @@ class AggregationKind(OutputKind):
         """
         if self.published_by_id(plan.outputs[output]):
             return None
-        rolled = roll_back_slice(path, shard_id, version)
+        rolled = roll_back_slice(path, instance, version)
         outcome = {**rolled.outcome(), "postgres_rows": 0}
         if rolled.restored is not None:
-            outcome["postgres_rows"] = rebuild_postgres_shard(db, spec_for(plan, output), plan.name, shard_id,
+            outcome["postgres_rows"] = rebuild_postgres_instance(db, spec_for(plan, output), plan.name, instance,
                                                               rolled.restored, rolled.changed)
         return outcome
 
@@ -561,14 +561,14 @@ class AggregationKind(OutputKind):
             aggregates.lock_for_replace(cursor, spec)
             # read under the lock: the rows written carry the newest published batch, so a batch published before
             # them never wins over them in Delta, and every batch after them rolls up from the replaced children
-            epoch, batch_id = last_published(cursor, job.plan.name, job.shard_id, job.output)
-            return agg_postgres.replace_range(cursor, spec, job.plan.name, job.shard_id, seconds, job.start, job.end,
+            epoch, batch_id = last_published(cursor, job.plan.name, job.instance, job.output)
+            return agg_postgres.replace_range(cursor, spec, job.plan.name, job.instance, seconds, job.start, job.end,
                                               epoch, batch_id)
 
         written, before = job.db.run(work, attempts=3)
-        agg_delta.replace_range(job.delta_path, spec, job.shard_id, job.start, job.end, written,
+        agg_delta.replace_range(job.delta_path, spec, job.instance, job.start, job.end, written,
                                 node=f"backfill:{backfill_id}", published_at=datetime.now(timezone.utc),
-                                app_id=f"backfill/{backfill_id}/{job.shard_id}/{job.output}")
+                                app_id=f"backfill/{backfill_id}/{job.instance}/{job.output}")
         return {"recomputed": True, "seconds_before": before["seconds"], "events_before": before["events"],
                 "seconds_after": seconds.num_rows, "events_after": int(pc.sum(seconds[counted]).as_py() or 0),
                 "rows_written": written.num_rows}
@@ -581,9 +581,9 @@ class AggregationKind(OutputKind):
 
         def published(cursor) -> list[dict[str, Any]]:
             aggregates.ensure_table(cursor, spec)
-            return aggregates.seconds_between(cursor, spec, job.plan.name, job.shard_id, job.start, job.end)
+            return aggregates.seconds_between(cursor, spec, job.plan.name, job.instance, job.start, job.end)
 
-        return compare_partials(Outcome(job.shard_id, job.output), job.db.run(published, attempts=3), recomputed,
+        return compare_partials(Outcome(job.instance, job.output), job.db.run(published, attempts=3), recomputed,
                                 spec.keys, spec.measure_columns, spec.version_column)
 
     def backfill_refusal(self, plan: PlanConfig, output: str, start: datetime, end: datetime,

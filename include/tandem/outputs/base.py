@@ -138,7 +138,7 @@ class HeldUntilPublished(Generic[K, V]):
 def fence(db: Database, batch: BatchInfo) -> None:
     """Raise :class:`FencedError` unless this instance still holds the lease at the batch's epoch."""
     key = batch.instance
-    db.run(lambda cursor: check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch), attempts=3)
+    db.run(lambda cursor: check_fence(cursor, key.plan, key.instance, key.node, batch.epoch), attempts=3)
 
 
 DATA_ERROR_SQLSTATES = ("22", "54000")
@@ -266,13 +266,13 @@ def as_utc(value: datetime | int) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-LAKE_COLUMNS = ("shard_id", "node", "epoch", "batch_id", "published_at")
+LAKE_COLUMNS = ("instance", "node", "epoch", "batch_id", "published_at")
 """The columns every Delta copy of an output adds to its rows (:func:`lake_columns`)."""
 
 
 def lake_columns(batch: BatchInfo, n: int) -> dict[str, pa.Array]:
     key = batch.instance
-    return {"shard_id": pa.repeat(key.shard_id, n), "node": pa.repeat(key.node, n),
+    return {"instance": pa.repeat(key.instance, n), "node": pa.repeat(key.node, n),
             "epoch": pa.repeat(pa.scalar(batch.epoch, pa.int64()), n),
             "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
             "published_at": pa.repeat(pa.scalar(batch.published_at, UTC_MICROS), n)}
@@ -461,9 +461,9 @@ class RetentionRun:
     def cutoff(self, seconds: float) -> datetime:
         return self.now - timedelta(seconds=seconds)
 
-    def replay_cutoff(self, seconds: float, shard_id: str) -> datetime:
+    def replay_cutoff(self, seconds: float, instance: str) -> datetime:
         """Older than ``seconds`` and than what a restore of the instance's kept snapshots needs."""
-        return contributions_cutoff(self.now, seconds, self.kept_for_replay.get(shard_id))
+        return contributions_cutoff(self.now, seconds, self.kept_for_replay.get(instance))
 
 
 def contributions_cutoff(now: datetime, retention_s: float, replay_needs: datetime | None) -> datetime:
@@ -525,7 +525,7 @@ class OutputKind:
         """Whether a restore rolls the output back to the snapshot's cut (else it is kept as it is)."""
         return not self.published_by_id(config)
 
-    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, shard_id: str,
+    def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, instance: str,
                 version: int | None) -> dict[str, int | None] | None:
         """Put one instance's part of ``output`` (its Delta table at ``path``) back to a snapshot's cut
         (``version`` of that table; ``None``: the table was empty then). Returns what changed, or ``None`` when

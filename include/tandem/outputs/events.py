@@ -66,7 +66,7 @@ class EventsSink(HeldById):
             events = {eid: (as_utc(rows[eid][self.config.time]), rows[eid]) for eid in ids}
             newest = max(time for time, _ in events.values())
             store.stage_events(cursor, events)  # before the fence's lock (see check_fence)
-            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            check_fence(cursor, key.plan, key.instance, key.node, batch.epoch)
             pending = store.insert_staged_events(cursor, key, self.output, batch.epoch, batch.batch_id, ids)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(pending), newest, None)
             return pending
@@ -105,9 +105,9 @@ def expectations(config: OutputConfig) -> list[dict[str, Any]]:
 
 def events_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
     """Rows of ``output_events`` with the payload's fields as columns (pure)."""
-    return pd.DataFrame([{**row["payload"], "event_id": row["event_id"], "shard_id": row["shard_id"],
+    return pd.DataFrame([{**row["payload"], "event_id": row["event_id"], "instance": row["instance"],
                           "event_time": row["event_time"]} for row in rows],
-                        columns=None if rows else ["event_id", "shard_id", "event_time"])
+                        columns=None if rows else ["event_id", "instance", "event_time"])
 
 
 def validation(plan: PlanConfig, output: str) -> Validation:
@@ -129,7 +129,7 @@ PAGE_ROWS = 1000
 def _published_events(db: Database, plan: str, output: str, start: datetime | None, end: datetime | None, *,
                       follow: bool = False, attempts: int = 3) -> Iterator[dict[str, Any]]:
     """The output's events of ``[start, end)`` (an open side when not given) from PostgreSQL in time order, then id,
-    a page at a time: ``event_id``, ``event_time`` (ISO 8601), ``shard_id`` and the payload's fields; ``follow``:
+    a page at a time: ``event_id``, ``event_time`` (ISO 8601), ``instance`` and the payload's fields; ``follow``:
     then each new one, polled each second, for good (``attempts``: of each page's read while PostgreSQL is away)."""
     after: tuple[datetime, str] | None = None
     while True:
@@ -138,7 +138,7 @@ def _published_events(db: Database, plan: str, output: str, start: datetime | No
         for row in page:
             after = (row["event_time"], row["event_id"])
             yield {"event_id": row["event_id"], "event_time": row["event_time"].isoformat(),
-                   "shard_id": row["shard_id"], **row["payload"]}
+                   "instance": row["instance"], **row["payload"]}
         if len(page) < PAGE_ROWS:
             if not follow:
                 return
@@ -157,7 +157,7 @@ class EventsKind(PublishedById):
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """The events of ``[start, end)`` (default: all) in time order, then id: ``event_id``, ``event_time``
-        (ISO 8601), ``shard_id`` and the payload's fields."""
+        (ISO 8601), ``instance`` and the payload's fields."""
         if request.source == "delta":
             time_field = plan.outputs[output].time
             rows = []
@@ -166,7 +166,7 @@ class EventsKind(PublishedById):
                 if request.covers(at):
                     payload = {k: v for k, v in event.items() if k not in LAKE_ONLY}
                     rows.append({"event_id": event["event_id"], "event_time": at.isoformat(),
-                                 "shard_id": event["shard_id"], **store.to_json(payload)})
+                                 "instance": event["instance"], **store.to_json(payload)})
             return request.picked(sorted(rows, key=lambda e: (e["event_time"], e["event_id"])))
         with reading(cluster, db) as connection:
             wanted = (event for event in _published_events(connection, plan.name, output, request.start, request.end)
@@ -195,27 +195,27 @@ class EventsKind(PublishedById):
         """Late, extra and different events, their payloads compared."""
         why = unbounded(job)
         if why:
-            return Outcome(job.shard_id, job.output, skipped=why)
+            return Outcome(job.instance, job.output, skipped=why)
         _, recomputed = recomputed_by_id(self, job)
-        return compare_ids(Outcome(job.shard_id, job.output),
+        return compare_ids(Outcome(job.instance, job.output),
                            {e["event_id"]: e["payload"] for e in self._published(job)}, recomputed)
 
     @staticmethod
     def _published(job: Recomputed) -> list[dict[str, Any]]:
         events = job.db.run(lambda cursor: store.read_events(cursor, job.plan.name, job.output, job.start, job.end),
                             attempts=3)
-        return [e for e in events if e["shard_id"] == job.shard_id]
+        return [e for e in events if e["instance"] == job.instance]
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         """Each instance's events older than ``retention.events`` (kept while a restore may replay them, and until
         the relay has sent them)."""
         relayed = [output] if run.plan.outputs[output].stream else []
         done = []
-        for shard_id in run.plan.shards:
-            before = run.replay_cutoff(run.plan.maintenance.retention.events_s, shard_id)
-            done.append(Trimmed("output_events", store_trim.trim_events(run.db, run.plan.name, shard_id, before,
+        for instance in run.plan.instances:
+            before = run.replay_cutoff(run.plan.maintenance.retention.events_s, instance)
+            done.append(Trimmed("output_events", store_trim.trim_events(run.db, run.plan.name, instance, before,
                                                                         relayed, output),
-                                before, f"{output} of instance {shard_id}"))
+                                before, f"{output} of instance {instance}"))
         return done
 
     def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:

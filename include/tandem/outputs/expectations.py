@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-SHARDS_PARAMETER = "plan_shards"
+INSTANCES_PARAMETER = "plan_instances"
 """Filled with the plan's instance ids when a suite runs."""
+
+FORMER_INSTANCES_PARAMETER = "plan_shards"
+"""The same, under its name before the rename (issue 47): a suite written for it still runs until the next release."""
+
+
+def suite_parameters(instances: list[str]) -> dict[str, list[str]]:
+    """The ``$PARAMETER`` values of a suite run over a plan of these instances."""
+    return {INSTANCES_PARAMETER: instances, FORMER_INSTANCES_PARAMETER: instances}
 
 
 def expect(kind: str, why: str, **kwargs: Any) -> dict[str, Any]:
@@ -23,6 +31,6 @@ def not_null(column: str, why: str) -> dict[str, Any]:
 
 
 def instances() -> dict[str, Any]:
-    """Only the plan's instances publish (the ``shard_id`` column)."""
+    """Only the plan's instances publish (the ``instance`` column)."""
     return expect("expect_column_values_to_be_in_set", "only the plan's instances publish",
-                  column="shard_id", value_set={"$PARAMETER": SHARDS_PARAMETER})
+                  column="instance", value_set={"$PARAMETER": INSTANCES_PARAMETER})

@@ -127,7 +127,7 @@ class LatestSink(HeldById):
         self.held_batch = batch_id
 
     def published_of(self, held: dict[str, dict[str, Any]]) -> list[str]:
-        kept = self.db.run(lambda cursor: store.kept(cursor, self.plan, self.output, self.instance.shard_id, list(held),
+        kept = self.db.run(lambda cursor: store.kept(cursor, self.plan, self.output, self.instance.instance, list(held),
                                                 in_lake=True), attempts=1)
         return [key for key, row in held.items()
                 if key in kept and kept[key] >= rank_of(self.config, row)]
@@ -139,7 +139,7 @@ class LatestSink(HeldById):
         def work(cursor, keys: list[str]) -> list[str]:
             store.stage(cursor, [(key, as_utc(rows[key][self.config.time]), rows[key][TIEBREAK],
                                   {k: v for k, v in rows[key].items() if k != TIEBREAK}) for key in keys])
-            check_fence(cursor, instance.plan, instance.shard_id, instance.node, batch.epoch)
+            check_fence(cursor, instance.plan, instance.instance, instance.node, batch.epoch)
             won = store.keep_higher(cursor, instance, self.output, batch.epoch, batch.batch_id, keys)
             newest = max((as_utc(rows[key][self.config.time]) for key in keys), default=None)
             record_published(cursor, instance, self.output, batch.batch_id, batch.epoch, len(won), newest, None)
@@ -172,12 +172,12 @@ class LatestKind(OutputKind):
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """Per key, the latest row over the instances (whose event time lies in ``[start, end)`` when given), in key
-        order: the row's fields as JSON values, and ``shard_id``, the instance that published it."""
+        order: the row's fields as JSON values, and ``instance``, the instance that published it."""
         config = plan.outputs[output]
         if request.source == "delta":
             table = read_table(delta_table_dir(cluster, plan.name, output))
             latest = latest_per_key(table.to_pylist(), config)
-            found = [({k: v for k, v in row.items() if k not in LAKE_ONLY}, row["shard_id"], rank_of(config, row))
+            found = [({k: v for k, v in row.items() if k not in LAKE_ONLY}, row["instance"], rank_of(config, row))
                      for _, row in sorted(latest.items())]
         else:
             single, limit = request.in_store(ranged=True)  # the rest is filtered below
@@ -188,9 +188,9 @@ class LatestKind(OutputKind):
 
             with reading(cluster, db) as connection:
                 kept = connection.run(work, attempts=3)
-            found = [(row["row"], row["shard_id"], (row["event_time"], row["tiebreak"]))
+            found = [(row["row"], row["instance"], (row["event_time"], row["tiebreak"]))
                      for row in sorted(kept, key=lambda r: canonical_key(r["key"]))]
-        return request.picked([{**to_json(values), "shard_id": shard} for values, shard, rank in found
+        return request.picked([{**to_json(values), "instance": instance} for values, instance, rank in found
                                if request.covers(rank[0])])
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
@@ -209,7 +209,7 @@ class LatestKind(OutputKind):
         """Per key of the range: late when the recomputed row ranks higher than the kept one (or none is kept),
         different when both are the same rank with other values, extra when a kept row of the range ranks
         higher than anything recomputed."""
-        outcome = Outcome(job.shard_id, job.output)
+        outcome = Outcome(job.instance, job.output)
         why = unbounded(job)
         if why:
             outcome.skipped = why
@@ -218,7 +218,7 @@ class LatestKind(OutputKind):
         rows = job.in_range()
         recomputed = {} if rows is None else ranked_latest(job.plan.name, job.output, config, rows)
         kept = {canonical_key(row["key"]): row for row in job.db.run(
-            lambda cursor: store.instance_rows(cursor, job.plan.name, job.output, job.shard_id, job.start, job.end),
+            lambda cursor: store.instance_rows(cursor, job.plan.name, job.output, job.instance, job.start, job.end),
             attempts=3)}
         outcome.compared += len(set(recomputed) | set(kept))
         for key, row in sorted(recomputed.items()):
@@ -263,7 +263,7 @@ class LatestKind(OutputKind):
         implied = [
             *[not_null(field, "the output's key") for field in config.key],
             expect("expect_compound_columns_to_be_unique", "one latest row per key and instance",
-                   column_list=[*config.key, "shard_id"]),
+                   column_list=[*config.key, "instance"]),
             not_null(config.time, "the event time that orders the rows"),
             instances(),
         ]
@@ -272,7 +272,7 @@ class LatestKind(OutputKind):
             return store.instance_rows(cursor, plan.name, output, None, window.since, window.until or ALL_TIME[1],
                                        limit)
 
-        return Validation(table=f"tandem.{store.TABLE}", key_columns=[*config.key, "shard_id"], implied=implied,
+        return Validation(table=f"tandem.{store.TABLE}", key_columns=[*config.key, "instance"], implied=implied,
                           required=implied, takes_unnamed=False, read=read, frame=latest_frame)
 
 
@@ -280,8 +280,8 @@ def latest_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
     """Rows of ``output_latest`` with the row's fields as columns (pure)."""
     import pandas as pd  # only validations build frames
 
-    return pd.DataFrame([{**row["row"], "shard_id": row["shard_id"]} for row in rows],
-                        columns=None if rows else ["shard_id"])
+    return pd.DataFrame([{**row["row"], "instance": row["instance"]} for row in rows],
+                        columns=None if rows else ["instance"])
 
 
 KIND = LatestKind()

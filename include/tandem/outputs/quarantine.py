@@ -31,7 +31,7 @@ REFUSED_SOURCE = "output:"
 """The source of a quarantined row that an output's store refused: ``output:<output>/<hash of the row>``."""
 QUARANTINE_SCHEMA = pa.schema([
     ("raw", pa.string()), ("source_file", pa.string()), ("reason", pa.string()),
-    ("plan", pa.string()), ("shard_id", pa.string()), ("node", pa.string()),
+    ("plan", pa.string()), ("instance", pa.string()), ("node", pa.string()),
     ("batch_id", pa.int64()), ("quarantined_at", pa.timestamp("us", tz="UTC")),
 ])
 
@@ -39,8 +39,8 @@ QUARANTINE_SCHEMA = pa.schema([
 class QuarantineSink(HeldUntilPublished[str, pa.Table]):
     """Bad input lines, with the raw text, the source file and the reason, appended to Delta.
 
-    A source file's bad lines are quarantined once per shard: a file already in the table for
-    this shard is skipped when published (a replay after a restore, an old active's late batch)
+    A source file's bad lines are quarantined once per instance: a file already in the table for
+    this instance is skipped when published (a replay after a restore, an old active's late batch)
     and dropped from what a standby holds. The file source reads a file whole in one batch, so
     the file is the id of its bad lines. A row another output's store refused
     (:meth:`publish_refused`) has the source ``output:<output>/<hash of the row>``.
@@ -54,8 +54,8 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
         self.db = Database(database_url, "tandem-publisher")
 
     def quarantined(self, source_files: list[str]) -> set[str]:
-        """Of ``source_files``, those whose bad lines are already in the table for this shard."""
-        done = read_table(self.delta_path, (ds.field("shard_id") == self.instance.shard_id)
+        """Of ``source_files``, those whose bad lines are already in the table for this instance."""
+        done = read_table(self.delta_path, (ds.field("instance") == self.instance.instance)
                           & ds.field("source_file").isin(source_files), columns=["source_file"])
         return set(done.column("source_file").to_pylist()) if done.num_rows else set()
 
@@ -87,7 +87,7 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
         n = rows.num_rows
         table = pa.table({
             "raw": rows["raw"], "source_file": rows["source_file"], "reason": rows["reason"],
-            "plan": pa.repeat(batch.instance.plan, n), "shard_id": pa.repeat(batch.instance.shard_id, n),
+            "plan": pa.repeat(batch.instance.plan, n), "instance": pa.repeat(batch.instance.instance, n),
             "node": pa.repeat(batch.instance.node, n), "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
             "quarantined_at": pa.repeat(pa.scalar(batch.published_at, pa.timestamp("us", tz="UTC")), n),
         }, schema=QUARANTINE_SCHEMA)
@@ -131,7 +131,7 @@ class QuarantineKind(OutputKind):
              db: Database | None = None) -> list[dict[str, Any]]:
         """The quarantined rows (from Delta whatever the source and ``db``: the quarantine has no PostgreSQL copy) whose
         ``quarantined_at`` lies in ``[start, end)`` (default: all), oldest first: ``raw``, ``source_file``,
-        ``reason``, ``shard_id``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601)."""
+        ``reason``, ``instance``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601)."""
         table = read_table(delta_table_dir(cluster, plan.name, output))
         rows = [{**{k: row[k] for k in QUARANTINE_SCHEMA.names if k != "plan"},
                  "quarantined_at": row["quarantined_at"].isoformat()}

@@ -55,7 +55,7 @@ class Recomputed:
     cluster: ClusterConfig
     plan: PlanConfig
     db: Database
-    shard_id: str
+    instance: str
     output: str
     rows: pa.Table | None
     start: datetime
@@ -80,7 +80,7 @@ class Recomputed:
 class Outcome:
     """The differences of one instance's output."""
 
-    shard_id: str
+    instance: str
     output: str
     compared: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIFFERENCES, 0))
@@ -94,7 +94,7 @@ class Outcome:
 
     def row(self) -> dict[str, Any]:
         """What :func:`tandem.batch.reconciliations.store_outcomes` stores of it."""
-        return {"shard_id": self.shard_id, "output": self.output, "compared": self.compared, **self.counts,
+        return {"instance": self.instance, "output": self.output, "compared": self.compared, **self.counts,
                 "examples": json_text(self.examples), "skipped": self.skipped}
 
     @property
@@ -145,7 +145,7 @@ def in_range(rows: pa.Table, field_name: str, start: datetime, end: datetime) ->
 
 def instance_sink(kind: OutputKind, job: Recomputed, node: str) -> HeldById:
     """The output's sink for the recomputed instance, as ``node`` (``backfill``, ``reconcile``): its own store."""
-    return kind.sink(job.plan, job.output, InstanceKey(job.plan.name, job.shard_id, node), job.cluster.database_url,
+    return kind.sink(job.plan, job.output, InstanceKey(job.plan.name, job.instance, node), job.cluster.database_url,
                      job.delta_path, None)
 
 
@@ -189,11 +189,11 @@ def publish_under_lease(job: Recomputed, sink: Any, rows: dict[Any, dict[str, An
     Raises:
         BackfillRefused: the instance has no ACTIVE node (a valid lease).
     """
-    lease = read_lease(job.db, job.plan.name, job.shard_id)
+    lease = read_lease(job.db, job.plan.name, job.instance)
     if lease is None or lease.holder is None or lease.expired_for_s > 0:
-        raise BackfillRefused(f"backfill of plan {job.plan.name}: instance {job.shard_id} has no ACTIVE node to "
+        raise BackfillRefused(f"backfill of plan {job.plan.name}: instance {job.instance} has no ACTIVE node to "
                               f"publish {len(rows)} rows of {job.output} under its lease: start it, then again")
-    holder = InstanceKey(job.plan.name, job.shard_id, lease.holder)
+    holder = InstanceKey(job.plan.name, job.instance, lease.holder)
     sink.instance = holder  # the same sink: identities() recorded the rows' schema its write() needs
     return sink.write(rows, BatchInfo(holder, BACKFILL_BATCH, lease.epoch, datetime.now(timezone.utc),
                                       f"backfill-{backfill_id}"))
@@ -213,7 +213,7 @@ def recomputed_by_id(kind: OutputKind, job: Recomputed) -> tuple[HeldById, dict[
 def compare_published(kind: OutputKind, job: Recomputed) -> Outcome:
     """An output published once by id whose published rows are not kept as rows (a table's contributions, a fact
     aggregation's facts): late when a recomputed id was never applied."""
-    outcome = Outcome(job.shard_id, job.output)
+    outcome = Outcome(job.instance, job.output)
     sink, recomputed = recomputed_by_id(kind, job)
     known = already_published(job, sink, list(recomputed))
     outcome.compared += len(known)
@@ -230,4 +230,4 @@ class PublishedById(OutputKind):
 
     def compare(self, job: Recomputed) -> Outcome:
         why = unbounded(job)
-        return Outcome(job.shard_id, job.output, skipped=why) if why else compare_published(self, job)
+        return Outcome(job.instance, job.output, skipped=why) if why else compare_published(self, job)

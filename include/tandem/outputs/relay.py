@@ -265,7 +265,7 @@ class RelayQuarantine:
 
         def write(cursor) -> int:
             lock_relay_quarantine(cursor, key.plan, output)
-            check_fence(cursor, key.plan, key.shard_id, key.node, epoch)
+            check_fence(cursor, key.plan, key.instance, key.node, epoch)
             written = 0
             for event, reason in refused:
                 app_id = f"relay/{output}/{event['event_id']}"
@@ -274,7 +274,7 @@ class RelayQuarantine:
                 row = pa.table({
                     "raw": [json.dumps(event["payload"], default=str, sort_keys=True, ensure_ascii=False)],
                     "source_file": [f"{RELAY_SOURCE}{output}/{event['event_id']}"],
-                    "reason": [f"output {output}: {reason}"], "plan": [key.plan], "shard_id": [key.shard_id],
+                    "reason": [f"output {output}: {reason}"], "plan": [key.plan], "instance": [key.instance],
                     "node": [key.node], "batch_id": [0], "quarantined_at": [datetime.now(timezone.utc)]},
                     schema=QUARANTINE_SCHEMA)
                 written += append_once(self.path, row, app_id=app_id, version=1)

@@ -56,7 +56,7 @@ class TableSink(HeldById):
         def work(cursor, ids: list[str]) -> list[dict]:
             contributions = {cid: ({k: rows[cid][k] for k in self.config.key},
                                    {v: rows[cid][v] for v in self.config.values}) for cid in ids}
-            check_fence(cursor, key.plan, key.shard_id, key.node, batch.epoch)
+            check_fence(cursor, key.plan, key.instance, key.node, batch.epoch)
             current = store.apply_contributions(cursor, key, self.output, self.config.values, contributions,
                                                 batch.epoch, batch.batch_id)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, len(current), None, None)
@@ -82,7 +82,7 @@ def merge_table_rows(table: pa.Table, config: OutputConfig) -> list[dict[str, An
     """A table output's Delta rows merged: per key, the sum over instances of each instance's newest version (pure)."""
     newest: dict[tuple, dict[str, Any]] = {}
     for row in table.to_pylist():
-        identity = (tuple(row[k] for k in config.key), row["shard_id"])
+        identity = (tuple(row[k] for k in config.key), row["instance"])
         if identity not in newest or row["version"] > newest[identity]["version"]:
             newest[identity] = row
     merged: dict[tuple, dict[str, Any]] = {}
@@ -100,7 +100,7 @@ def expectations(config: OutputConfig) -> list[dict[str, Any]]:
     return [
         *[not_null(field, "the table's key") for field in config.key],
         expect("expect_compound_columns_to_be_unique", "one partial row per key and instance",
-               column_list=[*config.key, "shard_id"]),
+               column_list=[*config.key, "instance"]),
         *[not_null(value, "a value of the table") for value in config.values],
         expect("expect_column_values_to_be_between", "a row exists once a contribution was applied",
                column="version", min_value=1),
@@ -110,8 +110,8 @@ def expectations(config: OutputConfig) -> list[dict[str, Any]]:
 
 def table_frame(rows: list[Mapping[str, Any]]) -> pd.DataFrame:
     """Rows of ``output_table_rows`` with the key's and the value's fields as columns (pure)."""
-    return pd.DataFrame([{**row["key"], **row["value"], "shard_id": row["shard_id"], "version": row["version"]}
-                         for row in rows], columns=None if rows else ["shard_id", "version"])
+    return pd.DataFrame([{**row["key"], **row["value"], "instance": row["instance"], "version": row["version"]}
+                         for row in rows], columns=None if rows else ["instance", "version"])
 
 
 def validation(plan: PlanConfig, output: str) -> Validation:
@@ -122,7 +122,7 @@ def validation(plan: PlanConfig, output: str) -> Validation:
     def read(cursor, window: Window, limit: int) -> list[dict[str, Any]]:
         return store.sample_table_rows(cursor, plan.name, output, limit)
 
-    return Validation(table="tandem.output_table_rows", key_columns=[*config.key, "shard_id"], implied=implied,
+    return Validation(table="tandem.output_table_rows", key_columns=[*config.key, "instance"], implied=implied,
                       required=implied, takes_unnamed=False, read=read, frame=table_frame)
 
 

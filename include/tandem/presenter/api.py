@@ -157,7 +157,7 @@ def get_status(plan: Plan, cluster: Cluster, db: Db) -> PlanStatus:
 @router.get("/plans/{plan}/timeline", response_model=Timeline, summary="Failover and supervision events, newest first")
 def get_timeline(plan: Plan, instance: Instance, db: Db,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Timeline:
-    return views.timeline(db, plan, shard_id=instance, limit=limit)
+    return views.timeline(db, plan, instance=instance, limit=limit)
 
 
 @router.get("/plans/{plan}/snapshots", response_model=SnapshotCatalog, summary="The snapshot catalog, newest first")
@@ -167,7 +167,7 @@ def get_snapshots(plan: Plan, instance: Instance, db: Db,
     unknown = sorted(set(status or ()) - set(STATUSES))
     if unknown:
         raise views.BadRequest(f"unknown snapshot status {', '.join(unknown)} (known: {', '.join(STATUSES)})")
-    return views.snapshot_catalog(db, plan, shard_id=instance, statuses=tuple(status) if status else None,
+    return views.snapshot_catalog(db, plan, instance=instance, statuses=tuple(status) if status else None,
                                   limit=limit)
 
 
@@ -269,7 +269,7 @@ def airflow_ui_url(cluster: ClusterConfig) -> str:
 def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
     """The Params of the DAG run that carries out ``body`` (a :class:`BadRequest` for what the DAG would refuse)."""
     if body.instance:
-        plan.check_shard(body.instance)
+        plan.check_instance(body.instance)
     if body.node:
         plan.check_node(body.node)
     if body.action in NEEDS_NODE and not body.node:

@@ -224,7 +224,7 @@ class AggregateRows(BaseModel):
     end: datetime
     rows: list[dict[str, Any]] = Field(
         description="per bucket and key: bucket_start, the keys, measures and ratios merged over every instance, "
-                    "and `shards`: how many group instances contributed (the column keeps its name)")
+                    "and `instances`: how many group instances contributed")
 
 
 class OutputRows(BaseModel):

@@ -46,7 +46,7 @@ from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, li
 from tandem.store.supervision import latest_progress
 from tandem.supervisor.decisions import decide
 from tandem.supervisor.launch_decision import ENDED_STATUSES
-from tandem.supervisor.observe import observe_shard
+from tandem.supervisor.observe import observe_instance
 
 ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
 """Events after which another node (or the same node at a new epoch) is ACTIVE."""
@@ -60,7 +60,7 @@ MAX_TABLE_ROWS = 10_000
 NOMINAL_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86_400, "month": 2_629_746, "year": 31_556_952}
 """A bucket's length (a month and a year of the Gregorian average) for counting the buckets of a range."""
 QUARANTINE_TTL_S = 5.0
-COUNTED_COLUMNS = ["reason", "shard_id", "quarantined_at", "source_file"]
+COUNTED_COLUMNS = ["reason", "instance", "quarantined_at", "source_file"]
 
 
 class NotFound(TandemError):
@@ -78,7 +78,7 @@ class PlanBroken(TandemError):
 def plan_summary(plan: PlanConfig) -> PlanSummary:
     """A plan's declaration: nodes, groups and their instances, outputs."""
     groups = [GroupSummary(name=name, parallel=group.parallel, queries=list(group.queries),
-                           instances=[s for s in plan.shards if plan.group_of(s)[0] == name])
+                           instances=[s for s in plan.instances if plan.group_of(s)[0] == name])
               for name, group in plan.groups.items()]
     outputs = [OutputSummary(name=name, kind=config.kind, key=list(config.key),
                              **kind_of(plan, name).summary(plan, name)) for name, config in plan.outputs.items()]
@@ -104,12 +104,12 @@ def epoch_millis_fields(plan: PlanConfig) -> list[str]:
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
-    return TimelineEvent(id=row["id"], happened_at=row["happened_at"], instance=row["shard_id"], kind=row["kind"],
+    return TimelineEvent(id=row["id"], happened_at=row["happened_at"], instance=row["instance"], kind=row["kind"],
                          node=row["node"], previous_node=row["previous_node"], epoch=row["epoch"], reason=row["reason"])
 
 
 def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
-    return SnapshotInfo(id=record.id, instance=record.shard_id, node=record.node, status=record.status,
+    return SnapshotInfo(id=record.id, instance=record.instance, node=record.node, status=record.status,
                         batch_id=record.batch_id, taken_at=record.taken_at, completed_at=record.completed_at,
                         state_rows=record.state_rows, checkpoint_bytes=record.checkpoint_bytes,
                         state_bytes=record.state_bytes, reason=record.reason,
@@ -120,7 +120,7 @@ def _last_role_events(db: Database, plan: str) -> tuple[dict[str, TimelineEvent]
     """Per group instance: the newest change of the ACTIVE role, and the newest release of the lease."""
     changes, releases = {}, {}
     for row in newest_of_kinds(db, plan, [*ROLE_CHANGES, RELEASED], RELEASED):
-        (releases if row["kind"] == RELEASED else changes)[row["shard_id"]] = _event(row)
+        (releases if row["kind"] == RELEASED else changes)[row["instance"]] = _event(row)
     return changes, releases
 
 
@@ -168,14 +168,14 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
     progress = latest_progress(db, plan.name)
     changes, releases = _last_role_events(db, plan.name)
     instances = []
-    for shard in plan.shards:
-        observed = observe_shard(db, cluster, plan, shard)
+    for instance in plan.instances:
+        observed = observe_instance(db, cluster, plan, instance)
         view, rows = observed.view, observed.rows
         nodes = []
         for node in plan.nodes:
             health, seen = view.health(node), observed.observations[node]
             row = rows.instances.get(node) or {}
-            latest = progress.get(f"{plan.name}/{shard}/{node}", {})
+            latest = progress.get(f"{plan.name}/{instance}/{node}", {})
             holds_lease = view.lease is not None and view.lease.valid and view.lease.holder == node
             nodes.append(NodeState(
                 node=node, role=shown_role(seen.role, seen.status, holds_lease) if row else None,
@@ -189,46 +189,46 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
         if rows.lease is not None:
             holder = next((n for n in nodes if n.node == rows.lease["holder"]), None)
             valid = bool(rows.lease["valid"]) and rows.lease["holder"] is not None
-            state, since, reason = vacancy({**rows.lease, "valid": valid}, releases.get(shard), holder)
+            state, since, reason = vacancy({**rows.lease, "valid": valid}, releases.get(instance), holder)
             lease = LeaseState(state=state, holder=rows.lease["holder"], epoch=int(rows.lease["epoch"]), valid=valid,
                                expires_in_s=-float(rows.lease["expired_for_s"]), acquired_at=rows.lease["acquired_at"],
                                expires_at=rows.lease["expires_at"], vacant_since=since, vacancy=reason)
-        good = latest_good(db, plan.name, shard)
+        good = latest_good(db, plan.name, instance)
         instances.append(InstanceStatus(
-            instance=shard, group=plan.group_of(shard)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
-            due=[action.describe() for action in decide(view)], last_failover=changes.get(shard),
+            instance=instance, group=plan.group_of(instance)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
+            due=[action.describe() for action in decide(view)], last_failover=changes.get(instance),
             last_good_snapshot=_snapshot(good) if good else None))
     return PlanStatus(plan=plan.name, observed_at=database_now(db), instances=instances)
 
 
-def timeline(db: Database, plan: PlanConfig, *, shard_id: str | None = None, limit: int = 50) -> Timeline:
+def timeline(db: Database, plan: PlanConfig, *, instance: str | None = None, limit: int = 50) -> Timeline:
     """The newest failover and supervision events of a plan (optionally one group instance), newest first."""
-    if shard_id:
-        plan.check_shard(shard_id)
+    if instance:
+        plan.check_instance(instance)
 
-    return Timeline(plan=plan.name, events=[_event(row) for row in recent_events(db, plan.name, shard_id, limit)])
+    return Timeline(plan=plan.name, events=[_event(row) for row in recent_events(db, plan.name, instance, limit)])
 
 
-def snapshot_catalog(db: Database, plan: PlanConfig, *, shard_id: str | None = None,
+def snapshot_catalog(db: Database, plan: PlanConfig, *, instance: str | None = None,
                      statuses: tuple[str, ...] | None = None, limit: int = 50) -> SnapshotCatalog:
     """The snapshot catalog of a plan, newest first."""
-    if shard_id:
-        plan.check_shard(shard_id)
-    records = list_snapshots(db, plan.name, shard_id=shard_id, statuses=statuses, limit=limit)
+    if instance:
+        plan.check_instance(instance)
+    records = list_snapshots(db, plan.name, instance=instance, statuses=statuses, limit=limit)
     return SnapshotCatalog(plan=plan.name, snapshots=[_snapshot(r) for r in records])
 
 
 def batch_report(db: Database, cluster: ClusterConfig, plan: PlanConfig, *, limit: int = 10) -> BatchReport:
     """A plan's newest backfills and its newest reconcile run."""
     backfills = [BackfillInfo(id=r.id, status=r.status, range_start=r.range_start, range_end=r.range_end,
-                              instances=list(r.shards), requested_by=r.requested_by, started_at=r.started_at,
+                              instances=list(r.instances), requested_by=r.requested_by, started_at=r.started_at,
                               finished_at=r.finished_at, outcome=r.outcome())
                  for r in list_backfills(db, plan.name, limit=limit)]
     rows = reconciliation_rows(cluster, plan)
     run = None if not rows else ReconcileRun(
         run_id=rows[0]["run_id"], reconciled_at=rows[0]["reconciled_at"], range_start=rows[0]["range_start"],
         range_end=rows[0]["range_end"],
-        rows=[ReconcileRow(instance=r["shard_id"], **{k: r[k] for k in ("output", "compared", "late", "extra",
+        rows=[ReconcileRow(instance=r["instance"], **{k: r[k] for k in ("output", "compared", "late", "extra",
                                                                           "different", "examples", "skipped")})
               for r in rows])
     return BatchReport(plan=plan.name, backfills=backfills, reconcile=run)
@@ -274,8 +274,8 @@ def _quarantine_summary(path: Path, plan: str, version: Hashable, samples: int) 
     return QuarantineReport(
         plan=plan, total=counted.num_rows,
         by_reason=dict(sorted(_counts(counted["reason"]).items(), key=lambda item: (-item[1], item[0]))),
-        by_instance=dict(sorted(_counts(counted["shard_id"]).items())),
-        samples=[QuarantineSample(quarantined_at=r["quarantined_at"], instance=r["shard_id"], node=r["node"],
+        by_instance=dict(sorted(_counts(counted["instance"]).items())),
+        samples=[QuarantineSample(quarantined_at=r["quarantined_at"], instance=r["instance"], node=r["node"],
                                   source_file=r["source_file"], reason=r["reason"], raw=r["raw"]) for r in newest])
 
 
@@ -404,5 +404,5 @@ def event_page(db: Database, plan: PlanConfig, output: str, *, cursor: str | Non
     if rows:
         position = (rows[-1]["xid"], rows[-1]["event_id"])
     return EventPage(plan=plan.name, output=output, next_cursor=encode_cursor(position),
-                     events=[Event(event_id=r["event_id"], event_time=r["event_time"], instance=r["shard_id"],
+                     events=[Event(event_id=r["event_id"], event_time=r["event_time"], instance=r["instance"],
                                    payload=r["payload"]) for r in rows])

@@ -28,7 +28,7 @@ from typing import Any
 from tandem.aggregation.spec import aggregation_outputs
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.outputs.base import Validation, Window
-from tandem.outputs.expectations import SHARDS_PARAMETER
+from tandem.outputs.expectations import suite_parameters
 from tandem.quality.implied import validated_outputs
 from tandem.quality.suites import (
     ValidationError,
@@ -87,7 +87,7 @@ def validate_output(cluster: ClusterConfig, plan: PlanConfig | str, output: str,
         log.warning("%s: more than %d rows in the window; validating the first %d", policy.table, max_rows, max_rows)
         rows = rows[:max_rows]
     frame = policy.frame(rows)
-    outcomes = run_suite(definition, frame, {SHARDS_PARAMETER: list(plan.shards)}, policy.key_columns, path,
+    outcomes = run_suite(definition, frame, suite_parameters(list(plan.instances)), policy.key_columns, path,
                          asset=output) if rows else []
     return ValidationReport(plan=plan.name, suite=f"{definition['name']}:{output}", table=policy.table, since=since,
                             until=until, granularity=granularity if policy.granularities else None,

@@ -2,7 +2,7 @@
 
 A suite lives in ``conf/expectations/<name>.json`` (an ExpectationSuite in Great Expectations 1.x
 JSON), or is implied by the plan's declarations when the plan has no suite file
-(:mod:`tandem.quality.implied`). ``$PARAMETER`` references (e.g. ``{"$PARAMETER": "plan_shards"}``,
+(:mod:`tandem.quality.implied`). ``$PARAMETER`` references (e.g. ``{"$PARAMETER": "plan_instances"}``,
 the plan's instances) are filled when it runs. A suite runs in an ephemeral Great Expectations
 context: nothing is stored and no file is written.
 """

@@ -65,7 +65,7 @@ class ProgressRecorder(StreamingQueryListener):
         states = progress.stateOperators or []
         quality = (progress.observedMetrics or {}).get(QUALITY_METRICS)
         row = BatchProgress(
-            instance_id=self.instance.id, plan=self.instance.plan, shard_id=self.instance.shard_id,
+            instance_id=self.instance.id, plan=self.instance.plan, instance=self.instance.instance,
             node=self.instance.node, query_name=name, query_id=str(progress.id), run_id=str(progress.runId),
             batch_id=progress.batchId, input_rows=progress.numInputRows,
             input_rows_per_s=_finite(progress.inputRowsPerSecond),

@@ -1,4 +1,4 @@
-"""Run one plan instance (plan × shard × node) inside a Spark driver.
+"""Run one plan instance (plan × instance × node) inside a Spark driver.
 
 ``run_instance`` registers the instance, starts the liveness beat, the progress listener and (when
 the plan publishes events to a stream) the relay, starts every query of the plan with its own
@@ -27,7 +27,8 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.errors import PlanChanged, cause_of, raised_in
-from tandem.layout import checkpoint_dir
+from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
+from tandem.layout import checkpoint_dir, plan_dirs
 from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
 from tandem.plan_shape import check_unchanged, record_shape
 from tandem.resync import resync_recorded
@@ -39,6 +40,7 @@ from tandem.runtime.roles import RoleController
 from tandem.shared_storage import StorageNotShared, require_executor_storage, require_shared_storage
 from tandem.spark_session import build_session
 from tandem.store.db import Database
+from tandem.store.locks import plan_lock
 from tandem.store.leases import promoted_from
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, record_start, record_status, record_takeover, register_nodes
@@ -143,7 +145,7 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
     query's ``foreachBatch`` publisher by query name)."""
     queries = []
     for definition in definitions:
-        checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.shard_id, ctx.instance.node, definition.name)
+        checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.instance, ctx.instance.node, definition.name)
         publisher = MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint)
         if publishers is not None:
             publishers[definition.name] = publisher
@@ -177,35 +179,47 @@ def start_query(spark: SparkSession, definition: QueryDefinition, writer: DataSt
             spark.conf.set(STATE_STORE_PROVIDER, default_provider)
 
 
-def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: str, *,
+def _rename_legacy_lake_columns(cluster: ClusterConfig, plan: PlanConfig) -> None:
+    """Give the plan's Delta tables written before a column rename today's names, before any query writes (an
+    installation upgrades in place; the plan's lock serialises the nodes that start together)."""
+    root = plan_dirs(cluster, plan.name)["delta"]
+    tables = sorted(path for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
+    if any(has_legacy_columns(path) for path in tables):
+        with plan_lock(cluster.database_url, plan.name, "the rename of Delta columns"):
+            for path in tables:
+                rename_legacy_columns(path)
+
+
+def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: str, *,
                  trigger_interval_s: float | None = None, spark: SparkSession | None = None,
                  available_now: bool = False, stop: threading.Event | None = None,
                  role: str = ACTIVE) -> RunResult:
-    """Run the plan's queries for one shard on one node until they end, fail, or are stopped.
+    """Run the plan's queries for one instance on one node until they end, fail, or are stopped.
 
     ``role`` is the role the instance is launched for: ACTIVE takes the lease at start when it is
     free (or its own node's), PASSIVE and BACKUP process everything and take over on expiry, WARM
     builds its session and queries but starts them only once it has taken the lease, from a cut of
     the previous holder's checkpoint (:func:`await_warm_takeover`).
     """
-    plan.check_shard(shard_id)
+    plan.check_instance(instance)
     cluster.node(plan.check_node(node))
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    key = InstanceKey(plan.name, shard_id, node)
+    key = InstanceKey(plan.name, instance, node)
     interval = trigger_interval_s or plan.trigger_interval_s
     stop = stop or threading.Event()
     spark = spark or build_session(f"tandem:{key.id}", cluster.node(node).spark_master, cluster.spark_defaults)
 
-    recover_swaps(checkpoint_dir(cluster, plan.name, shard_id, node, ""))  # before Spark reads a checkpoint
+    recover_swaps(checkpoint_dir(cluster, plan.name, instance, node, ""))  # before Spark reads a checkpoint
     with Database(cluster.database_url, "tandem-node") as db:
         migrate(db)
+        _rename_legacy_lake_columns(cluster, plan)
         register_nodes(db, cluster)
         me = psutil.Process()
         record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(),
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
-                     checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
+                     checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")))
         try:
             require_shared_storage(db, cluster, plan, node)
             require_executor_storage(db, cluster, node, spark)
@@ -213,11 +227,11 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, shard_id: 
             record_status(db, key, "FAILED", str(exc))
             raise
         try:  # before the lease is taken and any query reads a checkpoint
-            check_unchanged(cluster, plan, shard_id, node)
+            check_unchanged(cluster, plan, instance, node)
         except PlanChanged as exc:  # the same words at every launch: the supervisor blocks it, never loops
             record_status(db, key, "FAILED", str(exc), failure=str(exc))
             raise
-        record_shape(cluster, plan, shard_id, node)
+        record_shape(cluster, plan, instance, node)
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s,
                                standby_role=role if role in STANDBY_ROLES else PASSIVE)
         promoted = threading.Event()
@@ -289,9 +303,9 @@ def await_warm_takeover(db: Database, cluster: ClusterConfig, plan: PlanConfig, 
     with roles.lock:  # the promotion sets the event while it publishes, and holds the lock until its epoch is set
         epoch = roles.epoch
     record_takeover(db, key)
-    previous = promoted_from(db, plan.name, key.shard_id, epoch) if epoch is not None else None
+    previous = promoted_from(db, plan.name, key.instance, epoch) if epoch is not None else None
     if previous is not None and previous != key.node:
-        resync_recorded(db, cluster, plan, key.shard_id, previous, key.node)
+        resync_recorded(db, cluster, plan, key.instance, previous, key.node)
     return True
 
 

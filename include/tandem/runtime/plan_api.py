@@ -67,7 +67,7 @@ class PlanContext:
 
     @property
     def group(self) -> str:
-        return self.plan.group_of(self.instance.shard_id)[0]
+        return self.plan.group_of(self.instance.instance)[0]
 
     @property
     def queries(self) -> list[str]:
@@ -84,7 +84,7 @@ class PlanContext:
             raise PlanError(f"{self.plan.path}: streams: a query reads {name!r}, which is not declared "
                             f"(streams: {', '.join(self.plan.streams)})")
         if name not in self._streams:
-            lines = stream_lines(self.spark, self.cluster, self.plan, self.instance.shard_id, name,
+            lines = stream_lines(self.spark, self.cluster, self.plan, self.instance.instance, name,
                                  folders=(self.input_folders or {}).get(name))
             self._streams[name] = parse_and_validate(lines, record_schema(self.plan.streams[name]))
         return self._streams[name]

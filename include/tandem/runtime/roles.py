@@ -1,7 +1,7 @@
 """This instance's role (ACTIVE / PASSIVE / BACKUP / WARM) and fencing epoch, kept by the heartbeat thread.
 
 Purpose
-    Only the ACTIVE instance of a (plan, shard) publishes. A hot standby processes everything,
+    Only the ACTIVE instance of a (plan, instance) publishes. A hot standby processes everything,
     holds back what it would have published, and takes over by itself when the active's lease
     expires, so failover does not wait for Airflow.
 
@@ -126,7 +126,7 @@ class RoleController:
 
     def _try_take(self, grace_s: float, reason: str, same_node: bool = False) -> None:
         with self._db_lock:
-            epoch = try_acquire(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.ttl_s,
+            epoch = try_acquire(self.db, self.instance.plan, self.instance.instance, self.instance.node, self.ttl_s,
                                 grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
         if epoch is None:
             return
@@ -144,7 +144,7 @@ class RoleController:
                 self.failure = f"publishing the held outputs failed: {' '.join(str(exc).split())[:500]}"
                 log.error("%s: %s", self.instance.id, self.failure)
                 with self._db_lock:
-                    release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch,
+                    release(self.db, self.instance.plan, self.instance.instance, self.instance.node, epoch,
                             self.failure)
                 return
             self.epoch = epoch
@@ -154,7 +154,7 @@ class RoleController:
     def _renew(self, epoch: int) -> bool:
         """Extend the lease held at ``epoch``; ``False`` when another node holds it now."""
         with self._db_lock:
-            return renew(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, epoch, self.ttl_s)
+            return renew(self.db, self.instance.plan, self.instance.instance, self.instance.node, epoch, self.ttl_s)
 
     @contextmanager
     def _renewed_meanwhile(self, epoch: int) -> Iterator[None]:
@@ -192,7 +192,7 @@ class RoleController:
             if self.epoch is not None:
                 try:
                     with self._db_lock:
-                        release(self.db, self.instance.plan, self.instance.shard_id, self.instance.node, self.epoch,
+                        release(self.db, self.instance.plan, self.instance.instance, self.instance.node, self.epoch,
                                 reason)
                 except StoreError as exc:
                     log.warning("could not release the lease: %s", exc)
@@ -208,7 +208,7 @@ class RoleController:
                            (self.role, self.epoch or 0, key.id))
             if event:
                 kind, reason, epoch = event
-                record_event(cursor, key.plan, key.shard_id, kind, reason, node=key.node, epoch=epoch)
+                record_event(cursor, key.plan, key.instance, kind, reason, node=key.node, epoch=epoch)
 
         try:
             with self._db_lock:

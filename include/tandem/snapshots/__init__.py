@@ -2,7 +2,7 @@
 
 - :mod:`~tandem.snapshots.take`: take a snapshot (cut, state export, output versions at the cut:
   :mod:`tandem.lake.history`, validation) and prune old ones;
-- :mod:`~tandem.snapshots.restore`: put a shard back to a snapshot and start it;
+- :mod:`~tandem.snapshots.restore`: put an instance back to a snapshot and start it;
 - :mod:`~tandem.snapshots.state_export`: the operator state as readable rows in Delta;
 - :mod:`~tandem.snapshots.validation`: files and the Great Expectations suite → GOOD or BAD;
 - :mod:`~tandem.snapshots.landing`: deleting input nothing needs any more;

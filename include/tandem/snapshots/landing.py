@@ -10,7 +10,7 @@ How it works
     :func:`clean_landing` gathers the facts, for every plan that reads the stream, and acts on the
     pure decision
     :func:`tandem.snapshots.retention.decide_landing_retention`: the files of the partition's landing
-    directory; per query checkpoint of every node of the shard, the files its committed batches
+    directory; per query checkpoint of every node of the instance, the files its committed batches
     read of this stream (:func:`tandem.snapshots.retention.files_of_stream` over every source of
     the query: a pizza-shop query reads orders and deliveries); per query cut of every kept GOOD
     snapshot, the same. The checkpoints of :func:`tandem.snapshots.retention.guarding_nodes` count (the
@@ -58,7 +58,7 @@ SourceLogs = dict[Path, list[frozenset[str] | None] | None]
 """Per query checkpoint (or cut) read in one retention run: what each of its sources processed."""
 
 Guards = dict[tuple[str, str], list[str]]
-"""Per (plan, shard) read in one retention run: the nodes whose checkpoints guard landing files."""
+"""Per (plan, instance) read in one retention run: the nodes whose checkpoints guard landing files."""
 
 
 def _read(query_dir: Path, stream_dir: Path, logs: SourceLogs) -> frozenset[str] | None:
@@ -94,20 +94,20 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     files = [str(path) for path in landed]
     processed_by: dict[str, frozenset[str]] = {}
     kept_cuts: dict[str, frozenset[str]] = {}
-    readers = [(plan, shard_id) for plan in plans
+    readers = [(plan, instance) for plan in plans
                if stream in plan.streams and plan.streams[stream].source == "files"  # not one of its NATS streams
-               for shard_id in plan.shards if partition in plan.partitions(shard_id, stream)]
-    for plan, shard_id in readers:
-        if (plan.name, shard_id) not in guards:  # once per run: a shard reads several partitions
-            guards[plan.name, shard_id] = _guarding(cluster, plan, shard_id, db)
-        for node in guards[plan.name, shard_id]:
-            for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, "")).items():
+               for instance in plan.instances if partition in plan.partitions(instance, stream)]
+    for plan, instance in readers:
+        if (plan.name, instance) not in guards:  # once per run: an instance reads several partitions
+            guards[plan.name, instance] = _guarding(cluster, plan, instance, db)
+        for node in guards[plan.name, instance]:
+            for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node, "")).items():
                 seen = _read(query_dir, directory.parent, logs)
                 if seen is not None:
-                    processed_by[f"{plan.name}/{shard_id}/{node}/{query}"] = seen
-        for snapshot in catalog.list_snapshots(db, plan.name, shard_id=shard_id, statuses=(catalog.GOOD,)):
+                    processed_by[f"{plan.name}/{instance}/{node}/{query}"] = seen
+        for snapshot in catalog.list_snapshots(db, plan.name, instance=instance, statuses=(catalog.GOOD,)):
             for query in snapshot.query_batches:
-                # a catalog row is data: a cut outside the root is refused (nothing of the shard is deleted)
+                # a catalog row is data: a cut outside the root is refused (nothing of the instance is deleted)
                 seen = _read(under_root(cluster, snapshot.checkpoint_path) / query, directory.parent, logs)
                 if seen is not None:
                     kept_cuts[f"{snapshot.id}/{query}"] = seen
@@ -135,23 +135,23 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     return decision
 
 
-def _guarding(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, db: Database) -> list[str]:
-    """The nodes of the shard whose checkpoints guard landing files (:func:`guarding_nodes` on what is read now)."""
-    lease = read_lease(db, plan.name, shard_id)
+def _guarding(cluster: ClusterConfig, plan: PlanConfig, instance: str, db: Database) -> list[str]:
+    """The nodes of the instance whose checkpoints guard landing files (:func:`guarding_nodes` on what is read now)."""
+    lease = read_lease(db, plan.name, instance)
     now = time.time()
     beats, changes = {}, {}
     for node in plan.nodes:
-        row = get_instance(db, instance_id(plan.name, shard_id, node))
+        row = get_instance(db, instance_id(plan.name, instance, node))
         if row and row["beat_age_s"] is not None and row["role"] != WARM:  # a WARM standby runs no query
             beats[node] = float(row["beat_age_s"])
-        changed = last_changed(checkpoint_dir(cluster, plan.name, shard_id, node, ""))
+        changed = last_changed(checkpoint_dir(cluster, plan.name, instance, node, ""))
         if changed is not None:
             changes[node] = now - changed
     guarding = guarding_nodes(plan.nodes, lease.holder if lease else None, beats, changes)
     for node in sorted(set(plan.nodes) - guarding):
         if node in changes:
             log.info("landing retention: %s/%s/%s left behind: not the lease holder, no beat for %s, checkpoint "
-                     "unchanged for %.0f s (it launches again after a re-sync)", plan.name, shard_id, node,
+                     "unchanged for %.0f s (it launches again after a re-sync)", plan.name, instance, node,
                      f"{beats[node]:.0f} s" if node in beats else "ever", changes[node])
     return [node for node in plan.nodes if node in guarding]
 
@@ -171,7 +171,7 @@ def _every_plan(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, PlanConfi
     return plans
 
 
-def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: str | None = None,
+def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, instance: str | None = None,
                        db: Database | None = None) -> dict[str, LandingDecision]:
     """:func:`clean_landing` for each partition ``plan`` reads (or one instance reads), by ``<stream>/<partition>``.
 
@@ -183,9 +183,9 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, shard_id: st
         owned = db is None
         db = db or Database(cluster.database_url, "tandem-maintenance")
         try:
-            shards = [plan.check_shard(shard_id)] if shard_id else list(plan.shards)
-            partitions = sorted({(stream, p) for shard in shards for stream, declared in plan.streams.items()
-                                 if declared.source == "files" for p in plan.partitions(shard, stream)})
+            instances = [plan.check_instance(instance)] if instance else list(plan.instances)
+            partitions = sorted({(stream, p) for instance in instances for stream, declared in plan.streams.items()
+                                 if declared.source == "files" for p in plan.partitions(instance, stream)})
             logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
             guards: Guards = {}
             return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs, guards)

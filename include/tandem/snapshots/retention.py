@@ -14,7 +14,7 @@ Purpose
     Every decision carries a reason, so the DAGs can log what they did and why.
 
 How it works
-    Snapshot retention, per (plan, shard), newest first (``taken_at``, then id):
+    Snapshot retention, per (plan, instance), newest first (``taken_at``, then id):
 
     1. The newest ``keep`` GOOD snapshots are kept; older GOOD ones are pruned. ``keep`` is at
        least 1, so the newest good snapshot is never pruned.
@@ -39,14 +39,14 @@ How it works
 
     Which checkpoints count (:func:`guarding_nodes`): the lease holder's (it resumes from its own), every
     node's whose instance beat or whose checkpoint changed within :data:`GUARD_WINDOW_S` (it runs, or is being
-    launched from a fresh re-sync), and every node's while the shard has no lease yet. Any other node's
+    launched from a fresh re-sync), and every node's while the instance has no lease yet. Any other node's
     checkpoint is left behind: such a node launches again after a re-sync from the holder, which replaces its
     checkpoint (a cold standby killed and never needed again would otherwise hold every file back forever); a
     re-sync that fails does not fall back to a checkpoint left behind (:mod:`tandem.resync`).
 
     Choosing a snapshot: by id, a GOOD one is returned, a BAD one only with ``force``, a TAKING or
     PRUNED one never (it is incomplete or gone); without an id, the newest GOOD snapshot of the
-    one (plan, shard) the rows belong to.
+    one (plan, instance) the rows belong to.
 
 What it does not do
     It reads and deletes nothing: callers read the catalog (:mod:`tandem.store.snapshots`), list
@@ -79,7 +79,7 @@ class SnapshotDecision:
 
     snapshot_id: str
     plan: str
-    shard_id: str
+    instance: str
     status: str
     action: str
     reason: str
@@ -90,7 +90,7 @@ class SnapshotDecision:
 
 @dataclass(frozen=True)
 class RetentionPlan:
-    """The decisions for every snapshot that is not PRUNED yet, newest first per shard."""
+    """The decisions for every snapshot that is not PRUNED yet, newest first per instance."""
 
     decisions: tuple[SnapshotDecision, ...]
 
@@ -98,10 +98,10 @@ class RetentionPlan:
     def to_prune(self) -> tuple[SnapshotDecision, ...]:
         return tuple(d for d in self.decisions if d.action == PRUNE)
 
-    def kept_good(self, plan: str, shard_id: str) -> tuple[str, ...]:
-        """Ids of the GOOD snapshots of one (plan, shard) that stay, newest first (their cuts guard landing files)."""
+    def kept_good(self, plan: str, instance: str) -> tuple[str, ...]:
+        """Ids of the GOOD snapshots of one (plan, instance) that stay, newest first (their cuts guard landing files)."""
         return tuple(d.snapshot_id for d in self.decisions
-                     if (d.plan, d.shard_id) == (plan, shard_id) and d.status == GOOD and d.action == KEEP)
+                     if (d.plan, d.instance) == (plan, instance) and d.status == GOOD and d.action == KEEP)
 
     def describe(self) -> list[str]:
         return [d.describe() for d in self.decisions]
@@ -109,11 +109,11 @@ class RetentionPlan:
 
 def decide_retention(rows: Iterable[SnapshotRecord], keep: int, now: datetime, *,
                      taking_timeout_s: float = TAKING_TIMEOUT_S) -> RetentionPlan:
-    """Which snapshots to keep, prune or leave alone, per (plan, shard); see the module docstring.
+    """Which snapshots to keep, prune or leave alone, per (plan, instance); see the module docstring.
 
     Args:
-        rows: catalog rows (any plans and shards; PRUNED rows are skipped).
-        keep: GOOD snapshots to keep per shard (``snapshot.keep``), at least 1.
+        rows: catalog rows (any plans and instances; PRUNED rows are skipped).
+        keep: GOOD snapshots to keep per instance (``snapshot.keep``), at least 1.
         now: the current time on the clock of ``taken_at`` (PostgreSQL's; time-zone aware).
         taking_timeout_s: age after which a TAKING snapshot counts as abandoned.
     """
@@ -124,19 +124,19 @@ def decide_retention(rows: Iterable[SnapshotRecord], keep: int, now: datetime, *
         raise ValueError(f"now must carry a time zone, got {now!r}")
     if taking_timeout_s <= 0:
         raise ValueError(f"taking_timeout_s must be positive, got {taking_timeout_s!r}")
-    by_shard: dict[tuple[str, str], list[SnapshotRecord]] = defaultdict(list)
+    by_instance: dict[tuple[str, str], list[SnapshotRecord]] = defaultdict(list)
     for row in rows:
         if row.status not in (TAKING, GOOD, BAD, PRUNED):
             raise ValueError(f"snapshot {row.id} has an unknown status {row.status!r}")
         if row.status != PRUNED:
-            by_shard[(row.plan, row.shard_id)].append(row)
+            by_instance[(row.plan, row.instance)].append(row)
     decisions: list[SnapshotDecision] = []
-    for (plan, shard_id) in sorted(by_shard):
-        decisions.extend(_shard_retention(_newest_first(by_shard[(plan, shard_id)]), keep, now, taking_timeout_s))
+    for (plan, instance) in sorted(by_instance):
+        decisions.extend(_instance_retention(_newest_first(by_instance[(plan, instance)]), keep, now, taking_timeout_s))
     return RetentionPlan(tuple(decisions))
 
 
-def _shard_retention(rows: list[SnapshotRecord], keep: int, now: datetime,
+def _instance_retention(rows: list[SnapshotRecord], keep: int, now: datetime,
                      taking_timeout_s: float) -> list[SnapshotDecision]:
     goods = [r for r in rows if r.status == GOOD]
     good_rank = {r.id: rank for rank, r in enumerate(goods, start=1)}
@@ -144,10 +144,10 @@ def _shard_retention(rows: list[SnapshotRecord], keep: int, now: datetime,
     oldest_kept = kept_goods[-1] if kept_goods else None
     bads = [r for r in rows if r.status == BAD]
     inspected = bads[0] if bads and (oldest_kept is None or _order(bads[0]) > _order(oldest_kept)) else None
-    where = f"{rows[0].plan}/{rows[0].shard_id}"
+    where = f"{rows[0].plan}/{rows[0].instance}"
 
     def decision(row: SnapshotRecord, action: str, reason: str) -> SnapshotDecision:
-        return SnapshotDecision(row.id, row.plan, row.shard_id, row.status, action, reason)
+        return SnapshotDecision(row.id, row.plan, row.instance, row.status, action, reason)
 
     decisions = []
     for row in rows:
@@ -254,9 +254,9 @@ def files_of_stream(by_source: Sequence[Collection[str] | None], stream_dir: str
 
 def guarding_nodes(nodes: Iterable[str], holder: str | None, beat_age_s: Mapping[str, float],
                    checkpoint_age_s: Mapping[str, float], window_s: float = GUARD_WINDOW_S) -> frozenset[str]:
-    """The nodes of a shard whose own checkpoints landing retention must respect (pure; see the module).
+    """The nodes of an instance whose own checkpoints landing retention must respect (pure; see the module).
 
-    ``holder``: the lease's holder, ``None`` while the shard has no lease (then every node counts);
+    ``holder``: the lease's holder, ``None`` while the instance has no lease (then every node counts);
     ``beat_age_s`` / ``checkpoint_age_s``: seconds since each node's instance beat and its checkpoint last
     changed (a node missing from one has none).
     """
@@ -327,7 +327,7 @@ def choose_snapshot(rows: Iterable[SnapshotRecord], snapshot_id: str | None = No
         SnapshotRefused: the snapshot is BAD and ``force`` is not set, or it is TAKING or PRUNED
             (``force`` does not help: its copy is incomplete or deleted).
         SnapshotError: the id is unknown; or, by latest good, there is no GOOD snapshot or the
-            rows span several (plan, shard) pairs (each shard is restored from its own snapshot).
+            rows span several (plan, instance) pairs (each instance is restored from its own snapshot).
         ValueError: both ``snapshot_id`` and ``latest_good`` were given.
     """
     rows = _newest_first(rows)
@@ -353,9 +353,9 @@ def choose_snapshot(rows: Iterable[SnapshotRecord], snapshot_id: str | None = No
 
 
 def _latest_good(rows: list[SnapshotRecord]) -> SnapshotRecord:
-    shards = sorted({f"{r.plan}/{r.shard_id}" for r in rows})
-    if len(shards) > 1:
-        raise SnapshotError(f"snapshots of several shards ({', '.join(shards)}): choose the latest good one per shard")
+    instances = sorted({f"{r.plan}/{r.instance}" for r in rows})
+    if len(instances) > 1:
+        raise SnapshotError(f"snapshots of several instances ({', '.join(instances)}): choose the latest good one per instance")
     goods = [r for r in rows if r.status == GOOD]
     if goods:
         return goods[0]
@@ -365,4 +365,4 @@ def _latest_good(rows: list[SnapshotRecord]) -> SnapshotRecord:
     for row in rows:
         counts[row.status] += 1
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    raise SnapshotError(f"no GOOD snapshot of {shards[0]} ({summary}); a BAD one can be restored by id with force")
+    raise SnapshotError(f"no GOOD snapshot of {instances[0]} ({summary}); a BAD one can be restored by id with force")

@@ -12,7 +12,7 @@ How it works
     batch range) and ``format("statestore").option("batchId", N)`` yields one row per state key
     with its ``key`` and ``value`` structs and ``partition_id``. :func:`export_state` reads every
     operator and store of a cut at its batch N and turns each row into plain columns: snapshot
-    id, plan, shard, instance, query, operator, store, partition, batch id, and the key and value
+    id, plan, instance, instance, query, operator, store, partition, batch id, and the key and value
     as JSON text (``{"window": {"start": ...}, "symbol": "IBM"}``). Spark names the value fields
     after the aggregate functions (``sum``, ``count``, ``sum``...); when the plan names them
     (``QueryDefinition.state_value_names``) those names are used instead. A ``transformWithState``
@@ -45,7 +45,7 @@ from deltalake import DeltaTable
 from tandem.lake.tables import append_once, read_table, table_exists
 
 STATE_SCHEMA = pa.schema([
-    ("snapshot_id", pa.string()), ("plan", pa.string()), ("shard_id", pa.string()), ("instance_id", pa.string()),
+    ("snapshot_id", pa.string()), ("plan", pa.string()), ("instance", pa.string()), ("instance_id", pa.string()),
     ("query", pa.string()), ("operator_id", pa.int64()), ("operator_name", pa.string()),
     ("store_name", pa.string()), ("partition_id", pa.int32()), ("batch_id", pa.int64()),
     ("key", pa.string()), ("value", pa.string()),
@@ -134,7 +134,7 @@ def read_operator_state(spark, query_dir: Path, batch_id: int, op: StateOperator
     return frame.select("key", F.col(value).alias("value"), "partition_id")
 
 
-def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, plan: str, shard_id: str,
+def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, plan: str, instance: str,
                  instance_id: str, query: str, value_names: Sequence[str] = ()) -> StateExport:
     """Every state row of the checkpoint at ``query_dir`` after batch ``batch_id``."""
     from pyspark.sql import functions as F
@@ -159,7 +159,7 @@ def export_state(spark, query_dir: Path, batch_id: int, *, snapshot_id: str, pla
         fields.append(arrow.select([name for _, name in leaves]))
         n = arrow.num_rows
         parts.append(pa.table({
-            "snapshot_id": pa.repeat(snapshot_id, n), "plan": pa.repeat(plan, n), "shard_id": pa.repeat(shard_id, n),
+            "snapshot_id": pa.repeat(snapshot_id, n), "plan": pa.repeat(plan, n), "instance": pa.repeat(instance, n),
             "instance_id": pa.repeat(instance_id, n), "query": pa.repeat(query, n),
             "operator_id": pa.repeat(pa.scalar(op.operator_id, pa.int64()), n),
             "operator_name": pa.repeat(op.operator_name, n), "store_name": pa.repeat(store, n),

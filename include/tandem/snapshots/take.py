@@ -2,7 +2,7 @@
 
 Purpose
     The snapshot DAG, ``tandem snapshot`` and the ops DAG's ``snapshot_now`` all take a snapshot
-    the same way: :func:`take_snapshot` cuts the ACTIVE instance of one shard without stopping it,
+    the same way: :func:`take_snapshot` cuts the ACTIVE instance of one instance without stopping it,
     exports its state, records the Delta versions of its outputs at the cut, validates the result
     and marks it GOOD or BAD in the catalog. :func:`prune_snapshots` applies the retention
     decisions of :mod:`tandem.snapshots.retention`. It reads the checkpoint through the shared
@@ -97,23 +97,23 @@ def _memory_bytes(text: str) -> float:
     return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text or 0)
 
 
-def plan_outputs(cluster: ClusterConfig, plan: PlanConfig, shard_id: str) -> dict[str, QueryOutput]:
-    """Per query of the shard's group: its outputs' Delta tables and its state value names (from the plan's
+def plan_outputs(cluster: ClusterConfig, plan: PlanConfig, instance: str) -> dict[str, QueryOutput]:
+    """Per query of the instance's group: its outputs' Delta tables and its state value names (from the plan's
     declarations and its module's queries; builds nothing, starts nothing)."""
     from tandem.runtime.plan_api import check_plan_module, load_plan_module, state_value_names
 
     specs = check_plan_module(plan, load_plan_module(plan))
-    queries = plan.groups[plan.group_of(shard_id)[0]].queries
+    queries = plan.groups[plan.group_of(instance)[0]].queries
     return {name: QueryOutput({output: delta_table_dir(cluster, plan.name, output) for output in specs[name].outputs},
                               state_value_names(plan, specs[name])) for name in queries}
 
 
-def active_node(db: Database, plan: PlanConfig, shard_id: str) -> str:
-    """The node holding the shard's ACTIVE lease (raises when nobody holds a valid one)."""
-    lease = read_lease(db, plan.name, shard_id)
+def active_node(db: Database, plan: PlanConfig, instance: str) -> str:
+    """The node holding the instance's ACTIVE lease (raises when nobody holds a valid one)."""
+    lease = read_lease(db, plan.name, instance)
     if lease is None or lease.holder is None or lease.expired_for_s >= 0:
         holder = f"last held by {lease.holder}, expired" if lease and lease.holder else "never taken"
-        raise SnapshotError(f"{plan.name}/{shard_id} has no ACTIVE instance (lease {holder}): nothing to snapshot; "
+        raise SnapshotError(f"{plan.name}/{instance} has no ACTIVE instance (lease {holder}): nothing to snapshot; "
                             "name a node to snapshot a stopped instance's checkpoint")
     return lease.holder
 
@@ -152,36 +152,36 @@ class TakenSnapshot:
                 + (f"; {r.reason}" if r.reason else ""))
 
 
-def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark, *, node: str | None = None,
+def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, instance: str, spark, *, node: str | None = None,
                   db: Database | None = None) -> TakenSnapshot:
-    """Snapshot one shard's ACTIVE instance (or ``node``'s) now: cut, export, validate, catalogue.
+    """Snapshot one instance's ACTIVE key (or ``node``'s) now: cut, export, validate, catalogue.
 
     Returns the snapshot, GOOD or BAD (validation failed: the reason is recorded).
 
     Raises:
-        SnapshotError: there is nothing to snapshot (no ACTIVE instance, no checkpoint, nothing
+        SnapshotError: there is nothing to snapshot (no ACTIVE key, no checkpoint, nothing
             committed yet), or taking it failed (then it is marked BAD with the error).
     """
-    plan.check_shard(shard_id)  # before anything is read or recorded: a shard names folders and the snapshot id
+    plan.check_instance(instance)  # before anything is read or recorded: an instance names folders and the snapshot id
     if node is not None:
         plan.check_node(node)
     owned = db is None
     db = db or Database(cluster.database_url, "tandem-snapshot")
     try:
-        node = node or active_node(db, plan, shard_id)
+        node = node or active_node(db, plan, instance)
         cluster.node(node)
-        instance = InstanceKey(plan.name, shard_id, node)
-        live = query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node, ""))
+        key = InstanceKey(plan.name, instance, node)
+        live = query_dirs(checkpoint_dir(cluster, plan.name, instance, node, ""))
         if not live:
-            raise SnapshotError(f"{instance.id} has no checkpoint at "
-                                f"{checkpoint_dir(cluster, plan.name, shard_id, node, '')}: nothing to snapshot")
+            raise SnapshotError(f"{key.id} has no checkpoint at "
+                                f"{checkpoint_dir(cluster, plan.name, instance, node, '')}: nothing to snapshot")
         if all(committed_batch(directory) is None for directory in live.values()):
-            raise SnapshotError(f"{instance.id} has not committed a batch yet: nothing to snapshot")
-        record = catalog.begin_snapshot(db, plan=plan.name, shard_id=shard_id, node=node,
+            raise SnapshotError(f"{key.id} has not committed a batch yet: nothing to snapshot")
+        record = catalog.begin_snapshot(db, plan=plan.name, instance=instance, node=node,
                                         snapshots_dir=snapshots_dir(cluster, plan.name),
-                                        instance_id=instance.id)
+                                        instance_id=key.id)
         try:
-            return _take(cluster, plan, instance, spark, db, record, live)
+            return _take(cluster, plan, key, spark, db, record, live)
         except Exception as exc:
             reason = f"taking the snapshot failed: {type(exc).__name__}: {exc}"
             catalog.mark_bad(db, record.id, reason[:2000])
@@ -192,10 +192,10 @@ def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, spark
             db.close()
 
 
-def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark, db: Database,
+def _take(cluster: ClusterConfig, plan: PlanConfig, key: InstanceKey, spark, db: Database,
           record: catalog.SnapshotRecord, live: dict[str, Path]) -> TakenSnapshot:
     target = Path(record.checkpoint_path)
-    outputs = plan_outputs(cluster, plan, instance.shard_id)
+    outputs = plan_outputs(cluster, plan, key.instance)
     batches: dict[str, int] = {}
     lineages: dict[str, str] = {}
     committed: list[float] = []
@@ -211,13 +211,13 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
         lineages[query] = cut.query_id or checkpoint_lineage(target / query)
         copied += cut.bytes
     if not batches:
-        raise SnapshotError(f"{instance.id} has not committed a batch yet: nothing to snapshot")
-    # an instance of stateless queries (a filter) has no state: its snapshot is the input it has processed
+        raise SnapshotError(f"{key.id} has not committed a batch yet: nothing to snapshot")
+    # an key of stateless queries (a filter) has no state: its snapshot is the input it has processed
     stateful = [q for q in batches if (target / q / "state").is_dir()]
     versions = {}
     for query, batch in batches.items():
         for output, path in (outputs[query].delta_paths.items() if query in outputs else ()):
-            version = version_at_batch(path, f"{instance.id}/{output}/{lineages[query]}", batch)
+            version = version_at_batch(path, f"{key.id}/{output}/{lineages[query]}", batch)
             if version is not None:
                 versions[output] = version
     # a restore replays each query from the batch after its cut: none started before the earliest cut's commit
@@ -229,11 +229,11 @@ def _take(cluster: ClusterConfig, plan: PlanConfig, instance: InstanceKey, spark
     expected = 0
     for query in stateful:
         export = export_state(spark, target / query, batches[query], snapshot_id=record.id, plan=plan.name,
-                              shard_id=instance.shard_id, instance_id=instance.id, query=query,
+                              instance=key.instance, instance_id=key.id, query=query,
                               value_names=outputs[query].state_value_names if query in outputs else ())
         exports.append(export)
         operators[query] = export.operators
-        counted = expected_state_rows(db, instance.id, query, lineages.get(query), batches[query])
+        counted = expected_state_rows(db, key.id, query, lineages.get(query), batches[query])
         if counted is None:  # no progress row (listener lost it): count the live checkpoint's state instead
             counted = _count_live_state(spark, live[query], batches[query], export.operators)
             log.warning("snapshot %s: no recorded state row count for %s batch %d; counted %d in the live "
@@ -259,18 +259,18 @@ def _count_live_state(spark, query_dir: Path, batch_id: int, operators: list[Sta
 
 
 def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | None = None,
-                    shard_id: str | None = None) -> RetentionPlan:
+                    instance: str | None = None) -> RetentionPlan:
     """Prune the plan's snapshots as retention decides: delete their cut copies and exported state, mark PRUNED.
 
-    Keeps the newest ``snapshot.keep`` GOOD snapshots per shard (never the newest good one). Then
+    Keeps the newest ``snapshot.keep`` GOOD snapshots per instance (never the newest good one). Then
     vacuums ``state_snapshots``: files of rows deleted over ``VACUUM_RETENTION_H`` ago go for good (not
-    at once: a snapshot of another shard may be appending to the table right now).
+    at once: a snapshot of another instance may be appending to the table right now).
     """
     with plan_lock(cluster.database_url, plan.name, "snapshot pruning"):
         owned = db is None
         db = db or Database(cluster.database_url, "tandem-snapshot")
         try:
-            rows = catalog.list_snapshots(db, plan.name, shard_id=shard_id,
+            rows = catalog.list_snapshots(db, plan.name, instance=instance,
                                           statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
             decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))
             pruned = []

@@ -1,4 +1,4 @@
-"""The SQL of aggregation tables: create, stage, upsert and roll up, read, replace a shard's rows.
+"""The SQL of aggregation tables: create, stage, upsert and roll up, read, replace an instance's rows.
 
 An aggregation's spec (:class:`tandem.aggregation.spec.AggregationSpec`) names the table, its keys
 and measures; it is passed in and read only (``table``, ``keys``, ``measures``, ``measure_columns``,
@@ -40,10 +40,10 @@ def ensure_table(cursor, spec: Any) -> None:
     cursor.execute(sql.SQL(
         """CREATE TABLE IF NOT EXISTS {table} (
                plan text NOT NULL, granularity text NOT NULL, bucket_start timestamptz NOT NULL, {keys}
-               shard_id text NOT NULL, {measures} epoch bigint NOT NULL, batch_id bigint NOT NULL,
+               instance text NOT NULL, {measures} epoch bigint NOT NULL, batch_id bigint NOT NULL,
                updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({identity}))""").format(
         table=sql.Identifier(spec.table), keys=each("{0} text NOT NULL, ", spec.keys), measures=measures,
-        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"])))
+        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "instance"])))
     _allow_nulls(cursor, spec)
 
 
@@ -113,12 +113,12 @@ def overflow_safe(cursor, spec: Any, statement: Callable[[bool], T]) -> T:
 
 def _columns(spec: Any) -> sql.Composed:
     """Every column a publish writes, in table order."""
-    return identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns,
+    return identifiers(["plan", "granularity", "bucket_start", *spec.keys, "instance", *spec.measure_columns,
                         "epoch", "batch_id"])
 
 
 def _returning(spec: Any) -> sql.Composed:
-    return identifiers(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns, "epoch",
+    return identifiers(["granularity", "bucket_start", *spec.keys, "instance", *spec.measure_columns, "epoch",
                         "batch_id"])
 
 
@@ -126,7 +126,7 @@ def _conflict_update(spec: Any) -> sql.Composed:
     """Replace a row only with one that covers at least as many events (its count is its version)."""
     return sql.SQL("ON CONFLICT ({target}) DO UPDATE SET {updates}updated_at = now() "
                    "WHERE {current} <= EXCLUDED.{version}").format(
-        target=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"]),
+        target=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "instance"]),
         updates=each("{0} = EXCLUDED.{0}, ", [*spec.measure_columns, "epoch", "batch_id"]),
         current=sql.Identifier(spec.table, spec.version_column), version=sql.Identifier(spec.version_column))
 
@@ -177,16 +177,16 @@ def copied_out(cursor, statement: sql.Composable, params: Mapping[str, Any] | tu
     return table.select(schema.names).cast(schema)
 
 
-def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batch_id: int) -> pa.Table:
-    """Upsert the staged seconds (``_batch``) of one plan's shard; the rows written (``spec.written_schema``).
+def upsert_seconds(cursor, spec: Any, plan: str, instance: str, epoch: int, batch_id: int) -> pa.Table:
+    """Upsert the staged seconds (``_batch``) of one plan's instance; the rows written (``spec.written_schema``).
 
     The seconds go in in the primary key's order: a batch arrives in Spark's hash order, and inserting it sorted
     keeps the B-tree's inserts on neighbouring pages (a catch-up batch of 630,000 seconds: a fifth less time).
     """
-    params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id}
+    params = {"plan": plan, "instance": instance, "epoch": epoch, "batch_id": batch_id}
     return copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
-           SELECT %(plan)s, 'second', bucket_start, {keys}%(shard_id)s, {measures}, %(epoch)s, %(batch_id)s
+           SELECT %(plan)s, 'second', bucket_start, {keys}%(instance)s, {measures}, %(epoch)s, %(batch_id)s
            FROM _batch
            ORDER BY bucket_start{order_keys}
            {conflict}
@@ -194,25 +194,25 @@ def upsert_seconds(cursor, spec: Any, plan: str, shard_id: str, epoch: int, batc
                                             **_parts(spec)), params, spec.written_schema)
 
 
-def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int, batch_id: int,
+def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, instance: str, epoch: int, batch_id: int,
             granularity: str, child: str) -> pa.Table:
-    """Recompute one plan's shard buckets of ``granularity`` touched by the staged seconds from their ``child``
+    """Recompute one plan's instance buckets of ``granularity`` touched by the staged seconds from their ``child``
     buckets (``merge``: the SQL aggregate of each measure kind but distinct, whose sketches are left NULL);
     the rows written.
 
     Each touched bucket reads its children by an index range (``LATERAL``), whatever the planner believes about
     the table: a join left to it read a freshly filled table's statistics ("empty") and hashed every second of
-    the shard against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s). A bucket
+    the instance against every minute of the same key (a catch-up batch's minutes took 7 s; now under 2 s). A bucket
     whose children are gone (none counted) is left as it is, as a join would.
     """
     return overflow_safe(cursor, spec, lambda careful: copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
-           SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(shard_id)s, {merged_columns}, %(epoch)s,
+           SELECT %(plan)s, %(granularity)s, p.bucket, {parent_keys}%(instance)s, {merged_columns}, %(epoch)s,
                   %(batch_id)s
            FROM (SELECT DISTINCT {keys}date_trunc(%(granularity)s, bucket_start) AS bucket FROM _batch) p
            CROSS JOIN LATERAL (
                SELECT {merged} FROM {table} c
-               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
+               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.instance = %(instance)s{key_join}
                  AND c.bucket_start >= p.bucket AND c.bucket_start < p.bucket + ('1 ' || %(granularity)s)::interval
            ) m
            WHERE m.{version} IS NOT NULL
@@ -224,7 +224,7 @@ def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: st
         merged_columns=sql.SQL(", ").join(sql.Identifier("m", c) for c in spec.measure_columns),
         keys=each("{0}, ", spec.keys), key_join=each(" AND c.{0} = p.{0}", spec.keys),
         version=sql.Identifier(spec.version_column), **_parts(spec)),
-        {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
+        {"plan": plan, "instance": instance, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
          "child": child}, spec.written_schema))
 
 
@@ -234,35 +234,35 @@ def lock_for_replace(cursor, spec: Any) -> None:
     cursor.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(spec.table)))
 
 
-def delete_seconds(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> dict[str, int]:
-    """Delete one plan's shard per-second rows in ``[start, end)``; how many ``seconds`` and the ``events`` they
+def delete_seconds(cursor, spec: Any, plan: str, instance: str, start: datetime, end: datetime) -> dict[str, int]:
+    """Delete one plan's instance per-second rows in ``[start, end)``; how many ``seconds`` and the ``events`` they
     counted."""
-    cursor.execute(sql.SQL("WITH gone AS (DELETE FROM {table} WHERE plan = %s AND shard_id = %s "
+    cursor.execute(sql.SQL("WITH gone AS (DELETE FROM {table} WHERE plan = %s AND instance = %s "
                            "AND granularity = 'second' AND bucket_start >= %s AND bucket_start < %s "
                            "RETURNING {count}) SELECT count(*) AS seconds, COALESCE(sum({count}), 0) AS events "
                            "FROM gone").format(table=sql.Identifier(spec.table),
                                                count=sql.Identifier(spec.version_column)),
-                   (plan, shard_id, start, end))
+                   (plan, instance, start, end))
     row = cursor.fetchone()
     return {"seconds": int(row["seconds"]), "events": int(row["events"])}
 
 
-def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shard_id: str, epoch: int,
+def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, instance: str, epoch: int,
                     batch_id: int, granularity: str, child: str, start: datetime, end: datetime) -> pa.Table:
-    """Replace one plan's shard buckets of ``granularity`` overlapping ``[start, end)`` with their recomputation from
+    """Replace one plan's instance buckets of ``granularity`` overlapping ``[start, end)`` with their recomputation from
     their ``child`` buckets (whatever their counts: a recomputed range may hold fewer events); the rows written."""
-    params = {"plan": plan, "shard_id": shard_id, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
+    params = {"plan": plan, "instance": instance, "epoch": epoch, "batch_id": batch_id, "granularity": granularity,
               "child": child, "start": start, "end": end}
     span = sql.SQL("bucket_start >= date_trunc(%(granularity)s, %(start)s::timestamptz) AND bucket_start < %(end)s")
-    cursor.execute(sql.SQL("DELETE FROM {table} WHERE plan = %(plan)s AND shard_id = %(shard_id)s "
+    cursor.execute(sql.SQL("DELETE FROM {table} WHERE plan = %(plan)s AND instance = %(instance)s "
                            "AND granularity = %(granularity)s AND {span}").format(table=sql.Identifier(spec.table),
                                                                                    span=span), params)
     return overflow_safe(cursor, spec, lambda careful: copied_out(cursor, sql.SQL(
         """INSERT INTO {table} ({columns})
            SELECT %(plan)s, %(granularity)s, date_trunc(%(granularity)s, c.bucket_start) AS bucket,
-                  {child_keys}%(shard_id)s, {merged}, %(epoch)s, %(batch_id)s
+                  {child_keys}%(instance)s, {merged}, %(epoch)s, %(batch_id)s
            FROM {table} c
-           WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s
+           WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.instance = %(instance)s
              AND c.bucket_start >= date_trunc(%(granularity)s, %(start)s::timestamptz)
              AND c.bucket_start < date_trunc(%(granularity)s, %(end)s::timestamptz - interval '1 microsecond')
                                   + ('1 ' || %(granularity)s)::interval
@@ -273,21 +273,21 @@ def rebuild_buckets(cursor, spec: Any, merge: Mapping[str, str], plan: str, shar
         group_keys=each(", c.{0}", spec.keys), **_parts(spec)), params, spec.written_schema))
 
 
-def seconds_between(cursor, spec: Any, plan: str, shard_id: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
-    """One plan's shard per-second rows in ``[start, end)``: bucket start, keys and measures (sketches as bytes)."""
-    cursor.execute(sql.SQL("SELECT {columns} FROM {table} WHERE plan = %s AND shard_id = %s AND granularity = 'second' "
+def seconds_between(cursor, spec: Any, plan: str, instance: str, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """One plan's instance per-second rows in ``[start, end)``: bucket start, keys and measures (sketches as bytes)."""
+    cursor.execute(sql.SQL("SELECT {columns} FROM {table} WHERE plan = %s AND instance = %s AND granularity = 'second' "
                            "AND bucket_start >= %s AND bucket_start < %s").format(
         columns=identifiers(["bucket_start", *spec.keys, *spec.measure_columns]), table=sql.Identifier(spec.table)),
-        (plan, shard_id, start, end))
+        (plan, instance, start, end))
     return [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()} for row in cursor.fetchall()]
 
 
-def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterable[tuple]) -> pa.Table:
-    """A shard's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query), in
+def rows_of_buckets(cursor, spec: Any, plan: str, instance: str, wanted: Iterable[tuple]) -> pa.Table:
+    """An instance's rows of the buckets ``wanted`` (``(granularity, bucket_start, *keys)``; none: no query), in
     ``spec.written_schema``.
 
     The buckets are COPied into the temporary table ``_wanted`` and each is read by its primary key (``LATERAL …
-    OFFSET 0``, which the planner cannot turn into a join of the whole shard, whatever its statistics say):
+    OFFSET 0``, which the planner cannot turn into a join of the whole instance, whatever its statistics say):
     as one ``IN`` list of row values they made a statement PostgreSQL could not plan from ~10,000 buckets on
     ("stack depth limit exceeded", issue 46).
     """
@@ -306,16 +306,16 @@ def rows_of_buckets(cursor, spec: Any, plan: str, shard_id: str, wanted: Iterabl
     return copied_out(
         cursor,
         sql.SQL("SELECT t.* FROM _wanted w CROSS JOIN LATERAL ("
-                "SELECT {returning} FROM {table} WHERE plan = %s AND shard_id = %s{match} OFFSET 0) t").format(
+                "SELECT {returning} FROM {table} WHERE plan = %s AND instance = %s{match} OFFSET 0) t").format(
             returning=_returning(spec), table=sql.Identifier(spec.table),
             match=each(" AND {0} = w.{0}", identity)),
-        (plan, shard_id), spec.written_schema)
+        (plan, instance), spec.written_schema)
 
 
 def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,
                 end: datetime, keys: Mapping[str, list[str]] | None = None, careful: bool = False) -> list[dict[str, Any]]:
-    """One plan's buckets in ``[start, end)`` merged across shards (a distinct measure: the array of its sketches),
-    optionally restricted to some key values, with ``shards``: how many shards each merges.
+    """One plan's buckets in ``[start, end)`` merged across instances (a distinct measure: the array of its sketches),
+    optionally restricted to some key values, with ``instances``: how many instances each merges.
 
     A double sum past PostgreSQL's range raises ``NumericValueOutOfRange`` unless ``careful`` (see :func:`_merged`);
     the read's cursor may be a server-side one, which fails at its first fetch and cannot be rewound, so the caller
@@ -333,7 +333,7 @@ def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granular
             else _merged(m, merge, spec.table, careful), column=sql.Identifier(m.column))
         for m in spec.measures)
     cursor.execute(
-        sql.SQL("""SELECT {group}, {measures}, count(DISTINCT shard_id) AS shards FROM {table}
+        sql.SQL("""SELECT {group}, {measures}, count(DISTINCT instance) AS instances FROM {table}
                    WHERE {filters} GROUP BY {group} ORDER BY {group}""").format(
             group=group, measures=measures, table=sql.Identifier(spec.table), filters=sql.SQL(" AND ").join(filters)),
         params,
@@ -355,26 +355,26 @@ def serving_rows(cursor, spec: Any, plan: str, since: datetime, until: datetime 
         "AND (%(until)s::timestamptz IS NULL OR bucket_start < %(until)s) "
         "AND (%(granularity)s::text IS NULL OR granularity = %(granularity)s) "
         "LIMIT %(limit)s").format(
-        columns=identifiers(["granularity", "bucket_start", *spec.keys, "shard_id", *spec.measure_columns]),
+        columns=identifiers(["granularity", "bucket_start", *spec.keys, "instance", *spec.measure_columns]),
         table=table), {"plan": plan, "since": since, "until": until, "granularity": granularity, "limit": limit})
     return cursor.fetchall()
 
 
-def replace_shard_rows(cursor, spec: Any, plan: str, shard_id: str, rows: pa.Table,
+def replace_instance_rows(cursor, spec: Any, plan: str, instance: str, rows: pa.Table,
                        touched: pa.Table | None = None) -> None:
-    """Delete one plan's shard rows (with ``touched``: only those of its (granularity, bucket_start, *keys)),
+    """Delete one plan's instance rows (with ``touched``: only those of its (granularity, bucket_start, *keys)),
     then COPY ``rows`` (the table's columns but ``plan``) in."""
     table = sql.Identifier(spec.table)
     if touched is None:
-        cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND shard_id = %s").format(table), (plan, shard_id))
+        cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND instance = %s").format(table), (plan, instance))
     else:  # an aggregation may have no keys
         identity = ["granularity", "bucket_start", *spec.keys]
         cursor.execute(sql.SQL("CREATE TEMP TABLE _touched (granularity text, bucket_start timestamptz{keys}) "
                                "ON COMMIT DROP").format(keys=each(", {0} text", spec.keys)))
         copy_rows(cursor, sql.Identifier("_touched"), touched.select(identity))
-        cursor.execute(sql.SQL("DELETE FROM {table} t USING _touched k WHERE t.plan = %s AND t.shard_id = %s"
+        cursor.execute(sql.SQL("DELETE FROM {table} t USING _touched k WHERE t.plan = %s AND t.instance = %s"
                                "{match}").format(table=table, match=each(" AND t.{0} = k.{0}", identity)),
-                       (plan, shard_id))
+                       (plan, instance))
     if rows.num_rows:
         copy_rows(cursor, table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
 
@@ -403,9 +403,9 @@ def _hexed(rows: pa.Table) -> pa.Table:
     return rows
 
 
-def children_sketches(cursor, spec: Any, plan: str, shard_id: str, granularity: str, child: str,
+def children_sketches(cursor, spec: Any, plan: str, instance: str, granularity: str, child: str,
                       parents: pa.Table) -> pa.Table:
-    """The sketches (distinct columns) of the ``child`` buckets of each of ``parents`` (one plan's shard buckets of
+    """The sketches (distinct columns) of the ``child`` buckets of each of ``parents`` (one plan's instance buckets of
     ``granularity``: ``bucket_start`` and the keys): one row per child, ``parent`` its parent's index in ``parents``.
 
     The parents are COPied into ``_parents`` and each reads its children by an index range (``LATERAL … OFFSET 0``,
@@ -421,12 +421,12 @@ def children_sketches(cursor, spec: Any, plan: str, shard_id: str, granularity: 
     return copied_out(cursor, sql.SQL(
         """SELECT p.parent, {sketched} FROM _parents p CROSS JOIN LATERAL (
                SELECT {sketched} FROM {table} c
-               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.shard_id = %(shard_id)s{key_join}
+               WHERE c.plan = %(plan)s AND c.granularity = %(child)s AND c.instance = %(instance)s{key_join}
                  AND c.bucket_start >= p.bucket_start
                  AND c.bucket_start < p.bucket_start + ('1 ' || %(granularity)s)::interval OFFSET 0) c""").format(
         sketched=identifiers(spec.distinct_columns), table=sql.Identifier(spec.table),
         key_join=each(" AND c.{0} = p.{0}", spec.keys)),
-        {"plan": plan, "child": child, "shard_id": shard_id, "granularity": granularity}, schema)
+        {"plan": plan, "child": child, "instance": instance, "granularity": granularity}, schema)
 
 
 def store_sketches(cursor, spec: Any, plan: str, rows: pa.Table) -> None:
@@ -443,14 +443,14 @@ def store_sketches(cursor, spec: Any, plan: str, rows: pa.Table) -> None:
         """INSERT INTO {table} ({columns}) SELECT {columns} FROM _sketches
            ON CONFLICT ({identity}) DO UPDATE SET {sketches}""").format(
         table=sql.Identifier(spec.table), columns=_columns(spec),
-        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "shard_id"]),
+        identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "instance"]),
         sketches=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
                                     for c in spec.distinct_columns)))
 
 
 def ensure_key_index(cursor, spec: Any) -> None:
     """Give the aggregation's serving table an index that finds a key's buckets by time,
-    ``(plan, granularity, *keys, shard_id, bucket_start)``, unless it has one whose columns before ``bucket_start``
+    ``(plan, granularity, *keys, instance, bucket_start)``, unless it has one whose columns before ``bucket_start``
     hold the plan, granularity and keys (``trade_aggregates_by_symbol``; the primary key of a table without keys).
 
     The roll-ups read each bucket's children of one key by a time range: through the primary key, which has
@@ -464,7 +464,7 @@ def ensure_key_index(cursor, spec: Any) -> None:
     cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tandem.key_index/{spec.table}",))
     if not _has_key_index(cursor, spec):
         cursor.execute(sql.SQL("CREATE INDEX ON {} ({})").format(
-            sql.Identifier(spec.table), identifiers(["plan", "granularity", *spec.keys, "shard_id", "bucket_start"])))
+            sql.Identifier(spec.table), identifiers(["plan", "granularity", *spec.keys, "instance", "bucket_start"])))
 
 
 def _has_key_index(cursor, spec: Any) -> bool:

@@ -33,7 +33,7 @@ class BackfillRecord:
     plan: str
     range_start: datetime
     range_end: datetime
-    shards: tuple[str, ...]
+    instances: tuple[str, ...]
     status: str
     requested_by: str
     started_at: datetime
@@ -61,10 +61,10 @@ class BackfillRecord:
 
 
 def _record(row: dict[str, Any]) -> BackfillRecord:
-    return BackfillRecord(**{**row, "shards": tuple(row["shards"])})
+    return BackfillRecord(**{**row, "instances": tuple(row["instances"])})
 
 
-def register(db: Database, plan: str, start: datetime, end: datetime, shards: list[str],
+def register(db: Database, plan: str, start: datetime, end: datetime, instances: list[str],
              requested_by: str) -> BackfillRecord:
     """Insert a RUNNING backfill of ``[start, end)``, or :class:`BackfillRefused` naming a RUNNING one it overlaps.
 
@@ -76,11 +76,11 @@ def register(db: Database, plan: str, start: datetime, end: datetime, shards: li
 
     def work(cursor) -> BackfillRecord:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock_key("backfill", plan))
-        cursor.execute("""SELECT id, range_start, range_end, shards, started_at,
+        cursor.execute("""SELECT id, range_start, range_end, instances, started_at,
                                  now() - started_at > make_interval(secs => %s) AS old FROM backfills
                           WHERE plan = %s AND status = 'RUNNING' AND range_start < %s AND %s < range_end
-                            AND shards && %s
-                          ORDER BY started_at""", (ABANDONED_AFTER_S, plan, end, start, shards))
+                            AND instances && %s
+                          ORDER BY started_at""", (ABANDONED_AFTER_S, plan, end, start, instances))
         for other in cursor.fetchall():
             if other["old"]:
                 cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s) AS free",
@@ -94,10 +94,10 @@ def register(db: Database, plan: str, start: datetime, end: datetime, shards: li
                     continue
             raise BackfillRefused(f"backfill {other['id']} of plan {plan} is running over "
                                   f"[{other['range_start'].isoformat()}, {other['range_end'].isoformat()}) for "
-                                  f"{', '.join(other['shards'])}: it overlaps; wait for it to end")
-        cursor.execute("""INSERT INTO backfills (id, plan, range_start, range_end, shards, requested_by)
+                                  f"{', '.join(other['instances'])}: it overlaps; wait for it to end")
+        cursor.execute("""INSERT INTO backfills (id, plan, range_start, range_end, instances, requested_by)
                           VALUES (%s, %s, %s, %s, %s, %s) RETURNING *""",
-                       (backfill_id, plan, start, end, shards, requested_by))
+                       (backfill_id, plan, start, end, instances, requested_by))
         return _record(cursor.fetchone())
 
     return db.run(work, attempts=3)

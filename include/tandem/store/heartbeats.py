@@ -14,7 +14,7 @@ class BatchProgress:
 
     instance_id: str
     plan: str
-    shard_id: str
+    instance: str
     node: str
     query_name: str
     query_id: str

@@ -4,7 +4,7 @@ A plan's table, key, measure and value names come from its YAML file: they are d
 reach SQL only through :mod:`psycopg2.sql` (``sql.Identifier`` for a table or column name,
 ``sql.Literal`` for a name used as a JSON key, ``sql.Placeholder`` for a parameter) and the two
 helpers here, never through string formatting. Names fixed in Tandem's own code
-(``output_events``, ``plan``, ``shard_id`` …) may stay plain SQL text.
+(``output_events``, ``plan``, ``instance`` …) may stay plain SQL text.
 """
 
 from __future__ import annotations

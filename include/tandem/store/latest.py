@@ -37,15 +37,15 @@ def keep_higher(cursor, instance: InstanceKey, output: str, epoch: int, batch_id
     won."""
     cursor.execute("""
         INSERT INTO output_latest AS kept
-            (plan, output, key, shard_id, event_time, tiebreak, row, node, epoch, batch_id)
-        SELECT %(plan)s, %(output)s, key, %(shard)s, event_time, tiebreak, row, %(node)s, %(epoch)s, %(batch)s
+            (plan, output, key, instance, event_time, tiebreak, row, node, epoch, batch_id)
+        SELECT %(plan)s, %(output)s, key, %(instance)s, event_time, tiebreak, row, %(node)s, %(epoch)s, %(batch)s
         FROM _latest
-        ON CONFLICT (plan, output, key, shard_id) DO UPDATE
+        ON CONFLICT (plan, output, key, instance) DO UPDATE
             SET event_time = EXCLUDED.event_time, tiebreak = EXCLUDED.tiebreak, row = EXCLUDED.row,
                 node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, in_lake = false,
                 updated_at = now()
             WHERE (EXCLUDED.event_time, EXCLUDED.tiebreak) > (kept.event_time, kept.tiebreak)
-        RETURNING key""", {"plan": instance.plan, "output": output, "shard": instance.shard_id,
+        RETURNING key""", {"plan": instance.plan, "output": output, "instance": instance.instance,
                            "node": instance.node, "epoch": epoch, "batch": batch_id})
     staged = {canonical_key(json.loads(key)): key for key in keys}  # the text PostgreSQL gives back may differ
     return [staged[canonical_key(row["key"])] for row in cursor.fetchall()]
@@ -55,36 +55,36 @@ def mark_in_lake(cursor, instance: InstanceKey, output: str, ranks: dict[str, Ra
     """The rows of these keys at these ranks are in the Delta copy."""
     cursor.execute("""UPDATE output_latest t SET in_lake = true
                       FROM unnest(%s::jsonb[], %s::timestamptz[], %s::text[]) AS w(key, event_time, tiebreak)
-                      WHERE t.plan = %s AND t.output = %s AND t.shard_id = %s AND t.key = w.key
+                      WHERE t.plan = %s AND t.output = %s AND t.instance = %s AND t.key = w.key
                         AND t.event_time = w.event_time AND t.tiebreak = w.tiebreak""",
                    (list(ranks), [r[0] for r in ranks.values()], [r[1] for r in ranks.values()],
-                    instance.plan, output, instance.shard_id))
+                    instance.plan, output, instance.instance))
 
 
-def kept(cursor, plan: str, output: str, shard_id: str, keys: list[str], *, in_lake: bool = False) -> dict[str, Rank]:
+def kept(cursor, plan: str, output: str, instance: str, keys: list[str], *, in_lake: bool = False) -> dict[str, Rank]:
     """The kept rank of each of ``keys`` (canonical text) of one instance (only rows in the lake with ``in_lake``)."""
     cursor.execute(sql.SQL("""SELECT key, event_time, tiebreak FROM output_latest
-                              WHERE plan = %s AND output = %s AND shard_id = %s AND key = ANY(%s::jsonb[]) {}""")
-                   .format(sql.SQL("AND in_lake" if in_lake else "")), (plan, output, shard_id, keys))
+                              WHERE plan = %s AND output = %s AND instance = %s AND key = ANY(%s::jsonb[]) {}""")
+                   .format(sql.SQL("AND in_lake" if in_lake else "")), (plan, output, instance, keys))
     return {canonical_key(row["key"]): (row["event_time"], row["tiebreak"]) for row in cursor.fetchall()}
 
 
 def read_merged(cursor, plan: str, output: str, key: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Per key (the rows holding ``key``'s values, when given), the highest-ranked row of any instance."""
-    cursor.execute(sql.SQL("""SELECT DISTINCT ON (key) key, row, shard_id, event_time, tiebreak FROM output_latest
+    cursor.execute(sql.SQL("""SELECT DISTINCT ON (key) key, row, instance, event_time, tiebreak FROM output_latest
                               WHERE plan = %s AND output = %s {} ORDER BY key, event_time DESC, tiebreak DESC""")
                    .format(sql.SQL("AND key @> %s::jsonb" if key else "")),
                    (plan, output, json_text(to_json(key))) if key else (plan, output))
     return [dict(row) for row in cursor.fetchall()]
 
 
-def instance_rows(cursor, plan: str, output: str, shard_id: str | None, start: datetime, end: datetime,
+def instance_rows(cursor, plan: str, output: str, instance: str | None, start: datetime, end: datetime,
                   limit: int | None = None) -> list[dict[str, Any]]:
     """The kept rows (of one instance, or all) whose event time lies in ``[start, end)``."""
-    cursor.execute("""SELECT key, shard_id, event_time, tiebreak, row FROM output_latest
-                      WHERE plan = %s AND output = %s AND (%s::text IS NULL OR shard_id = %s)
+    cursor.execute("""SELECT key, instance, event_time, tiebreak, row FROM output_latest
+                      WHERE plan = %s AND output = %s AND (%s::text IS NULL OR instance = %s)
                         AND event_time >= %s AND event_time < %s LIMIT %s""",
-                   (plan, output, shard_id, shard_id, start, end, limit))
+                   (plan, output, instance, instance, start, end, limit))
     return [dict(row) for row in cursor.fetchall()]
 
 

@@ -1,6 +1,6 @@
 """The ACTIVE role as a lease with a fencing epoch, and the failover-events log.
 
-One row per (plan, shard). The holder renews it every heartbeat interval; it expires after
+One row per (plan, instance). The holder renews it every heartbeat interval; it expires after
 ``ttl_s`` (heartbeat interval × max missed). Taking it is a compare-and-set that succeeds only
 when the lease is free or expired, and increments the epoch. Every write of an output checks, in
 its own transaction, that the writer still holds the lease at its epoch (``check_fence``).
@@ -26,33 +26,33 @@ from tandem.store.db import Database, json_text, storable_text
 @dataclass(frozen=True)
 class LeaseState:
     plan: str
-    shard_id: str
+    instance: str
     holder: str | None
     epoch: int
     expires_at: datetime
     expired_for_s: float  # seconds since expiry (negative while valid)
 
 
-def _ensure_row(cursor, plan: str, shard_id: str, ttl_s: float) -> None:
+def _ensure_row(cursor, plan: str, instance: str, ttl_s: float) -> None:
     cursor.execute(
-        """INSERT INTO leases (plan, shard_id, holder, epoch, ttl_s, expires_at)
-           VALUES (%s, %s, NULL, 0, %s, now()) ON CONFLICT (plan, shard_id) DO NOTHING""",
-        (plan, shard_id, ttl_s),
+        """INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at)
+           VALUES (%s, %s, NULL, 0, %s, now()) ON CONFLICT (plan, instance) DO NOTHING""",
+        (plan, instance, ttl_s),
     )
 
 
-def record_event(cursor, plan: str, shard_id: str, kind: str, reason: str, *, node: str | None = None,
+def record_event(cursor, plan: str, instance: str, kind: str, reason: str, *, node: str | None = None,
                  previous_node: str | None = None, epoch: int | None = None,
                  detail: dict[str, Any] | None = None) -> None:
     """Append one role change or supervision decision to ``failover_events``."""
     cursor.execute(
-        """INSERT INTO failover_events (plan, shard_id, kind, node, previous_node, epoch, reason, detail)
+        """INSERT INTO failover_events (plan, instance, kind, node, previous_node, epoch, reason, detail)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-        (plan, shard_id, kind, node, previous_node, epoch, storable_text(reason), json_text(detail or {})),
+        (plan, instance, kind, node, previous_node, epoch, storable_text(reason), json_text(detail or {})),
     )
 
 
-def try_acquire(db: Database, plan: str, shard_id: str, node: str, ttl_s: float, *,
+def try_acquire(db: Database, plan: str, instance: str, node: str, ttl_s: float, *,
                 grace_s: float = 0.0, reason: str = "lease free or expired", same_node: bool = False) -> int | None:
     """Take the lease if it is free or expired for more than ``grace_s``; return the new epoch.
 
@@ -63,12 +63,12 @@ def try_acquire(db: Database, plan: str, shard_id: str, node: str, ttl_s: float,
     """
 
     def work(cursor) -> int | None:
-        _ensure_row(cursor, plan, shard_id, ttl_s)
-        params = {"node": node, "ttl": ttl_s, "plan": plan, "shard": shard_id, "grace": grace_s,
+        _ensure_row(cursor, plan, instance, ttl_s)
+        params = {"node": node, "ttl": ttl_s, "plan": plan, "instance": instance, "grace": grace_s,
                   "same_node": same_node}
         cursor.execute(
             """SELECT holder FROM leases
-               WHERE plan = %(plan)s AND shard_id = %(shard)s
+               WHERE plan = %(plan)s AND instance = %(instance)s
                  AND (holder IS NULL OR expires_at + make_interval(secs => %(grace)s) < now()
                       OR (%(same_node)s AND holder = %(node)s))
                FOR UPDATE""", params)
@@ -78,48 +78,48 @@ def try_acquire(db: Database, plan: str, shard_id: str, node: str, ttl_s: float,
         cursor.execute(
             """UPDATE leases SET holder = %(node)s, epoch = epoch + 1, ttl_s = %(ttl)s,
                    expires_at = now() + make_interval(secs => %(ttl)s), acquired_at = now(), renewed_at = now()
-               WHERE plan = %(plan)s AND shard_id = %(shard)s
+               WHERE plan = %(plan)s AND instance = %(instance)s
                RETURNING epoch""", params)
         epoch = int(cursor.fetchone()["epoch"])
-        record_event(cursor, plan, shard_id, "PROMOTED", reason, node=node, previous_node=taken["holder"],
+        record_event(cursor, plan, instance, "PROMOTED", reason, node=node, previous_node=taken["holder"],
                      epoch=epoch)
         return epoch
 
     return db.run(work)
 
 
-def renew(db: Database, plan: str, shard_id: str, node: str, epoch: int, ttl_s: float) -> bool:
+def renew(db: Database, plan: str, instance: str, node: str, epoch: int, ttl_s: float) -> bool:
     """Extend the lease; ``False`` when ``node`` no longer holds it at ``epoch`` (it was taken)."""
 
     def work(cursor) -> bool:
         cursor.execute(
             """UPDATE leases SET expires_at = now() + make_interval(secs => %s), renewed_at = now()
-               WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s RETURNING epoch""",
-            (ttl_s, plan, shard_id, node, epoch),
+               WHERE plan = %s AND instance = %s AND holder = %s AND epoch = %s RETURNING epoch""",
+            (ttl_s, plan, instance, node, epoch),
         )
         return cursor.fetchone() is not None
 
     return db.run(work, attempts=1)
 
 
-def release(db: Database, plan: str, shard_id: str, node: str, epoch: int, reason: str) -> bool:
+def release(db: Database, plan: str, instance: str, node: str, epoch: int, reason: str) -> bool:
     """Give the lease up at once (drain): it expires now, so a standby can take it without waiting."""
 
     def work(cursor) -> bool:
         cursor.execute(
             """UPDATE leases SET expires_at = now() - interval '1 hour'
-               WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s RETURNING epoch""",
-            (plan, shard_id, node, epoch),
+               WHERE plan = %s AND instance = %s AND holder = %s AND epoch = %s RETURNING epoch""",
+            (plan, instance, node, epoch),
         )
         released = cursor.fetchone() is not None
         if released:
-            record_event(cursor, plan, shard_id, "RELEASED", reason, node=node, epoch=epoch)
+            record_event(cursor, plan, instance, "RELEASED", reason, node=node, epoch=epoch)
         return released
 
     return db.run(work)
 
 
-def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None:
+def check_fence(cursor, plan: str, instance: str, node: str, epoch: int) -> None:
     """Inside a publishing transaction: raise :class:`FencedError` unless ``node`` holds ``epoch``.
 
     The ``FOR KEY SHARE`` lock makes a take-over wait for this transaction (not a renewal). So that a publisher
@@ -133,32 +133,32 @@ def check_fence(cursor, plan: str, shard_id: str, node: str, epoch: int) -> None
     cursor.execute(
         """SELECT holder, epoch,
                   set_config('idle_in_transaction_session_timeout', ceil(ttl_s * 1000)::bigint || 'ms', true)
-           FROM leases WHERE plan = %s AND shard_id = %s FOR KEY SHARE""",
-        (plan, shard_id))
+           FROM leases WHERE plan = %s AND instance = %s FOR KEY SHARE""",
+        (plan, instance))
     row = cursor.fetchone()
     if row is None or row["holder"] != node or row["epoch"] != epoch:
         current = f"{row['holder']} at epoch {row['epoch']}" if row else "nobody"
-        raise FencedError(f"{plan}/{shard_id}: {node} publishes with epoch {epoch} but the lease is held by {current}")
+        raise FencedError(f"{plan}/{instance}: {node} publishes with epoch {epoch} but the lease is held by {current}")
 
 
-def promoted_from(db: Database, plan: str, shard_id: str, epoch: int) -> str | None:
+def promoted_from(db: Database, plan: str, instance: str, epoch: int) -> str | None:
     """The node that held the lease before ``epoch`` was taken (its PROMOTED event), or ``None``."""
     def work(cursor) -> str | None:
         cursor.execute("""SELECT previous_node FROM failover_events
-                          WHERE plan = %s AND shard_id = %s AND kind = 'PROMOTED' AND epoch = %s
-                          ORDER BY happened_at DESC LIMIT 1""", (plan, shard_id, epoch))
+                          WHERE plan = %s AND instance = %s AND kind = 'PROMOTED' AND epoch = %s
+                          ORDER BY happened_at DESC LIMIT 1""", (plan, instance, epoch))
         row = cursor.fetchone()
         return row["previous_node"] if row else None
 
     return db.run(work)
 
 
-def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
+def read_lease(db: Database, plan: str, instance: str) -> LeaseState | None:
     def work(cursor) -> LeaseState | None:
         cursor.execute(
-            """SELECT plan, shard_id, holder, epoch, expires_at, EXTRACT(EPOCH FROM now() - expires_at) AS expired_for_s
-               FROM leases WHERE plan = %s AND shard_id = %s""",
-            (plan, shard_id),
+            """SELECT plan, instance, holder, epoch, expires_at, EXTRACT(EPOCH FROM now() - expires_at) AS expired_for_s
+               FROM leases WHERE plan = %s AND instance = %s""",
+            (plan, instance),
         )
         row = cursor.fetchone()
         return None if row is None else LeaseState(**{**row, "expired_for_s": float(row["expired_for_s"])})
@@ -167,25 +167,25 @@ def read_lease(db: Database, plan: str, shard_id: str) -> LeaseState | None:
 
 
 def newest_of_kinds(db: Database, plan: str, kinds: list[str], apart: str) -> list[dict[str, Any]]:
-    """Per shard of ``plan``: its newest ``failover_events`` row of kind ``apart`` and its newest of the other
+    """Per instance of ``plan``: its newest ``failover_events`` row of kind ``apart`` and its newest of the other
     ``kinds`` (each if any)."""
 
     def work(cursor) -> list[dict[str, Any]]:
-        cursor.execute("""SELECT DISTINCT ON (shard_id, kind = %s) * FROM failover_events
+        cursor.execute("""SELECT DISTINCT ON (instance, kind = %s) * FROM failover_events
                           WHERE plan = %s AND kind = ANY(%s)
-                          ORDER BY shard_id, kind = %s, happened_at DESC, id DESC""",
+                          ORDER BY instance, kind = %s, happened_at DESC, id DESC""",
                        (apart, plan, kinds, apart))
         return cursor.fetchall()
 
     return db.run(work, attempts=3)
 
 
-def recent_events(db: Database, plan: str, shard_id: str | None, limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` ``failover_events`` rows of ``plan`` (of one shard if ``shard_id``), newest first."""
+def recent_events(db: Database, plan: str, instance: str | None, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` ``failover_events`` rows of ``plan`` (of one instance if ``instance``), newest first."""
 
     def work(cursor) -> list[dict[str, Any]]:
-        cursor.execute("""SELECT * FROM failover_events WHERE plan = %s AND (%s::text IS NULL OR shard_id = %s)
-                          ORDER BY happened_at DESC, id DESC LIMIT %s""", (plan, shard_id, shard_id, limit))
+        cursor.execute("""SELECT * FROM failover_events WHERE plan = %s AND (%s::text IS NULL OR instance = %s)
+                          ORDER BY happened_at DESC, id DESC LIMIT %s""", (plan, instance, instance, limit))
         return cursor.fetchall()
 
     return db.run(work, attempts=3)

@@ -70,10 +70,10 @@ def insert_staged_events(cursor, instance: InstanceKey, output: str, epoch: int,
     deployment's first catch-up) it read every event of the output for each staged one.
     """
     inserted = copied_out(cursor, sql.SQL(
-        """INSERT INTO output_events (plan, output, event_id, shard_id, event_time, payload, node, epoch, batch_id)
+        """INSERT INTO output_events (plan, output, event_id, instance, event_time, payload, node, epoch, batch_id)
            SELECT %s, %s, event_id, %s, event_time, payload, %s, %s, %s FROM _events
            ON CONFLICT (plan, output, event_id) DO NOTHING RETURNING event_id"""),
-        (instance.plan, output, instance.shard_id, instance.node, epoch, batch_id),
+        (instance.plan, output, instance.instance, instance.node, epoch, batch_id),
         pa.schema([("event_id", pa.string())])).column("event_id").to_pylist()
     new = set(inserted)
     known = [eid for eid in ids if eid not in new]
@@ -134,10 +134,10 @@ def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[
     _stage(cursor, "_contributions", "contribution_id text, key jsonb",
            (f"{_copy_value(cid)}\t{_copy_text(json_text(to_json(key)))}\n" for cid, key in keys.items()))
     inserted = copied_out(cursor, sql.SQL(
-        """INSERT INTO output_contributions (plan, output, contribution_id, shard_id, key)
+        """INSERT INTO output_contributions (plan, output, contribution_id, instance, key)
            SELECT %s, %s, contribution_id, %s, key FROM _contributions
            ON CONFLICT (plan, output, contribution_id) DO NOTHING RETURNING contribution_id"""),
-        (instance.plan, output, instance.shard_id), pa.schema([("contribution_id", pa.string())]))
+        (instance.plan, output, instance.instance), pa.schema([("contribution_id", pa.string())]))
     return set(inserted.column("contribution_id").to_pylist())
 
 
@@ -169,13 +169,13 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
             sql.SQL("{0}, (t.value->>{0})::numeric + (EXCLUDED.value->>{0})::numeric").format(sql.Literal(v))
             for v in values)
         cursor.execute(
-            sql.SQL("""INSERT INTO output_table_rows AS t (plan, output, key, shard_id, value, version, node, epoch, batch_id)
+            sql.SQL("""INSERT INTO output_table_rows AS t (plan, output, key, instance, value, version, node, epoch, batch_id)
                 SELECT %s, %s, key, %s, value, version, %s, %s, %s FROM _table_rows
-                ON CONFLICT (plan, output, key, shard_id) DO UPDATE
+                ON CONFLICT (plan, output, key, instance) DO UPDATE
                 SET value = jsonb_build_object({added}), version = t.version + EXCLUDED.version,
                     node = EXCLUDED.node, epoch = EXCLUDED.epoch, batch_id = EXCLUDED.batch_id, updated_at = now()"""
                     ).format(added=added),
-            (instance.plan, output, instance.shard_id, instance.node, epoch, batch_id))
+            (instance.plan, output, instance.instance, instance.node, epoch, batch_id))
     known = [cid for cid in contributions if cid not in new]
     pending = [*new, *(not_in_lake(cursor, "output_contributions", "contribution_id", instance.plan, output, known)
                        if known else [])]
@@ -183,11 +183,11 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
         return []
     cursor.execute(
         """SELECT r.key, r.value, r.version, array_agg(c.contribution_id) AS ids
-           FROM (SELECT contribution_id, key, shard_id FROM output_contributions
+           FROM (SELECT contribution_id, key, instance FROM output_contributions
                  WHERE plan = %(plan)s AND output = %(output)s AND contribution_id = ANY(%(pending)s) OFFSET 0) c
            CROSS JOIN LATERAL (
                SELECT r.key, r.value, r.version FROM output_table_rows r
-               WHERE r.plan = %(plan)s AND r.output = %(output)s AND r.key = c.key AND r.shard_id = c.shard_id
+               WHERE r.plan = %(plan)s AND r.output = %(output)s AND r.key = c.key AND r.instance = c.instance
                OFFSET 0) r
            GROUP BY r.key, r.value, r.version""",
         {"plan": instance.plan, "output": output, "pending": pending})
@@ -215,7 +215,7 @@ def read_events(cursor, plan: str, output: str, start: datetime, end: datetime, 
     if after is not None:
         filters.append("(event_time, event_id) > (%(after_time)s, %(after_id)s)")
         params.update(after_time=after[0], after_id=after[1])
-    cursor.execute(f"""SELECT event_id, event_time, shard_id, payload FROM output_events WHERE {' AND '.join(filters)}
+    cursor.execute(f"""SELECT event_id, event_time, instance, payload FROM output_events WHERE {' AND '.join(filters)}
                        ORDER BY event_time, event_id LIMIT %(limit)s""", params)
     return [dict(row) for row in cursor.fetchall()]
 
@@ -247,7 +247,7 @@ def events_after(cursor, plan: str, output: str, after: EventPosition, limit: in
     (migration 006). Rows carry their position as ``xid`` (int) and ``event_id``.
     """
     cursor.execute(
-        """SELECT xid::text::bigint AS xid, event_id, event_time, shard_id, payload FROM output_events
+        """SELECT xid::text::bigint AS xid, event_id, event_time, instance, payload FROM output_events
            WHERE plan = %s AND output = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
              AND (xid, event_id) > (%s::text::xid8, %s)
            ORDER BY xid, event_id LIMIT %s""",
@@ -259,7 +259,7 @@ def newest_events(cursor, plan: str, output: str, count: int) -> list[dict]:
     """The last ``count`` events in (xid, event_id) order (a feed's start), with their positions as in :func:`events_after`."""
     cursor.execute(
         """SELECT * FROM (
-               SELECT xid::text::bigint AS xid, event_id, event_time, shard_id, payload FROM output_events
+               SELECT xid::text::bigint AS xid, event_id, event_time, instance, payload FROM output_events
                WHERE plan = %s AND output = %s AND xid < pg_snapshot_xmin(pg_current_snapshot())
                ORDER BY xid DESC, event_id DESC LIMIT %s) newest
            ORDER BY xid, event_id""",
@@ -274,14 +274,14 @@ def count_events(cursor, plan: str, output: str) -> int:
 
 def sample_events(cursor, plan: str, output: str, since: datetime, until: datetime, limit: int) -> list[dict]:
     """Up to ``limit`` events with ``since <= event_time < until``, in no particular order (a sample to validate)."""
-    cursor.execute("SELECT event_id, shard_id, event_time, payload FROM output_events WHERE plan = %s AND output = %s "
+    cursor.execute("SELECT event_id, instance, event_time, payload FROM output_events WHERE plan = %s AND output = %s "
                    "AND event_time >= %s AND event_time < %s LIMIT %s", (plan, output, since, until, limit))
     return [dict(row) for row in cursor.fetchall()]
 
 
 def sample_table_rows(cursor, plan: str, output: str, limit: int) -> list[dict]:
     """Up to ``limit`` rows of a table output, every instance's, as stored (not merged), in no particular order."""
-    cursor.execute("SELECT key, shard_id, value, version FROM output_table_rows WHERE plan = %s AND output = %s "
+    cursor.execute("SELECT key, instance, value, version FROM output_table_rows WHERE plan = %s AND output = %s "
                    "LIMIT %s", (plan, output, limit))
     return [dict(row) for row in cursor.fetchall()]
 

@@ -26,12 +26,12 @@ def instances_and_leases(db: Database, plan: str) -> tuple[list[dict[str, Any]],
             """SELECT i.*, EXTRACT(EPOCH FROM now() - l.beat_at)::float8 AS beat_age_s,
                       EXTRACT(EPOCH FROM now() - i.launched_at)::float8 AS launched_age_s
                FROM plan_instances i LEFT JOIN liveness l USING (instance_id)
-               WHERE i.plan = %s ORDER BY i.shard_id, i.node""", (plan,))
+               WHERE i.plan = %s ORDER BY i.instance, i.node""", (plan,))
         instances = [dict(row) for row in cursor.fetchall()]
         cursor.execute(
-            """SELECT shard_id, holder, epoch, holder IS NOT NULL AND expires_at > now() AS valid,
+            """SELECT instance, holder, epoch, holder IS NOT NULL AND expires_at > now() AS valid,
                       EXTRACT(EPOCH FROM expires_at - now())::float8 AS left_s
-               FROM leases WHERE plan = %s ORDER BY shard_id""", (plan,))
+               FROM leases WHERE plan = %s ORDER BY instance""", (plan,))
         return instances, [dict(row) for row in cursor.fetchall()]
 
     return db.run(work, attempts=3)

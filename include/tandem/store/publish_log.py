@@ -1,8 +1,8 @@
 """``publish_log``: what each instance has published, per output and micro-batch.
 
-The rows carry plan, shard and node as columns, and every lookup matches them exactly: a shard
-is never found by a string prefix of the instance id (``LIKE 'plan/shard/%'`` lets ``_`` match
-``-``, so ``shard_1`` found ``shard-1``'s rows).
+The rows carry plan, instance and node as columns, and every lookup matches them exactly: an instance
+is never found by a string prefix of the instance id (``LIKE 'plan/instance/%'`` lets ``_`` match
+``-``, so ``instance_1`` found ``shard-1``'s rows).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ def record_published(cursor, instance: InstanceKey, output: str, batch_id: int, 
                      max_event_time: datetime | None, watermark: datetime | None) -> None:
     """Inside a publishing transaction: the batch is published (its position is set by :func:`record_position`)."""
     cursor.execute(
-        """INSERT INTO publish_log (instance_id, plan, shard_id, node, output, batch_id, epoch, rows,
+        """INSERT INTO publish_log (instance_id, plan, instance, node, output, batch_id, epoch, rows,
                                     max_event_time, watermark)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (instance_id, output, batch_id) DO UPDATE
            SET epoch = EXCLUDED.epoch, rows = EXCLUDED.rows, max_event_time = EXCLUDED.max_event_time,
                watermark = EXCLUDED.watermark, published_at = now()""",
-        (instance.id, instance.plan, instance.shard_id, instance.node, output, batch_id, epoch, rows,
+        (instance.id, instance.plan, instance.instance, instance.node, output, batch_id, epoch, rows,
          max_event_time, watermark),
     )
 
@@ -36,44 +36,44 @@ def record_position(db: Database, instance: InstanceKey, output: str, batch_id: 
         (watermark, instance.id, output, batch_id)))
 
 
-def published_watermark(db: Database, plan: str, shard_id: str, output: str) -> datetime | None:
-    """The furthest position any instance of this (plan, shard) has published for ``output``."""
+def published_watermark(db: Database, plan: str, instance: str, output: str) -> datetime | None:
+    """The furthest position any instance of this (plan, instance) has published for ``output``."""
 
     def work(cursor) -> datetime | None:
-        cursor.execute("SELECT max(watermark) AS w FROM publish_log WHERE plan = %s AND shard_id = %s AND output = %s",
-                       (plan, shard_id, output))
+        cursor.execute("SELECT max(watermark) AS w FROM publish_log WHERE plan = %s AND instance = %s AND output = %s",
+                       (plan, instance, output))
         return cursor.fetchone()["w"]
 
     return db.run(work, attempts=1)
 
 
-def forget_shard(db: Database, plan: str, shard_id: str) -> int:
-    """Delete every published position of one (plan, shard) (a restore rolls them back); how many rows."""
+def forget_instance(db: Database, plan: str, instance: str) -> int:
+    """Delete every published position of one (plan, instance) (a restore rolls them back); how many rows."""
 
     def work(cursor) -> int:
-        cursor.execute("DELETE FROM publish_log WHERE plan = %s AND shard_id = %s", (plan, shard_id))
+        cursor.execute("DELETE FROM publish_log WHERE plan = %s AND instance = %s", (plan, instance))
         return cursor.rowcount
 
     return db.run(work)
 
 
-def first_publish_after(db: Database, plan: str, shard_id: str, epoch: int) -> dict | None:
-    """The first batch published in ``(plan, shard_id)`` at an epoch above ``epoch``: node, epoch, published_at."""
+def first_publish_after(db: Database, plan: str, instance: str, epoch: int) -> dict | None:
+    """The first batch published in ``(plan, instance)`` at an epoch above ``epoch``: node, epoch, published_at."""
 
     def work(cursor):
         cursor.execute("""SELECT node, epoch, published_at FROM publish_log
-                          WHERE plan = %s AND shard_id = %s AND epoch > %s
-                          ORDER BY published_at, batch_id LIMIT 1""", (plan, shard_id, epoch))
+                          WHERE plan = %s AND instance = %s AND epoch > %s
+                          ORDER BY published_at, batch_id LIMIT 1""", (plan, instance, epoch))
         row = cursor.fetchone()
         return dict(row) if row else None
 
     return db.run(work, attempts=3)
 
 
-def last_published(cursor, plan: str, shard_id: str, output: str) -> tuple[int, int]:
-    """The (epoch, batch) of the newest batch of ``output`` any instance of ``(plan, shard_id)`` published ((0, 0)
+def last_published(cursor, plan: str, instance: str, output: str) -> tuple[int, int]:
+    """The (epoch, batch) of the newest batch of ``output`` any instance of ``(plan, instance)`` published ((0, 0)
     before any)."""
-    cursor.execute("""SELECT epoch, batch_id FROM publish_log WHERE plan = %s AND shard_id = %s AND output = %s
-                      ORDER BY epoch DESC, batch_id DESC LIMIT 1""", (plan, shard_id, output))
+    cursor.execute("""SELECT epoch, batch_id FROM publish_log WHERE plan = %s AND instance = %s AND output = %s
+                      ORDER BY epoch DESC, batch_id DESC LIMIT 1""", (plan, instance, output))
     row = cursor.fetchone()
     return (int(row["epoch"]), int(row["batch_id"])) if row else (0, 0)

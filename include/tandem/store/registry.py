@@ -11,20 +11,20 @@ if TYPE_CHECKING:
     from tandem.config import ClusterConfig
 
 
-def instance_id(plan: str, shard_id: str, node: str) -> str:
-    """The stable id of a plan instance: ``<plan>/<shard_id>/<node>``."""
-    return f"{plan}/{shard_id}/{node}"
+def instance_id(plan: str, instance: str, node: str) -> str:
+    """The stable id of a plan instance: ``<plan>/<instance>/<node>``."""
+    return f"{plan}/{instance}/{node}"
 
 
 @dataclass(frozen=True)
 class InstanceKey:
     plan: str
-    shard_id: str
+    instance: str
     node: str
 
     @property
     def id(self) -> str:
-        return instance_id(self.plan, self.shard_id, self.node)
+        return instance_id(self.plan, self.instance, self.node)
 
 
 def register_nodes(db: Database, cluster: ClusterConfig) -> None:
@@ -50,7 +50,7 @@ def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_sta
     now, and nothing is ever signalled unless both still match.
     """
     db.run(lambda cursor: cursor.execute(
-        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, submit_pid, submit_started_at,
+        """INSERT INTO plan_instances (instance_id, plan, instance, node, status, submit_pid, submit_started_at,
                                        pid, pid_started_at, log_path, launched_by, launched_at, trigger_interval_s,
                                        checkpoint_root, error, stopped_at, started_at, updated_at)
            VALUES (%s, %s, %s, %s, 'LAUNCHING', %s, %s, NULL, NULL, %s, %s, now(), %s, %s, NULL, NULL, NULL, now())
@@ -61,7 +61,7 @@ def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_sta
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
                error = NULL, stopped_at = NULL, started_at = NULL, spark_app_id = NULL,
                stop_requested_at = NULL, stop_requested_by = NULL, updated_at = now()""",
-        (key.id, key.plan, key.shard_id, key.node, submit_pid, submit_started_at, log_path, launched_by,
+        (key.id, key.plan, key.instance, key.node, submit_pid, submit_started_at, log_path, launched_by,
          trigger_interval_s, checkpoint_root),
     ))
 
@@ -77,9 +77,9 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
     is cleared.
     """
     db.run(lambda cursor: cursor.execute(
-        """INSERT INTO plan_instances (instance_id, plan, shard_id, node, status, host, pid, pid_started_at,
+        """INSERT INTO plan_instances (instance_id, plan, instance, node, status, host, pid, pid_started_at,
                                        spark_app_id, trigger_interval_s, checkpoint_root, started_at, updated_at)
-           VALUES (%(id)s, %(plan)s, %(shard)s, %(node)s, 'STARTING', %(host)s, %(pid)s, %(pid_started_at)s,
+           VALUES (%(id)s, %(plan)s, %(instance)s, %(node)s, 'STARTING', %(host)s, %(pid)s, %(pid_started_at)s,
                    %(app)s, %(interval)s, %(checkpoint)s, now(), now())
            ON CONFLICT (instance_id) DO UPDATE SET
                status = 'STARTING', host = EXCLUDED.host, pid = EXCLUDED.pid, pid_started_at = EXCLUDED.pid_started_at,
@@ -93,7 +93,7 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
                                         ELSE plan_instances.stop_requested_by END,
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
-        {"id": key.id, "plan": key.plan, "shard": key.shard_id, "node": key.node, "host": host, "pid": pid,
+        {"id": key.id, "plan": key.plan, "instance": key.instance, "node": key.node, "host": host, "pid": pid,
          "pid_started_at": pid_started_at, "ancestors": list(ancestors), "app": spark_app_id,
          "interval": trigger_interval_s, "checkpoint": checkpoint_root},
     ))

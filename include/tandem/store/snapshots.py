@@ -10,7 +10,7 @@ Purpose
 How it works
     :func:`begin_snapshot` inserts a TAKING row before anything is copied, so a snapshot that dies
     half-way is visible (retention treats a stale TAKING row as failed). Its id is
-    ``<plan>-<shard_id>-<UTC yyyymmddThhmmssZ>-<6 hex>`` and its ``taken_at`` is PostgreSQL's
+    ``<plan>-<instance>-<UTC yyyymmddThhmmssZ>-<6 hex>`` and its ``taken_at`` is PostgreSQL's
     clock, like every age the supervisor compares. :func:`record_contents` fills in the cut's
     batch, sizes and output versions while the row is TAKING; :func:`mark_good` /
     :func:`mark_bad` store the validation result; :func:`mark_pruned` records that its files were
@@ -39,7 +39,7 @@ from tandem.store.registry import instance_id as make_instance_id
 
 TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
 STATUSES = (TAKING, GOOD, BAD, PRUNED)
-_COLUMNS = ("id, plan, shard_id, instance_id, node, batch_id, taken_at, completed_at, checkpoint_path, state_rows, "
+_COLUMNS = ("id, plan, instance, instance_id, node, batch_id, taken_at, completed_at, checkpoint_path, state_rows, "
             "checkpoint_bytes, state_bytes, query_batches, output_versions, status, validation, reason, pruned_at, "
             "replay_from")
 
@@ -50,7 +50,7 @@ class SnapshotRecord:
 
     id: str
     plan: str
-    shard_id: str
+    instance: str
     instance_id: str
     node: str
     taken_at: datetime
@@ -76,12 +76,12 @@ class SnapshotRecord:
         return cls(**values)
 
 
-def new_snapshot_id(plan: str, shard_id: str, at: datetime, token: str | None = None) -> str:
-    """``<plan>-<shard_id>-<UTC yyyymmddThhmmssZ>-<token>``; ``token`` defaults to 6 random hex digits."""
+def new_snapshot_id(plan: str, instance: str, at: datetime, token: str | None = None) -> str:
+    """``<plan>-<instance>-<UTC yyyymmddThhmmssZ>-<token>``; ``token`` defaults to 6 random hex digits."""
     if at.tzinfo is None:
         raise ValueError(f"snapshot time must carry a time zone, got {at!r}")
     stamp = at.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{plan}-{shard_id}-{stamp}-{token or secrets.token_hex(3)}"
+    return f"{plan}-{instance}-{stamp}-{token or secrets.token_hex(3)}"
 
 
 def database_now(db: Database) -> datetime:
@@ -94,29 +94,29 @@ def database_now(db: Database) -> datetime:
     return db.run(work, attempts=3)
 
 
-def begin_snapshot(db: Database, *, plan: str, shard_id: str, node: str, snapshots_dir: Path | str,
+def begin_snapshot(db: Database, *, plan: str, instance: str, node: str, snapshots_dir: Path | str,
                    instance_id: str | None = None, taken_at: datetime | None = None) -> SnapshotRecord:
-    """Insert a TAKING row for a snapshot of the instance ``<plan>/<shard_id>/<node>``, before copying.
+    """Insert a TAKING row for a snapshot of the key_id ``<plan>/<instance>/<node>``, before copying.
 
     ``snapshots_dir`` is the plan's snapshot folder (``<storage_root>/snapshots/<plan>``, see
     :func:`tandem.layout.snapshots_dir`); the copy goes to ``<snapshots_dir>/<id>``. ``taken_at``
     defaults to PostgreSQL's clock.
     """
     taken_at = taken_at or database_now(db)
-    snapshot_id = new_snapshot_id(plan, shard_id, taken_at)
-    instance = instance_id or make_instance_id(plan, shard_id, node)
+    snapshot_id = new_snapshot_id(plan, instance, taken_at)
+    key_id = instance_id or make_instance_id(plan, instance, node)
     path = str(Path(snapshots_dir) / snapshot_id)
 
     def work(cursor) -> SnapshotRecord:
         cursor.execute(
-            """INSERT INTO snapshots (id, plan, shard_id, instance_id, node, taken_at, checkpoint_path, status)
+            """INSERT INTO snapshots (id, plan, instance, instance_id, node, taken_at, checkpoint_path, status)
                VALUES (%s, %s, %s, %s, %s, %s, %s, 'TAKING') ON CONFLICT (id) DO NOTHING""",
-            (snapshot_id, plan, shard_id, instance, node, taken_at, path))
+            (snapshot_id, plan, instance, key_id, node, taken_at, path))
         cursor.execute(f"SELECT {_COLUMNS} FROM snapshots WHERE id = %s", (snapshot_id,))
         return SnapshotRecord.from_row(cursor.fetchone())
 
     record = db.run(work)
-    if (record.plan, record.shard_id, record.instance_id) != (plan, shard_id, instance):
+    if (record.plan, record.instance, record.instance_id) != (plan, instance, key_id):
         raise SnapshotError(f"snapshot id {snapshot_id} already names a snapshot of {record.instance_id}")
     return record
 
@@ -220,9 +220,9 @@ def get_snapshot(db: Database, snapshot_id: str) -> SnapshotRecord | None:
     return db.run(work, attempts=3)
 
 
-def list_snapshots(db: Database, plan: str, *, shard_id: str | None = None,
+def list_snapshots(db: Database, plan: str, *, instance: str | None = None,
                    statuses: tuple[str, ...] | None = None, limit: int | None = None) -> list[SnapshotRecord]:
-    """The snapshots of a plan (optionally one shard, some statuses), newest first."""
+    """The snapshots of a plan (optionally one instance, some statuses), newest first."""
     unknown = set(statuses or ()) - set(STATUSES)
     if unknown:
         raise ValueError(f"unknown snapshot status {', '.join(sorted(unknown))} (known: {', '.join(STATUSES)})")
@@ -230,22 +230,22 @@ def list_snapshots(db: Database, plan: str, *, shard_id: str | None = None,
     def work(cursor) -> list[SnapshotRecord]:
         cursor.execute(
             f"""SELECT {_COLUMNS} FROM snapshots
-                WHERE plan = %(plan)s AND (%(shard)s::text IS NULL OR shard_id = %(shard)s)
+                WHERE plan = %(plan)s AND (%(instance)s::text IS NULL OR instance = %(instance)s)
                   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
                 ORDER BY taken_at DESC, id DESC LIMIT %(limit)s""",
-            {"plan": plan, "shard": shard_id, "statuses": list(statuses) if statuses else None, "limit": limit})
+            {"plan": plan, "instance": instance, "statuses": list(statuses) if statuses else None, "limit": limit})
         return [SnapshotRecord.from_row(row) for row in cursor.fetchall()]
 
     return db.run(work, attempts=3)
 
 
-def latest_good(db: Database, plan: str, shard_id: str) -> SnapshotRecord | None:
-    """The newest GOOD snapshot of one (plan, shard), or ``None`` (served by the partial index)."""
+def latest_good(db: Database, plan: str, instance: str) -> SnapshotRecord | None:
+    """The newest GOOD snapshot of one (plan, instance), or ``None`` (served by the partial index)."""
 
     def work(cursor) -> SnapshotRecord | None:
         cursor.execute(
-            f"""SELECT {_COLUMNS} FROM snapshots WHERE plan = %s AND shard_id = %s AND status = 'GOOD'
-                ORDER BY taken_at DESC, id DESC LIMIT 1""", (plan, shard_id))
+            f"""SELECT {_COLUMNS} FROM snapshots WHERE plan = %s AND instance = %s AND status = 'GOOD'
+                ORDER BY taken_at DESC, id DESC LIMIT 1""", (plan, instance))
         row = cursor.fetchone()
         return SnapshotRecord.from_row(row) if row else None
 

@@ -1,4 +1,4 @@
-"""What the supervisor reads and writes in PostgreSQL: one shard's instances, progress, lease and marks.
+"""What the supervisor reads and writes in PostgreSQL: one instance's instances, progress, lease and marks.
 
 Every age is computed by PostgreSQL (``now() - …``), so the observer's clock does not matter;
 times that are compared with file modification times (batch starts) are returned as epoch seconds.
@@ -13,7 +13,7 @@ from tandem.store.db import Database
 from tandem.store.leases import record_event
 
 DRAINED, UNDRAINED = "DRAINED", "UNDRAINED"
-"""Events that mark a node of a (plan, shard) as drained (kept down) or back in service."""
+"""Events that mark a node of a (plan, instance) as drained (kept down) or back in service."""
 LAUNCH_EVENT = "LAUNCH"
 """A launch decision: the supervisor's launch budget counts these."""
 RESTARTED = "RESTARTED"
@@ -22,8 +22,8 @@ RESET_EVENTS = (RESTARTED, UNDRAINED)
 
 
 @dataclass(frozen=True)
-class ShardRows:
-    """The raw rows of one (plan, shard) at one moment."""
+class InstanceRows:
+    """The raw rows of one (plan, instance) at one moment."""
 
     now_epoch: float
     instances: dict[str, dict[str, Any]]  # by node: plan_instances + liveness ages
@@ -33,12 +33,12 @@ class ShardRows:
     recent_launches: dict[str, int]
 
 
-def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: float,
-               launch_window_s: float) -> ShardRows:
-    """Read everything the observer needs about one (plan, shard) in one transaction."""
+def read_instance(db: Database, plan: str, instance: str, *, progress_window_s: float,
+               launch_window_s: float) -> InstanceRows:
+    """Read everything the observer needs about one (plan, instance) in one transaction."""
 
-    def work(cursor) -> ShardRows:
-        params = {"plan": plan, "shard": shard_id, "window": progress_window_s, "launch_window": launch_window_s,
+    def work(cursor) -> InstanceRows:
+        params = {"plan": plan, "instance": instance, "window": progress_window_s, "launch_window": launch_window_s,
                   "drain_marks": [DRAINED, UNDRAINED], "launch": LAUNCH_EVENT, "resets": list(RESET_EVENTS)}
         cursor.execute("SELECT EXTRACT(EPOCH FROM now())::float8 AS now", params)
         now = cursor.fetchone()["now"]
@@ -49,7 +49,7 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
                       EXTRACT(EPOCH FROM i.started_at)::float8 AS started_epoch, l.beat_at,
                       EXTRACT(EPOCH FROM now() - l.work_at)::float8 AS work_age_s
                FROM plan_instances i LEFT JOIN liveness l USING (instance_id)
-               WHERE i.plan = %(plan)s AND i.shard_id = %(shard)s""", params)
+               WHERE i.plan = %(plan)s AND i.instance = %(instance)s""", params)
         instances = {row["node"]: dict(row) for row in cursor.fetchall()}
         # Only the last `window` seconds of progress rows are read (an index range scan): older
         # progress is as good as none for deciding whether an instance stalled.
@@ -59,7 +59,7 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
                           max(EXTRACT(EPOCH FROM h.recorded_at) - COALESCE(h.batch_duration_ms, 0) / 1000.0)
                               AS batch_start
                    FROM heartbeats h JOIN plan_instances i USING (instance_id)
-                   WHERE i.plan = %(plan)s AND i.shard_id = %(shard)s
+                   WHERE i.plan = %(plan)s AND i.instance = %(instance)s
                      AND h.recorded_at >= now() - make_interval(secs => %(window)s)
                      AND h.recorded_at >= i.started_at
                    GROUP BY h.instance_id, h.query_name) q
@@ -68,29 +68,29 @@ def read_shard(db: Database, plan: str, shard_id: str, *, progress_window_s: flo
         cursor.execute(
             """SELECT holder, epoch, ttl_s, expires_at, acquired_at, expires_at > now() AS valid,
                       EXTRACT(EPOCH FROM now() - expires_at)::float8 AS expired_for_s
-               FROM leases WHERE plan = %(plan)s AND shard_id = %(shard)s""", params)
+               FROM leases WHERE plan = %(plan)s AND instance = %(instance)s""", params)
         lease = cursor.fetchone()
         cursor.execute(
             """SELECT DISTINCT ON (node) node, kind FROM failover_events
-               WHERE plan = %(plan)s AND shard_id = %(shard)s AND kind = ANY(%(drain_marks)s)
+               WHERE plan = %(plan)s AND instance = %(instance)s AND kind = ANY(%(drain_marks)s)
                ORDER BY node, happened_at DESC, id DESC""", params)
         drained = frozenset(row["node"] for row in cursor.fetchall() if row["kind"] == DRAINED)
         cursor.execute(
             """SELECT e.node, count(*) AS launches FROM failover_events e
-               WHERE e.plan = %(plan)s AND e.shard_id = %(shard)s AND e.kind = %(launch)s
+               WHERE e.plan = %(plan)s AND e.instance = %(instance)s AND e.kind = %(launch)s
                  AND e.happened_at > now() - make_interval(secs => %(launch_window)s)
                  AND e.happened_at > COALESCE((
                      SELECT max(r.happened_at) FROM failover_events r
-                     WHERE r.plan = e.plan AND r.shard_id = e.shard_id AND r.node = e.node
+                     WHERE r.plan = e.plan AND r.instance = e.instance AND r.node = e.node
                        AND r.kind = ANY(%(resets)s)), '-infinity')
                GROUP BY e.node""", params)
         launches = {row["node"]: int(row["launches"]) for row in cursor.fetchall()}
-        return ShardRows(now, instances, batch_starts, dict(lease) if lease else None, drained, launches)
+        return InstanceRows(now, instances, batch_starts, dict(lease) if lease else None, drained, launches)
 
     return db.run(work, attempts=3)
 
 
-def hand_over(db: Database, plan: str, shard_id: str, from_node: str, epoch: int, to_node: str,
+def hand_over(db: Database, plan: str, instance: str, from_node: str, epoch: int, to_node: str,
               reason: str) -> int | None:
     """Give the lease held by ``from_node`` at ``epoch`` to ``to_node`` (compare-and-set, epoch + 1).
 
@@ -101,38 +101,38 @@ def hand_over(db: Database, plan: str, shard_id: str, from_node: str, epoch: int
 
     def work(cursor) -> int | None:
         # FOR UPDATE waits for a publish in progress (its fence check holds the row FOR KEY SHARE)
-        cursor.execute("""SELECT 1 FROM leases WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s
-                          FOR UPDATE""", (plan, shard_id, from_node, epoch))
+        cursor.execute("""SELECT 1 FROM leases WHERE plan = %s AND instance = %s AND holder = %s AND epoch = %s
+                          FOR UPDATE""", (plan, instance, from_node, epoch))
         if cursor.fetchone() is None:
             return None
         cursor.execute(
             """UPDATE leases SET holder = %s, epoch = epoch + 1, acquired_at = now(), renewed_at = now(),
                                  expires_at = now() + make_interval(secs => ttl_s)
-               WHERE plan = %s AND shard_id = %s AND holder = %s AND epoch = %s RETURNING epoch""",
-            (to_node, plan, shard_id, from_node, epoch))
+               WHERE plan = %s AND instance = %s AND holder = %s AND epoch = %s RETURNING epoch""",
+            (to_node, plan, instance, from_node, epoch))
         row = cursor.fetchone()
         if row is None:
             return None
-        record_event(cursor, plan, shard_id, "HANDOVER", reason, node=to_node, previous_node=from_node,
+        record_event(cursor, plan, instance, "HANDOVER", reason, node=to_node, previous_node=from_node,
                      epoch=row["epoch"])
         return int(row["epoch"])
 
     return db.run(work)
 
 
-def mark(db: Database, plan: str, shard_id: str, kind: str, reason: str, *, node: str | None = None,
+def mark(db: Database, plan: str, instance: str, kind: str, reason: str, *, node: str | None = None,
          previous_node: str | None = None, epoch: int | None = None, detail: dict[str, Any] | None = None) -> None:
     """Record one supervision event (a decision, an action and its outcome, a drain mark)."""
-    db.run(lambda cursor: record_event(cursor, plan, shard_id, kind, reason, node=node, previous_node=previous_node,
+    db.run(lambda cursor: record_event(cursor, plan, instance, kind, reason, node=node, previous_node=previous_node,
                                        epoch=epoch, detail=detail))
 
 
-def instance_role(db: Database, plan: str, shard_id: str, node: str) -> dict[str, Any] | None:
+def instance_role(db: Database, plan: str, instance: str, node: str) -> dict[str, Any] | None:
     """The role and epoch an instance last recorded, with its status."""
 
     def work(cursor):
         cursor.execute("""SELECT role, epoch, status FROM plan_instances
-                          WHERE plan = %s AND shard_id = %s AND node = %s""", (plan, shard_id, node))
+                          WHERE plan = %s AND instance = %s AND node = %s""", (plan, instance, node))
         return cursor.fetchone()
 
     return db.run(work, attempts=3)

@@ -6,8 +6,8 @@ returns how many rows went. What stays whatever its age, and who reads it:
 
 - ``heartbeats``: each (instance, query)'s newest row (the page's and the supervisor's last progress);
 - ``publish_log``: each (instance, output)'s newest batch, and the row holding the furthest published position
-  of each (plan, shard, output) (a hot standby trims its held outputs by it);
-- ``failover_events``: each (shard, node, kind)'s newest event (drain marks, the page's last role change);
+  of each (plan, instance, output) (a hot standby trims its held outputs by it);
+- ``failover_events``: each (instance, node, kind)'s newest event (drain marks, the page's last role change);
 - ``output_contributions``: those not in the lake yet (a standby copies them after a failover);
 - aggregation partials: only the named granularity's rows go; coarser buckets stay.
 
@@ -59,42 +59,42 @@ def trim_heartbeats(db: Database, plan: str, before: datetime) -> int:
 
 def trim_publish_log(db: Database, plan: str, before: datetime) -> int:
     """Delete ``plan``'s published positions logged before ``before``, but each (instance, output)'s newest batch
-    and each (shard, output)'s furthest position."""
+    and each (instance, output)'s furthest position."""
     return _delete_in_chunks(db, "publish_log", """t.plan = %(plan)s AND t.published_at < %(before)s
         AND EXISTS (SELECT 1 FROM publish_log n WHERE n.instance_id = t.instance_id AND n.output = t.output
                     AND n.batch_id > t.batch_id)
         AND (t.watermark IS NULL OR EXISTS (
-            SELECT 1 FROM publish_log w WHERE w.plan = t.plan AND w.shard_id = t.shard_id AND w.output = t.output
+            SELECT 1 FROM publish_log w WHERE w.plan = t.plan AND w.instance = t.instance AND w.output = t.output
             AND (w.watermark, w.batch_id, w.instance_id) > (t.watermark, t.batch_id, t.instance_id)))""",
                              {"plan": plan, "before": before})
 
 
 def trim_failover_events(db: Database, plan: str, before: datetime) -> int:
-    """Delete ``plan``'s supervision events before ``before``, but each (shard, node, kind)'s newest."""
+    """Delete ``plan``'s supervision events before ``before``, but each (instance, node, kind)'s newest."""
     return _delete_in_chunks(db, "failover_events", """t.plan = %(plan)s AND t.happened_at < %(before)s
-        AND EXISTS (SELECT 1 FROM failover_events n WHERE n.plan = t.plan AND n.shard_id = t.shard_id
+        AND EXISTS (SELECT 1 FROM failover_events n WHERE n.plan = t.plan AND n.instance = t.instance
                     AND n.node IS NOT DISTINCT FROM t.node AND n.kind = t.kind
                     AND (n.happened_at, n.id) > (t.happened_at, t.id))""", {"plan": plan, "before": before})
 
 
-def trim_contributions(db: Database, plan: str, shard_id: str, before: datetime) -> int:
-    """Delete the contribution ids of ``plan``'s instance ``shard_id`` applied before ``before`` and in the lake."""
+def trim_contributions(db: Database, plan: str, instance: str, before: datetime) -> int:
+    """Delete the contribution ids of ``plan``'s instance ``instance`` applied before ``before`` and in the lake."""
     return _delete_in_chunks(db, "output_contributions", """t.plan = %(plan)s AND t.applied_at < %(before)s
-        AND t.shard_id = %(shard)s AND t.in_lake""", {"plan": plan, "shard": shard_id, "before": before})
+        AND t.instance = %(instance)s AND t.in_lake""", {"plan": plan, "instance": instance, "before": before})
 
 
-def trim_events(db: Database, plan: str, shard_id: str, before: datetime, relayed_outputs: list[str],
+def trim_events(db: Database, plan: str, instance: str, before: datetime, relayed_outputs: list[str],
                 output: str | None = None) -> int:
-    """Delete the events ``plan``'s instance ``shard_id`` published before ``before`` (of ``output``, or of every
+    """Delete the events ``plan``'s instance ``instance`` published before ``before`` (of ``output``, or of every
     output) that are in the lake and, for an output in ``relayed_outputs`` (published to a NATS stream), at or
     before the position its relay recorded."""
-    return _delete_in_chunks(db, "output_events", """t.plan = %(plan)s AND t.shard_id = %(shard)s
+    return _delete_in_chunks(db, "output_events", """t.plan = %(plan)s AND t.instance = %(instance)s
         AND (%(output)s::text IS NULL OR t.output = %(output)s)
         AND t.published_at < %(before)s AND t.in_lake
         AND (t.output <> ALL(%(relayed)s) OR EXISTS (
             SELECT 1 FROM output_streams s WHERE s.plan = t.plan AND s.output = t.output
             AND (t.xid, t.event_id) <= (s.xid::text::xid8, s.event_id)))""",
-                             {"plan": plan, "shard": shard_id, "before": before, "relayed": relayed_outputs,
+                             {"plan": plan, "instance": instance, "before": before, "relayed": relayed_outputs,
                               "output": output})
 
 

@@ -1,9 +1,9 @@
-"""What the supervisor should do next for one (plan, shard), from what it observed (pure).
+"""What the supervisor should do next for one (plan, instance), from what it observed (pure).
 
 Purpose
     The supervision DAG, the ops DAG and ``tandem status`` all ask the same question: given the
     plan's nodes, its standby mode, the health of each instance and the lease, which actions bring
-    the shard to "one ACTIVE, one PASSIVE, the rest BACKUP, all alive"? :func:`decide` answers it
+    the instance to "one ACTIVE, one PASSIVE, the rest BACKUP, all alive"? :func:`decide` answers it
     without touching the world, so every rule has a unit test with hand-written observations.
 
 How it works
@@ -56,7 +56,7 @@ GRACEFUL_STOP_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class LeaseView:
-    """The ACTIVE lease of the shard as observed."""
+    """The ACTIVE lease of the instance as observed."""
 
     holder: str | None
     epoch: int
@@ -65,8 +65,8 @@ class LeaseView:
 
 
 @dataclass(frozen=True)
-class ShardView:
-    """Everything :func:`decide` needs about one (plan, shard).
+class InstanceView:
+    """Everything :func:`decide` needs about one (plan, instance).
 
     ``instances`` has an entry for every node in ``nodes`` (MISSING when never launched).
     ``recent_launches`` counts the supervisor's launches per node in the plan's launch window
@@ -74,7 +74,7 @@ class ShardView:
     """
 
     plan: str
-    shard_id: str
+    instance: str
     nodes: tuple[str, ...]
     standby: str
     lease_ttl_s: float
@@ -182,7 +182,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Blocked:
-    """Nothing safe can be done about ``node`` (or the shard); an operator must look."""
+    """Nothing safe can be done about ``node`` (or the instance); an operator must look."""
 
     node: str | None
     reason: str
@@ -210,11 +210,11 @@ def initial_role(position: int) -> str:
     return ACTIVE if position == 0 else PASSIVE if position == 1 else BACKUP
 
 
-def _over_budget(view: ShardView, node: str) -> bool:
+def _over_budget(view: InstanceView, node: str) -> bool:
     return view.recent_launches.get(node, 0) >= view.max_launches
 
 
-def _budget_block(view: ShardView, node: str) -> Blocked:
+def _budget_block(view: InstanceView, node: str) -> Blocked:
     return Blocked(node, f"{view.recent_launches.get(node, 0)} launches within the launch window "
                          f"(limit {view.max_launches}): restart the node from tandem_ops once the cause is fixed")
 
@@ -224,14 +224,14 @@ def standby_role(health: InstanceHealth) -> str:
     return health.role if health.role in (BACKUP, WARM_ROLE) else PASSIVE
 
 
-def _standby_preference(view: ShardView, exclude: str | None) -> list[str]:
+def _standby_preference(view: InstanceView, exclude: str | None) -> list[str]:
     """Live standbys that may take the ACTIVE role: PASSIVE first, then BACKUP, in node order."""
     live = [n for n in view.candidates if n != exclude and view.alive(n)]
     return sorted(live, key=lambda n: 0 if standby_role(view.health(n)) == PASSIVE else 1)
 
 
-def snapshot_node(view: ShardView) -> str | None:
-    """The node whose host takes the shard's snapshot, or ``None`` when no node holds the ACTIVE lease.
+def snapshot_node(view: InstanceView) -> str | None:
+    """The node whose host takes the instance's snapshot, or ``None`` when no node holds the ACTIVE lease.
 
     The snapshot always cuts the ACTIVE instance's checkpoint (shared storage), whose Delta
     transactions pair the cut with the outputs; where it runs is a separate choice. A live standby's
@@ -253,8 +253,8 @@ def _after(nodes: list[str], source: str | None) -> list[str]:
     return nodes[i + 1:] + nodes[:i] + [source]
 
 
-def decide(view: ShardView) -> list[Action]:
-    """The next actions for one (plan, shard); an empty list when everything is where it belongs."""
+def decide(view: InstanceView) -> list[Action]:
+    """The next actions for one (plan, instance); an empty list when everything is where it belongs."""
     actions: list[Action] = []
     for node in view.nodes:
         health = view.health(node)
@@ -283,7 +283,7 @@ def decide(view: ShardView) -> list[Action]:
     return actions + _hot_standbys(view, active)
 
 
-def _drain_active(view: ShardView, active: str) -> list[Action]:
+def _drain_active(view: InstanceView, active: str) -> list[Action]:
     epoch = view.lease.epoch if view.lease else 0
     takers = _standby_preference(view, exclude=active)
     if view.standby == HOT and takers:
@@ -291,12 +291,12 @@ def _drain_active(view: ShardView, active: str) -> list[Action]:
                 AwaitPromotion(active, epoch, takeover_deadline_s(view.lease_ttl_s), f"{active} is drained")]
     if not [n for n in view.candidates if not _over_budget(view, n)]:
         return [Blocked(active, f"cannot drain {active}: no other node may run plan {view.plan} "
-                                f"shard {view.shard_id}")]
+                                f"instance {view.instance}")]
     # warm (or no live standby): stop it, which releases the lease; the next round starts the plan elsewhere
     return [Stop(active, f"{active} is drained: stopping it hands the ACTIVE role to another node")]
 
 
-def _start_active(view: ShardView) -> list[Action]:
+def _start_active(view: InstanceView) -> list[Action]:
     lease = view.lease
     standbys = _standby_preference(view, exclude=None)
     expired_for = lease.expired_for_s if lease else None
@@ -321,21 +321,21 @@ def _start_active(view: ShardView) -> list[Action]:
         if blocked:
             return [_budget_block(view, n) for n in blocked]
         if any(view.health(n).state == BLOCKED for n in view.nodes):
-            return [Blocked(None, f"no node may run plan {view.plan} shard {view.shard_id}: each is BLOCKED or "
+            return [Blocked(None, f"no node may run plan {view.plan} instance {view.instance}: each is BLOCKED or "
                                   "drained")]
-        return [Blocked(None, f"every node of plan {view.plan} shard {view.shard_id} is drained")]
+        return [Blocked(None, f"every node of plan {view.plan} instance {view.instance} is drained")]
     if view.standby in (WARM, COLD):
         target = _after(candidates, source)[0]
         why = (f"warm failover: {source} is {view.health(source).state}" if source in view.instances
                and source != target else "no ACTIVE instance runs")
     else:
         target = source if source in candidates else candidates[0]
-        why = "no instance of the shard runs"
+        why = "no instance of the instance runs"
     resync = source if source is not None and source != target and source in view.nodes else None
     return [Launch(target, ACTIVE, why, resync_from=resync)]
 
 
-def _warm_standby(view: ShardView, active: str) -> list[Action]:
+def _warm_standby(view: InstanceView, active: str) -> list[Action]:
     """Warm mode: one standby runs, WARM, on the first node after the active that may run it."""
     standbys = [n for n in _after(view.candidates, active) if n != active]
     if any(view.alive(n) for n in standbys):
@@ -347,7 +347,7 @@ def _warm_standby(view: ShardView, active: str) -> list[Action]:
     return [_budget_block(view, standbys[0])] if standbys else []
 
 
-def _hot_standbys(view: ShardView, active: str) -> list[Action]:
+def _hot_standbys(view: InstanceView, active: str) -> list[Action]:
     actions: list[Action] = []
     standbys = [n for n in view.candidates if n != active]
     has_passive = any(view.alive(n) and standby_role(view.health(n)) == PASSIVE for n in standbys)

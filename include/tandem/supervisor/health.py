@@ -53,8 +53,8 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class InstanceObservation:
-    """What the observer saw of one instance (ages in seconds at the moment of observation).
+class NodeObservation:
+    """What the observer saw of an instance on one node (ages in seconds at the moment of observation).
 
     Attributes:
         node: the node the instance runs on.
@@ -114,7 +114,7 @@ def _age(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:.1f}s ago"
 
 
-def evaluate(obs: InstanceObservation, limits: Thresholds) -> InstanceHealth:
+def evaluate(obs: NodeObservation, limits: Thresholds) -> InstanceHealth:
     """Decide the health of one instance from one observation (pure)."""
 
     def verdict(state: str, evidence: str) -> InstanceHealth:

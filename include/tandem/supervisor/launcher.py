@@ -1,7 +1,7 @@
 """Launch plan instances as detached ``spark-submit`` processes and wait for them to run.
 
 Purpose
-    A streaming plan instance (plan × shard × node) runs for days; the task that starts it must
+    A streaming plan instance (plan × instance × node) runs for days; the task that starts it must
     not wait for it. ``SparkSubmitOperator`` waits for ``spark-submit`` to exit whenever the driver
     runs in client mode (the only mode for PySpark on local and standalone masters), so Tandem
     starts the job itself and lets it outlive the caller.
@@ -12,7 +12,7 @@ How it works
     and lets the pure :func:`~tandem.supervisor.launch_decision.decide_launch` choose between reusing
     the job that is already there and launching a new one. A launch builds the command
     (:func:`~tandem.supervisor.submit_command.build_submit_command`), starts it in a new session (its
-    own process group) with output to ``<storage_root>/logs/<plan>/<shard>/<node>-<UTC time>.log``,
+    own process group) with output to ``<storage_root>/logs/<plan>/<instance>/<node>-<UTC time>.log``,
     and records it (status LAUNCHING, ``submit_pid``, log path); the driver's temporary files go to the
     instance's own scratch folder, emptied first (:func:`~tandem.supervisor.submit_command.scratch_dir`).
     The driver then records STARTING, RUNNING, its host, PID, Spark application id and a liveness beat
@@ -63,7 +63,7 @@ class LaunchError(TandemError):
 
 
 class LaunchRejected(LaunchError):
-    """The launch request itself is invalid (shard or node outside the plan, bad trigger interval)."""
+    """The launch request itself is invalid (instance or node outside the plan, bad trigger interval)."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ class LaunchedJob:
 
 
 def log_path_for(cluster: ClusterConfig, key: InstanceKey, now: datetime) -> Path:
-    """``<storage_root>/logs/<plan>/<shard>/<node>-<UTC timestamp>.log``."""
+    """``<storage_root>/logs/<plan>/<instance>/<node>-<UTC timestamp>.log``."""
     stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
-    return logs_dir(cluster, key.plan, key.shard_id) / f"{key.node}-{stamp}.log"
+    return logs_dir(cluster, key.plan, key.instance) / f"{key.node}-{stamp}.log"
 
 
 def _resolve_plan(plan: PlanConfig | str, cluster: ClusterConfig) -> PlanConfig:
@@ -107,7 +107,7 @@ def _trigger_seconds(plan: PlanConfig, trigger_interval: str | float | None) -> 
         raise LaunchRejected(f"trigger interval: {exc}") from None
 
 
-def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
+def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: str, node: str,
                     trigger_interval: str | float | None = None, *, role: str = ACTIVE,
                     launched_by: str | None = None, py_files: Path | None = None,
                     application: Path | None = None) -> LaunchedJob:
@@ -122,13 +122,13 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
         application: the entry point (default ``<project_root>/jobs/run_plan.py``).
 
     Raises:
-        LaunchRejected: an unknown node, a shard or node outside the plan, a bad trigger interval.
+        LaunchRejected: an unknown node, an instance or node outside the plan, a bad trigger interval.
         LaunchError: missing ``dist/tandem.zip`` or entry point, ``spark-submit`` could not start.
     """
     plan = _resolve_plan(plan, cluster)
     try:
         node_config = cluster.node(plan.check_node(node))
-        plan.check_shard(shard_id)
+        plan.check_instance(instance)
     except ConfigError as exc:
         raise LaunchRejected(str(exc)) from None
     interval = _trigger_seconds(plan, trigger_interval)
@@ -138,7 +138,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
         raise LaunchError(f"{py_files} not found: run `make dist` to build the tandem package for spark-submit")
     if not application.is_file():
         raise LaunchError(f"{application} not found: the spark-submit entry point is missing")
-    key = InstanceKey(plan.name, shard_id, node)
+    key = InstanceKey(plan.name, instance, node)
     launched_by = launched_by or f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
 
     with Database(cluster.database_url, "tandem-launcher") as db:
@@ -178,7 +178,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: st
                 record_launch(db, key, submit_pid=process.pid, submit_started_at=process_start_time(process.pid),
                               log_path=str(log_path), launched_by=launched_by,
                               trigger_interval_s=interval,
-                              checkpoint_root=str(checkpoint_dir(cluster, plan.name, shard_id, node, "")))
+                              checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")))
             except Exception:
                 kill_group(process.pid, signal.SIGKILL)
                 raise
@@ -204,17 +204,17 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def instance_key(plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+def instance_key(plan: PlanConfig | InstanceKey | str, instance: str | None = None,
                  node: str | None = None) -> InstanceKey:
-    """The key of an instance given as (plan, shard, node), an ``InstanceKey`` or ``"plan/shard/node"``."""
+    """The key of an instance given as (plan, instance, node), an ``InstanceKey`` or ``"plan/instance/node"``."""
     if isinstance(plan, InstanceKey):
         return plan
     name = plan.name if isinstance(plan, PlanConfig) else plan
-    if shard_id is None and node is None and name.count("/") == 2:
-        name, shard_id, node = name.split("/")
-    if not shard_id or not node:
-        raise ValueError(f"an instance needs a plan, a shard and a node (got {name!r}, {shard_id!r}, {node!r})")
-    return InstanceKey(name, shard_id, node)
+    if instance is None and node is None and name.count("/") == 2:
+        name, instance, node = name.split("/")
+    if not instance or not node:
+        raise ValueError(f"an instance needs a plan, an instance and a node (got {name!r}, {instance!r}, {node!r})")
+    return InstanceKey(name, instance, node)
 
 
 def log_tail(path: str | Path | None, lines: int = 40) -> str:
@@ -238,17 +238,17 @@ EXIT_CONFIRM_S = 1.0
 """How long a launched process that looked gone must stay gone before the launch counts as failed."""
 
 
-def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+def wait_until_running(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, instance: str | None = None,
                        node: str | None = None, *, timeout_s: float = 180.0, poll_s: float = 1.0) -> dict[str, Any]:
     """Poll the instance row until RUNNING and return it.
 
-    The instance is ``(plan, shard_id, node)``, an ``InstanceKey`` or an instance id.
+    The instance is ``(plan, instance, node)``, an ``InstanceKey`` or an instance id.
 
     Raises:
         LaunchError: with the tail of the log file, when the instance FAILED or STOPPED, its
             process died before RUNNING, or ``timeout_s`` passed.
     """
-    key = instance_key(plan, shard_id, node)
+    key = instance_key(plan, instance, node)
     deadline = time.monotonic() + timeout_s
     with Database(cluster.database_url, "tandem-launcher") as db:
         while True:

@@ -55,10 +55,10 @@ class NodeLaunch:
 class NodeHost(Protocol):
     """Carries out the supervisor's launches and stops of a node's instance on the node's own host."""
 
-    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+    def launch(self, instance: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
         """Stop the node's instance if it runs, re-sync it from ``resync_from`` (when given), launch it in ``role``."""
 
-    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
+    def stop(self, instance: str, node: str, timeout_s: float) -> StopResult:
         """Stop the node's instance; SIGKILL what is left after ``timeout_s``."""
 
 
@@ -72,13 +72,13 @@ class ThisHost:
     py_files: Path | None = None
     logger: logging.Logger | logging.LoggerAdapter = log
 
-    def launch(self, shard_id: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
-        return resync_then_launch(self.cluster, self.plan, shard_id, node, role=role, resync_from=resync_from,
+    def launch(self, instance: str, node: str, role: str, resync_from: str | None) -> NodeLaunch:
+        return resync_then_launch(self.cluster, self.plan, instance, node, role=role, resync_from=resync_from,
                                   replace=True, launched_by=self.launched_by, py_files=self.py_files,
                                   logger=self.logger)
 
-    def stop(self, shard_id: str, node: str, timeout_s: float) -> StopResult:
-        return stop_instance(self.cluster, self.plan, shard_id, node, timeout_s=timeout_s)
+    def stop(self, instance: str, node: str, timeout_s: float) -> StopResult:
+        return stop_instance(self.cluster, self.plan, instance, node, timeout_s=timeout_s)
 
 
 def expired(deadline: datetime | None, now: datetime) -> bool:
@@ -93,7 +93,7 @@ def check_deadline(deadline: datetime | None, now: datetime, what: str) -> None:
                              "the supervisor has decided again since, nothing was done")
 
 
-def resync_then_launch(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str, *, role: str,
+def resync_then_launch(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str, *, role: str,
                        resync_from: str | None = None, replace: bool = False,
                        trigger_interval: str | float | None = None, launched_by: str | None = None,
                        py_files: Path | None = None,
@@ -106,13 +106,13 @@ def resync_then_launch(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, 
     """
     logger = logger or log
     if replace:
-        stopped = stop_instance(cluster, plan, shard_id, node, timeout_s=REPLACE_STOP_TIMEOUT_S,
+        stopped = stop_instance(cluster, plan, instance, node, timeout_s=REPLACE_STOP_TIMEOUT_S,
                                 requested_by=launched_by)
         logger.info("before the launch of %s: %s (%s)", node, stopped.detail, stopped.status)
     cut = None
     if resync_from:
         with Database(cluster.database_url, "tandem-resync") as db:
-            cut = resync_recorded(db, cluster, plan, shard_id, resync_from, node, logger)
-    job = launch_instance(cluster, plan, shard_id, node, trigger_interval, role=role, launched_by=launched_by,
+            cut = resync_recorded(db, cluster, plan, instance, resync_from, node, logger)
+    job = launch_instance(cluster, plan, instance, node, trigger_interval, role=role, launched_by=launched_by,
                           py_files=py_files)
     return NodeLaunch(job, cut)

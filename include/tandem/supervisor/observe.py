@@ -1,4 +1,4 @@
-"""Observe one (plan, shard): read PostgreSQL, the landing directory and, for an instance quiet long enough to be
+"""Observe one (plan, instance): read PostgreSQL, the landing directory and, for an instance quiet long enough to be
 stalled, the messages of its ``nats`` streams it has not read; evaluate health (read-only).
 
 The result feeds :func:`tandem.supervisor.decisions.decide` (the supervisor), the supervision
@@ -17,18 +17,18 @@ from tandem.messaging import JetStream, stream_name
 from tandem.messaging.jetstream import unread_since
 from tandem.messaging.wire import ProtocolError
 from tandem.store.db import Database
-from tandem.store.supervision import ShardRows, read_shard
-from tandem.supervisor.decisions import LeaseView, ShardView
-from tandem.supervisor.health import InstanceObservation, Thresholds, evaluate
+from tandem.store.supervision import InstanceRows, read_instance
+from tandem.supervisor.decisions import LeaseView, InstanceView
+from tandem.supervisor.health import NodeObservation, Thresholds, evaluate
 
 
 @dataclass(frozen=True)
-class ShardObservation:
-    """One observation of a (plan, shard): the view the decisions take, and what it was made from."""
+class InstanceObservation:
+    """One observation of a (plan, instance): the view the decisions take, and what it was made from."""
 
-    view: ShardView
-    observations: dict[str, InstanceObservation]
-    rows: ShardRows
+    view: InstanceView
+    observations: dict[str, NodeObservation]
+    rows: InstanceRows
 
 
 def thresholds(plan: PlanConfig) -> Thresholds:
@@ -48,14 +48,14 @@ def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> f
     return max(0.0, now_epoch - min(newer)) if newer else None
 
 
-def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str) -> float | None:
+def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str) -> float | None:
     """When the oldest message of the instance's ``nats`` streams that ``node``'s queries have not read (by their last
     committed batch) was published, as a POSIX time; ``None`` when there is none (or the messaging layer does not
     answer: the source itself waits for it and fails the query if it stays away)."""
     streams = [name for name, stream in plan.streams.items()
-               if stream.source == "nats" and plan.partitions(shard_id, name)]
+               if stream.source == "nats" and plan.partitions(instance, name)]
     committed = [source_offsets(query_dir / "offsets" / str(batch))
-                 for query_dir in (query_dirs(checkpoint_dir(cluster, plan.name, shard_id, node)).values()
+                 for query_dir in (query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).values()
                                    if streams else ())
                  if (batch := committed_batch(query_dir)) is not None]  # a query without one: judged by its start
     found: list[float] = []
@@ -69,7 +69,7 @@ def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, shard_id: st
             with JetStream(nats, name="tandem-observe", timeout_s=5.0) as js:
                 for offsets in readers:
                     found += [t.timestamp() for t in unread_since(js, nats.prefix, name,
-                                                                  plan.partitions(shard_id, name), offsets)]
+                                                                  plan.partitions(instance, name), offsets)]
         except (OSError, ProtocolError):
             continue
     return min(found, default=None)
@@ -81,47 +81,47 @@ unread message only changes when a batch reads it, and a poller observes each se
 _unread: dict[tuple[str, str, str], tuple[float | None, float, float | None]] = {}
 
 
-def _remembered_unread(cluster: ClusterConfig, plan: PlanConfig, shard_id: str, node: str,
+def _remembered_unread(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str,
                        batch_start: float | None) -> float | None:
-    key = (plan.name, shard_id, node)
+    key = (plan.name, instance, node)
     known = _unread.get(key)
     if known is not None and known[0] == batch_start and time.monotonic() - known[1] < UNREAD_RECHECK_S:
         return known[2]
-    unread = unread_messages_since(cluster, plan, shard_id, node)
+    unread = unread_messages_since(cluster, plan, instance, node)
     _unread[key] = (batch_start, time.monotonic(), unread)
     return unread
 
 
-def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
-                  inputs: InputMtimes | None = None) -> ShardObservation:
-    """Read one (plan, shard) and evaluate every configured node's instance (``inputs``: what a poller remembers of
+def observe_instance(db: Database, cluster: ClusterConfig, plan: PlanConfig, instance: str,
+                  inputs: InputMtimes | None = None) -> InstanceObservation:
+    """Read one (plan, instance) and evaluate every configured node's instance (``inputs``: what a poller remembers of
     the landing folders between observations)."""
     inputs = inputs or InputMtimes()
     window = progress_window_s(plan)
-    rows = read_shard(db, plan.name, shard_id, progress_window_s=window, launch_window_s=plan.ha.launch_window_s)
+    rows = read_instance(db, plan.name, instance, progress_window_s=window, launch_window_s=plan.ha.launch_window_s)
     limits = thresholds(plan)
     mtimes: list[float] | None = None
-    observations: dict[str, InstanceObservation] = {}
+    observations: dict[str, NodeObservation] = {}
     for node in plan.nodes:
         row = rows.instances.get(node)
         if row is None:
-            observations[node] = InstanceObservation(node, None)
+            observations[node] = NodeObservation(node, None)
             continue
         batch_start = rows.last_batch_start_epoch.get(node)
         waiting = None
         if row["status"] == "RUNNING":
             if mtimes is None:
-                mtimes = [m for directories in instance_landing_dirs(cluster, plan, shard_id).values()
+                mtimes = [m for directories in instance_landing_dirs(cluster, plan, instance).values()
                           for directory in directories for m in inputs.of(directory).values()]
             since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
             waiting = oldest_after(mtimes, since, time.time())
             quiet_s = rows.now_epoch - (batch_start if batch_start is not None else (row["started_epoch"] or 0.0))
             if quiet_s >= limits.stall_timeout_s:  # only then can it be stalled: the messaging layer is asked then
-                unread = _remembered_unread(cluster, plan, shard_id, node, batch_start)
+                unread = _remembered_unread(cluster, plan, instance, node, batch_start)
                 if unread is not None:
                     age = max(0.0, time.time() - unread)
                     waiting = age if waiting is None else max(waiting, age)
-        observations[node] = InstanceObservation(
+        observations[node] = NodeObservation(
             node=node, status=row["status"], role=row["role"], epoch=int(row["epoch"] or 0), error=row["error"],
             failure=row.get("failure"), failure_repeats=int(row.get("failure_repeats") or 0),
             beat_age_s=row["beat_age_s"], launched_age_s=row["launched_age_s"], started_age_s=row["started_age_s"],
@@ -133,11 +133,11 @@ def observe_shard(db: Database, cluster: ClusterConfig, plan: PlanConfig, shard_
         valid = bool(rows.lease["valid"]) and rows.lease["holder"] is not None
         lease = LeaseView(rows.lease["holder"], int(rows.lease["epoch"]), valid,
                           None if valid else max(0.0, float(rows.lease["expired_for_s"])))
-    view = ShardView(
-        plan=plan.name, shard_id=shard_id, nodes=plan.nodes, standby=plan.ha.standby,
+    view = InstanceView(
+        plan=plan.name, instance=instance, nodes=plan.nodes, standby=plan.ha.standby,
         lease_ttl_s=plan.heartbeat.timeout_s,
         instances={node: evaluate(obs, limits) for node, obs in observations.items()},
         lease=lease, drained=rows.drained, recent_launches=rows.recent_launches, max_launches=plan.ha.max_launches,
     )
-    return ShardObservation(view, observations, rows)
+    return InstanceObservation(view, observations, rows)
 

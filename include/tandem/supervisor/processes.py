@@ -27,12 +27,12 @@ _children: dict[int, subprocess.Popen] = {}  # processes this interpreter starte
 
 
 def is_instance_cmdline(cmdline: Iterable[str], key: InstanceKey) -> bool:
-    """Whether a process command line runs ``run_plan.py`` for exactly this instance (pure; ``--shard``, the
+    """Whether a process command line runs ``run_plan.py`` for exactly this instance (pure; ``--instance``, the
     instance's flag before ``--instance``, still counts: a driver launched before an upgrade is still known)."""
-    args = ["--instance" if arg == "--shard" else arg for arg in cmdline]
+    args = ["--instance" if arg == "--instance" else arg for arg in cmdline]
     if not any(arg.endswith(APPLICATION_SCRIPT) for arg in args):
         return False
-    wanted = {"--plan": key.plan, "--node": key.node, "--instance": key.shard_id}
+    wanted = {"--plan": key.plan, "--node": key.node, "--instance": key.instance}
     found = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag in wanted}
     return found == wanted
 

@@ -1,7 +1,7 @@
 """Act on the decisions: the supervisor's reconcile loop and the operator's actions.
 
 Purpose
-    Bring a (plan, shard) to "one live ACTIVE, its standbys in their roles" after a failure, and
+    Bring a (plan, instance) to "one live ACTIVE, its standbys in their roles" after a failure, and
     carry out the operator's failover / drain / restart, with every decision written to
     ``tandem.failover_events`` and to the caller's log.
 
@@ -13,7 +13,7 @@ How it works
     Acting goes through the launcher (idempotent detached ``spark-submit``, ``stop_instance``)
     and :func:`~tandem.resync.resync_instance`; a launch waits until the instance
     reports RUNNING, so the next round sees the world it made. One PostgreSQL advisory lock per
-    (plan, shard) serialises the supervision DAG and the ops DAG.
+    (plan, instance) serialises the supervision DAG and the ops DAG.
 
 What it does not do
     It does not promote a hot standby (its role controller does); it only waits for it, and
@@ -56,7 +56,7 @@ from tandem.supervisor.decisions import (
 from tandem.checkpoints import CheckpointError
 from tandem.supervisor.launcher import LaunchError, wait_until_running
 from tandem.supervisor.node_actions import NodeHost, ThisHost
-from tandem.supervisor.observe import ShardObservation, observe_shard
+from tandem.supervisor.observe import InstanceObservation, observe_instance
 
 
 
@@ -79,10 +79,10 @@ class StepResult:
 
 @dataclass
 class Report:
-    """What one reconcile (or operator action) did for one (plan, shard)."""
+    """What one reconcile (or operator action) did for one (plan, instance)."""
 
     plan: str
-    shard_id: str
+    instance: str
     steps: list[StepResult] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
     converged: bool = False
@@ -93,21 +93,21 @@ class Report:
         return [s for s in self.steps if not s.ok and not isinstance(s.action, AwaitPromotion)]
 
     def lines(self) -> list[str]:
-        head = (f"{self.plan}/{self.shard_id}: {len(self.steps)} action(s) in {self.rounds} round(s), "
+        head = (f"{self.plan}/{self.instance}: {len(self.steps)} action(s) in {self.rounds} round(s), "
                 f"{'converged' if self.converged else 'NOT converged'}")
         return [head, *("  " + s.line() for s in self.steps), *("  " + b.describe() for b in self.blocked)]
 
 
-def shard_lock(database_url: str, plan: str, shard_id: str) -> AdvisoryLock:
-    """The advisory lock that serialises supervision of one (plan, shard): reconcile, ops actions, restore.
+def instance_lock(database_url: str, plan: str, instance: str) -> AdvisoryLock:
+    """The advisory lock that serialises supervision of one (plan, instance): reconcile, ops actions, restore.
 
     Whoever holds it calls ``check()`` before each action: the lock dies with its PostgreSQL session.
     """
-    return AdvisoryLock(database_url, "supervise", f"{plan}/{shard_id}")
+    return AdvisoryLock(database_url, "supervise", f"{plan}/{instance}")
 
 
 class Supervisor:
-    """Observe → decide → act for the shards of one plan.
+    """Observe → decide → act for the instances of one plan.
 
     Args:
         launched_by: recorded on instances launched here (the default ``node_host``).
@@ -146,44 +146,44 @@ class Supervisor:
 
     # -- observe / decide --------------------------------------------------------------------
 
-    def observe(self, shard_id: str) -> ShardObservation:
-        return observe_shard(self.db, self.cluster, self.plan, shard_id)
+    def observe(self, instance: str) -> InstanceObservation:
+        return observe_instance(self.db, self.cluster, self.plan, instance)
 
     @contextmanager
-    def holding_lock(self, shard_id: str) -> Iterator[AdvisoryLock]:
-        """Hold the shard's supervision lock; :meth:`execute` checks it before every action."""
-        with shard_lock(self.cluster.database_url, self.plan.name, shard_id) as lock:
+    def holding_lock(self, instance: str) -> Iterator[AdvisoryLock]:
+        """Hold the instance's supervision lock; :meth:`execute` checks it before every action."""
+        with instance_lock(self.cluster.database_url, self.plan.name, instance) as lock:
             self._lock = lock
             try:
                 yield lock
             finally:
                 self._lock = None
 
-    def reconcile(self, shard_id: str, *, cause: str = "", max_rounds: int = 8) -> Report:
-        """Act until the shard needs nothing more (or is blocked, or an action failed)."""
-        with self.holding_lock(shard_id):
-            return self._reconcile(shard_id, cause, max_rounds)
+    def reconcile(self, instance: str, *, cause: str = "", max_rounds: int = 8) -> Report:
+        """Act until the instance needs nothing more (or is blocked, or an action failed)."""
+        with self.holding_lock(instance):
+            return self._reconcile(instance, cause, max_rounds)
 
-    def _reconcile(self, shard_id: str, cause: str, max_rounds: int, report: Report | None = None) -> Report:
-        report = report or Report(self.plan.name, shard_id)
+    def _reconcile(self, instance: str, cause: str, max_rounds: int, report: Report | None = None) -> Report:
+        report = report or Report(self.plan.name, instance)
         seen_blocked: set[str] = set()
         for _ in range(max_rounds):
             report.rounds += 1
-            observation = self.observe(shard_id)
+            observation = self.observe(instance)
             actions = decide(observation.view)
             for health in observation.view.instances.values():
-                self.log.info("%s/%s %s: %s (%s)", self.plan.name, shard_id, health.node, health.state, health.evidence)
+                self.log.info("%s/%s %s: %s (%s)", self.plan.name, instance, health.node, health.state, health.evidence)
             for blocked in (a for a in actions if isinstance(a, Blocked)):
                 if blocked.describe() not in seen_blocked:
                     seen_blocked.add(blocked.describe())
                     report.blocked.append(blocked)
-                    self._record(shard_id, blocked, cause)
+                    self._record(instance, blocked, cause)
             todo = [a for a in actions if not isinstance(a, Blocked)]
             if not todo:
                 report.converged = not report.blocked
                 return report
             for action in todo:
-                result = self.execute(shard_id, action, cause=cause)
+                result = self.execute(instance, action, cause=cause)
                 report.steps.append(result)
                 if not result.ok and not isinstance(action, AwaitPromotion):
                     return report
@@ -191,91 +191,91 @@ class Supervisor:
 
     # -- act ---------------------------------------------------------------------------------
 
-    def execute(self, shard_id: str, action: Any, *, cause: str = "") -> StepResult:
+    def execute(self, instance: str, action: Any, *, cause: str = "") -> StepResult:
         """Carry out one action; record the decision first, then log the outcome (and record a failure).
 
         Raises:
-            LockLost: the shard's supervision lock is gone (another supervisor may act now): nothing was done.
+            LockLost: the instance's supervision lock is gone (another supervisor may act now): nothing was done.
         """
-        self._check_lock(shard_id, action)
-        self._record(shard_id, action, cause)
-        self.log.info("%s/%s decision: %s", self.plan.name, shard_id, action.describe())
+        self._check_lock(instance, action)
+        self._record(instance, action, cause)
+        self.log.info("%s/%s decision: %s", self.plan.name, instance, action.describe())
         try:
             if isinstance(action, Stop):
-                result = self._stop(shard_id, action)
+                result = self._stop(instance, action)
             elif isinstance(action, Launch):
-                result = self._launch(shard_id, action)
+                result = self._launch(instance, action)
             elif isinstance(action, HandOver):
-                result = self._hand_over(shard_id, action)
+                result = self._hand_over(instance, action)
             elif isinstance(action, AwaitPromotion):
-                result = self._await(shard_id, action)
+                result = self._await(instance, action)
             elif isinstance(action, Block):
-                result = self._block(shard_id, action)
+                result = self._block(instance, action)
             else:
                 raise TypeError(f"unknown action {action!r}")
         except (LaunchError, CheckpointError, TandemError) as exc:
             result = StepResult(action, False, f"{type(exc).__name__}: {exc}")
         log = self.log.info if result.ok else self.log.warning
-        log("%s/%s %s", self.plan.name, shard_id, result.line())
+        log("%s/%s %s", self.plan.name, instance, result.line())
         if not result.ok:
-            mark(self.db, self.plan.name, shard_id, "ACTION_FAILED", result.detail[:2000], node=action.node,
+            mark(self.db, self.plan.name, instance, "ACTION_FAILED", result.detail[:2000], node=action.node,
                  detail={"decision": action.describe(), **result.data})
         return result
 
-    def _check_lock(self, shard_id: str, action: Any) -> None:
+    def _check_lock(self, instance: str, action: Any) -> None:
         if self._lock is None:
             return
         try:
             self._lock.check()
         except LockLost as exc:
-            self.log.error("%s/%s: %s; not carrying out: %s", self.plan.name, shard_id, exc, action.describe())
+            self.log.error("%s/%s: %s; not carrying out: %s", self.plan.name, instance, exc, action.describe())
             try:
-                mark(self.db, self.plan.name, shard_id, "LOCK_LOST", f"{exc}; stopped before: {action.describe()}",
+                mark(self.db, self.plan.name, instance, "LOCK_LOST", f"{exc}; stopped before: {action.describe()}",
                      node=action.node)
             except TandemError:  # PostgreSQL itself may be gone: the log line above is the record
                 pass
             raise
 
-    def _record(self, shard_id: str, action: Any, cause: str) -> None:
+    def _record(self, instance: str, action: Any, cause: str) -> None:
         detail = {"decision": action.describe()}
         if cause:
             detail["cause"] = cause
         if isinstance(action, Launch):
             detail.update(role=action.role, resync_from=action.resync_from)
-        mark(self.db, self.plan.name, shard_id, action.kind, action.reason, node=action.node, detail=detail)
+        mark(self.db, self.plan.name, instance, action.kind, action.reason, node=action.node, detail=detail)
 
-    def _stop(self, shard_id: str, action: Stop) -> StepResult:
-        stopped = self.node_host.stop(shard_id, action.node, action.timeout_s)
+    def _stop(self, instance: str, action: Stop) -> StepResult:
+        stopped = self.node_host.stop(instance, action.node, action.timeout_s)
         return StepResult(action, True, f"{stopped.detail} ({stopped.status})",
                           {"status": stopped.status, "graceful": stopped.graceful})
 
-    def _launch(self, shard_id: str, action: Launch) -> StepResult:
-        launched = self.node_host.launch(shard_id, action.node, action.role, action.resync_from)
+    def _launch(self, instance: str, action: Launch) -> StepResult:
+        launched = self.node_host.launch(instance, action.node, action.role, action.resync_from)
         data: dict[str, Any] = {"role": action.role, **launched.data()}
-        row = wait_until_running(self.cluster, self.plan, shard_id, action.node, timeout_s=self.running_timeout_s)
+        row = wait_until_running(self.cluster, self.plan, instance, action.node, timeout_s=self.running_timeout_s)
         data.update(pid=row["pid"], spark_app_id=row["spark_app_id"])
         return StepResult(action, True, f"RUNNING as {action.role}: pid {row['pid']}, log {row['log_path']}", data)
 
-    def _block(self, shard_id: str, action: Block) -> StepResult:
-        key = InstanceKey(self.plan.name, shard_id, action.node)
+    def _block(self, instance: str, action: Block) -> StepResult:
+        key = InstanceKey(self.plan.name, instance, action.node)
         if not block(self.db, key, action.reason[:2000]):
             return StepResult(action, False, f"{key.id} is no longer FAILED: left as it is")
         return StepResult(action, True, f"{key.id} is BLOCKED")
 
-    def _hand_over(self, shard_id: str, action: HandOver) -> StepResult:
-        epoch = hand_over(self.db, self.plan.name, shard_id, action.from_node, action.epoch, action.to_node,
+    def _hand_over(self, instance: str, action: HandOver) -> StepResult:
+        epoch = hand_over(self.db, self.plan.name, instance, action.from_node, action.epoch, action.to_node,
                           action.reason)
         if epoch is None:
             return StepResult(action, False, f"{action.from_node} no longer holds the lease at epoch {action.epoch}")
         return StepResult(action, True, f"lease names {action.to_node} at epoch {epoch}", {"epoch": epoch})
 
-    def _await(self, shard_id: str, action: AwaitPromotion) -> StepResult:
+    def _await(self, instance: str, action: AwaitPromotion) -> StepResult:
         start = time.monotonic()
         while True:
-            lease = read_lease(self.db, self.plan.name, shard_id)
+            lease = read_lease(self.db, self.plan.name, instance)
             if lease and lease.holder and lease.expired_for_s < 0 and (
                     lease.holder != action.previous_holder or lease.epoch > action.previous_epoch):
-                row = instance_role(self.db, self.plan.name, shard_id, lease.holder)
+                row = instance_role(self.db, self.plan.name, instance, lease.holder)
                 if row and row["role"] == ACTIVE and int(row["epoch"]) == lease.epoch:
                     waited = time.monotonic() - start
                     return StepResult(action, True, f"{lease.holder} is ACTIVE at epoch {lease.epoch} "
@@ -289,63 +289,63 @@ class Supervisor:
 
     # -- operator actions --------------------------------------------------------------------
 
-    def fail_over_now(self, shard_id: str, to_node: str | None = None, reason: str = "operator: failover now") -> Report:
+    def fail_over_now(self, instance: str, to_node: str | None = None, reason: str = "operator: failover now") -> Report:
         """Move the ACTIVE role off its node now: hand it to a live hot standby (``to_node`` preferred),
         or (warm) stop it and start the plan on another node from a cut of its checkpoint."""
-        with self.holding_lock(shard_id):
-            report = Report(self.plan.name, shard_id)
-            view = self.observe(shard_id).view
+        with self.holding_lock(instance):
+            report = Report(self.plan.name, instance)
+            view = self.observe(instance).view
             active = view.active
             if active is None:
-                raise OpsRefused(f"{self.plan.name}/{shard_id} has no live ACTIVE instance to fail over from")
-            mark(self.db, self.plan.name, shard_id, "FAILOVER_NOW", reason, node=active)
+                raise OpsRefused(f"{self.plan.name}/{instance} has no live ACTIVE instance to fail over from")
+            mark(self.db, self.plan.name, instance, "FAILOVER_NOW", reason, node=active)
             epoch = view.lease.epoch
             takers = [n for n in view.candidates if n != active and view.alive(n)]
             if view.standby == HOT:
                 if not takers:
-                    raise OpsRefused(f"{self.plan.name}/{shard_id}: no live standby to fail over to")
+                    raise OpsRefused(f"{self.plan.name}/{instance}: no live standby to fail over to")
                 takers.sort(key=lambda n: (n != to_node, view.health(n).role == BACKUP))
                 for action in (HandOver(active, takers[0], epoch, reason),
                                AwaitPromotion(active, epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
-                    result = self.execute(shard_id, action, cause=reason)
+                    result = self.execute(instance, action, cause=reason)
                     report.steps.append(result)
                     if not result.ok:
                         return report
                 report.rounds = 1
-                return self._reconcile(shard_id, reason, 8, report)
+                return self._reconcile(instance, reason, 8, report)
             if not [n for n in view.candidates if n != active]:
-                raise OpsRefused(f"{self.plan.name}/{shard_id}: no other node to fail over to")
-            report.steps.append(self.execute(shard_id, Stop(active, reason), cause=reason))
-            return self._reconcile(shard_id, reason, 8, report)
+                raise OpsRefused(f"{self.plan.name}/{instance}: no other node to fail over to")
+            report.steps.append(self.execute(instance, Stop(active, reason), cause=reason))
+            return self._reconcile(instance, reason, 8, report)
 
-    def drain(self, shard_id: str, node: str, reason: str = "operator: drain node") -> Report:
-        """Keep ``node`` out of the shard: hand its ACTIVE role to another node, then stop its instance."""
+    def drain(self, instance: str, node: str, reason: str = "operator: drain node") -> Report:
+        """Keep ``node`` out of the instance: hand its ACTIVE role to another node, then stop its instance."""
         self._check_node(node)
-        with self.holding_lock(shard_id):
-            mark(self.db, self.plan.name, shard_id, DRAINED, reason, node=node)
-            return self._reconcile(shard_id, reason, 8)
+        with self.holding_lock(instance):
+            mark(self.db, self.plan.name, instance, DRAINED, reason, node=node)
+            return self._reconcile(instance, reason, 8)
 
-    def restart(self, shard_id: str, node: str, reason: str = "operator: restart node") -> Report:
+    def restart(self, instance: str, node: str, reason: str = "operator: restart node") -> Report:
         """Stop ``node``'s instance (failing over first if it is ACTIVE) and bring it back as a standby, re-synced."""
         self._check_node(node)
-        with self.holding_lock(shard_id):
-            report = Report(self.plan.name, shard_id)
-            view = self.observe(shard_id).view
+        with self.holding_lock(instance):
+            report = Report(self.plan.name, instance)
+            view = self.observe(instance).view
             if node in view.drained:
-                mark(self.db, self.plan.name, shard_id, UNDRAINED, reason, node=node)
-            mark(self.db, self.plan.name, shard_id, RESTARTED, reason, node=node)
-            clear_failures(self.db, InstanceKey(self.plan.name, shard_id, node))
+                mark(self.db, self.plan.name, instance, UNDRAINED, reason, node=node)
+            mark(self.db, self.plan.name, instance, RESTARTED, reason, node=node)
+            clear_failures(self.db, InstanceKey(self.plan.name, instance, node))
             takers = [n for n in view.candidates if n != node and view.alive(n)]
             if view.active == node and view.standby == HOT and takers:
                 takers.sort(key=lambda n: 0 if view.health(n).role != BACKUP else 1)
                 for action in (HandOver(node, takers[0], view.lease.epoch, reason),
                                AwaitPromotion(node, view.lease.epoch, takeover_deadline_s(view.lease_ttl_s), reason)):
-                    result = self.execute(shard_id, action, cause=reason)
+                    result = self.execute(instance, action, cause=reason)
                     report.steps.append(result)
                     if not result.ok:
                         return report
-            report.steps.append(self.execute(shard_id, Stop(node, reason), cause=reason))
-            return self._reconcile(shard_id, reason, 8, report)
+            report.steps.append(self.execute(instance, Stop(node, reason), cause=reason))
+            return self._reconcile(instance, reason, 8, report)
 
     def _check_node(self, node: str) -> None:
         try:
@@ -354,18 +354,18 @@ class Supervisor:
             raise OpsRefused(str(exc)) from None
 
 
-def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, shards: list[str], *,
+def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: str | None, instances: list[str], *,
                    launched_by: str, log: logging.Logger | logging.LoggerAdapter | None = None,
                    py_files: Path | None = None,
                    node_host: NodeHost | None = None) -> list[Report]:
-    """Carry out one operator action on the given shards of a plan; one report per shard."""
+    """Carry out one operator action on the given instances of a plan; one report per instance."""
     if action not in SUPERVISOR_ACTIONS:
         raise OpsRefused(f"unknown action {action!r} (expected one of {', '.join(SUPERVISOR_ACTIONS)})")
     if action != FAILOVER_NOW and not node:
         raise OpsRefused(f"{action} needs a node")
     try:
-        for shard in shards:
-            plan.check_shard(shard)
+        for instance in instances:
+            plan.check_instance(instance)
         if node:
             plan.check_node(node)
     except ConfigError as exc:
@@ -373,11 +373,11 @@ def run_ops_action(cluster: ClusterConfig, plan: PlanConfig, action: str, node: 
     reports = []
     with Supervisor(cluster, plan, launched_by=launched_by, log=log, py_files=py_files,
                     node_host=node_host) as supervisor:
-        for shard in shards:
+        for instance in instances:
             if action == FAILOVER_NOW:
-                reports.append(supervisor.fail_over_now(shard, to_node=node))
+                reports.append(supervisor.fail_over_now(instance, to_node=node))
             elif action == DRAIN_NODE:
-                reports.append(supervisor.drain(shard, node))
+                reports.append(supervisor.drain(instance, node))
             else:
-                reports.append(supervisor.restart(shard, node))
+                reports.append(supervisor.restart(instance, node))
     return reports

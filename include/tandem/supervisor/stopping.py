@@ -45,12 +45,12 @@ class StopResult:
     confirmed: bool = True
 
 
-def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, instance: str | None = None,
                   node: str | None = None, *, timeout_s: float = 30.0, poll_s: float = 0.5,
                   requested_by: str | None = None) -> StopResult:
     """Stop an instance wherever it runs: a stop request in PostgreSQL, and signals when it runs here.
 
-    The instance is ``(plan, shard_id, node)``, an ``InstanceKey`` or an instance id.
+    The instance is ``(plan, instance, node)``, an ``InstanceKey`` or an instance id.
 
     The stop request is read by the driver with its next liveness beat, on any host: it stops its
     queries and records STOPPED. On the host that recorded the instance its processes are also
@@ -60,7 +60,7 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
     host is then down or cut off, the row is set to STOPPED with that reason, and the request stays
     for the driver to obey if it ever comes back (its lease has expired: it cannot publish).
     """
-    key = instance_key(plan, shard_id, node)
+    key = instance_key(plan, instance, node)
     requested_by = requested_by or f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
     with Database(cluster.database_url, "tandem-launcher") as db:
         row = get_instance(db, key.id)
@@ -87,7 +87,7 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
         return StopResult(key.id, row["status"], graceful, detail, confirmed)
 
 
-def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, node: str,
+def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, instance: str, node: str,
                 launched_at: datetime | None, *, timeout_s: float = 30.0,
                 requested_by: str | None = None) -> StopResult:
     """:func:`stop_instance`, but only while the instance is still the launch of ``launched_at``
@@ -97,7 +97,7 @@ def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, n
     newer launch must not be ended by it. The check and the stop hold the instance's launch lock,
     so no launch slips in between.
     """
-    key = instance_key(plan, shard_id, node)
+    key = instance_key(plan, instance, node)
     with AdvisoryLock(cluster.database_url, "launch", key.id):
         with Database(cluster.database_url, "tandem-launcher") as db:
             row = get_instance(db, key.id)
@@ -105,7 +105,7 @@ def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, shard_id: str, n
             return StopResult(key.id, row["status"], True,
                               f"launched again at {row['launched_at'].isoformat()} since the stop was asked for "
                               f"(of the launch at {launched_at.isoformat()}): left alone")
-        return stop_instance(cluster, plan, shard_id, node, timeout_s=timeout_s, requested_by=requested_by)
+        return stop_instance(cluster, plan, instance, node, timeout_s=timeout_s, requested_by=requested_by)
 
 
 def _await_remote_stop(db: Database, cluster: ClusterConfig, key: InstanceKey, host: str, timeout_s: float,
@@ -130,13 +130,13 @@ def _await_remote_stop(db: Database, cluster: ClusterConfig, key: InstanceKey, h
         time.sleep(poll_s)
 
 
-def kill_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, shard_id: str | None = None,
+def kill_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, instance: str | None = None,
                   node: str | None = None, sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to every verified process of an instance at once (a crash, for demonstrations and drills).
 
     Returns how many processes were signalled. Nothing is recorded: the supervisor must find out.
     """
-    key = instance_key(plan, shard_id, node)
+    key = instance_key(plan, instance, node)
     with Database(cluster.database_url, "tandem-launcher") as db:
         row = get_instance(db, key.id)
     if row is None:

@@ -49,7 +49,7 @@ class SubmitCommand:
 
 def application_args(key: InstanceKey, trigger_interval_s: float, role: str = ACTIVE) -> list[str]:
     """The arguments of ``jobs/run_plan.py`` for one instance."""
-    return ["--plan", key.plan, "--node", key.node, "--instance", key.shard_id,
+    return ["--plan", key.plan, "--node", key.node, "--instance", key.instance,
             "--trigger-interval", spark_interval(trigger_interval_s), "--role", role]
 
 
@@ -106,7 +106,7 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
 
 
 def scratch_dir(cluster: ClusterConfig, key: InstanceKey) -> Path:
-    """The host-local folder of one instance's temporary files: ``<scratch root>/<plan>/<shard>/<node>``.
+    """The host-local folder of one instance's temporary files: ``<scratch root>/<plan>/<instance>/<node>``.
 
     Its driver's ``java.io.tmpdir`` and ``TMPDIR`` (:func:`child_environment`), so Spark's ``spark-*`` and
     ``blockmgr-*`` folders and the native libraries it extracts go there: on the launcher's host
@@ -114,7 +114,7 @@ def scratch_dir(cluster: ClusterConfig, key: InstanceKey) -> Path:
     local disk for them. :func:`reset_scratch_dir` empties it before each launch: a driver killed with SIGKILL
     cannot remove them itself, and a host that fails over often would otherwise fill its temp dir.
     """
-    return place_under(cluster.scratch_root, key.plan, key.shard_id, key.node, what="the scratch root")
+    return place_under(cluster.scratch_root, key.plan, key.instance, key.node, what="the scratch root")
 
 
 def reset_scratch_dir(place: Path) -> Path:

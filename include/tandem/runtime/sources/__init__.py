@@ -18,17 +18,17 @@ from tandem.runtime.sources import files, nats
 
 
 class SourceReader(Protocol):
-    def __call__(self, spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+    def __call__(self, spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str,
                  stream: str) -> DataFrame: ...
 
 
 SOURCE_KINDS: dict[str, SourceReader] = {"files": files.read, "nats": nats.read}
 
 
-def stream_lines(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str,
+def stream_lines(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str,
                  stream: str, folders: list[Path] | None = None) -> DataFrame:
-    """The lines of ``stream`` that instance ``shard_id`` reads, from the stream's declared source kind; or, given
+    """The lines of ``stream`` that instance ``instance`` reads, from the stream's declared source kind; or, given
     ``folders`` (a recomputation's gathered input of a ``files`` stream), the files in those."""
     if folders is not None:
         return files.landing_lines(spark, folders, plan.streams[stream].max_files_per_trigger)
-    return SOURCE_KINDS[plan.streams[stream].source](spark, cluster, plan, shard_id, stream)
+    return SOURCE_KINDS[plan.streams[stream].source](spark, cluster, plan, instance, stream)

@@ -11,9 +11,9 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.layout import instance_landing_dirs
 
 
-def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str) -> DataFrame:
-    """The lines of the landing folders of the partitions of ``stream`` that instance ``shard_id`` reads."""
-    directories = instance_landing_dirs(cluster, plan, shard_id)[stream]
+def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str) -> DataFrame:
+    """The lines of the landing folders of the partitions of ``stream`` that instance ``instance`` reads."""
+    directories = instance_landing_dirs(cluster, plan, instance)[stream]
     return landing_lines(spark, directories, plan.streams[stream].max_files_per_trigger)
 
 

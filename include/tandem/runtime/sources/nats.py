@@ -66,13 +66,13 @@ SCHEMA = "raw string, source_file string"
 _ARROW_SCHEMA = pa.schema([("raw", pa.string()), ("source_file", pa.string())])
 
 
-def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, shard_id: str, stream: str) -> DataFrame:
-    """The messages of the partitions of ``stream`` that instance ``shard_id`` reads, as lines; the stream's
+def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str) -> DataFrame:
+    """The messages of the partitions of ``stream`` that instance ``instance`` reads, as lines; the stream's
     JetStream stream is created first, or checked against the declaration."""
     nats = nats_of(cluster, plan, stream)
     ensure_declared(nats, plan, stream)
     spark.dataSource.register(NatsSource)
-    subjects = [partition_subject(nats.prefix, stream, p) for p in plan.partitions(shard_id, stream)]
+    subjects = [partition_subject(nats.prefix, stream, p) for p in plan.partitions(instance, stream)]
     return (spark.readStream.format(SOURCE_NAME)
             .option("servers", ",".join(_without_credentials(s) for s in nats.servers))
             .option("stream", stream_name(nats.prefix, stream))
