@@ -146,7 +146,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, cluster)
     output = only_output(plan, args.output)
     keys: dict[str, list[Any]] = {}
-    for name, value in [_key_filter(item) for item in args.key or []] + [("symbol", s) for s in args.symbol or []]:
+    for name, value in [_key_text(item) for item in args.key or []] + [("symbol", s) for s in args.symbol or []]:
         keys.setdefault(name, []).append(value)
     if args.symbol:
         console.print("[yellow]--symbol is deprecated: use --key symbol=VALUE[/]", highlight=False)
@@ -487,10 +487,18 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
     return 0
 
 
-def _key_filter(text: str) -> tuple[str, object]:
+def _key_text(text: str) -> tuple[str, str]:
+    """``--key field=value`` as ``(field, value)``; the value stays text, as the REST API's (``5`` finds the number
+    5 and the string "5")."""
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise TandemError(f"--key {text!r}: expected field=value, e.g. symbol=IBM")
+    return name, value
+
+
+def _key_filter(text: str) -> tuple[str, object]:
+    """``--key field=value`` of a snapshot's state: the value as JSON when it is (a number, a boolean), else text."""
+    name, value = _key_text(text)
     try:
         return name, json.loads(value)
     except json.JSONDecodeError:
@@ -879,11 +887,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; a Tandem error (bad configuration, refused request) is one line on stderr, exit 2."""
+    import psycopg2.errors
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (TandemError, OSError) as exc:  # OSError: a path the user named (too long, not permitted, ...)
         print_error(exc)
+        return 2
+    except (psycopg2.errors.UndefinedColumn, psycopg2.errors.UndefinedTable) as exc:
+        print_error(TandemError(f"{str(exc).splitlines()[0]}: the database's schema is older than this Tandem; "
+                                "run `tandem migrate` (a node's start migrates it too)"))
         return 2
 
 

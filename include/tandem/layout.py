@@ -196,7 +196,7 @@ def backfill_dir(cluster: ClusterConfig, plan: str, backfill_id: str) -> Path:
 
 
 def logs_dir(cluster: ClusterConfig, plan: str, instance: str) -> Path:
-    """Where the driver logs of one instance's instances go: ``logs/<plan>/<instance>/``."""
+    """Where the driver logs of one instance go (every node's): ``logs/<plan>/<instance>/``."""
     return _place(cluster, "logs", plan, instance)
 
 

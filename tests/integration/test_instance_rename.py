@@ -8,6 +8,8 @@ rewritten once with the new name, and takes appends and slice overwrites under t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg2
@@ -122,3 +124,13 @@ def test_a_delta_table_written_with_shard_id_reads_and_upgrades_as_instance(tmp_
 
     assert append_once(path, pa.table({"instance": ["g-2"], "n": [7]}), "p/g-2/node-a/stats", 1)
     assert sorted(r["n"] for r in read_table(path, ds.field("instance") == "g-2").to_pylist()) == [5, 7]
+
+
+def test_a_command_on_a_database_not_migrated_yet_says_to_migrate(project: Path, database_url: str) -> None:
+    with Database(database_url) as db:
+        migrate_to(db, LAST_BEFORE_RENAME)
+    done = subprocess.run([sys.executable, "-m", "tandem.cli", "snapshots", "trades"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "run `tandem migrate`" in done.stderr, done.stderr
+    assert done.stderr.startswith('error: column "instance" does not exist'), done.stderr

@@ -12,6 +12,7 @@ the pizza shop's ``last_orders`` (tests/integration/test_output_failover.py).
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from datetime import datetime, timedelta, timezone
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import event_id
 from tandem.errors import FencedError
+from tandem.json_values import spelled
 from tandem.layout import delta_table_dir
 from tandem.outputs import kind_of
 from tandem.outputs.base import BatchInfo, ReadRequest, RetentionRun, Window
@@ -81,7 +83,11 @@ def login(n: int, user: str, second: int) -> dict:
     """One login, its values derived from its number (so a reference can recompute them)."""
     at = T0 + timedelta(seconds=second)
     return {"user_name": user, "login_id": f"l{n:04d}", "at": at, "idp": IDPS[n % 3], "success": n % 2 == 0,
-            "attempts": n, "risk": n / 7, "seen_at": at + timedelta(milliseconds=n)}
+            "attempts": n, "risk": NON_FINITE.get(n % 11, n / 7), "seen_at": at + timedelta(milliseconds=n)}
+
+
+NON_FINITE = {3: math.inf, 4: -math.inf, 5: math.nan}
+"""Legal doubles no JSON number can hold: kept, and read spelled as strings from both stores."""
 
 
 def expected(rows: list[dict]) -> list[dict]:
@@ -93,7 +99,7 @@ def expected(rows: list[dict]) -> list[dict]:
         kept = latest.get(row["user_name"])
         if kept is None or rank > kept[0]:
             latest[row["user_name"]] = (rank, row)
-    return [{k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+    return [{k: v.isoformat() if isinstance(v, datetime) else spelled(v) for k, v in row.items()}
             for _, (_, row) in sorted(latest.items())]
 
 

@@ -56,7 +56,7 @@ def test_a_converged_instance_needs_nothing():
 def test_bootstrap_starts_the_first_node_as_active_then_the_standbys_in_order():
     empty = view(inst("a", MISSING, None), inst("b", MISSING, None), inst("c", MISSING, None), holder=None,
                  valid=False)
-    assert decide(empty) == [Launch("a", ACTIVE, "no instance of the instance runs")]
+    assert decide(empty) == [Launch("a", ACTIVE, "no node runs the instance")]
     active_up = view(inst("a", role=ACTIVE), inst("b", MISSING, None), inst("c", MISSING, None), holder="a")
     actions = decide(active_up)
     assert [(a.node, a.role, a.resync_from) for a in actions] == [("b", PASSIVE, "a"), ("c", BACKUP, "a")]

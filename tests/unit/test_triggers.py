@@ -137,7 +137,7 @@ def test_run_fires_when_nothing_runs(world):
     cluster, *_ = world
     event = first_event(trigger_for(cluster))
     assert event["health"] == "MISSING" and event["node"] == "node-a"
-    assert event["decisions"] == ["launch node-a as ACTIVE: no instance of the instance runs"]
+    assert event["decisions"] == ["launch node-a as ACTIVE: no node runs the instance"]
 
 
 def test_sensor_defers_to_the_trigger_while_healthy(world):

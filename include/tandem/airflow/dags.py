@@ -152,7 +152,7 @@ def run_doc(plan: PlanConfig) -> str:
 
 {plan.description}
 
-Launches one instance (plan × instance × node) as a detached `spark-submit` job and waits until it
+Launches one instance on one node (plan × instance × node) as a detached `spark-submit` job and waits until it
 reports RUNNING, or stops it. `route` picks the task `launch_<node>` or `stop_<node>`, which runs on
 the node's own host when the node names an `airflow_queue` (an Edge worker there serves it).
 

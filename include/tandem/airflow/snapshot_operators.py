@@ -149,7 +149,7 @@ class ChooseSnapshotHostOperator(BaseBranchOperator):
 class TakeSnapshotOperator(BaseOperator):
     """Take a snapshot of one instance's ACTIVE node: cut, state export, validation (GOOD or BAD).
 
-    Fails (no retry) when the snapshot is BAD; skips when no instance of the instance is ACTIVE. It
+    Fails (no retry) when the snapshot is BAD; skips when no node of the instance is ACTIVE. It
     runs wherever its task's queue sends it: the scheduled DAG puts one task per node on that
     node's queue (:class:`ChooseSnapshotHostOperator` picks one); the cut reads the ACTIVE's
     checkpoint from the shared storage.

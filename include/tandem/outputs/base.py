@@ -27,7 +27,9 @@ Sinks are idempotent and fenced:
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -379,7 +381,8 @@ class ReadRequest:
     """What a read of an output asks for; each kind uses what applies to it.
 
     ``start``/``end``: the event-time range (``None``: where the data is); ``granularity``: an aggregation's
-    buckets; ``keys``: per key field, the values wanted (compared as text); ``source``: ``postgres`` or
+    buckets; ``keys``: per key field, the values wanted, as text (the CLI's ``--key`` and the REST API's ``key``
+    give text: ``5`` finds the number 5 or the string "5", see :func:`spells`); ``source``: ``postgres`` or
     ``delta``; ``limit``: at most this many rows (``None``: all).
     """
 
@@ -391,8 +394,8 @@ class ReadRequest:
     limit: int | None = None
 
     def matches(self, row: Mapping[str, Any]) -> bool:
-        """Whether a read row holds one of the wanted values of every filtered key (compared as text)."""
-        return all(_text(row.get(name)) in {_text(v) for v in wanted} for name, wanted in self.keys.items())
+        """Whether a read row holds one of the wanted values of every filtered key (:func:`spells`)."""
+        return all(any(spells(str(v), row.get(name)) for v in wanted) for name, wanted in self.keys.items())
 
     def covers(self, moment: datetime) -> bool:
         """Whether ``moment`` lies in ``[start, end)`` (an open side when not given)."""
@@ -404,12 +407,38 @@ class ReadRequest:
         return rows[:self.limit] if self.limit is not None else rows
 
     def in_store(self, ranged: bool = False) -> tuple[dict[str, Any], int | None]:
-        """What a store can apply of the request: the key fields filtered by one value each, and the limit, which it
+        """What a store can apply of the request: the key fields filtered by one value each (as the JSON values it may
+        name: :func:`spellings`), and the limit, which it
         may apply only when that is the whole filter (and, ``ranged``, no time range is asked of a read that
         applies it after the store)."""
-        single = {name: values[0] for name, values in self.keys.items() if len(values) == 1}
+        single = {name: spellings(str(values[0])) for name, values in self.keys.items() if len(values) == 1}
         whole = len(single) == len(self.keys) and not (ranged and (self.start or self.end))
         return single, self.limit if whole else None
+
+
+def spellings(text: str) -> list[Any]:
+    """The JSON values a key filter's text names: the string itself, and the number or boolean it spells
+    (``"5"`` -> ``["5", 5]``, ``"true"`` -> ``["true", True]``, ``"IBM"`` -> ``["IBM"]``). A store holding typed
+    JSON keys matches any of them (PostgreSQL's jsonb compares numbers by value: 5 finds 5.0)."""
+    found: list[Any] = [text]
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return found
+    if isinstance(value, (bool, int, float)) and not (isinstance(value, float) and not math.isfinite(value)):
+        found.append(value)
+    return found
+
+
+def spells(text: str, value: Any) -> bool:
+    """Whether a row's key ``value`` is what a filter's ``text`` names (:func:`spellings`), a number by value."""
+    for wanted in spellings(text):
+        if isinstance(wanted, bool) or isinstance(value, bool):
+            if wanted is value:
+                return True
+        elif isinstance(wanted, str) == isinstance(value, str) and wanted == value:
+            return True
+    return False
 
 
 @contextmanager
@@ -425,12 +454,6 @@ def reading(cluster: ClusterConfig, db: Database | None) -> Iterator[Database]:
 def capped(cursor: Any, limit: int | None) -> Any:
     """A context giving ``cursor``, or, with a ``limit``, a server-side cursor that fetches at most that many rows."""
     return nullcontext(cursor) if limit is None else CappedCursor(cursor, limit)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value if isinstance(value, str) else str(value)
 
 
 @dataclass(frozen=True)

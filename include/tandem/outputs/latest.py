@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tandem.declarations import OutputConfig, event_id
+from tandem.json_values import spelled
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -190,7 +191,7 @@ class LatestKind(OutputKind):
                 kept = connection.run(work, attempts=3)
             found = [(row["row"], row["instance"], (row["event_time"], row["tiebreak"]))
                      for row in sorted(kept, key=lambda r: canonical_key(r["key"]))]
-        return request.picked([{**to_json(values), "instance": instance} for values, instance, rank in found
+        return request.picked([{**spelled(to_json(values)), "instance": instance} for values, instance, rank in found
                                if request.covers(rank[0])])
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tandem.errors import BackfillRefused
-from tandem.json_values import json_text
+from tandem.json_values import json_text, spelled
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import UTC_MICROS, BatchInfo, OutputKind
 from tandem.store import outputs as store_outputs
@@ -104,11 +104,12 @@ class Outcome:
 
 
 def same(a: Any, b: Any) -> bool:
-    """Whether a published and a recomputed value agree (doubles within :data:`RELATIVE`, NaN equal to NaN)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True  # a sum that met both infinities, on both sides
+    """Whether a published and a recomputed value agree (doubles within :data:`RELATIVE`; NaN and the infinities
+    equal to themselves, as doubles or as the strings a JSON store keeps them as: :func:`spelled`)."""
+    a, b = spelled(a), spelled(b)
     if isinstance(a, float) or isinstance(b, float):
-        return a is not None and b is not None and math.isclose(a, b, rel_tol=RELATIVE, abs_tol=1e-9)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        return numbers and math.isclose(a, b, rel_tol=RELATIVE, abs_tol=1e-9)
     return a == b
 
 

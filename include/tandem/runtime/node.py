@@ -1,4 +1,4 @@
-"""Run one plan instance (plan × instance × node) inside a Spark driver.
+"""Run one instance of a plan on one node (plan × instance × node) inside a Spark driver.
 
 ``run_instance`` registers the instance, starts the liveness beat, the progress listener and (when
 the plan publishes events to a stream) the relay, starts every query of the plan with its own

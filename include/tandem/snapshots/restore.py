@@ -13,7 +13,7 @@ How it works
        newest GOOD one; BAD only with ``force``) and re-check its files; a GOOD snapshot whose
        files broke since is marked BAD and refused; one whose cut would go on from messages a
        ``nats`` stream no longer holds is refused (even with ``force``), naming the stream and range;
-    2. stop every instance of the instance (SIGKILL after ``STOP_TIMEOUT_S``: what they did since the
+    2. stop the instance on every node (SIGKILL after ``STOP_TIMEOUT_S``: what they did since the
        snapshot is rolled back anyway);
     3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
        does not hold starts from nothing). Each gets a fresh query id: a new lineage, so the

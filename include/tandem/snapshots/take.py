@@ -2,7 +2,7 @@
 
 Purpose
     The snapshot DAG, ``tandem snapshot`` and the ops DAG's ``snapshot_now`` all take a snapshot
-    the same way: :func:`take_snapshot` cuts the ACTIVE instance of one instance without stopping it,
+    the same way: :func:`take_snapshot` cuts the ACTIVE node of one instance without stopping it,
     exports its state, records the Delta versions of its outputs at the cut, validates the result
     and marks it GOOD or BAD in the catalog. :func:`prune_snapshots` applies the retention
     decisions of :mod:`tandem.snapshots.retention`. It reads the checkpoint through the shared

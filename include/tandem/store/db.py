@@ -23,7 +23,8 @@ import psycopg2.extensions
 import psycopg2.extras
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
-from tandem.errors import DataError, StoreError, StoreUnreachable
+from tandem.errors import StoreError, StoreUnreachable
+from tandem.json_values import spelled
 from tandem.redaction import redact
 
 SCHEMA = "tandem"
@@ -57,15 +58,14 @@ unacknowledged. (Safety never depends on it: a cut-off publisher is fenced by it
 def json_text(value: object, default: Callable[[object], object] = str, **options) -> str:
     """``value`` as JSON text for PostgreSQL.
 
-    Every JSON document Tandem writes goes through here, so no sink can build a text PostgreSQL refuses.
-
-    Raises:
-        DataError: ``value`` holds NaN or an infinity (``jsonb`` refuses them).
+    Every JSON document Tandem writes goes through here, so no sink can build a text PostgreSQL refuses: ``jsonb``
+    holds finite numbers only, so NaN and the infinities (legal doubles) are spelled as the strings ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"``, as every reader of outputs shows them (:mod:`tandem.json_values`).
     """
     try:
         return json.dumps(value, default=default, allow_nan=False, **options)
-    except ValueError as exc:  # the only ValueError of json.dumps: NaN or ±Infinity with allow_nan=False
-        raise DataError(f"{exc} (JSON holds finite numbers only)") from None
+    except ValueError:  # the only ValueError of json.dumps: NaN or ±Infinity with allow_nan=False
+        return json.dumps(spelled(value), default=default, allow_nan=False, **options)
 
 
 def storable_text(text: str | None) -> str | None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 import json
 from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg2 import sql
 
 from tandem.store.db import json_text
-from tandem.store.outputs import _copy_text, canonical_key, to_json
+from tandem.store.outputs import _copy_text, canonical_key, key_filter, to_json
 from tandem.store.registry import InstanceKey
 
 TABLE = "output_latest"
@@ -69,12 +70,13 @@ def kept(cursor, plan: str, output: str, instance: str, keys: list[str], *, in_l
     return {canonical_key(row["key"]): (row["event_time"], row["tiebreak"]) for row in cursor.fetchall()}
 
 
-def read_merged(cursor, plan: str, output: str, key: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Per key (the rows holding ``key``'s values, when given), the highest-ranked row of any instance."""
+def read_merged(cursor, plan: str, output: str, key: Mapping[str, list[Any]] | None) -> list[dict[str, Any]]:
+    """Per key (those whose fields each hold one of ``key``'s values, when given), the highest-ranked row of any
+    instance."""
+    where, params = key_filter(key)
     cursor.execute(sql.SQL("""SELECT DISTINCT ON (key) key, row, instance, event_time, tiebreak FROM output_latest
                               WHERE plan = %s AND output = %s {} ORDER BY key, event_time DESC, tiebreak DESC""")
-                   .format(sql.SQL("AND key @> %s::jsonb" if key else "")),
-                   (plan, output, json_text(to_json(key))) if key else (plan, output))
+                   .format(where), (plan, output, *params))
     return [dict(row) for row in cursor.fetchall()]
 
 

@@ -8,7 +8,7 @@ committed there.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -221,16 +221,26 @@ def read_events(cursor, plan: str, output: str, start: datetime, end: datetime, 
 
 
 def read_table_rows(cursor, plan: str, output: str, values: Sequence[str],
-                    key: dict[str, Any] | None = None) -> list[dict]:
-    """A table merged across instances: per key, the sum of the instances' partial values."""
+                    key: Mapping[str, list[Any]] | None = None) -> list[dict]:
+    """A table merged across instances: per key, the sum of the instances' partial values (of the keys whose fields
+    each hold one of ``key``'s values for that field, when given)."""
     sums = sql.SQL(", ").join(sql.SQL("sum((value->>{})::numeric) AS {}").format(sql.Literal(v), sql.Identifier(v))
                               for v in values)
-    where = "plan = %s AND output = %s" + (" AND key @> %s" if key else "")
-    params: tuple = (plan, output, _jsonb(key)) if key else (plan, output)
+    where, params = key_filter(key)
     cursor.execute(sql.SQL("""SELECT key, {sums}, count(*) AS instances, sum(version) AS version FROM output_table_rows
-                              WHERE {where} GROUP BY key ORDER BY key::text""").format(sums=sums, where=sql.SQL(where)),
-                   params)
+                              WHERE plan = %s AND output = %s {where} GROUP BY key ORDER BY key::text""").format(
+        sums=sums, where=where), (plan, output, *params))
     return [dict(row) for row in cursor.fetchall()]
+
+
+def key_filter(key: Mapping[str, list[Any]] | None) -> tuple[sql.Composable, list[Any]]:
+    """``AND`` conditions on a ``jsonb`` column ``key``: each field holds one of its values (jsonb compares numbers
+    by value), and their parameters."""
+    conditions = [sql.SQL(" AND key -> %s = ANY(%s::jsonb[])") for _ in (key or {})]
+    params: list[Any] = []
+    for name, wanted in (key or {}).items():
+        params += [name, [json_text(to_json(value)) for value in wanted]]
+    return sql.Composed(conditions), params
 
 
 EventPosition = tuple[int, str]

@@ -1,4 +1,4 @@
-"""What the supervisor reads and writes in PostgreSQL: one instance's instances, progress, lease and marks.
+"""What the supervisor reads and writes in PostgreSQL: one instance's nodes, progress, lease and marks.
 
 Every age is computed by PostgreSQL (``now() - …``), so the observer's clock does not matter;
 times that are compared with file modification times (batch starts) are returned as epoch seconds.

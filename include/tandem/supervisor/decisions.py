@@ -330,7 +330,7 @@ def _start_active(view: InstanceView) -> list[Action]:
                and source != target else "no ACTIVE instance runs")
     else:
         target = source if source in candidates else candidates[0]
-        why = "no instance of the instance runs"
+        why = "no node runs the instance"
     resync = source if source is not None and source != target and source in view.nodes else None
     return [Launch(target, ACTIVE, why, resync_from=resync)]
 

@@ -1,7 +1,7 @@
 """Launch plan instances as detached ``spark-submit`` processes and wait for them to run.
 
 Purpose
-    A streaming plan instance (plan × instance × node) runs for days; the task that starts it must
+    An instance of a streaming plan on a node (plan × instance × node) runs for days; the task that starts it must
     not wait for it. ``SparkSubmitOperator`` waits for ``spark-submit`` to exit whenever the driver
     runs in client mode (the only mode for PySpark on local and standalone masters), so Tandem
     starts the job itself and lets it outlive the caller.
