@@ -108,10 +108,10 @@ def source_alone(spark, kind: str, input_dir: Path, url: str, partitions: int, m
     import json as _json
 
     from tandem.messaging import partition_subject, stream_name
-    from tandem.runtime.sources import files, nats
+    from tandem.sources import files_reader, nats_reader as nats
 
     if kind == "files":
-        frame = files.landing_lines(spark, [input_dir / "trades" / str(p) for p in range(partitions)], 100_000)
+        frame = files_reader.landing_lines(spark, [input_dir / "trades" / str(p) for p in range(partitions)], 100_000)
     else:
         spark.dataSource.register(nats.NatsSource)
         frame = (spark.readStream.format(nats.SOURCE_NAME).option("servers", url)

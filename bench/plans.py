@@ -66,7 +66,8 @@ FINAL_MS = START_MS + 30 * 86_400_000
 
 def write_input(plan, events: int, seed: int, input_dir: Path) -> int:
     """The plan's events at simulated times (100 per simulated second) in ``input_dir/<stream>/<partition>/``."""
-    from tandem.producer import bad_line, generator_for, partitioned, write_atomically
+    from tandem.producer import bad_line, generator_for, partitioned
+    from tandem.sources.files import write_atomically
 
     generator = generator_for(plan, seed)
     start_ms, per_tick, written = START_MS, 100, 0

@@ -67,7 +67,7 @@ import tandem.snapshots.take as snap_take  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.layout import delta_table_dir, instance_landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
-from tandem.producer import write_atomically  # noqa: E402
+from tandem.sources.files import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
 from tandem.snapshots import processed_files  # noqa: E402
 from tandem.spark_session import build_session  # noqa: E402

@@ -52,7 +52,7 @@ import engine  # noqa: E402
 import plain_trades  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.lake.tables import read_table  # noqa: E402
-from tandem.producer import write_atomically  # noqa: E402
+from tandem.sources.files import write_atomically  # noqa: E402
 from tandem.runtime.node import run_instance  # noqa: E402
 from tandem.spark_session import build_session  # noqa: E402
 

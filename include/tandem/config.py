@@ -59,6 +59,7 @@ from tandem.declarations import (
     instance_ids,
     instance_partitions,
     matching,
+    sources_where,
 )
 from tandem.errors import ConfigError, ConfigProblems
 from tandem.names import QUARANTINE, QUARANTINE_QUERY
@@ -842,15 +843,18 @@ def _clear_text_problem(nats: NatsConfig, sources: Mapping[str, str]) -> tuple[i
     return None
 
 
-def no_messaging_layer(cluster: ClusterConfig) -> str:
-    """Why a nats stream cannot be used with ``cluster`` (it has no messaging layer)."""
-    return f"a nats stream needs the messaging layer: a nats: section (servers) in {cluster.path} or TANDEM_NATS_URL"
+def no_messaging_layer(cluster: ClusterConfig, source: str) -> str:
+    """Why a stream of the kind ``source`` (one on the messaging layer) cannot be used with ``cluster`` (it has
+    none)."""
+    return (f"a {source} stream needs the messaging layer: a nats: section (servers) in {cluster.path} or "
+            "TANDEM_NATS_URL")
 
 
 def nats_of(cluster: ClusterConfig, plan: PlanConfig, stream: str) -> NatsConfig:
     """The messaging layer ``stream`` of ``plan`` is on; a :class:`ConfigError` naming the field when there is none."""
     if cluster.nats is None:
-        raise ConfigError(str(plan.path), f"streams.{stream}.source", no_messaging_layer(cluster))
+        raise ConfigError(str(plan.path), f"streams.{stream}.source",
+                          no_messaging_layer(cluster, plan.streams[stream].source))
     return cluster.nats
 
 
@@ -900,8 +904,9 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         where = f"outputs.{name}.stream"
         if output.stream not in file.streams:
             refuse(where, f"no stream {output.stream!r} is declared (streams: {', '.join(file.streams)})")
-        elif file.streams[output.stream].source != "nats":
-            refuse(where, f"stream {output.stream!r} must be a nats stream (source: nats): an output is "
+        elif not file.streams[output.stream].rules.published_to:
+            kinds = sources_where("published_to")
+            refuse(where, f"stream {output.stream!r} must be a {kinds} stream (source: {kinds}): an output is "
                           "published to NATS")
         elif output.stream in publishers:
             refuse(where, f"stream {output.stream!r} is published by output {publishers[output.stream]!r} "
@@ -912,8 +917,8 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         else:
             publishers[output.stream] = name
     for name, stream in file.streams.items():
-        if stream.source == "nats" and cluster.nats is None:
-            refuse(f"streams.{name}.source", no_messaging_layer(cluster))
+        if stream.rules.on_messaging_layer and cluster.nats is None:
+            refuse(f"streams.{name}.source", no_messaging_layer(cluster, stream.source))
         if stream.from_plan == file.name:
             refuse(f"streams.{name}.from_plan", f"names this plan: from_plan names another plan, whose stream "
                                                 "this one reads")
@@ -1063,7 +1068,7 @@ def shared_stream_errors(plans: Mapping[str, PlanConfig], cluster: ClusterConfig
     owners: dict[str, list[PlanConfig]] = {}
     for plan in plans.values():
         for name, stream in plan.streams.items():
-            if stream.source == "nats" and stream.from_plan is None:
+            if stream.rules.shared and stream.from_plan is None:
                 owners.setdefault(name, []).append(plan)
     errors: dict[str, ConfigError] = {}
     for name, declaring in owners.items():
@@ -1088,8 +1093,8 @@ def shared_stream_errors(plans: Mapping[str, PlanConfig], cluster: ClusterConfig
             owner = plans.get(source)
             if owner is None:
                 problem = f"no plan {source!r} (plans: {', '.join(sorted(plans)) or 'none'})"
-            elif name not in owner.streams or owner.streams[name].source != "nats":
-                problem = f"plan {source} ({owner.path}) declares no nats stream {name!r}"
+            elif name not in owner.streams or not owner.streams[name].rules.shared:
+                problem = f"plan {source} ({owner.path}) declares no {sources_where('shared')} stream {name!r}"
             elif owner.streams[name].from_plan is not None:
                 problem = (f"plan {source} ({owner.path}: streams.{name}.from_plan) reads stream {name} from plan "
                            f"{owner.streams[name].from_plan} itself: name that plan")

@@ -26,6 +26,7 @@ import json
 import math
 import re
 import zlib
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -299,6 +300,34 @@ class StreamRetention(StrictModel):
     max_messages: Annotated[StrictInt, Field(gt=0)] | None = None
 
 
+@dataclass(frozen=True)
+class SourceRules:
+    """What a stream's declaration may say, by its source kind (:data:`SOURCE_RULES`): the configuration checks these
+    (it sits below the source kinds, :mod:`tandem.sources`, whose kinds each keep their rules as ``rules``)."""
+
+    settings: tuple[str, ...]
+    """The settings of this kind alone: another kind's stream declaring one is refused."""
+    on_messaging_layer: bool
+    """Its lines are messages of the messaging layer (``nats:`` in cluster.yaml): it cannot be used without one."""
+    published_to: bool
+    """An output may publish to it (``outputs.<name>.stream``)."""
+    shared: bool
+    """Cluster-wide: one plan declares it, others may read it (``from_plan``), two plans may not write to it."""
+
+
+SOURCE_RULES: dict[str, SourceRules] = {
+    "files": SourceRules(settings=("max_files_per_trigger",), on_messaging_layer=False, published_to=False,
+                         shared=False),
+    "nats": SourceRules(settings=("max_events_per_trigger", "retention", "from_plan"), on_messaging_layer=True,
+                        published_to=True, shared=True),
+}
+
+
+def sources_where(rule: str) -> str:
+    """The source kinds whose rule ``rule`` holds, as an error message names them (``nats``; ``a or b``)."""
+    return " or ".join(name for name, rules in SOURCE_RULES.items() if getattr(rules, rule))
+
+
 class StreamConfig(StrictModel):
     """An input stream: JSON lines, ``partitions`` of them: files in ``landing/<stream>/<partition>/``, or
     messages on the NATS subjects ``<prefix>.<stream>.<partition>``.
@@ -309,7 +338,7 @@ class StreamConfig(StrictModel):
     """
 
     source: Literal["files", "nats"] = "files"
-    """Where the stream's lines come from (:data:`tandem.runtime.sources.SOURCE_KINDS`): ``files``, the
+    """Where the stream's lines come from (its source kind, :data:`tandem.sources.SOURCE_KINDS`): ``files``, the
     landing folders of its partitions; ``nats``, a JetStream stream (``retention``)."""
     format: Literal["jsonl"] = "jsonl"
     partitions: Annotated[StrictInt, Field(gt=0, le=MAX_PARTITIONS)]
@@ -330,11 +359,16 @@ class StreamConfig(StrictModel):
     stream is declared by one plan; any other declaring the same name must say ``from_plan``, with the same
     partitions, key and retention (checked when every plan is loaded)."""
 
+    @property
+    def rules(self) -> SourceRules:
+        """What its source kind allows it (:data:`SOURCE_RULES`)."""
+        return SOURCE_RULES[self.source]
+
     @model_validator(mode="after")
     def _settings_of_its_source(self) -> StreamConfig:
-        other = {"files": ("max_events_per_trigger", "retention", "from_plan"),
-                 "nats": ("max_files_per_trigger",)}[self.source]
-        misplaced = [name for name in other if name in self.model_fields_set]
+        others = [name for kind, rules in SOURCE_RULES.items() if kind != self.source for name in rules.settings
+                  if name not in self.rules.settings]
+        misplaced = [name for name in others if name in self.model_fields_set]
         if misplaced:
             raise ValueError(f"{', '.join(misplaced)}: not a setting of a {self.source} stream")
         return self

@@ -153,18 +153,14 @@ def retained_twin(cluster: ClusterConfig, landing_file: Path) -> Path:
     return retained_dir(cluster, stream, int(partition)) / name
 
 
-def instance_landing_dirs(cluster: ClusterConfig, plan: PlanConfig, instance: str) -> dict[str, list[Path]]:
-    """The landing folders one instance reads, by stream: its share of every stream's partitions."""
-    return {stream: [landing_dir(cluster, stream, p) for p in plan.partitions(instance, stream)]
-            for stream in plan.streams}
-
-
 def instance_landing_dir(cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str | None = None) -> Path:
-    """The first landing folder of an instance's share of ``stream`` (default: the plan's first stream).
+    """The first landing folder of an instance's share of ``stream``, a ``files`` stream (default: the plan's first
+    stream).
 
     Events written there reach that instance (and no other instance of its group).
     """
-    return instance_landing_dirs(cluster, plan, instance)[stream or next(iter(plan.streams))][0]
+    stream = stream or next(iter(plan.streams))
+    return landing_dir(cluster, stream, plan.partitions(instance, stream)[0])
 
 
 def checkpoint_dir(cluster: ClusterConfig, plan: str, instance: str, node: str, query: str = "") -> Path:

@@ -44,10 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.config import ClusterConfig, PlanConfig, nats_of
+from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PlanRunning
 from tandem.layout import plan_dirs, under_root
 from tandem.outputs import kind_of
+from tandem.sources import source_of
 from tandem.store.db import Database
 from tandem.store.leases import record_event
 from tandem.store.locks import advisory_locks, plan_lock
@@ -131,9 +132,9 @@ def _bytes(n: int) -> str:
 
 
 def output_streams(plan: PlanConfig) -> dict[str, str]:
-    """The NATS streams the plan's outputs publish to: stream -> output (pure)."""
+    """The streams the plan's outputs publish to: stream -> output (pure)."""
     return {name: output for name in plan.streams if (output := plan.publisher_of(name)) is not None
-            and plan.streams[name].source == "nats"}
+            and plan.streams[name].rules.published_to}
 
 
 @dataclass
@@ -210,15 +211,6 @@ def _mark_reset(db: Database, plan: PlanConfig, requested_by: str) -> None:
 
 
 def _delete_output_streams(cluster: ClusterConfig, plan: PlanConfig, report: ResetReport) -> None:
-    streams = output_streams(plan)
-    if not streams:
-        return
-    from tandem.messaging import JetStream, stream_name
-
-    nats = nats_of(cluster, plan, next(iter(streams)))
-    with JetStream(nats, name=f"tandem-reset-{plan.name}") as js:
-        for stream, output in streams.items():
-            name = stream_name(nats.prefix, stream)
-            if js.delete_stream(name):
-                report.removed.append(f"NATS stream {name} (output {output} publishes to it; a plan reading it "
-                                      "with from_plan fails its next read with DataLoss: reset that plan too)")
+    """Delete what the plan's outputs published to its streams, as each stream's source kind does."""
+    for stream in output_streams(plan):
+        report.removed += source_of(plan, stream).drop_published(cluster, plan, stream)

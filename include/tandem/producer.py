@@ -1,11 +1,11 @@
 """Event producers: realistic events for every stream of a plan, written through the partition layout.
 
 Every event goes to partition :func:`tandem.declarations.partition_of` of its key, of its stream's
-source (:class:`Destinations`): a ``files`` stream's ``landing/<stream>/<partition>/``, a file written
-under a hidden temporary name (Spark's file source ignores names starting with ``.``) and renamed into
-place, so readers never see half a file; a ``nats`` stream's subject ``<prefix>.<stream>.<partition>``,
-each event with a ``Nats-Msg-Id`` of its own, so that a retry is not a second event, and acknowledged
-by JetStream before the call returns. A plan's module may define its own generator (``generator(seed)``);
+source kind (:class:`Destinations`, :mod:`tandem.sources`): a ``files`` stream's
+``landing/<stream>/<partition>/``, a file written under a hidden temporary name and renamed into place, so readers
+never see half a file; a ``nats`` stream's subject ``<prefix>.<stream>.<partition>``, each event with a
+``Nats-Msg-Id`` of its own, so that a retry is not a second event, and acknowledged by JetStream before the call
+returns. A plan's module may define its own generator (``generator(seed)``);
 others get :class:`DeclaredGenerator`. The same seed gives the same events.
 """
 
@@ -13,47 +13,28 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.config import ClusterConfig, PlanConfig, nats_of
+from tandem.config import ClusterConfig, PlanConfig
 from tandem.declarations import TIME_TYPES, FieldConfig, StreamConfig, partition_of
 from tandem.errors import ConfigError, TandemError
-from tandem.layout import landing_dir, make_private_dirs
-from tandem.messaging import JetStream, ensure_declared, partition_subject
-
-
-def write_atomically(directory: Path, lines: Sequence[str], prefix: str = "events") -> Path:
-    """Write ``lines`` as one new ``.jsonl`` file in ``directory``, atomically (temp file + rename); the folders it
-    creates are private (0700)."""
-    make_private_dirs(directory)
-    name = f"{prefix}-{time.time_ns()}-{uuid.uuid4().hex[:8]}.jsonl"
-    temporary = directory / f".{name}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    final = directory / name
-    os.rename(temporary, final)
-    return final
+from tandem.sources import source_of
+from tandem.sources.base import StreamWriter
 
 
 class Destinations:
-    """Where a plan's lines go, stream by stream: the landing folders of a ``files`` stream, the JetStream
-    subjects of a ``nats`` stream (its stream created or checked first). Holds the NATS connection: close it
-    (a context manager)."""
+    """Where a plan's lines go, stream by stream, as its source kind writes them
+    (:meth:`~tandem.sources.base.SourceKind.writer`): the landing folders of a ``files`` stream, the JetStream
+    subjects of a ``nats`` stream. Holds each kind's writer (a NATS connection): close it (a context manager)."""
 
     def __init__(self, cluster: ClusterConfig, plan: PlanConfig) -> None:
         self.cluster = cluster
         self.plan = plan
-        self._js: JetStream | None = None
-        self._ready: set[str] = set()
+        self._writers: dict[str, StreamWriter] = {}
 
     def write(self, stream: str, partition: int, lines: Sequence[str], ids: Sequence[str] | None = None) -> str:
         """Write ``lines`` to one partition of ``stream``; return where (a file, or ``nats:<subject>:<first>..<last>``).
@@ -68,23 +49,15 @@ class Destinations:
         if self.plan.from_plan(stream) is not None:
             raise ConfigError(str(self.plan.path), f"streams.{stream}.from_plan", f"stream {stream} is plan "
                               f"{self.plan.from_plan(stream)}'s: this plan only reads it, producers write to that plan")
-        if self.plan.streams[stream].source == "files":
-            return str(write_atomically(landing_dir(self.cluster, stream, partition), lines))
-        nats = nats_of(self.cluster, self.plan, stream)
-        if stream not in self._ready:
-            ensure_declared(nats, self.plan, stream)
-            self._ready.add(stream)
-        if self._js is None:
-            self._js = JetStream(nats, name=f"tandem-producer-{self.plan.name}")
-        subject = partition_subject(nats.prefix, stream, partition)
-        ids = ids or [uuid.uuid4().hex for _ in lines]
-        acks = self._js.publish([(subject, line.encode(), msg_id) for line, msg_id in zip(lines, ids)])
-        return f"nats:{subject}:{acks[0]['seq']}..{acks[-1]['seq']}" if acks else f"nats:{subject}"
+        kind = source_of(self.plan, stream)
+        if kind.name not in self._writers:
+            self._writers[kind.name] = kind.writer(self.cluster, self.plan)
+        return self._writers[kind.name].write(stream, partition, lines, ids)
 
     def close(self) -> None:
-        if self._js is not None:
-            self._js.close()
-            self._js = None
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
 
     def __enter__(self) -> Destinations:
         return self

@@ -59,8 +59,9 @@ from tandem.config import ClusterConfig, NatsConfig, PlanConfig, load_plans_and_
 from tandem.declarations import partition_of
 from tandem.errors import ConfigError, TandemError
 from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, load_json
-from tandem.messaging import JetStream, ensure_declared, partition_subject
+from tandem.messaging import JetStream, partition_subject
 from tandem.messaging.wire import Message
+from tandem.sources import SOURCE_KINDS, source_of
 
 log = logging.getLogger(__name__)
 TOKEN_VARIABLE = "TANDEM_RECEIVER_TOKEN"
@@ -182,7 +183,7 @@ def line_room_warnings(plans: Mapping[str, PlanConfig], max_payload: int) -> lis
     is over what a NATS message carries (:func:`line_room_problem`)."""
     return [f"{plan.path}: streams.{name}.max_line_bytes: {problem}"
             for plan in plans.values() for name, stream in plan.streams.items()
-            if stream.source == "nats" and name in plan.input_streams
+            if source_of(plan, name).receivable and name in plan.input_streams
             and (problem := line_room_problem(stream.max_line_bytes, max_payload))]
 
 
@@ -325,9 +326,11 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
         plan = plans.get(plan_name)
         if plan is None or stream_name not in plan.streams:
             raise HTTPException(404, f"no stream {stream_name!r} in plan {plan_name!r}")
-        if plan.streams[stream_name].source != "nats":
-            raise HTTPException(409, f"stream {stream_name} of plan {plan_name} reads files, not NATS: the receiver "
-                                     "publishes to nats streams only")
+        kind = source_of(plan, stream_name)
+        if not kind.receivable:
+            receivable = " or ".join(name for name, other in SOURCE_KINDS.items() if other.receivable)
+            raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is a {kind.name} stream: the receiver "
+                                     f"publishes to {receivable} streams only")
         publisher = plan.publisher_of(stream_name)
         if publisher is not None:
             raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is published by its output "
@@ -336,7 +339,7 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
             raise HTTPException(409, f"stream {stream_name} of plan {plan_name} is plan "
                                      f"{plan.from_plan(stream_name)}'s (from_plan): send its events to that plan")
         if (plan_name, stream_name) not in ready:
-            ensure_declared(nats, plan, stream_name)
+            kind.prepare(cluster, plan, stream_name)
             ready.add((plan_name, stream_name))
         return plan, stream_name
 

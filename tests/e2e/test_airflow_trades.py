@@ -19,7 +19,7 @@ from tandem.airflow_rest import AirflowClient
 from tandem.checkpoints import committed_batch
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, instance_landing_dir
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 from tandem.store import Database, snapshots as catalog
 from tandem.store.heartbeats import input_rows_since
 from tandem.store.registry import get_instance, instance_id

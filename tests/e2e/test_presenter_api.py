@@ -32,7 +32,8 @@ from _page import assert_shown_whole
 from _references import PIZZA_T0, arrival_order, last_orders_reference, make_orders, pizza_reference
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
-from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database
 from tandem.store.snapshots import begin_snapshot, mark_bad, mark_good, record_contents

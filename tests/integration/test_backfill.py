@@ -34,7 +34,8 @@ from tandem.declarations import event_id
 from tandem.declarations import partition_of as partition_of_key
 from tandem.errors import BackfillRefused, SnapshotRefused
 from tandem.layout import landing_dir, retained_dir
-from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_instance

@@ -15,7 +15,7 @@ import pytest
 from tandem.config import ClusterConfig, load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.plans.trades import TradeGenerator
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 from tandem.store import Database
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes

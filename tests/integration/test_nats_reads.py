@@ -14,7 +14,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from tandem.errors import DataLoss
 from tandem.messaging import JetStream, StreamSpec
 from tandem.messaging.server import EmbeddedServer
-from tandem.runtime.sources.nats import NatsStreamReader
+from tandem.sources.nats_reader import NatsStreamReader
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,8 @@ from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
-from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.outputs.events import read_events_lake
 from tandem.outputs.table import read_table_lake

@@ -33,7 +33,8 @@ from tandem.config import load_cluster, load_plan
 from tandem.declarations import partition_of
 from tandem.lake.tables import read_table
 from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir, landing_dir, snapshot_dir
-from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.snapshots.landing import clean_plan_landing
 from tandem.snapshots.restore import restore_instance

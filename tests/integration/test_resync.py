@@ -19,7 +19,7 @@ from tandem.checkpoints import CheckpointError, committed_batch, cut_checkpoint,
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, landing_dir
 from tandem.plan_shape import SHAPE_FILE
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.resync import resync_instance
 from tandem.reading import read_output

@@ -24,7 +24,8 @@ from tandem.config import load_cluster, load_plan
 from tandem.errors import BackfillRefused
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir, landing_dir
-from tandem.producer import advance_watermark, partitioned, write_atomically
+from tandem.producer import advance_watermark, partitioned
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database
 from tandem.outputs.events import read_events_lake

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from tandem.config import load_cluster, load_plan
 from tandem.layout import checkpoint_dir, delta_table_dir, instance_landing_dir, landing_dir
 from tandem.lake.tables import read_table
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
 from tandem.store import Database, migrate
 from tandem.store.migrations import available_migrations

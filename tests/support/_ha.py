@@ -44,7 +44,7 @@ from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, instance_landing_dir
 from tandem.plans.trades import TradeGenerator
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 from tandem.supervisor import launch_instance, wait_until_running
 from tandem.supervisor.reconcile import Report, Supervisor
 from tandem.reading import read_output

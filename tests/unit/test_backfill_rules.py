@@ -9,11 +9,12 @@ import pyarrow as pa
 
 import pytest
 from _conf import edit_yaml
-from tandem.batch.backfill import closed_until, missing_input, read_through, refusal_of_range, retention_refusal
+from tandem.batch.backfill import closed_until, read_through, refusal_of_range, retention_refusal
 from tandem.outputs.aggregation import newest_seconds
 from tandem.outputs.recompute import BATCH_COLUMN
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError
+from tandem.sources.files import missing_input
 
 UTC = timezone.utc
 T = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)

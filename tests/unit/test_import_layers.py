@@ -100,14 +100,22 @@ LOWER_THAN = {
     # output kinds are what the runtime publishes through and snapshots read through
     "tandem.outputs": {"tandem.runtime", "tandem.supervisor", "tandem.airflow", "tandem.presenter", "tandem.cli",
                        "tandem.snapshots", "tandem.plans"},
+    # source kinds are what the runtime reads through and producers, the receiver, the supervisor, backfills,
+    # restores and resets ask; they import no pyspark at the top (test_sources_import_no_pyspark)
+    "tandem.sources": {"tandem.runtime", "tandem.outputs", "tandem.batch", "tandem.snapshots", "tandem.supervisor",
+                       "tandem.airflow", "tandem.presenter", "tandem.cli", "tandem.plans", "tandem.producer",
+                       "tandem.receiver", "tandem.plan_reset"},
+    # the messaging layer's client, below the source kinds (and output relays) that use it
+    "tandem.messaging": {"tandem.sources", "tandem.runtime", "tandem.outputs", "tandem.batch", "tandem.snapshots",
+                         "tandem.supervisor"},
     # checkpoint files, below everything that cuts, checks or recovers them
     "tandem.checkpoints": {"tandem.runtime", "tandem.supervisor", "tandem.snapshots", "tandem.outputs",
-                           "tandem.store"},
+                           "tandem.store", "tandem.sources"},
     "tandem.store": {"tandem.runtime", "tandem.outputs", "tandem.supervisor", "tandem.airflow", "tandem.presenter",
                      "tandem.snapshots", "tandem.plans"},
     # declarations and configuration sit below all I/O
     **{part: {"tandem.store", "tandem.lake", "tandem.runtime", "tandem.outputs", "tandem.supervisor", "tandem.airflow",
-              "tandem.presenter", "tandem.snapshots", "tandem.plans", "tandem.checkpoints"}
+              "tandem.presenter", "tandem.snapshots", "tandem.plans", "tandem.checkpoints", "tandem.sources"}
        for part in ("tandem.config", "tandem.declarations", "tandem.names", "tandem.errors", "tandem.redaction",
                     "tandem.layout")},
 }

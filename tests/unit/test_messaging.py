@@ -15,7 +15,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError, DataLoss
 from tandem.messaging.jetstream import Bounds, check_not_lost, dropped_since
 from tandem.messaging.wire import Connection, Frame, ack_sequence, parse_frames
-from tandem.runtime.sources.nats import NatsStreamReader, SubjectRange
+from tandem.sources.nats_reader import NatsStreamReader, SubjectRange
 
 
 def test_frames_are_parsed_whole_and_a_partial_one_is_left_for_the_next_read() -> None:
@@ -257,7 +257,7 @@ class FlakyReads:
 
 def test_a_read_cut_off_from_nats_waits_and_goes_on_after_the_last_message_it_yielded(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import tandem.runtime.sources.nats as source_module
+    import tandem.sources.nats_reader as source_module
 
     messages = {seq: f'{{"n": {seq}}}'.encode() for seq in range(1, 11)}
     flaky = FlakyReads(messages, chunk=4)
@@ -270,7 +270,7 @@ def test_a_read_cut_off_from_nats_waits_and_goes_on_after_the_last_message_it_yi
 
 
 def test_nats_unreachable_past_the_deadline_fails_the_query_naming_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tandem.runtime.sources.nats as source_module
+    import tandem.sources.nats_reader as source_module
 
     def unreachable(servers, name: str, options=None):
         raise ConnectionError("NATS at nats://127.0.0.1:1: ConnectionRefusedError")
@@ -286,7 +286,7 @@ def test_nats_unreachable_past_the_deadline_fails_the_query_naming_the_stream(mo
 
 
 def test_messages_become_lines_with_their_subject_and_sequence_and_invalid_utf8_is_replaced() -> None:
-    from tandem.runtime.sources.nats import arrow_batch
+    from tandem.sources.nats_reader import arrow_batch
 
     good = arrow_batch("nats:t.trades.0:", [(7, b'{"a": "\xc3\xa9"}'), (9, b"")])
     assert good.to_pydict() == {"raw": ['{"a": "é"}', ""], "source_file": ["nats:t.trades.0:7", "nats:t.trades.0:9"]}

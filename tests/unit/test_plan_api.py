@@ -238,7 +238,7 @@ def test_every_declarable_source_kind_has_a_reader_and_every_reader_is_declarabl
     from typing import get_args
 
     from tandem.declarations import StreamConfig
-    from tandem.runtime.sources import SOURCE_KINDS
+    from tandem.sources import SOURCE_KINDS
 
     assert set(get_args(StreamConfig.model_fields["source"].annotation)) == set(SOURCE_KINDS) == {"files", "nats"}
 

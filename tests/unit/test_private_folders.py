@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tandem.config import load_cluster
 from tandem.layout import STORAGE_FOLDERS, make_private_dirs, prepare_storage_root
-from tandem.producer import write_atomically
+from tandem.sources.files import write_atomically
 
 
 def mode(path: Path) -> int:

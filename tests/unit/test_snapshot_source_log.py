@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tandem.checkpoints import CheckpointError
-from tandem.snapshots import source_log
-from tandem.snapshots.source_log import processed_files
+from tandem import checkpoints
+from tandem.checkpoints import processed_files
 
 LANDING = "file:///data/landing/trades/shard-1"
 
@@ -90,7 +90,7 @@ def test_an_entry_that_goes_while_the_log_is_read_is_read_from_the_compaction_th
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     query = checkpoint(tmp_path / "q", committed=6, compact_at=4)
     log = query / "sources" / "0"
-    read = source_log._logged_records
+    read = checkpoints._logged_records
     calls = []
 
     def compacted_meanwhile(entry: Path) -> list[dict]:
@@ -102,6 +102,6 @@ def test_an_entry_that_goes_while_the_log_is_read_is_read_from_the_compaction_th
             put(log / "6.compact", log_entry(*(f"f{b}.jsonl" for b in range(7))))
         return read(entry)
 
-    monkeypatch.setattr(source_log, "_logged_records", compacted_meanwhile)
+    monkeypatch.setattr(checkpoints, "_logged_records", compacted_meanwhile)
     assert processed_files(query) == {f"{LANDING}/f{b}.jsonl" for b in range(7)}
     assert calls == ["4.compact", "6.compact"]

@@ -15,6 +15,7 @@ from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, loa
 from tandem.errors import ConfigError
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, WARM, plan_dag_id
 from tandem.ops import OPS_ACTIONS
+from tandem.sources import source_of
 
 # Durations tandem.declarations.parse_duration accepts ("500 ms", "2 seconds", "1m", "1.5 s"), lower case.
 DURATION_PATTERN = (r"^\s*\d+(\.\d+)?\s*(ms|millis|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?"
@@ -353,9 +354,11 @@ def _maintenance_schedule(plan: PlanConfig) -> str:
 
 def maintenance_doc(plan: PlanConfig) -> str:
     retention = plan.maintenance.retention
+    landed = [stream for stream in plan.streams
+              if any(source_of(plan, stream).landing_partitions(plan, instance, stream) for instance in plan.instances)]
     return f"""### Maintenance of plan `{plan.name}`
 
-{_maintenance_schedule(plan)} **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(plan.streams)}) that
+{_maintenance_schedule(plan)} **landing_retention** deletes input files of `landing/<stream>/<partition>/` ({", ".join(landed) or "none"}) that
 every guarding node's checkpoint has processed (a committed batch read them) and that every kept GOOD
 snapshot's cut had processed too: no restart and no restore can need them. Everything else stays,
 and the task log says why per file group (e.g. "after the cut of snapshot …"). A node guards while it

@@ -7,13 +7,14 @@ Purpose
     query functions, and puts the result in place while the plan keeps running.
 
 How it works
-    1. Refusals (:func:`refusal_of_range`, :func:`missing_input`, :func:`dropped_messages`,
-       :func:`tandem.store.backfills.register`): the range must be closed (its end at or before the slowest
-       instance's event-time watermark: the stream will not write into it again; an instance whose queries keep no
-       state has no watermark and is judged by arrival, :func:`read_through`), every landing file the instances
-       read that may hold its events (modified at or after ``start``) must still exist (in ``landing/`` or
-       ``retained/``), as must every message of a ``nats`` stream published at or after it, and no running
-       backfill of the plan may overlap it. A registered backfill is RUNNING in ``tandem.backfills``.
+    1. Refusals (:func:`refusal_of_range`, each stream's source kind's
+       :meth:`~tandem.sources.base.SourceKind.backfill_refusal`, :func:`tandem.store.backfills.register`): the range
+       must be closed (its end at or before the slowest instance's event-time watermark: the stream will not write
+       into it again; an instance whose queries keep no state has no watermark and is judged by arrival,
+       :func:`read_through`), every landing file the instances read that may hold its events (modified at or after
+       ``start``) must still exist (in ``landing/`` or ``retained/``), as must every message of a ``nats`` stream
+       published at or after it, and no running backfill of the plan may overlap it. A registered backfill is
+       RUNNING in ``tandem.backfills``.
     2. Recompute, per instance (:func:`recompute`): each of the instance's queries runs as a finite streaming
        query (``Trigger.AvailableNow``) over all the retained input of its partitions (landing and retained
        files, linked into one scratch folder first; messages) in one first micro-batch, so nothing is late inside
@@ -34,14 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,27 +48,16 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from tandem.batch.trim import contributions_horizon
-from tandem.checkpoints import committed_batch, query_dirs, source_offsets
-from tandem.config import ClusterConfig, PlanConfig, nats_of
-from tandem.errors import BackfillRefused, PathOutsideRoot
-from tandem.layout import (
-    backfill_dir,
-    checkpoint_dir,
-    input_files,
-    input_mtimes,
-    instance_landing_dirs,
-    landing_dir,
-    retained_dir,
-    retained_twin,
-)
-from tandem.messaging import JetStream, stream_name
-from tandem.messaging.jetstream import dropped_since, unread_since
+from tandem.checkpoints import committed_batch, query_dirs
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import BackfillRefused
+from tandem.layout import backfill_dir, checkpoint_dir
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import kind_of
 from tandem.outputs.recompute import BATCH_COLUMN, Recomputed
 from tandem.runtime.node import start_query
 from tandem.runtime.plan_api import ALL_ROWS, PlanContext, check_plan_module, define, load_plan_module
-from tandem.snapshots.source_log import processed_file_times
+from tandem.sources import source_of
 from tandem.store import Database
 from tandem.store import backfills as catalog
 from tandem.store.heartbeats import newest_watermarks
@@ -80,11 +68,6 @@ from tandem.store.trim import horizons
 
 log = logging.getLogger(__name__)
 
-ALL_FILES = 2**31 - 1
-"""``maxFilesPerTrigger`` (and a ``nats`` stream's events per trigger) of a recomputation: all its retained input in
-the first micro-batch."""
-LISTED = 5
-"""How many missing files a refusal names."""
 CONTRIBUTION_MARGIN = timedelta(minutes=10)
 """A fact is applied (its id recorded) after its event time; a range starts this much after the oldest id kept,
 for producers' clocks ahead of PostgreSQL's."""
@@ -151,22 +134,12 @@ def read_through(pending_ms: Iterable[int], now_ms: int, lateness_s: float) -> d
     return datetime.fromtimestamp(min(pending_ms, default=now_ms) / 1000 - lateness_s, tz=timezone.utc)
 
 
-def _unread_since(cluster: ClusterConfig, plan: PlanConfig, instance: str, query_dir: Path,
-                  landed: Mapping[Path, int]) -> list[int]:
-    """When each input the query of ``query_dir`` has not read by its last committed batch arrived (ms): landing
-    files of the instance it did not process, and per partition subject of each ``nats`` source the first message
-    after its offset."""
-    processed = {Path(unquote(urlsplit(uri).path)) for uri in processed_file_times(query_dir)}
-    pending = [modified for path, modified in landed.items() if path not in processed]
-    offsets = source_offsets(query_dir / "offsets" / str(committed_batch(query_dir)))
-    for name, stream in plan.streams.items():
-        if stream.source != "nats" or not plan.partitions(instance, name):
-            continue
-        nats = nats_of(cluster, plan, name)
-        with JetStream(nats, name="tandem-backfill-check") as js:
-            pending += [int(published.timestamp() * 1000) for published in
-                        unread_since(js, nats.prefix, name, plan.partitions(instance, name), offsets)]
-    return pending
+def _unread_since(cluster: ClusterConfig, plan: PlanConfig, instance: str, query_dir: Path) -> list[int]:
+    """When each input the query of ``query_dir`` has not read by its last committed batch arrived (ms), as each
+    stream's source kind finds it (:meth:`tandem.sources.base.SourceKind.pending_arrivals`: landing files of the
+    instance it did not process; per partition subject of a ``nats`` stream, the first message after its offset)."""
+    return [arrived for name in plan.streams
+            for arrived in source_of(plan, name).pending_arrivals(cluster, plan, instance, name, query_dir)]
 
 
 def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, instance: str) -> datetime | None:
@@ -177,10 +150,8 @@ def _stateless_read_through(cluster: ClusterConfig, plan: PlanConfig, instance: 
         committed_batch(q) is not None and not (q / "state").exists() for q in queries.values())]
     if not stateless:
         return None
-    folders = [folder for stream in instance_landing_dirs(cluster, plan, instance).values() for folder in stream]
-    landed = {path: int(mtime * 1000) for folder in folders for path, mtime in input_mtimes(folder).items()}
     now_ms = int(time.time() * 1000)
-    return max(min(read_through(_unread_since(cluster, plan, instance, q, landed), now_ms, plan.watermark_s)
+    return max(min(read_through(_unread_since(cluster, plan, instance, q), now_ms, plan.watermark_s)
                    for q in queries.values()) for queries in stateless)
 
 
@@ -211,24 +182,6 @@ def refusal_of_range(start: datetime, end: datetime, closed: Mapping[str, dateti
     return None
 
 
-def missing_input(processed: Mapping[str, int], start: datetime, exists: Callable[[Path], bool]) -> list[Path]:
-    """The files an instance read (``processed``: URI -> modification time in ms) that may hold events at or after
-    ``start`` (modified then or later) and no longer exist, oldest first."""
-    since_ms = start.timestamp() * 1000
-    gone = [(mtime, Path(unquote(urlsplit(uri).path))) for uri, mtime in processed.items() if mtime >= since_ms]
-    return [path for _, path in sorted(gone) if not exists(path)]
-
-
-def still_retained(cluster: ClusterConfig, landing_file: Path) -> bool:
-    """Whether an input file is still where it landed, or where landing retention moves it (``retained/``)."""
-    if landing_file.exists():
-        return True
-    try:
-        return retained_twin(cluster, landing_file).exists()
-    except PathOutsideRoot:  # not a landing file of this storage root: it was where it was read, or nowhere
-        return False
-
-
 def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start: datetime, end: datetime,
                    instances: list[str]) -> None:
     """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``instances`` cannot be backfilled now."""
@@ -236,84 +189,27 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
         or retention_refusal(plan, start, end, horizons(db, plan.name), instances)
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
-    dropped = dropped_messages(cluster, plan, instances, start)
-    if dropped:
-        raise BackfillRefused(f"backfill of plan {plan.name}: {'; '.join(dropped)}")
-    for instance in instances:
-        processed: dict[str, int] = {}
-        for node in plan.nodes:
-            for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).values():
-                processed.update(processed_file_times(query_dir))
-        gone = missing_input(processed, start, lambda path: still_retained(cluster, path))
-        if gone:
-            raise BackfillRefused(
-                f"backfill of plan {plan.name}: {len(gone)} input file(s) of instance {instance} that may hold events "
-                f"of the range are no longer retained: {', '.join(map(str, gone[:LISTED]))}"
-                + (f" and {len(gone) - LISTED} more" if len(gone) > LISTED else ""))
-
-
-def dropped_messages(cluster: ClusterConfig, plan: PlanConfig, instances: list[str], start: datetime) -> list[str]:
-    """For each ``nats`` stream the instances read, why messages published at or after ``start`` may be gone
-    (:func:`tandem.messaging.jetstream.dropped_since`); a message is published after the events it holds, as a
-    landing file is written after them."""
-    reasons = []
-    for name, stream in plan.streams.items():
-        if stream.source != "nats" or not any(plan.partitions(instance, name) for instance in instances):
-            continue
-        nats = nats_of(cluster, plan, name)
-        jetstream = stream_name(nats.prefix, name)
-        with JetStream(nats, name="tandem-backfill-check") as js:
-            info = js.stream_info(jetstream)
-        if info is None:
-            reasons.append(f"JetStream stream {jetstream} of {name} does not exist")
-        elif (reason := dropped_since(jetstream, info["state"], start)) is not None:
-            reasons.append(reason)
-    return reasons
+    refused = [why for name in plan.streams
+               if (why := source_of(plan, name).backfill_refusal(cluster, plan, instances, name, start))]
+    if refused:
+        raise BackfillRefused(f"backfill of plan {plan.name}: {'; '.join(refused)}")
 
 
 # --- recompute ---------------------------------------------------------------------------------------------------
 
 
 def gather_input(cluster: ClusterConfig, plan: PlanConfig, instance: str, folder: Path) -> dict[str, list[Path]]:
-    """Link every input file still retained for the instance's ``files`` streams (``landing/`` and ``retained/``)
-    into ``folder/<stream>/<partition>/``; the folders by stream. The recomputation reads this one set: landing
-    retention may move a file from one place to the other meanwhile, and a file read in both places (or in
-    neither) would count twice (or not at all). Landing is listed first, so a file moved in between is found."""
-    gathered: dict[str, list[Path]] = {}
-    for stream, declared in plan.streams.items():
-        if declared.source != "files":
-            continue
-        for partition in plan.partitions(instance, stream):
-            landing, retained = landing_dir(cluster, stream, partition), retained_dir(cluster, stream, partition)
-            names = sorted({path.name for path in (*input_files(landing), *input_files(retained))})
-            target = folder / stream / str(partition)
-            target.mkdir(parents=True, exist_ok=True)
-            for name in names:
-                _link_either((landing / name, retained / name), target / name)
-            gathered.setdefault(stream, []).append(target)
-    return gathered
-
-
-def _link_either(sources: tuple[Path, ...], target: Path) -> None:
-    for source in sources:
-        try:
-            os.link(source, target)
-            return
-        except FileNotFoundError:
-            continue
-        except OSError:  # another file system (a symbolic link under the root): copy, keeping the modification time
-            if source.exists():
-                shutil.copy2(source, target)
-                return
-    raise BackfillRefused(f"input file {sources[0].name} disappeared while the recomputation gathered it (deleted "
-                          f"from {' and '.join(str(s.parent) for s in sources)} by landing retention): run it again")
+    """The instance's input of each stream whose kind fixes it for a recomputation, in ``folder``
+    (:meth:`tandem.sources.base.SourceKind.gather`: every retained file of a ``files`` stream, linked); the
+    folders by stream."""
+    return {stream: folders for stream in plan.streams
+            if (folders := source_of(plan, stream).gather(cluster, plan, instance, stream, folder))}
 
 
 def in_one_batch(plan: PlanConfig) -> PlanConfig:
     """``plan`` with no admission limit on its streams: a finite run reads all its input in one micro-batch, so
     nothing is late inside it (pure)."""
-    return dataclasses.replace(plan, streams={name: stream.model_copy(update={"max_files_per_trigger": ALL_FILES,
-                                                                              "max_events_per_trigger": ALL_FILES})
+    return dataclasses.replace(plan, streams={name: source_of(plan, name).unbounded(stream)
                                               for name, stream in plan.streams.items()})
 
 

@@ -44,7 +44,7 @@ from tandem.outputs.quarantine import QuarantineSink
 from tandem.runtime.listener import QUALITY_METRICS
 from tandem.runtime.publisher import ALL_ROWS, RoutedSink
 from tandem.runtime.records import parse_and_validate, record_schema
-from tandem.runtime.sources import stream_lines
+from tandem.sources import source_of
 from tandem.store.registry import InstanceKey
 
 STATE_STORES = ("default", "rocksdb")
@@ -61,8 +61,8 @@ class PlanContext:
     instance: InstanceKey
     spark: SparkSession
     input_folders: Mapping[str, list[Path]] | None = None
-    """A recomputation's gathered input (:func:`tandem.batch.backfill.gather_input`): its ``files`` streams read
-    these folders instead of their landing folders."""
+    """A recomputation's gathered input (:func:`tandem.batch.backfill.gather_input`): the streams whose kind gathered
+    some read these folders instead of their live input."""
     _streams: dict[str, DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -84,8 +84,8 @@ class PlanContext:
             raise PlanError(f"{self.plan.path}: streams: a query reads {name!r}, which is not declared "
                             f"(streams: {', '.join(self.plan.streams)})")
         if name not in self._streams:
-            lines = stream_lines(self.spark, self.cluster, self.plan, self.instance.instance, name,
-                                 folders=(self.input_folders or {}).get(name))
+            lines = source_of(self.plan, name).lines(self.spark, self.cluster, self.plan, self.instance.instance, name,
+                                                     folders=(self.input_folders or {}).get(name))
             self._streams[name] = parse_and_validate(lines, record_schema(self.plan.streams[name]))
         return self._streams[name]
 

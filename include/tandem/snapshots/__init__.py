@@ -7,11 +7,12 @@
 - :mod:`~tandem.snapshots.validation`: files and the Great Expectations suite → GOOD or BAD;
 - :mod:`~tandem.snapshots.landing`: deleting input nothing needs any more;
 - :mod:`~tandem.snapshots.retention` (pure): which snapshots to prune, which landing files to
-  delete, which snapshot to restore; :mod:`~tandem.snapshots.source_log`: which landing files a
-  checkpoint (or a cut of one) has processed. The catalog lives in PostgreSQL
+  delete, which snapshot to restore (which landing files a checkpoint, or a cut of one, has processed:
+  :func:`tandem.checkpoints.processed_files`). The catalog lives in PostgreSQL
   (:mod:`tandem.store.snapshots`).
 """
 
+from tandem.checkpoints import processed_files
 from tandem.snapshots.retention import (
     KEEP,
     PRUNE,
@@ -25,7 +26,6 @@ from tandem.snapshots.retention import (
     decide_retention,
     landing_file_key,
 )
-from tandem.snapshots.source_log import processed_files
 
 __all__ = ["KEEP", "PRUNE", "TAKING_TIMEOUT_S", "WAIT", "LandingDecision", "RetentionPlan", "SnapshotDecision",
            "choose_snapshot", "decide_landing_retention", "decide_retention", "landing_file_key", "processed_files"]

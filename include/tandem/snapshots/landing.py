@@ -38,13 +38,13 @@ import os
 import time
 from pathlib import Path
 
-from tandem.checkpoints import CheckpointError, last_changed, query_dirs
+from tandem.checkpoints import CheckpointError, last_changed, processed_files_by_source, query_dirs
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError
 from tandem.layout import checkpoint_dir, input_mtimes, landing_dir, retained_dir, retained_twin, under_root
 from tandem.names import WARM
 from tandem.snapshots.retention import LandingDecision, decide_landing_retention, files_of_stream, guarding_nodes
-from tandem.snapshots.source_log import processed_files_by_source
+from tandem.sources import source_of
 from tandem.store import snapshots as catalog
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
@@ -94,9 +94,9 @@ def clean_landing(cluster: ClusterConfig, plans: list[PlanConfig], stream: str, 
     files = [str(path) for path in landed]
     processed_by: dict[str, frozenset[str]] = {}
     kept_cuts: dict[str, frozenset[str]] = {}
-    readers = [(plan, instance) for plan in plans
-               if stream in plan.streams and plan.streams[stream].source == "files"  # not one of its NATS streams
-               for instance in plan.instances if partition in plan.partitions(instance, stream)]
+    readers = [(plan, instance) for plan in plans if stream in plan.streams  # of a kind that reads landing files
+               for instance in plan.instances
+               if partition in source_of(plan, stream).landing_partitions(plan, instance, stream)]
     for plan, instance in readers:
         if (plan.name, instance) not in guards:  # once per run: an instance reads several partitions
             guards[plan.name, instance] = _guarding(cluster, plan, instance, db)
@@ -184,8 +184,8 @@ def clean_plan_landing(cluster: ClusterConfig, plan: PlanConfig, *, instance: st
         db = db or Database(cluster.database_url, "tandem-maintenance")
         try:
             instances = [plan.check_instance(instance)] if instance else list(plan.instances)
-            partitions = sorted({(stream, p) for instance in instances for stream, declared in plan.streams.items()
-                                 if declared.source == "files" for p in plan.partitions(instance, stream)})
+            partitions = sorted({(stream, p) for instance in instances for stream in plan.streams
+                                 for p in source_of(plan, stream).landing_partitions(plan, instance, stream)})
             logs: SourceLogs = {}  # each checkpoint's source logs read once, whatever partitions it guards
             guards: Guards = {}
             return {f"{stream}/{p}": clean_landing(cluster, plans, stream, p, db, logs, guards)

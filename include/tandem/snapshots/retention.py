@@ -28,7 +28,7 @@ How it works
 
     Landing retention: a file may be deleted when every instance that may resume from its own
     checkpoint has processed it (a committed batch of each of its queries read it, see
-    :mod:`tandem.snapshots.source_log`), and when every kept snapshot's cut has processed it,
+    :func:`tandem.checkpoints.processed_files`), and when every kept snapshot's cut has processed it,
     because a restore from a snapshot reprocesses exactly the input after its cut. Requiring every
     kept cut, not only the oldest one, is the same rule when cuts grow with time and stays safe
     when they do not (a newer snapshot cut from a standby that lagged behind). With no instance,
@@ -275,7 +275,7 @@ def decide_landing_retention(files: Iterable[str], processed_by: Mapping[str, Co
     Args:
         files: the files in one landing directory (paths or ``file:`` URIs).
         processed_by: per reader, the files its committed batches read
-            (:func:`tandem.snapshots.source_log.processed_files`). A reader is one query of one
+            (:func:`tandem.checkpoints.processed_files`). A reader is one query of one
             instance (e.g. ``trades/shard-1/node-a/aggregates``): every query of every instance
             that reads this directory and may resume from its own checkpoint (the running ones;
             an instance that restarts after a re-sync takes the active's cut and needs nothing older).

@@ -40,10 +40,10 @@ import pyarrow as pa
 
 from tandem.checkpoints import CheckpointError, source_offsets, verify_cut
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.messaging.jetstream import lost_after
 from tandem.quality.implied import MAX_PARTITION_PARAMETER, STATE_ROWS_PARAMETER, implied_state_suite
 from tandem.quality.suites import ExpectationOutcome, plan_suite, run_suite
 from tandem.snapshots.state_export import StateOperator
+from tandem.sources import SOURCE_KINDS
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,15 @@ def check_files(snapshot_dir: Path, query_batches: Mapping[str, int]) -> list[st
 
 
 def lost_input(cluster: ClusterConfig, snapshot_dir: Path, query_batches: Mapping[str, int]) -> list[str]:
-    """What the snapshot's cuts would read next that their sources no longer hold (``[]``: nothing): a ``nats``
-    stream whose retention dropped messages after a cut's offset, named with the missing range."""
-    if cluster.nats is None:
-        return []
+    """What the snapshot's cuts would read next that their sources no longer hold (``[]``: nothing), as each source
+    kind finds it (:meth:`tandem.sources.base.SourceKind.lost_input`: a ``nats`` stream whose retention dropped
+    messages after a cut's offset, named with the missing range)."""
     offsets = []
     for query, batch in sorted(query_batches.items()):
         entry = snapshot_dir / query / "offsets" / str(batch)
         if entry.is_file():
             offsets += source_offsets(entry)
-    return lost_after(cluster.nats, offsets)
+    return [lost for kind in SOURCE_KINDS.values() for lost in kind.lost_input(cluster, offsets)]
 
 
 def state_frame(rows: pa.Table, fields: pa.Table, query_batches: Mapping[str, int],

@@ -1,5 +1,6 @@
 """Observe one (plan, instance): read PostgreSQL, the landing directory and, for an instance quiet long enough to be
-stalled, the messages of its ``nats`` streams it has not read; evaluate health (read-only).
+stalled, the input its sources hold that it has not read (the messages of its ``nats`` streams); evaluate health
+(read-only).
 
 The result feeds :func:`tandem.supervisor.decisions.decide` (the supervisor), the supervision
 trigger (which fires when the decision has something to do) and ``tandem status``.
@@ -11,11 +12,9 @@ import time
 from dataclasses import dataclass
 
 from tandem.checkpoints import committed_batch, query_dirs, source_offsets
-from tandem.config import ClusterConfig, PlanConfig, nats_of
-from tandem.layout import InputMtimes, checkpoint_dir, instance_landing_dirs
-from tandem.messaging import JetStream, stream_name
-from tandem.messaging.jetstream import unread_since
-from tandem.messaging.wire import ProtocolError
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.layout import InputMtimes, checkpoint_dir
+from tandem.sources import landing_dirs, source_of
 from tandem.store.db import Database
 from tandem.store.supervision import InstanceRows, read_instance
 from tandem.supervisor.decisions import LeaseView, InstanceView
@@ -49,30 +48,15 @@ def oldest_after(mtimes: list[float], after_epoch: float, now_epoch: float) -> f
 
 
 def unread_messages_since(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str) -> float | None:
-    """When the oldest message of the instance's ``nats`` streams that ``node``'s queries have not read (by their last
-    committed batch) was published, as a POSIX time; ``None`` when there is none (or the messaging layer does not
-    answer: the source itself waits for it and fails the query if it stays away)."""
-    streams = [name for name, stream in plan.streams.items()
-               if stream.source == "nats" and plan.partitions(instance, name)]
+    """When the oldest input of the instance's streams that ``node``'s queries have not read (by their last committed
+    batch) was published, as its source kind finds it (:meth:`tandem.sources.base.SourceKind.unread_published`: the
+    messages of ``nats`` streams), as a POSIX time; ``None`` when there is none (or the source does not answer)."""
     committed = [source_offsets(query_dir / "offsets" / str(batch))
-                 for query_dir in (query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).values()
-                                   if streams else ())
+                 for query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).values()
                  if (batch := committed_batch(query_dir)) is not None]  # a query without one: judged by its start
-    found: list[float] = []
-    for name in streams:
-        nats = nats_of(cluster, plan, name)
-        readers = [offsets for offsets in committed  # the queries that read the stream
-                   if any(isinstance(o, dict) and o.get("stream") == stream_name(nats.prefix, name) for o in offsets)]
-        if not readers:
-            continue
-        try:  # one connection per stream, whatever the number of queries reading it
-            with JetStream(nats, name="tandem-observe", timeout_s=5.0) as js:
-                for offsets in readers:
-                    found += [t.timestamp() for t in unread_since(js, nats.prefix, name,
-                                                                  plan.partitions(instance, name), offsets)]
-        except (OSError, ProtocolError):
-            continue
-    return min(found, default=None)
+    return min((published for name in plan.streams
+                for published in source_of(plan, name).unread_published(cluster, plan, instance, name, committed)),
+               default=None)
 
 
 UNREAD_RECHECK_S = 30.0
@@ -111,8 +95,8 @@ def observe_instance(db: Database, cluster: ClusterConfig, plan: PlanConfig, ins
         waiting = None
         if row["status"] == "RUNNING":
             if mtimes is None:
-                mtimes = [m for directories in instance_landing_dirs(cluster, plan, instance).values()
-                          for directory in directories for m in inputs.of(directory).values()]
+                mtimes = [m for directory in landing_dirs(cluster, plan, instance)
+                          for m in inputs.of(directory).values()]
             since = batch_start if batch_start is not None else max(row["started_epoch"] or 0.0, rows.now_epoch - window)
             waiting = oldest_after(mtimes, since, time.time())
             quiet_s = rows.now_epoch - (batch_start if batch_start is not None else (row["started_epoch"] or 0.0))

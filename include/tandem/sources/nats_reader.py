@@ -1,4 +1,5 @@
-"""The ``nats`` source kind: a stream's partitions are subjects of one JetStream stream, read by sequence range.
+"""The Spark half of the ``nats`` source kind (:mod:`tandem.sources.nats`): a stream's partitions are subjects of one
+JetStream stream, read by sequence range. Imported only when a query is built.
 
 Purpose
     Events reach a plan from a broker, as the seeds' distributed deployments require, and every node
@@ -33,8 +34,8 @@ How it works
     read goes on after the last message it yielded.
 
 What it does not do
-    :func:`read` creates the JetStream stream, or checks it against the declaration
-    (:func:`tandem.messaging.ensure_declared`), when the query is built.
+    It does not create the JetStream stream: the kind does, or checks it against the declaration
+    (:meth:`tandem.sources.nats.Nats.prepare`), before :func:`read` builds the query.
     Credentials never travel in the data source's options (they show in query plans): a URL with
     credentials is taken from ``TANDEM_NATS_URL`` in the worker's environment.
 """
@@ -55,8 +56,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from tandem.config import ClusterConfig, PlanConfig, nats_of
-from tandem.messaging import JetStream, ensure_declared, partition_subject, stream_name
+from tandem.config import NatsConfig, PlanConfig
+from tandem.messaging import JetStream, partition_subject, stream_name
 from tandem.messaging.jetstream import Bounds, check_not_lost, check_not_reset, connect_options
 from tandem.messaging.wire import ConnectOptions
 
@@ -66,11 +67,9 @@ SCHEMA = "raw string, source_file string"
 _ARROW_SCHEMA = pa.schema([("raw", pa.string()), ("source_file", pa.string())])
 
 
-def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str) -> DataFrame:
-    """The messages of the partitions of ``stream`` that instance ``instance`` reads, as lines; the stream's
-    JetStream stream is created first, or checked against the declaration."""
-    nats = nats_of(cluster, plan, stream)
-    ensure_declared(nats, plan, stream)
+def read(spark: SparkSession, nats: NatsConfig, plan: PlanConfig, instance: str, stream: str) -> DataFrame:
+    """The messages of the partitions of ``stream`` that instance ``instance`` reads, on the messaging layer ``nats``,
+    as lines."""
     spark.dataSource.register(NatsSource)
     subjects = [partition_subject(nats.prefix, stream, p) for p in plan.partitions(instance, stream)]
     return (spark.readStream.format(SOURCE_NAME)

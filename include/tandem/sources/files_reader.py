@@ -1,4 +1,5 @@
-"""The ``files`` source kind: JSON-lines files renamed into the landing folders of a stream's partitions."""
+"""The Spark half of the ``files`` source kind (:mod:`tandem.sources.files`): the lines of landing folders, read by
+Spark's file source. Imported only when a query is built."""
 
 from __future__ import annotations
 
@@ -6,15 +7,6 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-
-from tandem.config import ClusterConfig, PlanConfig
-from tandem.layout import instance_landing_dirs
-
-
-def read(spark: SparkSession, cluster: ClusterConfig, plan: PlanConfig, instance: str, stream: str) -> DataFrame:
-    """The lines of the landing folders of the partitions of ``stream`` that instance ``instance`` reads."""
-    directories = instance_landing_dirs(cluster, plan, instance)[stream]
-    return landing_lines(spark, directories, plan.streams[stream].max_files_per_trigger)
 
 
 def landing_lines(spark: SparkSession, directories: list[Path], max_files_per_trigger: int) -> DataFrame:
