@@ -19,7 +19,7 @@ from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from tandem.lake.maintenance import retry_on_conflict
+from tandem.lake.tables import retry_on_conflict
 from tandem.lake.tables import append_once, read_table, string_literal
 
 def arrow_schema(spec: AggregationSpec) -> pa.Schema:
@@ -63,8 +63,8 @@ def replace_range(path: Path, spec: AggregationSpec, instance: str, start: datet
                                                   app_transactions=[Transaction(f"{app_id}/seconds", 0)])),
                       time.sleep)
     if coarser.num_rows:
-        retry_on_conflict(lambda: append_once(path, _rows_table(spec, coarser, node, published_at), app_id=app_id,
-                                              version=0, partition_by=["granularity"]), time.sleep)
+        append_once(path, _rows_table(spec, coarser, node, published_at), app_id=app_id, version=0,
+                    partition_by=["granularity"])
     return written.num_rows
 
 

@@ -13,7 +13,7 @@ How it works
     :func:`maintain_table` runs delta-rs's ``optimize.compact()``, ``create_checkpoint()`` and
     ``vacuum()`` on the newest version. The instances keep appending meanwhile: an append commits whatever
     a compaction does (delta-rs retries it), and a compaction that lost the race to an append fails with
-    ``CommitFailedError`` and is tried again on the new version (:data:`ATTEMPTS`), so no append is lost and
+    ``CommitFailedError`` and is tried again on the new version (:data:`tandem.lake.tables.ATTEMPTS`), so no append is lost and
     no batch is written twice (the appends' application transactions survive compaction). Vacuum never
     deletes a file of the versions in ``keep`` (the kept snapshots' versions of the table: a restore rolls
     an instance back to one of them by time travel) nor a file removed less than ``retention_s`` ago
@@ -41,10 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
-ATTEMPTS = 8
-"""How many times a compaction or vacuum that lost a race to an append is tried again."""
+from tandem.lake.tables import retry_on_conflict
 
 
 @dataclass(frozen=True)
@@ -146,17 +144,6 @@ def clean_log(path: Path, floor: int, log_retention_s: float, now: Callable[[], 
         (log / name).unlink(missing_ok=True)
     return len(expired)
 
-
-def retry_on_conflict(action: Callable[[], object], sleep: Callable[[float], None]) -> tuple[object, int]:
-    """``action()``, tried again after a commit conflict with a concurrent writer; its result and the retries."""
-    for attempt in range(ATTEMPTS):
-        try:
-            return action(), attempt
-        except CommitFailedError:
-            if attempt == ATTEMPTS - 1:
-                raise
-            sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
 
 
 def maintain_table(path: Path, *, keep: Sequence[int] = (), retention_s: float = 7 * 86400.0,

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 from pyarrow.fs import LocalFileSystem
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 
 RENAMED_COLUMNS = {"shard_id": "instance"}
 """Columns of tables written before a rename, by their name today: a version written before issue 47 holds
 ``shard_id``; :func:`read_table` names it ``instance`` and :func:`rename_legacy_columns` upgrades a table."""
+
+
+T = TypeVar("T")
+ATTEMPTS = 8
+"""How many times a commit that met a concurrent writer's (a backfill's overwrite, a compaction) is tried."""
 
 
 def table_exists(path: Path) -> bool:
@@ -43,20 +51,37 @@ def append_once(path: Path, data: pa.Table, app_id: str, version: int,
     The append and the new transaction version are one Delta commit, so a replayed micro-batch
     is skipped and a crash never leaves half a batch. Returns whether anything was written.
     """
-    done = committed_version(path, app_id)
-    if done is not None and done >= version:
-        return False
-    path.mkdir(parents=True, exist_ok=True)
-    write_deltalake(
-        str(path),
-        data,
-        mode="append",
-        partition_by=partition_by,
-        commit_properties=CommitProperties(
-            app_transactions=[Transaction(app_id=app_id, version=version)], max_commit_retries=50
-        ),
-    )
-    return True
+    def append() -> bool:
+        done = committed_version(path, app_id)
+        if done is not None and done >= version:
+            return False
+        path.mkdir(parents=True, exist_ok=True)
+        write_deltalake(
+            str(path),
+            data,
+            mode="append",
+            partition_by=partition_by,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=app_id, version=version)], max_commit_retries=50
+            ),
+        )
+        return True
+
+    # delta-rs retries an append itself, except after a concurrent commit removed files (a backfill's overwrite of a
+    # range, a compaction): then the append is tried again on the new version, never lost, never failing the batch
+    return retry_on_conflict(append)[0]
+
+
+def retry_on_conflict(action: Callable[[], T], sleep: Callable[[float], None] = time.sleep) -> tuple[T, int]:
+    """``action()``, tried again after a commit conflict with a concurrent writer; its result and the retries."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return action(), attempt
+        except CommitFailedError:
+            if attempt == ATTEMPTS - 1:
+                raise
+            sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def read_table(path: Path, filter_expression: ds.Expression | None = None, columns: list[str] | None = None, *,
