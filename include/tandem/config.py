@@ -890,7 +890,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         if node not in cluster.nodes:
             refuse(f"nodes[{index}]", f"unknown node {node!r} (cluster.yaml defines {', '.join(cluster.nodes)})")
     for name, output in file.outputs.items():
-        if output.kind == "aggregation" and output.table is None:
+        if "table" in output.rules.may and output.table is None:  # a kind naming its own table has a default one
             table = output.serving_table(file.name, name)
             try:
                 TypeAdapter(FieldName).validate_python(table)
@@ -993,9 +993,8 @@ def _check_retention(file: PlanFile, refuse: Callable[[str, str], None]) -> None
                    "ones, keep it at least as long")
             break  # one line for the order: the next finer granularity would name the same coarser one
     keep_input = file.maintenance.keep_input_s
-    # a table's and an aggregation's ids are contributions applied once (the kinds' applies_contributions); a latest
-    # output's id only orders its rows
-    by_id = [name for name, output in file.outputs.items() if output.id and output.kind in ("table", "aggregation")]
+    # ids that are contributions applied once (a latest output's id only orders its rows)
+    by_id = [name for name, output in file.outputs.items() if output.id and output.rules.contributions_by_id]
     if by_id and keep_input is not None and keep_input > retention.contributions_s:
         refuse("maintenance.keep_input",
                f"keeps input {keep_input / 86400:g} days, longer than maintenance.retention.contributions "

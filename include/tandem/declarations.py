@@ -28,6 +28,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, \
@@ -67,7 +68,6 @@ MAX_STRING_LENGTH = 1_000_000
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 """Bytes an input line may take unless its stream declares ``max_line_bytes``; longer lines are quarantined unparsed."""
 MAX_LINE_BYTES = 64 * 1024 * 1024
-OUTPUT_KINDS = ("aggregation", "table", "events", "latest", "quarantine")
 DEFAULT_RETENTION_S = 7 * 86400.0
 """How long a ``nats`` stream's messages are kept unless it declares ``retention``."""
 
@@ -506,41 +506,86 @@ class OutputConfig(StrictModel):
         """The PostgreSQL table of an aggregation output named ``output``: its ``table``, else ``<plan>_<output>``."""
         return self.table or f"{plan}_{output}"
 
+    @property
+    def rules(self) -> OutputRules:
+        """What its kind requires and allows of its declaration (:data:`OUTPUT_RULES`)."""
+        return OUTPUT_RULES[self.kind]
+
     @model_validator(mode="after")
     def _kind_fields(self) -> OutputConfig:
-        if self.kind in ("table", "events", "latest") and not self.key:
-            raise ValueError(f"a {self.kind} output needs a key")
-        if self.kind in ("events", "latest") and self.time is None:
-            raise ValueError(f"an {self.kind} output needs a time field" if self.kind == "events" else
-                             "a latest output needs the time field that orders its rows")
-        if self.kind == "latest" and not self.values:
-            raise ValueError("a latest output needs the values it keeps of the latest row")
-        if self.kind == "table" and (not self.values or not self.id):
-            raise ValueError("a table output needs values and the id of a contributing row")
-        if self.stream is not None and self.kind != "events":
-            raise ValueError("stream: only an events output is published to a stream")
-        if self.kind not in ("table", "aggregation", "latest") and (self.values or self.id):
-            raise ValueError("values and id belong to table, aggregation and latest outputs")
-        if self.kind == "aggregation" and (self.values or (self.id and self.time is None)):
-            raise ValueError("an aggregation of facts (id) needs the time field that buckets them; values "
-                             "belong to tables")
-        if self.kind == "aggregation":
-            if not any(m.function == "count" for m in self.measures.values()):
-                raise ValueError("an aggregation needs a count measure (a partial covering more events is newer)")
-            for name, (numerator, denominator) in self.ratios.items():
-                for part in (numerator, denominator):
-                    if part not in self.measures:
-                        raise ValueError(f"ratio {name}: {part!r} is not a measure ({', '.join(self.measures)})")
-            if len(set(self.granularities)) != len(self.granularities):
-                raise ValueError("granularities: each granularity once")
-            names = [*self.key, *self.measures, *self.ratios]
-            clashing = sorted({n for n in names if names.count(n) > 1} | set(names) & set(AGGREGATION_COLUMNS))
-            if clashing:
-                raise ValueError(f"{', '.join(clashing)}: each key, measure and ratio needs a column name of its own, "
-                                 f"none of the table's ({', '.join(AGGREGATION_COLUMNS)})")
-        elif self.measures or self.ratios or self.table or self.granularities:
-            raise ValueError("measures, ratios, table and granularities belong to aggregation outputs")
+        rules, article = self.rules, "an" if self.kind[0] in "aeiou" else "a"
+        for name, why in rules.needs.items():
+            if not getattr(self, name):
+                raise ValueError(f"{article} {self.kind} output needs {why}")
+        misplaced = [name for name in DECLARED_OUTPUT_FIELDS
+                     if getattr(self, name) and name not in rules.needs and name not in rules.may]
+        if misplaced:
+            owners = "; ".join(f"{name}: {', '.join(outputs_where(name))}" for name in misplaced)
+            raise ValueError(f"{', '.join(misplaced)}: not a setting of {article} {self.kind} output ({owners})")
+        if rules.check is not None:
+            rules.check(self)
         return self
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    """What an output's declaration must and may say, by its kind (:data:`OUTPUT_RULES`). The configuration checks
+    them; it sits below the output kinds (:mod:`tandem.outputs`), each of which keeps its rules as ``rules``."""
+
+    needs: dict[str, str]
+    """The settings it must give, each with what it is for ("a table output needs <why>")."""
+    may: tuple[str, ...] = ()
+    """The settings it may give; another kind's are refused."""
+    contributions_by_id: bool = False
+    """Its rows, when it declares ``id``, are contributions applied once by id (``tandem.output_contributions``,
+    kept for ``maintenance.retention.contributions``): a backfill of input older than the ids kept would apply some
+    again."""
+    check: Callable[[OutputConfig], None] | None = None
+    """Its own rules over several settings (a ``ValueError`` says what is wrong)."""
+
+
+DECLARED_OUTPUT_FIELDS = ("key", "time", "values", "id", "stream", "measures", "ratios", "table", "granularities")
+"""The settings of an output beyond its kind: each kind needs some, may give others (:class:`OutputRules`)."""
+
+
+def _aggregation_rules(output: OutputConfig) -> None:
+    if output.id and output.time is None:
+        raise ValueError("an aggregation of facts (id) needs the time field that buckets them")
+    if not any(m.function == "count" for m in output.measures.values()):
+        raise ValueError("an aggregation needs a count measure (a partial covering more events is newer)")
+    for name, (numerator, denominator) in output.ratios.items():
+        for part in (numerator, denominator):
+            if part not in output.measures:
+                raise ValueError(f"ratio {name}: {part!r} is not a measure ({', '.join(output.measures)})")
+    if len(set(output.granularities)) != len(output.granularities):
+        raise ValueError("granularities: each granularity once")
+    names = [*output.key, *output.measures, *output.ratios]
+    clashing = sorted({n for n in names if names.count(n) > 1} | set(names) & set(AGGREGATION_COLUMNS))
+    if clashing:
+        raise ValueError(f"{', '.join(clashing)}: each key, measure and ratio needs a column name of its own, "
+                         f"none of the table's ({', '.join(AGGREGATION_COLUMNS)})")
+
+
+OUTPUT_RULES: dict[str, OutputRules] = {
+    "aggregation": OutputRules(
+        needs={"measures": "measures, a count among them (a partial covering more events is newer)"},
+        may=("key", "time", "id", "ratios", "table", "granularities"), contributions_by_id=True,
+        check=_aggregation_rules),
+    "table": OutputRules(needs={"key": "a key", "values": "values (the numbers summed over the instances)",
+                                "id": "the id of a contributing row (each is applied once)"},
+                         may=("time",), contributions_by_id=True),
+    "events": OutputRules(needs={"key": "a key (the fields an event's id is computed from)", "time": "a time field"},
+                          may=("stream",)),
+    "latest": OutputRules(needs={"key": "a key", "time": "the time field that orders its rows",
+                                 "values": "the values it keeps of the latest row"}, may=("id",)),
+    "quarantine": OutputRules(needs={}),
+}
+"""The declaration rules of each output kind (one entry per module of :mod:`tandem.outputs`)."""
+
+
+def outputs_where(setting: str) -> list[str]:
+    """The output kinds that need or may give ``setting``, as an error message names them."""
+    return [kind for kind, rules in OUTPUT_RULES.items() if setting in rules.needs or setting in rules.may]
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------

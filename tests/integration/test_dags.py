@@ -97,7 +97,8 @@ def test_run_dag_launches_once_reuses_the_job_and_relaunches_or_stops_a_frozen_d
 
         second, output = dag_test(env, "tandem_trades_run", conf)
         assert second["state"] == "success", output[-5000:]
-        assert second["xcom"]["launch_node-b.reused"] is True
+        why = [line for line in output.splitlines() if "trades/shard-2/node-b (" in line]  # "launched <id> (<reason>)"
+        assert second["xcom"]["launch_node-b.reused"] is True, (why, Path(row["log_path"]).read_text()[-3000:])
         assert second["xcom"]["launch_node-b.pid"] == row["pid"]
         with Database(cluster.database_url) as db:
             assert get_instance(db, "trades/shard-2/node-b")["submit_pid"] == row["submit_pid"]

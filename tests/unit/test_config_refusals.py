@@ -147,7 +147,7 @@ CASES = {
                             "outputs.alerts", "needs a time field"),
     "table without id": (PLAN, data(lambda d: d["outputs"].update(t={"kind": "table", "key": ["symbol"],
                                                                      "values": ["n"]})),
-                         "outputs.t", "needs values and the id"),
+                         "outputs.t", "a table output needs the id of a contributing row"),
     "measure with two functions": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
         price_sum={"sum": "price", "max": "price"})), "outputs.trade_aggregates.measures.price_sum", "exactly one of"),
     "aggregation without a count": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].pop("trade_count")),
@@ -162,7 +162,13 @@ CASES = {
                           "outputs.trade_aggregates", "each granularity once"),
     "granularities of events": (PLAN, data(lambda d: d["outputs"].update(alerts={
         "kind": "events", "key": ["symbol"], "time": "timestamp", "granularities": ["hour"]})),
-        "outputs.alerts", "granularities belong to aggregation outputs"),
+        "outputs.alerts", "granularities: not a setting of an events output (granularities: aggregation)"),
+    "values of events": (PLAN, data(lambda d: d["outputs"].update(alerts={
+        "kind": "events", "key": ["symbol"], "time": "timestamp", "values": ["price"]})),
+        "outputs.alerts", "values: not a setting of an events output (values: table, latest)"),
+    "latest without values": (PLAN, data(lambda d: d["outputs"].update(last={
+        "kind": "latest", "key": ["symbol"], "time": "timestamp"})),
+        "outputs.last", "a latest output needs the values it keeps of the latest row"),
     "unknown output kind": (PLAN, data(lambda d: d["outputs"].update(x={"kind": "kafka"})), "outputs.x.kind",
                             "aggregation"),
     "description number": (PLAN, top(description=5), "description", "expected a string"),

@@ -107,7 +107,7 @@ def test_an_events_output_publishes_to_one_nats_stream_of_the_plan_that_producer
         (lambda p: p["streams"]["overdue"].update(source="files"),
          r"outputs\.overdue_orders\.stream: stream 'overdue' must be a nats stream"),
         (lambda p: p["outputs"]["delivered_orders"].update(stream="overdue"),
-         r"outputs\.delivered_orders.*only an events output is published to a stream"),
+         r"outputs\.delivered_orders.*stream: not a setting of a table output \(stream: events\)"),
     ]
     for change, problem in cases:
         edit_yaml(path, with_published_stream)

@@ -246,7 +246,8 @@ def test_every_declarable_source_kind_has_a_reader_and_every_reader_is_declarabl
 def test_every_declarable_output_kind_has_a_module_and_every_module_is_declarable():
     from typing import get_args
 
-    from tandem.declarations import OutputConfig
+    from tandem.declarations import OUTPUT_RULES, OutputConfig
     from tandem.outputs import OUTPUT_KINDS
 
-    assert set(get_args(OutputConfig.model_fields["kind"].annotation)) == set(OUTPUT_KINDS)
+    assert set(get_args(OutputConfig.model_fields["kind"].annotation)) == set(OUTPUT_KINDS) == set(OUTPUT_RULES)
+    assert all(kind.rules is OUTPUT_RULES[name] for name, kind in OUTPUT_KINDS.items())

@@ -29,7 +29,7 @@ from tandem.aggregation import sketches
 from tandem.aggregation.granularity import bucket_end, bucket_start
 from tandem.aggregation.merge import long_sum
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec, Measure, spec_for
-from tandem.declarations import MAX_EPOCH_MILLIS, FieldConfig, OutputConfig
+from tandem.declarations import MAX_EPOCH_MILLIS, OUTPUT_RULES, FieldConfig, OutputConfig
 from tandem.errors import NothingPublished, QueryError
 from tandem.lake.history import roll_back_slice
 from tandem.layout import delta_table_dir
@@ -472,11 +472,9 @@ class AggregationKind(OutputKind):
     added once each by id (``id``: published once by id, as tables and events are)."""
 
     name = "aggregation"
+    rules = OUTPUT_RULES[name]
 
     def published_by_id(self, config: OutputConfig) -> bool:
-        return bool(config.id)
-
-    def applies_contributions(self, config: OutputConfig) -> bool:
         return bool(config.id)
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,

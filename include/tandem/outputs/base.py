@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from tandem.declarations import OutputConfig, event_id
+from tandem.declarations import OutputConfig, OutputRules, event_id
 from tandem.errors import DataError
 from tandem.lake.tables import append_once
 from tandem.store import outputs as store
@@ -503,6 +503,7 @@ class OutputKind:
     The kind owns every duty an output has; generic code (the loader, the runtime, the CLI, the REST API,
     snapshots, backfill, reconcile, retention, validation) asks it and never names a kind:
 
+    - ``rules``: what its declaration must and may say;
     - :meth:`published_by_id`: whether each row is published once by a deterministic id (else Spark's partials);
     - :meth:`sink`: the fenced, idempotent sink of one instance;
     - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
@@ -514,6 +515,9 @@ class OutputKind:
     """
 
     name = ""
+    rules: OutputRules
+    """What its declaration must and may say (:data:`tandem.declarations.OUTPUT_RULES`, checked by the
+    configuration, which sits below the kinds)."""
     recomputed = True
     """Whether a backfill and a reconcile recompute it (the quarantine is not: bad input stays bad)."""
 
@@ -525,8 +529,8 @@ class OutputKind:
     def applies_contributions(self, config: OutputConfig) -> bool:
         """Whether its rows are contributions applied once by id to a value (``tandem.output_contributions``,
         trimmed by ``maintenance.retention.contributions``): a backfill of input older than the ids kept would
-        apply rows again."""
-        return False
+        apply rows again (:attr:`OutputRules.contributions_by_id`)."""
+        return self.rules.contributions_by_id and bool(config.id)
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
              quarantine: QuarantineSink | None = None) -> Sink:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
-from tandem.declarations import OutputConfig
+from tandem.declarations import OUTPUT_RULES, OutputConfig
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -149,6 +149,7 @@ class EventsKind(PublishedById):
     """``events``: append-only notifications, one per deterministic event id, optionally relayed to a stream."""
 
     name = "events"
+    rules = OUTPUT_RULES[name]
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
              quarantine: QuarantineSink | None = None) -> EventsSink:

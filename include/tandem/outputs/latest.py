@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tandem.declarations import OutputConfig, event_id
+from tandem.declarations import OUTPUT_RULES, OutputConfig, event_id
 from tandem.json_values import spelled
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
@@ -165,6 +165,7 @@ class LatestKind(OutputKind):
     """``latest``: per key, the row of the latest event time (ties broken by ``id``), merged on read."""
 
     name = "latest"
+    rules = OUTPUT_RULES[name]
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
              quarantine: QuarantineSink | None = None) -> LatestSink:

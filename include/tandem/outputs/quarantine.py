@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from tandem.declarations import OUTPUT_RULES
 from tandem.lake.tables import append_once, read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import BatchInfo, HeldUntilPublished, OutputKind, ReadRequest, fence
@@ -120,6 +121,7 @@ class QuarantineKind(OutputKind):
     by design)."""
 
     name = "quarantine"
+    rules = OUTPUT_RULES[name]
     recomputed = False
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,

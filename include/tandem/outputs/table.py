@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
-from tandem.declarations import OutputConfig
+from tandem.declarations import OUTPUT_RULES, OutputConfig
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -130,9 +130,7 @@ class TableKind(PublishedById):
     """``table``: a keyed table of numbers, each instance's partial values summed on read."""
 
     name = "table"
-
-    def applies_contributions(self, config: OutputConfig) -> bool:
-        return True
+    rules = OUTPUT_RULES[name]
 
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
              quarantine: QuarantineSink | None = None) -> TableSink:
