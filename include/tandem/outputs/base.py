@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -382,7 +383,7 @@ class ReadRequest:
 
     ``start``/``end``: the event-time range (``None``: where the data is); ``granularity``: an aggregation's
     buckets; ``keys``: per key field, the values wanted, as text (the CLI's ``--key`` and the REST API's ``key``
-    give text: ``5`` finds the number 5 or the string "5", see :func:`spells`); ``source``: ``postgres`` or
+    give text: ``5`` finds the number 5 or the string "5", see :func:`spellings`); ``source``: ``postgres`` or
     ``delta``; ``limit``: at most this many rows (``None``: all).
     """
 
@@ -393,9 +394,15 @@ class ReadRequest:
     source: str = "postgres"
     limit: int | None = None
 
+    @cached_property
+    def spelled(self) -> dict[str, list[Any]]:
+        """Per filtered key, every JSON value its wanted texts name (:func:`spellings`), worked out once per read."""
+        return {name: [value for text in wanted for value in spellings(str(text))]
+                for name, wanted in self.keys.items()}
+
     def matches(self, row: Mapping[str, Any]) -> bool:
-        """Whether a read row holds one of the wanted values of every filtered key (:func:`spells`)."""
-        return all(any(spells(str(v), row.get(name)) for v in wanted) for name, wanted in self.keys.items())
+        """Whether a read row holds one of the wanted values of every filtered key (:func:`is_key`)."""
+        return all(any(is_key(value, row.get(name)) for value in wanted) for name, wanted in self.spelled.items())
 
     def covers(self, moment: datetime) -> bool:
         """Whether ``moment`` lies in ``[start, end)`` (an open side when not given)."""
@@ -408,10 +415,9 @@ class ReadRequest:
 
     def in_store(self, ranged: bool = False) -> tuple[dict[str, Any], int | None]:
         """What a store can apply of the request: the key fields filtered by one value each (as the JSON values it may
-        name: :func:`spellings`), and the limit, which it
-        may apply only when that is the whole filter (and, ``ranged``, no time range is asked of a read that
-        applies it after the store)."""
-        single = {name: spellings(str(values[0])) for name, values in self.keys.items() if len(values) == 1}
+        name: :func:`spellings`), and the limit, which it may apply only when that is the whole filter (and,
+        ``ranged``, no time range is asked of a read that applies it after the store)."""
+        single = {name: self.spelled[name] for name, values in self.keys.items() if len(values) == 1}
         whole = len(single) == len(self.keys) and not (ranged and (self.start or self.end))
         return single, self.limit if whole else None
 
@@ -430,15 +436,12 @@ def spellings(text: str) -> list[Any]:
     return found
 
 
-def spells(text: str, value: Any) -> bool:
-    """Whether a row's key ``value`` is what a filter's ``text`` names (:func:`spellings`), a number by value."""
-    for wanted in spellings(text):
-        if isinstance(wanted, bool) or isinstance(value, bool):
-            if wanted is value:
-                return True
-        elif isinstance(wanted, str) == isinstance(value, str) and wanted == value:
-            return True
-    return False
+def is_key(wanted: Any, value: Any) -> bool:
+    """Whether a row's key ``value`` is ``wanted``, one of a filter's :func:`spellings`: a boolean the same boolean, a
+    string the same text, a number the same number by value."""
+    if isinstance(wanted, bool) or isinstance(value, bool):
+        return wanted is value
+    return isinstance(wanted, str) == isinstance(value, str) and wanted == value
 
 
 @contextmanager
