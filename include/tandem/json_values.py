@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 
@@ -23,6 +24,11 @@ def spelled(value: Any) -> Any:
     return value
 
 
-def json_text(value: Any, indent: int | None = None) -> str:
-    """``value`` as standard JSON text: datetimes as ISO text, non-finite floats :func:`spelled`."""
-    return json.dumps(spelled(value), default=str, allow_nan=False, indent=indent)
+def json_text(value: Any, default: Callable[[Any], Any] = str, **options: Any) -> str:
+    """``value`` as standard JSON text (``json.dumps``'s ``options``): what JSON cannot hold as ``default`` says
+    (datetimes as ISO text), non-finite floats :func:`spelled`. Every JSON document Tandem writes goes through here,
+    PostgreSQL's ``jsonb`` (which holds finite numbers only) included, so none is a text a reader refuses."""
+    try:
+        return json.dumps(value, default=default, allow_nan=False, **options)
+    except ValueError:  # the only ValueError of json.dumps: NaN or ±Infinity with allow_nan=False
+        return json.dumps(spelled(value), default=default, allow_nan=False, **options)

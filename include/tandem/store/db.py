@@ -12,7 +12,6 @@ through :func:`redact`.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -24,7 +23,6 @@ import psycopg2.extras
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from tandem.errors import StoreError, StoreUnreachable
-from tandem.json_values import spelled
 from tandem.redaction import redact
 
 SCHEMA = "tandem"
@@ -53,19 +51,6 @@ _TCP_SETTINGS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2
 """A connection to a server behind a network partition fails within ~10 s instead of TCP's ~15 minutes of
 retransmissions: keepalive probes on idle connections, and a limit on how long sent data may stay
 unacknowledged. (Safety never depends on it: a cut-off publisher is fenced by its lease either way.)"""
-
-
-def json_text(value: object, default: Callable[[object], object] = str, **options) -> str:
-    """``value`` as JSON text for PostgreSQL.
-
-    Every JSON document Tandem writes goes through here, so no sink can build a text PostgreSQL refuses: ``jsonb``
-    holds finite numbers only, so NaN and the infinities (legal doubles) are spelled as the strings ``"NaN"``,
-    ``"Infinity"`` and ``"-Infinity"``, as every reader of outputs shows them (:mod:`tandem.json_values`).
-    """
-    try:
-        return json.dumps(value, default=default, allow_nan=False, **options)
-    except ValueError:  # the only ValueError of json.dumps: NaN or ±Infinity with allow_nan=False
-        return json.dumps(spelled(value), default=default, allow_nan=False, **options)
 
 
 def storable_text(text: str | None) -> str | None:

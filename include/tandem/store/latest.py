@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from tandem.store.db import json_text
+from tandem.json_values import json_text
 from tandem.store.outputs import _copy_text, canonical_key, key_filter, to_json
 from tandem.store.registry import InstanceKey
 

@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any
 
 from tandem.errors import FencedError
-from tandem.store.db import Database, json_text, storable_text
+from tandem.json_values import json_text
+from tandem.store.db import Database, storable_text
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from psycopg2 import sql
 from psycopg2.extras import Json
 
 from tandem.store.aggregates import copied_out
-from tandem.store.db import json_text
+from tandem.json_values import json_text
 from tandem.store.registry import InstanceKey
 
 
@@ -47,7 +47,7 @@ def stage_events(cursor, events: dict[str, tuple[datetime, dict]]) -> None:
 
 
 def _jsonb(value: Any) -> Json:
-    """A parameter for a ``jsonb`` column (NaN and infinities refused: see :func:`tandem.store.db.json_text`)."""
+    """A parameter for a ``jsonb`` column (NaN and infinities spelled: :func:`tandem.json_values.json_text`)."""
     return Json(to_json(value), dumps=json_text)
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.errors import SnapshotError
-from tandem.store.db import Database, json_text
+from tandem.json_values import json_text
+from tandem.store.db import Database
 from tandem.store.registry import instance_id as make_instance_id
 
 TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
