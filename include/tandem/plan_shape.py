@@ -6,8 +6,9 @@ had then. Two changes break it without a word from Spark, or with a raw one:
 - a group's ``parallel`` or a stream's ``partitions``: the instance would read partitions another
   instance already counted (the retired one's files are read again; the watermark drops most of them
   and counts the rest twice);
-- an aggregation's keys or measures: Spark's state holds the old measures
-  (``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``), the serving table the old columns.
+- the state an output kind declares (:meth:`tandem.outputs.base.OutputKind.state_shape`: an aggregation's keys
+  and measures): Spark's state holds the old measures (``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``), the
+  serving table the old columns.
 
 Until changing a running plan is a feature, every launch compares the plan with the shape recorded beside
 each of its group's checkpoints (:data:`SHAPE_FILE`) and refuses, before any query starts, in one line that
@@ -21,35 +22,37 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tandem.aggregation.spec import aggregation_outputs, spec_for
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import PlanChanged
 from tandem.layout import checkpoint_dir
+from tandem.outputs import kind_of
 
 SHAPE_FILE = "tandem-plan-shape.json"
 """Beside an instance's query checkpoints (``checkpoints/<plan>/<instance>/<node>/``)."""
-FORMAT = 1
+FORMAT = 2
+LEGACY_FORMAT = 1
+"""Format 1 kept aggregations only, as ``aggregations`` (read as format 2's ``outputs`` of that kind)."""
 
 Shape = dict[str, Any]
 
 
 def shape_of(plan: PlanConfig, instance: str) -> Shape:
-    """What an instance's checkpoint depends on: its group's parallelism, every stream's partitions, and each
-    aggregation's keys and measures (pure)."""
+    """What an instance's checkpoint depends on: its group's parallelism, every stream's partitions, and the state
+    each output's kind declares (pure)."""
     group, _ = plan.group_of(instance)
-    aggregations = {}
-    for output in aggregation_outputs(plan):
-        spec = spec_for(plan, output)
-        aggregations[output] = {"keys": list(spec.keys),
-                                "measures": {m.column: f"{m.kind} {m.sql_type}" for m in spec.measures}}
+    outputs = {}
+    for output in plan.outputs:
+        kind = kind_of(plan, output)
+        state = kind.state_shape(plan, output)
+        if state is not None:
+            outputs[output] = {"kind": kind.name, **state}
     return {"format": FORMAT, "group": group, "parallel": plan.groups[group].parallel,
-            "partitions": {name: stream.partitions for name, stream in plan.streams.items()},
-            "aggregations": aggregations}
+            "partitions": {name: stream.partitions for name, stream in plan.streams.items()}, "outputs": outputs}
 
 
 def changes(recorded: Shape, current: Shape) -> list[str]:
     """Each change from ``recorded`` to ``current`` that a checkpoint built as ``recorded`` cannot carry, in words
-    (pure; ``[]``: none). A stream or aggregation added is no such change; one removed is not read any more."""
+    (pure; ``[]``: none). A stream or output added is no such change; one removed is not read any more."""
     found = []
     if recorded["parallel"] != current["parallel"]:
         found.append(f"group {current['group']}'s parallel changed from {recorded['parallel']} to "
@@ -59,12 +62,16 @@ def changes(recorded: Shape, current: Shape) -> list[str]:
         if after is not None and after != before:
             found.append(f"stream {stream}'s partitions changed from {before} to {after} (every key would move "
                          "to another partition)")
-    for output, before in sorted(recorded["aggregations"].items()):
-        after = current["aggregations"].get(output)
+    for output, before in sorted(recorded["outputs"].items()):
+        after = current["outputs"].get(output)
         if after is None:
             continue
+        kind = before["kind"]
+        if after["kind"] != kind:
+            found.append(f"{kind} {output} became a {after['kind']} output")
+            continue
         if after["keys"] != before["keys"]:
-            found.append(f"aggregation {output}'s keys changed from {', '.join(before['keys']) or '(none)'} to "
+            found.append(f"{kind} {output}'s keys changed from {', '.join(before['keys']) or '(none)'} to "
                          f"{', '.join(after['keys']) or '(none)'}")
         old, new = before["measures"], after["measures"]
         added = [m for m in new if m not in old]
@@ -72,7 +79,7 @@ def changes(recorded: Shape, current: Shape) -> list[str]:
         changed = [f"{m} from {old[m]} to {new[m]}" for m in new if m in old and old[m] != new[m]]
         for what, names in (("added", added), ("removed", removed), ("changed", changed)):
             if names:
-                found.append(f"aggregation {output}: measure{'s' if len(names) > 1 else ''} {', '.join(names)} "
+                found.append(f"{kind} {output}: measure{'s' if len(names) > 1 else ''} {', '.join(names)} "
                              f"{what}")
     return found
 
@@ -124,9 +131,15 @@ def record_shape(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: 
 
 
 def _read(path: Path) -> Shape | None:
-    """A recorded shape; ``None`` for one of another format (or unreadable: it is written again at the launch)."""
+    """A recorded shape (one of :data:`LEGACY_FORMAT` read as this format); ``None`` for one of another format (or
+    unreadable: it is written again at the launch)."""
     try:
         shape = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return shape if isinstance(shape, dict) and shape.get("format") == FORMAT else None
+    if not isinstance(shape, dict):
+        return None
+    if shape.get("format") == LEGACY_FORMAT:
+        legacy = shape.pop("aggregations", {})
+        shape.update(format=FORMAT, outputs={name: {"kind": "aggregation", **state} for name, state in legacy.items()})
+    return shape if shape.get("format") == FORMAT else None

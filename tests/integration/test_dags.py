@@ -53,8 +53,9 @@ def test_validate_dag_passes_and_logs_the_merged_hourly_aggregates(airflow_env, 
     assert result["state"] == "success", output[-5000:]
     report = result["xcom"]["validate.return_value"]
     report = json.loads(report) if isinstance(report, str) else report
-    assert report["success"] is True and report["row_count"] == 3 and report["hourly_rows"] == 2
-    assert "merged hourly trades aggregates" in output
+    assert report["success"] is True and report["row_count"] == 3
+    assert report["merged_rows"] == {"trade_aggregates": 2}
+    assert "merged hourly rows of trades trade_aggregates" in output
     assert "IBM" in output and "100.0000" in output  # (300 + 200) / (3 + 2), merged across both instances
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
-from tandem.plan_shape import changes
+from tandem.plan_shape import _read, changes
 
-RECORDED = {"format": 1, "group": "shard", "parallel": 2, "partitions": {"trades": 4, "quotes": 2},
-            "aggregations": {"stats": {"keys": ["symbol"], "measures": {"n": "count bigint",
-                                                                       "total": "sum double precision"}}}}
+RECORDED = {"format": 2, "group": "shard", "parallel": 2, "partitions": {"trades": 4, "quotes": 2},
+            "outputs": {"stats": {"kind": "aggregation", "keys": ["symbol"],
+                                  "measures": {"n": "count bigint", "total": "sum double precision"}}}}
 
 
 def changed(edit) -> dict:
@@ -20,8 +22,8 @@ def changed(edit) -> dict:
 def test_the_same_shape_and_additions_are_no_change() -> None:
     assert changes(RECORDED, copy.deepcopy(RECORDED)) == []
     assert changes(RECORDED, changed(lambda s: s["partitions"].update(news=3))) == []
-    assert changes(RECORDED, changed(lambda s: s["aggregations"].update(other={"keys": [], "measures": {}}))) == []
-    assert changes(RECORDED, changed(lambda s: s["aggregations"].pop("stats"))) == []
+    assert changes(RECORDED, changed(lambda s: s["outputs"].update(other={"kind": "aggregation", "keys": [], "measures": {}}))) == []
+    assert changes(RECORDED, changed(lambda s: s["outputs"].pop("stats"))) == []
 
 
 def test_each_change_a_checkpoint_cannot_carry_is_named() -> None:
@@ -30,11 +32,11 @@ def test_each_change_a_checkpoint_cannot_carry_is_named() -> None:
         "counted)"]
     assert changes(RECORDED, changed(lambda s: s["partitions"].update(quotes=4))) == [
         "stream quotes's partitions changed from 2 to 4 (every key would move to another partition)"]
-    assert changes(RECORDED, changed(lambda s: s["aggregations"]["stats"].update(keys=["symbol", "venue"]))) == [
+    assert changes(RECORDED, changed(lambda s: s["outputs"]["stats"].update(keys=["symbol", "venue"]))) == [
         "aggregation stats's keys changed from symbol to symbol, venue"]
 
     def measures(s):
-        m = s["aggregations"]["stats"]["measures"]
+        m = s["outputs"]["stats"]["measures"]
         m.pop("n")
         m["total"] = "sum bigint"
         m.update(low="min double precision", high="max double precision")
@@ -42,3 +44,15 @@ def test_each_change_a_checkpoint_cannot_carry_is_named() -> None:
     assert changes(RECORDED, changed(measures)) == [
         "aggregation stats: measures low, high added", "aggregation stats: measure n removed",
         "aggregation stats: measure total from sum double precision to sum bigint changed"]
+    assert changes(RECORDED, changed(lambda s: s["outputs"]["stats"].update(kind="latest"))) == [
+        "aggregation stats became a latest output"]
+
+
+def test_a_record_of_the_first_format_reads_as_the_current_one(tmp_path: Path) -> None:
+    legacy = {**{k: v for k, v in RECORDED.items() if k != "outputs"}, "format": 1,
+              "aggregations": {"stats": {"keys": ["symbol"], "measures": {"n": "count bigint",
+                                                                         "total": "sum double precision"}}}}
+    (tmp_path / "shape.json").write_text(json.dumps(legacy))
+    assert _read(tmp_path / "shape.json") == RECORDED
+    (tmp_path / "shape.json").write_text(json.dumps({**RECORDED, "format": 9}))
+    assert _read(tmp_path / "shape.json") is None

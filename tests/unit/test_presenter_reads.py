@@ -24,7 +24,7 @@ from tandem.presenter.cache import VersionedCache
 from tandem.presenter.connections import ConnectionPool, PresenterBusy
 from tandem.presenter.models import NodeState, TimelineEvent
 from tandem.presenter.views import (
-    BadRequest, aggregate_rows, check_range, quarantine_report, shown_role, output_rows, vacancy,
+    BadRequest, aggregate_rows, check_range, event_page, quarantine_report, shown_role, output_rows, vacancy,
 )
 from tandem.store import Database, migrate
 
@@ -166,7 +166,8 @@ def test_output_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_t
 
 
 def test_aggregate_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_and_trades) -> None:
-    db, _, trades = pizza_and_trades
+    db, pizza, trades = pizza_and_trades
+    cluster = load_cluster()
     start = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [(start + timedelta(minutes=m), symbol) for m in range(3) for symbol in ("IBM", "ORCL", "WSO2", "MSFT")]
     db.run(lambda c: c.executemany(
@@ -174,12 +175,19 @@ def test_aggregate_rows_beyond_the_limit_are_refused_with_how_to_narrow(pizza_an
         "quantity_sum, price_min, price_max, epoch, batch_id) VALUES ('trades', 'minute', %s, %s, 'shard-1', 10, 2, 5, "
         "4, 6, 1, 0)", rows))
     end = start + timedelta(hours=1)
-    found = aggregate_rows(db, trades, "trade_aggregates", "minute", start, end, limit=12).rows
+    found = aggregate_rows(cluster, db, trades, "trade_aggregates", "minute", start, end, limit=12).rows
     assert len(found) == 12 and found[0]["avg_price"] == 5.0
     with pytest.raises(BadRequest, match=r"more than 11 rows \(limit=11\): narrow start/end, ask a coarser "
                                          r"granularity or filter with key=symbol:<value>"):
-        aggregate_rows(db, trades, "trade_aggregates", "minute", start, end, limit=11)
-    assert len(aggregate_rows(db, trades, "trade_aggregates", "minute", start, end, {"symbol": ["IBM"]}, limit=3).rows) == 3
+        aggregate_rows(cluster, db, trades, "trade_aggregates", "minute", start, end, limit=11)
+    assert len(aggregate_rows(cluster, db, trades, "trade_aggregates", "minute", start, end, {"symbol": ["IBM"]}, limit=3).rows) == 3
+    # the endpoints ask the kind: a table has no buckets, an aggregation cannot be polled
+    with pytest.raises(BadRequest, match=r"delivered_orders of plan pizza_shop is an output of kind table, kept in "
+                                         r"no time buckets: read it at /plans/pizza_shop/outputs/delivered_orders/rows"):
+        aggregate_rows(cluster, db, pizza, "delivered_orders", "minute", start, end)
+    with pytest.raises(BadRequest, match=r"trade_aggregates is an output of kind aggregation: only an output whose "
+                                         r"rows are appended can be polled"):
+        event_page(db, trades, "trade_aggregates")
 
 
 # ------------------------------------------------------------------------------------------------

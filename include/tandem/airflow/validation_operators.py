@@ -18,7 +18,8 @@ from tandem.reading import read_output
 
 
 class ValidateServingTableOperator(BaseOperator):
-    """Validate every output of a plan with Great Expectations and log the merged hourly aggregates.
+    """Validate every output of a plan with Great Expectations and log a sample of each one's merged rows (by the
+    hour where it is kept in time buckets).
 
     Aggregations as serving tables, events by event time, tables whole (:mod:`tandem.quality.outputs`).
     The window is ``lookback`` (default: the plan's ``validation.lookback``) up to the run's
@@ -29,7 +30,7 @@ class ValidateServingTableOperator(BaseOperator):
     :param plan: plan name. Templated.
     :param lookback: window length such as ``"1 day"``.
     :param granularity: validate only this granularity (default: all).
-    :param log_rows: how many merged hourly rows to write to the log at most.
+    :param log_rows: how many merged rows of each output to write to the log at most.
     """
 
     template_fields = ("plan",)
@@ -45,8 +46,9 @@ class ValidateServingTableOperator(BaseOperator):
         self.log_rows = log_rows
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tandem import aggregation
-        from tandem.aggregation.spec import aggregation_outputs
+        from tandem.aggregation import bucket_start
+        from tandem.errors import NothingPublished
+        from tandem.quality.implied import validated_outputs
         from tandem.quality.outputs import validate_plan_outputs
 
         cluster = task_cluster(self.cluster_config)
@@ -58,13 +60,20 @@ class ValidateServingTableOperator(BaseOperator):
         since = end - timedelta(seconds=lookback_s)
 
         reports = validate_plan_outputs(cluster, plan, since, end, granularity=self.granularity)
-        hourly_rows = 0
-        for output in aggregation_outputs(plan):
-            hourly = read_output(cluster, plan, "hour", aggregation.bucket_start(since, "hour"), end, output=output)
-            hourly_rows += len(hourly)
-            self.log.info("merged hourly %s aggregates of %s, %s .. %s: %d rows", plan.name, output,
-                          since.isoformat(), end.isoformat(), len(hourly))
-            for line in format_rows(hourly, self.log_rows):
+        merged_rows = {}
+        for output, policy in validated_outputs(plan).items():
+            hourly = "hour" in policy.granularities  # outputs kept in buckets are logged by the hour
+            start = bucket_start(since, "hour") if hourly else since
+            try:
+                rows = read_output(cluster, plan, "hour" if hourly else None, start, end, output=output,
+                                   limit=self.log_rows + 1)
+            except NothingPublished:
+                rows = []
+            merged_rows[output] = len(rows)
+            self.log.info("merged %srows of %s %s, %s .. %s: %s%d", "hourly " if hourly else "", plan.name, output,
+                          since.isoformat(), end.isoformat(), "more than " if len(rows) > self.log_rows else "",
+                          min(len(rows), self.log_rows))
+            for line in format_rows(rows[:self.log_rows], self.log_rows):
                 self.log.info("%s", line)
         for report in reports:
             self.log.info("%s", report.summary())
@@ -74,7 +83,7 @@ class ValidateServingTableOperator(BaseOperator):
         if failed:
             raise AirflowFailException("\n".join(r.summary() for r in failed))
         return {"plan": plan.name, "success": True, "row_count": sum(r.row_count for r in reports),
-                "hourly_rows": hourly_rows, "reports": [r.to_dict() for r in reports]}
+                "merged_rows": merged_rows, "reports": [r.to_dict() for r in reports]}
 
 
 def format_rows(rows: list[dict[str, Any]], limit: int) -> list[str]:

@@ -608,6 +608,12 @@ class AggregationKind(OutputKind):
                             f"{bucket_end(bucket, parent).isoformat()})")
         return None
 
+    def state_shape(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        """Its keys and measures: Spark's state holds them (a fact aggregation's state is its id deduplication, but
+        its serving table's columns are these too)."""
+        spec = spec_for(plan, output)
+        return {"keys": list(spec.keys), "measures": {m.column: f"{m.kind} {m.sql_type}" for m in spec.measures}}
+
     def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
         spec = spec_for(plan, output)
         return {"granularities": list(spec.granularities),

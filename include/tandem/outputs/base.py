@@ -510,6 +510,8 @@ class OutputKind:
     - :meth:`published_by_id`: whether each row is published once by a deterministic id (else Spark's partials);
     - :meth:`sink`: the fenced, idempotent sink of one instance;
     - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
+    - :meth:`follow` / :meth:`page`: its new rows as they are published (appended kinds only);
+    - :meth:`state_shape`: the Spark state its declaration shapes, which a checkpoint was built with;
     - :meth:`restore` / :meth:`rolled_back_on_restore`: what a restore does to it;
     - :meth:`replace` / :meth:`compare`: a backfill's and a reconcile's use of a recomputed range;
     - :meth:`trim`: its rows' retention;
@@ -549,7 +551,22 @@ class OutputKind:
     def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
                emit: Callable[[dict[str, Any]], None]) -> None:
         """Emit the rows of the read, then every new one as it is published, until interrupted."""
-        raise DataError(f"{output} is a {self.name} output: only an output whose rows are appended can be followed")
+        raise DataError(f"{output} is an output of kind {self.name}: only an output whose rows are appended can be "
+                        "followed")
+
+    def page(self, db: Database, plan: PlanConfig, output: str, after: tuple[int, str] | None, tail: int | None,
+             limit: int) -> list[dict[str, Any]]:
+        """A poller's next rows, each exactly once: up to ``limit`` after the position ``after`` ((transaction id, row
+        id) of the last row it got; ``None``: from the first), or with no position and ``tail``, the newest ``tail``.
+        Each row carries its position as ``xid`` and ``event_id``."""
+        raise DataError(f"{output} is an output of kind {self.name}: only an output whose rows are appended can be "
+                        "polled")
+
+    def state_shape(self, plan: PlanConfig, output: str) -> dict[str, Any] | None:
+        """What Spark's state for the output holds as its declaration says (``keys``, and ``measures`` by column), so
+        that a launch refuses a change a checkpoint cannot carry (:mod:`tandem.plan_shape`); ``None``: the
+        declaration shapes no state (pure)."""
+        return None
 
     def rolled_back_on_restore(self, config: OutputConfig) -> bool:
         """Whether a restore rolls the output back to the snapshot's cut (else it is kept as it is)."""

@@ -182,6 +182,14 @@ class EventsKind(PublishedById):
                 if request.matches(event):
                     emit(event)
 
+    def page(self, db: Database, plan: PlanConfig, output: str, after: tuple[int, str] | None, tail: int | None,
+             limit: int) -> list[dict[str, Any]]:
+        """Events in (inserting transaction, event id) order: those of transactions every later poll sees ended
+        (migration 006), so none is missed or given twice."""
+        if after is None and tail is not None:
+            return db.run(lambda c: store.newest_events(c, plan.name, output, tail), attempts=3)
+        return db.run(lambda c: store.events_after(c, plan.name, output, after or store.START, limit), attempts=3)
+
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
         """Publish the missing events; count those published that the recomputation no longer produces (a
         notification cannot be unsent)."""

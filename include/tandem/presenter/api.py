@@ -199,8 +199,9 @@ KeyQuery = Annotated[list[str] | None, Query(description="field:value (repeatabl
 
 
 @router.get("/plans/{plan}/outputs/{output}/aggregates", response_model=AggregateRows,
-            summary="An aggregation merged over every instance, by granularity and time range")
-def get_aggregates(plan: Plan, output: str, db: Db, granularity: str = "minute",
+            summary="An output kept in time buckets (an aggregation), merged over every instance, by granularity and "
+                    "time range")
+def get_aggregates(plan: Plan, output: str, cluster: Cluster, db: Db, granularity: str = "minute",
                    start: datetime | None = None, end: datetime | None = None, key: KeyQuery = None,
                    limit: Annotated[int, Query(ge=1, le=views.MAX_AGGREGATE_ROWS, description="at most this many rows "
                                                "(bucket × key); more: 400")] = DEFAULT_AGGREGATE_ROWS) -> AggregateRows:
@@ -209,7 +210,7 @@ def get_aggregates(plan: Plan, output: str, db: Db, granularity: str = "minute",
     every event."""
     end = _aware(end) if end else datetime.now(timezone.utc) + timedelta(seconds=1)
     start = _aware(start) if start else end - timedelta(hours=1)
-    return views.aggregate_rows(db, plan, output, granularity, start, end, _key_filter(key), limit=limit)
+    return views.aggregate_rows(cluster, db, plan, output, granularity, start, end, _key_filter(key), limit=limit)
 
 
 @router.get("/plans/{plan}/outputs/{output}/rows", response_model=OutputRows,
@@ -226,7 +227,8 @@ def get_rows(plan: Plan, output: str, cluster: Cluster, db: Db, key: KeyQuery = 
 
 
 @router.get("/plans/{plan}/outputs/{output}/events", response_model=EventPage,
-            summary="Events after a cursor: poll with next_cursor to get each new event exactly once")
+            summary="Rows of an appended output (events) after a cursor: poll with next_cursor to get each new "
+                    "one exactly once")
 def get_events(plan: Plan, output: str, db: Db, cursor: str | None = None,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                tail: Annotated[int | None, Query(ge=1, le=1000, description="without a cursor: start with the "

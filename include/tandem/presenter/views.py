@@ -13,17 +13,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import psycopg2.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from tandem.aggregation.postgres import read_merged
-from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig
-from tandem.errors import ConfigError, NothingPublished, QueryError, TandemError, cause_of
+from tandem.errors import ConfigError, DataError, NothingPublished, QueryError, TandemError, cause_of
 from tandem.json_values import spelled
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
@@ -31,7 +28,6 @@ from tandem.names import ACTIVE
 from tandem.outputs import kind_of
 from tandem.outputs.base import ReadRequest
 from tandem.presenter.cache import VersionedCache
-from tandem.store.db import CappedCursor
 from tandem.presenter.models import (
     AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus,
     LeaseState, LeaseStateName, NodeState, OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample,
@@ -41,7 +37,7 @@ from tandem.batch.reconciliations import reconciliation_rows
 from tandem.store.backfills import list_backfills
 from tandem.store.db import Database
 from tandem.store.leases import newest_of_kinds, recent_events
-from tandem.store.outputs import START, EventPosition, events_after, newest_events
+from tandem.store.outputs import START, EventPosition
 from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
 from tandem.supervisor.decisions import decide
@@ -284,12 +280,10 @@ def _counts(column: pa.ChunkedArray) -> dict[str, int]:
     return {entry["values"]: entry["counts"] for entry in pc.value_counts(column).to_pylist()}
 
 
-def output_kind(plan: PlanConfig, output: str, kind: str) -> None:
-    """Refuse an output the plan does not have, or one of another kind than the endpoint serves."""
+def declared(plan: PlanConfig, output: str) -> None:
+    """Refuse an output the plan does not have."""
     if output not in plan.outputs:
         raise NotFound(f"plan {plan.name} has no output {output!r} (outputs: {', '.join(plan.outputs)})")
-    if plan.outputs[output].kind != kind:
-        raise BadRequest(f"{output} of plan {plan.name} is a {plan.outputs[output].kind} output, not {kind}")
 
 
 def check_range(granularity: str, start: datetime, end: datetime, max_buckets: int = MAX_BUCKETS) -> None:
@@ -314,33 +308,35 @@ def too_many_rows(what: str, limit: int, maximum: int, narrow: str) -> BadReques
     return BadRequest(f"{what} has more than {limit:,} rows (limit={limit:,}): {narrow}{more}")
 
 
-def aggregate_rows(db: Database, plan: PlanConfig, output: str, granularity: str,
+def aggregate_rows(cluster: ClusterConfig, db: Database, plan: PlanConfig, output: str, granularity: str,
                    start: datetime, end: datetime, keys: dict[str, list[str]] | None = None,
                    limit: int = MAX_AGGREGATE_ROWS) -> AggregateRows:
-    """An aggregation merged over instances, by ``granularity``, for buckets starting in ``[start, end)``.
+    """An output kept in time buckets (its kind's summary names granularities), merged over instances, by
+    ``granularity``, for buckets starting in ``[start, end)``.
 
     At most ``limit`` rows (bucket × key): a :class:`BadRequest` saying how to narrow the request otherwise.
     """
-    output_kind(plan, output, "aggregation")
-    spec = spec_for(plan, output)
-    if granularity not in spec.granularities:
+    declared(plan, output)
+    kind, config = kind_of(plan, output), plan.outputs[output]
+    granularities = kind.summary(plan, output)["granularities"]
+    if not granularities:
+        raise BadRequest(f"{output} of plan {plan.name} is an output of kind {kind.name}, kept in no time buckets: "
+                         f"read it at /plans/{plan.name}/outputs/{output}/rows")
+    if granularity not in granularities:
         raise BadRequest(f"unknown granularity {granularity!r}: plan {plan.name} keeps {output} by "
-                         f"{', '.join(spec.granularities)}")
-    unknown = sorted(set(keys or {}) - set(spec.keys))
-    if unknown:
-        raise BadRequest(f"{output} of plan {plan.name} has no key {', '.join(unknown)} (keys: {', '.join(spec.keys)})")
+                         f"{', '.join(granularities)}")
     check_range(granularity, start, end)
-
+    request = ReadRequest(start=start, end=end, granularity=granularity, keys=keys or {}, limit=limit + 1)
     try:
-        rows = read_merged(lambda work: db.run(work, attempts=3), spec, plan.name, granularity, start, end, keys,
-                           cursor_of=lambda cursor: CappedCursor(cursor, limit + 1))
-    except psycopg2.errors.UndefinedTable:  # no instance has published this aggregation yet
+        rows = kind.read(cluster, plan, output, request, db)
+    except QueryError as exc:
+        raise BadRequest(str(exc)) from None
+    except NothingPublished:
         rows = []
     if len(rows) > limit:
-        key = plan.outputs[output].key
         raise too_many_rows(f"{output} by {granularity} from {start.isoformat()} to {end.isoformat()}", limit,
                             MAX_AGGREGATE_ROWS, "narrow start/end, ask a coarser granularity"
-                            + (f" or filter with key={key[0]}:<value>" if key else ""))
+                            + (f" or filter with key={config.key[0]}:<value>" if config.key else ""))
     return AggregateRows(plan=plan.name, output=output, granularity=granularity, start=start, end=end,
                          rows=[spelled(r) for r in rows])
 
@@ -354,8 +350,7 @@ def output_rows(cluster: ClusterConfig, db: Database, plan: PlanConfig, output: 
 
     At most ``limit`` rows: a :class:`BadRequest` saying how to narrow the request otherwise.
     """
-    if output not in plan.outputs:
-        raise NotFound(f"plan {plan.name} has no output {output!r} (outputs: {', '.join(plan.outputs)})")
+    declared(plan, output)
     config = plan.outputs[output]
     unknown = sorted(set(keys or {}) - set(config.key))
     if unknown:
@@ -394,13 +389,14 @@ def decode_cursor(cursor: str) -> EventPosition:
 
 def event_page(db: Database, plan: PlanConfig, output: str, *, cursor: str | None = None, tail: int | None = None,
                limit: int = 100) -> EventPage:
-    """Events after ``cursor`` (from the first one when there is none), or else the newest ``tail`` ones (a feed's start)."""
-    output_kind(plan, output, "events")
+    """Rows of an appended output after ``cursor`` (from the first one when there is none), or else the newest
+    ``tail`` ones (a feed's start), as its kind pages them (:meth:`tandem.outputs.base.OutputKind.page`)."""
+    declared(plan, output)
     position = decode_cursor(cursor) if cursor else START
-    if tail is not None and not cursor:
-        rows = db.run(lambda c: newest_events(c, plan.name, output, tail), attempts=3)
-    else:
-        rows = db.run(lambda c: events_after(c, plan.name, output, position, limit), attempts=3)
+    try:
+        rows = kind_of(plan, output).page(db, plan, output, position if cursor else None, tail, limit)
+    except DataError as exc:
+        raise BadRequest(str(exc)) from None
     if rows:
         position = (rows[-1]["xid"], rows[-1]["event_id"])
     return EventPage(plan=plan.name, output=output, next_cursor=encode_cursor(position),

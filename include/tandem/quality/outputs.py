@@ -25,7 +25,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from tandem.aggregation.spec import aggregation_outputs
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.outputs.base import Validation, Window
 from tandem.outputs.expectations import suite_parameters
@@ -103,19 +102,21 @@ def _read(cluster: ClusterConfig, policy: Validation, window: Window, max_rows: 
 def validate_serving_table(cluster: ClusterConfig, plan: PlanConfig | str, granularity: str | None = None,
                            since: datetime | None = None, *, until: datetime | None = None,
                            max_rows: int = DEFAULT_MAX_ROWS, output: str | None = None) -> ValidationReport:
-    """:func:`validate_output` of an aggregation (default: the plan's first), the report named after its suite.
+    """:func:`validate_output` of an output kept in time buckets (an aggregation's serving table; default: the
+    plan's first), the report named after its suite.
 
     Raises:
-        ValidationError: the plan has no such aggregation output, or as :func:`validate_output`.
+        ValidationError: the plan has no such output, or as :func:`validate_output`.
     """
     plan = plan if isinstance(plan, PlanConfig) else load_plan(plan, cluster)
-    aggregations = aggregation_outputs(plan)
-    if not aggregations:
-        raise ValidationError(f"plan {plan.name} has no aggregation output to validate (its outputs: "
+    bucketed = [name for name, policy in validated_outputs(plan).items() if policy.granularities]
+    if not bucketed:
+        raise ValidationError(f"plan {plan.name} has no output kept in time buckets to validate (its outputs: "
                               f"{', '.join(plan.outputs)})")
-    if output is not None and output not in aggregations:
-        raise ValidationError(f"plan {plan.name}: {output!r} is not an aggregation output ({', '.join(aggregations)})")
-    output = output or aggregations[0]
+    if output is not None and output not in bucketed:
+        raise ValidationError(f"plan {plan.name}: {output!r} is not an output kept in time buckets "
+                              f"({', '.join(bucketed)})")
+    output = output or bucketed[0]
     report = validate_output(cluster, plan, output, since, until, granularity=granularity, max_rows=max_rows)
     return replace(report, suite=report.suite.removesuffix(f":{output}"))
 
