@@ -184,6 +184,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from tandem.presenter.views import plan_status, timeline
     from tandem.store import Database
     from tandem.store.output_streams import stream_progress
+    from tandem.supervisor.launch_decision import ACTIVE_STATUSES
 
     age = short_age
     cluster = load_cluster()
@@ -200,7 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                                                f"{lease_text}"),
                                   box=box.SIMPLE_HEAD, title_justify="left")
                     for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
-                                   "lag", "input waiting", "pid"):
+                                   "lag", "input waiting", "pid", "version"):
                         table.add_column(column, no_wrap=True)
                     notes = []
                     for node in instance.nodes:
@@ -209,11 +210,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                                       f"[{styles.get(node.health, '')}]{node.health}[/]", age(node.beat_age_s),
                                       "-" if node.last_batch_id is None
                                       else f"#{node.last_batch_id} {age(node.last_batch_age_s)} ago",
-                                      age(node.lag_s), age(node.waiting_input_s), str(node.pid or "-"))
+                                      age(node.lag_s), age(node.waiting_input_s), str(node.pid or "-"),
+                                      node.version or "-")
                         if node.health != "HEALTHY":
                             notes.append(f"  {node.node} {node.health}: {node.evidence}")
                         if node.relay_error:
                             notes.append(f"  {node.node} relay to NATS failing: {node.relay_error}")
+                        if node.status in ACTIVE_STATUSES and node.version not in (None, status.version):
+                            notes.append(f"  {node.node} runs version {node.version}; the files now define "
+                                         f"{status.version}: `tandem plan diff {plan.name}` says what changed")
                     console.print(table)
                     for note in notes:  # an error's text is shown as it is, never read as Rich markup
                         console.print(note, highlight=False, markup=False)
@@ -671,6 +676,36 @@ def cmd_plan_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_diff(args: argparse.Namespace) -> int:
+    """How the plan's files now differ from what each of its checkpoints was built from, each change classified
+    (:mod:`tandem.plan_shape`): exit 0 when every launch takes them, 2 when a launch refuses one."""
+    from tandem.plan_shape import pending_changes
+    from tandem.plan_version import plan_version
+
+    cluster = load_cluster()
+    plan = load_plan(args.name, cluster)
+    version = plan_version(plan)
+    diffs = pending_changes(cluster, plan)
+    if args.json:
+        print(json.dumps({"plan": plan.name, "version": version, "checkpoints": [
+            {"instance": d.instance, "node": d.node, "version": d.version,
+             "changes": [{"class": c.kind, "change": c.text, "refused": c.refused} for c in d.changes]}
+            for d in diffs]}, indent=2))
+    else:
+        console.print(f"plan {plan.name}: version {version} in {plan.path}", markup=False, highlight=False)
+        if not diffs:
+            console.print("no checkpoint has recorded what it was built from yet: the next launch records it",
+                          markup=False, highlight=False)
+        for diff in diffs:
+            built = f"{diff.instance} on {diff.node} (built with {diff.version or 'an unrecorded version'})"
+            if not diff.changes:
+                console.print(f"{built}: no change", markup=False, highlight=False)
+            for change in diff.changes:
+                verdict = "refused at launch" if change.refused else "taken at the next launch"
+                console.print(f"{built}: {change.kind}: {change.text} ({verdict})", markup=False, highlight=False)
+    return 2 if any(c.refused for d in diffs for c in d.changes) else 0
+
+
 def cmd_airflow_login(args: argparse.Namespace) -> int:
     """Where the local Airflow's login is; ``--ensure`` first gives ``admin`` a random password if it has none."""
     from tandem.airflow_rest import ensure_admin_password, login_hint, passwords_file
@@ -846,7 +881,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("airflow-env", help="shell exports of the nodes' Airflow connections").set_defaults(
         func=cmd_airflow_env)
     plan = commands.add_parser("plan", help="write a new plan (its YAML and its module, beside each other in "
-                                            "conf/plans/), or reset one's state")
+                                            "conf/plans/), reset one's state, or show its pending changes")
     plan_actions = plan.add_subparsers(dest="plan_action", required=True)
     plan_new = plan_actions.add_parser("new", help="a plan with one stream, one query and one output, that runs "
                                                    "as written")
@@ -858,6 +893,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan_reset.add_argument("name")
     plan_reset.add_argument("--yes", action="store_true", help="reset without asking (default: type the plan's name)")
     plan_reset.set_defaults(func=cmd_plan_reset)
+    plan_diff = plan_actions.add_parser(
+        "diff", help="how the plan's files differ from what its checkpoints were built from, each change classified "
+                     "(code only, state compatible, stream schema, state to rebuild, topology); exit 2 when a launch "
+                     "would refuse one")
+    plan_diff.add_argument("name")
+    plan_diff.add_argument("--json", action="store_true", help="as JSON")
+    plan_diff.set_defaults(func=cmd_plan_diff)
 
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))

@@ -1,31 +1,39 @@
-"""What an instance's checkpoint was built from, and the changes of a plan a launch refuses (issue 46 §1).
+"""What an instance's checkpoint was built from, and how a change of the plan compares with it (issues 46 §1, 48 §0-1).
 
 A checkpoint holds Spark's offsets and state for the partitions its instance read, in the shape the plan
-had then. Two changes break it without a word from Spark, or with a raw one:
+had then. Tandem records that shape beside it (:data:`SHAPE_FILE`): the plan's version
+(:mod:`tandem.plan_version`), its group's parallelism, every stream's partitions and fields, and the state each
+output's kind declares (:meth:`tandem.outputs.base.OutputKind.state_shape`). A change of the plan is one of these
+classes (:func:`changes`, pure):
 
-- a group's ``parallel`` or a stream's ``partitions``: the instance would read partitions another
-  instance already counted (the retired one's files are read again; the watermark drops most of them
-  and counts the rest twice);
-- the state an output kind declares (:meth:`tandem.outputs.base.OutputKind.state_shape`: an aggregation's keys
-  and measures): Spark's state holds the old measures (``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``), the
-  serving table the old columns.
+- :data:`CODE`: the YAML or the module changed and nothing a checkpoint holds did (a relaunch takes it);
+- :data:`STATE_COMPATIBLE`: a stream, an output or its state added or removed (new queries start their own
+  checkpoints; removed ones are not read any more);
+- :data:`STREAM_SCHEMA`: a stream's field added, removed, retyped or read from another key;
+- :data:`STATE_REBUILD`: the state an output declares changed (an aggregation's keys or measures: Spark's state
+  holds the old ones, ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``, the serving table the old columns);
+- :data:`TOPOLOGY`: a group's ``parallel`` or a stream's ``partitions`` (an instance would read partitions another
+  one already counted: the retired one's files again, counted twice within the watermark).
 
-Until changing a running plan is a feature, every launch compares the plan with the shape recorded beside
-each of its group's checkpoints (:data:`SHAPE_FILE`) and refuses, before any query starts, in one line that
-names the change. The comparison is pure (:func:`changes`); reading and writing the records is the edge.
+Every launch compares the plan with the shapes recorded for its group and refuses the last two, before any query
+starts, in one line that names the change (:func:`check_unchanged`); ``tandem plan diff`` shows every class
+(:func:`pending_changes`). Reading and writing the records is the edge.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig
+from tandem.declarations import FieldConfig
 from tandem.errors import PlanChanged
 from tandem.layout import checkpoint_dir
 from tandem.outputs import kind_of
+from tandem.plan_version import plan_version
 
 SHAPE_FILE = "tandem-plan-shape.json"
 """Beside an instance's query checkpoints (``checkpoints/<plan>/<instance>/<node>/``)."""
@@ -35,10 +43,32 @@ LEGACY_FORMAT = 1
 
 Shape = dict[str, Any]
 
+CODE = "code only"
+STATE_COMPATIBLE = "state compatible"
+STREAM_SCHEMA = "stream schema"
+STATE_REBUILD = "state to rebuild"
+TOPOLOGY = "topology"
+CLASSES = (CODE, STATE_COMPATIBLE, STREAM_SCHEMA, STATE_REBUILD, TOPOLOGY)
+"""The classes of a change, least to most demanding."""
+REFUSED = frozenset({STATE_REBUILD, TOPOLOGY})
+"""What a launch refuses: its checkpoints cannot carry it."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of a plan since a checkpoint was built: its class (:data:`CLASSES`) and what it is, in words."""
+
+    kind: str
+    text: str
+
+    @property
+    def refused(self) -> bool:
+        return self.kind in REFUSED
+
 
 def shape_of(plan: PlanConfig, instance: str) -> Shape:
-    """What an instance's checkpoint depends on: its group's parallelism, every stream's partitions, and the state
-    each output's kind declares (pure)."""
+    """What an instance's checkpoint depends on: the plan's version, its group's parallelism, every stream's
+    partitions and fields, and the state each output's kind declares."""
     group, _ = plan.group_of(instance)
     outputs = {}
     for output in plan.outputs:
@@ -46,49 +76,144 @@ def shape_of(plan: PlanConfig, instance: str) -> Shape:
         state = kind.state_shape(plan, output)
         if state is not None:
             outputs[output] = {"kind": kind.name, **state}
-    return {"format": FORMAT, "group": group, "parallel": plan.groups[group].parallel,
-            "partitions": {name: stream.partitions for name, stream in plan.streams.items()}, "outputs": outputs}
+    return {"format": FORMAT, "version": plan_version(plan), "group": group, "parallel": plan.groups[group].parallel,
+            "partitions": {name: stream.partitions for name, stream in plan.streams.items()},
+            "fields": {name: {field: _field_text(declared) for field, declared in stream.fields.items()}
+                       for name, stream in plan.streams.items()},
+            "outputs": outputs}
 
 
-def changes(recorded: Shape, current: Shape) -> list[str]:
-    """Each change from ``recorded`` to ``current`` that a checkpoint built as ``recorded`` cannot carry, in words
-    (pure; ``[]``: none). A stream or output added is no such change; one removed is not read any more."""
+def _field_text(field: FieldConfig) -> str:
+    return field.type if field.source is None else f"{field.type} from {field.source}"
+
+
+def changes(recorded: Shape, current: Shape) -> list[Change]:
+    """Each change from ``recorded`` to ``current``, classified (pure; ``[]``: the same plan). A record of
+    :data:`LEGACY_FORMAT` has no version and no fields: those are not compared."""
     found = []
     if recorded["parallel"] != current["parallel"]:
-        found.append(f"group {current['group']}'s parallel changed from {recorded['parallel']} to "
-                     f"{current['parallel']} (its instances would read partitions another one already counted)")
+        found.append(Change(TOPOLOGY, f"group {current['group']}'s parallel changed from {recorded['parallel']} to "
+                                      f"{current['parallel']} (its instances would read partitions another one "
+                                      "already counted)"))
     for stream, before in sorted(recorded["partitions"].items()):
         after = current["partitions"].get(stream)
-        if after is not None and after != before:
-            found.append(f"stream {stream}'s partitions changed from {before} to {after} (every key would move "
-                         "to another partition)")
-    for output, before in sorted(recorded["outputs"].items()):
-        after = current["outputs"].get(output)
         if after is None:
-            continue
+            found.append(Change(STATE_COMPATIBLE, f"stream {stream} removed (not read any more)"))
+        elif after != before:
+            found.append(Change(TOPOLOGY, f"stream {stream}'s partitions changed from {before} to {after} (every key "
+                                          "would move to another partition)"))
+    for stream in sorted(set(current["partitions"]) - set(recorded["partitions"])):
+        found.append(Change(STATE_COMPATIBLE, f"stream {stream} added"))
+    for stream, before in sorted(recorded.get("fields", {}).items()):
+        after = current["fields"].get(stream)
+        if after is not None:
+            found += _field_changes(stream, before, after)
+    found += _output_changes(recorded["outputs"], current["outputs"])
+    if not found and recorded.get("version") not in (None, current["version"]):
+        found.append(Change(CODE, f"version {recorded['version']} to {current['version']}: the plan's YAML or module "
+                                  "changed, nothing its checkpoints hold did"))
+    return found
+
+
+def _field_changes(stream: str, before: dict[str, str], after: dict[str, str]) -> list[Change]:
+    found = [Change(STREAM_SCHEMA, f"stream {stream}: field {name} ({after[name]}) added")
+             for name in after if name not in before]
+    found += [Change(STREAM_SCHEMA, f"stream {stream}: field {name} ({before[name]}) removed")
+              for name in before if name not in after]
+    found += [Change(STREAM_SCHEMA, f"stream {stream}: field {name} from {before[name]} to {after[name]}")
+              for name in after if name in before and before[name] != after[name]]
+    return found
+
+
+def _output_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[Change]:
+    found = [Change(STATE_COMPATIBLE, f"{state['kind']} {output} added (its query starts its own checkpoint)")
+             for output, state in sorted(current.items()) if output not in recorded]
+    for output, before in sorted(recorded.items()):
+        after = current.get(output)
         kind = before["kind"]
+        if after is None:
+            found.append(Change(STATE_COMPATIBLE, f"{kind} {output} removed (its state is not read any more)"))
+            continue
         if after["kind"] != kind:
-            found.append(f"{kind} {output} became a {after['kind']} output")
+            found.append(Change(STATE_REBUILD, f"{kind} {output} became a {after['kind']} output"))
             continue
         if after["keys"] != before["keys"]:
-            found.append(f"{kind} {output}'s keys changed from {', '.join(before['keys']) or '(none)'} to "
-                         f"{', '.join(after['keys']) or '(none)'}")
+            found.append(Change(STATE_REBUILD, f"{kind} {output}'s keys changed from "
+                                               f"{', '.join(before['keys']) or '(none)'} to "
+                                               f"{', '.join(after['keys']) or '(none)'}"))
         old, new = before["measures"], after["measures"]
         added = [m for m in new if m not in old]
         removed = [m for m in old if m not in new]
         changed = [f"{m} from {old[m]} to {new[m]}" for m in new if m in old and old[m] != new[m]]
         for what, names in (("added", added), ("removed", removed), ("changed", changed)):
             if names:
-                found.append(f"{kind} {output}: measure{'s' if len(names) > 1 else ''} {', '.join(names)} "
-                             f"{what}")
+                found.append(Change(STATE_REBUILD, f"{kind} {output}: measure{'s' if len(names) > 1 else ''} "
+                                                   f"{', '.join(names)} {what}"))
     return found
 
 
-def refusal(plan: PlanConfig, instance: str, where: Path, found: list[str]) -> str:
+def refusal(plan: PlanConfig, instance: str, where: Path, found: list[Change]) -> str:
     """The one line a refused launch says (pure)."""
-    return (f"plan {plan.name}, instance {instance}: {'; '.join(found)} since the checkpoint at {where} was built; "
-            f"a running plan cannot take this change yet: undo it in {plan.path}, or start the plan afresh "
-            f"(stop it, then `tandem plan reset {plan.name}` removes its checkpoints and outputs)")
+    return (f"plan {plan.name}, instance {instance}: {'; '.join(c.text for c in found)} since the checkpoint at "
+            f"{where} was built; a running plan cannot take this change yet: undo it in {plan.path}, or start the "
+            f"plan afresh (stop it, then `tandem plan reset {plan.name}` removes its checkpoints and outputs); "
+            f"`tandem plan diff {plan.name}` shows every change")
+
+
+STATE_SCHEMA_ERRORS = (
+    "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+    "STATE_STORE_COLUMN_FAMILY_SCHEMA_INCOMPATIBLE", "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+    "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+)
+"""Spark's error conditions for a query whose state in its checkpoint another shape of the query wrote: a change of
+the plan's code no declaration shows (a new ``dropDuplicates`` key, another window, a stateful operator added)."""
+
+
+def state_refusal(plan: str, query: str, error: str) -> str | None:
+    """The one line a query's failure says when Spark refused its checkpoint's state as of another shape (pure;
+    ``None``: another failure). Spark's text (a stack trace) stays in the driver's log."""
+    condition = next((c for c in STATE_SCHEMA_ERRORS if c in error), None)
+    if condition is None:
+        return None
+    return (f"plan {plan}: query {query}'s state in its checkpoint was written by another version of the query "
+            f"(Spark: {condition}); a running plan cannot take this change yet: undo it, or start the plan afresh "
+            f"(stop it, then `tandem plan reset {plan}`); `tandem plan diff {plan}` shows the declared changes")
+
+
+@dataclass(frozen=True)
+class RecordedDiff:
+    """How the plan now differs from what one instance's checkpoint on one node was built from."""
+
+    instance: str
+    node: str
+    version: str | None
+    """The version the checkpoint was built with (``None``: recorded before versions were)."""
+    changes: list[Change]
+
+
+def _current_for(plan: PlanConfig, recorded: Shape) -> Shape | None:
+    """The shape the plan now gives the recorded instance's group (any of its instances: they differ only in
+    name); ``None`` when the group is gone."""
+    group = plan.groups.get(recorded.get("group", ""))
+    if group is None:
+        return None
+    return shape_of(plan, f"{recorded['group']}-1")
+
+
+def pending_changes(cluster: ClusterConfig, plan: PlanConfig) -> list[RecordedDiff]:
+    """Per checkpoint of the plan (instance × node) that has a record, how the plan now differs from it."""
+    root = checkpoint_dir(cluster, plan.name, plan.instances[0], plan.nodes[0]).parent.parent
+    found = []
+    for record in sorted(root.glob(f"*/*/{SHAPE_FILE}")):
+        recorded = _read(record)
+        if recorded is None:
+            continue
+        current = _current_for(plan, recorded)
+        diff = ([Change(TOPOLOGY, f"group {recorded.get('group')} removed")] if current is None
+                else changes(recorded, current))
+        found.append(RecordedDiff(instance=record.parent.parent.name, node=record.parent.name,
+                                  version=recorded.get("version"), changes=diff))
+    return found
 
 
 def check_unchanged(cluster: ClusterConfig, plan: PlanConfig, instance: str, node: str) -> None:
@@ -102,7 +227,7 @@ def check_unchanged(cluster: ClusterConfig, plan: PlanConfig, instance: str, nod
         recorded = _read(record)
         if recorded is None or recorded.get("group") != group:
             continue
-        found = changes(recorded, current)
+        found = [change for change in changes(recorded, current) if change.refused]
         if found:
             raise PlanChanged(refusal(plan, instance, record.parent, found))
 

@@ -32,6 +32,7 @@ from _page import assert_shown_whole
 from _references import PIZZA_T0, arrival_order, last_orders_reference, make_orders, pizza_reference
 from tandem.config import load_cluster, load_plan
 from tandem.layout import landing_dir
+from tandem.plan_version import plan_version
 from tandem.producer import advance_watermark, partitioned
 from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
@@ -250,6 +251,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
 
         # operations: status, timeline, snapshots, quarantine
         status = admin.ok(f"/plans/{PLAN}/status")
+        assert status["version"] == plan_version(load_plan(PLAN, load_cluster()))
         with Database(database_url) as db:
             leases = db.run(lambda c: (c.execute("SELECT instance, holder, epoch FROM leases WHERE plan = %s", (PLAN,)),
                                        {r["instance"]: r for r in c.fetchall()})[1])
@@ -258,6 +260,8 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
             assert (instance["lease"]["holder"], instance["lease"]["epoch"]) == (lease["holder"], lease["epoch"])
             assert [n["node"] for n in instance["nodes"]] == ["node-a", "node-b"]
             assert instance["nodes"][0]["status"] == "STOPPED" and instance["nodes"][1]["health"] == "MISSING"
+            # the version its run was launched with, the same the files define now; node-b never ran
+            assert [n["version"] for n in instance["nodes"]] == [status["version"], None]
             assert instance["last_failover"]["kind"] == "PROMOTED" and instance["last_failover"]["node"] == "node-a"
         for instance in status["instances"]:  # each instance stopped at the end of its input and released the lease
             assert not instance["lease"]["valid"]

@@ -28,6 +28,7 @@ from _project import ProcessGroups, kill_groups
 from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
+from tandem.plan_version import plan_version
 from tandem.store import Database, migrate
 
 pytestmark = pytest.mark.e2e
@@ -123,6 +124,8 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             expect(tandem.get_by_test_id(f"holder-{INSTANCE}")).to_have_text("node-a", timeout=30_000)
             expect(tandem.get_by_test_id(f"epoch-{INSTANCE}")).to_have_text(str(before["epoch"]))
             expect(tandem.get_by_test_id(f"pid-{INSTANCE}-node-a")).to_have_text(str(instance_row(database_url, "node-a")["pid"]))
+            expect(tandem.get_by_test_id(f"version-{INSTANCE}-node-a")).to_have_text(
+                plan_version(load_plan("trades", load_cluster())))
             frame = page.locator("iframe").first.bounding_box()
             assert_shown_whole(tandem, INSTANCE, ("node-a", "node-b"), max(frame["x"], 0),
                                min(frame["x"] + frame["width"], WINDOW["width"]))

@@ -76,6 +76,9 @@ class NodeState(BaseModel):
     waiting_input_s: float | None = Field(description="age of the oldest input file no batch has read yet")
     relay_error: str | None = Field(None, description="why publishing the plan's events outputs to NATS fails on this "
                                                       "node (its relay tries again with back-off); null: it does not")
+    version: str | None = Field(None, description="the plan's version its last run was launched with (YAML, module "
+                                                  "and Tandem: tandem.plan_version); null: never started, or before "
+                                                  "versions were recorded")
 
 
 LeaseStateName = Literal["held", "stopped", "released", "expired", "free"]
@@ -151,6 +154,8 @@ class InstanceStatus(OfInstance):
 class PlanStatus(BaseModel):
     plan: str
     observed_at: datetime
+    version: str = Field(description="the plan's version its files define now: a node running another one runs the "
+                                     "plan as it was (`tandem plan diff` says what changed)")
     instances: list[InstanceStatus]
 
 

@@ -27,6 +27,7 @@ from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
 from tandem.outputs import kind_of
 from tandem.outputs.base import ReadRequest
+from tandem.plan_version import plan_version
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.models import (
     AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus,
@@ -180,7 +181,8 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),
                 last_batch_age_s=latest.get("batch_age_s"), lag_s=latest.get("lag_s"),
-                waiting_input_s=seen.waiting_input_age_s, relay_error=row.get("relay_error")))
+                waiting_input_s=seen.waiting_input_age_s, relay_error=row.get("relay_error"),
+                version=row.get("plan_version")))
         lease = None
         if rows.lease is not None:
             holder = next((n for n in nodes if n.node == rows.lease["holder"]), None)
@@ -194,7 +196,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             instance=instance, group=plan.group_of(instance)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
             due=[action.describe() for action in decide(view)], last_failover=changes.get(instance),
             last_good_snapshot=_snapshot(good) if good else None))
-    return PlanStatus(plan=plan.name, observed_at=database_now(db), instances=instances)
+    return PlanStatus(plan=plan.name, observed_at=database_now(db), version=plan_version(plan), instances=instances)
 
 
 def timeline(db: Database, plan: PlanConfig, *, instance: str | None = None, limit: int = 50) -> Timeline:

@@ -30,7 +30,8 @@ from tandem.errors import PlanChanged, cause_of, raised_in
 from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
 from tandem.layout import checkpoint_dir, plan_dirs
 from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
-from tandem.plan_shape import check_unchanged, record_shape
+from tandem.plan_shape import check_unchanged, record_shape, state_refusal
+from tandem.plan_version import plan_version
 from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
@@ -219,7 +220,8 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(),
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
-                     checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")))
+                     checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")),
+                     plan_version=plan_version(plan))
         try:
             require_shared_storage(db, cluster, plan, node)
             require_executor_storage(db, cluster, node, spark)
@@ -329,6 +331,10 @@ def _wait(queries: list[StreamingQuery], names: list[str], publishers: dict[str,
                 # it completed a batch since it last started (or never failed): only failures in a row count
                 restarts[i], failing_since[i] = 0, time.monotonic()
             failing_for = time.monotonic() - failing_since[i]
+            refused = state_refusal(roles.instance.plan, names[i], text)
+            if refused is not None:  # the same words at every launch: the supervisor blocks it, never loops
+                log.error("%s\n%s", refused, text)
+                return RunResult("FAILED", refused, refused)
             if not restartable(text, failing_for, pressure := cpu_pressure()):
                 return RunResult("FAILED", f"query {query.name} failed: {text}",
                                  failure_of(names[i], text, publishers.get(names[i])))

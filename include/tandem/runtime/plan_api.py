@@ -41,6 +41,7 @@ from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import kind_of, sink_for
 from tandem.outputs.base import Sink
 from tandem.outputs.quarantine import QuarantineSink
+from tandem.plan_version import plan_module_file
 from tandem.runtime.listener import QUALITY_METRICS
 from tandem.runtime.publisher import ALL_ROWS, RoutedSink
 from tandem.runtime.records import parse_and_validate, record_schema
@@ -267,11 +268,6 @@ def check_plan_module(plan: PlanConfig, module: ModuleType) -> dict[str, QuerySp
 
 
 # --- loading a plan's module ------------------------------------------------------------------------------------
-
-
-def plan_module_file(plan: PlanConfig) -> Path:
-    """A project's own plan module: ``<name>.py`` beside the plan's YAML (it may not exist)."""
-    return plan.path.with_suffix(".py")
 
 
 def load_plan_module(plan: PlanConfig) -> ModuleType:

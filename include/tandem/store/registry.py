@@ -67,8 +67,10 @@ def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_sta
 
 
 def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_started_at: float,
-                 ancestors: list[int], spark_app_id: str, trigger_interval_s: float, checkpoint_root: str) -> None:
-    """The driver announces itself (status STARTING): host, PID and its start time, Spark application id.
+                 ancestors: list[int], spark_app_id: str, trigger_interval_s: float, checkpoint_root: str,
+                 plan_version: str | None = None) -> None:
+    """The driver announces itself (status STARTING): host, PID and its start time, Spark application id, the
+    version of the plan it runs (:mod:`tandem.plan_version`).
 
     The recorded ``submit_pid`` is kept only when it is one of the driver's ``ancestors`` (the
     launcher's ``spark-submit`` is the driver's parent JVM). A driver started by hand clears it:
@@ -78,9 +80,10 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
     """
     db.run(lambda cursor: cursor.execute(
         """INSERT INTO plan_instances (instance_id, plan, instance, node, status, host, pid, pid_started_at,
-                                       spark_app_id, trigger_interval_s, checkpoint_root, started_at, updated_at)
+                                       spark_app_id, trigger_interval_s, checkpoint_root, plan_version, started_at,
+                                       updated_at)
            VALUES (%(id)s, %(plan)s, %(instance)s, %(node)s, 'STARTING', %(host)s, %(pid)s, %(pid_started_at)s,
-                   %(app)s, %(interval)s, %(checkpoint)s, now(), now())
+                   %(app)s, %(interval)s, %(checkpoint)s, %(version)s, now(), now())
            ON CONFLICT (instance_id) DO UPDATE SET
                status = 'STARTING', host = EXCLUDED.host, pid = EXCLUDED.pid, pid_started_at = EXCLUDED.pid_started_at,
                submit_pid = CASE WHEN plan_instances.submit_pid = ANY(%(ancestors)s) THEN plan_instances.submit_pid END,
@@ -88,6 +91,7 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                                         THEN plan_instances.submit_started_at END,
                spark_app_id = EXCLUDED.spark_app_id,
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
+               plan_version = EXCLUDED.plan_version,
                stop_requested_at = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
                                         ELSE plan_instances.stop_requested_at END,
                stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
@@ -95,7 +99,7 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
         {"id": key.id, "plan": key.plan, "instance": key.instance, "node": key.node, "host": host, "pid": pid,
          "pid_started_at": pid_started_at, "ancestors": list(ancestors), "app": spark_app_id,
-         "interval": trigger_interval_s, "checkpoint": checkpoint_root},
+         "interval": trigger_interval_s, "checkpoint": checkpoint_root, "version": plan_version},
     ))
 
 
