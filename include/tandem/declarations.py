@@ -53,6 +53,12 @@ MAX_PARTITIONS = 1024
 MAX_EPOCH_MILLIS = 253402300799999  # 9999-12-31T23:59:59.999Z
 FIELD_TYPES = ("string", "double", "long", "boolean", "epoch_millis", "timestamp")
 TIME_TYPES = ("epoch_millis", "timestamp")
+EXPECTED = {"string": "a string", "double": "a number", "long": "an integer", "epoch_millis": "an integer",
+            "boolean": "a boolean",
+            "timestamp": "a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset)"}
+"""What a value of each field type is, as a reason says it (``field 'success' is not a boolean: "yes"``): the
+runtime's reasons use these words too (:mod:`tandem.runtime.records`)."""
+
 """The field types whose column holds epoch milliseconds (a ``timestamp`` is read from either spelling)."""
 ISO_TIME = (r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
             r"(?:[.,]([0-9]{1,9}))?([Zz]|([+-])([01][0-9]|2[0-3]):?([0-5][0-9]))?")
@@ -239,6 +245,9 @@ class FieldConfig(StrictModel):
     at_least: Number | None = None
     less_than: Number | None = None
     at_most: Number | None = None
+    default: StrictBool | StrictInt | StrictFloat | StrictStr | None = None
+    """The value of an event that does not give the field (or gives ``null``): a field a producer added, so that
+    the events written before it (retained input, replays, backfills) stay good. A value given is checked as ever."""
 
     @model_validator(mode="after")
     def _checks_fit_the_type(self) -> FieldConfig:
@@ -249,7 +258,27 @@ class FieldConfig(StrictModel):
             raise ValueError("a boolean field takes no bounds")
         if self.type != "string" and (self.not_empty or self.max_length is not None):
             raise ValueError("not_empty and max_length apply to string fields only")
+        if self.default is not None:
+            self._check_default(self.default)
         return self
+
+    def _check_default(self, value: Any) -> None:
+        fits = {"string": isinstance(value, str), "boolean": isinstance(value, bool),
+                "double": isinstance(value, (int, float)) and not isinstance(value, bool),
+                }.get(self.type, isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63)
+        if not fits:
+            raise ValueError(f"default {value!r} is not {EXPECTED[self.type]}")
+        bounds = {"greater_than": (lambda v, b: v > b, ">"), "at_least": (lambda v, b: v >= b, ">="),
+                  "less_than": (lambda v, b: v < b, "<"), "at_most": (lambda v, b: v <= b, "<=")}
+        for name, (holds, operator) in bounds.items():
+            bound = getattr(self, name)
+            if bound is not None and not holds(value, bound):
+                raise ValueError(f"default {value!r} must be {operator} {bound:g} ({name})")
+        if self.type == "string" and ((self.not_empty and not value.strip()) or "\x00" in value
+                                      or len(value) > (self.length_limit or 0)):
+            raise ValueError(f"default {value[:40]!r} fails the field's own checks (not empty, no NUL, max_length)")
+        if self.type in TIME_TYPES and not 0 <= value <= MAX_EPOCH_MILLIS:
+            raise ValueError(f"default {value!r} must be epoch milliseconds between 1970 and 9999")
 
     def path(self, name: str) -> tuple[str, ...]:
         """The keys the field named ``name`` reads, outermost first: its ``from``, else its name."""
@@ -385,6 +414,9 @@ class StreamConfig(StrictModel):
             raise ValueError(f"key {self.key!r}: a timestamp cannot be a partition key (an event's partition is "
                              "computed from the key's JSON text, and one time has many spellings): declare it "
                              "epoch_millis")
+        for role, name in (("key", self.key), ("event_time", self.event_time)):
+            if self.fields[name].default is not None:
+                raise ValueError(f"{role} {name!r} takes no default: every event must give its own")
         if self.fields[self.key].type == "boolean":
             raise ValueError(f"key {self.key!r}: a boolean cannot be a partition key (its two values would leave "
                              "the other partitions empty)")

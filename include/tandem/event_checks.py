@@ -18,17 +18,12 @@ import math
 import re
 from typing import Any
 
-from tandem.declarations import ISO_TIME, FieldConfig, StreamConfig
+from tandem.declarations import EXPECTED, ISO_TIME, FieldConfig, StreamConfig
 
 SHOWN_CHARS = 200
 """How much of a bad value a reason quotes (as the runtime's reasons do)."""
 MAX_ID_CHARS = 256
 """Characters an event's id (its message id) may take at most."""
-EXPECTED = {"string": "a string", "double": "a number", "long": "an integer", "epoch_millis": "an integer",
-            "boolean": "a boolean",
-            "timestamp": "a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset)"}
-"""What a value of each field type is, as a reason says it (``field 'success' is not a boolean: "yes"``): the
-runtime's reasons use these words too (:mod:`tandem.runtime.records`)."""
 WITHOUT_ZONE = "is an ISO-8601 time without a zone (write Z or an offset such as +01:00)"
 """What a reason says of a ``timestamp`` given as ISO text without ``Z`` or an offset (refused: whose local time it
 is cannot be known)."""
@@ -121,7 +116,8 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
         label = config.label(name)
         value = stream.value_at(event, name)
         if value is None:
-            problems.append(f"missing field '{label}'")
+            if config.default is None:
+                problems.append(f"missing field '{label}'")
             continue
         typed = typed_value(config, value)
         if typed is _WRONG:

@@ -202,8 +202,10 @@ def bad_line(stream: StreamConfig, good: dict[str, Any], rng: random.Random) -> 
     broken = dict(good)
     if kind == "malformed":
         return event_line(stream, good)[:-3]
-    if kind == "missing":
+    if kind == "missing" and stream.fields[name].default is None:
         broken.pop(name)
+    elif kind == "missing":  # a field with a default may be missing: give it a value of another type instead
+        broken[name] = "abc" if stream.fields[name].type != "string" else {"nested": True}
     elif kind == "type" or stream.fields[name].type == "string" and not stream.fields[name].not_empty:
         broken[name] = "abc" if stream.fields[name].type != "string" else {"nested": True}
     else:

@@ -21,12 +21,15 @@ LOGINS = StreamConfig.model_validate({
         "method": {"type": "string", "from": ["auth", "method"]},  # the same, as a list of keys
         "dotted": {"type": "long", "from": ["a.b"], "at_least": 0},  # one key holding a dot
         "success": {"type": "boolean"},
+        "region": {"type": "string", "default": "0-unknown"},  # added by a producer: older lines lack it
+        "attempts": {"type": "long", "default": 1, "at_least": 1},
     }})
 T0 = 1795687200000
 """2026-11-26T10:00:00Z in epoch milliseconds."""
 GOOD = {"user": "ann", "user-id": 7, "@timestamp": "2026-11-26T10:00:00Z", "auth": {"idp": "google", "method": "pw"},
-        "a.b": 1, "success": True}
-VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True}
+        "a.b": 1, "success": True, "attempts": 3}
+VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True,
+          "region": "0-unknown", "attempts": 3}
 NOT_A_TIMESTAMP = "field '@timestamp' is not a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset): "
 OUT_OF_RANGE = "field '@timestamp' must be a time between 1970 and 9999 (got "
 
@@ -78,6 +81,11 @@ CASES = [
     good("the first instant", changed(at="1970-01-01T01:00:00+01:00"), at=0),
     good("the last instant", changed(at="9999-12-31T23:59:59.999Z"), at=MAX_EPOCH_MILLIS),
     good("false", changed(success=False), success=False),
+    good("a field with a default, given", changed(region="eu-1"), region="eu-1"),
+    good("a field with a default, given as it", changed(region="0-unknown")),
+    good("a field with a default, null", changed(region=None)),
+    good("a field with a default, not given", changed(attempts=...), attempts=1),
+    good("an integer field with a default, null", changed(attempts=None), attempts=1),
     good("undeclared keys, nested", changed(extra={"x": [1, {"y": None}]}, auth={"idp": "google", "method": "pw",
                                                                               "more": {"deep": True}})),
     Case("undeclared key given twice", TEXT[:-1] + ', "x": {"y": 1, "y": 2}}', values=VALUES,
@@ -87,6 +95,10 @@ CASES = [
     bad("yes", changed(success="yes"), "field 'success' is not a boolean: \"yes\""),
     bad("a boolean as an object", changed(success={"a": 1}), "field 'success' is not a boolean: {\"a\":1}"),
     bad("null is missing", changed(success=None), "missing field 'success'"),
+    bad("a field with a default, of another type", changed(region=5), "field 'region' is not a string: 5"),
+    bad("a field with a default, text that looks like a number", changed(attempts="1"),
+        "field 'attempts' is not an integer: \"1\""),
+    bad("a field with a default, failing its check", changed(attempts=0), "field 'attempts' must be >= 1 (got 0)"),
     bad("no zone", changed(at="2026-11-26T10:00:00"), "field '@timestamp' is an ISO-8601 time without a zone (write "
                                                       "Z or an offset such as +01:00): \"2026-11-26T10:00:00\""),
     bad("a day February lacks", changed(at="2026-02-30T10:00:00Z"), NOT_A_TIMESTAMP + '"2026-02-30T10:00:00Z"'),

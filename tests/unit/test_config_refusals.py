@@ -139,6 +139,13 @@ CASES = {
                         "key 'isin' is not one of the fields"),
     "event time not epoch millis": (PLAN, data(lambda d: d["streams"]["trades"].update(event_time="price")),
                                     "streams.trades", "must be a field of type epoch_millis"),
+    "default of another type": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(
+        venue={"type": "long", "default": "x"})), "streams.trades.fields.venue", "default 'x' is not an integer"),
+    "default failing its bound": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(
+        venue={"type": "double", "greater_than": 0, "default": 0})), "streams.trades.fields.venue",
+        "default 0 must be > 0 (greater_than)"),
+    "default of the key": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(default="IBM")),
+                           "streams.trades", "key 'symbol' takes no default"),
     "unknown field type": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["price"].update(type="money")),
                            "streams.trades.fields.price.type", "string"),
     "bound on a string": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(greater_than=1)),

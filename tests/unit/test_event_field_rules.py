@@ -38,7 +38,8 @@ def test_the_receiver_reads_each_field_at_its_key_and_says_why_a_line_is_bad(cas
     reason = case.receiver_reason or case.reason
     assert event_problems(LOGINS, event) == (reason.split("; ") if reason else [])
     if reason is None:
-        assert {name: typed_value(config, LOGINS.value_at(event, name))
+        given = {name: LOGINS.value_at(event, name) for name in LOGINS.fields}
+        assert {name: config.default if given[name] is None else typed_value(config, given[name])
                 for name, config in LOGINS.fields.items()} == case.values
 
 
@@ -214,7 +215,7 @@ def test_the_configuration_schema_holds_the_new_options() -> None:
 def test_a_produced_line_puts_each_field_at_its_key() -> None:
     line = json.loads(event_line(LOGINS, {**VALUES, "at": T0}))
     assert line == {"user": "ann", "user-id": 7, "@timestamp": T0, "auth": {"idp": "google", "method": "pw"},
-                    "a.b": 1, "success": True}
+                    "a.b": 1, "success": True, "region": "0-unknown", "attempts": 3}
     assert event_problems(LOGINS, line) == []
 
 

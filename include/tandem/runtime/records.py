@@ -20,14 +20,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructField,
                                StructType, VariantType)
 
-from tandem.declarations import DEFAULT_MAX_LINE_BYTES, ISO_TIME, FieldConfig, StreamConfig
-from tandem.event_checks import EXPECTED, WITHOUT_ZONE
+from tandem.declarations import DEFAULT_MAX_LINE_BYTES, EXPECTED, ISO_TIME, FieldConfig, StreamConfig
+from tandem.event_checks import WITHOUT_ZONE
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class FieldRule:
     type: str
     checks: tuple[Check, ...] = field(default_factory=tuple)
     keys: tuple[str, ...] = ()
+    default: Any = None
+    """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -142,7 +146,7 @@ def field_rule(name: str, config: FieldConfig) -> FieldRule:
     """The parse-and-check rule of one declared field."""
     return FieldRule(name, config.type, tuple(
         Check(_predicate(operator, bound), message) for operator, bound, message in config.checks()),
-        config.path(name))
+        config.path(name), config.default)
 
 
 def record_schema(stream: StreamConfig) -> RecordSchema:
@@ -348,6 +352,7 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     keep = ["raw", "source_file", "_line_problem"]
     fields = _field_columns(lines.select("raw", "source_file", line_problem.alias("_line_problem")).select(
         *keep, typed.alias("_typed")), schema, keep)
+    fields = _with_defaults(fields, schema)
     good: Column = F.col("_line_problem").isNull()
     for rule in schema.fields:
         holds = F.col(rule.name).isNotNull()
@@ -363,17 +368,35 @@ def parse_and_validate(lines: DataFrame, schema: RecordSchema) -> DataFrame:
     ).drop("_line_problem")
 
 
+def _with_defaults(fields: DataFrame, schema: RecordSchema) -> DataFrame:
+    """Each field with a default holds it where the line gives no value (no key, or ``null``); a value of the wrong
+    type stays null (refused, its reason says why). Only a line with such a field null is parsed again (as text)
+    to tell the two apart."""
+    defaulted = tuple(rule for rule in schema.fields if rule.default is not None)
+    if not defaulted:
+        return fields
+    any_null = reduce(lambda a, b: a | b, [F.col(rule.name).isNull() for rule in defaulted])
+    given = F.when(F.col("_line_problem").isNull() & any_null, schema.read(StringType(), defaulted))
+    return fields.withColumns({rule.name: F.when(F.col(rule.name).isNull() & F.col("_line_problem").isNull()
+                                                 & at(given, rule.keys).isNull(),
+                                                 F.lit(rule.default).cast(rule.spark_type)).otherwise(F.col(rule.name))
+                               for rule in defaulted})
+
+
 def _json_string(schema: RecordSchema, rule: FieldRule, value: Column) -> Column:
     """Whether the line's field holds a JSON string.
 
     Spark's ``from_json`` turns an object, array, number or boolean into its JSON text when the
     field is declared a string (``{"symbol": {"nested": true}}`` gives ``'{"nested":true}'``). Only
     a value that could be such a text (it starts with ``{``, ``[``, a digit or ``-``, or is
-    ``true``/``false``) is read again, as a Variant of that field alone, to learn its JSON type.
+    ``true``/``false``) is read again, as a Variant of that field alone, to learn its JSON type. A field with a
+    default that the line does not give (no key, or ``null``) holds the default, a string.
     """
     could_be_other = value.rlike(r"^[\[{0-9-]|^(true|false)$")
+    given = ("STRING", "VOID") if rule.default is not None else ("STRING",)  # no value or null: the default's
+    kind = F.schema_of_variant(_as_variant(schema, rule))
     return F.when(value.isNotNull() & could_be_other,
-                  F.schema_of_variant(_as_variant(schema, rule)) == "STRING").otherwise(F.lit(True))
+                  F.coalesce(kind.isin(*given), F.lit(rule.default is not None))).otherwise(F.lit(True))
 
 
 def _shown(value: Column) -> Column:
@@ -433,7 +456,8 @@ def _explain(schema: RecordSchema) -> Column:
         raw_value = at(text, rule.keys)
         value = F.col(rule.name)
         missing = raw_value.isNull()
-        problems.append(F.when(missing, F.lit(f"missing field '{rule.label}'")))
+        if rule.default is None:
+            problems.append(F.when(missing, F.lit(f"missing field '{rule.label}'")))
         wrong_type = value.isNull() | ~_json_string(schema, rule, value) if rule.type == "string" \
             else value.isNull()
         problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double)))
