@@ -112,6 +112,20 @@ def _json_or_none(line: str) -> Any:
         return None
 
 
+def committed_watermark_ms(query_dir: Path) -> int | None:
+    """The event-time watermark (epoch milliseconds) the query's newest committed batch ran with; ``None`` when
+    nothing was committed."""
+    batch = committed_batch(query_dir)
+    if batch is None:
+        return None
+    offsets_file = query_dir / "offsets" / str(batch)
+    lines = offsets_file.read_text().splitlines() if offsets_file.is_file() else []
+    metadata = _json_or_none(lines[1]) if len(lines) > 1 else None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{offsets_file}: no batch metadata although batch {batch} committed")
+    return int(metadata.get("batchWatermarkMs", 0))
+
+
 def source_offsets(offsets_file: Path) -> list[Any]:
     """Per source of an ``offsets/N`` file, in the order of the query's sources: its offset as JSON (the end
     of batch N: where the query goes on from), or ``None`` when it had none yet (``-``) or it is not JSON."""

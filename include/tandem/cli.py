@@ -706,6 +706,43 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
     return 2 if any(c.refused for d in diffs for c in d.changes) else 0
 
 
+def cmd_plan_cutover(args: argparse.Namespace) -> int:
+    """Carry out a change the plan's checkpoints refuse (a group's parallel, an aggregation's keys or measures) by a
+    cut-over of the stopped group (:mod:`tandem.cutover`), after a confirmation (the plan's name, or ``--yes``)."""
+    from tandem.cutover import CutoverRefused, cut_over, pending_cutovers
+    from tandem.declarations import instance_ids
+    from tandem.plan_reset import plan_running
+    from tandem.store import Database, migrate
+
+    cluster = load_cluster()
+    plan = load_plan(args.name, cluster)
+    pending = pending_cutovers(cluster, plan)
+    for group, found in pending.items():
+        console.print(f"group {group}: {'; '.join(found)}", markup=False, highlight=False)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise TandemError(f"tandem plan cutover {plan.name}: no terminal to confirm on: pass --yes")
+        console.print("A cut-over retires the group's checkpoints; its instances start afresh past the cut, and "
+                      "its partials stay merged under retired labels.", markup=False, highlight=False)
+        if input(f"Type the plan's name ({plan.name}) to cut it over: ").strip() != plan.name:
+            errors.print("not cut over")
+            return 1
+    with Database(cluster.database_url, "tandem-cli") as db:
+        migrate(db)
+        try:
+            cut = cut_over(cluster, plan, db, args.group, running=plan_running(db, plan))
+        except CutoverRefused as exc:
+            print_error(exc)
+            return 2
+    read = sum(len(files) for files in cut.consumed.values())
+    console.print(f"plan {plan.name}, group {cut.group}: cut over (generation {cut.generation}): instances "
+                  f"{', '.join(cut.retired)} retired (their partials kept as {cut.label(cut.retired[0])} ...), "
+                  f"{read} file read(s) before the cut; the next launch starts "
+                  f"{', '.join(instance_ids(cut.group, plan.groups[cut.group].parallel))} afresh",
+                  markup=False, highlight=False)
+    return 0
+
+
 def cmd_airflow_login(args: argparse.Namespace) -> int:
     """Where the local Airflow's login is; ``--ensure`` first gives ``admin`` a random password if it has none."""
     from tandem.airflow_rest import ensure_admin_password, login_hint, passwords_file
@@ -900,6 +937,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan_diff.add_argument("name")
     plan_diff.add_argument("--json", action="store_true", help="as JSON")
     plan_diff.set_defaults(func=cmd_plan_diff)
+    plan_cutover = plan_actions.add_parser(
+        "cutover", help="carry out a change the checkpoints refuse (a group's parallel, an aggregation's keys or "
+                        "measures) by a cut-over of the stopped group: its instances start afresh past the cut, "
+                        "every output kept")
+    plan_cutover.add_argument("name")
+    plan_cutover.add_argument("--group", help="the group to cut over (default: the one whose checkpoints refuse)")
+    plan_cutover.add_argument("--yes", action="store_true", help="cut over without asking")
+    plan_cutover.set_defaults(func=cmd_plan_cutover)
 
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))

@@ -291,6 +291,10 @@ class PlanFile(StrictModel):
     nodes: Names
     trigger_interval: Duration = 1.0
     watermark: Duration = 10.0
+    state_horizon: Duration | None = None
+    """How far back in event time a query's state reaches: the watermark plus its longest window, expiry or timer
+    (default: the watermark plus an hour). A cut-over (:mod:`tandem.cutover`) replays this much of the input
+    before the cut to rebuild the state of queries whose outputs are published by id."""
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     validation: ValidationConfig = ValidationConfig()
     ha: HAConfig = HAConfig()
@@ -482,6 +486,7 @@ class PlanConfig:
     nodes: tuple[str, ...]
     trigger_interval_s: float
     watermark_s: float
+    state_horizon_s: float = 3610.0
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ha: HAConfig = field(default_factory=HAConfig)
@@ -965,6 +970,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         nodes=tuple(file.nodes),
         trigger_interval_s=file.trigger_interval,
         watermark_s=file.watermark,
+        state_horizon_s=file.state_horizon if file.state_horizon is not None else file.watermark + 3600.0,
         heartbeat=file.heartbeat,
         validation=validation,
         ha=file.ha,

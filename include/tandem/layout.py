@@ -171,6 +171,17 @@ def checkpoint_dir(cluster: ClusterConfig, plan: str, instance: str, node: str, 
     return _place(cluster, "checkpoints", plan, instance, node, *([query] if query else []))
 
 
+def cut_file(cluster: ClusterConfig, plan: str, group: str) -> Path:
+    """A group's newest cut-over (:mod:`tandem.cutover`): ``cuts/<plan>/<group>.json``."""
+    return _place(cluster, "cuts", plan, f"{group}.json")
+
+
+def retired_checkpoints_dir(cluster: ClusterConfig, plan: str, generation: int) -> Path:
+    """Where a cut-over moves the checkpoints it retires: ``checkpoints/<plan>/_retired/<generation>/`` (a folder
+    no instance reads: kept for an inquiry, removed with the plan)."""
+    return _place(cluster, "checkpoints", plan, "_retired", str(generation))
+
+
 def delta_table_dir(cluster: ClusterConfig, plan: str, table: str) -> Path:
     """A Delta table of a plan: ``delta/<plan>/<table>/``."""
     return _place(cluster, "delta", plan, table)
@@ -199,6 +210,6 @@ def logs_dir(cluster: ClusterConfig, plan: str, instance: str) -> Path:
 def plan_dirs(cluster: ClusterConfig, plan: str) -> dict[str, Path]:
     """Every folder that holds a plan's own data, by kind of place: ``checkpoints/<plan>/`` (every instance's and
     node's, with the plan's shape beside them), ``delta/<plan>/`` (outputs, partials, quarantine, state export),
-    ``snapshots/<plan>/`` and ``backfills/<plan>/``. Input (``landing/``, ``retained/``: by stream, other plans may
-    read it) and driver logs are not the plan's state."""
-    return {name: _place(cluster, name, plan) for name in ("checkpoints", "delta", "snapshots", "backfills")}
+    ``snapshots/<plan>/``, ``backfills/<plan>/`` and ``cuts/<plan>/`` (its groups' cut-overs). Input
+    (``landing/``, ``retained/``: by stream, other plans may read it) and driver logs are not the plan's state."""
+    return {name: _place(cluster, name, plan) for name in ("checkpoints", "delta", "snapshots", "backfills", "cuts")}

@@ -154,10 +154,11 @@ def _output_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[C
 
 def refusal(plan: PlanConfig, instance: str, where: Path, found: list[Change]) -> str:
     """The one line a refused launch says (pure)."""
+    group = plan.group_of(instance)[0]
     return (f"plan {plan.name}, instance {instance}: {'; '.join(c.text for c in found)} since the checkpoint at "
-            f"{where} was built; a running plan cannot take this change yet: undo it in {plan.path}, or start the "
-            f"plan afresh (stop it, then `tandem plan reset {plan.name}` removes its checkpoints and outputs); "
-            f"`tandem plan diff {plan.name}` shows every change")
+            f"{where} was built; its checkpoints cannot take this change: stop the plan and run `tandem plan cutover "
+            f"{plan.name} --group {group}` (it keeps every output, see docs/plans/changing.md), or undo it in "
+            f"{plan.path}; `tandem plan diff {plan.name}` shows every change")
 
 
 STATE_SCHEMA_ERRORS = (

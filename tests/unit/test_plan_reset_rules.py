@@ -55,7 +55,7 @@ def test_the_plan_folders_are_its_own_and_their_size_is_counted(conf: Path, tmp_
     cluster = load_cluster(conf / "cluster.yaml")
     folders = plan_dirs(cluster, "trades")
     assert folders == {name: tmp_path / "data" / name / "trades" for name in ("checkpoints", "delta", "snapshots",
-                                                                             "backfills")}
+                                                                             "backfills", "cuts")}
     (folders["delta"] / "t").mkdir(parents=True)
     (folders["delta"] / "t" / "a").write_bytes(b"x" * 10)
     (folders["delta"] / "b").write_bytes(b"y" * 5)

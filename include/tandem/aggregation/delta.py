@@ -17,10 +17,10 @@ import pyarrow.dataset as ds
 
 from tandem.aggregation.merge import MergedRow, merge_partials
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from tandem.lake.tables import retry_on_conflict
-from tandem.lake.tables import append_once, read_table, string_literal
+from tandem.lake.tables import append_once, read_table, string_literal, table_exists
 
 def arrow_schema(spec: AggregationSpec) -> pa.Schema:
     """The Delta table's columns: a written row's, then who published it and when."""
@@ -31,7 +31,7 @@ def append_rows(path: Path, spec: AggregationSpec, rows: pa.Table, *, node: str,
                 batch_id: int) -> bool:
     """Append the rows written to PostgreSQL for one micro-batch, once."""
     return append_once(path, _rows_table(spec, rows, node, published_at), app_id=app_id, version=batch_id,
-                       partition_by=["granularity"])
+                       partition_by=["granularity"], merge_schema=True)  # a cut-over may have added a measure
 
 
 NEWEST_FIRST = [("epoch", "descending"), ("batch_id", "descending"), ("published_at", "descending")]
@@ -66,6 +66,17 @@ def replace_range(path: Path, spec: AggregationSpec, instance: str, start: datet
         append_once(path, _rows_table(spec, coarser, node, published_at), app_id=app_id, version=0,
                     partition_by=["granularity"])
     return written.num_rows
+
+
+def relabel_instances(path: Path, labels: dict[str, str]) -> None:
+    """The Delta side of :func:`tandem.store.aggregates.relabel_instances`: every row of the instances in ``labels``
+    moved to its label, in one commit (tried again after a conflict); nothing when the table does not exist."""
+    if not labels or not table_exists(path):
+        return
+    cases = " ".join(f"WHEN instance = {string_literal(old)} THEN {string_literal(new)}" for old, new in labels.items())
+    predicate = f"instance IN ({', '.join(string_literal(old) for old in labels)})"
+    retry_on_conflict(lambda: DeltaTable(str(path)).update(updates={"instance": f"CASE {cases} END"},
+                                                           predicate=predicate), time.sleep)
 
 
 def read_partials(path: Path, spec: AggregationSpec, granularity: str, start: datetime, end: datetime,

@@ -31,9 +31,12 @@ _COMBINE = {
 
 
 def combine(measure: Measure, a: Any, b: Any) -> Any:
-    """Two partial values of ``measure`` merged."""
+    """Two partial values of ``measure`` merged. ``None`` is no value (a row published before a cut-over added the
+    measure), except for a ``long`` sum, where it is a sum past 64 bits and stays ``None``."""
     if measure.kind == "sum" and measure.sql_type == "bigint":
         return long_sum(a, b)
+    if a is None or b is None:
+        return b if a is None else a
     return _COMBINE[measure.kind](a, b)
 
 

@@ -230,7 +230,8 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
                                     "node's ACTIVE roles to others and stop it; restart_node: restart the node's "
                                     "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
                                     "take a snapshot of each instance's ACTIVE node now on a standby's host "
-                                    "(or of the node's instance, here)"),
+                                    "(or of the node's instance, here); cutover: carry out a change the "
+                                    "checkpoints refuse (a group's parallel, a measure) on the stopped plan"),
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
                       description="a plan whose file loads (broken plans: see the DAG's docs)"),
         "instance": Param("", type="string", enum=["", *instances], title="Instance",
@@ -256,6 +257,9 @@ Trigger with Params:
   ACTIVE node now through a run of `tandem_<plan>_snapshot`, on a live standby's host as scheduled
   snapshots are; with a node, of that node's instance, in this task. It is validated and listed by
   `tandem snapshots <plan>`.
+- **cutover** (plan, optional instance naming its group): carry out a change the plan's checkpoints
+  refuse (a group's `parallel`, an aggregation's measures) by a cut-over of the stopped plan, every
+  output kept (`tandem plan cutover`, docs: Changing a plan). Stop the plan's instances first.
 
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
 A conf with `shard_id` (the former name of `instance`) is still obeyed until the next release.

@@ -18,7 +18,7 @@ from tandem.airflow.snapshot_operators import snapshot_on_hosts, take_snapshots
 from tandem.config import load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
-from tandem.ops import SNAPSHOT_NOW
+from tandem.ops import CUTOVER, SNAPSHOT_NOW
 
 
 class ReconcilePlanOperator(BaseOperator):
@@ -103,7 +103,10 @@ class PlanOpsOperator(BaseOperator):
     the task log, and to the run note through the REST API when the Airflow connection
     ``tandem_airflow_api`` (host = API URL, login, password) is defined.
 
-    :param action: one of failover_now, drain_node, restart_node, snapshot_now. Templated.
+    - ``cutover``: carry out a change the group's checkpoints refuse (its parallel, an aggregation's measures)
+      by a cut-over of the stopped plan (:mod:`tandem.cutover`); ``instance`` names the group, if several need one.
+
+    :param action: one of failover_now, drain_node, restart_node, snapshot_now, cutover. Templated.
     :param plan: plan name. Templated.
     :param instance: one group instance, or empty for every one of the plan. Templated. A run whose conf
         has ``instance``, its deprecated former name, is obeyed too (until the next release).
@@ -134,6 +137,8 @@ class PlanOpsOperator(BaseOperator):
         instance = requested_instance(self.log, self.instance, context["params"])
         instances = [instance] if instance else list(plan.instances)
         ti = context["ti"]
+        if self.action == CUTOVER:
+            return cut_over_plan(self.log, cluster, plan, instance, ti)
         if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
             return snapshot_on_hosts(self.log, plan, instance, ti)
         if self.action == SNAPSHOT_NOW:
@@ -158,6 +163,28 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowException(f"{self.action}: actions failed: " + "; ".join(failed))
         return {"action": self.action, "plan": plan.name, "node": self.node, "instances": instances, "summary": lines,
                 "converged": all(report.converged for report in reports)}
+
+
+def cut_over_plan(log: Any, cluster: Any, plan: Any, instance: str | None, ti: Any) -> dict[str, Any]:
+    """The ``cutover`` action: :func:`tandem.cutover.cut_over` of the group of ``instance`` (default: the one whose
+    checkpoints refuse the plan); the plan must be stopped."""
+    from tandem.cutover import CutoverRefused, cut_over
+    from tandem.plan_reset import plan_running
+    from tandem.store import Database, migrate
+
+    group = plan.group_of(instance)[0] if instance else None
+    with Database(cluster.database_url, "tandem-ops") as db:
+        migrate(db)
+        try:
+            cut = cut_over(cluster, plan, db, group, running=plan_running(db, plan))
+        except CutoverRefused as exc:
+            raise AirflowFailException(str(exc)) from None
+    summary = (f"cutover {plan.name}: group {cut.group} cut over (generation {cut.generation}); retired "
+               f"{', '.join(cut.retired)}; {sum(len(f) for f in cut.consumed.values())} file(s) read before the cut")
+    log.info("%s", summary)
+    set_run_note(log, ti, summary)
+    return {"action": CUTOVER, "plan": plan.name, "group": cut.group, "generation": cut.generation,
+            "retired": list(cut.retired)}
 
 
 def _paused(ti: Any, dag_id: str) -> bool:

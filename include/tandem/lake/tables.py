@@ -45,8 +45,9 @@ def committed_version(path: Path, app_id: str) -> int | None:
 
 
 def append_once(path: Path, data: pa.Table, app_id: str, version: int,
-                partition_by: list[str] | None = None) -> bool:
-    """Append ``data`` unless ``app_id`` already committed ``version`` (or later).
+                partition_by: list[str] | None = None, *, merge_schema: bool = False) -> bool:
+    """Append ``data`` unless ``app_id`` already committed ``version`` (or later); ``merge_schema``: columns the
+    table lacks are added (those it has and ``data`` lacks are null in the new rows).
 
     The append and the new transaction version are one Delta commit, so a replayed micro-batch
     is skipped and a crash never leaves half a batch. Returns whether anything was written.
@@ -61,6 +62,7 @@ def append_once(path: Path, data: pa.Table, app_id: str, version: int,
             data,
             mode="append",
             partition_by=partition_by,
+            schema_mode="merge" if merge_schema else None,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=app_id, version=version)], max_commit_retries=50
             ),

@@ -608,6 +608,14 @@ class AggregationKind(OutputKind):
                             f"{bucket_end(bucket, parent).isoformat()})")
         return None
 
+    def retire(self, db: Database, cluster: ClusterConfig, plan: PlanConfig, output: str,
+               labels: Mapping[str, str]) -> None:
+        """Spark's partials of the retired instances, every granularity, relabelled in PostgreSQL and in Delta:
+        merged on read with the new instances' (each event was counted by one of them)."""
+        spec = spec_for(plan, output)
+        db.run(lambda cursor: aggregates.relabel_instances(cursor, spec, plan.name, dict(labels)))
+        agg_delta.relabel_instances(delta_table_dir(cluster, plan.name, output), dict(labels))
+
     def state_shape(self, plan: PlanConfig, output: str) -> dict[str, Any]:
         """Its keys and measures: Spark's state holds them (a fact aggregation's state is its id deduplication, but
         its serving table's columns are these too)."""

@@ -512,6 +512,7 @@ class OutputKind:
     - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
     - :meth:`follow` / :meth:`page`: its new rows as they are published (appended kinds only);
     - :meth:`state_shape`: the Spark state its declaration shapes, which a checkpoint was built with;
+    - :meth:`retire`: its rows of instances a cut-over retires, relabelled (partials only);
     - :meth:`restore` / :meth:`rolled_back_on_restore`: what a restore does to it;
     - :meth:`replace` / :meth:`compare`: a backfill's and a reconcile's use of a recomputed range;
     - :meth:`trim`: its rows' retention;
@@ -567,6 +568,13 @@ class OutputKind:
         that a launch refuses a change a checkpoint cannot carry (:mod:`tandem.plan_shape`); ``None``: the
         declaration shapes no state (pure)."""
         return None
+
+    def retire(self, db: Database, cluster: ClusterConfig, plan: PlanConfig, output: str,
+               labels: Mapping[str, str]) -> None:
+        """A cut-over (:mod:`tandem.cutover`): keep the rows of the instances in ``labels`` under their retired
+        labels, so that the instances starting afresh publish beside them (a kind whose rows are not published by
+        id must)."""
+        raise DataError(f"{output} is an output of kind {self.name}: its rows cannot be retired by a cut-over")
 
     def rolled_back_on_restore(self, config: OutputConfig) -> bool:
         """Whether a restore rolls the output back to the snapshot's cut (else it is kept as it is)."""

@@ -46,7 +46,7 @@ from tandem.store.snapshots import STATUSES
 
 API_VERSION = "v1"
 ACTION_DAGS = {"failover_now": OPS_DAG_ID, "drain_node": OPS_DAG_ID, "restart_node": OPS_DAG_ID,
-               "snapshot_now": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
+               "snapshot_now": OPS_DAG_ID, "cutover": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
 """The DAG each action triggers; ``backfill`` triggers the plan's own ``tandem_<plan>_backfill``."""
 NEEDS_NODE = {"drain_node", "restart_node"}
 PAGE_HEADER = "X-Tandem-Request"

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, computed_field
 
 Role = Literal["ACTIVE", "PASSIVE", "BACKUP", "WARM"]
-Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "restore", "backfill"]
+Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "cutover", "restore", "backfill"]
 
 
 class GroupSummary(BaseModel):
@@ -156,6 +156,9 @@ class PlanStatus(BaseModel):
     observed_at: datetime
     version: str = Field(description="the plan's version its files define now: a node running another one runs the "
                                      "plan as it was (`tandem plan diff` says what changed)")
+    refused_changes: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "per group, the changes of the files its checkpoints refuse (a launch fails with them): the `cutover` "
+        "action carries them out on the stopped plan"))
     instances: list[InstanceStatus]
 
 

@@ -27,6 +27,7 @@ from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
 from tandem.outputs import kind_of
 from tandem.outputs.base import ReadRequest
+from tandem.cutover import pending_cutovers
 from tandem.plan_version import plan_version
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.models import (
@@ -196,7 +197,8 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             instance=instance, group=plan.group_of(instance)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
             due=[action.describe() for action in decide(view)], last_failover=changes.get(instance),
             last_good_snapshot=_snapshot(good) if good else None))
-    return PlanStatus(plan=plan.name, observed_at=database_now(db), version=plan_version(plan), instances=instances)
+    return PlanStatus(plan=plan.name, observed_at=database_now(db), version=plan_version(plan),
+                      refused_changes=pending_cutovers(cluster, plan), instances=instances)
 
 
 def timeline(db: Database, plan: PlanConfig, *, instance: str | None = None, limit: int = 50) -> Timeline:

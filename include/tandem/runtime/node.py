@@ -30,6 +30,7 @@ from tandem.errors import PlanChanged, cause_of, raised_in
 from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
 from tandem.layout import checkpoint_dir, plan_dirs
 from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
+from tandem.cutover import load_cut
 from tandem.plan_shape import check_unchanged, record_shape, state_refusal
 from tandem.plan_version import plan_version
 from tandem.resync import resync_recorded
@@ -229,6 +230,11 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
             record_status(db, key, "FAILED", str(exc))
             raise
         try:  # before the lease is taken and any query reads a checkpoint
+            cut = load_cut(cluster, plan.name, plan.group_of(instance)[0])
+            if cut is not None and not cut.done:
+                raise PlanChanged(f"plan {plan.name}, instance {instance}: the cut-over of group {cut.group} "
+                                  f"(generation {cut.generation}) stopped half-way: finish it with `tandem plan "
+                                  f"cutover {plan.name} --group {cut.group}`")
             check_unchanged(cluster, plan, instance, node)
         except PlanChanged as exc:  # the same words at every launch: the supervisor blocks it, never loops
             record_status(db, key, "FAILED", str(exc), failure=str(exc))
@@ -252,7 +258,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         queries: list[StreamingQuery] = []
         result: RunResult | None = None
         try:
-            ctx = PlanContext(cluster, plan, key, spark)
+            ctx = PlanContext(cluster, plan, key, spark, cut=cut)
             definitions = instance_queries(ctx)
             publishers: dict[str, MicroBatchPublisher] = {}
             if role == WARM and not await_warm_takeover(db, cluster, plan, key, roles, promoted, stop):

@@ -30,11 +30,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tandem.aggregation.spec import spec_for
 from tandem.config import ClusterConfig, PlanConfig, quarantine_output
+from tandem.cutover import Cut
 from tandem.errors import PlanError
 from tandem.layout import delta_table_dir
 from tandem.names import QUARANTINE_QUERY
@@ -50,6 +51,7 @@ from tandem.store.registry import InstanceKey
 
 STATE_STORES = ("default", "rocksdb")
 QUARANTINE_TRIGGER_S = 5.0
+_FILE_SCHEME = re.compile(r"^file:/+")
 """The quarantine query starts a micro-batch at most this often: bad lines need no low latency."""
 
 
@@ -64,7 +66,11 @@ class PlanContext:
     input_folders: Mapping[str, list[Path]] | None = None
     """A recomputation's gathered input (:func:`tandem.batch.backfill.gather_input`): the streams whose kind gathered
     some read these folders instead of their live input."""
-    _streams: dict[str, DataFrame] = field(default_factory=dict, compare=False, repr=False)
+    cut: Cut | None = None
+    """The group's newest cut-over (:mod:`tandem.cutover`): each query reads only past it (:meth:`stream`)."""
+    _streams: dict[Any, DataFrame] = field(default_factory=dict, compare=False, repr=False)
+    _building: list[QuerySpec] = field(default_factory=list, compare=False, repr=False)
+    """The query :func:`define` is building (at most one)."""
 
     @property
     def group(self) -> str:
@@ -84,11 +90,31 @@ class PlanContext:
         if name not in self.plan.streams:
             raise PlanError(f"{self.plan.path}: streams: a query reads {name!r}, which is not declared "
                             f"(streams: {', '.join(self.plan.streams)})")
-        if name not in self._streams:
+        past_cut = self._past_cut(name)
+        key = name if past_cut is None else (name, self._building[-1].name)
+        if key not in self._streams:
             lines = source_of(self.plan, name).lines(self.spark, self.cluster, self.plan, self.instance.instance, name,
                                                      folders=(self.input_folders or {}).get(name))
-            self._streams[name] = parse_and_validate(lines, record_schema(self.plan.streams[name]))
-        return self._streams[name]
+            validated = parse_and_validate(lines, record_schema(self.plan.streams[name]))
+            self._streams[key] = validated if past_cut is None else validated.where(past_cut)
+        return self._streams[key]
+
+    def _past_cut(self, stream: str) -> Column | None:
+        """Which lines of ``stream`` the query being built reads after a cut-over (``None``: all of them): none of
+        the files the retired instances' same query read, if it writes partials (or is the quarantine); else their
+        events from the state horizon on (they rebuild its state; it publishes by id)."""
+        if self.cut is None or not self._building:
+            return None
+        building = self._building[-1]
+        files = sorted({_FILE_SCHEME.sub("/", uri) for uri in self.cut.consumed.get(building.name, ())})
+        if not files:
+            return None
+        # Spark's log says file:///x, a row's _metadata file:/x (both URI-escaped): compared without the scheme
+        unread = ~F.regexp_replace("source_file", _FILE_SCHEME.pattern, "/").isin(files)
+        if building.name == QUARANTINE_QUERY or partial_aggregations(self.plan, building):
+            return unread
+        event_time = self.plan.streams[stream].event_time
+        return unread | (F.col("valid") & (F.col(event_time) >= F.lit(self.cut.horizon_start_ms)))
 
     def events(self, name: str) -> DataFrame:
         """The good events of a declared stream: its fields and ``event_time`` (a timestamp)."""
@@ -348,7 +374,11 @@ def state_value_names(plan: PlanConfig, spec: QuerySpec) -> tuple[str, ...]:
 
 def define(ctx: PlanContext, spec: QuerySpec) -> QueryDefinition:
     """Build one query for an instance: call its function, pick its sink, derive what Spark needs."""
-    frame = spec.function(ctx)
+    ctx._building.append(spec)  # the streams it reads are read past a cut-over as its outputs need (ctx.stream)
+    try:
+        frame = spec.function(ctx)
+    finally:
+        ctx._building.pop()
     if not isinstance(frame, DataFrame) or not frame.isStreaming:
         raise PlanError(f"{spec.where}: must return a streaming DataFrame (from ctx.stream / ctx.events), "
                         f"got {type(frame).__name__}")

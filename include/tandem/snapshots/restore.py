@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.checkpoints import cut_checkpoint, query_dirs
+from tandem.cutover import refusal_before_cut
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import ConfigError, SnapshotError, SnapshotRefused
 from tandem.lake.history import roll_back_slice, vacuumed_files
@@ -148,6 +149,9 @@ def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *,
                     chosen = catalog.mark_bad(db, chosen.id, f"found broken before a restore: {reason}")
                 if not force:
                     raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {reason}")
+            before_cut = refusal_before_cut(cluster, plan, chosen.taken_at.timestamp(), f"snapshot {chosen.id}")
+            if before_cut:  # even with force: its checkpoints are of retired instances
+                raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: {before_cut}")
             lost = lost_input(cluster, cut, chosen.query_batches)
             if lost:  # even with force: the replay after the cut would miss input, and nothing says what it was
                 raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: the input after its cut is gone: "

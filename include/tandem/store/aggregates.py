@@ -45,6 +45,26 @@ def ensure_table(cursor, spec: Any) -> None:
         table=sql.Identifier(spec.table), keys=each("{0} text NOT NULL, ", spec.keys), measures=measures,
         identity=identifiers(["plan", "granularity", "bucket_start", *spec.keys, "instance"])))
     _allow_nulls(cursor, spec)
+    _follow_measures(cursor, spec)
+
+
+def _follow_measures(cursor, spec: Any) -> None:
+    """A measure a cut-over added gets its column (NULL in the rows published before it); one it removed may be
+    NULL from now on (no-op when the table has the spec's measures)."""
+    cursor.execute("SELECT column_name, is_nullable FROM information_schema.columns WHERE table_schema = "
+                   "current_schema() AND table_name = %s", (spec.table,))
+    present = {row["column_name"]: row["is_nullable"] == "YES" for row in cursor.fetchall()}
+    fixed = {"plan", "granularity", "bucket_start", *spec.keys, "instance", "epoch", "batch_id", "updated_at"}
+    for measure in spec.measures:
+        if measure.column not in present:
+            cursor.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}{}").format(
+                sql.Identifier(spec.table), sql.Identifier(measure.column), sql.SQL(measure.sql_type),
+                sql.SQL(' COLLATE "C"' if measure.sql_type == "text" else "")))
+    declared = {m.column for m in spec.measures}
+    for column, nullable in present.items():
+        if column not in fixed and column not in declared and not nullable:
+            cursor.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
+                sql.Identifier(spec.table), sql.Identifier(column)))
 
 
 def _nullable(measure) -> bool:
@@ -498,3 +518,17 @@ def delete_plan_rows(cursor, spec: Any, plan: str) -> tuple[int, bool]:
         return deleted, False
     cursor.execute(sql.SQL("DROP TABLE {}").format(table))
     return deleted, True
+
+
+def relabel_instances(cursor, spec: Any, plan: str, labels: dict[str, str]) -> int:
+    """Every row of the instances in ``labels`` (every granularity) moved to its label (a cut-over retires them);
+    the rows moved (none when the table does not exist yet)."""
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (f"tandem.{spec.table}",))
+    if not cursor.fetchone()["present"]:
+        return 0
+    cursor.execute(sql.SQL(
+        """UPDATE {table} AS t SET instance = l.label, updated_at = now()
+           FROM unnest(%s::text[], %s::text[]) AS l(old, label)
+           WHERE t.plan = %s AND t.instance = l.old""").format(table=sql.Identifier(spec.table)),
+        (list(labels), list(labels.values()), plan))
+    return cursor.rowcount

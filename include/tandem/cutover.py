@@ -1,0 +1,249 @@
+"""Carry out a change a launch refuses, by a cut-over of a group (issue 48 §2-3: rescale, state to rebuild).
+
+A group's parallelism, or the state its queries keep (an aggregation's keys or measures), cannot change under its
+checkpoints (:mod:`tandem.plan_shape`). A cut-over of the stopped group makes the change safe:
+
+1. **The cut.** Per query, the input files the group's instances read (their authoritative checkpoints: the
+   last lease holder's) and the newest event-time watermark they committed. Recorded in :func:`~tandem.layout.
+   cut_file` before anything changes, so that a cut-over that stops half-way is finished by running it again.
+2. **Partials retired.** Rows a kind publishes as Spark's partials (not by id) are kept under retired labels
+   (``shard-1~2``: instance ``shard-1`` before cut 2), in PostgreSQL and Delta: merged on read with the new
+   instances' partials, each event counted by the instance that read it, before the cut or after it.
+3. **Checkpoints retired.** Every checkpoint of the group (every node) moves to ``checkpoints/<plan>/_retired/``;
+   the instances' recorded failures are cleared.
+
+The group's next launch (with the new parallelism, or the new declarations) starts fresh checkpoints; each query
+reads past the cut only (:class:`Cut.lines_filter`): a query that writes partials skips every file the group read
+before the cut; a query whose outputs are all published by id replays the events of those files from the state
+horizon on (the plan's ``state_horizon`` before the cut's watermark), which rebuilds its windows, expiries and
+timers, and republishes only ids already published. What stays refused: a stream's number of partitions, a group
+that reads a ``nats`` stream, restores of snapshots taken before a cut, and backfills or reconciles of ranges
+that start before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.checkpoints import committed_batch, committed_watermark_ms, processed_files_by_source, query_dirs
+from tandem.config import ClusterConfig, PlanConfig
+from tandem.errors import TandemError
+from tandem.layout import checkpoint_dir, cut_file, retired_checkpoints_dir
+from tandem.outputs import kind_of
+from tandem.plan_shape import pending_changes
+from tandem.store.db import Database
+from tandem.store.leases import read_lease
+from tandem.store.registry import InstanceKey, clear_failures
+
+RETIRED_MARK = "~"
+"""Between an instance's id and its cut's generation in a retired label (``shard-1~2``): not a character of an
+instance id."""
+
+
+class CutoverRefused(TandemError):
+    """A cut-over that cannot be carried out (what runs, what it cannot do), before it changes anything."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A group's cut-over: what its retired instances had read, per query."""
+
+    plan: str
+    group: str
+    generation: int
+    at: float
+    """When the cut-over began (POSIX time): ranges of event time before it are the retired instances'."""
+    retired: tuple[str, ...]
+    """The instances whose checkpoints and partials were retired."""
+    watermark_ms: int
+    """The least event-time watermark the retired queries committed (epoch milliseconds)."""
+    horizon_start_ms: int
+    """Events of the files read before the cut from this event time on are replayed to queries published by id."""
+    consumed: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Per query, the files (``file:`` URIs, as Spark logs them) the retired instances read."""
+    done: bool = False
+
+    def label(self, instance: str) -> str:
+        """The label a retired instance's partials carry after this cut."""
+        return f"{instance}{RETIRED_MARK}{self.generation}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "group": self.group, "generation": self.generation, "at": self.at,
+                "retired": list(self.retired), "watermark_ms": self.watermark_ms,
+                "horizon_start_ms": self.horizon_start_ms, "done": self.done,
+                "consumed": {query: sorted(files) for query, files in self.consumed.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cut:
+        return cls(plan=data["plan"], group=data["group"], generation=int(data["generation"]), at=float(data["at"]),
+                   retired=tuple(data["retired"]), watermark_ms=int(data["watermark_ms"]),
+                   horizon_start_ms=int(data["horizon_start_ms"]), done=bool(data["done"]),
+                   consumed={query: frozenset(files) for query, files in data["consumed"].items()})
+
+
+def load_cut(cluster: ClusterConfig, plan: str, group: str) -> Cut | None:
+    """The group's newest cut-over, or ``None``."""
+    path = cut_file(cluster, plan, group)
+    try:
+        return Cut.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TandemError(f"{path}: not a cut-over record ({exc}): restore it from a backup; without it the group's "
+                          "instances would read again what they had read before the cut") from None
+
+
+def _write_cut(cluster: ClusterConfig, cut: Cut) -> None:
+    path = cut_file(cluster, cut.plan, cut.group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(cut.to_json()) + "\n")
+    os.replace(partial, path)
+
+
+def retired_before(cluster: ClusterConfig, plan: PlanConfig, moment: float) -> list[Cut]:
+    """The plan's groups' cut-overs that began after ``moment`` (POSIX time): what a range of event time from
+    ``moment`` on, or a snapshot taken then, would mix with the retired instances' rows."""
+    cuts = (load_cut(cluster, plan.name, group) for group in plan.groups)
+    return [cut for cut in cuts if cut is not None and cut.at > moment]
+
+
+def refusal_before_cut(cluster: ClusterConfig, plan: PlanConfig, moment: float, what: str) -> str | None:
+    """Why ``what`` (a backfill of a range starting at ``moment``, a restore of a snapshot taken then) is refused
+    after a cut-over, or ``None``."""
+    cuts = retired_before(cluster, plan, moment)
+    if not cuts:
+        return None
+    cut = max(cuts, key=lambda c: c.at)
+    return (f"{what} reaches before the cut-over of group {cut.group} (generation {cut.generation}, "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(cut.at))}): its rows are the retired instances' "
+            f"({', '.join(cut.retired)}), which a recomputation by today's instances would count again")
+
+
+# --- what a cut-over does --------------------------------------------------------------------------------------
+
+
+def pending_cutovers(cluster: ClusterConfig, plan: PlanConfig) -> dict[str, list[str]]:
+    """Per group whose checkpoints cannot carry the plan as it is now, the refused changes (in words)."""
+    pending: dict[str, list[str]] = {}
+    for diff in pending_changes(cluster, plan):
+        group = diff.instance.rpartition("-")[0]
+        for change in diff.changes:
+            if group in plan.groups and change.refused and change.text not in pending.get(group, []):
+                pending.setdefault(group, []).append(change.text)
+    return pending
+
+
+def _why_not(plan: PlanConfig, group: str, refused: list[str]) -> str | None:
+    """Why a cut-over of ``group`` cannot carry the plan's change (pure), or ``None``."""
+    partitions = [text for text in refused if "partitions changed" in text]
+    if partitions:
+        return (f"{'; '.join(partitions)}: a cut-over keeps each key in its partition; repartition the stream's "
+                "input into a new stream, then change the plan to read it")
+    keys = [text for text in refused if "keys changed" in text or " became a " in text]
+    if keys:
+        return (f"{'; '.join(keys)}: the rows published before the cut have the old keys and could not be merged "
+                "with the new ones; declare a new output instead (the old one can be removed)")
+    nats = [name for name, stream in plan.streams.items() if stream.source != "files"]
+    if nats:
+        return (f"the plan reads {', '.join(nats)} over NATS: a cut-over of its consumers is not supported yet "
+                "(the cut is the files each instance read)")
+    return None
+
+
+def _authoritative_node(db: Database, cluster: ClusterConfig, plan: PlanConfig, instance: str) -> str | None:
+    """The node whose checkpoint of ``instance`` holds what was published: the last lease holder, else the node
+    whose checkpoint committed the most batches."""
+    lease = read_lease(db, plan.name, instance)
+    if lease is not None and lease.holder is not None:
+        return lease.holder
+    batches = {}
+    for node in plan.nodes:
+        root = checkpoint_dir(cluster, plan.name, instance, node)
+        committed = [committed_batch(q) for q in query_dirs(root).values()]
+        batches[node] = max((b for b in committed if b is not None), default=-1)
+    best = max(batches, key=batches.get, default=None)
+    return best if best is not None and batches[best] >= 0 else None
+
+
+def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str, retired: list[str],
+             generation: int) -> Cut:
+    consumed: dict[str, set[str]] = {}
+    watermarks = []
+    for instance in retired:
+        node = _authoritative_node(db, cluster, plan, instance)
+        if node is None:
+            continue
+        for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).items():
+            for files in processed_files_by_source(query_dir):
+                consumed.setdefault(query, set()).update(files or ())
+            watermark = committed_watermark_ms(query_dir)
+            if watermark is not None:
+                watermarks.append(watermark)
+    watermark_ms = min(watermarks, default=0)
+    return Cut(plan=plan.name, group=group, generation=generation, at=time.time(), retired=tuple(retired),
+               watermark_ms=watermark_ms, horizon_start_ms=watermark_ms - int(plan.state_horizon_s * 1000),
+               consumed={query: frozenset(files) for query, files in consumed.items()})
+
+
+def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str | None = None,
+             *, running: list[str] | None = None) -> Cut:
+    """Cut a stopped group over to the plan as it is now (see the module's docs); the cut.
+
+    Args:
+        group: the group to cut over (default: the one whose checkpoints refuse the plan).
+        running: what of the plan runs (:func:`tandem.plan_reset.plan_running`): a cut-over needs none.
+
+    Raises:
+        CutoverRefused: nothing to cut over, the group runs, or the change is one a cut-over cannot carry.
+    """
+    unfinished = [c for c in (load_cut(cluster, plan.name, g) for g in plan.groups) if c is not None and not c.done]
+    pending = pending_cutovers(cluster, plan)
+    if group is None:
+        candidates = sorted({*pending, *(c.group for c in unfinished)})
+        if len(candidates) != 1:
+            raise CutoverRefused(f"plan {plan.name}: " + (
+                "no group's checkpoints refuse the plan as it is: nothing to cut over" if not candidates else
+                f"the groups {', '.join(candidates)} all need a cut-over: name one (--group)"))
+        group = candidates[0]
+    if group not in plan.groups:
+        raise CutoverRefused(f"plan {plan.name} has no group {group!r} (groups: {', '.join(plan.groups)})")
+    if running:
+        raise CutoverRefused(f"plan {plan.name} is running: {'; '.join(running)}. Stop its instances first "
+                             f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG), and wait for "
+                             "their leases to expire")
+    why = _why_not(plan, group, pending.get(group, []))
+    if why is not None:
+        raise CutoverRefused(f"plan {plan.name}, group {group}: {why}")
+    previous = load_cut(cluster, plan.name, group)
+    root = checkpoint_dir(cluster, plan.name, plan.instances[0], plan.nodes[0]).parent.parent
+    if previous is not None and not previous.done:
+        cut = previous  # a cut-over that stopped half-way: finish it with its own cut
+    else:
+        retired = sorted(p.name for p in root.glob(f"{group}-*") if p.is_dir())
+        if not retired:
+            raise CutoverRefused(f"plan {plan.name}, group {group}: no checkpoint to cut over")
+        cut = _new_cut(db, cluster, plan, group, retired, (previous.generation + 1) if previous else 1)
+        _write_cut(cluster, cut)
+    for output, config in plan.outputs.items():
+        kind = kind_of(plan, output)
+        if not kind.published_by_id(config):
+            kind.retire(db, cluster, plan, output, {instance: cut.label(instance) for instance in cut.retired})
+    target = retired_checkpoints_dir(cluster, plan.name, cut.generation)
+    for instance in cut.retired:
+        source = root / instance
+        if source.exists():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target / instance))
+    for instance in {*cut.retired, *plan.instances}:
+        if instance.rpartition("-")[0] == group:
+            for node in plan.nodes:
+                clear_failures(db, InstanceKey(plan.name, instance, node))
+    done = Cut(**{**cut.__dict__, "done": True})
+    _write_cut(cluster, done)
+    return done

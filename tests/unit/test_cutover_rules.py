@@ -1,0 +1,57 @@
+"""A cut-over's record and refusals (tandem.cutover: pure parts, and the record on disk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.config import load_cluster, load_plan
+from tandem.cutover import Cut, _why_not, load_cut, refusal_before_cut
+from tandem.errors import TandemError
+from tandem.layout import cut_file
+
+CUT = Cut(plan="trades", group="shard", generation=2, at=1_800_000_000.0, retired=("shard-1", "shard-2"),
+          watermark_ms=5_000, horizon_start_ms=-3_605_000, consumed={"aggregates": frozenset({"file:///a", "file:///b"})},
+          done=True)
+
+
+@pytest.fixture
+def cluster(conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "data"))
+    return load_cluster(conf / "cluster.yaml")
+
+
+def test_a_cut_is_recorded_and_read_back_whole(cluster) -> None:
+    assert load_cut(cluster, "trades", "shard") is None
+    path = cut_file(cluster, "trades", "shard")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(CUT.to_json()))
+    assert load_cut(cluster, "trades", "shard") == CUT and CUT.label("shard-1") == "shard-1~2"
+    path.write_text("{}")
+    with pytest.raises(TandemError, match=r"shard.json: not a cut-over record"):
+        load_cut(cluster, "trades", "shard")
+
+
+def test_a_range_or_a_snapshot_before_the_newest_cut_is_refused(cluster) -> None:
+    plan = load_plan("trades", cluster)
+    path = cut_file(cluster, "trades", "shard")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(CUT.to_json()))
+    assert refusal_before_cut(cluster, plan, CUT.at + 1, "the range from x") is None
+    assert refusal_before_cut(cluster, plan, CUT.at - 1, "snapshot s1") == (
+        "snapshot s1 reaches before the cut-over of group shard (generation 2, 2027-01-15T08:00:00Z): its rows are "
+        "the retired instances' (shard-1, shard-2), which a recomputation by today's instances would count again")
+
+
+def test_what_a_cut_over_cannot_carry_is_named(cluster) -> None:
+    plan = load_plan("trades", cluster)
+    assert _why_not(plan, "shard", ["group shard's parallel changed from 2 to 3 (...)"]) is None
+    assert "a cut-over keeps each key in its partition" in _why_not(
+        plan, "shard", ["stream trades's partitions changed from 2 to 4 (every key would move to another partition)"])
+    assert "declare a new output instead" in _why_not(
+        plan, "shard", ["aggregation trade_aggregates's keys changed from symbol to symbol, venue"])
+    nats = load_plan("hot_rooms", cluster)
+    assert "over NATS" in _why_not(nats, next(iter(nats.groups)), [])
