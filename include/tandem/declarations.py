@@ -239,6 +239,9 @@ class FieldConfig(StrictModel):
 
     type: Literal["string", "double", "long", "boolean", "epoch_millis", "timestamp"]
     source: KeyPath | None = Field(None, alias="from")
+    formerly: KeyPath | None = None
+    """The key the field was read from before a producer renamed it: read where the line has no value at the field's
+    own key (events written before the rename stay good)."""
     not_empty: StrictBool = False
     max_length: Annotated[StrictInt, Field(gt=0, le=MAX_STRING_LENGTH)] | None = None
     greater_than: Number | None = None
@@ -283,6 +286,10 @@ class FieldConfig(StrictModel):
     def path(self, name: str) -> tuple[str, ...]:
         """The keys the field named ``name`` reads, outermost first: its ``from``, else its name."""
         return self.source or (name,)
+
+    def paths(self, name: str) -> tuple[tuple[str, ...], ...]:
+        """Every path the field reads, the one it names first (then its ``formerly``)."""
+        return (self.path(name),) if self.formerly is None else (self.path(name), self.formerly)
 
     def label(self, name: str) -> str:
         """The field as a reason names it: its key as the event spells it (``auth.idp``; its name without ``from``)."""
@@ -424,7 +431,7 @@ class StreamConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_field_a_key(self) -> StreamConfig:
-        paths = sorted((config.path(name), name) for name, config in self.fields.items())
+        paths = sorted((path, name) for name, config in self.fields.items() for path in config.paths(name))
         for (path, name), (other_path, other) in zip(paths, paths[1:]):
             if other_path == path:
                 raise ValueError(f"fields {name!r} and {other!r} both read the key {'.'.join(path)!r}: "
@@ -445,7 +452,9 @@ class StreamConfig(StrictModel):
     def value_at(self, event: Any, name: str) -> Any:
         """The value of field ``name`` in ``event`` (parsed JSON, as the event spells it), ``None`` when the event has
         none there (pure)."""
-        return value_at(event, self.fields[name].path(name))
+        paths = self.fields[name].paths(name)
+        found = value_at(event, paths[0])
+        return value_at(event, paths[1]) if found is None and len(paths) > 1 else found
 
     def event_of(self, values: dict[str, Any]) -> dict[str, Any]:
         """An event holding ``values`` (by field name) as the stream's events spell it: each declared field's value

@@ -136,8 +136,8 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
 def _declared_keys_repeated(stream: StreamConfig, event: _Repeated) -> list[str]:
     """The keys the stream's fields read that an object on their path holds twice, as ``auth.idp`` (sorted)."""
     found = set()
-    for name, config in stream.fields.items():
-        path, holder = config.path(name), event
+    for path in (path for name, config in stream.fields.items() for path in config.paths(name)):
+        holder = event
         for depth, key in enumerate(path):
             if not isinstance(holder, dict):
                 break

@@ -84,7 +84,8 @@ def shape_of(plan: PlanConfig, instance: str) -> Shape:
 
 
 def _field_text(field: FieldConfig) -> str:
-    return field.type if field.source is None else f"{field.type} from {field.source}"
+    text = field.type if field.source is None else f"{field.type} from {'.'.join(field.source)}"
+    return text if field.formerly is None else f"{text} formerly {'.'.join(field.formerly)}"
 
 
 def changes(recorded: Shape, current: Shape) -> list[Change]:

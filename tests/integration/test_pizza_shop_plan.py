@@ -21,6 +21,7 @@ from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir, landing_dir
+from tandem.plan_version import plan_version
 from tandem.producer import advance_watermark, partitioned
 from tandem.sources.files import write_atomically
 from tandem.runtime.node import run_instance
@@ -81,7 +82,9 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
     customer = sorted(last_orders)[0]
     assert run_cli("query", "pizza_shop", "last_orders", "--json", "--key", f"customer_name={customer}") == [
         {**last_orders[customer], "instance": next(r["instance"] for r in latest if r["customer_name"] == customer)}]
-    assert sorted(row["reason"] for row in run_cli("query", "pizza_shop", "quarantine", "--json")) == sorted(reasons)
+    quarantined = run_cli("query", "pizza_shop", "quarantine", "--json")
+    assert sorted(row["reason"] for row in quarantined) == sorted(reasons)
+    assert {row["plan_version"] for row in quarantined} == {plan_version(plan)}  # the version that refused each
 
 
 def assert_outputs_equal_the_reference(cluster, plan, database_url: str, orders: list[dict],

@@ -23,13 +23,14 @@ LOGINS = StreamConfig.model_validate({
         "success": {"type": "boolean"},
         "region": {"type": "string", "default": "0-unknown"},  # added by a producer: older lines lack it
         "attempts": {"type": "long", "default": 1, "at_least": 1},
+        "device": {"type": "string", "from": "device-id", "formerly": "deviceId"},  # renamed by the producer
     }})
 T0 = 1795687200000
 """2026-11-26T10:00:00Z in epoch milliseconds."""
 GOOD = {"user": "ann", "user-id": 7, "@timestamp": "2026-11-26T10:00:00Z", "auth": {"idp": "google", "method": "pw"},
-        "a.b": 1, "success": True, "attempts": 3}
+        "a.b": 1, "success": True, "attempts": 3, "device-id": "d1"}
 VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True,
-          "region": "0-unknown", "attempts": 3}
+          "region": "0-unknown", "attempts": 3, "device": "d1"}
 NOT_A_TIMESTAMP = "field '@timestamp' is not a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset): "
 OUT_OF_RANGE = "field '@timestamp' must be a time between 1970 and 9999 (got "
 
@@ -51,7 +52,8 @@ def changed(**keys: Any) -> str:
     ``user-id``, ``a_b`` for ``a.b``; ``...`` removes the key) as a line."""
     event = json.loads(json.dumps(GOOD))
     for name, value in keys.items():
-        holder, key = event, {"at": "@timestamp", "user_id": "user-id", "a_b": "a.b"}.get(name, name)
+        holder, key = event, {"at": "@timestamp", "user_id": "user-id", "a_b": "a.b", "device_id": "device-id"}.get(
+            name, name)
         if "__" in key:
             outer, key = key.split("__")
             holder = event[outer]
@@ -86,6 +88,9 @@ CASES = [
     good("a field with a default, null", changed(region=None)),
     good("a field with a default, not given", changed(attempts=...), attempts=1),
     good("an integer field with a default, null", changed(attempts=None), attempts=1),
+    good("a renamed key under its former name", changed(device_id=..., deviceId="d0"), device="d0"),
+    good("a renamed key under both names: the new one", changed(deviceId="old")),
+    good("a renamed key, null under its new name", changed(device_id=None, deviceId="d0"), device="d0"),
     good("undeclared keys, nested", changed(extra={"x": [1, {"y": None}]}, auth={"idp": "google", "method": "pw",
                                                                               "more": {"deep": True}})),
     Case("undeclared key given twice", TEXT[:-1] + ', "x": {"y": 1, "y": 2}}', values=VALUES,
@@ -99,6 +104,11 @@ CASES = [
     bad("a field with a default, text that looks like a number", changed(attempts="1"),
         "field 'attempts' is not an integer: \"1\""),
     bad("a field with a default, failing its check", changed(attempts=0), "field 'attempts' must be >= 1 (got 0)"),
+    bad("a renamed key under neither name", changed(device_id=...), "missing field 'device-id'"),
+    bad("a renamed key's former name of another type", changed(device_id=..., deviceId=5),
+        "field 'device-id' is not a string: 5"),
+    bad("a renamed key's former name given twice", TEXT.replace('"device-id": "d1"', '"deviceId": "a", "deviceId": "b"'),
+        "duplicate key 'deviceId'"),
     bad("no zone", changed(at="2026-11-26T10:00:00"), "field '@timestamp' is an ISO-8601 time without a zone (write "
                                                       "Z or an offset such as +01:00): \"2026-11-26T10:00:00\""),
     bad("a day February lacks", changed(at="2026-02-30T10:00:00Z"), NOT_A_TIMESTAMP + '"2026-02-30T10:00:00Z"'),

@@ -146,6 +146,8 @@ CASES = {
         "default 0 must be > 0 (greater_than)"),
     "default of the key": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(default="IBM")),
                            "streams.trades", "key 'symbol' takes no default"),
+    "former key another field reads": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["price"].update(
+        formerly="quantity")), "streams.trades", "fields 'price' and 'quantity' both read the key 'quantity'"),
     "unknown field type": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["price"].update(type="money")),
                            "streams.trades.fields.price.type", "string"),
     "bound on a string": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(greater_than=1)),

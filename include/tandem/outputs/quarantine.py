@@ -20,6 +20,7 @@ from tandem.declarations import OUTPUT_RULES
 from tandem.lake.tables import append_once, read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import BatchInfo, HeldUntilPublished, OutputKind, ReadRequest, fence
+from tandem.plan_version import plan_version
 from tandem.store.db import Database
 from tandem.store.outputs import to_json
 from tandem.store.registry import InstanceKey
@@ -33,8 +34,10 @@ REFUSED_SOURCE = "output:"
 QUARANTINE_SCHEMA = pa.schema([
     ("raw", pa.string()), ("source_file", pa.string()), ("reason", pa.string()),
     ("plan", pa.string()), ("instance", pa.string()), ("node", pa.string()),
-    ("batch_id", pa.int64()), ("quarantined_at", pa.timestamp("us", tz="UTC")),
+    ("batch_id", pa.int64()), ("quarantined_at", pa.timestamp("us", tz="UTC")), ("plan_version", pa.string()),
 ])
+"""``plan_version``: the version of the plan that refused the line (:mod:`tandem.plan_version`; null in rows
+quarantined before versions were recorded)."""
 
 
 class QuarantineSink(HeldUntilPublished[str, pa.Table]):
@@ -47,9 +50,11 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
     (:meth:`publish_refused`) has the source ``output:<output>/<hash of the row>``.
     """
 
-    def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path, output: str = "quarantine") -> None:
+    def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path, output: str = "quarantine",
+                 plan_version: str | None = None) -> None:
         super().__init__()
         self.output = output
+        self.plan_version = plan_version
         self.instance = instance
         self.delta_path = delta_path
         self.db = Database(database_url, "tandem-publisher")
@@ -91,9 +96,10 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
             "plan": pa.repeat(batch.instance.plan, n), "instance": pa.repeat(batch.instance.instance, n),
             "node": pa.repeat(batch.instance.node, n), "batch_id": pa.repeat(pa.scalar(batch.batch_id, pa.int64()), n),
             "quarantined_at": pa.repeat(pa.scalar(batch.published_at, pa.timestamp("us", tz="UTC")), n),
+            "plan_version": pa.repeat(pa.scalar(self.plan_version, pa.string()), n),
         }, schema=QUARANTINE_SCHEMA)
-        fence(self.db, batch)
-        append_once(self.delta_path, table, app_id=app_id, version=batch.batch_id)
+        fence(self.db, batch)  # merged: a table written before plan_version had no such column
+        append_once(self.delta_path, table, app_id=app_id, version=batch.batch_id, merge_schema=True)
         return n
 
     def identities(self, rows: pa.Table) -> dict[str, pa.Table]:
@@ -127,15 +133,16 @@ class QuarantineKind(OutputKind):
     def sink(self, plan: PlanConfig, output: str, instance: InstanceKey, database_url: str, delta_path: Path,
              quarantine: QuarantineSink | None = None) -> QuarantineSink:
         """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
-        return QuarantineSink(instance, database_url, delta_path, output=output)
+        return QuarantineSink(instance, database_url, delta_path, output=output, plan_version=plan_version(plan))
 
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """The quarantined rows (from Delta whatever the source and ``db``: the quarantine has no PostgreSQL copy) whose
         ``quarantined_at`` lies in ``[start, end)`` (default: all), oldest first: ``raw``, ``source_file``,
-        ``reason``, ``instance``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601)."""
+        ``reason``, ``instance``, ``node``, ``batch_id``, ``quarantined_at`` (ISO 8601), ``plan_version`` (the
+        plan's version that refused it)."""
         table = read_table(delta_table_dir(cluster, plan.name, output))
-        rows = [{**{k: row[k] for k in QUARANTINE_SCHEMA.names if k != "plan"},
+        rows = [{**{k: row.get(k) for k in QUARANTINE_SCHEMA.names if k != "plan"},
                  "quarantined_at": row["quarantined_at"].isoformat()}
                 for row in sorted(table.to_pylist(), key=lambda r: (r["quarantined_at"], r["source_file"], r["raw"]))
                 if request.covers(row["quarantined_at"])]

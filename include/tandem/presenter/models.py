@@ -214,6 +214,8 @@ class QuarantineSample(OfInstance):
     source_file: str
     reason: str
     raw: str
+    plan_version: str | None = Field(None, description="the plan's version that refused the line (null: quarantined "
+                                                       "before versions were recorded)")
 
 
 class QuarantineReport(BaseModel):

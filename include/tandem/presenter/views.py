@@ -276,7 +276,8 @@ def _quarantine_summary(path: Path, plan: str, version: Hashable, samples: int) 
         by_reason=dict(sorted(_counts(counted["reason"]).items(), key=lambda item: (-item[1], item[0]))),
         by_instance=dict(sorted(_counts(counted["instance"]).items())),
         samples=[QuarantineSample(quarantined_at=r["quarantined_at"], instance=r["instance"], node=r["node"],
-                                  source_file=r["source_file"], reason=r["reason"], raw=r["raw"]) for r in newest])
+                                  source_file=r["source_file"], reason=r["reason"], raw=r["raw"],
+                                  plan_version=r.get("plan_version")) for r in newest])
 
 
 def _counts(column: pa.ChunkedArray) -> dict[str, int]:

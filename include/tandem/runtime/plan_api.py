@@ -42,7 +42,7 @@ from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import kind_of, sink_for
 from tandem.outputs.base import Sink
 from tandem.outputs.quarantine import QuarantineSink
-from tandem.plan_version import plan_module_file
+from tandem.plan_version import plan_module_file, plan_version
 from tandem.runtime.listener import QUALITY_METRICS
 from tandem.runtime.publisher import ALL_ROWS, RoutedSink
 from tandem.runtime.records import parse_and_validate, record_schema
@@ -132,7 +132,8 @@ class PlanContext:
         """Where rows an output's store refuses go: the plan's quarantine output."""
         name = quarantine_output(self.plan)
         return QuarantineSink(self.instance, self.cluster.database_url,
-                              delta_table_dir(self.cluster, self.plan.name, name), output=name)
+                              delta_table_dir(self.cluster, self.plan.name, name), output=name,
+                              plan_version=plan_version(self.plan))
 
     def routed(self, column: str, outputs: Mapping[str, tuple[str, ...]]) -> Sink:
         """One query, several outputs: each row goes to the outputs named for its value of ``column``."""

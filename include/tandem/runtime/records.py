@@ -56,10 +56,18 @@ class FieldRule:
     keys: tuple[str, ...] = ()
     default: Any = None
     """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
+    former: tuple[str, ...] = ()
+    """The keys the field read before a rename (``formerly``), read where the line has no value at :attr:`keys`."""
+    """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
 
     def __post_init__(self) -> None:
         if not self.keys:
             object.__setattr__(self, "keys", (self.name,))
+
+    @property
+    def paths(self) -> tuple[tuple[str, ...], ...]:
+        """Every path the field reads: its keys, then its former ones."""
+        return (self.keys, self.former) if self.former else (self.keys,)
 
     @property
     def label(self) -> str:
@@ -93,6 +101,11 @@ def nested(leaves: list[tuple[tuple[str, ...], DataType]]) -> StructType:
     return build(tree)
 
 
+def value_of(column: Column, rule: FieldRule) -> Column:
+    """The field's value in a parse of the line: at its keys, else at its former ones."""
+    return F.coalesce(*(at(column, path) for path in rule.paths)) if rule.former else at(column, rule.keys)
+
+
 def at(column: Column, keys: tuple[str, ...]) -> Column:
     """The field of the struct ``column`` at ``keys`` (a key is a name as it is: dots and all)."""
     for key in keys:
@@ -108,11 +121,12 @@ class RecordSchema:
     @property
     def struct(self) -> StructType:
         """What one parse of a line reads: every field at its keys, as its :attr:`FieldRule.read_type`."""
-        return nested([(f.keys, f.read_type) for f in self.fields])
+        return nested([(path, f.read_type) for f in self.fields for path in f.paths])
 
     def read(self, leaf: DataType, rules: tuple[FieldRule, ...] | None = None) -> Column:
         """The line parsed once more with every field (or ``rules``) read as ``leaf`` (at its keys)."""
-        return F.from_json("raw", nested([(r.keys, leaf) for r in (self.fields if rules is None else rules)]),
+        return F.from_json("raw", nested([(path, leaf) for r in (self.fields if rules is None else rules)
+                                          for path in r.paths]),
                            self.json_options)
 
     @property
@@ -146,7 +160,7 @@ def field_rule(name: str, config: FieldConfig) -> FieldRule:
     """The parse-and-check rule of one declared field."""
     return FieldRule(name, config.type, tuple(
         Check(_predicate(operator, bound), message) for operator, bound, message in config.checks()),
-        config.path(name), config.default)
+        config.path(name), config.default, config.formerly or ())
 
 
 def record_schema(stream: StreamConfig) -> RecordSchema:
@@ -218,14 +232,14 @@ def _field_columns(frame: DataFrame, schema: RecordSchema, keep: list[str]) -> D
     computed once a row (used many times in one expression, each use would compute it again: 5x slower)."""
     stamps = [rule for rule in schema.fields if rule.type == "timestamp"]
     if not stamps:
-        return frame.select(*keep, *[at(F.col("_typed"), rule.keys).alias(rule.name) for rule in schema.fields])
+        return frame.select(*keep, *[value_of(F.col("_typed"), rule).alias(rule.name) for rule in schema.fields])
 
     def part(rule: FieldRule, what: str) -> str:
         return f"_{what}_{schema.fields.index(rule)}"
 
-    parsed = [at(F.col("_typed"), rule.keys).alias(rule.name) for rule in schema.fields if rule.type != "timestamp"]
+    parsed = [value_of(F.col("_typed"), rule).alias(rule.name) for rule in schema.fields if rule.type != "timestamp"]
     for rule in stamps:
-        value = at(F.col("_typed"), rule.keys)
+        value = value_of(F.col("_typed"), rule)
         parsed += [F.schema_of_variant(value).alias(part(rule, "kind")),
                    F.try_variant_get(value, "$", "long").alias(part(rule, "long")),
                    F.try_variant_get(value, "$", "string").alias(part(rule, "text"))]
@@ -286,9 +300,9 @@ def _duplicate_keys(raw: Column, schema: RecordSchema) -> Column:
     (the receiver refuses them).
     """
     levels: dict[tuple[str, ...], list[str]] = {}
-    for rule in schema.fields:
-        for depth, key in enumerate(rule.keys):
-            keys = levels.setdefault(rule.keys[:depth], [])
+    for path in (path for rule in schema.fields for path in rule.paths):
+        for depth, key in enumerate(path):
+            keys = levels.setdefault(path[:depth], [])
             if key not in keys:
                 keys.append(key)
     if not levels:
@@ -378,7 +392,7 @@ def _with_defaults(fields: DataFrame, schema: RecordSchema) -> DataFrame:
     any_null = reduce(lambda a, b: a | b, [F.col(rule.name).isNull() for rule in defaulted])
     given = F.when(F.col("_line_problem").isNull() & any_null, schema.read(StringType(), defaulted))
     return fields.withColumns({rule.name: F.when(F.col(rule.name).isNull() & F.col("_line_problem").isNull()
-                                                 & at(given, rule.keys).isNull(),
+                                                 & value_of(given, rule).isNull(),
                                                  F.lit(rule.default).cast(rule.spark_type)).otherwise(F.col(rule.name))
                                for rule in defaulted})
 
@@ -430,13 +444,13 @@ def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_dou
     if rule.type not in ("long", "epoch_millis"):
         return not_the_type
     outside = F.concat(F.lit(f"field '{rule.label}' is outside the 64-bit integer range: "), _shown(raw_value))
-    return F.when(raw_value.rlike(r"^-?[0-9]+$") & at(as_double, rule.keys).isNotNull(), outside) \
+    return F.when(raw_value.rlike(r"^-?[0-9]+$") & value_of(as_double, rule).isNotNull(), outside) \
         .otherwise(not_the_type)
 
 
 def _as_variant(schema: RecordSchema, rule: FieldRule) -> Column:
     """The line's field alone, as a Variant (its JSON type survives)."""
-    return at(schema.read(VariantType(), (rule,)), rule.keys)
+    return value_of(schema.read(VariantType(), (rule,)), rule)
 
 
 def _explain(schema: RecordSchema) -> Column:
@@ -453,7 +467,7 @@ def _explain(schema: RecordSchema) -> Column:
     as_double = schema.read(DoubleType(), integers) if integers else F.lit(None)
     problems: list[Column] = []
     for rule in schema.fields:
-        raw_value = at(text, rule.keys)
+        raw_value = value_of(text, rule)
         value = F.col(rule.name)
         missing = raw_value.isNull()
         if rule.default is None:
