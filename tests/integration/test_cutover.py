@@ -5,7 +5,8 @@ launch, then cut over with `tandem plan cutover`), more trades land, some in the
 counted, and the three instances run; then the group goes back to 2 and gains a measure in one cut-over, and more
 trades land. After each step the merged aggregates, from PostgreSQL and from Delta, equal a plain-Python reference
 over every trade (each counted once: by a retired instance before the cut, by a new one after it); the new measure
-holds what the trades after its cut say. A backfill of a range before a cut is refused.
+holds what the trades after its cut say. A cut-over that dies half-way refuses the group's launches until it is run
+again, which finishes it. A backfill of a range before a cut is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from test_trades_plan import ALL_TIME, T0, assert_matches, expected_aggregates, 
 
 from tandem.batch.backfill import check_backfill
 from tandem.config import load_cluster, load_plan
+from tandem.cutover import cut_over
 from tandem.errors import BackfillRefused, PlanChanged
 from tandem.layout import landing_dir
+from tandem.outputs.aggregation import AggregationKind
 from tandem.producer import advance_watermark, partitioned
 from tandem.sources.files import write_atomically
 from tandem.store.outputs import read_table_rows
@@ -75,7 +78,7 @@ def assert_exact(cluster, events: list[dict], label: str) -> None:
 
 
 def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_once(project: Path, database_url: str,
-                                                                                   spark) -> None:
+                                                                                   spark, monkeypatch) -> None:
     edit_plan(project, "trades", lambda d: d["streams"]["trades"].update(partitions=4))
     cluster = load_cluster()
     first = trades(31, 400, T0, 20_000)
@@ -108,7 +111,18 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
                              capture_output=True, text=True, env=os.environ)
     classes = {c["class"] for d in json.loads(checked.stdout)["checkpoints"] for c in d["changes"]}
     assert checked.returncode == 2 and classes == {"topology", "state to rebuild"}, checked.stdout
-    done = cutover()
+
+    def crash(*_args) -> None:
+        raise RuntimeError("the cut-over's process dies after recording the cut")
+
+    with monkeypatch.context() as patched, Database(database_url) as db:  # a cut-over that stops half-way ...
+        patched.setattr(AggregationKind, "retire", crash)
+        with pytest.raises(RuntimeError):
+            cut_over(load_cluster(), load_plan("trades", load_cluster()), db, running=[])
+    with pytest.raises(PlanChanged, match=r"the cut-over of group shard \(generation 2\) stopped half-way"):
+        run_instance(cluster, load_plan("trades", load_cluster()), "node-a", "shard-1", spark=spark,
+                     available_now=True)
+    done = cutover()  # ... is finished by running it again, with its own cut
     assert done.returncode == 0 and "generation 2" in done.stdout, done.stdout + done.stderr
     third = trades(34, 300, T0 + 30_000, 20_000)
     land(cluster, third)
