@@ -78,10 +78,11 @@ class CutInfo:
 
 def committed_batch(query_dir: Path) -> int | None:
     """The newest batch id in ``commits/`` (``None`` when nothing was committed)."""
-    return _max_id(query_dir / "commits")
+    return newest_log_entry(query_dir / "commits")
 
 
-def _max_id(directory: Path) -> int | None:
+def newest_log_entry(directory: Path) -> int | None:
+    """The newest batch id of a checkpoint's log (``offsets/``, ``commits/``), ``None`` when it has none."""
     ids = [int(m.group(1)) for m in (_LOG_ENTRY.match(p.name) for p in _entries(directory)) if m]
     return max(ids) if ids else None
 
@@ -445,11 +446,12 @@ def _records_up_to(log_dir: Path, limit: int) -> list[dict]:
     raise CheckpointError(f"{log_dir}: its entries kept disappearing while they were read ({_LISTINGS} listings)")
 
 
-def processed_files_by_source(query_dir: Path | str) -> list[frozenset[str] | None]:
+def processed_files_by_source(query_dir: Path | str, batch: int | None = None) -> list[frozenset[str] | None]:
     """:func:`processed_files` of every source of the query (``None`` for a source that is not a file
-    source); empty when nothing was committed yet."""
+    source), up to its last committed batch (or up to ``batch``, planned if not committed); empty when nothing was
+    committed yet."""
     query_dir = Path(query_dir)
-    batch = committed_batch(query_dir)
+    batch = committed_batch(query_dir) if batch is None else batch
     if batch is None or not (query_dir / "offsets" / str(batch)).is_file():
         return []
     reached = source_log_offsets(query_dir / "offsets" / str(batch))

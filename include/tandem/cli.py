@@ -195,6 +195,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         with Database(cluster.database_url, "tandem-cli") as db:
             for plan in plans.values():
                 status = plan_status(db, cluster, plan)
+                for group, refused in status.refused_changes.items():
+                    console.print(f"{plan.name} / group {group}: its checkpoints refuse {'; '.join(refused)}: stop "
+                                  f"the plan and run `tandem plan cutover {plan.name} --group {group}`",
+                                  style="bold red", markup=False, highlight=False)
                 for instance in status.instances:
                     lease_text = lease_line(instance.lease, status.observed_at)
                     table = Table(title=escape(f"{plan.name} / {instance.instance} ({instance.standby} standby) - "
@@ -642,6 +646,22 @@ def cmd_plan_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def confirmed_by_name(plan: str, action: str, what: str) -> bool:
+    """Whether the operator, told ``what`` ``tandem plan <action>`` does, typed the plan's name to confirm it (a
+    :class:`TandemError` without a terminal: ``--yes`` confirms without asking)."""
+    console.print(what, markup=False, highlight=False)
+    if not sys.stdin.isatty():
+        raise TandemError(f"tandem plan {action} {plan}: no terminal to confirm on: pass --yes to {action} without "
+                          "asking")
+    try:
+        typed = input(f"Type the plan's name ({plan}) to confirm: ").strip()
+    except EOFError:
+        typed = ""
+    if typed != plan:
+        errors.print(f"not {action}: {typed!r} is not {plan!r}")
+    return typed == plan
+
+
 def cmd_plan_reset(args: argparse.Namespace) -> int:
     """Remove everything a plan keeps, so that its next run starts from nothing (:mod:`tandem.plan_reset`): after
     showing what that is and a confirmation (the plan's name typed, or ``--yes``); refused while it runs."""
@@ -656,18 +676,9 @@ def cmd_plan_reset(args: argparse.Namespace) -> int:
         if reasons:  # before asking: the reset checks again under the plan's locks
             raise refusal(plan, reasons)
         planned = inventory(cluster, plan, db)
-    if not args.yes:
-        console.print("\n".join(["A reset removes:", *planned.lines()[1:]]), markup=False, highlight=False)
-        if not sys.stdin.isatty():
-            raise TandemError(f"tandem plan reset {plan.name}: no terminal to confirm on: pass --yes to reset without "
-                              "asking")
-        try:
-            typed = input(f"Type the plan's name ({plan.name}) to reset it: ").strip()
-        except EOFError:
-            typed = ""
-        if typed != plan.name:
-            errors.print(f"not reset: {typed!r} is not {plan.name!r}")
-            return 1
+    if not args.yes and not confirmed_by_name(plan.name, "reset", "\n".join(["A reset removes:",
+                                                                            *planned.lines()[1:]])):
+        return 1
     report = reset_plan(cluster, plan)
     console.print("\n".join(["removed:", *report.lines()[1:]] if report.removed else report.lines()), markup=False,
                   highlight=False)
@@ -712,6 +723,7 @@ def cmd_plan_cutover(args: argparse.Namespace) -> int:
     from tandem.cutover import CutoverRefused, cut_over, pending_cutovers
     from tandem.declarations import instance_ids
     from tandem.plan_reset import plan_running
+    from tandem.runtime.plan_api import partial_outputs_by_query
     from tandem.store import Database, migrate
 
     cluster = load_cluster()
@@ -719,18 +731,15 @@ def cmd_plan_cutover(args: argparse.Namespace) -> int:
     pending = pending_cutovers(cluster, plan)
     for group, found in pending.items():
         console.print(f"group {group}: {'; '.join(found)}", markup=False, highlight=False)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise TandemError(f"tandem plan cutover {plan.name}: no terminal to confirm on: pass --yes")
-        console.print("A cut-over retires the group's checkpoints; its instances start afresh past the cut, and "
-                      "its partials stay merged under retired labels.", markup=False, highlight=False)
-        if input(f"Type the plan's name ({plan.name}) to cut it over: ").strip() != plan.name:
-            errors.print("not cut over")
-            return 1
+    if not args.yes and not confirmed_by_name(plan.name, "cutover", (
+            "A cut-over retires the group's checkpoints; its instances start afresh past the cut, and its partials "
+            "stay merged under retired labels.")):
+        return 1
     with Database(cluster.database_url, "tandem-cli") as db:
         migrate(db)
         try:
-            cut = cut_over(cluster, plan, db, args.group, running=plan_running(db, plan))
+            cut = cut_over(cluster, plan, db, args.group, running=plan_running(db, plan),
+                           partial_outputs=partial_outputs_by_query(plan))
         except CutoverRefused as exc:
             print_error(exc)
             return 2
@@ -938,7 +947,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_diff.add_argument("--json", action="store_true", help="as JSON")
     plan_diff.set_defaults(func=cmd_plan_diff)
     plan_cutover = plan_actions.add_parser(
-        "cutover", help="carry out a change the checkpoints refuse (a group's parallel, an aggregation's keys or "
+        "cutover", help="carry out a change the checkpoints refuse (a group's parallel, an aggregation's "
                         "measures) by a cut-over of the stopped group: its instances start afresh past the cut, "
                         "every output kept")
     plan_cutover.add_argument("name")

@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.checkpoints import committed_batch, committed_watermark_ms, processed_files_by_source, query_dirs
+from tandem.checkpoints import (
+    committed_batch, committed_watermark_ms, newest_log_entry, processed_files_by_source, query_dirs,
+)
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
 from tandem.layout import checkpoint_dir, cut_file, retired_checkpoints_dir
@@ -38,6 +40,7 @@ from tandem.outputs import kind_of
 from tandem.plan_shape import pending_changes
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
+from tandem.store.publish_log import last_publisher, published_batch
 from tandem.store.registry import InstanceKey, clear_failures
 
 RETIRED_MARK = "~"
@@ -67,6 +70,13 @@ class Cut:
     consumed: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per query, the files (``file:`` URIs, as Spark logs them) the retired instances read."""
     done: bool = False
+    earlier: tuple[str, ...] = ()
+    """The labels the group's earlier cut-overs retired (their partials are still merged on read)."""
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every retired label of the group: the earlier cuts', then this one's."""
+        return (*self.earlier, *(self.label(instance) for instance in self.retired))
 
     def label(self, instance: str) -> str:
         """The label a retired instance's partials carry after this cut."""
@@ -75,7 +85,7 @@ class Cut:
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "group": self.group, "generation": self.generation, "at": self.at,
                 "retired": list(self.retired), "watermark_ms": self.watermark_ms,
-                "horizon_start_ms": self.horizon_start_ms, "done": self.done,
+                "horizon_start_ms": self.horizon_start_ms, "done": self.done, "earlier": list(self.earlier),
                 "consumed": {query: sorted(files) for query, files in self.consumed.items()}}
 
     @classmethod
@@ -83,6 +93,7 @@ class Cut:
         return cls(plan=data["plan"], group=data["group"], generation=int(data["generation"]), at=float(data["at"]),
                    retired=tuple(data["retired"]), watermark_ms=int(data["watermark_ms"]),
                    horizon_start_ms=int(data["horizon_start_ms"]), done=bool(data["done"]),
+                   earlier=tuple(data.get("earlier", ())),
                    consumed={query: frozenset(files) for query, files in data["consumed"].items()})
 
 
@@ -104,6 +115,12 @@ def _write_cut(cluster: ClusterConfig, cut: Cut) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(cut.to_json()) + "\n")
     os.replace(partial, path)
+
+
+def retired_labels(cluster: ClusterConfig, plan: PlanConfig) -> list[str]:
+    """Every label a cut-over of the plan's groups gave its retired instances' rows (validation takes them as the
+    plan's instances: they published before their cut)."""
+    return [label for group in plan.groups if (cut := load_cut(cluster, plan.name, group)) for label in cut.labels]
 
 
 def retired_before(cluster: ClusterConfig, plan: PlanConfig, moment: float) -> list[Cut]:
@@ -157,8 +174,12 @@ def _why_not(plan: PlanConfig, group: str, refused: list[str]) -> str | None:
 
 
 def _authoritative_node(db: Database, cluster: ClusterConfig, plan: PlanConfig, instance: str) -> str | None:
-    """The node whose checkpoint of ``instance`` holds what was published: the last lease holder, else the node
-    whose checkpoint committed the most batches."""
+    """The node whose checkpoint of ``instance`` holds what was published: the one that published last (a hot
+    standby may have read further, holding outputs it never published), else the last lease holder, else the node
+    whose checkpoint committed the most batches (nothing published yet)."""
+    publisher = last_publisher(db, plan.name, instance)
+    if publisher is not None:
+        return publisher
     lease = read_lease(db, plan.name, instance)
     if lease is not None and lease.holder is not None:
         return lease.holder
@@ -171,8 +192,20 @@ def _authoritative_node(db: Database, cluster: ClusterConfig, plan: PlanConfig, 
     return best if best is not None and batches[best] >= 0 else None
 
 
+def _cut_batch(db: Database, plan: PlanConfig, instance: str, node: str, query: str, query_dir,
+               partial_outputs: list[str]) -> int | None:
+    """The batch whose files a query's cut holds: its last committed one, or a batch it planned and did not commit
+    (a stop interrupts a batch) when it published that batch's partials (they counted its files). A query published
+    by id re-reads an uncommitted batch's files whole after the cut: what it publishes again has ids published."""
+    committed, planned = committed_batch(query_dir), newest_log_entry(query_dir / "offsets")
+    if planned is not None and planned != committed and partial_outputs and \
+            published_batch(db, InstanceKey(plan.name, instance, node), partial_outputs, planned):
+        return planned
+    return committed
+
+
 def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str, retired: list[str],
-             generation: int) -> Cut:
+             generation: int, earlier: tuple[str, ...], partial_outputs: dict[str, list[str]]) -> Cut:
     consumed: dict[str, set[str]] = {}
     watermarks = []
     for instance in retired:
@@ -180,7 +213,8 @@ def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str,
         if node is None:
             continue
         for query, query_dir in query_dirs(checkpoint_dir(cluster, plan.name, instance, node)).items():
-            for files in processed_files_by_source(query_dir):
+            for files in processed_files_by_source(query_dir, _cut_batch(db, plan, instance, node, query, query_dir,
+                                                                          partial_outputs.get(query, []))):
                 consumed.setdefault(query, set()).update(files or ())
             watermark = committed_watermark_ms(query_dir)
             if watermark is not None:
@@ -188,16 +222,19 @@ def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str,
     watermark_ms = min(watermarks, default=0)
     return Cut(plan=plan.name, group=group, generation=generation, at=time.time(), retired=tuple(retired),
                watermark_ms=watermark_ms, horizon_start_ms=watermark_ms - int(plan.state_horizon_s * 1000),
-               consumed={query: frozenset(files) for query, files in consumed.items()})
+               consumed={query: frozenset(files) for query, files in consumed.items()}, earlier=earlier)
 
 
 def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str | None = None,
-             *, running: list[str] | None = None) -> Cut:
+             *, running: list[str] | None = None, partial_outputs: dict[str, list[str]] | None = None) -> Cut:
     """Cut a stopped group over to the plan as it is now (see the module's docs); the cut.
 
     Args:
         group: the group to cut over (default: the one whose checkpoints refuse the plan).
         running: what of the plan runs (:func:`tandem.plan_reset.plan_running`): a cut-over needs none.
+        partial_outputs: per query, the outputs it publishes as Spark's partials
+            (:func:`tandem.runtime.plan_api.partial_outputs_by_query`): a batch a stop interrupted after they were
+            published belongs to the cut.
 
     Raises:
         CutoverRefused: nothing to cut over, the group runs, or the change is one a cut-over cannot carry.
@@ -225,10 +262,11 @@ def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str 
     if previous is not None and not previous.done:
         cut = previous  # a cut-over that stopped half-way: finish it with its own cut
     else:
-        retired = sorted(p.name for p in root.glob(f"{group}-*") if p.is_dir())
+        retired = sorted(p.name for p in root.glob(f"{group}-*") if p.is_dir() and p.name.rpartition("-")[0] == group)
         if not retired:
             raise CutoverRefused(f"plan {plan.name}, group {group}: no checkpoint to cut over")
-        cut = _new_cut(db, cluster, plan, group, retired, (previous.generation + 1) if previous else 1)
+        cut = _new_cut(db, cluster, plan, group, retired, (previous.generation + 1) if previous else 1,
+                       previous.labels if previous else (), partial_outputs or {})
         _write_cut(cluster, cut)
     for output, config in plan.outputs.items():
         kind = kind_of(plan, output)

@@ -31,6 +31,7 @@ from tandem.errors import BackfillRefused, PlanChanged
 from tandem.layout import landing_dir
 from tandem.outputs.aggregation import AggregationKind
 from tandem.producer import advance_watermark, partitioned
+from tandem.quality import validate_output
 from tandem.sources.files import write_atomically
 from tandem.store.outputs import read_table_rows
 from tandem.reading import read_output
@@ -90,6 +91,10 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
     with pytest.raises(PlanChanged, match=r"tandem plan cutover trades --group shard"):
         run_instance(cluster, load_plan("trades", load_cluster()), "node-a", "shard-3", spark=spark,
                      available_now=True)
+    status = subprocess.run([sys.executable, "-m", "tandem.cli", "status", "trades"], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "250"})
+    assert "trades / group shard: its checkpoints refuse group shard's parallel changed from 2 to 3" in status.stdout \
+        and "tandem plan cutover trades --group shard" in status.stdout, status.stdout + status.stderr
     done = cutover()
     assert done.returncode == 0 and "generation 1" in done.stdout, done.stdout + done.stderr
     # more trades: some in the seconds the retired instances counted (the new instances' watermarks start afresh)
@@ -138,6 +143,9 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
     assert {key: value for key, value in merged.items() if value is not None} == newest
 
     plan = load_plan("trades", cluster)
+    # the retired labels of both cuts publish as the plan's instances did: the validation suite passes
+    report = validate_output(cluster, plan, "trade_aggregates", *ALL_TIME)
+    assert report.success and report.row_count > 0, report.summary()
     with Database(database_url) as db, pytest.raises(BackfillRefused, match="before the cut-over of group shard"):
         check_backfill(cluster, plan, db, datetime.fromtimestamp(T0 / 1000, timezone.utc),
                        datetime.fromtimestamp((T0 + 10_000) / 1000, timezone.utc), list(plan.instances))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from test_snapshot_source_log import LANDING, checkpoint
 
 from tandem.config import load_cluster, load_plan
-from tandem.cutover import Cut, _why_not, load_cut, refusal_before_cut
+from tandem.checkpoints import processed_files_by_source
+from tandem.cutover import Cut, _cut_batch, _why_not, load_cut, refusal_before_cut
 from tandem.errors import TandemError
 from tandem.layout import cut_file
+from tandem.store import Database, migrate
 
 CUT = Cut(plan="trades", group="shard", generation=2, at=1_800_000_000.0, retired=("shard-1", "shard-2"),
           watermark_ms=5_000, horizon_start_ms=-3_605_000, consumed={"aggregates": frozenset({"file:///a", "file:///b"})},
@@ -55,3 +59,22 @@ def test_what_a_cut_over_cannot_carry_is_named(cluster) -> None:
         plan, "shard", ["aggregation trade_aggregates's keys changed from symbol to symbol, venue"])
     nats = load_plan("hot_rooms", cluster)
     assert "over NATS" in _why_not(nats, next(iter(nats.groups)), [])
+
+
+def test_a_batch_a_stop_interrupted_belongs_to_the_cut_when_its_partials_were_published(tmp_path: Path,
+                                                                                       database_url: str) -> None:
+    """A stop interrupts a batch: planned (offsets/4), not committed. Its files were counted if the query published
+    its partials (they stay, retired); a query published by id reads them again (its ids are kept once)."""
+    query = checkpoint(tmp_path / "aggregates", committed=3)
+    cluster_plan = SimpleNamespace(name="trades")
+    with Database(database_url) as db:
+        migrate(db)
+        assert _cut_batch(db, cluster_plan, "shard-1", "node-a", "aggregates", query, ["trade_aggregates"]) == 3
+        db.run(lambda c: c.execute(
+            "INSERT INTO publish_log (instance_id, plan, instance, node, output, batch_id, epoch, rows) "
+            "VALUES ('trades/shard-1/node-a', 'trades', 'shard-1', 'node-a', 'trade_aggregates', 4, 1, 10)"))
+        assert _cut_batch(db, cluster_plan, "shard-1", "node-b", "aggregates", query, ["trade_aggregates"]) == 3
+        assert _cut_batch(db, cluster_plan, "shard-1", "node-a", "aggregates", query, []) == 3  # published by id
+        assert _cut_batch(db, cluster_plan, "shard-1", "node-a", "aggregates", query, ["trade_aggregates"]) == 4
+    assert processed_files_by_source(query, 4) == [{f"{LANDING}/f{b}.jsonl" for b in range(5)}]
+    assert processed_files_by_source(query) == [{f"{LANDING}/f{b}.jsonl" for b in range(4)}]

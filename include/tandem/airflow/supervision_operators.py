@@ -170,13 +170,15 @@ def cut_over_plan(log: Any, cluster: Any, plan: Any, instance: str | None, ti: A
     checkpoints refuse the plan); the plan must be stopped."""
     from tandem.cutover import CutoverRefused, cut_over
     from tandem.plan_reset import plan_running
+    from tandem.runtime.plan_api import partial_outputs_by_query
     from tandem.store import Database, migrate
 
     group = plan.group_of(instance)[0] if instance else None
     with Database(cluster.database_url, "tandem-ops") as db:
         migrate(db)
         try:
-            cut = cut_over(cluster, plan, db, group, running=plan_running(db, plan))
+            cut = cut_over(cluster, plan, db, group, running=plan_running(db, plan),
+                           partial_outputs=partial_outputs_by_query(plan))
         except CutoverRefused as exc:
             raise AirflowFailException(str(exc)) from None
     summary = (f"cutover {plan.name}: group {cut.group} cut over (generation {cut.generation}); retired "

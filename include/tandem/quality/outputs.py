@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tandem.config import ClusterConfig, PlanConfig, load_plan
+from tandem.cutover import retired_labels
 from tandem.outputs.base import Validation, Window
 from tandem.outputs.expectations import suite_parameters
 from tandem.quality.implied import validated_outputs
@@ -86,7 +87,8 @@ def validate_output(cluster: ClusterConfig, plan: PlanConfig | str, output: str,
         log.warning("%s: more than %d rows in the window; validating the first %d", policy.table, max_rows, max_rows)
         rows = rows[:max_rows]
     frame = policy.frame(rows)
-    outcomes = run_suite(definition, frame, suite_parameters(list(plan.instances)), policy.key_columns, path,
+    instances = [*plan.instances, *retired_labels(cluster, plan)]  # rows of instances a cut-over retired stay
+    outcomes = run_suite(definition, frame, suite_parameters(instances), policy.key_columns, path,
                          asset=output) if rows else []
     return ValidationReport(plan=plan.name, suite=f"{definition['name']}:{output}", table=policy.table, since=since,
                             until=until, granularity=granularity if policy.granularities else None,

@@ -34,10 +34,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tandem.aggregation.spec import spec_for
+from tandem.checkpoints import processed_files_by_source
 from tandem.config import ClusterConfig, PlanConfig, quarantine_output
 from tandem.cutover import Cut
 from tandem.errors import PlanError
-from tandem.layout import delta_table_dir
+from tandem.layout import checkpoint_dir, delta_table_dir
 from tandem.names import QUARANTINE_QUERY
 from tandem.outputs import kind_of, sink_for
 from tandem.outputs.base import Sink
@@ -106,7 +107,12 @@ class PlanContext:
         if self.cut is None or not self._building:
             return None
         building = self._building[-1]
-        files = sorted({_FILE_SCHEME.sub("/", uri) for uri in self.cut.consumed.get(building.name, ())})
+        query_dir = checkpoint_dir(self.cluster, self.plan.name, self.instance.instance, self.instance.node,
+                                   building.name)
+        read_since = {uri for files in processed_files_by_source(query_dir) for uri in files or ()}
+        # what the query's own checkpoint has read needs no filter: after its first batches, none (a small plan)
+        files = sorted({_FILE_SCHEME.sub("/", uri) for uri in self.cut.consumed.get(building.name, ())
+                        if uri not in read_since})
         if not files:
             return None
         # Spark's log says file:///x, a row's _metadata file:/x (both URI-escaped): compared without the scheme
@@ -364,6 +370,13 @@ def uses_transform_with_state(frame: DataFrame) -> bool:
 def partial_aggregations(plan: PlanConfig, spec: QuerySpec) -> list[str]:
     """The aggregation outputs without ``id`` the query writes: Spark's streaming partial aggregates (pure)."""
     return [o for o in spec.outputs if not kind_of(plan, o).published_by_id(plan.outputs[o])]
+
+
+def partial_outputs_by_query(plan: PlanConfig) -> dict[str, list[str]]:
+    """Per query of the plan's module, the outputs it publishes as Spark's partials (:func:`partial_aggregations`):
+    what a cut-over needs to know of an interrupted batch (:func:`tandem.cutover.cut_over`)."""
+    specs = check_plan_module(plan, load_plan_module(plan))
+    return {name: partial_aggregations(plan, spec) for name, spec in specs.items()}
 
 
 def state_value_names(plan: PlanConfig, spec: QuerySpec) -> tuple[str, ...]:

@@ -70,6 +70,26 @@ def first_publish_after(db: Database, plan: str, instance: str, epoch: int) -> d
     return db.run(work, attempts=3)
 
 
+def last_publisher(db: Database, plan: str, instance: str) -> str | None:
+    """The node that published the newest batch (highest epoch, then batch) of any output of ``(plan, instance)``, or
+    ``None`` before any."""
+    def work(cursor) -> str | None:
+        cursor.execute("""SELECT node FROM publish_log WHERE plan = %s AND instance = %s
+                          ORDER BY epoch DESC, batch_id DESC, published_at DESC LIMIT 1""", (plan, instance))
+        row = cursor.fetchone()
+        return row["node"] if row else None
+
+    return db.run(work)
+
+
+def published_batch(db: Database, instance: InstanceKey, outputs: list[str], batch_id: int) -> bool:
+    """Whether the node published batch ``batch_id`` of any of ``outputs`` (the outputs of one query)."""
+    return db.run(lambda cursor: (cursor.execute(
+        "SELECT EXISTS (SELECT 1 FROM publish_log WHERE plan = %s AND instance = %s AND node = %s AND batch_id = %s "
+        "AND output = ANY(%s)) AS published", (instance.plan, instance.instance, instance.node, batch_id, outputs)),
+        cursor.fetchone()["published"])[1])
+
+
 def last_published(cursor, plan: str, instance: str, output: str) -> tuple[int, int]:
     """The (epoch, batch) of the newest batch of ``output`` any instance of ``(plan, instance)`` published ((0, 0)
     before any)."""
