@@ -120,8 +120,12 @@ def test_snapshots_of_a_running_query_are_consistent_pruned_and_restorable(proje
     runner.start()
     try:
         wait_for(lambda: (committed_batch(live) or 0) >= 2, 180, "the first batches", poll_s=0.3)
-        # snapshots while the writer writes and the query commits batch after batch
+        # snapshots while the writer writes and the query commits batch after batch (each after a new commit: a
+        # loaded host may take longer for a batch than for a snapshot)
         while len(taken) < 4:
+            if taken:
+                wait_for(lambda: (committed_batch(live) or 0) > taken[-1].record.batch_id, 120, "a batch after the cut",
+                         poll_s=0.1)
             taken.append(take_snapshot(cluster, plan, INSTANCE, spark))
     finally:
         writer.stop()
