@@ -275,9 +275,10 @@ class RelayQuarantine:
                     "raw": [json.dumps(event["payload"], default=str, sort_keys=True, ensure_ascii=False)],
                     "source_file": [f"{RELAY_SOURCE}{output}/{event['event_id']}"],
                     "reason": [f"output {output}: {reason}"], "plan": [key.plan], "instance": [key.instance],
-                    "node": [key.node], "batch_id": [0], "quarantined_at": [datetime.now(timezone.utc)]},
+                    "node": [key.node], "batch_id": [0], "quarantined_at": [datetime.now(timezone.utc)],
+                    "plan_version": [None]},  # the relay refused it, no version of the plan's checks
                     schema=QUARANTINE_SCHEMA)
-                written += append_once(self.path, row, app_id=app_id, version=1)
+                written += append_once(self.path, row, app_id=app_id, version=1, merge_schema=True)
             return written
 
         return self.db.run(write)
