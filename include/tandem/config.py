@@ -925,7 +925,7 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
         if stream.rules.on_messaging_layer and cluster.nats is None:
             refuse(f"streams.{name}.source", no_messaging_layer(cluster, stream.source))
         if stream.from_plan == file.name:
-            refuse(f"streams.{name}.from_plan", f"names this plan: from_plan names another plan, whose stream "
+            refuse(f"streams.{name}.from_plan", "names this plan: from_plan names another plan, whose stream "
                                                 "this one reads")
     booleans = {field for stream in file.streams.values() for field, f in stream.fields.items() if f.type == "boolean"}
     for name, output in file.outputs.items():
