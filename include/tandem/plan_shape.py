@@ -193,26 +193,19 @@ class RecordedDiff:
     changes: list[Change]
 
 
-def _current_for(plan: PlanConfig, recorded: Shape) -> Shape | None:
-    """The shape the plan now gives the recorded instance's group (any of its instances: they differ only in
-    name); ``None`` when the group is gone."""
-    group = plan.groups.get(recorded.get("group", ""))
-    if group is None:
-        return None
-    return shape_of(plan, f"{recorded['group']}-1")
-
-
 def pending_changes(cluster: ClusterConfig, plan: PlanConfig) -> list[RecordedDiff]:
     """Per checkpoint of the plan (instance × node) that has a record, how the plan now differs from it."""
     root = checkpoint_dir(cluster, plan.name, plan.instances[0], plan.nodes[0]).parent.parent
+    # the shape the plan now gives each group (its instances differ only in name), computed once: it hashes files
+    current = {group: shape_of(plan, f"{group}-1") for group in plan.groups}
     found = []
     for record in sorted(root.glob(f"*/*/{SHAPE_FILE}")):
         recorded = _read(record)
         if recorded is None:
             continue
-        current = _current_for(plan, recorded)
-        diff = ([Change(TOPOLOGY, f"group {recorded.get('group')} removed")] if current is None
-                else changes(recorded, current))
+        now = current.get(recorded.get("group", ""))
+        diff = ([Change(TOPOLOGY, f"group {recorded.get('group')} removed")] if now is None
+                else changes(recorded, now))
         found.append(RecordedDiff(instance=record.parent.parent.name, node=record.parent.name,
                                   version=recorded.get("version"), changes=diff))
     return found
