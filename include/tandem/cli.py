@@ -223,6 +223,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         if node.status in ACTIVE_STATUSES and node.version not in (None, status.version):
                             notes.append(f"  {node.node} runs version {node.version}; the files now define "
                                          f"{status.version}: `tandem plan diff {plan.name}` says what changed")
+                    if instance.upgrade is not None:
+                        notes.append(upgrade_line(instance.upgrade))
                     console.print(table)
                     for note in notes:  # an error's text is shown as it is, never read as Rich markup
                         console.print(note, highlight=False, markup=False)
@@ -252,6 +254,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         for name, error in broken.items():
             print_error(TandemError(f"plan {name} is broken, not shown: {error}"))
     return 2 if broken else 0
+
+
+def upgrade_line(upgrade) -> str:
+    """An instance's upgrade as ``tandem status`` shows it (pure; ``upgrade`` a
+    :class:`tandem.presenter.models.UpgradeState`): its state, its versions, what was compared, and its detail."""
+    compared = ", ".join(f"{c.output} {c.checked} compared, {c.differing} differ" for c in upgrade.checks)
+    return (f"  upgrade {upgrade.from_version or '?'} -> {upgrade.to_version}: {upgrade.state}"
+            f"{' (' + compared + ')' if compared else ''}: {upgrade.detail}")
 
 
 def short_age(seconds: float | None) -> str:
@@ -752,6 +762,68 @@ def cmd_plan_cutover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    """Upgrade a running plan to its files' version without stopping it (:mod:`tandem.supervisor.upgrade`): per
+    instance a shadow standby of the new version, verified against the ACTIVE's output, then handed the ACTIVE
+    role; ``--finish`` ends the rollback window. Exit 2 when an instance is refused or its upgrade failed."""
+    from tandem.supervisor.reconcile import OpsRefused, Supervisor
+    from tandem.supervisor.upgrade import Upgrader
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    instances = [plan.check_instance(args.instance)] if args.instance else list(plan.instances)
+
+    def confirm(checks) -> bool:
+        for check in checks:
+            console.print(f"{check.output}: {check.checked} compared, {check.differing} differ", markup=False,
+                          highlight=False)
+            for sample in check.samples:
+                console.print(f"  {sample}", markup=False, highlight=False)
+        return args.yes or (sys.stdin.isatty() and confirmed_by_name(
+            plan.name, "upgrade", "The new version's outputs differ from the old one's (above)."))
+
+    status = console.status("upgrade")
+    with status, Supervisor(cluster, plan, launched_by="tandem upgrade") as supervisor:
+        upgrader = Upgrader(supervisor, verify_s=args.verify_seconds, min_rows=args.min_rows,
+                            timeout_s=args.timeout, confirm=confirm if args.expect_changes else None,
+                            progress=lambda line: status.update(escape(line)))
+        failed = 0
+        for instance in instances:
+            try:
+                result = upgrader.finish(instance) if args.finish else upgrader.upgrade(instance)
+            except OpsRefused as exc:
+                print_error(exc)
+                failed += 1
+                continue
+            console.print(f"{plan.name}/{instance}: {result.state}: {result.line}{result.figures()}", markup=False,
+                          highlight=False)
+            failed += not result.ok
+    return 2 if failed else 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Hand the ACTIVE role back to the version an upgrade replaced, while it still runs as a standby."""
+    from tandem.supervisor.reconcile import OpsRefused, Supervisor
+    from tandem.supervisor.upgrade import Upgrader
+
+    cluster = load_cluster()
+    plan = load_plan(args.plan, cluster)
+    instances = [plan.check_instance(args.instance)] if args.instance else list(plan.instances)
+    failed = 0
+    with Supervisor(cluster, plan, launched_by="tandem rollback") as supervisor:
+        upgrader = Upgrader(supervisor)
+        for instance in instances:
+            try:
+                result = upgrader.rollback(instance)
+            except OpsRefused as exc:
+                print_error(exc)
+                failed += 1
+                continue
+            console.print(f"{plan.name}/{instance}: {result.state}: {result.line}", markup=False, highlight=False)
+            failed += not result.ok
+    return 2 if failed else 0
+
+
 def cmd_airflow_login(args: argparse.Namespace) -> int:
     """Where the local Airflow's login is; ``--ensure`` first gives ``admin`` a random password if it has none."""
     from tandem.airflow_rest import ensure_admin_password, login_hint, passwords_file
@@ -954,6 +1026,27 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cutover.add_argument("--group", help="the group to cut over (default: the one whose checkpoints refuse)")
     plan_cutover.add_argument("--yes", action="store_true", help="cut over without asking")
     plan_cutover.set_defaults(func=cmd_plan_cutover)
+
+    upgrade = commands.add_parser("upgrade", help="take the plan's changed files without stopping: a standby of the "
+                                  "new version is verified against the ACTIVE, then takes over (docs: Changing a plan)")
+    upgrade.add_argument("plan")
+    upgrade.add_argument("--instance", help="one instance (default: every one, in turn)")
+    upgrade.add_argument("--verify-seconds", type=float, default=30.0,
+                         help="how long the new version's output is compared before it takes over (default 30s; 0: "
+                              "no verification)")
+    upgrade.add_argument("--min-rows", type=int, default=1, help="rows compared, at least, before it takes over")
+    upgrade.add_argument("--timeout", type=_duration, default=300.0,
+                         help="how long the verification may wait for rows to compare (default 300s)")
+    upgrade.add_argument("--expect-changes", action="store_true",
+                         help="a change of semantics: show the differences and ask before the hand-over")
+    upgrade.add_argument("--yes", action="store_true", help="with --expect-changes: hand over without asking")
+    upgrade.add_argument("--finish", action="store_true",
+                         help="end the rollback window: restart the old version's nodes on the new one")
+    upgrade.set_defaults(func=cmd_upgrade)
+    rollback = commands.add_parser("rollback", help="hand the ACTIVE role back to the version an upgrade replaced")
+    rollback.add_argument("plan")
+    rollback.add_argument("--instance", help="one instance (default: every one)")
+    rollback.set_defaults(func=cmd_rollback)
 
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))

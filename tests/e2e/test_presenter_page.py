@@ -7,7 +7,8 @@ pid and its drain / restart buttons inside its card and the window; kill -9 of t
 shows node-b as the holder at the next epoch and the PROMOTED event within 10 s of the kill, and the
 supervision DAG brings node-a back as PASSIVE, re-synced from node-b; then "Failover now", once its
 confirmation in the page is accepted (Airflow's frame allows no window.confirm), a tandem_ops run
-triggered as the logged-in user, moves the epoch again.
+triggered as the logged-in user, moves the epoch again; an upgrade's state shows with its Roll back button,
+which hands the ACTIVE role back through another tandem_ops run.
 Every event fed along the way is published exactly once. Screenshots of each step are kept in the
 test's tmp dir.
 """
@@ -29,7 +30,8 @@ from tandem.airflow_rest import AirflowClient, admin_password
 from tandem.config import load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.plan_version import plan_version
-from tandem.store import Database, migrate
+from tandem.store import Database, migrate, upgrades
+from tandem.store.upgrades import HANDED_OVER, ROLLED_BACK, Upgrade
 
 pytestmark = pytest.mark.e2e
 SUPERVISE = "tandem_trades_supervise"
@@ -180,6 +182,25 @@ def test_page_follows_a_kill_the_supervisor_repairs_it_and_a_failover_on_request
             run = airflow.runs("tandem_ops")[0]
             assert run["conf"]["action"] == "failover_now" and run["triggering_user_name"] == "admin"
             wait_for(lambda: airflow.run_state("tandem_ops", run["dag_run_id"]) == "success", 120, "the tandem_ops run")
+
+            # an upgrade handed over (recorded here: test_upgrade runs one) shows with its Roll back button, which
+            # hands the ACTIVE role back to the node of the old version through a tandem_ops run
+            version = plan_version(load_plan("trades", load_cluster()))
+            with Database(database_url) as db:
+                upgrades.begin(db, Upgrade("trades", INSTANCE, HANDED_OVER, version, "0123456789ab", "node-b",
+                                           "node-a", "version 0123456789ab is ACTIVE on node-a"))
+            expect(tandem.get_by_test_id(f"upgrade-state-{INSTANCE}")).to_have_text(HANDED_OVER,
+                                                                                    timeout=PAGE_UPDATE_S * 1000)
+            tandem.get_by_test_id(f"rollback-{INSTANCE}").click()
+            expect(tandem.get_by_test_id("confirm-question")).to_have_text(
+                f"Hand trades/{INSTANCE} back to version {version} on node-b?")
+            tandem.get_by_test_id("confirm-yes").click()
+            expect(tandem.get_by_test_id(f"upgrade-state-{INSTANCE}")).to_have_text(ROLLED_BACK, timeout=180_000)
+            expect(tandem.get_by_test_id(f"holder-{INSTANCE}")).to_have_text("node-b", timeout=PAGE_UPDATE_S * 1000)
+            assert lease(database_url, "trades", INSTANCE)["epoch"] > moved["epoch"]
+            page.screenshot(path=shots / "4-after-rollback.png", full_page=True)
+            run = airflow.runs("tandem_ops")[0]
+            assert run["conf"]["action"] == "rollback" and run["triggering_user_name"] == "admin"
             feed.write(80)
             wait_for(lambda: feed.all_published(database_url), 120, "every event to be published exactly once")
         finally:

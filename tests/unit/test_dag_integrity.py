@@ -232,13 +232,17 @@ def test_ops_params_validate_and_reject(dagbag, plans):
 
     dag = dagbag.dags["tandem_ops"]
     assert dag.schedule is None
-    assert dag.params.validate() == {"action": "failover_now", "plan": sorted(plans)[0], "instance": "", "node": ""}
+    assert dag.params.validate() == {"action": "failover_now", "plan": sorted(plans)[0], "instance": "", "node": "",
+                                     "expect_changes": False}
     params = copy.deepcopy(dag.params)
     params.update({"action": "drain_node", "plan": "trades", "instance": "shard-2", "node": "node-a"})
     assert params.validate()["action"] == "drain_node"
     params.update({"action": "snapshot_now", "node": ""})
     assert params.validate()["action"] == "snapshot_now"
-    for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("instance", "shard-9")):
+    params.update({"action": "upgrade", "expect_changes": True})
+    assert params.validate()["expect_changes"] is True
+    for param, value in (("action", "reboot"), ("plan", "nope"), ("node", "node-z"), ("instance", "shard-9"),
+                         ("expect_changes", "yes")):
         with pytest.raises(ParamValidationError, match=param):
             copy.deepcopy(dag.params)[param] = value
 

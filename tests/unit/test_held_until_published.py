@@ -76,3 +76,70 @@ def test_flush_publishes_nothing_when_everything_was_published():
 def test_nothing_held_is_nothing_to_flush():
     kind = FakeKind()
     assert kind.flush(batch()) == 0 and kind.published == []
+
+
+class Recorded:
+    """A verification that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, list[str]]] = []
+
+    def record(self, output: str, checked: int, differences: list[str]) -> None:
+        self.calls.append((output, checked, differences))
+
+
+class ComparingKind(FakeKind):
+    """The active's values in ``values``; a row is settled once its id is in ``settled_ids``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, int] = {}
+        self.settled_ids: set[str] = set()
+
+    def settled(self, identities: list[str]) -> list[str]:
+        return [i for i in identities if i in self.settled_ids]
+
+    def differences(self, rows: dict[str, dict]) -> list[str]:
+        return [f"{i}: {self.values[i]} != {row['value']}" for i, row in sorted(rows.items())
+                if self.values[i] != row["value"]]
+
+
+def test_under_verification_trim_compares_each_row_once_when_it_is_settled_here_too():
+    kind, seen = ComparingKind(), Recorded()
+    kind.verify_with(seen)
+    kind.hold(rows(("a", 1), ("b", 2), ("c", 3)), 1)
+    kind.store, kind.values = {"a", "b", "c"}, {"a": 1, "b": 5, "c": 3}
+    kind.settled_ids = {"a", "b"}
+    kind.trim()
+    assert seen.calls == [("fake", 2, ["b: 5 != 2"])]
+    assert list(kind.held) == ["c"], "a row not final on this side stays held until it is"
+    kind.settled_ids.add("c")
+    kind.trim()
+    assert seen.calls[-1] == ("fake", 1, []) and kind.held == {}
+
+
+def test_without_verification_or_on_promotion_nothing_is_compared_and_trim_is_unchanged():
+    kind = ComparingKind()
+    kind.hold(rows(("a", 1)), 1)
+    kind.store, kind.values = {"a"}, {"a": 9}
+    kind.trim()
+    assert kind.held == {}
+    seen = Recorded()
+    kind.verify_with(seen)
+    kind.hold(rows(("a", 1), ("b", 2)), 2)
+    kind.store = {"a"}
+    assert kind.flush(batch()) == 1  # a, published by the active, trimmed uncompared; b published
+    assert seen.calls == [] and [r["id"] for r in kind.published[-1][1]] == ["b"]
+
+
+def test_a_comparison_that_fails_never_stops_the_standby():
+    class Broken(ComparingKind):
+        def differences(self, rows: dict[str, dict]) -> list[str]:
+            raise ConnectionError("database gone")
+
+    kind, seen = Broken(), Recorded()
+    kind.verify_with(seen)
+    kind.hold(rows(("a", 1)), 1)
+    kind.store = kind.settled_ids = {"a"}
+    kind.trim()
+    assert kind.held == {} and seen.calls == []

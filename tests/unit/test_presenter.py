@@ -37,6 +37,7 @@ def test_an_action_becomes_the_params_of_its_dag(conf) -> None:
     plan = load_plan("pizza_shop", load_cluster(conf / "cluster.yaml"))
     assert action_conf(plan, ActionRequest(action="failover_now", instance="shop-2")) == {
         "action": "failover_now", "plan": "pizza_shop", "instance": "shop-2", "node": ""}
+    assert action_conf(plan, ActionRequest(action="upgrade", expect_changes=True))["expect_changes"] is True
     assert action_conf(plan, ActionRequest(action="restore", snapshot_id="s-1", confirm=True, force=True)) == {
         "plan": "pizza_shop", "instance": "", "snapshot_id": "s-1", "node": "", "force": True, "confirm": True}
     with pytest.raises(BadRequest, match="confirm"):

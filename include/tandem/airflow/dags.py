@@ -231,7 +231,10 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
                                     "instances as standbys after re-syncing them (undoes a drain); snapshot_now: "
                                     "take a snapshot of each instance's ACTIVE node now on a standby's host "
                                     "(or of the node's instance, here); cutover: carry out a change the "
-                                    "checkpoints refuse (a group's parallel, a measure) on the stopped plan"),
+                                    "checkpoints refuse (a group's parallel, a measure) on the stopped plan; upgrade: "
+                                    "take the plan's changed files without stopping (a standby of the new version, "
+                                    "verified, takes over); finish_upgrade: restart the old version's nodes on the "
+                                    "new one; rollback: hand back to the old version"),
         "plan": Param(names[0] if names else "", type="string", enum=names, title="Plan",
                       description="a plan whose file loads (broken plans: see the DAG's docs)"),
         "instance": Param("", type="string", enum=["", *instances], title="Instance",
@@ -239,6 +242,9 @@ def ops_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict[str
         "node": Param("", type="string", enum=["", *cluster.nodes], title="Node",
                       description="required for drain_node and restart_node; for failover_now the preferred "
                                   "standby to take over"),
+        "expect_changes": Param(False, type="boolean", title="Expect changes",
+                                description="upgrade: the change is one of semantics; hand over although the new "
+                                            "version's outputs differ (the task log shows how)"),
     }
 
 
@@ -260,6 +266,11 @@ Trigger with Params:
 - **cutover** (plan, optional instance naming its group): carry out a change the plan's checkpoints
   refuse (a group's `parallel`, an aggregation's measures) by a cut-over of the stopped plan, every
   output kept (`tandem plan cutover`, docs: Changing a plan). Stop the plan's instances first.
+- **upgrade** (plan, optional instance, expect_changes): take the plan's changed files without
+  stopping it (`tandem upgrade`): per instance a standby restarts on the new version, its outputs are
+  compared with the ACTIVE's for 30 s, then it takes over through the lease. A difference stops it
+  unless **expect_changes** is set. **rollback** hands back to the old version while it runs as the
+  standby; **finish_upgrade** restarts the old version's nodes on the new one.
 
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
 A conf with `shard_id` (the former name of `instance`) is still obeyed until the next release.

@@ -18,7 +18,7 @@ from tandem.airflow.snapshot_operators import snapshot_on_hosts, take_snapshots
 from tandem.config import load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
-from tandem.ops import CUTOVER, SNAPSHOT_NOW
+from tandem.ops import CUTOVER, FINISH_UPGRADE, ROLLBACK, SNAPSHOT_NOW, UPGRADE_ACTIONS
 
 
 class ReconcilePlanOperator(BaseOperator):
@@ -139,6 +139,9 @@ class PlanOpsOperator(BaseOperator):
         ti = context["ti"]
         if self.action == CUTOVER:
             return cut_over_plan(self.log, cluster, plan, instance, ti)
+        if self.action in UPGRADE_ACTIONS:
+            return upgrade_plan(self.log, cluster, plan, self.action, instances, ti,
+                                expect_changes=bool(context["params"].get("expect_changes")))
         if self.action == SNAPSHOT_NOW and not self.node and not _paused(ti, plan_dag_id(plan.name, "snapshot")):
             return snapshot_on_hosts(self.log, plan, instance, ti)
         if self.action == SNAPSHOT_NOW:
@@ -187,6 +190,42 @@ def cut_over_plan(log: Any, cluster: Any, plan: Any, instance: str | None, ti: A
     set_run_note(log, ti, summary)
     return {"action": CUTOVER, "plan": plan.name, "group": cut.group, "generation": cut.generation,
             "retired": list(cut.retired)}
+
+
+def upgrade_plan(log: Any, cluster: Any, plan: Any, action: str, instances: list[str], ti: Any, *,
+                 expect_changes: bool) -> dict[str, Any]:
+    """The ``upgrade``, ``finish_upgrade`` and ``rollback`` actions (:mod:`tandem.supervisor.upgrade`), launching
+    through the nodes' queues; the task fails when an instance is refused or its step failed."""
+    from tandem.airflow.node_launch import NodeQueue
+    from tandem.supervisor.reconcile import OpsRefused, Supervisor
+    from tandem.supervisor.upgrade import Upgrader
+
+    def confirm(checks: Any) -> bool:
+        for check in checks:
+            log.warning("%s: %d compared, %d differ: %s", check.output, check.checked, check.differing,
+                        " | ".join(check.samples))
+        return expect_changes
+
+    lines, failed = [], []
+    with Supervisor(cluster, plan, launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}", log=log,
+                    node_host=NodeQueue(cluster, plan, ti, log=log)) as supervisor:
+        upgrader = Upgrader(supervisor, confirm=confirm)
+        step = {FINISH_UPGRADE: upgrader.finish, ROLLBACK: upgrader.rollback}.get(action, upgrader.upgrade)
+        for instance in instances:
+            try:
+                result = step(instance)
+            except OpsRefused as exc:
+                failed.append(str(exc))
+                continue
+            lines.append(f"{plan.name}/{instance}: {result.state}: {result.line}{result.figures()}")
+            if not result.ok:
+                failed.append(lines[-1])
+    summary = "\n".join([f"{action} {plan.name}", *lines, *failed])
+    log.info("summary of %s:\n%s", action, summary)
+    set_run_note(log, ti, summary)
+    if failed:
+        raise AirflowFailException(f"{action}: " + "; ".join(failed))
+    return {"action": action, "plan": plan.name, "instances": instances, "summary": lines}
 
 
 def _paused(ti: Any, dag_id: str) -> bool:

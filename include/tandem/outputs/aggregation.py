@@ -49,6 +49,7 @@ from tandem.outputs.base import (
     capped,
     fence,
     reading,
+    row_difference,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -154,6 +155,25 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
 
     def publish_held(self, held: dict[tuple, dict], batch: BatchInfo) -> int:
         return self.publish(pa.Table.from_pylist(list(held.values())), batch)
+
+    def settled(self, identities: list[tuple]) -> list[tuple]:
+        position = self.position()
+        return [] if position is None else [i for i in identities if i[0] + timedelta(seconds=1) <= position]
+
+    def differences(self, rows: dict[tuple, dict]) -> list[str]:
+        """Each second and key against the active's partial of the same instance (its measures)."""
+        published = self.db.run(lambda cursor: agg_postgres.rows_of_seconds(
+            cursor, self.spec, self.instance.plan, self.instance.instance, set(rows), ("second",)), attempts=1)
+        keys = self.spec.keys
+        old = {(as_utc(r["bucket_start"]), *(str(r[k]) for k in keys)): r for r in published.to_pylist()}
+        lines = []
+        for (second, *values), row in rows.items():
+            label = f"{as_utc(second).isoformat()} {dict(zip(keys, values))}"
+            line = row_difference(label, old.get((as_utc(second), *(str(v) for v in values))), row,
+                                  self.spec.measure_columns)
+            if line:
+                lines.append(line)
+        return lines
 
 
 class FactAggregateSink(HeldById):

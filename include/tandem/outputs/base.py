@@ -16,7 +16,8 @@ Sinks are idempotent and fenced:
   commit.
 - A standby holds back what it would have published (:class:`HeldUntilPublished`: hold, trim,
   flush, written once), trimmed by what the active has published for good; on promotion it
-  publishes what is left, then goes live.
+  publishes what is left, then goes live. A shadow standby of a plan's new version (an upgrade,
+  :mod:`tandem.supervisor.upgrade`) first compares what it trims with what the active published.
 - Rows a store refuses for what they hold (a *data error*: :func:`is_data_error`) do not fail the
   batch: :class:`Refusals` finds them by bisecting the batch in a transaction it rolls back, sends
   them to the plan's quarantine with the store's error as the reason, and the sink publishes the
@@ -35,6 +36,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -90,6 +92,16 @@ class Sink(Protocol):
     def trim(self) -> None:
         """Drop held rows the active has already published for good."""
 
+    def verify_with(self, verification: "Verification") -> None:
+        """Compare held rows with the active's before trimming them (a shadow standby of a new version)."""
+
+
+class Verification(Protocol):
+    """Where a shadow standby reports what it compared: ``checked`` rows of ``output``, and how those that
+    differ from the active's differ (one line each)."""
+
+    def record(self, output: str, checked: int, differences: list[str]) -> None: ...
+
 
 class HeldUntilPublished(Generic[K, V]):
     """What a standby holds of one output, written once for every kind: ``hold`` keeps its rows by
@@ -98,6 +110,10 @@ class HeldUntilPublished(Generic[K, V]):
 
     A kind says what identifies a row (:meth:`identities`), which held rows are published for good
     (:meth:`published_of`) and how held rows are published (:meth:`publish_held`).
+
+    Under verification (:meth:`verify_with`, a shadow standby of a plan's new version), ``trim`` first
+    compares the rows it drops with what the active published (:meth:`differences`); a row is compared once
+    it is final on this side too (:meth:`settled`), and held until then.
     """
 
     output: str
@@ -105,6 +121,7 @@ class HeldUntilPublished(Generic[K, V]):
     def __init__(self) -> None:
         self.held: dict[K, V] = {}
         self.held_batch: int | None = None
+        self.verification: Verification | None = None
 
     def identities(self, rows: pa.Table) -> dict[K, V]:
         raise NotImplementedError
@@ -120,15 +137,41 @@ class HeldUntilPublished(Generic[K, V]):
         self.held.update(self.identities(rows))
         self.held_batch = batch_id
 
-    def trim(self) -> None:
-        if self.held:
-            for identity in list(self.published_of(self.held)):
-                self.held.pop(identity, None)
+    def settled(self, identities: list[K]) -> list[K]:
+        """Of held rows, those this side will not change any more (compared under verification); default: all."""
+        return identities
+
+    def differences(self, rows: dict[K, V]) -> list[str]:
+        """How each of ``rows`` (held, published for good by the active) differs from the active's row, one line
+        each; default: none, the rows agree by identity (the kind keeps no value to compare)."""
+        return []
+
+    def verify_with(self, verification: Verification) -> None:
+        self.verification = verification
+
+    def trim(self, *, verifying: bool = True) -> None:
+        if not self.held:
+            return
+        published = list(self.published_of(self.held))
+        if self.verification is not None and verifying and published:
+            published = self.settled(published)
+            if published:
+                self._compare({identity: self.held[identity] for identity in published})
+        for identity in published:
+            self.held.pop(identity, None)
+
+    def _compare(self, rows: dict[K, V]) -> None:
+        try:
+            differences = self.differences(rows)
+            self.verification.record(self.output, len(rows), differences)
+        except Exception as exc:  # noqa: BLE001 - a comparison never stops the standby; the count stays short
+            log.warning("%s: could not compare %d held rows with the active's: %s", self.output, len(rows),
+                        first_line(exc))
 
     def flush(self, batch: BatchInfo) -> int:
         if not self.held or self.held_batch is None:
             return 0
-        self.trim()
+        self.trim(verifying=False)
         if not self.held:
             return 0
         count = len(self.held)
@@ -162,6 +205,35 @@ def first_line(exc: BaseException) -> str:
     code = getattr(exc, "pgcode", None)
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
     return f"SQLSTATE {code}: {text}" if code else text
+
+
+def same_value(old: Any, new: Any) -> bool:
+    """Whether two versions' values of one column agree: numbers within a relative 1e-9 (a sum's last bits
+    depend on the order it was added in), NaN equal to NaN, anything else equal (pure)."""
+    if isinstance(old, bool) or isinstance(new, bool):
+        return type(old) is type(new) and old == new
+    numbers = (int, float, Decimal)
+    if isinstance(old, numbers) and isinstance(new, numbers):
+        if isinstance(old, int) and isinstance(new, int):
+            return old == new
+        old, new = float(old), float(new)
+        return (math.isnan(old) and math.isnan(new)) or math.isclose(old, new, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(old, memoryview):
+        old = bytes(old)
+    if isinstance(new, memoryview):
+        new = bytes(new)
+    return old == new
+
+
+def row_difference(identity: str, old: Mapping[str, Any] | None, new: Mapping[str, Any],
+                   columns: Iterable[str]) -> str | None:
+    """How a new version's row differs from the old version's published row of the same identity, in one line
+    (``None``: they agree on ``columns``) (pure)."""
+    if old is None:
+        return f"{identity}: only in the new version"
+    differing = [f"{column} {old.get(column)!r} (old) != {new.get(column)!r} (new)" for column in columns
+                 if not same_value(old.get(column), new.get(column))]
+    return f"{identity}: {'; '.join(differing)}" if differing else None
 
 
 class _ProbesDone(Exception):

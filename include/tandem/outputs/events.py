@@ -37,6 +37,7 @@ from tandem.outputs.base import (
     Window,
     as_utc,
     reading,
+    row_difference,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -76,6 +77,18 @@ class EventsSink(HeldById):
             lake = pa.Table.from_pylist([rows[eid] for eid in pending], schema=self.schema)
             self.to_lake(lake.append_column("event_id", pa.array(pending, pa.string())), batch, pending)
         return len(pending or ())
+
+    def differences(self, rows: dict[str, dict[str, Any]]) -> list[str]:
+        """Each event against the payload the active published under its id."""
+        published = self.db.run(lambda cursor: store.event_payloads(cursor, self.plan, self.output, list(rows)),
+                                attempts=1)
+        lines = []
+        for eid, row in rows.items():
+            new = store.as_stored(row)
+            line = row_difference(f"event {eid}", published.get(eid), new, new)
+            if line:
+                lines.append(line)
+        return lines
 
 
 def read_events_lake(path: Path) -> pa.Table:

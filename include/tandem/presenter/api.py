@@ -46,7 +46,8 @@ from tandem.store.snapshots import STATUSES
 
 API_VERSION = "v1"
 ACTION_DAGS = {"failover_now": OPS_DAG_ID, "drain_node": OPS_DAG_ID, "restart_node": OPS_DAG_ID,
-               "snapshot_now": OPS_DAG_ID, "cutover": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
+               "snapshot_now": OPS_DAG_ID, "cutover": OPS_DAG_ID, "upgrade": OPS_DAG_ID, "finish_upgrade": OPS_DAG_ID,
+               "rollback": OPS_DAG_ID, "restore": RESTORE_DAG_ID}
 """The DAG each action triggers; ``backfill`` triggers the plan's own ``tandem_<plan>_backfill``."""
 NEEDS_NODE = {"drain_node", "restart_node"}
 PAGE_HEADER = "X-Tandem-Request"
@@ -288,7 +289,11 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
             raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
         return {"plan": plan.name, "instance": body.instance, "snapshot_id": body.snapshot_id, "node": body.node,
                 "force": body.force, "confirm": True}
-    return {"action": body.action, "plan": plan.name, "instance": body.instance, "node": body.node}
+    params: dict[str, object] = {"action": body.action, "plan": plan.name, "instance": body.instance,
+                                 "node": body.node}
+    if body.action == "upgrade":
+        params["expect_changes"] = body.expect_changes
+    return params
 
 
 @router.post("/plans/{plan}/actions", response_model=ActionRun, status_code=201,

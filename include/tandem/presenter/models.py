@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, computed_field
 
 Role = Literal["ACTIVE", "PASSIVE", "BACKUP", "WARM"]
-Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "cutover", "restore", "backfill"]
+Action = Literal["failover_now", "drain_node", "restart_node", "snapshot_now", "cutover", "upgrade", "finish_upgrade",
+                 "rollback", "restore", "backfill"]
 
 
 class GroupSummary(BaseModel):
@@ -139,6 +140,27 @@ class SnapshotInfo(OfInstance):
     validation: dict[str, Any] | None
 
 
+class OutputCheckState(BaseModel):
+    output: str
+    checked: int = Field(description="rows the new version compared with what the old one published")
+    differing: int
+    samples: list[str] = Field(description="up to five differing rows, each with its columns old and new")
+
+
+class UpgradeState(BaseModel):
+    """An instance's upgrade under way, or its last one (`tandem upgrade`, docs: Changing a plan)."""
+
+    state: Literal["VERIFYING", "HANDED_OVER", "FINISHED", "ROLLED_BACK", "FAILED"]
+    from_version: str | None
+    to_version: str
+    from_node: str = Field(description="the node of the ACTIVE when the upgrade started (the old version)")
+    shadow_node: str = Field(description="the standby that runs the new version first")
+    detail: str
+    started_at: datetime
+    updated_at: datetime
+    checks: list[OutputCheckState] = Field(description="what the new version compared, per output")
+
+
 class InstanceStatus(OfInstance):
     """One group instance (one HA unit): its lease, its nodes, and what the supervisor would do now."""
 
@@ -149,6 +171,7 @@ class InstanceStatus(OfInstance):
     due: list[str] = Field(description="what the supervisor's next decision would do (empty: nothing)")
     last_failover: TimelineEvent | None = Field(description="the newest change of the ACTIVE role, with its reason")
     last_good_snapshot: SnapshotInfo | None
+    upgrade: UpgradeState | None = None
 
 
 class PlanStatus(BaseModel):
@@ -270,6 +293,8 @@ class ActionRequest(BaseModel):
                                       "restore: the node to start ACTIVE")
     snapshot_id: str = Field("", description="restore: the snapshot (empty: each instance's newest GOOD one)")
     force: bool = Field(False, description="restore: accept a snapshot marked BAD")
+    expect_changes: bool = Field(False, description="upgrade: hand over although the new version's outputs differ "
+                                                    "(a change of semantics)")
     confirm: bool = Field(False, description="restore rewinds the plan's outputs: it must be confirmed")
     start: str = Field("", description="backfill: the first instant of the range (ISO, UTC when no zone)")
     end: str = Field("", description="backfill: the end of the range, excluded")

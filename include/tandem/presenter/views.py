@@ -7,6 +7,7 @@ status`` prints :func:`plan_status` too, so the CLI and the page always agree.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import binascii
 from collections.abc import Hashable
 from datetime import datetime, timedelta, timezone
@@ -33,10 +34,12 @@ from tandem.presenter.cache import VersionedCache
 from tandem.presenter.models import (
     AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus,
     LeaseState, LeaseStateName, NodeState, OutputSummary, PlanStatus, PlanSummary, QuarantineReport, QuarantineSample,
-    SnapshotCatalog, SnapshotInfo, ReconcileRow, ReconcileRun, OutputRows, Timeline, TimelineEvent,
+    OutputCheckState, SnapshotCatalog, SnapshotInfo, ReconcileRow, ReconcileRun, OutputRows, Timeline, TimelineEvent,
+    UpgradeState,
 )
 from tandem.batch.reconciliations import reconciliation_rows
 from tandem.store.backfills import list_backfills
+from tandem.store import upgrades
 from tandem.store.db import Database
 from tandem.store.leases import newest_of_kinds, recent_events
 from tandem.store.outputs import START, EventPosition
@@ -196,9 +199,20 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
         instances.append(InstanceStatus(
             instance=instance, group=plan.group_of(instance)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
             due=[action.describe() for action in decide(view)], last_failover=changes.get(instance),
-            last_good_snapshot=_snapshot(good) if good else None))
+            last_good_snapshot=_snapshot(good) if good else None, upgrade=_upgrade(db, plan.name, instance)))
     return PlanStatus(plan=plan.name, observed_at=database_now(db), version=plan_version(plan),
                       refused_changes=pending_cutovers(cluster, plan), instances=instances)
+
+
+def _upgrade(db: Database, plan: str, instance: str) -> UpgradeState | None:
+    """The instance's upgrade under way or its last one, with what its shadow compared."""
+    upgrade = upgrades.current(db, plan, instance)
+    if upgrade is None:
+        return None
+    checks = upgrades.checks(db, plan, instance, upgrade.shadow_node, upgrade.to_version)
+    return UpgradeState(**{f.name: getattr(upgrade, f.name) for f in dataclasses.fields(upgrade)
+                           if f.name not in ("plan", "instance")},
+                        checks=[OutputCheckState(**dataclasses.asdict(c)) for c in checks])
 
 
 def timeline(db: Database, plan: PlanConfig, *, instance: str | None = None, limit: int = 50) -> Timeline:

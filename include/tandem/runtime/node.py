@@ -37,6 +37,7 @@ from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
+from tandem.runtime.verification import shadow_verification
 from tandem.runtime.relays import RelayThread, published_to_streams
 from tandem.runtime.roles import RoleController
 from tandem.shared_storage import StorageNotShared, require_executor_storage, require_shared_storage
@@ -260,6 +261,10 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         try:
             ctx = PlanContext(cluster, plan, key, spark, cut=cut)
             definitions = instance_queries(ctx)
+            verification = shadow_verification(db, key, plan_version(plan), cluster.database_url)
+            if verification is not None and role in STANDBY_ROLES:
+                for definition in definitions:
+                    definition.sink.verify_with(verification)
             publishers: dict[str, MicroBatchPublisher] = {}
             if role == WARM and not await_warm_takeover(db, cluster, plan, key, roles, promoted, stop):
                 result = RunResult("STOPPED")

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame
 
 from tandem.checkpoints import checkpoint_lineage
 from tandem.errors import FencedError
-from tandem.outputs.base import BatchInfo, Sink, first_line
+from tandem.outputs.base import BatchInfo, Sink, Verification, first_line
 from tandem.runtime.roles import RoleController
 from tandem.store.registry import InstanceKey
 
@@ -60,6 +60,10 @@ class RoutedSink:
 
     def flush(self, batch: BatchInfo) -> int:
         return sum(sink.flush(batch) for _, sink in self.routes)
+
+    def verify_with(self, verification: Verification) -> None:
+        for _, sink in self.routes:
+            sink.verify_with(verification)
 
 
 class MicroBatchPublisher:

@@ -8,6 +8,7 @@ committed there.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -87,6 +88,18 @@ def insert_events(cursor, instance: InstanceKey, output: str, events: dict[str, 
         return []
     stage_events(cursor, events)
     return insert_staged_events(cursor, instance, output, epoch, batch_id, list(events))
+
+
+def as_stored(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's payload as ``output_events`` gives it back (the JSON it is stored as, read again)."""
+    return json.loads(json_text(payload, _json_value))
+
+
+def event_payloads(cursor, plan: str, output: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The payloads of the published events among ``ids``."""
+    cursor.execute("SELECT event_id, payload FROM output_events WHERE plan = %s AND output = %s "
+                   "AND event_id = ANY(%s)", (plan, output, list(ids)))
+    return {row["event_id"]: row["payload"] for row in cursor.fetchall()}
 
 
 def _ids(cursor, table: str, id_column: str, condition: str, plan: str, output: str, ids: Sequence[str]) -> list[str]:

@@ -70,6 +70,18 @@ def first_publish_after(db: Database, plan: str, instance: str, epoch: int) -> d
     return db.run(work, attempts=3)
 
 
+def last_publish_until(db: Database, plan: str, instance: str, epoch: int) -> datetime | None:
+    """When ``(plan, instance)`` last published a batch at ``epoch`` or before (a hand-over's publishing pause
+    runs from here to :func:`first_publish_after`)."""
+
+    def work(cursor):
+        cursor.execute("""SELECT max(published_at) AS at FROM publish_log
+                          WHERE plan = %s AND instance = %s AND epoch <= %s""", (plan, instance, epoch))
+        return cursor.fetchone()["at"]
+
+    return db.run(work, attempts=3)
+
+
 def last_publisher(db: Database, plan: str, instance: str) -> str | None:
     """The node that published the newest batch (highest epoch, then batch) of any output of ``(plan, instance)``, or
     ``None`` before any."""
