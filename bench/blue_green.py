@@ -44,7 +44,7 @@ from _common import git_commit, machine_info, now_iso  # noqa: E402
 from failover import private_project  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.plan_version import plan_version  # noqa: E402
-from tandem.store import upgrades  # noqa: E402
+from tandem.store import Database, upgrades  # noqa: E402
 from tandem.store.publish_log import first_publish_after  # noqa: E402
 from tandem.store.registry import get_instance, instance_id  # noqa: E402
 from tandem.supervisor.reconcile import Supervisor  # noqa: E402
@@ -107,21 +107,22 @@ def upgrade_in_background(supervisor: Supervisor) -> tuple[threading.Thread, dic
     return thread, outcome
 
 
-def verifying_shadow(supervisor: Supervisor, version: str) -> tuple[str, str]:
-    """(shadow, old active) once the upgrade to ``version`` verifies on a shadow running it."""
+def verifying_shadow(db: Database, version: str) -> tuple[str, str]:
+    """(shadow, old active) once the upgrade to ``version`` verifies on a shadow running it (``db``: not the
+    supervisor's, which the upgrade's thread uses)."""
     def ready():
-        upgrade = upgrades.current(supervisor.db, "trades", INSTANCE)
+        upgrade = upgrades.current(db, "trades", INSTANCE)
         if upgrade is None or upgrade.state != upgrades.VERIFYING or upgrade.to_version != version:
             return None
-        row = get_instance(supervisor.db, instance_id("trades", INSTANCE, upgrade.shadow_node))
+        row = get_instance(db, instance_id("trades", INSTANCE, upgrade.shadow_node))
         running = row and row["status"] == "RUNNING" and row["plan_version"] == version
         return (upgrade.shadow_node, upgrade.from_node) if running else None
 
     return _ha.wait_for(ready, 300, f"a shadow verifying {version}")
 
 
-def kill9(supervisor: Supervisor, node: str) -> None:
-    os.killpg(get_instance(supervisor.db, instance_id("trades", INSTANCE, node))["submit_pid"], signal.SIGKILL)
+def kill9(db: Database, node: str) -> None:
+    os.killpg(get_instance(db, instance_id("trades", INSTANCE, node))["submit_pid"], signal.SIGKILL)
 
 
 def chaos(supervisor: Supervisor, conf: Path, url: str, groups: list[int]) -> list[dict]:
@@ -130,19 +131,20 @@ def chaos(supervisor: Supervisor, conf: Path, url: str, groups: list[int]) -> li
     right after the hand-over (the old version, still the standby, takes over by failover). Each time the
     supervisor then brings the killed node back."""
     steps = []
+    db = Database(url)
     for step, victim in enumerate(("shadow", "old active", "new active")):
         version = new_version(conf, 100 + step)
         thread, outcome = upgrade_in_background(supervisor)
         if victim == "new active":
             thread.join()
-            upgrade = upgrades.current(supervisor.db, "trades", INSTANCE)
+            upgrade = upgrades.current(db, "trades", INSTANCE)
             shadow, active = upgrade.shadow_node, upgrade.from_node
             killed, survivor = shadow, active
         else:
-            shadow, active = verifying_shadow(supervisor, version)
+            shadow, active = verifying_shadow(db, version)
             killed, survivor = (shadow, active) if victim == "shadow" else (active, shadow)
         epoch = _ha.lease(url)["epoch"]
-        kill9(supervisor, killed)
+        kill9(db, killed)
         killed_at = time.monotonic()
         thread.join()
         result = outcome["result"]
@@ -159,6 +161,7 @@ def chaos(supervisor: Supervisor, conf: Path, url: str, groups: list[int]) -> li
                       "recovered": report.converged})
         console.log(f"chaos: kill -9 the {victim} ({killed}): upgrade {result.state}, ACTIVE {survivor}, "
                     f"{killed} back: {report.converged}")
+    db.close()
     return steps
 
 
@@ -167,12 +170,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="failovers, then upgrades")
     parser.add_argument("--rate", type=int, default=200, help="trades per second")
     parser.add_argument("--verify-seconds", type=float, default=10.0)
+    parser.add_argument("--standby", choices=("hot", "warm"), default="hot",
+                        help="warm: the upgrade restarts the WARM standby on the new version and fails over to it "
+                             "(nothing to verify); results in blue_green_warm.json")
     parser.add_argument("--chaos", action="store_true",
                         help="then kill -9 either version at each step of three more upgrades")
-    parser.add_argument("--out", type=Path, default=BENCH / "results" / "blue_green.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or BENCH / "results" / ("blue_green.json" if args.standby == "hot" else "blue_green_warm.json")
 
-    with private_project("bluegreen", {"ha": {"standby": "hot"}}) as project:
+    with private_project("bluegreen", {"ha": {"standby": args.standby}}) as project:
         cluster = load_cluster()
         url = project.database_url
         supervisor = Supervisor(cluster, load_plan("trades", cluster), launched_by="bench/blue_green.py",
@@ -186,7 +193,7 @@ def main() -> None:
             _ha.wait_for(lambda: _ha.publish_log(url), 180, "a first publish")
             with Progress(console=console) as progress:
                 task = progress.add_task("warming up", total=2 * args.runs)
-                for node in ("node-a", "node-b"):  # both nodes past their first catch-up: a steady pair
+                for node in ("node-a", "node-b") if args.standby == "hot" else ("node-a",):  # a steady pair
                     _ha.wait_for(lambda: caught_up(url, node), 300, f"{node} to catch up")
                 for run in range(args.runs):  # a failover_now, then an upgrade, in the same conditions
                     progress.update(task, description=f"failover_now {run + 1}")
@@ -195,9 +202,9 @@ def main() -> None:
                     began = time.monotonic()
                     report = supervisor.fail_over_now(INSTANCE)
                     assert report.converged, report.lines()
-                    publishing_pause(supervisor.db, "trades", INSTANCE, epoch)
-                    failovers.append({"handover_s": round(time.monotonic() - began, 3),
-                                      **pause_breakdown(url)})
+                    pause = publishing_pause(supervisor.db, "trades", INSTANCE, epoch)
+                    failovers.append({"handover_s": round(time.monotonic() - began, 3), "pause_s": pause,
+                                      **(pause_breakdown(url) if args.standby == "hot" else {})})
                     progress.console.log(f"failover_now {run + 1}: {failovers[-1]}")
                     progress.advance(task)
 
@@ -207,13 +214,14 @@ def main() -> None:
                     result = Upgrader(supervisor, verify_s=args.verify_seconds, min_rows=20, timeout_s=600,
                                       progress=lambda line: None).upgrade(INSTANCE)
                     remember_groups(url, project.groups)
-                    assert result.state == "HANDED_OVER", result.line
+                    assert result.state == ("HANDED_OVER" if args.standby == "hot" else "FINISHED"), result.line
                     total = time.monotonic() - began
                     upgrades.append({"version": version, "catch_up_s": result.catch_up_s,
                                      "upgrade_s": round(total, 3),
                                      "rows_compared": sum(c.checked for c in result.checks),
                                      "rows_differing": sum(c.differing for c in result.checks),
-                                     **pause_breakdown(url)})
+                                     "pause_s": result.pause_s,
+                                     **(pause_breakdown(url) if args.standby == "hot" else {})})
                     progress.console.log(f"upgrade {run + 1}: {upgrades[-1]}")
                     progress.advance(task)
             steps = chaos(supervisor, project.root / "conf", url, project.groups) if args.chaos else []
@@ -230,7 +238,7 @@ def main() -> None:
     upgrade_pause = statistics.median(r["pause_s"] for r in upgrades)
     failover_pause = statistics.median(r["pause_s"] for r in failovers)
     result = {"bench": "blue_green", "at": now_iso(), "commit": git_commit(ROOT), "machine": machine_info(),
-              "rate_per_s": args.rate, "verify_seconds": args.verify_seconds, "failover_now": failovers,
+              "standby": args.standby, "rate_per_s": args.rate, "verify_seconds": args.verify_seconds, "failover_now": failovers,
               "upgrades": upgrades, "median_failover_pause_s": failover_pause,
               "median_upgrade_pause_s": upgrade_pause,
               "upgrade_over_failover_pause": round(upgrade_pause / failover_pause, 2),

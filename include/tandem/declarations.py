@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, \
-    StrictStr, WithJsonSchema, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, \
+    StrictFloat, StrictInt, StrictStr, WithJsonSchema, model_validator
 
 FIELD_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """A field, key, measure, value or table name: also a PostgreSQL identifier (at most 63 bytes) as it is."""
@@ -251,6 +251,10 @@ class FieldConfig(StrictModel):
     default: StrictBool | StrictInt | StrictFloat | StrictStr | None = None
     """The value of an event that does not give the field (or gives ``null``): a field a producer added, so that
     the events written before it (retained input, replays, backfills) stay good. A value given is checked as ever."""
+    required_since: AwareDatetime | None = None
+    """From this instant of event time on, an event must give the field: its ``default`` is for the events before
+    (a field a producer added and made required; the events written before stay good, those after are refused
+    without it)."""
 
     @model_validator(mode="after")
     def _checks_fit_the_type(self) -> FieldConfig:
@@ -263,7 +267,21 @@ class FieldConfig(StrictModel):
             raise ValueError("not_empty and max_length apply to string fields only")
         if self.default is not None:
             self._check_default(self.default)
+        if self.required_since is not None and self.default is None:
+            raise ValueError("required_since needs a default: the value of the events before it")
         return self
+
+    @property
+    def required_since_ms(self) -> int | None:
+        """:attr:`required_since` in epoch milliseconds (``None``: a field with a default is never required)."""
+        return None if self.required_since is None else int(self.required_since.timestamp() * 1000)
+
+    def missing(self, label: str) -> str:
+        """The reason of an event without the field (one that must give it)."""
+        if self.required_since is None:
+            return f"missing field '{label}'"
+        since = self.required_since.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        return f"missing field '{label}' (required of events since {since})"
 
     def _check_default(self, value: Any) -> None:
         fits = {"string": isinstance(value, str), "boolean": isinstance(value, bool),

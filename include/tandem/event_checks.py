@@ -116,8 +116,8 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
         label = config.label(name)
         value = stream.value_at(event, name)
         if value is None:
-            if config.default is None:
-                problems.append(f"missing field '{label}'")
+            if config.default is None or _required(stream, config, event):
+                problems.append(config.missing(label))
             continue
         typed = typed_value(config, value)
         if typed is _WRONG:
@@ -131,6 +131,16 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
         problems += [f"field '{label}' {message} (got {_shown(value)})" for operator, bound, message in config.checks()
                      if not _holds(operator, bound, typed)]
     return problems
+
+
+def _required(stream: StreamConfig, config: FieldConfig, event: dict) -> bool:
+    """Whether a field with a default must be given all the same: its ``required_since`` is at or before the
+    event's time (not when the event's time is not a valid one: that is its own problem)."""
+    if config.required_since_ms is None:
+        return False
+    at = stream.value_at(event, stream.event_time)
+    moment = None if at is None else typed_value(stream.fields[stream.event_time], at)
+    return isinstance(moment, int) and not isinstance(moment, bool) and moment >= config.required_since_ms
 
 
 def _declared_keys_repeated(stream: StreamConfig, event: _Repeated) -> list[str]:

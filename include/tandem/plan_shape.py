@@ -85,7 +85,8 @@ def shape_of(plan: PlanConfig, instance: str) -> Shape:
 
 def _field_text(field: FieldConfig) -> str:
     text = field.type if field.source is None else f"{field.type} from {'.'.join(field.source)}"
-    return text if field.formerly is None else f"{text} formerly {'.'.join(field.formerly)}"
+    text = text if field.formerly is None else f"{text} formerly {'.'.join(field.formerly)}"
+    return text if field.required_since is None else f"{text} required since {field.required_since.isoformat()}"
 
 
 def changes(recorded: Shape, current: Shape) -> list[Change]:

@@ -69,7 +69,7 @@ def pair(project: Path, database_url: str, process_groups: list[int]):
         for node in supervisor.plan.nodes:
             rows = fetch(cluster.database_url, "SELECT submit_pid FROM plan_instances WHERE instance_id = %s",
                          (f"trades/{INSTANCE}/{node}",))
-            process_groups += [r["submit_pid"] for r in rows if r["submit_pid"]]
+            process_groups.extend(r["submit_pid"] for r in rows if r["submit_pid"])
         kill_groups(process_groups)
         supervisor.close()
 

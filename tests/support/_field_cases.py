@@ -24,13 +24,14 @@ LOGINS = StreamConfig.model_validate({
         "region": {"type": "string", "default": "0-unknown"},  # added by a producer: older lines lack it
         "attempts": {"type": "long", "default": 1, "at_least": 1},
         "device": {"type": "string", "from": "device-id", "formerly": "deviceId"},  # renamed by the producer
+        "channel": {"type": "string", "default": "web", "required_since": "2026-11-26T10:00:00Z"},  # required at T0
     }})
 T0 = 1795687200000
 """2026-11-26T10:00:00Z in epoch milliseconds."""
 GOOD = {"user": "ann", "user-id": 7, "@timestamp": "2026-11-26T10:00:00Z", "auth": {"idp": "google", "method": "pw"},
-        "a.b": 1, "success": True, "attempts": 3, "device-id": "d1"}
+        "a.b": 1, "success": True, "attempts": 3, "device-id": "d1", "channel": "app"}
 VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True,
-          "region": "0-unknown", "attempts": 3, "device": "d1"}
+          "region": "0-unknown", "attempts": 3, "device": "d1", "channel": "app"}
 NOT_A_TIMESTAMP = "field '@timestamp' is not a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset): "
 OUT_OF_RANGE = "field '@timestamp' must be a time between 1970 and 9999 (got "
 
@@ -45,6 +46,9 @@ class Case:
     values: dict[str, Any] | None = None
     reason: str | None = None
     receiver_reason: str | None = None
+
+
+MISSING_CHANNEL = "missing field 'channel' (required of events since 2026-11-26T10:00:00Z)"
 
 
 def changed(**keys: Any) -> str:
@@ -88,6 +92,10 @@ CASES = [
     good("a field with a default, null", changed(region=None)),
     good("a field with a default, not given", changed(attempts=...), attempts=1),
     good("an integer field with a default, null", changed(attempts=None), attempts=1),
+    good("a field required since a time, not given before it", changed(channel=..., at=T0 - 1), channel="web",
+         at=T0 - 1),
+    good("a field required since a time, null before it", changed(channel=None, at="2026-11-26T09:59:59Z"),
+         channel="web", at=T0 - 1000),
     good("a renamed key under its former name", changed(device_id=..., deviceId="d0"), device="d0"),
     good("a renamed key under both names: the new one", changed(deviceId="old")),
     good("a renamed key, null under its new name", changed(device_id=None, deviceId="d0"), device="d0"),
@@ -104,6 +112,10 @@ CASES = [
     bad("a field with a default, text that looks like a number", changed(attempts="1"),
         "field 'attempts' is not an integer: \"1\""),
     bad("a field with a default, failing its check", changed(attempts=0), "field 'attempts' must be >= 1 (got 0)"),
+    bad("a field required since a time, not given at it", changed(channel=...), MISSING_CHANNEL),
+    bad("a field required since a time, null after it", changed(channel=None, at=T0 + 1000), MISSING_CHANNEL),
+    bad("a field required since a time, not given, the event's time not valid", changed(channel=..., at="x"),
+        NOT_A_TIMESTAMP + '"x"'),
     bad("a renamed key under neither name", changed(device_id=...), "missing field 'device-id'"),
     bad("a renamed key's former name of another type", changed(device_id=..., deviceId=5),
         "field 'device-id' is not a string: 5"),

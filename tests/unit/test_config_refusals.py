@@ -144,6 +144,12 @@ CASES = {
     "default failing its bound": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(
         venue={"type": "double", "greater_than": 0, "default": 0})), "streams.trades.fields.venue",
         "default 0 must be > 0 (greater_than)"),
+    "required_since without a default": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(
+        venue={"type": "string", "required_since": "2026-12-01T00:00:00Z"})), "streams.trades.fields.venue",
+        "required_since needs a default"),
+    "required_since without a zone": (PLAN, data(lambda d: d["streams"]["trades"]["fields"].update(
+        venue={"type": "string", "default": "x", "required_since": "2026-12-01T00:00:00"})),
+        "streams.trades.fields.venue.required_since", "timezone"),
     "default of the key": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["symbol"].update(default="IBM")),
                            "streams.trades", "key 'symbol' takes no default"),
     "former key another field reads": (PLAN, data(lambda d: d["streams"]["trades"]["fields"]["price"].update(

@@ -29,7 +29,7 @@ from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.errors import PlanChanged, cause_of, raised_in
 from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
 from tandem.layout import checkpoint_dir, plan_dirs
-from tandem.names import ACTIVE, PASSIVE, ROLES, STANDBY_ROLES, WARM
+from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, STANDBY_ROLES, WARM
 from tandem.cutover import load_cut
 from tandem.plan_shape import check_unchanged, record_shape, state_refusal
 from tandem.plan_version import plan_version
@@ -262,7 +262,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
             ctx = PlanContext(cluster, plan, key, spark, cut=cut)
             definitions = instance_queries(ctx)
             verification = shadow_verification(db, key, plan_version(plan), cluster.database_url)
-            if verification is not None and role in STANDBY_ROLES:
+            if verification is not None and role in (PASSIVE, BACKUP):  # a WARM one runs no query to compare
                 for definition in definitions:
                     definition.sink.verify_with(verification)
             publishers: dict[str, MicroBatchPublisher] = {}

@@ -58,11 +58,16 @@ class FieldRule:
     """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
     former: tuple[str, ...] = ()
     """The keys the field read before a rename (``formerly``), read where the line has no value at :attr:`keys`."""
-    """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
+    required_since_ms: int | None = None
+    """The event time (epoch milliseconds) from which a line must give the field: the default is for those before."""
+    missing: str = ""
+    """The reason of a line without the field that must give it (default: ``missing field '<label>'``)."""
 
     def __post_init__(self) -> None:
         if not self.keys:
             object.__setattr__(self, "keys", (self.name,))
+        if not self.missing:
+            object.__setattr__(self, "missing", f"missing field '{self.label}'")
 
     @property
     def paths(self) -> tuple[tuple[str, ...], ...]:
@@ -117,6 +122,8 @@ def at(column: Column, keys: tuple[str, ...]) -> Column:
 class RecordSchema:
     fields: tuple[FieldRule, ...]
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    event_time: str | None = None
+    """The column of the stream's event time (a field's ``required_since`` is compared with it)."""
 
     @property
     def struct(self) -> StructType:
@@ -160,13 +167,14 @@ def field_rule(name: str, config: FieldConfig) -> FieldRule:
     """The parse-and-check rule of one declared field."""
     return FieldRule(name, config.type, tuple(
         Check(_predicate(operator, bound), message) for operator, bound, message in config.checks()),
-        config.path(name), config.default, config.formerly or ())
+        config.path(name), config.default, config.formerly or (), config.required_since_ms,
+        config.missing(config.label(name)))
 
 
 def record_schema(stream: StreamConfig) -> RecordSchema:
     """The record schema of a declared stream, fields in declaration order."""
     return RecordSchema(tuple(field_rule(name, config) for name, config in stream.fields.items()),
-                        stream.max_line_bytes)
+                        stream.max_line_bytes, stream.event_time)
 
 
 _ISO = f"^(?:{ISO_TIME})\\z"
@@ -392,9 +400,17 @@ def _with_defaults(fields: DataFrame, schema: RecordSchema) -> DataFrame:
     any_null = reduce(lambda a, b: a | b, [F.col(rule.name).isNull() for rule in defaulted])
     given = F.when(F.col("_line_problem").isNull() & any_null, schema.read(StringType(), defaulted))
     return fields.withColumns({rule.name: F.when(F.col(rule.name).isNull() & F.col("_line_problem").isNull()
-                                                 & value_of(given, rule).isNull(),
+                                                 & value_of(given, rule).isNull() & _before_required(schema, rule),
                                                  F.lit(rule.default).cast(rule.spark_type)).otherwise(F.col(rule.name))
                                for rule in defaulted})
+
+
+def _before_required(schema: RecordSchema, rule: FieldRule) -> Column:
+    """Whether a line may go without the field (its default then applies): always, or only a line whose event time
+    is before the field's ``required_since`` (null, so not, when the line's event time is not known)."""
+    if rule.required_since_ms is None:
+        return F.lit(True)
+    return F.col(schema.event_time) < F.lit(rule.required_since_ms)
 
 
 def _json_string(schema: RecordSchema, rule: FieldRule, value: Column) -> Column:
@@ -471,7 +487,9 @@ def _explain(schema: RecordSchema) -> Column:
         value = F.col(rule.name)
         missing = raw_value.isNull()
         if rule.default is None:
-            problems.append(F.when(missing, F.lit(f"missing field '{rule.label}'")))
+            problems.append(F.when(missing, F.lit(rule.missing)))
+        elif rule.required_since_ms is not None:
+            problems.append(F.when(missing & ~_before_required(schema, rule), F.lit(rule.missing)))
         wrong_type = value.isNull() | ~_json_string(schema, rule, value) if rule.type == "string" \
             else value.isNull()
         problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double)))

@@ -19,8 +19,11 @@ How it works, per instance (:meth:`Upgrader.upgrade`)
     4. The old version runs on as a standby: :meth:`Upgrader.rollback` hands the ACTIVE role back to it,
        :meth:`Upgrader.finish` restarts every other node on the new version.
 
+A warm plan (its WARM standby runs no query, so there is nothing to compare) is upgraded by restarting the WARM
+standby on the new version and failing over to it; not verified, and with no rollback.
+
 What it refuses
-    A plan without hot standbys (a warm standby runs no query to compare), an instance without a live ACTIVE
+    A cold plan, an instance without a live ACTIVE
     and a live standby, a change the checkpoints cannot carry (:func:`tandem.plan_shape.check_unchanged`'s
     words: a group's parallelism or an aggregation's measures go through ``tandem plan cutover``), and an
     instance whose nodes all run the files' version already.
@@ -44,7 +47,7 @@ from tandem.store.heartbeats import newest_watermarks
 from tandem.store.publish_log import first_publish_after, last_publish_until
 from tandem.store.registry import get_instance, instance_id
 from tandem.store.upgrades import FAILED, FINISHED, HANDED_OVER, ROLLED_BACK, VERIFYING, OutputCheck, Upgrade
-from tandem.supervisor.decisions import HOT, InstanceView
+from tandem.supervisor.decisions import HOT, WARM, InstanceView
 from tandem.supervisor.reconcile import OpsRefused, Report, Supervisor
 
 WAIT, PASS, DIFFER = "wait", "pass", "differ"
@@ -174,10 +177,9 @@ class Upgrader:
         active = view.active
         if active is None:
             raise OpsRefused(f"{self.plan.name}/{instance} has no live ACTIVE instance to upgrade beside")
-        if view.standby != HOT:
-            raise OpsRefused(f"{self.plan.name}/{instance}: an upgrade runs the new version beside the old one and "
-                             f"compares their outputs, which needs a hot standby (the plan's standby is "
-                             f"{view.standby}): a warm plan takes a change of its code at a restart")
+        if view.standby not in (HOT, WARM):
+            raise OpsRefused(f"{self.plan.name}/{instance}: an upgrade needs a standby running beside the ACTIVE "
+                             f"(the plan's standby is {view.standby}): a cold plan takes a change at a restart")
         from_version = self._version(instance, active)
         if from_version == to_version and all(self._version(instance, n) == to_version
                                               for n in self.plan.nodes if view.alive(n)):
@@ -190,6 +192,8 @@ class Upgrader:
             check_unchanged(self.supervisor.cluster, self.plan, instance, shadow)
         except PlanChanged as exc:
             raise OpsRefused(str(exc)) from None
+        if view.standby == WARM:
+            return self._warm(instance, active, shadow, from_version, to_version, started)
         upgrades.begin(self.db, Upgrade(self.plan.name, instance, VERIFYING, from_version, to_version, active, shadow,
                                         f"version {to_version} starts on {shadow} beside {from_version} on {active}"))
         self.progress(f"{self.plan.name}/{instance}: restarting {shadow} on version {to_version}, re-synced from "
@@ -208,6 +212,35 @@ class Upgrader:
         result = self._hand_over(instance, active, shadow, to_version, outcome.checks)
         caught_up = None if outcome.caught_up_at is None else round(outcome.caught_up_at - started, 3)
         return replace(result, catch_up_s=caught_up)
+
+    def _warm(self, instance: str, active: str, standby: str, from_version: str | None, to_version: str,
+              started: float) -> UpgradeResult:
+        """A warm plan: its WARM standby runs no query, so nothing is compared and nothing stays behind to roll back
+        to. The standby is restarted on the new version, then takes over by the warm failover of ``failover_now``
+        (from a cut of the ACTIVE's checkpoint); the old node comes back as the WARM standby, on the new version."""
+        upgrades.begin(self.db, Upgrade(self.plan.name, instance, VERIFYING, from_version, to_version, active, standby,
+                                        f"warm: version {to_version} starts on {standby} (not verified: a WARM "
+                                        f"standby runs no query)"))
+        self.progress(f"{self.plan.name}/{instance}: restarting the WARM standby {standby} on version {to_version}")
+        report = self.supervisor.restart(instance, standby, reason=f"upgrade: {standby} runs version {to_version}")
+        if report.failed or not report.converged or self._version(instance, standby) != to_version:
+            return self._fail(instance, f"{standby} did not start on version {to_version}: "
+                                        f"{'; '.join(report.lines())}")
+        epoch = self.supervisor.observe(instance).view.lease.epoch
+        self.progress(f"{self.plan.name}/{instance}: failing over to {standby}")
+        report = self.supervisor.fail_over_now(instance, to_node=standby,
+                                               reason=f"upgrade: version {to_version} takes over (warm)")
+        holder = self.supervisor.observe(instance).view.active
+        if holder is None or self._version(instance, holder) != to_version:
+            return self._fail(instance, f"after the warm failover the ACTIVE is {holder}, not version {to_version}: "
+                                        f"{'; '.join(report.lines())}")
+        pause = publishing_pause(self.db, self.plan.name, instance, epoch)
+        detail = (f"warm: version {to_version} is ACTIVE on {holder} after a warm failover, not verified (a WARM "
+                  f"standby runs no query to compare); the other node is the WARM standby on it: no rollback (no node "
+                  f"runs version {from_version} any more)")
+        upgrades.set_state(self.db, self.plan.name, instance, FINISHED, detail, event_detail={"pause_s": pause})
+        return UpgradeResult(instance, FINISHED, detail, pause_s=pause,
+                             catch_up_s=round(time.monotonic() - started, 3))
 
     def _verify(self, instance: str, active: str, shadow: str, to_version: str) -> "_Verified":
         verifying = self.verify_s > 0  # without a verification, the hand-over still waits for the shadow to catch up
