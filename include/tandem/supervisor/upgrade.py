@@ -226,15 +226,11 @@ class Upgrader:
         if report.failed or not report.converged or self._version(instance, standby) != to_version:
             return self._fail(instance, f"{standby} did not start on version {to_version}: "
                                         f"{'; '.join(report.lines())}")
-        epoch = self.supervisor.observe(instance).view.lease.epoch
         self.progress(f"{self.plan.name}/{instance}: failing over to {standby}")
-        report = self.supervisor.fail_over_now(instance, to_node=standby,
-                                               reason=f"upgrade: version {to_version} takes over (warm)")
-        holder = self.supervisor.observe(instance).view.active
+        holder, pause, report = self._move_active(instance, standby, f"upgrade: version {to_version} takes over (warm)")
         if holder is None or self._version(instance, holder) != to_version:
             return self._fail(instance, f"after the warm failover the ACTIVE is {holder}, not version {to_version}: "
                                         f"{'; '.join(report.lines())}")
-        pause = publishing_pause(self.db, self.plan.name, instance, epoch)
         detail = (f"warm: version {to_version} is ACTIVE on {holder} after a warm failover, not verified (a WARM "
                   f"standby runs no query to compare); the other node is the WARM standby on it: no rollback (no node "
                   f"runs version {from_version} any more)")
@@ -287,14 +283,10 @@ class Upgrader:
 
     def _hand_over(self, instance: str, active: str, shadow: str, to_version: str,
                    checks: list[OutputCheck]) -> UpgradeResult:
-        lease_epoch = self.supervisor.observe(instance).view.lease.epoch
-        report = self.supervisor.fail_over_now(instance, to_node=shadow,
-                                               reason=f"upgrade: version {to_version} takes over")
-        holder = self.supervisor.observe(instance).view.active
+        holder, pause, report = self._move_active(instance, shadow, f"upgrade: version {to_version} takes over")
         if holder != shadow:
             return self._fail(instance, f"the hand-over to {shadow} did not happen (ACTIVE: {holder}): "
                                         f"{'; '.join(report.lines())}", checks)
-        pause = publishing_pause(self.db, self.plan.name, instance, lease_epoch)
         detail = (f"version {to_version} is ACTIVE on {shadow}; the old version runs on {active} as a standby: "
                   f"`tandem rollback {self.plan.name}` hands back to it, `tandem upgrade {self.plan.name} --finish` "
                   f"restarts it on the new version")
@@ -320,13 +312,11 @@ class Upgrader:
             raise OpsRefused(f"{self.plan.name}/{instance}: {upgrade.from_node} no longer runs version "
                              f"{upgrade.from_version}: nothing to hand back to. Revert the plan's files and run "
                              f"`tandem upgrade {self.plan.name}`")
-        epoch = view.lease.epoch
-        report = self.supervisor.fail_over_now(instance, to_node=upgrade.from_node,
-                                               reason=f"rollback: version {upgrade.from_version} takes over again")
-        if self.supervisor.observe(instance).view.active != upgrade.from_node:
+        holder, pause, report = self._move_active(instance, upgrade.from_node,
+                                                  f"rollback: version {upgrade.from_version} takes over again")
+        if holder != upgrade.from_node:
             return self._fail(instance, f"the hand-back to {upgrade.from_node} did not happen: "
                                         f"{'; '.join(report.lines())}")
-        pause = publishing_pause(self.db, self.plan.name, instance, epoch)
         detail = (f"version {upgrade.from_version} is ACTIVE again on {upgrade.from_node}; {upgrade.shadow_node} "
                   f"runs version {upgrade.to_version} as a standby: revert the plan's files, then `tandem upgrade "
                   f"{self.plan.name}` puts the old version back on it")
@@ -356,6 +346,15 @@ class Upgrader:
         return UpgradeResult(instance, FINISHED, detail)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _move_active(self, instance: str, node: str, reason: str) -> tuple[str | None, float | None, Report]:
+        """``failover_now`` to ``node``: the ACTIVE node after it, the publishing pause (``None``: no ACTIVE, or
+        nothing published) and the supervisor's report."""
+        epoch = self.supervisor.observe(instance).view.lease.epoch
+        report = self.supervisor.fail_over_now(instance, to_node=node, reason=reason)
+        holder = self.supervisor.observe(instance).view.active
+        pause = None if holder is None else publishing_pause(self.db, self.plan.name, instance, epoch)
+        return holder, pause, report
 
     def _handed_over(self, instance: str, verb: str) -> Upgrade:
         upgrade = upgrades.current(self.db, self.plan.name, instance)
