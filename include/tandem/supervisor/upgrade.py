@@ -11,8 +11,9 @@ How it works, per instance (:meth:`Upgrader.upgrade`)
        and launched as PASSIVE, from the plan's files as they are now, so it runs the new version. It finds the
        upgrade naming it and compares each row it trims with the row the ACTIVE (the old version) published
        (:mod:`tandem.runtime.verification`); the counts go to ``upgrade_checks``.
-    3. After ``verify_s`` with at least ``min_rows`` rows compared (:func:`verdict`): when no row differs, or the
-       operator confirms the differences of a change of semantics, the lease is handed to the shadow
+    3. After ``verify_s`` with at least ``min_rows`` rows compared, once the shadow has caught up (no more than two
+       micro-batches behind the ACTIVE: :func:`verdict`), when no row differs, or the operator confirms the
+       differences of a change of semantics, the lease is handed to the shadow
        (``failover_now``'s hand-over: the old version's next renewal is refused, it holds its outputs from there;
        the shadow publishes what it held, then every batch). Nothing is published twice or lost: that is the
        hot failover's guarantee. State HANDED_OVER; the publishing pause is recorded.
@@ -23,10 +24,9 @@ A warm plan (its WARM standby runs no query, so there is nothing to compare) is 
 standby on the new version and failing over to it; not verified, and with no rollback.
 
 What it refuses
-    A cold plan, an instance without a live ACTIVE
-    and a live standby, a change the checkpoints cannot carry (:func:`tandem.plan_shape.check_unchanged`'s
-    words: a group's parallelism or an aggregation's measures go through ``tandem plan cutover``), and an
-    instance whose nodes all run the files' version already.
+    A cold plan, an instance without a live ACTIVE and a live standby, a change the checkpoints cannot carry
+    (:func:`tandem.plan_shape.check_unchanged`'s words: a group's parallelism or an aggregation's measures go
+    through ``tandem plan cutover``), and an instance whose nodes all run the files' version already.
 """
 
 from __future__ import annotations
