@@ -766,61 +766,45 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     """Upgrade a running plan to its files' version without stopping it (:mod:`tandem.supervisor.upgrade`): per
     instance a shadow standby of the new version, verified against the ACTIVE's output, then handed the ACTIVE
     role; ``--finish`` ends the rollback window. Exit 2 when an instance is refused or its upgrade failed."""
-    from tandem.supervisor.reconcile import OpsRefused, Supervisor
-    from tandem.supervisor.upgrade import Upgrader
-
-    cluster = load_cluster()
-    plan = load_plan(args.plan, cluster)
-    instances = [plan.check_instance(args.instance)] if args.instance else list(plan.instances)
 
     def confirm(checks) -> bool:
         for check in checks:
-            console.print(f"{check.output}: {check.checked} compared, {check.differing} differ", markup=False,
-                          highlight=False)
+            console.print(check.line(), markup=False, highlight=False)
             for sample in check.samples:
                 console.print(f"  {sample}", markup=False, highlight=False)
         return args.yes or (sys.stdin.isatty() and confirmed_by_name(
-            plan.name, "upgrade", "The new version's outputs differ from the old one's (above)."))
+            args.plan, "upgrade", "The new version's outputs differ from the old one's (above)."))
 
     status = console.status("upgrade")
-    with status, Supervisor(cluster, plan, launched_by="tandem upgrade") as supervisor:
-        upgrader = Upgrader(supervisor, verify_s=args.verify_seconds, min_rows=args.min_rows,
-                            timeout_s=args.timeout, confirm=confirm if args.expect_changes else None,
-                            progress=lambda line: status.update(escape(line)))
-        failed = 0
-        for instance in instances:
-            try:
-                result = upgrader.finish(instance) if args.finish else upgrader.upgrade(instance)
-            except OpsRefused as exc:
-                print_error(exc)
-                failed += 1
-                continue
-            console.print(f"{plan.name}/{instance}: {result.state}: {result.line}{result.figures()}", markup=False,
-                          highlight=False)
-            failed += not result.ok
-    return 2 if failed else 0
+    with status:
+        return _upgrade_steps(args, "tandem upgrade", lambda upgrader: upgrader.finish if args.finish
+                              else upgrader.upgrade, verify_s=args.verify_seconds, min_rows=args.min_rows,
+                              timeout_s=args.timeout, confirm=confirm if args.expect_changes else None,
+                              progress=lambda line: status.update(escape(line)))
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     """Hand the ACTIVE role back to the version an upgrade replaced, while it still runs as a standby."""
-    from tandem.supervisor.reconcile import OpsRefused, Supervisor
-    from tandem.supervisor.upgrade import Upgrader
+    return _upgrade_steps(args, "tandem rollback", lambda upgrader: upgrader.rollback)
+
+
+def _upgrade_steps(args: argparse.Namespace, launched_by: str, step_of, **options: Any) -> int:
+    """One step of :class:`tandem.supervisor.upgrade.Upgrader` (``step_of`` picks it) on ``--instance`` or every
+    instance of the plan, a line each; exit 2 when one was refused or failed."""
+    from tandem.supervisor.reconcile import Supervisor
+    from tandem.supervisor.upgrade import Upgrader, each_instance
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     instances = [plan.check_instance(args.instance)] if args.instance else list(plan.instances)
     failed = 0
-    with Supervisor(cluster, plan, launched_by="tandem rollback") as supervisor:
-        upgrader = Upgrader(supervisor)
-        for instance in instances:
-            try:
-                result = upgrader.rollback(instance)
-            except OpsRefused as exc:
-                print_error(exc)
-                failed += 1
-                continue
-            console.print(f"{plan.name}/{instance}: {result.state}: {result.line}", markup=False, highlight=False)
-            failed += not result.ok
+    with Supervisor(cluster, plan, launched_by=launched_by) as supervisor:
+        for _, result, refused in each_instance(step_of(Upgrader(supervisor, **options)), instances):
+            if refused is not None:
+                print_error(refused)
+            else:
+                console.print(result.summary(plan.name), markup=False, highlight=False)
+            failed += refused is not None or not result.ok
     return 2 if failed else 0
 
 

@@ -140,7 +140,7 @@ def _required(stream: StreamConfig, config: FieldConfig, event: dict) -> bool:
         return False
     at = stream.value_at(event, stream.event_time)
     moment = None if at is None else typed_value(stream.fields[stream.event_time], at)
-    return isinstance(moment, int) and not isinstance(moment, bool) and moment >= config.required_since_ms
+    return isinstance(moment, int) and moment >= config.required_since_ms  # not _WRONG, not _NO_ZONE
 
 
 def _declared_keys_repeated(stream: StreamConfig, event: _Repeated) -> list[str]:

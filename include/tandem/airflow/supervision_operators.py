@@ -197,13 +197,12 @@ def upgrade_plan(log: Any, cluster: Any, plan: Any, action: str, instances: list
     """The ``upgrade``, ``finish_upgrade`` and ``rollback`` actions (:mod:`tandem.supervisor.upgrade`), launching
     through the nodes' queues; the task fails when an instance is refused or its step failed."""
     from tandem.airflow.node_launch import NodeQueue
-    from tandem.supervisor.reconcile import OpsRefused, Supervisor
-    from tandem.supervisor.upgrade import Upgrader
+    from tandem.supervisor.reconcile import Supervisor
+    from tandem.supervisor.upgrade import Upgrader, each_instance
 
     def confirm(checks: Any) -> bool:
         for check in checks:
-            log.warning("%s: %d compared, %d differ: %s", check.output, check.checked, check.differing,
-                        " | ".join(check.samples))
+            log.warning("%s: %s", check.line(), " | ".join(check.samples))
         return expect_changes
 
     lines, failed = [], []
@@ -211,13 +210,11 @@ def upgrade_plan(log: Any, cluster: Any, plan: Any, action: str, instances: list
                     node_host=NodeQueue(cluster, plan, ti, log=log)) as supervisor:
         upgrader = Upgrader(supervisor, confirm=confirm)
         step = {FINISH_UPGRADE: upgrader.finish, ROLLBACK: upgrader.rollback}.get(action, upgrader.upgrade)
-        for instance in instances:
-            try:
-                result = step(instance)
-            except OpsRefused as exc:
-                failed.append(str(exc))
+        for _, result, refused in each_instance(step, instances):
+            if refused is not None:
+                failed.append(str(refused))
                 continue
-            lines.append(f"{plan.name}/{instance}: {result.state}: {result.line}{result.figures()}")
+            lines.append(result.summary(plan.name))
             if not result.ok:
                 failed.append(lines[-1])
     summary = "\n".join([f"{action} {plan.name}", *lines, *failed])

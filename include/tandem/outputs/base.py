@@ -209,7 +209,10 @@ def first_line(exc: BaseException) -> str:
 
 def same_value(old: Any, new: Any) -> bool:
     """Whether two versions' values of one column agree: numbers within a relative 1e-9 (a sum's last bits
-    depend on the order it was added in), NaN equal to NaN, anything else equal (pure)."""
+    depend on the order it was added in), NaN equal to NaN, anything else equal (pure).
+
+    Stricter than a reconcile's :func:`tandem.outputs.recompute.same` on purpose: a change of code may change a
+    value's type, so a boolean never equals a number here, and two values near zero agree within 1e-12 only."""
     if isinstance(old, bool) or isinstance(new, bool):
         return type(old) is type(new) and old == new
     numbers = (int, float, Decimal)

@@ -219,11 +219,12 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         _rename_legacy_lake_columns(cluster, plan)
         register_nodes(db, cluster)
         me = psutil.Process()
+        version = plan_version(plan)  # hashes the plan's files: once, the version recorded is the one verified
         record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(),
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")),
-                     plan_version=plan_version(plan))
+                     plan_version=version)
         try:
             require_shared_storage(db, cluster, plan, node)
             require_executor_storage(db, cluster, node, spark)
@@ -261,8 +262,10 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         try:
             ctx = PlanContext(cluster, plan, key, spark, cut=cut)
             definitions = instance_queries(ctx)
-            verification = shadow_verification(db, key, plan_version(plan), cluster.database_url)
-            if verification is not None and role in (PASSIVE, BACKUP):  # a WARM one runs no query to compare
+            # only a hot standby compares: a WARM one runs no query, an ACTIVE one holds nothing
+            verification = shadow_verification(db, key, version, cluster.database_url) \
+                if role in (PASSIVE, BACKUP) else None
+            if verification is not None:
                 for definition in definitions:
                     definition.sink.verify_with(verification)
             publishers: dict[str, MicroBatchPublisher] = {}

@@ -51,6 +51,10 @@ class OutputCheck:
     differing: int
     samples: list[str]
 
+    def line(self) -> str:
+        """``trade_aggregates 120 compared, 0 differ``."""
+        return f"{self.output} {self.checked} compared, {self.differing} differ"
+
 
 def begin(db: Database, upgrade: Upgrade) -> None:
     """Record an upgrade starting (replacing the instance's last one) and forget earlier checks of its shadow."""

@@ -32,7 +32,7 @@ What it refuses
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -69,7 +69,7 @@ def verdict(checks: list[OutputCheck], elapsed_s: float, *, verify_s: float, min
     ``None``: not known yet), so that it has everything to publish from the next batch on; else ``wait``."""
     checked = sum(c.checked for c in checks)
     differing = sum(c.differing for c in checks)
-    counts = ", ".join(f"{c.output} {c.checked} compared, {c.differing} differ" for c in checks) or "nothing compared"
+    counts = ", ".join(c.line() for c in checks) or "nothing compared"
     if differing:
         return Verdict(DIFFER, f"{differing} of {checked} rows differ from the old version's ({counts})")
     behind = "how far behind not known yet" if behind_s is None else f"{max(behind_s, 0.0):.1f}s behind"
@@ -123,6 +123,10 @@ class UpgradeResult:
     def ok(self) -> bool:
         return self.state != FAILED
 
+    def summary(self, plan: str) -> str:
+        """The step's outcome in one line, for the CLI and the task log."""
+        return f"{plan}/{self.instance}: {self.state}: {self.line}{self.figures()}"
+
     def figures(self) -> str:
         """`` (caught up in 18.2s, publishing paused 1.30s)``, or what of it is known ('' for nothing)."""
         parts = ([] if self.catch_up_s is None else [f"caught up in {self.catch_up_s:.1f}s"]) + \
@@ -137,6 +141,16 @@ class _Verified:
     checks: list[OutputCheck]
     state: UpgradeResult | None = None
     caught_up_at: float | None = None  # time.monotonic() when the shadow first was close enough to the ACTIVE
+
+
+def each_instance(step: Callable[[str], UpgradeResult],
+                  instances: list[str]) -> Iterator[tuple[str, UpgradeResult | None, OpsRefused | None]]:
+    """``step`` (an upgrade, a finish or a rollback) of each instance in turn: its result, or why it was refused."""
+    for instance in instances:
+        try:
+            yield instance, step(instance), None
+        except OpsRefused as exc:
+            yield instance, None, exc
 
 
 class Upgrader:
