@@ -281,3 +281,29 @@ def ensure_trades(cursor) -> None:
     from _project import TRADES
 
     aggregates.ensure_table(cursor, TRADES)
+
+
+def test_a_shadow_compares_held_events_with_the_published_payloads_once_the_active_published_them(
+        db, database_url, tmp_path: Path) -> None:
+    """An upgrade's shadow (:mod:`tandem.supervisor.upgrade`) holding another version's events: each one the active
+    published is compared with its stored payload; one whose temperature the new version computes otherwise is
+    named with its old and new values, the others agree."""
+    path = tmp_path / "alerts"
+    active = EventsSink("p", "alerts", ALERTS, ACTIVE, database_url, path)
+    shadow = EventsSink("p", "alerts", ALERTS, STANDBY, database_url, path)
+    seen: list[tuple[str, int, list[str]]] = []
+
+    class Recorded:  # what upgrade_checks would receive
+        def record(self, output: str, checked: int, differences: list[str]) -> None:
+            seen.append((output, checked, differences))
+
+    shadow.verify_with(Recorded())
+    active.publish(alerts(range(0, 10)), batch(ACTIVE, 0, take(db, ACTIVE)))
+    changed = alerts(range(0, 12))
+    changed = changed.set_column(2, "temp", pa.array([99.5 if r == 3 else 40.0 + r for r in range(12)]))
+    shadow.hold(changed, 0)
+    shadow.trim()
+    [(output, checked, differences)] = seen
+    assert (output, checked, len(differences)) == ("alerts", 10, 1), seen
+    assert "temp 43.0 (old) != 99.5 (new)" in differences[0], differences
+    assert sorted(r["room_no"] for r in shadow.held.values()) == [10, 11], "not published yet: held, not compared"
