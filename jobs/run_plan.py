@@ -15,6 +15,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.cli import add_instance_option
 from tandem.declarations import parse_duration
 from tandem.errors import TandemError
+from tandem.logs import configure_logging, log_context
 from tandem.names import ACTIVE, ROLES
 from tandem.runtime.node import install_stop_signals, run_instance
 
@@ -30,14 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--available-now", action="store_true", help="process the input present now, then exit")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    configure_logging()
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
+    instance = args.instance or plan.instances[0]
+    log_context(plan=plan.name, instance=instance, node=args.node)
     stop = threading.Event()
     install_stop_signals(stop)
     try:
-        result = run_instance(cluster, plan, args.node, args.instance or plan.instances[0],
+        result = run_instance(cluster, plan, args.node, instance,
                               trigger_interval_s=args.trigger_interval, available_now=args.available_now, stop=stop,
                               role=args.role)
     except TandemError as exc:  # refused before any query started (recorded as the instance's failure): one line

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import shlex
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -133,6 +134,24 @@ def cmd_receive(args: argparse.Namespace) -> int:
         raise TandemError("--ssl-keyfile goes with --ssl-certfile (the certificate it is the key of)")
     serve(load_cluster(), args.host, args.port, max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    return 0
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Serve the plane's metrics for Prometheus until interrupted (:mod:`tandem.monitoring.exporter`)."""
+    from tandem.monitoring.exporter import TOKEN_VARIABLE, serve, token_from
+
+    token = token_from(args.token_file)
+    load_cluster()  # a configuration error is refused before anything listens
+    server = serve(args.host, args.port, token)
+    console.print(f"tandem exporter: http://{args.host}:{server.server_port}/metrics "
+                  f"({'a bearer token is required' if token else f'no token: set {TOKEN_VARIABLE} or --token-file'})",
+                  highlight=False)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
     return 0
 
 
@@ -382,19 +401,24 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from tandem.batch.upkeep import maintain_plan_tables
     from tandem.snapshots.landing import clean_plan_landing
     from tandem.store import Database, migrate
+    from tandem.store.job_runs import recorded_run
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     with Database(cluster.database_url, "tandem-maintenance") as db:
         migrate(db)  # a database no plan has run on yet has nothing to trim, but its tables are read
-        for partition, decision in clean_plan_landing(cluster, plan, db=db).items():
+        with recorded_run(db, plan.name, "landing_retention"):
+            decisions = clean_plan_landing(cluster, plan, db=db)
+        for partition, decision in decisions.items():
             for line in decision.describe():
                 console.print(f"landing {partition}: {line}", highlight=False)
-        with console.status(f"compacting and vacuuming the Delta tables of {plan.name}"):
+        with console.status(f"compacting and vacuuming the Delta tables of {plan.name}"), \
+                recorded_run(db, plan.name, "delta_upkeep"):
             upkeeps = maintain_plan_tables(cluster, plan, db)
         for upkeep in upkeeps:
             console.print(upkeep.describe(), highlight=False)
-        with console.status(f"deleting old PostgreSQL rows of {plan.name}"):
+        with console.status(f"deleting old PostgreSQL rows of {plan.name}"), \
+                recorded_run(db, plan.name, "postgres_retention"):
             retention = trim_plan_rows(plan, db)
         for line in retention.describe():
             console.print(line, highlight=False)
@@ -881,6 +905,13 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--ssl-certfile", help="serve HTTPS with this PEM certificate (chain)")
     receive.add_argument("--ssl-keyfile", help="its PEM private key (unless the certificate file holds it)")
     receive.set_defaults(func=cmd_receive)
+
+    exporter = commands.add_parser("exporter", help="serve the plane's metrics for Prometheus (/metrics)")
+    exporter.add_argument("--host", default="127.0.0.1")
+    exporter.add_argument("--port", type=int, default=9464)
+    exporter.add_argument("--token-file", help="a file holding the bearer token a scrape must send (default: "
+                                               "TANDEM_EXPORTER_TOKEN; neither: no token)")
+    exporter.set_defaults(func=cmd_exporter)
 
     query = commands.add_parser("query", help="read any output of a plan (the quarantine too), merged over its "
                                               "instances, from PostgreSQL or Delta")

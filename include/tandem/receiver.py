@@ -59,6 +59,7 @@ from tandem.config import ClusterConfig, NatsConfig, PlanConfig, load_plans_and_
 from tandem.declarations import partition_of
 from tandem.errors import ConfigError, TandemError
 from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, load_json
+from tandem.logs import configure_logging, log_format
 from tandem.messaging import JetStream, partition_subject
 from tandem.messaging.wire import Message
 from tandem.sources import SOURCE_KINDS, source_of
@@ -454,8 +455,14 @@ def tokens_from_environment(environ: Mapping[str, str] = os.environ) -> Tokens:
 def serve(cluster: ClusterConfig, host: str, port: int, *, max_body_bytes: int = MAX_BODY_BYTES,
           ssl_certfile: str | None = None, ssl_keyfile: str | None = None) -> None:
     """Serve the receiver until interrupted (``tandem receive``); the tokens come from the environment, HTTPS when
-    ``ssl_certfile`` is given."""
+    ``ssl_certfile`` is given. Its lines are text or JSON (``TANDEM_LOG_FORMAT``, :mod:`tandem.logs`), uvicorn's
+    too."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
+    fmt = log_format()
+    configure_logging(fmt)
     app = receiver_app(cluster, tokens_from_environment(), max_body_bytes=max_body_bytes)
-    uvicorn.run(app, host=host, port=port, log_level="info", ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+    # without a config of its own, uvicorn's loggers go through the root logger's JSON handler
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=None if fmt == "json" else LOGGING_CONFIG,
+                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)

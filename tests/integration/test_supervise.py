@@ -25,6 +25,7 @@ import psycopg2.extras
 import pytest
 from _ha import (TradeFeed, configure_one_instance, fetch, mismatches, published_total, split_brain, start_writer,
                  wait_for)
+from _monitoring import monitoring_stack
 from _project import create_database, drop_database, kill_groups, use_project
 
 from tandem.config import load_cluster, load_plan
@@ -210,7 +211,10 @@ class TestHotSupervision:
     """One hot-standby plan for both tests: the ops test starts from the pair the first test leaves
     running (ACTIVE and PASSIVE, whichever node holds the lease), so the nodes are named by role."""
 
-    def test_hot_kill_passive_then_active_each_comes_back_as_passive_after_resync(self, hot_plan: HotPlan) -> None:
+    def test_hot_kill_passive_then_active_each_comes_back_as_passive_after_resync(self, hot_plan: HotPlan,
+                                                                                  tmp_path: Path) -> None:
+        """Also issue 49: Prometheus scrapes `tandem exporter` with the shipped rules, and the kill -9 of the ACTIVE
+        reaches an Alertmanager webhook receiver as TandemFailover (the counter goes up by exactly one takeover)."""
         supervisor, feed = hot_plan.supervisor, hot_plan.feed
         feed.write()
         report = supervisor.reconcile(INSTANCE, cause="test bootstrap")
@@ -239,9 +243,21 @@ class TestHotSupervision:
 
         # kill -9 the active: the passive takes the lease by itself; the supervisor brings node-a back as PASSIVE
         epoch = read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).epoch
-        kill9(supervisor, "node-a")
-        wait_for(lambda: read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == "node-b", 30,
-                 "node-b to take the lease")
+        with monitoring_stack(tmp_path / "monitoring") as stack:
+            at = f'plan="trades", plan_instance="{INSTANCE}"'
+            stack.wait_scraped(f'tandem_instance_active{{{at}}} == 1 and on () '
+                               f'count(tandem_failovers_total{{{at}, cause="takeover"}}) == 1')
+            takeovers = float(stack.query(f'tandem_failovers_total{{{at}, cause="takeover"}}')[0]["value"][1])
+            killed_at = time.time()
+            kill9(supervisor, "node-a")
+            wait_for(lambda: read_lease(Database(supervisor.cluster.database_url), "trades", INSTANCE).holder == "node-b",
+                     30, "node-b to take the lease")
+            alert = stack.wait_alert("TandemFailover", plan="trades", plan_instance=INSTANCE)
+            print(f"kill -9 to TandemFailover at the webhook: {alert.at - killed_at:.1f} s")
+            assert "a standby took over as ACTIVE" in alert.annotations["summary"]
+            assert float(stack.wait_scraped(f'tandem_failovers_total{{{at}, cause="takeover"}} > {takeovers}')[0]
+                         ["value"][1]) == takeovers + 1
+            assert stack.query(f'tandem_node_role{{{at}, node="node-b", role="ACTIVE"}} == 1')
         feed.write()
         report = supervisor.reconcile(INSTANCE, cause="test: active killed")
         assert report.converged, report.lines()
@@ -369,11 +385,12 @@ class TestHotSupervision:
 
 
 def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_operator_restarts_it(
-        project: Path, process_groups: list[int], capsys: pytest.CaptureFixture) -> None:
+        project: Path, process_groups: list[int], capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """Issue 24 §2: an error that is not about the rows' values (here a trigger raising SQLSTATE P0001) and
     repeats on the same batch after a relaunch is a deterministic failure, not a crash: the supervisor stops
-    relaunching, records the instance BLOCKED with the error's first line, and `tandem status` says so. The
-    operator's restart (after the cause is gone) brings it back and nothing is lost."""
+    relaunching, records the instance BLOCKED with the error's first line, and `tandem status` says so (and,
+    issue 49, Prometheus' TandemInstanceBlocked reaches an Alertmanager webhook). The operator's restart (after
+    the cause is gone) brings it back and nothing is lost."""
     import yaml
 
     configure_one_instance(project, "cold")
@@ -411,6 +428,9 @@ def test_a_batch_that_fails_the_same_way_again_blocks_the_instance_until_an_oper
         assert row["status"] == "BLOCKED" and "SQLSTATE P0001: no BLOCKER here" in row["error"], row
         assert "batch" in row["error"] and "of checkpoint" in row["error"], row["error"]
         assert supervisor.reconcile(INSTANCE, cause="test: blocked").steps == [], "a BLOCKED instance is not relaunched"
+        with monitoring_stack(tmp_path / "monitoring") as stack:
+            alert = stack.wait_alert("TandemInstanceBlocked", plan="trades", plan_instance=INSTANCE, node="node-a")
+            assert alert.labels["severity"] == "critical" and "is BLOCKED" in alert.annotations["summary"]
         assert [e["kind"] for e in events(supervisor)].count("BLOCK") == 1
 
         from tandem.cli import main

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import yaml
@@ -46,7 +48,8 @@ def test_status_shows_roles_health_lease_and_events(project: Path, database_url:
             lines.setdefault(line.split()[0], line.split())  # the table row comes before the note
     assert lines["node-a"][1:5] == ["ACTIVE", "4", "RUNNING", "HEALTHY"]
     assert lines["node-b"][1:5] == ["PASSIVE", "0", "RUNNING", "DEAD"]
-    assert "node-b DEAD: RUNNING, last liveness beat 12." in out
+    # 12 s when the beat was written; more when the host is slow to get from there to the status
+    assert re.search(r"node-b DEAD: RUNNING, last liveness beat 1[2-9]\.\d", out), out
     assert "due: stop node-b" in out
     assert "PROMOTED" in out and "lease expired" in out
 

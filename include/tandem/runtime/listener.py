@@ -75,6 +75,7 @@ class ProgressRecorder(StreamingQueryListener):
             state_rows=sum(s.numRowsTotal for s in states) if states else None,
             late_rows=sum(s.numRowsDroppedByWatermark for s in states) if states else None,
             quarantined_rows=int(quality["quarantined_rows"]) if quality is not None else None,
+            state_memory_bytes=sum(s.memoryUsedBytes for s in states) if states else None,
         )
         with self.recorded:
             try:

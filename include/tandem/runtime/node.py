@@ -149,7 +149,8 @@ def start_queries(ctx: PlanContext, definitions: list[QueryDefinition], roles: R
     queries = []
     for definition in definitions:
         checkpoint = checkpoint_dir(ctx.cluster, ctx.plan.name, ctx.instance.instance, ctx.instance.node, definition.name)
-        publisher = MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint)
+        publisher = MicroBatchPublisher(ctx.instance, definition.sink, roles, checkpoint,
+                                        query=definition.name)
         if publishers is not None:
             publishers[definition.name] = publisher
         writer = (

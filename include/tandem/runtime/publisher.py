@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame
 
 from tandem.checkpoints import checkpoint_lineage
 from tandem.errors import FencedError
+from tandem.logs import batch_context
 from tandem.outputs.base import BatchInfo, Sink, Verification, first_line
 from tandem.runtime.roles import RoleController
 from tandem.store.registry import InstanceKey
@@ -71,12 +72,15 @@ class MicroBatchPublisher:
 
     ``failure`` says which batch failed and why when publishing or holding raised (the query then
     fails): the same words when a relaunch fails there again, so the supervisor can tell a batch
-    that always fails from a crash.
+    that always fails from a crash. What is logged meanwhile carries the batch id and ``query``
+    (:func:`tandem.logs.batch_context`).
     """
 
-    def __init__(self, instance: InstanceKey, sink: Sink, roles: RoleController, checkpoint: Path | None = None) -> None:
+    def __init__(self, instance: InstanceKey, sink: Sink, roles: RoleController, checkpoint: Path | None = None,
+                 query: str | None = None) -> None:
         self.instance = instance
         self.sink = sink
+        self.query = query
         self.roles = roles
         self.checkpoint = checkpoint
         self._lineage: str | None = None
@@ -90,12 +94,13 @@ class MicroBatchPublisher:
         return BatchInfo(self.instance, batch_id, epoch, datetime.now(timezone.utc), self._lineage)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        try:
-            self._publish_or_hold(frame, batch_id)
-        except Exception as exc:
-            lineage = self._lineage or checkpoint_lineage(self.checkpoint)
-            self.failure = f"{self.sink.output} batch {batch_id} of checkpoint {lineage or '?'}: {first_line(exc)}"
-            raise
+        with batch_context(batch_id, self.query):
+            try:
+                self._publish_or_hold(frame, batch_id)
+            except Exception as exc:
+                lineage = self._lineage or checkpoint_lineage(self.checkpoint)
+                self.failure = f"{self.sink.output} batch {batch_id} of checkpoint {lineage or '?'}: {first_line(exc)}"
+                raise
 
     def _publish_or_hold(self, frame: DataFrame, batch_id: int) -> None:
         rows = frame.toArrow()

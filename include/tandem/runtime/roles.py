@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tandem.errors import FencedError, StoreError
+from tandem.logs import set_epoch
 from tandem.names import ACTIVE, BACKUP, PASSIVE, STANDBY_ROLES, WARM
 from tandem.store.db import Database
 from tandem.store.leases import record_event, release, renew, try_acquire
@@ -148,6 +149,7 @@ class RoleController:
                             self.failure)
                 return
             self.epoch = epoch
+            set_epoch(epoch)
             self._record_role()
         log.info("%s is ACTIVE at epoch %d", self.instance.id, epoch)
 
@@ -183,6 +185,7 @@ class RoleController:
             if self.epoch is None:
                 return
             epoch, self.epoch = self.epoch, None
+            set_epoch(None)
             self._record_role(event=("DEMOTED", reason, epoch))
         log.warning("%s demoted to %s: %s", self.instance.id, self.standby_role, reason)
 
@@ -197,6 +200,7 @@ class RoleController:
                 except StoreError as exc:
                     log.warning("could not release the lease: %s", exc)
                 self.epoch = None
+                set_epoch(None)
         with self._db_lock:
             self.db.close()
 

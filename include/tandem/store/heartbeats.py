@@ -28,6 +28,7 @@ class BatchProgress:
     state_rows: int | None
     late_rows: int | None
     quarantined_rows: int | None
+    state_memory_bytes: int | None = None
 
 
 def record_progress(db: Database, progress: BatchProgress) -> None:

@@ -11,10 +11,10 @@ from psycopg2 import sql
 from tandem.store.db import Database
 
 PLAN_TABLES = ("plan_instances", "heartbeats", "publish_log", "leases", "failover_events", "snapshots", "backfills",
-               "retention_horizons")
+               "retention_horizons", "job_runs")
 """Tandem's tables with a ``plan`` column: the instances (their ``liveness`` rows go with them), their progress and
-published positions, the leases, the supervision events, the snapshot catalog, the backfills and the retention
-horizons."""
+published positions, the leases, the supervision events, the snapshot catalog, the backfills, the retention
+horizons and the batch jobs' runs."""
 
 
 def instances_and_leases(db: Database, plan: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -29,6 +29,7 @@ DRIVER_ENVIRONMENT = frozenset({
     "JAVA_HOME", "HADOOP_CONF_DIR", "YARN_CONF_DIR",  # spark-submit and the JVM
     "PYTHONPATH", "PYTHONHASHSEED",  # the Python driver and its workers
     "SSL_CERT_FILE", "SSL_CERT_DIR",  # the CAs TLS connections trust (NATS's), when not the system's
+    "TANDEM_LOG_FORMAT",  # text or json lines in the driver's log (tandem.logs)
 })
 """The variables a driver takes from its launcher's environment as they are, besides ``LC_*`` and ``SPARK_*``
 (:data:`DRIVER_ENVIRONMENT_PREFIXES`). Nothing else passes: not Airflow's settings and secrets
