@@ -9,8 +9,10 @@ from datetime import datetime, timezone
 
 from airflow.sdk import DAG
 
+from tandem.airflow.assets import outputs_alias
 from tandem.airflow.batch_operators import BackfillReportOperator, RegisterBackfillOperator, plan_spark_job
-from tandem.airflow.dags import BATCH_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags
+from tandem.airflow.dags import BATCH_DEFAULT_ARGS, backfill_doc, backfill_params, load_for_dags, notify_callbacks
+from tandem.airflow.notifications import BACKFILL_DONE, BACKFILL_FAILED
 from tandem.names import plan_dag_id
 
 cluster, plans = load_for_dags(__file__)
@@ -30,11 +32,13 @@ for plan in plans.values():
     ) as dag:
         register = RegisterBackfillOperator(task_id="register", plan=plan.name, cluster_config=str(cluster.path),
                                             start="{{ params.start }}", end="{{ params.end }}",
-                                            instance="{{ params.instance }}")
+                                            instance="{{ params.instance }}",
+                                            **notify_callbacks(plan.name, failure=BACKFILL_FAILED))
         recompute = plan_spark_job("recompute", cluster, plan, "backfill.py",
                                    ["--backfill-id", "{{ ti.xcom_pull(task_ids='register') }}"])
         report = BackfillReportOperator(task_id="report", plan=plan.name, cluster_config=str(cluster.path),
                                         backfill_id="{{ ti.xcom_pull(task_ids='register') }}",
-                                        trigger_rule="all_done")
+                                        trigger_rule="all_done", outlets=[outputs_alias(plan.name)],
+                                        **notify_callbacks(plan.name, success=BACKFILL_DONE, failure=BACKFILL_FAILED))
         register >> recompute >> report
     globals()[dag.dag_id] = dag

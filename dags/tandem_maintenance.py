@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from airflow.sdk import DAG
 
+from tandem.airflow.assets import outputs_alias
 from tandem.airflow.dags import MAINTENANCE_DEFAULT_ARGS, load_for_dags, maintenance_doc
 from tandem.airflow.snapshot_operators import CleanLandingOperator, DeltaUpkeepOperator, PostgresRetentionOperator
 from tandem.names import plan_dag_id
@@ -29,6 +30,8 @@ for plan in plans.values():
         doc_md=maintenance_doc(plan),
     ) as dag:
         CleanLandingOperator(task_id="landing_retention", plan=plan.name, cluster_config=str(cluster.path))
-        DeltaUpkeepOperator(task_id="delta_upkeep", plan=plan.name, cluster_config=str(cluster.path))
-        PostgresRetentionOperator(task_id="postgres_retention", plan=plan.name, cluster_config=str(cluster.path))
+        DeltaUpkeepOperator(task_id="delta_upkeep", plan=plan.name, cluster_config=str(cluster.path),
+                            outlets=[outputs_alias(plan.name)])  # an asset event per output it changed
+        PostgresRetentionOperator(task_id="postgres_retention", plan=plan.name, cluster_config=str(cluster.path),
+                                  outlets=[outputs_alias(plan.name)])
     globals()[dag.dag_id] = dag

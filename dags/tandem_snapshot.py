@@ -20,10 +20,12 @@ from tandem.airflow.dags import (
     SNAPSHOT_DEFAULT_ARGS,
     load_for_dags,
     node_task_args,
+    notify_callbacks,
     snapshot_doc,
     snapshot_params,
     snapshot_task_id,
 )
+from tandem.airflow.notifications import SNAPSHOT_FAILED
 from tandem.airflow.snapshot_operators import ChooseSnapshotHostOperator, PruneSnapshotsOperator, TakeSnapshotOperator
 from tandem.names import plan_dag_id
 
@@ -45,6 +47,7 @@ for plan in plans.values():
         prune = PruneSnapshotsOperator(task_id="prune", plan=plan.name, cluster_config=str(cluster.path),
                                        trigger_rule="all_done")
         verdict = EmptyOperator(task_id="all_snapshots_good", trigger_rule="none_failed")
+        notify = notify_callbacks(plan.name, failure=SNAPSHOT_FAILED)  # a BAD or failed snapshot
         for instance in plan.instances:
             choose = ChooseSnapshotHostOperator(task_id=f"choose_host_{instance}", plan=plan.name, instance=instance,
                                                 selected_instance=INSTANCE_TEMPLATE,
@@ -52,5 +55,5 @@ for plan in plans.values():
             for node in plan.nodes:
                 choose >> TakeSnapshotOperator(task_id=snapshot_task_id(instance, node), plan=plan.name, instance=instance,
                                                cluster_config=str(cluster.path),
-                                               **node_task_args(cluster, node)) >> [prune, verdict]
+                                               **node_task_args(cluster, node), **notify) >> [prune, verdict]
     globals()[dag.dag_id] = dag

@@ -13,6 +13,7 @@ from airflow.sdk import DAG
 from tandem.airflow.dags import (
     SUPERVISE_DEFAULT_ARGS, SUPERVISE_MAX_WATCH, load_for_dags, supervise_doc,
 )
+from tandem.airflow.notifications import notify_conn_ids
 from tandem.airflow.supervision_operators import ReconcilePlanOperator
 from tandem.airflow.sensors import StreamHealthSensor
 from tandem.names import plan_dag_id
@@ -34,10 +35,11 @@ for plan in plans.values():
         tags=["tandem", plan.name, "supervision"],
         doc_md=supervise_doc(plan),
     ) as dag:
-        ensure = ReconcilePlanOperator(task_id="ensure", plan=plan.name, cluster_config=str(cluster.path))
+        ensure = ReconcilePlanOperator(task_id="ensure", plan=plan.name, cluster_config=str(cluster.path),
+                                       notify_conn_ids=notify_conn_ids())  # failovers and BLOCKED, once each
         watch = StreamHealthSensor(task_id="watch", plan=plan.name, max_watch=SUPERVISE_MAX_WATCH,
                                    cluster_config=str(cluster.path))
         react = ReconcilePlanOperator(task_id="react", plan=plan.name, watch_task_id="watch",
-                                      cluster_config=str(cluster.path))
+                                      cluster_config=str(cluster.path), notify_conn_ids=notify_conn_ids())
         ensure >> watch >> react
     globals()[dag.dag_id] = dag

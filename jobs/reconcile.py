@@ -17,6 +17,7 @@ from tandem.batch.job import run_plan_job
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import summary
 from tandem.declarations import instant_argument
+from tandem.names import REPAIR_REQUESTED_BY
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = summary(outcomes)
         log.info("reconcile %s %s: %s", plan.name, label, counts)
         if plan.reconcile.repair and (counts["late"] or counts["different"]):
-            done = run_backfill(cluster, plan, db, spark, start, end, requested_by=f"reconcile {args.run_id}")
+            done = run_backfill(cluster, plan, db, spark, start, end,
+                                requested_by=REPAIR_REQUESTED_BY.format(run_id=args.run_id))
             log.info("repaired by backfill %s: %s", done.id, done.status)
 
     return run_plan_job("reconcile", args.plan, work)

@@ -30,3 +30,8 @@ QUARANTINE = "quarantine"
 """The kind of a plan's quarantine output, its implicit name, and the name of the runtime's query that
 fills it with the bad lines of every stream."""
 QUARANTINE_QUERY = QUARANTINE
+
+
+REPAIR_REQUESTED_BY = "reconcile {run_id}"
+"""``requested_by`` of the backfill a reconcile job runs as its repair (``jobs/reconcile.py``); the reconcile DAG
+finds the repair by it to emit its outputs' asset events (:class:`tandem.airflow.assets.RepairedOutputs`)."""

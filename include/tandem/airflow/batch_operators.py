@@ -21,10 +21,11 @@ from tandem.declarations import parse_instant
 from tandem.errors import BackfillRefused, ConfigError
 
 
-def plan_spark_job(task_id: str, cluster: ClusterConfig, plan: PlanConfig, script: str, application_args: list[str]):
+def plan_spark_job(task_id: str, cluster: ClusterConfig, plan: PlanConfig, script: str, application_args: list[str],
+                   **kwargs: Any):
     """The provider's ``SparkSubmitOperator`` running ``jobs/<script>`` for ``plan`` on its first node's Spark
     connection (the finite jobs it is made for); the driver inherits the worker's environment, no secret goes on
-    the command line."""
+    the command line. ``kwargs``: more operator arguments (outlets, callbacks, hooks)."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     node = cluster.node(plan.nodes[0])
@@ -37,6 +38,7 @@ def plan_spark_job(task_id: str, cluster: ClusterConfig, plan: PlanConfig, scrip
         driver_memory=node.driver_memory,
         name=f"tandem-{task_id}:{plan.name}",
         application_args=["--plan", plan.name, *application_args],
+        **kwargs,
     )
 
 
@@ -84,7 +86,8 @@ class RegisterBackfillOperator(PlanTaskOperator):
 
 class BackfillReportOperator(PlanTaskOperator):
     """Log a backfill's outcome and put it in the run's note; fail unless it is DONE (a backfill whose Spark job
-    died before it could say so is marked FAILED here).
+    died before it could say so is marked FAILED here). A DONE backfill emits an asset event per output it changed,
+    through the plan's outputs alias when the task declares it (:mod:`tandem.airflow.assets`).
 
     :param backfill_id: the id ``register`` returned. Templated.
     """
@@ -97,6 +100,7 @@ class BackfillReportOperator(PlanTaskOperator):
         self.backfill_id = backfill_id
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from tandem.airflow.assets import backfill_changes, emit_output_events
         from tandem.store import Database
         from tandem.store import backfills as catalog
 
@@ -123,7 +127,11 @@ class BackfillReportOperator(PlanTaskOperator):
         set_run_note(self.log, context["ti"], "\n".join(lines))
         if record.status != catalog.DONE:
             raise AirflowFailException(lines[0] + (f": {record.error}" if record.error else ""))
-        return {"id": record.id, "status": record.status, "report": record.report}
+        emit_output_events(context, plan.name, backfill_changes(record.report, backfill_id=record.id,
+                                                                start=record.range_start, end=record.range_end),
+                           self.log)
+        return {"id": record.id, "status": record.status, "report": record.report,
+                "start": record.range_start.isoformat(), "end": record.range_end.isoformat()}
 
 
 class ReconcileDayOperator(PlanTaskOperator):
@@ -185,4 +193,4 @@ class ReconcileVerdictOperator(PlanTaskOperator):
         if real > plan.reconcile.tolerance:
             raise AirflowFailException(f"{lines[0]}: {real} real differences, more than reconcile.tolerance "
                                        f"{plan.reconcile.tolerance}")
-        return {"run_id": self.run_id, **counts}
+        return {"run_id": self.run_id, "day": f"{rows[0]['range_start']:%Y-%m-%d}", **counts}

@@ -79,6 +79,21 @@ def human_duration(seconds: float) -> str:
     return f"{millis} ms"
 
 
+def notify_callbacks(plan: str, *, success: str | None = None, failure: str | None = None,
+                     environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Callback arguments of a task that notifies ``success`` / ``failure`` events (names of
+    :data:`tandem.airflow.notifications.EVENTS`) of ``plan`` through the connections ``TANDEM_NOTIFY_CONN_IDS``
+    names; none named: ``{}``. Nothing is read but the environment: the connections are resolved when a callback
+    runs."""
+    from tandem.airflow.notifications import TandemNotifier, notify_conn_ids
+
+    conn_ids = notify_conn_ids(environ)
+    if not conn_ids:
+        return {}
+    chosen = {"on_success_callback": success, "on_failure_callback": failure}
+    return {name: [TandemNotifier(event, plan, conn_ids)] for name, event in chosen.items() if event}
+
+
 def launch_task_id(node: str) -> str:
     """The task of ``tandem_<plan>_run`` that launches on ``node``'s host."""
     return f"launch_{node}"
@@ -211,7 +226,8 @@ Each run is one epoch of the plan's cluster (initial roles: {roles}):
 3. **react** fails over and repairs: {REACT_DOC[plan.ha.standby]}
 
 Every decision is in `tandem.failover_events` (`tandem status {plan.name}`) and in the task logs.
-Then the run ends and the next one starts.
+Then the run ends and the next one starts. With `TANDEM_NOTIFY_CONN_IDS` set, **ensure** and **react** notify
+each failover and BLOCKED instance once through those Airflow connections.
 """
 
 
@@ -316,8 +332,8 @@ BAD in `tandem.snapshots`. Then **prune** keeps the newest {plan.snapshot.keep} 
 
 An instance with no ACTIVE instance is skipped. A run triggered with an instance (Param `instance`, as
 `tandem_ops` snapshot_now does) snapshots only that instance. A BAD snapshot fails its task (see its log for the
-failed expectations). List them with `tandem snapshots {plan.name}`; restore with the `tandem_restore`
-DAG or `tandem restore {plan.name}`.
+failed expectations) and is notified through the connections `TANDEM_NOTIFY_CONN_IDS` names. List them with
+`tandem snapshots {plan.name}`; restore with the `tandem_restore` DAG or `tandem restore {plan.name}`.
 """
 
 
@@ -384,7 +400,8 @@ holder before it runs again, and the log names it.
 checkpoint and vacuums files removed more than {human_duration(plan.maintenance.vacuum_retention_s)} ago
 (`maintenance.vacuum_retention`), except those of the versions the kept snapshots recorded: a restore can
 still roll an instance back to them. The instances keep appending meanwhile; a compaction that loses a race
-to an append is tried again. Off with `maintenance: {{compact: false}}`.
+to an append is tried again. Off with `maintenance: {{compact: false}}`. Each output it compacted or expired rows of
+gets an asset event (`x-tandem://{plan.name}/<output>`), as does each output **postgres_retention** deleted rows of.
 
 **postgres_retention** deletes PostgreSQL rows older than `maintenance.retention` declares: aggregation
 partials of {_partials_kept(plan)}; progress rows after {human_duration(retention.heartbeats_s)}, published
@@ -429,7 +446,9 @@ retention deleted (names the files), or that overlaps a running backfill of the 
 `{plan.nodes[0]}`'s Spark connection: each instance's queries run as finite `availableNow` queries over all its
 retained input in one first micro-batch, then each aggregation's seconds in the range are replaced and its coarser
 buckets rebuilt, in one PostgreSQL transaction and in Delta. **report** writes the outcome to the log and the run's
-note, and fails unless the backfill is DONE. Also `tandem backfill {plan.name} --start … --end …`.
+note, emits an asset event (`x-tandem://{plan.name}/<output>`) per output it changed, and fails unless the backfill
+is DONE; the outcome is notified through the connections `TANDEM_NOTIFY_CONN_IDS` names. Also
+`tandem backfill {plan.name} --start … --end …`.
 """
 
 def reconcile_params() -> dict[str, Any]:
@@ -450,7 +469,9 @@ month). **day** resolves the day (Param `day`, else the run's partition key), **
 retained landing files as a backfill would, and every output is compared with what was published, key by key:
 `late` (the stream counted fewer events: dropped by the watermark, by design), `extra` (published, not
 recomputed) and `different`. The counts and examples go to the Delta table `delta/{plan.name}/reconciliations`
-and, with `reconcile.repair: true` ({plan.reconcile.repair}), the day goes to a backfill. **verdict** logs them,
-writes the run's note and the asset event, and fails when extra + different exceed `reconcile.tolerance`
-({plan.reconcile.tolerance}). Paused when created: the day's input must be retained (`maintenance.keep_input`).
+and, with `reconcile.repair: true` ({plan.reconcile.repair}), the day goes to a backfill (an asset event per output
+it changed, `x-tandem://{plan.name}/<output>`). **verdict** logs them, writes the run's note and the asset event,
+and fails when extra + different exceed `reconcile.tolerance` ({plan.reconcile.tolerance}); the result is notified
+through the connections `TANDEM_NOTIFY_CONN_IDS` names. Paused when created: the day's input must be retained
+(`maintenance.keep_input`).
 """

@@ -22,6 +22,7 @@ from tandem.airflow.operator_support import requested_instance, set_run_note, ta
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
+from tandem.store.job_runs import recorded_run
 
 
 SNAPSHOT_RUN_TIMEOUT_S = 1800.0
@@ -288,8 +289,12 @@ class CleanLandingOperator(PlanTaskOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from tandem.snapshots.landing import clean_plan_landing
+        from tandem.store import Database
 
-        decisions = clean_plan_landing(*self.loaded())
+        cluster, plan = self.loaded()
+        with Database(cluster.database_url, "tandem-maintenance") as db, \
+                recorded_run(db, plan.name, "landing_retention"):
+            decisions = clean_plan_landing(cluster, plan)
         for partition, decision in decisions.items():
             for line in decision.describe() or ["no landing files"]:
                 self.log.info("landing/%s: %s", partition, line)
@@ -298,19 +303,22 @@ class CleanLandingOperator(PlanTaskOperator):
 
 class DeltaUpkeepOperator(PlanTaskOperator):
     """Compact, checkpoint and vacuum a plan's Delta tables under its live appends, keeping every version a kept
-    snapshot needs (:func:`tandem.batch.upkeep.maintain_plan_tables`)."""
+    snapshot needs (:func:`tandem.batch.upkeep.maintain_plan_tables`); an asset event per output compacted or expired
+    (:mod:`tandem.airflow.assets`)."""
 
     ui_color = "#e8f5dc"
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
+        from tandem.airflow.assets import emit_output_events, upkeep_changes
         from tandem.batch.upkeep import maintain_plan_tables
         from tandem.store import Database
 
         cluster, plan = self.loaded()
-        with Database(cluster.database_url, "tandem-maintenance") as db:
+        with Database(cluster.database_url, "tandem-maintenance") as db, recorded_run(db, plan.name, "delta_upkeep"):
             upkeeps = maintain_plan_tables(cluster, plan, db)
         for upkeep in upkeeps:
             self.log.info("%s", upkeep.describe())
+        emit_output_events(context, plan.name, upkeep_changes(plan.outputs, upkeeps), self.log)
         if not upkeeps:
             self.log.info("%s: no Delta table to maintain (maintenance.compact off, or no output written yet)",
                           plan.name)
@@ -322,19 +330,23 @@ class DeltaUpkeepOperator(PlanTaskOperator):
 class PostgresRetentionOperator(PlanTaskOperator):
     """Delete a plan's PostgreSQL rows older than its ``maintenance.retention`` (:func:`tandem.batch.trim.trim_plan_rows`):
     aggregation partials per granularity, progress, published positions, contribution ids, supervision events; then
-    VACUUM of the tables with many dead rows."""
+    VACUUM of the tables with many dead rows; an asset event per output rows were deleted of
+    (:mod:`tandem.airflow.assets`)."""
 
     ui_color = "#e8f5dc"
 
     def execute(self, context: Any) -> dict[str, int]:
+        from tandem.airflow.assets import emit_output_events, retention_changes
         from tandem.batch.trim import trim_plan_rows
         from tandem.store import Database
 
         cluster, plan = self.loaded()
-        with Database(cluster.database_url, "tandem-maintenance") as db:
+        with Database(cluster.database_url, "tandem-maintenance") as db, \
+                recorded_run(db, plan.name, "postgres_retention"):
             retention = trim_plan_rows(plan, db)
         for line in retention.describe():
             self.log.info("%s", line)
+        emit_output_events(context, plan.name, retention_changes(plan.outputs, retention.trimmed), self.log)
         totals: dict[str, int] = {}
         for part in retention.trimmed:
             totals[part.table] = totals.get(part.table, 0) + part.rows

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -29,27 +30,33 @@ class ReconcilePlanOperator(BaseOperator):
     detected (``DETECTED`` in ``tandem.failover_events``), then reconcile, the detected instance
     first. Every decision goes to ``tandem.failover_events`` and to this task's log. Fails (and
     is retried) when an action failed; an instance the supervisor gave up on (BLOCKED) is logged
-    and recorded but does not fail the task. Returns the reports' lines per instance.
+    and recorded but does not fail the task. Returns the reports' lines per instance. With
+    ``notify_conn_ids``, the plan's failovers and BLOCKED instances recorded since the last
+    notification are notified through those connections
+    (:func:`tandem.airflow.notifications.notify_supervision_events`), once each.
 
     :param plan: plan name. Templated.
     :param watch_task_id: the sensor whose event (XCom ``return_value``) caused this reconcile.
     :param cluster_config: path of ``cluster.yaml`` (default: from the environment).
     :param running_timeout_s: how long a launched instance may take to report RUNNING.
+    :param notify_conn_ids: Airflow connections to notify of failovers and BLOCKED instances (none: no notice).
     """
 
     template_fields = ("plan",)
     ui_color = "#d5e8fd"
 
     def __init__(self, *, plan: str, watch_task_id: str | None = None, cluster_config: str | None = None,
-                 running_timeout_s: float = 300.0, **kwargs: Any) -> None:
+                 running_timeout_s: float = 300.0, notify_conn_ids: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.watch_task_id = watch_task_id
         self.cluster_config = cluster_config
         self.running_timeout_s = running_timeout_s
+        self.notify_conn_ids = list(notify_conn_ids)
 
     def execute(self, context: Any) -> dict[str, list[str]]:
         from tandem.airflow.node_launch import NodeQueue
+        from tandem.airflow.notifications import notify_supervision_events
         from tandem.store.supervision import mark
         from tandem.supervisor.reconcile import Supervisor
 
@@ -75,6 +82,8 @@ class ReconcilePlanOperator(BaseOperator):
             elif event:
                 self.log.info("the watch ended quietly: %s", event)
             reports = {instance: supervisor.reconcile(instance, cause=cause) for instance in instances}
+            notify_supervision_events(self.log, supervisor.db, plan.name, self.notify_conn_ids, context,
+                                      cause=cause if event and event.get("status") == "unhealthy" else "")
         summary = {instance: report.lines() for instance, report in reports.items()}
         for lines in summary.values():
             for line in lines:
