@@ -6,8 +6,10 @@ that ``mkdocs serve`` picks up edits of ``include/tandem``), for
 - the command line: ``tandem.cli.build_parser()``, walked subcommand by subcommand, nested ones too;
 - the configuration files: ``tandem.config.json_schemas()``, the JSON Schema of ``conf/cluster.yaml`` and of
   ``conf/plans/<name>.yaml`` (what ``tandem config schema`` prints);
+- the metrics ``tandem exporter`` serves: ``tandem.monitoring.catalog.METRICS``;
 
-and adds three pages: ``reference/cli.md``, ``reference/cluster-yaml.md`` and ``reference/plan-yaml.md``. It
+and adds four pages: ``reference/cli.md``, ``reference/cluster-yaml.md``, ``reference/plan-yaml.md`` and
+``reference/metrics.md``. It
 also turns the reStructuredText roles of the docstrings that mkdocstrings renders on the plan API page
 (``:func:`x```, ``:mod:`x```) into plain code.
 
@@ -30,6 +32,7 @@ PAGES = {
     "reference/cli.md": "cli",
     "reference/cluster-yaml.md": "cluster.yaml",
     "reference/plan-yaml.md": "plans/<name>.yaml",
+    "reference/metrics.md": "metrics",
 }
 HELP_WIDTH = "100"
 
@@ -127,7 +130,12 @@ def code_facts() -> dict[str, Any]:
             for key, prop in definition.get("properties", {}).items():
                 if key in documented and not prop.get("description"):
                     prop["description"] = documented[key]
-    return {"cli": _describe_parser(build_parser(), ["tandem"], None), "schemas": schemas}
+    from dataclasses import asdict
+
+    from tandem.monitoring.catalog import METRICS
+
+    return {"cli": _describe_parser(build_parser(), ["tandem"], None), "schemas": schemas,
+            "metrics": [asdict(metric) for metric in METRICS]}
 
 
 # --- Markdown ----------------------------------------------------------------------------------------------
@@ -439,12 +447,30 @@ def _facts() -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+def metrics_page(metrics: list[dict[str, Any]]) -> str:
+    """Every metric of ``tandem exporter``: name, type, labels and what it says."""
+    lines = ["# Metrics", "",
+             "Generated from `tandem.monitoring.catalog` at every build: what `tandem exporter` serves at `/metrics`",
+             "([Monitoring](../operating/monitoring.md) says how to run it). `plan_instance` is a plan's instance",
+             "(`instance` and `job` are the labels Prometheus gives the exporter's target).", "",
+             "| Metric | Type | Labels | What it says |", "|---|---|---|---|"]
+    for metric in metrics:
+        labels = ", ".join(f"`{label}`" for label in metric["labels"]) or "–"
+        lines.append(f"| `{metric['name']}` | {metric['type']} | {labels} | {cell(metric['help'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     facts = _facts()
     for src_uri, what in PAGES.items():
-        content = cli_page(facts["cli"]) if what == "cli" else schema_page(what, facts["schemas"][what])
+        if what == "cli":
+            content = cli_page(facts["cli"])
+        elif what == "metrics":
+            content = metrics_page(facts["metrics"])
+        else:
+            content = schema_page(what, facts["schemas"][what])
         files.append(File.generated(config, src_uri, content=content))
     return files
 
