@@ -29,12 +29,13 @@ logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpr
 # on two workers; an Intel Xeon at 2.8 GHz takes about 3x as long); modules not listed take under 30 s.
 MODULE_SECONDS = {
     "hosts/test_airflow_on_hosts.py": 654,
-    "integration/test_supervise.py": 258,
+    "integration/test_supervise.py": 270,
     "integration/test_output_failover.py": 214,
     "integration/test_failover.py": 183,
     "integration/test_dags.py": 166,
     "e2e/test_presenter_page.py": 100,
     "e2e/test_airflow_trades.py": 95,
+    "integration/test_notify_and_assets.py": 72,
     "integration/test_fourth_plan.py": 70,
     "integration/test_linked_groups.py": 68,
     "hosts/test_nats_on_hosts.py": 59,
