@@ -41,7 +41,7 @@ from tandem.batch.reconciliations import reconciliation_rows
 from tandem.store.backfills import list_backfills
 from tandem.store import upgrades
 from tandem.store.db import Database
-from tandem.store.leases import newest_of_kinds, recent_events
+from tandem.store.leases import ROLE_CHANGES, newest_of_kinds, recent_events
 from tandem.store.outputs import START, EventPosition
 from tandem.store.snapshots import SnapshotRecord, database_now, latest_good, list_snapshots
 from tandem.store.supervision import latest_progress
@@ -49,8 +49,6 @@ from tandem.supervisor.decisions import decide
 from tandem.supervisor.launch_decision import ENDED_STATUSES
 from tandem.supervisor.observe import observe_instance
 
-ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
-"""Events after which another node (or the same node at a new epoch) is ACTIVE."""
 RELEASED = "RELEASED"
 """The event of an ACTIVE that gave its lease up (a clean stop, a drain): its reason says why."""
 

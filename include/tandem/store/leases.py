@@ -34,6 +34,10 @@ class LeaseState:
     expired_for_s: float  # seconds since expiry (negative while valid)
 
 
+ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
+"""Events after which a node is ACTIVE at a new epoch (a failover when it is not the node before): the page's last
+role change and the exporter's failover counter."""
+
 def _ensure_row(cursor, plan: str, instance: str, ttl_s: float) -> None:
     cursor.execute(
         """INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at)

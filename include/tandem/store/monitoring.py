@@ -8,9 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tandem.store.db import Database
+from tandem.store.leases import ROLE_CHANGES
 
-ROLE_CHANGES = ("PROMOTED", "HANDOVER", "RESTORED")
-"""Events after which a node is ACTIVE at a new epoch (a failover when the node is not the one before)."""
 RECENT = timedelta(minutes=10)
 """How far back a counter's first reading collects the rows it has seen (:mod:`tandem.monitoring.tally`): longer
 than any publishing transaction stays open."""
