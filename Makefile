@@ -7,7 +7,7 @@
 #   make status   show the stack's processes and health
 #   make dist     build dist/tandem.zip when missing or stale (the tandem package, for spark-submit --py-files)
 #   make test     setup + test-tools + dist + docs-check + pytest (two xdist workers by default; PYTEST_ARGS overrides)
-#   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux (apt-get, only what is missing)
+#   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux, prometheus, alertmanager (apt-get)
 #   make docs     serve the documentation site at http://127.0.0.1:8000 (mkdocs serve; docs/, mkdocs.yml)
 #   make docs-check  build the site with `mkdocs build --strict` into a temporary folder (links, generated reference)
 #   make demo     setup + dist + `tandem demo`
