@@ -13,20 +13,21 @@
 #   make demo     setup + dist + `tandem demo`
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
+#   make bench-flink  the benchmarks' peer: Apache Flink in its own venv, .tandem/flink-venv (bench/requirements-flink.txt)
 #   make spark-cluster       a Spark standalone master + 2 workers from the pyspark wheel (spark://127.0.0.1:7077)
 #   make spark-cluster-down  stop it (logs and work folders stay in .tandem/spark-cluster)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup test-tools docs-tools docs docs-check up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
+.PHONY: help setup test-tools bench-flink docs-tools docs docs-check up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
 PYTEST_ARGS ?= -x -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 help:
-	@sed -n '1,18s/^# \{0,1\}//p' "$(ROOT)/Makefile"
+	@sed -n '1,19s/^# \{0,1\}//p' "$(ROOT)/Makefile"
 
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
@@ -58,6 +59,14 @@ test-tools:
 
 test: setup test-tools dist docs-check
 	@$(ENV) && python -m pytest $(PYTEST_ARGS)
+
+# Flink pins its own pyarrow, numpy and py4j: it gets a venv of its own and is never a dependency of Tandem.
+FLINK_VENV := $(ROOT)/.tandem/flink-venv
+
+bench-flink:
+	@test -x "$(FLINK_VENV)/bin/python" || python3 -m venv "$(FLINK_VENV)"
+	@"$(FLINK_VENV)/bin/pip" install -q -r "$(ROOT)/bench/requirements-flink.txt" && \
+	 "$(FLINK_VENV)/bin/python" -c "import pyflink.version as v; print('flink', v.__version__, 'in $(FLINK_VENV)')"
 
 # The documentation site (mkdocs-material, requirements-docs.txt). The check builds into a temporary folder, so no
 # site/ is left in the tree; --strict turns every warning (a broken link or anchor, a page outside the nav, a

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -132,6 +133,22 @@ def _arrays(spec: InputSpec) -> dict[str, np.ndarray]:
             "template": template}
 
 
+def _aggregate(data: dict[str, np.ndarray], names: np.ndarray, bucket_ms: int) -> pd.DataFrame:
+    good = ~data["bad"]
+    frame = pd.DataFrame({"bucket_start": data["timestamp"][good] // bucket_ms * bucket_ms,
+                          "symbol": names[data["symbol"][good]], "price": data["price"][good],
+                          "quantity": data["quantity"][good]})
+    return frame.groupby(["bucket_start", "symbol"]).agg(
+        price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
+        price_min=("price", "min"), price_max=("price", "max")).reset_index()
+
+
+def ground_truth(spec: InputSpec, bucket_ms: int) -> pd.DataFrame:
+    """The trades plan's measures per (bucket of ``bucket_ms``, symbol) over the valid events of ``spec``, computed
+    in plain pandas from the generator (``bucket_start`` in epoch ms)."""
+    return _aggregate(_arrays(spec), np.array(symbol_names(spec.symbols, spec.seed), dtype=object), bucket_ms)
+
+
 def prepare_input(spec: InputSpec, root: Path, write_file, progress=None) -> InputSet:
     """Write the input once into ``root/landing/trades/0`` (reused when it already exists).
 
@@ -143,14 +160,8 @@ def prepare_input(spec: InputSpec, root: Path, write_file, progress=None) -> Inp
     data = _arrays(spec)
     names = np.array(symbol_names(spec.symbols, spec.seed), dtype=object)
     good = ~data["bad"]
-    frame = pd.DataFrame({"hour": data["timestamp"][good] // 3_600_000 * 3_600_000,
-                          "second": data["timestamp"][good] // 1000,
-                          "symbol": names[data["symbol"][good]], "price": data["price"][good],
-                          "quantity": data["quantity"][good]})
-    truth = frame.groupby(["hour", "symbol"]).agg(
-        price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
-        price_min=("price", "min"), price_max=("price", "max")).reset_index()
-    second_rows = int(frame[["second", "symbol"]].drop_duplicates().shape[0])
+    truth = _aggregate(data, names, 3_600_000).rename(columns={"bucket_start": "hour"})
+    second_rows = len(np.unique(data["timestamp"][good] // 1000 * spec.symbols + data["symbol"][good]))
 
     if not (manifest.is_file() and json.loads(manifest.read_text()).get("spec") == asdict(spec)):
         if directory.exists():
@@ -192,6 +203,80 @@ def prepare_input(spec: InputSpec, root: Path, write_file, progress=None) -> Inp
         last_event=datetime.fromtimestamp(int(ts_good.max()) / 1000, UTC).isoformat(),
         second_rows=second_rows, truth_hour=truth,
     )
+
+
+TRADE_KEY = ("bucket_start", "symbol")
+MAX_EPOCH_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the plans' bound for epoch_millis fields
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def valid_trade(line: str) -> dict | None:
+    """The trades plan's rule for one input line, in plain Python: the event when the line is a JSON object with a
+    non-empty string ``symbol`` (no NUL), a number ``price`` > 0, an integer ``quantity`` > 0 and an integer
+    ``timestamp`` of epoch milliseconds between 1970 and 9999; else None."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    symbol, price, quantity, timestamp = (event.get(k) for k in ("symbol", "price", "quantity", "timestamp"))
+    if not (isinstance(symbol, str) and symbol.strip() and "\x00" not in symbol):
+        return None
+    if not (_is_number(price) and price > 0):
+        return None
+    if not (isinstance(quantity, int) and not isinstance(quantity, bool) and quantity > 0):
+        return None
+    if not (isinstance(timestamp, int) and not isinstance(timestamp, bool) and 0 <= timestamp <= MAX_EPOCH_MILLIS):
+        return None
+    return event
+
+
+def trades_reference(paths, bucket_ms: int = 1000) -> tuple[pd.DataFrame, int, int]:
+    """The trades plan's measures per (bucket, symbol) over the valid lines of ``paths``, read and checked line by
+    line (:func:`valid_trade`); returns the frame (``bucket_start`` in epoch ms), the valid and the invalid lines."""
+    rows, invalid = [], 0
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            event = valid_trade(line)
+            if event is None:
+                invalid += 1
+            else:
+                rows.append((event["timestamp"] // bucket_ms * bucket_ms, event["symbol"], float(event["price"]),
+                             event["quantity"]))
+    frame = pd.DataFrame(rows, columns=["bucket_start", "symbol", "price", "quantity"])
+    truth = frame.groupby(["bucket_start", "symbol"]).agg(
+        price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
+        price_min=("price", "min"), price_max=("price", "max")).reset_index()
+    return truth, len(rows), invalid
+
+
+def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) -> dict:
+    """Two frames of trade aggregates keyed by :data:`TRADE_KEY`: rows only on one side, and rows whose measures
+    differ (counts and integer sums exactly, the float measures within ``rtol``)."""
+    merged = left.merge(right, on=list(TRADE_KEY), how="outer", suffixes=("_l", "_r"), indicator=True)
+    both = merged[merged["_merge"] == "both"]
+    mismatched = np.zeros(len(both), dtype=bool)
+    max_rel = 0.0
+    for column in MEASURES:
+        a = both[f"{column}_l"].to_numpy(dtype=float)
+        b = both[f"{column}_r"].to_numpy(dtype=float)
+        if column in ("trade_count", "quantity_sum"):
+            mismatched |= a != b
+        else:
+            mismatched |= ~np.isclose(a, b, rtol=rtol, atol=1e-9)
+            if len(a):
+                max_rel = max(max_rel, float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300))))
+    result = {"rows_left": int(len(left)), "rows_right": int(len(right)),
+              "only_left": int((merged["_merge"] == "left_only").sum()),
+              "only_right": int((merged["_merge"] == "right_only").sum()),
+              "mismatched": int(mismatched.sum()), "max_relative_difference": max_rel}
+    result["match"] = result["only_left"] == result["only_right"] == result["mismatched"] == 0
+    return result
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import _common as C  # noqa: E402
 import engine  # noqa: E402
+import flink_peer  # noqa: E402
 from psycopg2 import sql  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
@@ -154,7 +155,7 @@ def run_plain(cluster, plan, spark, url: str) -> None:
                 raise RuntimeError(f"plain {plan.name}/{instance}: {query.exception()}")
 
 
-def measure(name: str, events: int, repeats: int, spark, progress: Progress, task) -> dict:
+def measure(name: str, events: int, repeats: int, spark, progress: Progress, task, with_flink: bool) -> dict:
     from tandem.config import load_cluster, load_plan
     from tandem.producer import advance_watermark
     from tandem.store import Database, migrate
@@ -185,6 +186,7 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
                 if timed:
                     seconds[side].append(round(time.perf_counter() - started, 2))
             progress.advance(task)
+        flink = flink_part(name, input_dir, primary, repeats, progress) if with_flink else None
     finally:
         shutil.rmtree(input_dir, ignore_errors=True)
     tandem_rate = primary / statistics.median(seconds["tandem"])
@@ -195,7 +197,43 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
             "engine_ratio_met": anchor["engine_ratio"] >= 0.9, "engine": anchor,
             "plain_events_per_s": round(plain_rate, 1), "ratio": round(tandem_rate / plain_rate, 3),
             "target_ratio": 0.9, "met": tandem_rate / plain_rate >= 0.9,
+            **({"flink": flink} if flink else {}),
+            **({"tandem_over_flink": round(tandem_rate / flink["events_per_s"], 3),
+                "engine_over_flink": round(anchor["best_events_per_s"] / flink["events_per_s"], 3),
+                "target_tandem_over_flink": 0.6} if flink and flink["ran"] else {}),
             "failover": None}
+
+
+def flink_part(name: str, input_dir: Path, primary: int, repeats: int, progress: Progress) -> dict:
+    """The peer (:mod:`flink_peer`) on the same files: one checked run (CSV rows against a plain-Python reference of
+    the lines, :func:`_common.trades_reference`), then ``repeats`` timed streaming runs into a blackhole sink, each
+    once the machine is quiet (this process's Spark JVM included), with the CPU anything else used meanwhile."""
+    if name in flink_peer.NOT_WRITTEN:
+        return {"ran": False, "why": flink_peer.NOT_WRITTEN[name]}
+
+    def timed_run():
+        C.wait_for_quiet(set(), max_wait_s=300)  # nothing busy: not even this process's Spark JVM
+        others = C.ForeignCpu(set())
+        run = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms)
+        return run, round(max(0.0, others.seconds() - run.cpu_s), 1)
+    files = sorted((input_dir / PRIMARY[name]).rglob("*.jsonl"))
+    truth, valid, invalid = C.trades_reference(files)
+    watermark_ms = int(truth["bucket_start"].max() - truth["bucket_start"].min()) + 10_000  # the whole span
+    out = input_dir.parent / f"{input_dir.name}-flink-out"
+    try:
+        checked = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms, output=out)
+        comparison = C.compare_frames(flink_peer.read_rows(out), truth)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    measured = [timed_run() for _ in range(repeats)]
+    timed = [run for run, _ in measured]
+    progress.console.log(f"{name}: flink streaming {[r.job_s for r in timed]} s, checked run matches the "
+                         f"reference: {comparison['match']}")
+    return {"ran": True, "mode": "streaming", "parallelism": checked.parallelism, "version": checked.flink_version,
+            "watermark_ms": watermark_ms, "seconds": [r.job_s for r in timed], "cpu_s": [r.cpu_s for r in timed],
+            "other_processes_cpu_s": [other for _, other in measured],
+            "jvm_start_s": [r.jvm_start_s for r in timed], "valid_lines": valid, "invalid_lines": invalid,
+            "check": comparison, "events_per_s": round(primary / statistics.median(r.job_s for r in timed), 1)}
 
 
 def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> dict:
@@ -287,10 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=10,
                         help="events per second during the failovers (10: on 2 cores both nodes of every plan keep up)")
     parser.add_argument("--plans", default="trades,pizza_shop,temperatures")
+    parser.add_argument("--flink", action=argparse.BooleanOptionalAction, default=None,
+                        help="also run the peer, Apache Flink, where its SQL is written (bench/flink_peer.py; needs "
+                             "`make bench-flink`); default: when its venv is there")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other plans' entries of results/plans.json (each names its own run), and with "
                              "--failovers 0 each plan's earlier failover figures (marked with their run)")
     args = parser.parse_args(argv)
+    if args.flink is None:
+        args.flink = flink_peer.available()
+    elif args.flink and not flink_peer.available():
+        parser.error(f"--flink: no Flink venv at {flink_peer.FLINK_PYTHON} (make bench-flink)")
     from tandem.spark_session import build_session
 
     console = Console()
@@ -309,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                   console=console) as progress:
         for name in names:
             task = progress.add_task(name, total=(2 + len(engine.CONFIGS)) * args.repeats + 2 + args.failovers)
-            results["plans"][name] = {"run": run, **measure(name, sizes[name], args.repeats, spark, progress, task)}
+            results["plans"][name] = {"run": run, **measure(name, sizes[name], args.repeats, spark, progress, task,
+                                                                 args.flink)}
             if not args.failovers and name in kept and kept[name].get("failover"):
                 results["plans"][name]["failover"] = {**kept[name]["failover"],
                                                       "from_run": kept[name].get("run", {}).get("started_at")}

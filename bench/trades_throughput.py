@@ -37,7 +37,6 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import psycopg2  # noqa: E402
 import yaml  # noqa: E402
@@ -49,6 +48,8 @@ from rich.table import Table  # noqa: E402
 
 import _common as C  # noqa: E402
 import engine  # noqa: E402
+import flink_peer  # noqa: E402
+import levers  # noqa: E402
 import plain_trades  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.lake.tables import read_table  # noqa: E402
@@ -57,7 +58,7 @@ from tandem.runtime.node import run_instance  # noqa: E402
 from tandem.spark_session import build_session  # noqa: E402
 
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
-KEY = ["bucket_start", "symbol"]
+KEY = list(C.TRADE_KEY)
 console = Console()
 
 
@@ -83,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     parser.add_argument("--no-engine", action="store_true",
                         help="skip the engine anchor (the plan's queries into materialise-only sinks, bench/engine.py)")
+    parser.add_argument("--no-levers", action="store_true",
+                        help="skip the levers (engine variants of the plan's work, bench/levers.py)")
+    parser.add_argument("--flink", action=argparse.BooleanOptionalAction, default=None,
+                        help="also run the peer, Apache Flink (bench/flink_peer.py; needs `make bench-flink`); "
+                             "default: when its venv is there")
+    parser.add_argument("--flink-parallelism", type=int, default=2)
     parser.add_argument("--latency-rate", type=int, default=2_000, help="events per second")
     parser.add_argument("--latency-files-per-s", type=int, default=5)
     parser.add_argument("--latency-duration", type=float, default=60.0, help="measured seconds")
@@ -114,6 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, name, value)
         if args.output == BENCH / "results" / "trades_throughput.json":  # keep CI-size numbers out of results/
             args.output = args.workdir / "trades_throughput.quick.json"
+    if args.flink is None:
+        args.flink = flink_peer.available()
+    elif args.flink and not flink_peer.available():
+        parser.error(f"--flink: no Flink venv at {flink_peer.FLINK_PYTHON} (make bench-flink)")
     if args.max_files_per_trigger is None:  # catch-up at the admission the plan itself runs with
         plan = yaml.safe_load((ROOT / "conf" / "plans" / "trades.yaml").read_text())
         args.max_files_per_trigger = plan["streams"]["trades"]["max_files_per_trigger"]
@@ -307,6 +318,102 @@ class Bench:
         wall = engine.run_engine(cluster, plan, self.spark, config, self.workdir / "engine-checkpoints")
         return {"config": config.name, "wall_s": round(wall, 3), **conditions, **self.used()}
 
+    def run_lever(self, inp: C.InputSet, lever: levers.Lever) -> dict:
+        """One engine variant (:mod:`levers`) over the same input: nothing published."""
+        _, plan = self.use_tandem_project(inp.directory.parents[2], self.server)
+        conditions = self.settle()
+        wall, counted = levers.run_lever(plan, self.spark, lever, inp.directory, self.workdir / "lever-checkpoints")
+        return {"lever": lever.name, "wall_s": round(wall, 3), "events_per_s": round(inp.lines / wall),
+                "counted": counted, "counts_right": counted == {"events": inp.valid, "bad_lines": inp.invalid},
+                **conditions, **self.used()}
+
+    def run_flink(self, inp: C.InputSet, mode: str, watermark_ms: int, output: Path | None = None) -> dict:
+        """One run of the peer (:mod:`flink_peer`) over the same files, in a child JVM: a blackhole sink, or CSV rows
+        in ``output``."""
+        if output is not None:
+            shutil.rmtree(output, ignore_errors=True)
+        conditions = self.settle()
+        run = flink_peer.run("trades", inp.directory, mode=mode, parallelism=self.args.flink_parallelism,
+                             watermark_ms=watermark_ms, output=output)
+        used = self.used()  # Flink's JVM is not reaped by its parent: its CPU comes from the child's own report
+        used["other_processes_cpu_s"] = round(max(0.0, used["other_processes_cpu_s"] - run.cpu_s), 1)
+        used["cpu_s"]["flink"] = run.cpu_s
+        return {"mode": mode, "watermark_ms": watermark_ms, "sink": "csv" if output else "blackhole",
+                "wall_s": run.job_s, "events_per_s": round(inp.lines / run.job_s), "jvm_start_s": run.jvm_start_s,
+                "process_s": run.process_s, "flink_version": run.flink_version, **conditions, **used}
+
+
+def lever_part(bench: Bench, inp: C.InputSet, state, progress, phase, engine_best: int | None) -> dict:
+    """Each lever (:mod:`levers`) ``--runs`` times, alternating; its median beside the engine anchor's best."""
+    runs: list[dict] = state.get("lever_runs", [])
+    progress.update(phase, description="levers (engine variants, nothing published)",
+                    total=bench.args.runs * len(levers.LEVERS), completed=len(runs))
+    for index in range(bench.args.runs):
+        for lever in levers.LEVERS:
+            if sum(r["lever"] == lever.name for r in runs) > index:
+                continue
+            runs.append(bench.run_lever(inp, lever))
+            state.put("lever_runs", runs)
+            console.print(f"lever {lever.name}: {runs[-1]['wall_s']:.1f} s = {runs[-1]['events_per_s']:,}/s, "
+                          f"counts right: {runs[-1]['counts_right']}")
+            progress.advance(phase)
+    out: dict = {"method": levers.__doc__.strip(), "runs": runs, "levers": {}}
+    for lever in levers.LEVERS:
+        mine = [r for r in runs if r["lever"] == lever.name]
+        rate = round(inp.lines / statistics.median(r["wall_s"] for r in mine))
+        out["levers"][lever.name] = {"events_per_s": rate, "counts_right": all(r["counts_right"] for r in mine),
+                                     "over_engine_best": round(rate / engine_best, 3) if engine_best else None}
+    return out
+
+
+def exact_watermark_ms(spec: C.InputSpec) -> int:
+    """A watermark as wide as the input's event-time span (plus its jitter): Flink's file source reads the files in
+    parallel and out of order, and only this wide a watermark drops nothing as late."""
+    return int(spec.span_hours * 3_600_000) + spec.jitter_ms + 1_000
+
+
+def flink_part(bench: Bench, inp: C.InputSet, state, progress, phase) -> dict:
+    """The peer on the same input: checked once against the ground truth (exact watermark, CSV rows), once with the
+    plan's own watermark (what a narrower watermark silently loses), then timed runs of streaming and batch mode
+    (blackhole sink), alternating."""
+    flink = state.get("flink", {})
+    exact = exact_watermark_ms(inp.spec)
+    truth = C.ground_truth(inp.spec, 1000)
+    plan_watermark_ms = int(bench.use_tandem_project(inp.directory.parents[2], bench.server)[1].watermark_s * 1000)
+    for key, watermark in (("check", exact), ("check_plan_watermark", plan_watermark_ms)):
+        if key in flink:
+            continue
+        progress.update(phase, description=f"flink: checked run, watermark {watermark / 1000:g} s", total=None)
+        out = bench.workdir / "flink-out" / key
+        run = bench.run_flink(inp, "streaming", watermark, out)
+        rows = flink_peer.read_rows(out)
+        counted = int(rows["trade_count"].sum()) if len(rows) else 0
+        flink[key] = {**run, "vs_ground_truth_second": C.compare_frames(rows, truth), "valid_events": inp.valid,
+                      "events_counted": counted, "events_lost": inp.valid - counted}
+        shutil.rmtree(out, ignore_errors=True)
+        state.put("flink", flink)
+        console.print(f"flink check (watermark {watermark / 1000:g} s): {counted:,} of {inp.valid:,} valid events "
+                      f"counted, matches ground truth: {flink[key]['vs_ground_truth_second']['match']}")
+    runs: list[dict] = flink.get("runs", [])
+    progress.update(phase, description="flink: timed runs (streaming, batch alternating)",
+                    total=2 * bench.args.runs, completed=len(runs))
+    for index in range(bench.args.runs):
+        for mode in ("streaming", "batch"):
+            if sum(r["mode"] == mode for r in runs) > index:
+                continue
+            runs.append(bench.run_flink(inp, mode, exact))
+            flink["runs"] = runs
+            state.put("flink", flink)
+            console.print(f"flink {mode}: {runs[-1]['wall_s']:.1f} s = {runs[-1]['events_per_s']:,}/s")
+            progress.advance(phase)
+    for mode in ("streaming", "batch"):
+        flink[f"{mode}_events_per_s"] = round(statistics.median(r["events_per_s"] for r in runs if r["mode"] == mode))
+    flink["jvm_start_s_median"] = statistics.median(r["jvm_start_s"] for r in runs)
+    flink["version"] = runs[0]["flink_version"]
+    flink["parallelism"] = bench.args.flink_parallelism
+    flink["method"] = flink_peer.__doc__.strip()
+    return flink
+
 
 # ---------------------------------------------------------------------------------------------
 # Checking that both sides computed the same thing
@@ -344,28 +451,6 @@ def delta_latest(run: dict) -> pd.DataFrame:
     return frame.drop(columns="batch_id")
 
 
-def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) -> dict:
-    merged = left.merge(right, on=KEY, how="outer", suffixes=("_l", "_r"), indicator=True)
-    both = merged[merged["_merge"] == "both"]
-    mismatched = np.zeros(len(both), dtype=bool)
-    max_rel = 0.0
-    for column in C.MEASURES:
-        a = both[f"{column}_l"].to_numpy(dtype=float)
-        b = both[f"{column}_r"].to_numpy(dtype=float)
-        if column in ("trade_count", "quantity_sum"):
-            mismatched |= a != b
-        else:
-            mismatched |= ~np.isclose(a, b, rtol=rtol, atol=1e-9)
-            if len(a):
-                max_rel = max(max_rel, float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300))))
-    result = {"rows_left": int(len(left)), "rows_right": int(len(right)),
-              "only_left": int((merged["_merge"] == "left_only").sum()),
-              "only_right": int((merged["_merge"] == "right_only").sum()),
-              "mismatched": int(mismatched.sum()), "max_relative_difference": max_rel}
-    result["match"] = result["only_left"] == result["only_right"] == result["mismatched"] == 0
-    return result
-
-
 def quarantine_rows(run: dict) -> int:
     _, path = delta_paths(run)
     return read_table(path, columns=["raw"]).num_rows if DeltaTable.is_deltatable(str(path)) else 0
@@ -379,13 +464,13 @@ def check_pair(tandem: dict, plain: dict, inp: C.InputSet) -> dict:
     for granularity in GRANULARITIES:
         for run in (tandem, plain):
             pg[run["side"]][granularity] = postgres_rows(run, granularity)
-        report["tandem_vs_plain"][granularity] = compare_frames(pg["tandem"][granularity], pg["plain"][granularity])
+        report["tandem_vs_plain"][granularity] = C.compare_frames(pg["tandem"][granularity], pg["plain"][granularity])
     for run in (tandem, plain):
         side = run["side"]
-        report["vs_ground_truth_hour"][side] = compare_frames(pg[side]["hour"], truth)
+        report["vs_ground_truth_hour"][side] = C.compare_frames(pg[side]["hour"], truth)
         latest = delta_latest(run)
         report["delta_vs_postgres"][side] = {
-            g: compare_frames(latest[latest["granularity"] == g].drop(columns="granularity"), pg[side][g])
+            g: C.compare_frames(latest[latest["granularity"] == g].drop(columns="granularity"), pg[side][g])
             for g in GRANULARITIES}
         run["postgres_rows"] = {g: int(len(pg[side][g])) for g in GRANULARITIES}
         run["delta_rows"] = int(read_table(delta_paths(run)[0], columns=["batch_id"]).num_rows)
@@ -850,6 +935,25 @@ def main(argv: list[str] | None = None) -> int:
                                 anchor["best_events_per_s"], "engine": {**anchor, "runs": anchor_runs,
                                                                         "method": engine.__doc__.strip()}})
 
+            if not args.no_levers:
+                results["levers"] = lever_part(bench, inp, state, progress, phase,
+                                               results.get("engine_best_events_per_s"))
+
+            if args.flink:
+                flink = flink_part(bench, inp, state, progress, phase)
+                results["flink"] = flink
+                results["flink_streaming_events_per_s"] = flink["streaming_events_per_s"]
+                results["flink_batch_events_per_s"] = flink["batch_events_per_s"]
+                results["tandem_over_flink"] = round(tandem_eps / flink["streaming_events_per_s"], 3)
+                results["target_tandem_over_flink"] = 0.6
+                results["meets_flink_target"] = results["tandem_over_flink"] >= 0.6
+                if "engine_best_events_per_s" in results:
+                    results["engine_over_flink"] = round(
+                        results["engine_best_events_per_s"] / flink["streaming_events_per_s"], 3)
+                for measured in results.get("levers", {}).get("levers", {}).values():
+                    measured["over_flink_streaming"] = round(measured["events_per_s"] / flink["streaming_events_per_s"],
+                                                             3)
+
             if not args.no_profile:
                 progress.update(phase, description="profile runs (instrumented, not in the medians)", total=None)
                 profile = state.get("profile", {})
@@ -913,6 +1017,16 @@ def show(results: dict) -> None:
         console.print(f"ceiling with today's PostgreSQL work: {ceiling['engine_ratio_ceiling']} (engine "
                       f"{ceiling['engine_cpu_s']} CPU s in {ceiling['engine_wall_s']} s; Tandem's PostgreSQL "
                       f"{ceiling['tandem_postgresql_cpu_s']} CPU s on {ceiling['cores']} cores)")
+    for name, measured in results.get("levers", {}).get("levers", {}).items():
+        console.print(f"lever {name}: {measured['events_per_s']:,}/s, {measured['over_engine_best']} of the engine's "
+                      f"best, counts right: {measured['counts_right']}")
+    if "flink" in results:
+        flink = results["flink"]
+        console.print(f"flink {flink['version']} (parallelism {flink['parallelism']}): streaming "
+                      f"{flink['streaming_events_per_s']:,}/s, batch {flink['batch_events_per_s']:,}/s; Tandem / "
+                      f"Flink streaming {results['tandem_over_flink']} (target ≥ 0.6); with the plan's watermark "
+                      f"Flink lost {flink['check_plan_watermark']['events_lost']:,} of "
+                      f"{flink['check_plan_watermark']['valid_events']:,} events")
     if "latency" in results:
         lat = results["latency"]
         console.print(f"latency tandem @ {lat['rate_events_per_s']}/s, trigger {lat['trigger_s']} s: "
