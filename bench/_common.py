@@ -133,14 +133,18 @@ def _arrays(spec: InputSpec) -> dict[str, np.ndarray]:
             "template": template}
 
 
-def _aggregate(data: dict[str, np.ndarray], names: np.ndarray, bucket_ms: int) -> pd.DataFrame:
-    good = ~data["bad"]
-    frame = pd.DataFrame({"bucket_start": data["timestamp"][good] // bucket_ms * bucket_ms,
-                          "symbol": names[data["symbol"][good]], "price": data["price"][good],
-                          "quantity": data["quantity"][good]})
-    return frame.groupby(["bucket_start", "symbol"]).agg(
+def _measures(events: pd.DataFrame) -> pd.DataFrame:
+    """The trades plan's measures of ``events`` (``bucket_start, symbol, price, quantity``) per bucket and symbol."""
+    return events.groupby(["bucket_start", "symbol"]).agg(
         price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
         price_min=("price", "min"), price_max=("price", "max")).reset_index()
+
+
+def _aggregate(data: dict[str, np.ndarray], names: np.ndarray, bucket_ms: int) -> pd.DataFrame:
+    good = ~data["bad"]
+    return _measures(pd.DataFrame({"bucket_start": data["timestamp"][good] // bucket_ms * bucket_ms,
+                                   "symbol": names[data["symbol"][good]], "price": data["price"][good],
+                                   "quantity": data["quantity"][good]}))
 
 
 def ground_truth(spec: InputSpec, bucket_ms: int) -> pd.DataFrame:
@@ -247,11 +251,7 @@ def trades_reference(paths, bucket_ms: int = 1000) -> tuple[pd.DataFrame, int, i
             else:
                 rows.append((event["timestamp"] // bucket_ms * bucket_ms, event["symbol"], float(event["price"]),
                              event["quantity"]))
-    frame = pd.DataFrame(rows, columns=["bucket_start", "symbol", "price", "quantity"])
-    truth = frame.groupby(["bucket_start", "symbol"]).agg(
-        price_sum=("price", "sum"), trade_count=("price", "size"), quantity_sum=("quantity", "sum"),
-        price_min=("price", "min"), price_max=("price", "max")).reset_index()
-    return truth, len(rows), invalid
+    return _measures(pd.DataFrame(rows, columns=["bucket_start", "symbol", "price", "quantity"])), len(rows), invalid
 
 
 def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) -> dict:
@@ -276,7 +276,6 @@ def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) 
               "mismatched": int(mismatched.sum()), "max_relative_difference": max_rel}
     result["match"] = result["only_left"] == result["only_right"] == result["mismatched"] == 0
     return result
-
 
 
 # ---------------------------------------------------------------------------------------------

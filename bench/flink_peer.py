@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLINK_PYTHON = Path(os.environ.get("TANDEM_FLINK_PYTHON", ROOT / ".tandem" / "flink-venv" / "bin" / "python"))
-MEASURES = ("price_sum", "trade_count", "quantity_sum", "price_min", "price_max")
 
 TRADES_SOURCE = """
 CREATE TEMPORARY TABLE trades (
@@ -113,6 +113,16 @@ def available() -> bool:
     return FLINK_PYTHON.is_file()
 
 
+def wanted(parser: argparse.ArgumentParser, choice: bool | None) -> bool:
+    """A benchmark's ``--flink/--no-flink``: unset means "when Flink's venv is there"; ``--flink`` without it is a
+    usage error naming the make target."""
+    if choice is None:
+        return available()
+    if choice and not available():
+        parser.error(f"--flink: no Flink venv at {FLINK_PYTHON} (make bench-flink)")
+    return choice
+
+
 def run(plan: str, input_dir: Path, *, mode: str = "streaming", parallelism: int = 2, watermark_ms: int,
         output: Path | None = None, checkpoint_ms: int | None = None, timeout_s: float = 1800) -> FlinkRun:
     """Run ``plan`` in Flink over the files in ``input_dir`` in a child process (Flink's venv); ``output``: a
@@ -124,22 +134,32 @@ def run(plan: str, input_dir: Path, *, mode: str = "streaming", parallelism: int
     if checkpoint_ms:
         command += ["--checkpoint-ms", str(checkpoint_ms)]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    # a session of its own: a run that times out or is interrupted takes its JVM (a grandchild) down with it
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout_s)
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # whatever of the run is left: none after a clean end
+        except ProcessLookupError:
+            pass
+        child.wait()
     process_s = time.perf_counter() - started
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"flink {plan} ({mode}) failed with exit code {done.returncode}:\n{done.stderr[-4000:]}")
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        raise RuntimeError(f"flink {plan} ({mode}) failed with exit code {child.returncode}:\n{stderr[-4000:]}")
     report = json.loads(lines[-1])
     return FlinkRun(mode=mode, parallelism=parallelism, watermark_ms=watermark_ms, job_s=report["job_s"],
                     jvm_start_s=report["jvm_start_s"], process_s=round(process_s, 3), cpu_s=report["cpu_s"],
-                    output=output,
-                    flink_version=report["flink_version"])
+                    output=output, flink_version=report["flink_version"])
 
 
 def read_rows(output: Path):
     """The CSV rows a checked trades run wrote, as a pandas frame keyed by ``bucket_start`` (epoch ms) and
     ``symbol`` (the benchmarks' comparison layout)."""
     import pandas as pd
+    from _common import MEASURES  # the benchmarks' side only: Flink's venv lacks _common's packages
 
     names = ["bucket_start", "symbol", *MEASURES]
     parts = [p for p in sorted(output.rglob("*")) if p.is_file() and not p.name.startswith((".", "_"))]

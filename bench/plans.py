@@ -210,15 +210,16 @@ def flink_part(name: str, input_dir: Path, primary: int, repeats: int, progress:
     once the machine is quiet (this process's Spark JVM included), with the CPU anything else used meanwhile."""
     if name in flink_peer.NOT_WRITTEN:
         return {"ran": False, "why": flink_peer.NOT_WRITTEN[name]}
+    files = sorted((input_dir / PRIMARY[name]).rglob("*.jsonl"))
+    truth, valid, invalid = C.trades_reference(files)
+    watermark_ms = int(truth["bucket_start"].max() - truth["bucket_start"].min()) + 10_000  # the whole span
 
     def timed_run():
         C.wait_for_quiet(set(), max_wait_s=300)  # nothing busy: not even this process's Spark JVM
         others = C.ForeignCpu(set())
         run = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms)
         return run, round(max(0.0, others.seconds() - run.cpu_s), 1)
-    files = sorted((input_dir / PRIMARY[name]).rglob("*.jsonl"))
-    truth, valid, invalid = C.trades_reference(files)
-    watermark_ms = int(truth["bucket_start"].max() - truth["bucket_start"].min()) + 10_000  # the whole span
+
     out = input_dir.parent / f"{input_dir.name}-flink-out"
     try:
         checked = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms, output=out)
@@ -332,10 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the other plans' entries of results/plans.json (each names its own run), and with "
                              "--failovers 0 each plan's earlier failover figures (marked with their run)")
     args = parser.parse_args(argv)
-    if args.flink is None:
-        args.flink = flink_peer.available()
-    elif args.flink and not flink_peer.available():
-        parser.error(f"--flink: no Flink venv at {flink_peer.FLINK_PYTHON} (make bench-flink)")
+    args.flink = flink_peer.wanted(parser, args.flink)
     from tandem.spark_session import build_session
 
     console = Console()
