@@ -18,7 +18,9 @@ Results: ``bench/results/publish_step.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -102,7 +104,9 @@ def publish_once(db: Database, module, spec, seconds: pa.Table) -> dict:
     with db.transaction() as cursor:
         cpu_before, started = backend_cpu_s(cursor), time.perf_counter()
         timed("stage", lambda: module.stage_batch(cursor, spec, seconds))
-        written = timed("upsert", lambda: module.upsert_seconds(cursor, spec, "trades", "shard-1", 1, 0)).num_rows
+        takes_seconds = "seconds" in inspect.signature(module.upsert_seconds).parameters  # since 2026-12
+        upsert = functools.partial(module.upsert_seconds, seconds=seconds) if takes_seconds else module.upsert_seconds
+        written = timed("upsert", lambda: upsert(cursor, spec, "trades", "shard-1", 1, 0)).num_rows
         for granularity in spec.granularities[1:]:
             written += timed(granularity, lambda: module.roll_up(
                 cursor, spec, MERGE_SQL, "trades", "shard-1", 1, 0, granularity,

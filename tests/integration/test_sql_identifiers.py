@@ -69,8 +69,9 @@ def test_an_aggregation_publishes_merges_restores_and_validates_under_hostile_na
 
     def publish(cursor) -> pa.Table:
         aggregates.ensure_table(cursor, SPEC)
-        aggregates.stage_batch(cursor, SPEC, seconds(start))
-        return agg_postgres.upsert_and_roll_up(cursor, SPEC, "plan", "shard-1", epoch=1, batch_id=0)
+        staged = seconds(start)
+        aggregates.stage_batch(cursor, SPEC, staged)
+        return agg_postgres.upsert_and_roll_up(cursor, SPEC, "plan", "shard-1", epoch=1, batch_id=0, seconds=staged)
 
     written = db.run(publish)
     assert len(written) == 5  # 3 seconds, 2 minutes

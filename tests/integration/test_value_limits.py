@@ -212,7 +212,8 @@ def publish(db: Database, spec, delta_path: Path, instance: str, partials: pa.Ta
     def work(cursor) -> pa.Table:
         aggregates.ensure_table(cursor, spec)
         aggregates.stage_batch(cursor, spec, partials)
-        return agg_postgres.upsert_and_roll_up(cursor, spec, "trades", instance, epoch=1, batch_id=batch_id)
+        return agg_postgres.upsert_and_roll_up(cursor, spec, "trades", instance, epoch=1, batch_id=batch_id,
+                                               seconds=partials)
 
     written = db.run(work)
     agg_delta.append_rows(delta_path, spec, written, node="node-a", published_at=datetime.now(timezone.utc),

@@ -22,13 +22,14 @@ from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
 from tandem.store import aggregates
 
 
-def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, instance: str, epoch: int, batch_id: int) -> pa.Table:
+def upsert_and_roll_up(cursor, spec: AggregationSpec, plan: str, instance: str, epoch: int, batch_id: int,
+                       seconds: pa.Table) -> pa.Table:
     """Upsert the staged seconds of one plan's instance and recompute every touched coarser bucket.
 
-    The seconds are staged by :func:`tandem.store.aggregates.stage_batch`. Returns every written row
+    ``seconds`` were staged by :func:`tandem.store.aggregates.stage_batch`. Returns every written row
     (``spec.written_schema``: without the plan column, as the Delta copy lives under the plan's own folder).
     """
-    written = [aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id)]
+    written = [aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id, seconds)]
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
         rows = aggregates.roll_up(cursor, spec, MERGE_SQL, plan, instance, epoch, batch_id, granularity, child)
@@ -49,7 +50,7 @@ def replace_range(cursor, spec: AggregationSpec, plan: str, instance: str, secon
     written = [spec.written_schema.empty_table()]
     if seconds.num_rows:
         aggregates.stage_batch(cursor, spec, seconds)
-        written.append(aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id))
+        written.append(aggregates.upsert_seconds(cursor, spec, plan, instance, epoch, batch_id, seconds))
     for granularity in spec.granularities[1:]:
         child = spec.child_of(granularity)
         rows = aggregates.rebuild_buckets(cursor, spec, MERGE_SQL, plan, instance, epoch, batch_id, granularity,

@@ -117,13 +117,14 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
             # COPY first: a publisher frozen in the middle of a COPY (SIGSTOP, a stalled VM) is "active", not
             # idle in its transaction, so idle_in_transaction_session_timeout never ends it; it must not hold
             # the lease's FOR KEY SHARE lock then, or the take-over would wait for as long as it is frozen.
-            aggregates.stage_batch(cursor, self.spec, rows if len(indices) == rows.num_rows else rows.take(indices))
+            staged = rows if len(indices) == rows.num_rows else rows.take(indices)
+            aggregates.stage_batch(cursor, self.spec, staged)
             check_fence(cursor, key.plan, key.instance, key.node, batch.epoch)
             if not self.table_ready:
                 aggregates.ensure_table(cursor, self.spec)
                 aggregates.ensure_key_index(cursor, self.spec)
             written = agg_postgres.upsert_and_roll_up(cursor, self.spec, key.plan, key.instance, batch.epoch,
-                                                      batch.batch_id)
+                                                      batch.batch_id, staged)
             record_published(cursor, key, self.output, batch.batch_id, batch.epoch, written.num_rows, newest, None)
             return written
 
@@ -213,7 +214,7 @@ class FactAggregateSink(HeldById):
                 seconds = add_facts(cursor, spec, key.plan, key.instance, [rows[i] for i in new], self._second)
                 aggregates.stage_batch(cursor, spec, seconds)
                 written = agg_postgres.upsert_and_roll_up(cursor, spec, key.plan, key.instance, batch.epoch,
-                                                          batch.batch_id)
+                                                          batch.batch_id, seconds)
             pending = store.not_in_lake(cursor, self.table, self.id_column, key.plan, self.output, ids)
             if set(pending) - new:  # applied by an active that died before its Delta append: copy their rows now
                 written = pa.concat_tables([written, agg_postgres.rows_of_seconds(
