@@ -282,6 +282,27 @@ def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) 
 # PostgreSQL: throw-away databases and reading an aggregate table into pandas
 
 
+def module_at(repo: Path, path: str, revision: str):
+    """The module at ``path`` in ``repo`` as it was at git ``revision``, loaded under a name of its own (for a
+    benchmark of this tree's code against a revision's)."""
+    import importlib.util
+    import sys
+
+    source = subprocess.run(["git", "-C", str(repo), "show", f"{revision}:{path}"], capture_output=True, text=True,
+                            check=True).stdout
+    name = f"{Path(path).stem}_at_{revision}"
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+        file.write(source)
+    try:
+        spec = importlib.util.spec_from_file_location(name, file.name)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(file.name)
+    return module
+
+
 def with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 

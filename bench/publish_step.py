@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import inspect
 import json
 import math
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -51,21 +48,6 @@ from tandem.store.migrations import migrate  # noqa: E402
 
 RESULTS = BENCH / "results" / "publish_step.json"
 MODULE = "include/tandem/store/aggregates.py"
-
-
-def module_at(revision: str):
-    """``tandem.store.aggregates`` as it was at ``revision``."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{MODULE}"], capture_output=True,
-                            text=True, check=True).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
-        file.write(source)
-    try:
-        spec = importlib.util.spec_from_file_location(f"aggregates_at_{revision}", file.name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        os.unlink(file.name)
-    return module
 
 
 def partials(symbols: int, span_s: int, seed: int) -> pa.Table:
@@ -143,7 +125,7 @@ def main() -> None:
     console = Console(stderr=True)
     plan = load_plan("trades")
     spec = spec_for(plan, aggregation_outputs(plan)[0])
-    sides = {"this tree": aggregates, "baseline": module_at(args.baseline)}
+    sides = {"this tree": aggregates, "baseline": C.module_at(ROOT, MODULE, args.baseline)}
     seconds = partials(args.symbols, args.span_s, seed=7)
     url = C.create_database(args.database_url, "publish")
     rounds, rows = [], {}
