@@ -20,14 +20,12 @@ from typing import Any, TypeVar
 
 import psycopg2.errors
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg2 import sql
 
 from tandem.store.identifiers import each, identifiers
 
 T = TypeVar("T")
-UTC_MICROS = pa.timestamp("us", tz="UTC")
 LONG_RANGE = (-2**63, 2**63 - 1)
 """A ``long`` sum outside this range is no value (NULL), as Spark's ``try_sum`` says; PostgreSQL sums bigints in
 ``numeric``, so the test never overflows itself."""
@@ -160,7 +158,9 @@ def _parts(spec: Any) -> dict[str, sql.Composable]:
 
 BATCH_SECOND = sql.SQL("(timestamptz 'epoch' + bucket_micros * interval '1 microsecond')")
 """A staged second's bucket start (``_batch`` holds it as epoch microseconds: as CSV text, formatting and parsing
-timestamps took half of a catch-up batch's staging; the sum is exact and needs no time zone)."""
+timestamps took half of a catch-up batch's staging). No time zone takes part, and the sum is exact: PostgreSQL
+multiplies the interval in double precision, which holds a whole second's microseconds exactly up to about the year
+20,000, and event times are held to 1970-9999 (:data:`tandem.declarations.MAX_EPOCH_MILLIS`)."""
 
 
 def stage_batch(cursor, spec: Any, seconds: pa.Table) -> None:
@@ -169,8 +169,8 @@ def stage_batch(cursor, spec: Any, seconds: pa.Table) -> None:
     measures = {m.column: m.sql_type for m in spec.measures}
     columns = ["bucket_micros", *spec.keys, *spec.measure_columns]
     types = {"bucket_micros": "bigint", **{k: "text" for k in spec.keys}, **measures}
-    staged = seconds.select([*spec.keys, *spec.measure_columns]).add_column(
-        0, "bucket_micros", pc.cast(seconds["bucket_start"].cast(UTC_MICROS), pa.int64()))
+    bucket = seconds["bucket_start"].cast(spec.written_schema.field("bucket_start").type)  # in microseconds
+    staged = seconds.select([*spec.keys, *spec.measure_columns]).add_column(0, "bucket_micros", bucket.cast(pa.int64()))
     cursor.execute("DROP TABLE IF EXISTS _batch")
     declared = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[c])) for c in columns)
     cursor.execute(sql.SQL("CREATE TEMP TABLE _batch ({}) ON COMMIT DROP").format(declared))
@@ -260,7 +260,7 @@ def written_as_staged(spec: Any, seconds: pa.Table, instance: str, epoch: int, b
             return None
     rows = seconds.num_rows
     columns = {"granularity": pa.repeat(pa.scalar("second"), rows),
-               "bucket_start": seconds["bucket_start"].cast(UTC_MICROS),
+               "bucket_start": seconds["bucket_start"],
                **{key: seconds[key].cast(pa.string()) for key in spec.keys},
                "instance": pa.repeat(pa.scalar(instance), rows),
                **{column: seconds[column] for column in spec.measure_columns},
