@@ -182,7 +182,7 @@ ensure_os_user() {
 
 # The directory really used for the cluster. As root, the `tandem` user must be able to reach it;
 # a project under a private home (/root is 0700) cannot be, so the cluster then lives under
-# /var/lib/tandem/pg-<hash> and .tandem/pg is a symlink to it.
+# a new /var/lib/tandem/pg-<hash>-<random> and .tandem/pg is a symlink to it.
 resolve_pg_dir() {
     if [[ -L "$PG_DIR" ]]; then readlink -f "$PG_DIR"; return; fi
     if [[ -d "$PG_DIR" ]] || ! is_root; then echo "$PG_DIR"; return; fi
@@ -193,11 +193,13 @@ resolve_pg_dir() {
     fi
     rmdir "$PG_DIR"
     local h alt
-    h="$(printf '%s' "$PG_DIR" | sha256sum | cut -c1-12)"  # one per cluster directory
-    alt="/var/lib/tandem/pg-$h"
-    log "$PG_OS_USER cannot reach $PG_DIR (a parent directory is private); using $alt"
-    mkdir -p "$alt"
+    h="$(printf '%s' "$PG_DIR" | sha256sum | cut -c1-12)"  # which cluster directory it serves, for a reader
+    # A new directory every time (the link remembers it): a cluster left behind by a killed run of the same
+    # path (a test's temporary directory is reused after a reboot) must never be started as this new one.
+    mkdir -p /var/lib/tandem
     chmod 755 /var/lib/tandem
+    alt="$(mktemp -d "/var/lib/tandem/pg-$h-XXXXXX")"
+    log "$PG_OS_USER cannot reach $PG_DIR (a parent directory is private); using $alt"
     chown "$PG_OS_USER:" "$alt"
     ln -s "$alt" "$PG_DIR"
     echo "$alt"

@@ -130,6 +130,32 @@ def test_a_new_private_cluster_asks_for_passwords_and_tandem_connects_as_a_role_
     assert cluster.run("ensure") == url, "a restart keeps the role's password"
 
 
+def test_a_cluster_left_behind_by_a_killed_run_is_never_started_as_the_next_one_of_the_same_directory(
+        cluster: Cluster) -> None:
+    """As root the cluster lives under /var/lib/tandem, linked from its directory. A run killed before ``destroy``
+    leaves it there; a test's temporary directory of the same path (reused after a reboot) gets a new cluster."""
+    if os.geteuid() != 0:
+        pytest.skip("only root's clusters live outside their directory")
+    url = cluster.run("ensure")
+    left_behind = cluster.real_directory
+    assert left_behind != cluster.directory and left_behind.is_relative_to("/var/lib/tandem")
+    try:
+        with psycopg2.connect(url) as conn, conn.cursor() as cursor:
+            cursor.execute("CREATE TABLE of_the_killed_run (id int)")
+        conn.close()
+        cluster.run("stop")
+        cluster.directory.unlink()  # the temporary directory went; the cluster it linked to stayed
+
+        url = cluster.run("ensure")
+        assert cluster.real_directory != left_behind
+        with psycopg2.connect(url) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('of_the_killed_run')")
+            assert cursor.fetchone() == (None,), "the killed run's cluster was started again"
+        conn.close()
+    finally:
+        subprocess.run(["rm", "-rf", str(left_behind)], check=True)
+
+
 def test_a_private_cluster_made_with_trust_is_secured_by_the_next_set_up(tmp_path: Path) -> None:
     """A cluster an earlier version made (trust, Tandem as ``postgres``), with Tandem's tables in it: the next
     ``ensure`` gives the roles passwords, makes the application role own the tables, and ends trust."""
