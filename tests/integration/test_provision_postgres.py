@@ -9,6 +9,7 @@ throw-away directory and port: the machine's own server on 5432 and the checkout
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -153,6 +154,9 @@ def test_a_cluster_left_behind_by_a_killed_run_is_never_started_as_the_next_one_
             assert cursor.fetchone() == (None,), "the killed run's cluster was started again"
         conn.close()
     finally:
+        postmaster = left_behind / "data" / "postmaster.pid"
+        if postmaster.is_file():  # still running when the test failed before stopping it (or started it again)
+            os.kill(int(postmaster.read_text().split()[0]), signal.SIGQUIT)
         subprocess.run(["rm", "-rf", str(left_behind)], check=True)
 
 
