@@ -64,6 +64,8 @@ import tandem.lake.history as lake_history  # noqa: E402
 import tandem.outputs.aggregation as aggregation_kind  # noqa: E402
 import tandem.snapshots.restore as snap_restore  # noqa: E402
 import tandem.snapshots.take as snap_take  # noqa: E402
+import tandem.supervisor.node_actions as node_actions  # noqa: E402
+import tandem.supervisor.stopping as stopping  # noqa: E402
 from tandem.config import load_cluster, load_plan  # noqa: E402
 from tandem.layout import delta_table_dir, instance_landing_dir  # noqa: E402
 from tandem.packaging import build_dist  # noqa: E402
@@ -77,6 +79,7 @@ from tandem.supervisor.reconcile import Supervisor  # noqa: E402
 
 console = Console()
 PLAN, INSTANCE, NODE = "trades", "shard-1", "node-a"
+RESTORE_TARGET_S = 30.0  # issue 50 (60 s before it)
 INSTANCE_ID = f"{PLAN}/{INSTANCE}/{NODE}"
 GRANULARITIES = ("second", "minute", "hour", "day", "month", "year")
 BASE_MS = int(C.NEW_YEAR.timestamp() * 1000)  # event times: the first --seconds seconds of 2025
@@ -212,13 +215,14 @@ def timing_restore():
     t = Timers()
     t.wrap(snap_restore, "choose_snapshot", "choose snapshot")
     t.wrap(snap_restore, "check_files", "check the snapshot's files")
-    t.wrap(snap_restore, "stop_instance", "stop instances")
+    t.wrap(node_actions.ThisHost, "stop", "stop instances")
+    t.wrap(stopping, "_terminate", "  stop: signals until the processes end")
     t.wrap(snap_restore, "_put_cut", "put the cut into every node's checkpoint")
     t.wrap(snap_restore, "_restore_outputs", "roll back outputs (Delta + PostgreSQL)")
-    t.wrap(lake_history, "roll_back_slice", "  outputs: Delta instance slice rollback")
+    t.wrap(aggregation_kind, "roll_back_slice", "  outputs: Delta instance slice rollback")
     t.wrap(lake_history, "changed_instance_rows", "    Delta: rows changed since the cut")
     t.wrap(aggregation_kind, "rebuild_postgres_instance", "  outputs: PostgreSQL rebuild")
-    t.wrap(snap_restore, "launch_instance", "launch (spark-submit)")
+    t.wrap(node_actions.ThisHost, "launch", "launch (spark-submit)")
     t.wrap(snap_restore, "wait_until_running", "launch → RUNNING")
     t.wrap(Supervisor, "reconcile", "supervisor reconcile (standbys; after RUNNING)")
     try:
@@ -822,8 +826,9 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_target": 0.9,
         "throughput_meets_target": min(ratios.values()) >= 0.9,
         "restore_1m_keys_s": sizes["1000000"]["restore"]["to_running_s"] if "1000000" in sizes else None,
-        "restore_target_s": 60.0,
-        "restore_meets_target": (sizes["1000000"]["restore"]["to_running_s"] <= 60.0) if "1000000" in sizes else None,
+        "restore_target_s": RESTORE_TARGET_S,
+        "restore_meets_target": ((sizes["1000000"]["restore"]["to_running_s"] <= RESTORE_TARGET_S)
+                                 if "1000000" in sizes else None),
         "snapshot_s_by_state_keys": {k: v["snapshot"]["wall_s_median"] for k, v in sizes.items()},
         "restore_to_running_s_by_state_keys": {k: v["restore"]["to_running_s"] for k, v in sizes.items()},
         "restore_to_first_batch_s_by_state_keys": {
@@ -899,7 +904,9 @@ METHOD = {
     "restore_time": "restore_instance(start=True) of the last snapshot, from the call to wait_until_running returning "
                     "(RUNNING: the queries were started; the state is loaded by the first batch); before_launch_s = "
                     "choose + check + stop + put the cut into both nodes' checkpoints + roll back Delta and PostgreSQL; "
-                    "launch_to_running_s = spark-submit until RUNNING; first_batch_after_restore = the restored "
+                    "launch_to_running_s = the rest until RUNNING (since issue 50 the restore begins the launch "
+                    "before the cut and the rollback, whose lock the node waits for: its JVM starts meanwhile, and "
+                    "this is what is left of its start); first_batch_after_restore = the restored "
                     "instance's first batch with input (must be the cut's batch + 1)",
     "correctness": "after the restored instance caught up: the events its new lineage processed == the events of the "
                    "landing files the cut had not read; PostgreSQL rows (6 granularities) == pandas aggregates of "
@@ -923,7 +930,7 @@ def show(results: dict) -> None:
                       f"{v['throughput']['ratio_median']:.3f}", str(v["correctness"]["exact"]))
     console.print(table)
     console.print(f"throughput_ratio_during_snapshot {results['throughput_ratio_during_snapshot']} (target ≥ 0.9); "
-                  f"restore_1m_keys_s {results['restore_1m_keys_s']} (target ≤ 60)")
+                  f"restore_1m_keys_s {results['restore_1m_keys_s']} (target ≤ {RESTORE_TARGET_S:g})")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,11 @@ class PlanChanged(TandemError):
     partitions, an aggregation's keys or measures): the launch is refused before any query starts."""
 
 
+class RestoreUnfinished(TandemError):
+    """A restore of the instance began rolling its checkpoints and outputs back and did not finish: the launch is
+    refused before any checkpoint or output is touched, until a restore finishes."""
+
+
 class PlanRunning(TandemError):
     """An operation that needs every instance of a plan stopped found one running (a live lease or driver)."""
 

@@ -50,6 +50,7 @@ from tandem.snapshots.state_export import STATE_TABLE, read_state, spark_state
 from tandem.snapshots.take import prune_snapshots, take_snapshot
 from tandem.store import Database, snapshots as catalog
 from tandem.store.registry import get_instance
+from tandem.store.supervision import RESTORING, mark
 from tandem.supervisor import stop_instance
 
 pytestmark = pytest.mark.integration
@@ -265,6 +266,28 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         rows = read_table(delta_table_dir(cluster, PLAN, "trade_aggregates"), ds.field("instance") == INSTANCE).to_pylist()
         assert not [r for r in rows if r["epoch"] == old_epoch and r["batch_id"] > cut], \
             "Delta still holds what the crashed instance published after the cut"
+        # The node was launched before the rollback ended (its JVM started meanwhile) and waited for it: it resumed at
+        # the cut, though its checkpoints were gone when it was launched.
+        [restored] = fetch(cluster.database_url, """SELECT happened_at FROM tandem.failover_events
+                           WHERE kind = 'RESTORED' AND happened_at > %s""", (restored_at,))
+        launched_at = get_instance_row(cluster, "node-a")["launched_at"]
+        assert launched_at < restored["happened_at"], "the restore launched the node only after the rollback"
+
+        # A restore that died half-way (a RESTORING event, no RESTORED after it): no launch runs on what it left.
+        with Database(cluster.database_url, "test") as db:
+            mark(db, PLAN, INSTANCE, RESTORING, "test: a restore that died half-way", node="node-a")
+        stop_instance(cluster, plan, INSTANCE, "node-a", timeout_s=20)
+        pair.launch("node-a", "ACTIVE")
+        failed = wait_for(lambda: (row := get_instance_row(cluster, "node-a"))["status"] == "FAILED" and row, 180,
+                          "the launch after a half-way restore to fail", detail=lambda: pair.log_tail("node-a"))
+        assert "did not finish" in failed["failure"] and "tandem restore trades" in failed["failure"], failed["failure"]
+        assert fetch(cluster.database_url, """SELECT count(*) AS n FROM tandem.heartbeats WHERE node = 'node-a'
+                     AND recorded_at > %s""", (failed["launched_at"],))[0]["n"] == 0, "it ran a batch"
     finally:
         writer.stopping.set()
         stop_instance(cluster, plan, INSTANCE, "node-a", timeout_s=20)
+
+
+def get_instance_row(cluster, node: str) -> dict:
+    with Database(cluster.database_url, "test") as db:
+        return get_instance(db, f"{PLAN}/{INSTANCE}/{node}")

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timezone
 from pathlib import Path
 
 import psutil
@@ -26,7 +27,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
-from tandem.errors import PlanChanged, cause_of, raised_in
+from tandem.errors import PlanChanged, RestoreUnfinished, cause_of, raised_in
 from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
 from tandem.layout import checkpoint_dir, plan_dirs
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, STANDBY_ROLES, WARM
@@ -47,6 +48,7 @@ from tandem.store.locks import plan_lock
 from tandem.store.leases import promoted_from
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, record_start, record_status, record_takeover, register_nodes
+from tandem.store.supervision import restore_lock, unfinished_restore
 
 log = logging.getLogger(__name__)
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
@@ -194,6 +196,20 @@ def _rename_legacy_lake_columns(cluster: ClusterConfig, plan: PlanConfig) -> Non
                 rename_legacy_columns(path)
 
 
+def await_restore(db: Database, database_url: str, key: InstanceKey) -> None:
+    """Wait while a restore of the instance puts a snapshot's cut back (it launches its ACTIVE node first, so that
+    the JVM starts while the outputs roll back); refuse to run after a restore that stopped half-way."""
+    with restore_lock(database_url, key.plan, key.instance):
+        pass  # taken once the restore, if any, has released it
+    unfinished = unfinished_restore(db, key.plan, key.instance)
+    if unfinished is not None:
+        raise RestoreUnfinished(
+            f"plan {key.plan}, instance {key.instance}: a restore began at "
+            f"{unfinished['happened_at'].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC ({unfinished['reason']}) "
+            "and did not finish, so its checkpoints and outputs may be half rolled back: run it again "
+            f"(`tandem restore {key.plan} --instance {key.instance}`, or the tandem_restore DAG)")
+
+
 def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: str, *,
                  trigger_interval_s: float | None = None, spark: SparkSession | None = None,
                  available_now: bool = False, stop: threading.Event | None = None,
@@ -214,9 +230,14 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
     stop = stop or threading.Event()
     spark = spark or build_session(f"tandem:{key.id}", cluster.node(node).spark_master, cluster.spark_defaults)
 
-    recover_swaps(checkpoint_dir(cluster, plan.name, instance, node, ""))  # before Spark reads a checkpoint
     with Database(cluster.database_url, "tandem-node") as db:
         migrate(db)
+        try:
+            await_restore(db, cluster.database_url, key)
+        except RestoreUnfinished as exc:
+            record_status(db, key, "FAILED", str(exc), failure=str(exc))
+            raise
+        recover_swaps(checkpoint_dir(cluster, plan.name, instance, node, ""))  # before Spark reads a checkpoint
         _rename_legacy_lake_columns(cluster, plan)
         register_nodes(db, cluster)
         me = psutil.Process()

@@ -15,10 +15,15 @@ How it works
        ``nats`` stream no longer holds is refused (even with ``force``), naming the stream and range;
     2. stop the instance on every node (SIGKILL after ``STOP_TIMEOUT_S``: what they did since the
        snapshot is rolled back anyway);
-    3. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
+    3. record a RESTORING event and, holding the instance's restore lock, launch the ACTIVE instance
+       (on ``node``, default the node the snapshot was cut from): its JVM and Spark session start
+       while steps 4 and 5 run, and it waits for the lock before it touches a checkpoint or an output.
+       A node that finds a RESTORING event with no RESTORED after it (the restore failed or died
+       half-way) refuses to run until a restore finishes;
+    4. replace each node's checkpoint with the snapshot's cut (every query; a query the snapshot
        does not hold starts from nothing). Each gets a fresh query id: a new lineage, so the
        batches after the cut are published again instead of being taken for replays;
-    4. put every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
+    5. put every Delta output of the plan (each table in ``delta/<plan>/`` but the state export)
        back to the snapshot's cut for this instance only, as its output kind says
        (:meth:`tandem.outputs.OutputKind.restore`): outputs published by id (events, tables,
        aggregations of facts, the quarantine by source file) are kept as they are, since every row
@@ -26,8 +31,7 @@ How it works
        Spark's partial aggregates are rolled back in Delta and PostgreSQL. A table no declared
        output owns (any more) has its Delta slice rolled back (:func:`tandem.lake.history.roll_back_slice`).
        Then forget the instance's published positions (``publish_log``), which lie after the cut;
-    5. record a RESTORED event and launch the ACTIVE instance (on ``node``, default the node the
-       snapshot was cut from).
+    6. record a RESTORED event and release the restore lock; wait until the ACTIVE instance RUNS.
 
     Then, outside the lock, the supervisor brings the standbys up (re-synced from the new active).
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +67,8 @@ from tandem.store.db import Database
 from tandem.store.locks import plan_lock
 from tandem.store.migrations import migrate
 from tandem.store.publish_log import forget_instance
-from tandem.store.supervision import mark
-from tandem.supervisor.launcher import wait_until_running
+from tandem.store.supervision import RESTORED, RESTORING, mark, restore_lock
+from tandem.supervisor.launcher import LaunchError, wait_until_running
 from tandem.supervisor.node_actions import NodeHost, ThisHost
 from tandem.supervisor.reconcile import Supervisor, instance_lock
 
@@ -175,26 +180,46 @@ def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *,
                     lock.check()
                     stopped = node_host.stop(instance, each, STOP_TIMEOUT_S)
                     report.add(f"stop {each}: {stopped.detail}")
-                for each in plan.nodes:
-                    lock.check()
-                    report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, instance, each, chosen)}")
-                lock.check()
-                _restore_outputs(cluster, plan, instance, chosen, db, report)
-                lock.check()
-                mark(db, plan.name, instance, "RESTORED",
-                     f"restored from snapshot {chosen.id} (batch {chosen.batch_id})", node=target,
-                     detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
-                if start:
-                    lock.check()
-                    node_host.launch(instance, target, ACTIVE, None)
-                    row = wait_until_running(cluster, plan, instance, target)
-                    report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
+                launcher = ThreadPoolExecutor(1, thread_name_prefix="tandem-restore-launch")
+                try:
+                    with restore_lock(cluster.database_url, plan.name, instance):
+                        lock.check()
+                        mark(db, plan.name, instance, RESTORING,
+                             f"restoring from snapshot {chosen.id} (batch {chosen.batch_id})", node=target,
+                             detail={"snapshot": chosen.id})
+                        # Its JVM starts while the cut is put back; it waits for this lock before touching either.
+                        launching = launcher.submit(node_host.launch, instance, target, ACTIVE, None) if start else None
+                        for each in plan.nodes:
+                            lock.check()
+                            report.add(f"checkpoint of {each}: {_put_cut(cluster, plan, instance, each, chosen)}")
+                        lock.check()
+                        _restore_outputs(cluster, plan, instance, chosen, db, report)
+                        lock.check()
+                        mark(db, plan.name, instance, RESTORED,
+                             f"restored from snapshot {chosen.id} (batch {chosen.batch_id})", node=target,
+                             detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
+                    if launching is not None:
+                        _launched(launching, node_host, instance, target, report)
+                        row = wait_until_running(cluster, plan, instance, target)
+                        report.add(f"launched {target} as ACTIVE: pid {row['pid']}")
+                finally:
+                    launcher.shutdown(wait=False)  # a launch still waiting after a failure ends on its own
         if start and len(plan.nodes) > 1:
             with Supervisor(cluster, plan, launched_by=launched_by, py_files=py_files,
                             node_host=node_host) as supervisor:
                 for line in supervisor.reconcile(instance, cause=f"restore from {chosen.id}").lines():
                     report.add(line)
         return report
+
+
+def _launched(launching: Future, node_host: NodeHost, instance: str, node: str, report: RestoreReport) -> None:
+    """The launch begun before the rollback, once the node may run; launched again if it gave up waiting (a launch
+    through a node's queue waits for RUNNING, and a long rollback may outlast that wait)."""
+    try:
+        launching.result()
+    except LaunchError as exc:
+        report.add(f"the launch of {node} begun before the rollback did not end well ({exc}): launching it again")
+        node_host.launch(instance, node, ACTIVE, None)
 
 
 def undone_backfills(done: list[backfills.BackfillRecord], instance: str) -> list[backfills.BackfillRecord]:

@@ -22,7 +22,7 @@ from tandem.store.db import connect
 
 log = logging.getLogger(__name__)
 
-SCOPES = {"migrations": 1, "launch": 2, "supervise": 3, "backfill": 4, "plan": 5}
+SCOPES = {"migrations": 1, "launch": 2, "supervise": 3, "backfill": 4, "plan": 5, "restore": 6}
 """The first key of every Tandem advisory lock: what it serialises (the second key names the thing)."""
 _TRANSIENT = (psycopg2.OperationalError, psycopg2.InterfaceError)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from tandem.store.db import Database
 from tandem.store.leases import record_event
+from tandem.store.locks import AdvisoryLock
 
 DRAINED, UNDRAINED = "DRAINED", "UNDRAINED"
 """Events that mark a node of a (plan, instance) as drained (kept down) or back in service."""
@@ -19,6 +20,8 @@ LAUNCH_EVENT = "LAUNCH"
 RESTARTED = "RESTARTED"
 RESET_EVENTS = (RESTARTED, UNDRAINED)
 """After one of these, the supervisor's launch budget of the node starts again."""
+RESTORING, RESTORED = "RESTORING", "RESTORED"
+"""A restore of a (plan, instance) began rolling its checkpoints and outputs back to a snapshot's cut; it ended."""
 
 
 @dataclass(frozen=True)
@@ -152,5 +155,25 @@ def latest_progress(db: Database, plan: str) -> dict[str, dict[str, Any]]:
                    ORDER BY recorded_at DESC LIMIT 1) h
                WHERE i.plan = %s""", (plan,))
         return {row["instance_id"]: dict(row) for row in cursor.fetchall()}
+
+    return db.run(work, attempts=3)
+
+
+def restore_lock(database_url: str, plan: str, instance: str) -> AdvisoryLock:
+    """Held by a restore of (plan, instance) while it puts a snapshot's cut into the checkpoints and rolls the
+    outputs back: a node it launched meanwhile (so that its JVM starts in parallel) waits for it at start."""
+    return AdvisoryLock(database_url, "restore", f"{plan}/{instance}")
+
+
+def unfinished_restore(db: Database, plan: str, instance: str) -> dict[str, Any] | None:
+    """The newest RESTORING event of (plan, instance) when no RESTORED event followed it: a restore that stopped
+    half-way (its checkpoints and outputs may be neither at the cut nor as they were); ``None`` otherwise."""
+
+    def work(cursor):
+        cursor.execute("""SELECT kind, happened_at, reason, detail FROM failover_events
+                          WHERE plan = %s AND instance = %s AND kind IN (%s, %s)
+                          ORDER BY happened_at DESC, id DESC LIMIT 1""", (plan, instance, RESTORING, RESTORED))
+        row = cursor.fetchone()
+        return dict(row) if row and row["kind"] == RESTORING else None
 
     return db.run(work, attempts=3)
