@@ -26,6 +26,7 @@ from _ha import (
     configure_one_instance,
     expected_aggregates,
     fetch,
+    instance_row,
     lease,
     mismatches,
     wait_for,
@@ -270,7 +271,7 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         # the cut, though its checkpoints were gone when it was launched.
         [restored] = fetch(cluster.database_url, """SELECT happened_at FROM tandem.failover_events
                            WHERE kind = 'RESTORED' AND happened_at > %s""", (restored_at,))
-        launched_at = get_instance_row(cluster, "node-a")["launched_at"]
+        launched_at = instance_row(cluster.database_url, "node-a")["launched_at"]
         assert launched_at < restored["happened_at"], "the restore launched the node only after the rollback"
 
         # A restore that died half-way (a RESTORING event, no RESTORED after it): no launch runs on what it left.
@@ -278,8 +279,8 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
             mark(db, PLAN, INSTANCE, RESTORING, "test: a restore that died half-way", node="node-a")
         stop_instance(cluster, plan, INSTANCE, "node-a", timeout_s=20)
         pair.launch("node-a", "ACTIVE")
-        failed = wait_for(lambda: (row := get_instance_row(cluster, "node-a"))["status"] == "FAILED" and row, 180,
-                          "the launch after a half-way restore to fail", detail=lambda: pair.log_tail("node-a"))
+        failed = wait_for(lambda: (row := instance_row(cluster.database_url, "node-a"))["status"] == "FAILED" and row,
+                          180, "the launch after a half-way restore to fail", detail=lambda: pair.log_tail("node-a"))
         assert "did not finish" in failed["failure"] and "tandem restore trades" in failed["failure"], failed["failure"]
         assert fetch(cluster.database_url, """SELECT count(*) AS n FROM tandem.heartbeats WHERE node = 'node-a'
                      AND recorded_at > %s""", (failed["launched_at"],))[0]["n"] == 0, "it ran a batch"
@@ -287,7 +288,3 @@ def test_a_whole_cluster_crash_is_restored_from_the_latest_good_snapshot(project
         writer.stopping.set()
         stop_instance(cluster, plan, INSTANCE, "node-a", timeout_s=20)
 
-
-def get_instance_row(cluster, node: str) -> dict:
-    with Database(cluster.database_url, "test") as db:
-        return get_instance(db, f"{PLAN}/{INSTANCE}/{node}")

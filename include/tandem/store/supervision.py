@@ -170,7 +170,7 @@ def unfinished_restore(db: Database, plan: str, instance: str) -> dict[str, Any]
     half-way (its checkpoints and outputs may be neither at the cut nor as they were); ``None`` otherwise."""
 
     def work(cursor):
-        cursor.execute("""SELECT kind, happened_at, reason, detail FROM failover_events
+        cursor.execute("""SELECT kind, happened_at, reason FROM failover_events
                           WHERE plan = %s AND instance = %s AND kind IN (%s, %s)
                           ORDER BY happened_at DESC, id DESC LIMIT 1""", (plan, instance, RESTORING, RESTORED))
         row = cursor.fetchone()
