@@ -239,19 +239,75 @@ def valid_trade(line: str) -> dict | None:
     return event
 
 
+def valid_event(line: str, fields) -> dict | None:
+    """A stream's rule for one input line, in plain Python, from its declared ``fields`` (name → the declaration's
+    field: ``type``, ``checks()``, ``default``, ``path(name)``): the event (each field by its name, defaults filled
+    in) when the line is a JSON object without a repeated key whose fields have their types and pass their checks;
+    else None. Restates the rule for the benchmarks' checks without Spark (``tandem.runtime.records`` is the
+    rule)."""
+
+    def unique(pairs):
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a repeated key")
+        return dict(pairs)
+
+    try:
+        parsed = json.loads(line, object_pairs_hook=unique)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    event = {}
+    for name, field in fields.items():
+        value = parsed
+        for key in field.path(name):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            value = field.default
+        if value is None or not _of_type(value, field.type) or not all(
+                _passes(value, operator, bound) for operator, bound, _ in field.checks()):
+            return None
+        event[name] = value
+    return event
+
+
+def _of_type(value, declared: str) -> bool:
+    if declared == "string":
+        return isinstance(value, str)
+    if declared == "boolean":
+        return isinstance(value, bool)
+    if declared == "double":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63  # long, epoch_millis
+
+
+def _passes(value, operator: str, bound) -> bool:
+    tests = {"not_empty": lambda: bool(value.strip()), "no_nul": lambda: "\x00" not in value,
+             "max_length": lambda: len(value) <= bound, "finite": lambda: math.isfinite(value),
+             "between": lambda: bound[0] <= value <= bound[1], ">": lambda: value > bound,
+             ">=": lambda: value >= bound, "<": lambda: value < bound, "<=": lambda: value <= bound}
+    return tests[operator]()
+
+
 def trades_reference(paths, bucket_ms: int = 1000) -> tuple[pd.DataFrame, int, int]:
     """The trades plan's measures per (bucket, symbol) over the valid lines of ``paths``, read and checked line by
     line (:func:`valid_trade`); returns the frame (``bucket_start`` in epoch ms), the valid and the invalid lines."""
-    rows, invalid = [], 0
+    events, invalid = [], 0
     for path in paths:
         for line in Path(path).read_text().splitlines():
             event = valid_trade(line)
             if event is None:
                 invalid += 1
             else:
-                rows.append((event["timestamp"] // bucket_ms * bucket_ms, event["symbol"], float(event["price"]),
-                             event["quantity"]))
-    return _measures(pd.DataFrame(rows, columns=["bucket_start", "symbol", "price", "quantity"])), len(rows), invalid
+                events.append(event)
+    return trades_measures(events, bucket_ms), len(events), invalid
+
+
+def trades_measures(events: list[dict], bucket_ms: int = 1000) -> pd.DataFrame:
+    """The trades plan's measures per (bucket, symbol) of good trade events (``bucket_start`` in epoch ms)."""
+    rows = [(e["timestamp"] // bucket_ms * bucket_ms, e["symbol"], float(e["price"]), e["quantity"]) for e in events]
+    return _measures(pd.DataFrame(rows, columns=["bucket_start", "symbol", "price", "quantity"]))
 
 
 def compare_frames(left: pd.DataFrame, right: pd.DataFrame, rtol: float = 1e-9) -> dict:

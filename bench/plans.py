@@ -14,6 +14,11 @@ to the end (available-now) in one Spark session, alternately:
 events/s = events of the plan's primary stream (trades, orders, readings) ÷ wall seconds of the
 whole run (all instances); the ratio is tandem ÷ plain of the medians. Target ≥ 0.9.
 
+With ``--flink`` (the default once ``make bench-flink`` has made its venv) each plan also runs in the peer, Apache
+Flink, on the same files (``bench/flink_peer.py``: every plan in Flink SQL, one job per run): one checked run, every
+output's rows against plain-Python references of the plan over the good lines, then ``--repeats`` timed streaming
+runs into blackhole sinks; ``tandem_over_flink`` = Tandem's events/s ÷ Flink's (target ≥ 0.6).
+
 Then the hot failover time per plan: the first instance of the plan's first group (every group
 at parallel 1) on node-a ACTIVE and node-b hot PASSIVE, two real detached ``spark-submit``
 processes (the master of the nodes' Airflow connections, ``local[2]`` here), the plan's generator
@@ -23,7 +28,8 @@ process group with SIGKILL at a random point of the heartbeat and times the firs
 commit of the new active (``bench/failover.py``'s ``one_failover``); the killed node then rejoins
 as the standby and gets level again before the next run. Target: median ≤ 5 s.
 
-    python bench/plans.py [--events N] [--repeats 3] [--failovers 3] [--rate 10] [--plans trades,pizza_shop,temperatures] [--merge]
+    python bench/plans.py [--events N] [--repeats 3] [--failovers 3] [--rate 10]
+        [--plans trades,pizza_shop,temperatures] [--flink] [--merge]
 
 Results: ``bench/results/plans.json``.
 """
@@ -129,17 +135,19 @@ def run_plain(cluster, plan, spark, url: str) -> None:
         def sink(self, output: str):
             return PlainSink(url, output, delta_table_dir(self.cluster, "plain", output))
 
-        def routed(self, column: str, outputs: dict[str, str]):
-            sinks = {value: self.sink(output) for value, output in outputs.items()}
+        def routed(self, column: str, outputs: dict[str, tuple[str, ...]]):
+            from tandem.runtime.publisher import ALL_ROWS
+
+            sinks = [(value, self.sink(output)) for value, names in outputs.items() for output in names]
 
             def route(frame, batch_id: int) -> None:
                 from pyspark.sql import functions as F
 
                 frame.persist()
-                for value, sink in sinks.items():
-                    sink(frame.where(F.col(column) == value), batch_id)
+                for value, sink in sinks:
+                    sink(frame if value == ALL_ROWS else frame.where(F.col(column) == value), batch_id)
                 frame.unpersist()
-            route.output = "+".join(outputs.values())
+            route.output = "+".join(name for names in outputs.values() for name in names)
             return route
 
     for instance in plan.instances:
@@ -186,7 +194,7 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
                 if timed:
                     seconds[side].append(round(time.perf_counter() - started, 2))
             progress.advance(task)
-        flink = flink_part(name, input_dir, primary, repeats, progress) if with_flink else None
+        flink = flink_part(name, plan, input_dir, primary, repeats, progress) if with_flink else None
     finally:
         shutil.rmtree(input_dir, ignore_errors=True)
     tandem_rate = primary / statistics.median(seconds["tandem"])
@@ -204,26 +212,26 @@ def measure(name: str, events: int, repeats: int, spark, progress: Progress, tas
             "failover": None}
 
 
-def flink_part(name: str, input_dir: Path, primary: int, repeats: int, progress: Progress) -> dict:
-    """The peer (:mod:`flink_peer`) on the same files: one checked run (CSV rows against a plain-Python reference of
-    the lines, :func:`_common.trades_reference`), then ``repeats`` timed streaming runs into a blackhole sink, each
-    once the machine is quiet (this process's Spark JVM included), with the CPU anything else used meanwhile."""
-    if name in flink_peer.NOT_WRITTEN:
-        return {"ran": False, "why": flink_peer.NOT_WRITTEN[name]}
-    files = sorted((input_dir / PRIMARY[name]).rglob("*.jsonl"))
-    truth, valid, invalid = C.trades_reference(files)
-    watermark_ms = int(truth["bucket_start"].max() - truth["bucket_start"].min()) + 10_000  # the whole span
+def flink_part(name: str, plan, input_dir: Path, primary: int, repeats: int, progress: Progress) -> dict:
+    """The peer (:mod:`flink_peer`) on the same files: one checked run (every output's rows against a plain-Python
+    reference of the plan over the lines, :func:`flink_check`), then ``repeats`` timed streaming runs into blackhole
+    sinks, each once the machine is quiet (this process's Spark JVM included), with the CPU anything else used
+    meanwhile."""
+    inputs = {stream: input_dir / stream for stream in flink_peer.PLANS[name].streams}
+    events = {stream: valid_events(plan, stream, path) for stream, path in inputs.items()}
+    times = [e[plan.streams[stream].event_time] for stream, (good, _) in events.items() for e in good]
+    watermark_ms = max(times) - min(times) + 10_000  # the whole span: Flink reads the files out of their order
 
     def timed_run():
         C.wait_for_quiet(set(), max_wait_s=300)  # nothing busy: not even this process's Spark JVM
         others = C.ForeignCpu(set())
-        run = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms)
+        run = flink_peer.run(name, inputs, watermark_ms=watermark_ms)
         return run, round(max(0.0, others.seconds() - run.cpu_s), 1)
 
     out = input_dir.parent / f"{input_dir.name}-flink-out"
     try:
-        checked = flink_peer.run(name, input_dir / PRIMARY[name], watermark_ms=watermark_ms, output=out)
-        comparison = C.compare_frames(flink_peer.read_rows(out), truth)
+        checked = flink_peer.run(name, inputs, watermark_ms=watermark_ms, output=out)
+        comparison = flink_check(name, out, {stream: good for stream, (good, _) in events.items()})
     finally:
         shutil.rmtree(out, ignore_errors=True)
     measured = [timed_run() for _ in range(repeats)]
@@ -233,8 +241,90 @@ def flink_part(name: str, input_dir: Path, primary: int, repeats: int, progress:
     return {"ran": True, "mode": "streaming", "parallelism": checked.parallelism, "version": checked.flink_version,
             "watermark_ms": watermark_ms, "seconds": [r.job_s for r in timed], "cpu_s": [r.cpu_s for r in timed],
             "other_processes_cpu_s": [other for _, other in measured],
-            "jvm_start_s": [r.jvm_start_s for r in timed], "valid_lines": valid, "invalid_lines": invalid,
+            "jvm_start_s": [r.jvm_start_s for r in timed],
+            "valid_lines": {stream: len(good) for stream, (good, _) in events.items()},
+            "invalid_lines": {stream: bad for stream, (_, bad) in events.items()},
             "check": comparison, "events_per_s": round(primary / statistics.median(r.job_s for r in timed), 1)}
+
+
+def valid_events(plan, stream: str, directory: Path) -> tuple[list[dict], int]:
+    """The good events of a stream's files (the plan's declared rule in plain Python, :func:`_common.valid_event`),
+    and how many lines were bad."""
+    good, bad = [], 0
+    for path in sorted(directory.rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = C.valid_event(line, plan.streams[stream].fields)
+            good.append(event) if event is not None else None
+            bad += event is None
+    return good, bad
+
+
+def flink_check(name: str, output: Path, events: dict[str, list[dict]]) -> dict:
+    """A checked Flink run's outputs against the plan's semantics in plain Python over the good events
+    (``tests/support/_references.py``; trades: :func:`_common.trades_reference`'s measures): per output, the rows on
+    one side only (a multiset of rows: a row twice is a difference too)."""
+    from collections import Counter
+
+    if name == "trades":
+        return C.compare_frames(flink_peer.read_rows(output), C.trades_measures(events["trades"]))
+    rows = flink_peer.read_outputs(output, name)
+    expected, as_row = (pizza_expected(events["orders"], events["deliveries"]) if name == "pizza_shop"
+                        else temperatures_expected(events["temps"]))
+    outputs = {}
+    for output_name, want in expected.items():
+        got = Counter(as_row(output_name, row) for row in rows.get(output_name, []))
+        if name == "temperatures":  # keyed events: a reading given twice is one event (the reference's sets)
+            got = Counter(set(got))
+        outputs[output_name] = {"rows": sum(got.values()), "expected": sum(want.values()),
+                                "only_flink": sum((got - want).values()), "only_reference": sum((want - got).values()),
+                                "examples_only_flink": [list(r) for r in list(got - want)[:3]],
+                                "examples_only_reference": [list(r) for r in list(want - got)[:3]]}
+    return {"outputs": outputs,
+            "match": all(o["only_flink"] == o["only_reference"] == 0 for o in outputs.values())}
+
+
+def pizza_expected(orders: list[dict], deliveries: list[dict]):
+    """The pizza shop's outputs as multisets of rows, and how a Flink row becomes one."""
+    from collections import Counter
+    from datetime import datetime, timezone
+
+    from _references import ORDER_EXPIRY_MS, last_orders_reference, pizza_reference
+
+    per_customer, overdue = pizza_reference(orders, deliveries)
+    stats: dict[tuple[str, int], list] = {}
+    for order in orders:
+        for unit, size in (("minute", 60_000), ("hour", 3_600_000), ("day", 86_400_000)):
+            bucket = stats.setdefault((unit, order["time"] // size * size), [0, 0, set()])
+            bucket[0] += 1
+            bucket[1] += order["order_no"] not in overdue
+            bucket[2].add(order["customer_name"])
+    expected = {
+        "delivered_orders": Counter(per_customer.items()),
+        "overdue_orders": Counter((o["order_no"], o["customer_name"], o["time"], o["time"] + ORDER_EXPIRY_MS)
+                                  for o in orders if o["order_no"] in overdue),
+        "last_orders": Counter((c, r["order_no"], r["order_time"], r["outcome"], r["delivered"])
+                               for c, r in last_orders_reference(orders, deliveries).items()),
+        "order_stats": Counter((unit, start, n, on_time, len(customers))
+                               for (unit, start), (n, on_time, customers) in stats.items()),
+    }
+
+    def as_row(output: str, row: dict) -> tuple:
+        if output == "order_stats":
+            start = datetime.fromisoformat(row["bucket_start"]).replace(tzinfo=timezone.utc)
+            return (row["granularity"], int(start.timestamp() * 1000), row["orders"], row["on_time"], row["customers"])
+        return tuple(row.values())
+
+    return expected, as_row
+
+
+def temperatures_expected(readings: list[dict]):
+    """The temperature outputs as multisets of rows (:func:`_references.temperature_row`'s tuples)."""
+    from collections import Counter
+
+    from _references import temperature_reference, temperature_row
+
+    expected = {output: Counter(rows) for output, rows in temperature_reference(readings).items()}
+    return expected, temperature_row
 
 
 def hot_failovers(name: str, runs: int, rate: int, progress: Progress, task) -> dict:
@@ -327,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="events per second during the failovers (10: on 2 cores both nodes of every plan keep up)")
     parser.add_argument("--plans", default="trades,pizza_shop,temperatures")
     parser.add_argument("--flink", action=argparse.BooleanOptionalAction, default=None,
-                        help="also run the peer, Apache Flink, where its SQL is written (bench/flink_peer.py; needs "
-                             "`make bench-flink`); default: when its venv is there")
+                        help="also run the peer, Apache Flink, on the same files (bench/flink_peer.py: every plan in "
+                             "Flink SQL; needs `make bench-flink`); default: when its venv is there")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other plans' entries of results/plans.json (each names its own run), and with "
                              "--failovers 0 each plan's earlier failover figures (marked with their run)")

@@ -330,12 +330,12 @@ class Bench:
         if output is not None:
             shutil.rmtree(output, ignore_errors=True)
         conditions = self.settle()
-        run = flink_peer.run("trades", inp.directory, mode=mode, parallelism=self.args.flink_parallelism,
+        run = flink_peer.run("trades", {"trades": inp.directory}, mode=mode, parallelism=self.args.flink_parallelism,
                              watermark_ms=watermark_ms, output=output)
         used = self.used()  # Flink's JVM is not reaped by its parent: its CPU comes from the child's own report
         used["other_processes_cpu_s"] = round(max(0.0, used["other_processes_cpu_s"] - run.cpu_s), 1)
         used["cpu_s"]["flink"] = run.cpu_s
-        return {"mode": mode, "watermark_ms": watermark_ms, "sink": "csv" if output else "blackhole",
+        return {"mode": mode, "watermark_ms": watermark_ms, "sink": "debezium-json files" if output else "blackhole",
                 "wall_s": run.job_s, "events_per_s": round(inp.lines / run.job_s), "jvm_start_s": run.jvm_start_s,
                 "process_s": run.process_s, "flink_version": run.flink_version, **conditions, **used}
 
@@ -540,7 +540,6 @@ def instrumented(side: str):
         import tandem.store.aggregates as aggregates
         import tandem.outputs.aggregation as aggregation_kind
         import tandem.outputs.quarantine as quarantine_kind
-        import tandem.store.heartbeats as heartbeats
         import tandem.runtime.listener as listener
 
         timers.wrap(aggregation_kind.AggregateSink, "publish", "aggregates sink total")
@@ -555,7 +554,6 @@ def instrumented(side: str):
         timers.wrap(tables, "committed_version", "delta: committed_version (log load)")
         timers.wrap(tables, "write_deltalake", "delta: write_deltalake")
         timers.wrap(listener, "record_progress", "heartbeat rows (listener thread)")
-        del heartbeats
     else:
         timers.wrap(plain_trades, "upsert_and_roll_up", "pg: COPY + upsert + roll-ups (incl. fetch)")
         timers.wrap(plain_trades, "append_delta", "delta: aggregates append total")
