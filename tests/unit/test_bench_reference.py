@@ -126,3 +126,18 @@ def test_a_keyed_outputs_upserts_apply_in_the_order_its_subtask_wrote_them(tmp_p
     _changes(out / "part-u-1-1", ("c", None, latest("o-4")))
     with pytest.raises(ValueError, match="two sink subtasks"):
         flink_peer.read_outputs(tmp_path, "pizza_shop")
+
+def test_flinks_last_orders_tie_break_hashes_the_text_tandems_event_id_hashes() -> None:
+    """Flink's ``last_orders`` breaks a tie by ``SHA256`` of a JSON text it builds in SQL: the same text, hashed,
+    must be Tandem's event id of the order (``tandem.declarations.event_id``)."""
+    import hashlib
+
+    from tandem.declarations import event_id
+
+    head, tail = '{"order_no":', ',"output":"last_orders","plan":"pizza_shop"}'
+    query = flink_peer.PIZZA_SHOP.outputs["last_orders"].query
+    assert f"CONCAT(\n        '{head}', JSON_STRING(order_no), '{tail}')" in query
+    for order_no in ("o1750000000000-16005", 'a "quoted" \\ one'):
+        text = head + json.dumps(order_no) + tail
+        assert hashlib.sha256(text.encode()).hexdigest()[:32] == event_id("pizza_shop", "last_orders",
+                                                                          {"order_no": order_no})
