@@ -293,15 +293,22 @@ def _passes(value, operator: str, bound) -> bool:
 def trades_reference(paths, bucket_ms: int = 1000) -> tuple[pd.DataFrame, int, int]:
     """The trades plan's measures per (bucket, symbol) over the valid lines of ``paths``, read and checked line by
     line (:func:`valid_trade`); returns the frame (``bucket_start`` in epoch ms), the valid and the invalid lines."""
+    events, invalid = good_events(paths, valid_trade)
+    return trades_measures(events, bucket_ms), len(events), invalid
+
+
+def good_events(paths, rule) -> tuple[list[dict], int]:
+    """The events of the lines of ``paths`` that ``rule`` keeps (it returns the event, or None for a bad line), and
+    how many lines it refused."""
     events, invalid = [], 0
     for path in paths:
         for line in Path(path).read_text().splitlines():
-            event = valid_trade(line)
+            event = rule(line)
             if event is None:
                 invalid += 1
             else:
                 events.append(event)
-    return trades_measures(events, bucket_ms), len(events), invalid
+    return events, invalid
 
 
 def trades_measures(events: list[dict], bucket_ms: int = 1000) -> pd.DataFrame:

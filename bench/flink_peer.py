@@ -173,8 +173,9 @@ SELECT room_no, device_id, temp, `time`, AVG(temp) OVER w AS avg_temp, COUNT(*) 
 WINDOW w AS (PARTITION BY room_no ORDER BY ts RANGE BETWEEN INTERVAL '119.999' SECOND(3) PRECEDING AND CURRENT ROW)"""),
         # each reading's earliest warmer reading (ties: device, then temperature): a window top-1 per reading, final
         # at the reading's time (MATCH_RECOGNIZE (A B*? C) says it too, but ran for over 12 minutes on 20,000 readings)
-        "temp_alerts": OutputSql("room_no BIGINT, initial_device_id STRING, initial_temp DOUBLE, initial_time BIGINT, "
-                        "final_device_id STRING, final_temp DOUBLE, final_time BIGINT", """
+        "temp_alerts": OutputSql(
+            "room_no BIGINT, initial_device_id STRING, initial_temp DOUBLE, initial_time BIGINT, "
+            "final_device_id STRING, final_temp DOUBLE, final_time BIGINT", """
 SELECT room_no, initial_device_id, initial_temp, initial_time, final_device_id, final_temp, final_time
 FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, room_no, initial_device_id, initial_temp,
                                                 initial_time
@@ -287,17 +288,18 @@ def read_outputs(output: Path, plan: str) -> dict[str, list[dict]]:
     outputs: dict[str, list[dict]] = {}
     for directory in sorted(p for p in output.iterdir() if p.is_dir()):
         key = PLANS[plan].outputs[directory.name].key
-        parts = sorted((p for p in directory.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))),
-                       key=_written_order)
+        parts = sorted((_written_order(p), p) for p in directory.rglob("*")
+                       if p.is_file() and not p.name.startswith((".", "_")))
         held: Counter[tuple] = Counter()
         latest: dict[tuple, tuple[int, dict]] = {}
-        for part in parts:
-            subtask = _written_order(part)[0]
+        for (subtask, _), part in parts:
             for line in part.read_text().splitlines():
                 before, after = (json.loads(line).get(side) for side in ("before", "after"))
                 if not key:
-                    held.update({tuple(before.items()): -1} if before is not None else {})
-                    held.update({tuple(after.items()): 1} if after is not None else {})
+                    if before is not None:
+                        held[tuple(before.items())] -= 1
+                    if after is not None:
+                        held[tuple(after.items())] += 1
                     continue
                 row = after if after is not None else before
                 at = tuple(row[column] for column in key)
@@ -311,11 +313,13 @@ def read_outputs(output: Path, plan: str) -> dict[str, list[dict]]:
     return outputs
 
 
-def _written_order(part: Path) -> tuple[int, int, str]:
+def _written_order(part: Path) -> tuple[int, int]:
     """A sink file's (subtask, counter) from its name, ``part-<uuid>-<subtask>-<counter>``: a subtask's files in the
-    order it wrote them."""
+    order it wrote them (a file named otherwise is an error: its order is unknown)."""
     *_, subtask, counter = part.name.split("-")
-    return (int(subtask), int(counter), part.name) if subtask.isdigit() and counter.isdigit() else (-1, -1, part.name)
+    if not (subtask.isdigit() and counter.isdigit()):
+        raise ValueError(f"{part}: not a Flink sink file (part-<uuid>-<subtask>-<counter>)")
+    return int(subtask), int(counter)
 
 
 def read_rows(output: Path):

@@ -250,13 +250,8 @@ def flink_part(name: str, plan, input_dir: Path, primary: int, repeats: int, pro
 def valid_events(plan, stream: str, directory: Path) -> tuple[list[dict], int]:
     """The good events of a stream's files (the plan's declared rule in plain Python, :func:`_common.valid_event`),
     and how many lines were bad."""
-    good, bad = [], 0
-    for path in sorted(directory.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            event = C.valid_event(line, plan.streams[stream].fields)
-            good.append(event) if event is not None else None
-            bad += event is None
-    return good, bad
+    fields = plan.streams[stream].fields
+    return C.good_events(sorted(directory.rglob("*.jsonl")), lambda line: C.valid_event(line, fields))
 
 
 def flink_check(name: str, output: Path, events: dict[str, list[dict]]) -> dict:
