@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -519,8 +520,14 @@ def test_a_restore_stops_a_frozen_driver_on_its_host_and_relaunches_each_node_on
     [restored] = [e for e in failover_events(url) if e["kind"] == "RESTORED" and e["detail"]["snapshot"] == snapshot.id]
     assert restored["node"] == target
     [log] = (on_hosts.airflow.home / "logs" / f"dag_id={RESTORE}" / f"run_id={run_id}").glob("task_id=*/attempt=1.log")
-    stopped = f"stop {target}: stopped on host {HOST_OF[target]} at the stop request"
-    assert stopped in log.read_text(), f"the restore should have stopped {target} (not frozen) through PostgreSQL"
+    # The live ACTIVE obeys its stop request with its next beat; on a loaded host its graceful stop may outlast the
+    # restore's 5 s, and the restore then stops it through its host's queue, as it did the frozen one.
+    graceful = f"stop {target}: stopped on host {HOST_OF[target]} at the stop request"
+    on_its_host = re.compile(rf"stop {target}: instance \S+ on host {HOST_OF[target]} still \w+ \S+ after its stop "
+                             rf"request .*; stopped on its host by {RUN} run tandem_stop__{target}__")
+    text = log.read_text()
+    assert graceful in text or on_its_host.search(text), f"the restore should have stopped {target} (not frozen)"
+    note(f"{target} stopped " + ("at its stop request" if graceful in text else "through its host's queue"))
 
 
 def live_schedulers(url: str) -> set[str]:

@@ -15,6 +15,7 @@ import pytest
 from tandem.config import ClusterConfig, load_cluster, load_plan
 from tandem.layout import instance_landing_dir
 from tandem.plans.trades import TradeGenerator
+from tandem.process_start import start_since_boot
 from tandem.sources.files import write_atomically
 from tandem.store import Database
 from tandem.store.migrations import migrate
@@ -236,7 +237,7 @@ def test_stopping_a_hand_started_driver_never_signals_the_process_that_took_an_o
         with Database(cluster.database_url) as db:
             migrate(db)
             register_nodes(db, cluster)
-            record_launch(db, KEY, submit_pid=bystander.pid, submit_started_at=psutil.Process(bystander.pid).create_time(),
+            record_launch(db, KEY, submit_pid=bystander.pid, submit_started_at=start_since_boot(bystander.pid),
                           log_path="/dev/null", launched_by="an earlier launch", trigger_interval_s=1.0,
                           checkpoint_root=str(cluster.storage_root))
         by_hand = subprocess.Popen(
@@ -254,7 +255,7 @@ def test_stopping_a_hand_started_driver_never_signals_the_process_that_took_an_o
         wait_for(running, 240, "the hand-started driver to run")
         row = running()
         assert row["submit_pid"] is None, "the driver kept a submit PID that is not its parent"
-        assert row["pid_started_at"] == pytest.approx(psutil.Process(row["pid"]).create_time(), abs=0.05)
+        assert row["pid_started_at"] == pytest.approx(start_since_boot(row["pid"]), abs=0.05)
 
         result = stop_instance(cluster, plan, "shard-1", "node-a", timeout_s=60)
         assert result.status == "STOPPED" and result.graceful, result

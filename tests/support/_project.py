@@ -18,7 +18,7 @@ import pytest
 
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
-from tandem.supervisor.processes import START_TIME_TOLERANCE_S
+from tandem.process_start import TOLERANCE_S, start_since_boot
 
 PROJECT = Path(__file__).resolve().parents[2]
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
@@ -88,10 +88,7 @@ class ProcessGroups(list):
 
     def append(self, pgid: int) -> None:
         if pgid not in self.leader_started:
-            try:
-                self.leader_started[pgid] = psutil.Process(pgid).create_time()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                self.leader_started[pgid] = None
+            self.leader_started[pgid] = start_since_boot(pgid)
         super().append(pgid)
 
     def extend(self, pgids) -> None:
@@ -100,12 +97,11 @@ class ProcessGroups(list):
 
     def reused(self, pgid: int) -> bool:
         """Whether ``pgid`` now leads a group other than the one recorded (a live leader started at another time)."""
-        try:
-            started = psutil.Process(pgid).create_time()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        started = start_since_boot(pgid)
+        if started is None:
             return False  # no leader: whatever still has this group id is what is left of the recorded group
         recorded = self.leader_started.get(pgid)
-        return recorded is None or abs(started - recorded) > START_TIME_TOLERANCE_S
+        return recorded is None or abs(started - recorded) > TOLERANCE_S
 
 
 def kill_groups(groups: list[int]) -> None:

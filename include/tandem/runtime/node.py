@@ -34,6 +34,7 @@ from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, STANDBY_ROLES, WARM
 from tandem.cutover import load_cut
 from tandem.plan_shape import check_unchanged, record_shape, state_refusal
 from tandem.plan_version import plan_version
+from tandem.process_start import start_since_boot
 from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
@@ -242,7 +243,7 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         register_nodes(db, cluster)
         me = psutil.Process()
         version = plan_version(plan)  # hashes the plan's files: once, the version recorded is the one verified
-        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=me.create_time(),
+        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=start_since_boot(me.pid),
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")),

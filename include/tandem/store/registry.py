@@ -46,8 +46,8 @@ def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_sta
                   launched_by: str, trigger_interval_s: float, checkpoint_root: str) -> None:
     """Record that a launcher started ``spark-submit`` for an instance (status LAUNCHING).
 
-    ``submit_started_at`` is the process's start time: a PID alone names whichever process has it
-    now, and nothing is ever signalled unless both still match.
+    ``submit_started_at`` is the process's start time in seconds from boot (:mod:`tandem.process_start`): a PID
+    alone names whichever process has it now, and nothing is ever signalled unless both still match.
     """
     db.run(lambda cursor: cursor.execute(
         """INSERT INTO plan_instances (instance_id, plan, instance, node, status, submit_pid, submit_started_at,

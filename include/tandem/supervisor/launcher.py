@@ -44,13 +44,13 @@ from tandem.declarations import parse_duration
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import checkpoint_dir, logs_dir, make_private_dirs
 from tandem.names import ACTIVE
+from tandem.process_start import start_since_boot
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
 from tandem.store.registry import InstanceKey, get_instance, record_launch, register_nodes
 from tandem.supervisor.launch_decision import ENDED_STATUSES, decide_launch
-from tandem.supervisor.processes import (instance_process_alive, kill_group, process_start_time,
-                                         recorded_on_this_host, track_child)
+from tandem.supervisor.processes import instance_process_alive, kill_group, recorded_on_this_host, track_child
 from tandem.shared_storage import StorageNotShared, require_shared_storage
 from tandem.supervisor.submit_command import (APPLICATION_SCRIPT, build_submit_command, child_environment,
                                              reset_scratch_dir, scratch_dir)
@@ -175,7 +175,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: st
             process = _spawn(command.argv, log_path, child_environment(cluster, scratch=scratch),
                              cwd=cluster.project_root)
             try:
-                record_launch(db, key, submit_pid=process.pid, submit_started_at=process_start_time(process.pid),
+                record_launch(db, key, submit_pid=process.pid, submit_started_at=start_since_boot(process.pid),
                               log_path=str(log_path), launched_by=launched_by,
                               trigger_interval_s=interval,
                               checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")))

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from tandem.process_start import same_start
 from tandem.store.registry import InstanceKey
 from tandem.supervisor.submit_command import APPLICATION_SCRIPT
 
@@ -61,18 +62,6 @@ def _process(pid: int | None) -> psutil.Process | None:
         return None
 
 
-def process_start_time(pid: int) -> float | None:
-    """When the process started (``None`` when it has already exited: nothing will ever be signalled then)."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
-
-
-START_TIME_TOLERANCE_S = 0.05
-"""The kernel reports a process's start time in clock ticks (10 ms): the same process always gives the same value."""
-
-
 def verified_process(pid: int | None, started_at: float | None, key: InstanceKey) -> psutil.Process | None:
     """The live process ``pid`` if it is still the one that was recorded, else ``None``.
 
@@ -84,7 +73,7 @@ def verified_process(pid: int | None, started_at: float | None, key: InstanceKey
     if process is None or started_at is None:
         return None
     try:
-        if abs(process.create_time() - started_at) > START_TIME_TOLERANCE_S:
+        if not same_start(started_at, process):
             return None
         return process if runs_instance(process, key) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
