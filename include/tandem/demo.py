@@ -39,7 +39,7 @@ from tandem.errors import TandemError
 from tandem.redaction import redact_url
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
-from tandem.names import ACTIVE, PASSIVE, ROLES, plan_dag_id
+from tandem.names import PASSIVE, ROLES, plan_dag_id
 from tandem.messaging.server import EmbeddedServer, answering, embedded_address, start_server
 from tandem.plans.hot_rooms import HOT_AT_LEAST
 from tandem.presenter.views import plan_status, timeline
