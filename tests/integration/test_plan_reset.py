@@ -30,8 +30,8 @@ from tandem.outputs import sink_for
 from tandem.outputs.base import BatchInfo
 from tandem.plan_reset import reset_plan
 from tandem.plan_shape import check_unchanged, record_shape
-from tandem.process_start import start_since_boot
 from tandem.presenter.views import plan_status
+from tandem.process_start import start_since_boot
 from tandem.runtime.node import RunResult, release_reason
 from tandem.runtime.roles import RoleController
 from tandem.store import Database, migrate
@@ -72,8 +72,8 @@ def run_and_stop(cluster, plan, node: str, numbers: range, batch_id: int) -> Non
     key = InstanceKey(PLAN, INSTANCE, node)
     me = psutil.Process()
     with Database(cluster.database_url) as db:
-        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=start_since_boot(me.pid), ancestors=[],
-                     spark_app_id="local-test", trigger_interval_s=1.0,
+        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=start_since_boot(me.pid),
+                     ancestors=[], spark_app_id="local-test", trigger_interval_s=1.0,
                      checkpoint_root=str(checkpoint_dir(cluster, PLAN, INSTANCE, node, "")))
         roles = RoleController(key, cluster.database_url, plan.heartbeat.timeout_s)
         roles.start(wants_active=True)

@@ -16,9 +16,9 @@ import psutil
 import psycopg2
 import pytest
 
+from tandem.process_start import same_start, start_since_boot
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
-from tandem.process_start import TOLERANCE_S, start_since_boot
 
 PROJECT = Path(__file__).resolve().parents[2]
 SERVER_URL = os.environ.get("TANDEM_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/tandem")
@@ -97,11 +97,12 @@ class ProcessGroups(list):
 
     def reused(self, pgid: int) -> bool:
         """Whether ``pgid`` now leads a group other than the one recorded (a live leader started at another time)."""
-        started = start_since_boot(pgid)
-        if started is None:
-            return False  # no leader: whatever still has this group id is what is left of the recorded group
         recorded = self.leader_started.get(pgid)
-        return recorded is None or abs(started - recorded) > TOLERANCE_S
+        try:
+            leader = psutil.Process(pgid)
+            return recorded is None or not same_start(recorded, leader)
+        except psutil.NoSuchProcess:
+            return False  # no leader: whatever still has this group id is what is left of the recorded group
 
 
 def kill_groups(groups: list[int]) -> None:
