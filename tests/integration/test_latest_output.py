@@ -201,3 +201,56 @@ def test_restore_backfill_reconcile_retention_and_validation_keep_the_contract(l
         later = RetentionRun(db, plan, datetime.now(timezone.utc) + timedelta(days=2), {})
         assert [t.rows for t in kind.trim(later, OUTPUT)] == [1], "not updated for two days: the key goes"
         assert read(cluster, plan, "postgres") == []
+
+
+def test_a_row_whose_lake_copy_was_lost_between_the_two_writes_reaches_the_lake(logins) -> None:
+    """Issue 60: PostgreSQL takes a row (``in_lake`` false), then the Delta append fails — the lease moved between
+    the two writes, or the append itself failed. Whoever publishes that row next (the new ACTIVE flushing what it
+    held, or the same instance replaying the batch) finds it ranked equal in PostgreSQL and must still append it:
+    before, nothing ranked higher, nothing was appended, and Delta kept the older row for good."""
+    cluster, plan = logins
+    url, kind, path = cluster.database_url, kind_of(plan, OUTPUT), delta_table_dir(cluster, PLAN, OUTPUT)
+    first, second = login(0, "ann", 0), login(1, "ann", 10)
+    with Database(url) as db:
+        # the lease moves between the PostgreSQL commit and the Delta append
+        instance = "logins-1"
+        active, standby = InstanceKey(PLAN, instance, "node-a"), InstanceKey(PLAN, instance, "node-b")
+        sink, held = kind.sink(plan, OUTPUT, active, url, path), kind.sink(plan, OUTPUT, standby, url, path)
+        epoch = try_acquire(db, PLAN, instance, "node-a", 30.0)
+        for number, rows in enumerate(([first], [second])):
+            held.hold(table(rows), number)
+        sink.publish(table([first]), batch(active, 0, epoch))
+        appended = sink.append_to_lake
+        moved = {}
+
+        def hand_over_first(rows, info):
+            assert release(db, PLAN, instance, "node-a", epoch, "a hand-over between the two writes")
+            moved["epoch"] = try_acquire(db, PLAN, instance, "node-b", 30.0)
+            appended(rows, info)
+
+        sink.append_to_lake = hand_over_first
+        with pytest.raises(FencedError):
+            sink.publish(table([second]), batch(active, 1, epoch))
+        assert read(cluster, plan, "postgres") == expected([second]), "PostgreSQL took the row"
+        assert read(cluster, plan, "delta") == expected([first]), "the lake copy missed it"
+        held.trim()
+        assert held.held, "a held row whose lake copy is missing is not trimmed"
+        held.flush(batch(standby, 2, moved["epoch"]))
+        assert read(cluster, plan, "delta") == read(cluster, plan, "postgres") == expected([second])
+
+        # the Delta append itself fails; the same instance replays the batch
+        instance, third = "logins-2", login(2, "bo", 20)
+        replaying = kind.sink(plan, OUTPUT, InstanceKey(PLAN, instance, "node-a"), url, path)
+        epoch = try_acquire(db, PLAN, instance, "node-a", 30.0)
+
+        def fail(rows, info):
+            raise OSError("the object store went away")
+
+        replaying.append_to_lake = fail
+        with pytest.raises(OSError):
+            replaying.publish(table([third]), batch(replaying.instance, 0, epoch))
+        del replaying.append_to_lake
+        replaying.publish(table([third]), batch(replaying.instance, 0, epoch))
+        for sink_ in (sink, held, replaying):
+            sink_.db.close()
+    assert read(cluster, plan, "delta") == read(cluster, plan, "postgres") == expected([second, third])

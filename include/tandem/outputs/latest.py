@@ -9,8 +9,10 @@ Exactly once, whoever publishes: each instance keeps its latest row of each key 
 (migration ``018_latest.sql``), and a row replaces the kept one only when it ranks higher, in the publishing
 transaction that checks the fence. So a replay, a standby flushing what it held, a backfill or a stale ACTIVE's
 late batch never moves a key backwards, and a row published twice changes nothing. The Delta copy appends each
-batch's winning rows once (application transactions); its read takes the highest rank per key, so a row an old
-ACTIVE appended after the new one moved on does not count. Reads merge the instances the same way: per key, the
+batch's winning rows once (application transactions), and the rows kept at the same rank whose copy is not in the
+lake yet (``in_lake``): a publisher whose lease moved, or that died, between its PostgreSQL commit and its Delta
+append left them for whoever publishes the same row next, as events and tables do. Its read takes the highest rank
+per key, so a row an old ACTIVE appended after the new one moved on does not count. Reads merge the instances the same way: per key, the
 highest rank of any instance.
 
 Restore: kept (a replay after the cut brings rows that rank no higher than those kept). Backfill: the range's
@@ -134,26 +136,27 @@ class LatestSink(HeldById):
                 if key in kept and kept[key] >= rank_of(self.config, row)]
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
-        """Keep each key's row where it ranks higher than the kept one; copy those to Delta; how many won."""
+        """Keep each key's row where it ranks higher than the kept one; copy to Delta those kept rows that are not in
+        the lake yet; how many were copied."""
         instance = batch.instance
 
         def work(cursor, keys: list[str]) -> list[str]:
             store.stage(cursor, [(key, as_utc(rows[key][self.config.time]), rows[key][TIEBREAK],
                                   {k: v for k, v in rows[key].items() if k != TIEBREAK}) for key in keys])
             check_fence(cursor, instance.plan, instance.instance, instance.node, batch.epoch)
-            won = store.keep_higher(cursor, instance, self.output, batch.epoch, batch.batch_id, keys)
+            pending = store.keep_higher(cursor, instance, self.output, batch.epoch, batch.batch_id, keys)
             newest = max((as_utc(rows[key][self.config.time]) for key in keys), default=None)
-            record_published(cursor, instance, self.output, batch.batch_id, batch.epoch, len(won), newest, None)
-            return won
+            record_published(cursor, instance, self.output, batch.batch_id, batch.epoch, len(pending), newest, None)
+            return pending
 
-        won, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
-        if won:
-            lake = pa.Table.from_pylist([rows[key] for key in won],
+        pending, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
+        if pending:
+            lake = pa.Table.from_pylist([rows[key] for key in pending],
                                         schema=self.schema.append(pa.field(TIEBREAK, pa.string())))
             self.append_to_lake(lake, batch)
             self.db.run(lambda cursor: store.mark_in_lake(cursor, instance, self.output,
-                                                     {key: rank_of(self.config, rows[key]) for key in won}))
-        return len(won or ())
+                                                     {key: rank_of(self.config, rows[key]) for key in pending}))
+        return len(pending or ())
 
 
 # --- the kind ------------------------------------------------------------------------------------------------------

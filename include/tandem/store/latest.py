@@ -34,8 +34,10 @@ def stage(cursor, rows: list[tuple[str, datetime, str, dict[str, Any]]]) -> None
 
 
 def keep_higher(cursor, instance: InstanceKey, output: str, epoch: int, batch_id: int, keys: list[str]) -> list[str]:
-    """Upsert the staged rows (of ``keys``, canonical texts) where they rank higher than the kept ones; the keys that
-    won."""
+    """Upsert the staged rows (of ``keys``, canonical texts) where they rank higher than the kept ones; the keys whose
+    kept row is now the staged one and not yet in the lake: those that won, and those kept at the same rank by a
+    publisher whose Delta append never happened (its lease moved, it died, or the append failed), so that whoever
+    publishes the row next copies it to the lake."""
     cursor.execute("""
         INSERT INTO output_latest AS kept
             (plan, output, key, instance, event_time, tiebreak, row, node, epoch, batch_id)
@@ -49,7 +51,15 @@ def keep_higher(cursor, instance: InstanceKey, output: str, epoch: int, batch_id
         RETURNING key""", {"plan": instance.plan, "output": output, "instance": instance.instance,
                            "node": instance.node, "epoch": epoch, "batch": batch_id})
     staged = {canonical_key(json.loads(key)): key for key in keys}  # the text PostgreSQL gives back may differ
-    return [staged[canonical_key(row["key"])] for row in cursor.fetchall()]
+    won = [staged[canonical_key(row["key"])] for row in cursor.fetchall()]
+    others = set(keys) - set(won)
+    if not others:
+        return won
+    cursor.execute("""SELECT kept.key FROM output_latest kept JOIN _latest s ON s.key = kept.key
+                      WHERE kept.plan = %s AND kept.output = %s AND kept.instance = %s AND kept.key = ANY(%s::jsonb[])
+                        AND NOT kept.in_lake AND (kept.event_time, kept.tiebreak) = (s.event_time, s.tiebreak)""",
+                   (instance.plan, output, instance.instance, sorted(others)))
+    return won + [staged[canonical_key(row["key"])] for row in cursor.fetchall()]
 
 
 def mark_in_lake(cursor, instance: InstanceKey, output: str, ranks: dict[str, Rank]) -> None:
