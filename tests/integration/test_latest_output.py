@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tandem.batch.backfill import retention_refusal
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import event_id
 from tandem.errors import FencedError
@@ -34,6 +35,7 @@ from tandem.outputs.recompute import BATCH_COLUMN, Recomputed
 from tandem.store import Database, migrate
 from tandem.store.leases import release, try_acquire
 from tandem.store.registry import InstanceKey
+from tandem.store.trim import horizons
 
 pytestmark = pytest.mark.integration
 PLAN, OUTPUT = "logins", "last_login"
@@ -254,3 +256,40 @@ def test_a_row_whose_lake_copy_was_lost_between_the_two_writes_reaches_the_lake(
         for sink_ in (sink, held, replaying):
             sink_.db.close()
     assert read(cluster, plan, "delta") == read(cluster, plan, "postgres") == expected([second, third])
+
+
+def test_after_retention_a_backfill_that_could_bring_an_older_row_back_is_refused_and_reconcile_sees_every_key(
+        logins) -> None:
+    """Issue 60: once ``retention.table_rows`` deleted a key, a backfill of an older range made an older row the
+    key's latest in PostgreSQL while Delta kept the newer one; now it is refused from the trim horizon (the newest
+    event time trimmed). And a reconcile compares each recomputed key with its kept row whatever the kept row's time:
+    a key whose newest row lies after the range is not ``late``."""
+    cluster, plan = logins
+    url, instance = cluster.database_url, "logins-1"
+    kind = kind_of(plan, OUTPUT)
+    active = InstanceKey(PLAN, instance, "node-a")
+    early, late, other = login(1, "ann", 10), login(2, "ann", 20), login(3, "bo", 5)
+    with Database(url) as db:
+        epoch = try_acquire(db, PLAN, instance, "node-a", 60.0)
+        sink = kind.sink(plan, OUTPUT, active, url, delta_table_dir(cluster, PLAN, OUTPUT))
+        sink.publish(table([early, late, other]), batch(active, 0, epoch))
+        sink.db.close()
+
+        # the range [T0, T0+15s) recomputes ann's earlier login: her kept row (T0+20s) ranks higher, after the range
+        recomputed = table([early, other]).append_column(BATCH_COLUMN, pa.array([0, 0], pa.int64()))
+        job = Recomputed(cluster, plan, db, instance, OUTPUT, recomputed, T0, T0 + timedelta(seconds=15))
+        assert kind.compare(job).counts == {"late": 0, "extra": 0, "different": 0}
+        assert kind.compare(job).compared == 2
+
+        assert retention_refusal(plan, T0, T0 + timedelta(seconds=15), horizons(db, PLAN), [instance]) is None
+        later = RetentionRun(db, plan, datetime.now(timezone.utc) + timedelta(days=2), {})
+        assert [t.rows for t in kind.trim(later, OUTPUT)] == [2], "both keys deleted"
+        trimmed = horizons(db, PLAN)
+        why = retention_refusal(plan, T0, T0 + timedelta(seconds=15), trimmed, [instance])
+        assert why is not None and "last_login" in why and "retention.table_rows" in why, why
+        assert (T0 + timedelta(seconds=20)).isoformat() in why, "the horizon is the newest event time trimmed"
+        assert retention_refusal(plan, T0 + timedelta(seconds=20), T0 + timedelta(seconds=30), trimmed, [instance])
+        assert retention_refusal(plan, T0 + timedelta(seconds=21), T0 + timedelta(seconds=30), trimmed,
+                                 [instance]) is None, "a range after every trimmed row is fine"
+        # a reconcile of the old range does not call the deleted keys late (a repair would be refused)
+        assert kind.compare(job).counts == {"late": 0, "extra": 0, "different": 0}

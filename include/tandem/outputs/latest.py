@@ -17,8 +17,9 @@ highest rank of any instance.
 
 Restore: kept (a replay after the cut brings rows that rank no higher than those kept). Backfill: the range's
 recomputed latest row of each key is published under the ACTIVE's lease (a late event that ranks higher wins).
-Reconcile: per key of the range, the published row against the recomputed one. Retention:
-``maintenance.retention.table_rows`` deletes keys not updated for that long (as for tables). Validation: every
+Reconcile: per key recomputed in the range, the published row of the key (whatever its time) against the recomputed
+one. Retention: ``maintenance.retention.table_rows`` deletes keys not updated for that long (as for tables), and a
+backfill from at or before the newest event time deleted is refused (a deleted key keeps no rank). Validation: every
 instance's kept rows of the window, the row's fields as columns.
 """
 
@@ -60,6 +61,7 @@ from tandem.store.leases import check_fence
 from tandem.store.outputs import canonical_key, to_json
 from tandem.store.publish_log import record_published
 from tandem.store.registry import InstanceKey
+from tandem.store.trim import horizons, record_horizon
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,6 +79,12 @@ def tiebreak_of(plan: str, output: str, config: OutputConfig, row: Mapping[str, 
     if config.id:
         return event_id(plan, output, {f: row[f] for f in config.id})
     return hashlib.sha256(canonical_key({k: v for k, v in row.items() if k != TIEBREAK}).encode()).hexdigest()[:32]
+
+
+def latest_horizon(output: str) -> str:
+    """The name :func:`tandem.store.trim.record_horizon` records the newest event time of an output's trimmed keys
+    under."""
+    return f"latest/{output}"
 
 
 def declared_fields(config: OutputConfig) -> list[str]:
@@ -211,9 +219,10 @@ class LatestKind(OutputKind):
         return {"recomputed": True, "rows": len(latest), "published": won, "already_published": len(latest) - won}
 
     def compare(self, job: Recomputed) -> Outcome:
-        """Per key of the range: late when the recomputed row ranks higher than the kept one (or none is kept),
-        different when both are the same rank with other values, extra when a kept row of the range ranks
-        higher than anything recomputed."""
+        """Per key recomputed in the range, against the instance's kept row of the key whatever its event time: late
+        when the recomputed row ranks higher, or none is kept (but for a row at or before the trim horizon, whose key
+        the retention may have deleted: not compared); different when both are the same rank with other values; extra
+        when a kept row of the range ranks higher than anything recomputed for its key."""
         outcome = Outcome(job.instance, job.output)
         why = unbounded(job)
         if why:
@@ -222,37 +231,60 @@ class LatestKind(OutputKind):
         config = job.declared
         rows = job.in_range()
         recomputed = {} if rows is None else ranked_latest(job.plan.name, job.output, config, rows)
-        kept = {canonical_key(row["key"]): row for row in job.db.run(
-            lambda cursor: store.instance_rows(cursor, job.plan.name, job.output, job.instance, job.start, job.end),
-            attempts=3)}
-        outcome.compared += len(set(recomputed) | set(kept))
+        horizon = horizons(job.db, job.plan.name).get(latest_horizon(job.output))
+
+        def read(cursor) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            of_range = store.instance_rows(cursor, job.plan.name, job.output, job.instance, job.start, job.end)
+            of_keys = store.instance_rows_of_keys(cursor, job.plan.name, job.output, job.instance, list(recomputed))
+            return of_range, of_keys
+
+        of_range, of_keys = job.db.run(read, attempts=3)
+        in_range = {canonical_key(row["key"]) for row in of_range}
+        kept = {canonical_key(row["key"]): row for row in [*of_range, *of_keys]}
+        compared = set(in_range)
         for key, row in sorted(recomputed.items()):
-            ours = rank_of(config, row)
-            theirs = kept.get(key)
-            if theirs is None or (theirs["event_time"], theirs["tiebreak"]) < ours:
+            ours, theirs = rank_of(config, row), kept.get(key)
+            if theirs is None and horizon is not None and ours[0] <= horizon:
+                continue
+            compared.add(key)
+            rank = None if theirs is None else (theirs["event_time"], theirs["tiebreak"])
+            if rank is None or rank < ours:
                 outcome.add("late", {"key": key, "recomputed": ours[0].isoformat()})
-            elif (theirs["event_time"], theirs["tiebreak"]) == ours:
+            elif rank == ours:
                 values = to_json({k: v for k, v in row.items() if k != TIEBREAK})
                 differing = {k: [theirs["row"].get(k), v] for k, v in values.items()
                              if not same(theirs["row"].get(k), v)}
                 if differing:
                     outcome.add("different", {"key": key, **differing})
-        for key in sorted(set(kept) - set(recomputed)):
+            elif key in in_range:
+                outcome.add("extra", {"key": key, "published": rank[0].isoformat()})
+        for key in sorted(in_range - set(recomputed)):
             outcome.add("extra", {"key": key, "published": kept[key]["event_time"].isoformat()})
-        for key in sorted(set(kept) & set(recomputed)):
-            if (kept[key]["event_time"], kept[key]["tiebreak"]) > rank_of(config, recomputed[key]):
-                outcome.add("extra", {"key": key, "published": kept[key]["event_time"].isoformat()})
+        outcome.compared += len(compared)
         return outcome
 
+    def backfill_refusal(self, plan: PlanConfig, output: str, start: datetime, end: datetime,
+                         trimmed: Mapping[str, datetime]) -> str | None:
+        """A key the retention deleted keeps no rank: a range from at or before the newest event time trimmed could
+        make an older row its latest in PostgreSQL while Delta keeps the newer one."""
+        horizon = trimmed.get(latest_horizon(output))
+        if horizon is None or start > horizon:
+            return None
+        return (f"it starts at {start.isoformat()}, and {output} deleted keys whose latest rows were at or before "
+                f"{horizon.isoformat()} (maintenance.retention.table_rows): an older row of such a key would become "
+                f"its latest again; start it after {horizon.isoformat()}")
+
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
-        """Keys not updated for ``retention.table_rows`` (and in the lake) go."""
+        """Keys not updated for ``retention.table_rows`` (and in the lake) go; the newest event time of those is
+        recorded as the output's trim horizon (:meth:`backfill_refusal`)."""
         seconds = run.plan.maintenance.retention.table_rows_s
         if seconds is None:
             return []
         before = run.cutoff(seconds)
-
-        return [Trimmed(store.TABLE, run.db.run(lambda cursor: store.trim(cursor, run.plan.name, output, before),
-                                                attempts=3), before, f"keys of {output}")]
+        rows, newest = run.db.run(lambda cursor: store.trim(cursor, run.plan.name, output, before), attempts=3)
+        if newest is not None:
+            record_horizon(run.db, run.plan.name, latest_horizon(output), newest)
+        return [Trimmed(store.TABLE, rows, before, f"keys of {output}")]
 
     def reset(self, db: Database, plan: PlanConfig, output: str) -> list[str]:
         """Every instance's latest rows of the output."""

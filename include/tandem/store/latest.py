@@ -100,11 +100,22 @@ def instance_rows(cursor, plan: str, output: str, instance: str | None, start: d
     return [dict(row) for row in cursor.fetchall()]
 
 
-def trim(cursor, plan: str, output: str, before: datetime) -> int:
-    """Delete the keys not updated since ``before`` whose row is in the lake; how many went."""
-    cursor.execute("DELETE FROM output_latest WHERE plan = %s AND output = %s AND updated_at < %s AND in_lake",
-                   (plan, output, before))
-    return cursor.rowcount
+def instance_rows_of_keys(cursor, plan: str, output: str, instance: str, keys: list[str]) -> list[dict[str, Any]]:
+    """One instance's kept rows of ``keys`` (canonical texts), whatever their event time."""
+    cursor.execute("""SELECT key, instance, event_time, tiebreak, row FROM output_latest
+                      WHERE plan = %s AND output = %s AND instance = %s AND key = ANY(%s::jsonb[])""",
+                   (plan, output, instance, keys))
+    return [dict(row) for row in cursor.fetchall()]
+
+
+def trim(cursor, plan: str, output: str, before: datetime) -> tuple[int, datetime | None]:
+    """Delete the keys not updated since ``before`` whose row is in the lake; how many went, and the newest event
+    time of those."""
+    cursor.execute("""WITH gone AS (DELETE FROM output_latest WHERE plan = %s AND output = %s AND updated_at < %s
+                                    AND in_lake RETURNING event_time)
+                      SELECT count(*) AS rows, max(event_time) AS newest FROM gone""", (plan, output, before))
+    row = cursor.fetchone()
+    return row["rows"], row["newest"]
 
 
 def delete_all(cursor, plan: str, output: str) -> int:
