@@ -127,6 +127,16 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         with pytest.raises(BackfillRefused, match="inside the minute bucket 2024-12-31T23:59:00"):
             run_backfill(cluster, plan, db, spark, START, END)
         db.run(lambda cursor: cursor.execute("DELETE FROM retention_horizons"))
+        # registered while nothing was trimmed, run after maintenance trimmed (a queued task, a retry): the Spark
+        # task checks again under the plan's lock, and the backfill fails with the reason
+        queued = catalog.register(db, "trades", START, END, list(plan.instances), "test")
+        trim.record_horizon(db, "trades", "partials/trade_aggregates/second", START + timedelta(seconds=1))
+        with pytest.raises(BackfillRefused, match="inside the minute bucket 2024-12-31T23:59:00"):
+            run_backfill(cluster, plan, db, spark, START, END, backfill_id=queued.id)
+        failed = catalog.get_backfill(db, queued.id)
+        assert (failed.status, failed.report) == (catalog.FAILED, {}), failed
+        assert "inside the minute bucket 2024-12-31T23:59:00" in failed.error
+        db.run(lambda cursor: cursor.execute("DELETE FROM retention_horizons"))
 
         # reconcile finds exactly the late trades' (second, symbol) keys, and nothing the watermark does not explain
         before = reconcile(cluster, plan, db, spark, START, END, run_id="before")
@@ -197,7 +207,7 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         with pytest.raises(BackfillRefused, match=f"instance shard-1 .* no longer retained: "
                                                   f"{landing_dir(cluster, 'trades', 0) / gone.name}"):
             run_backfill(cluster, plan, db, spark, START, END)
-        assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, other.id]
+        assert [b.id for b in catalog.list_backfills(db, "trades")] == [done.id, queued.id, other.id]
 
 
 def test_a_pizza_shop_range_gains_the_outcomes_of_late_orders_each_once(project: Path, database_url: str,

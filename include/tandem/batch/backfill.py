@@ -271,7 +271,11 @@ def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: 
                  backfill_id: str | None = None, step: Step = log.info) -> catalog.BackfillRecord:
     """Check, register (or take over the registered ``backfill_id``), recompute and replace ``[start, end)`` of
     ``instances`` (default: every instance of the plan); the finished record (DONE, or FAILED with the error, which
-    is raised again)."""
+    is raised again).
+
+    The refusals are checked again under the plan's lock before anything is recomputed: maintenance may have run
+    between the registration and the run (a queued task, a retry after a lost worker), and a backfill it makes
+    unsafe fails with the reason (:class:`BackfillRefused`)."""
     if backfill_id is None:
         instances = [plan.check_instance(s) for s in instances] if instances else list(plan.instances)
         check_backfill(cluster, plan, db, start, end, instances)
@@ -282,6 +286,11 @@ def run_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, spark: 
         if record is None or record.status != catalog.RUNNING:
             raise BackfillRefused(f"no RUNNING backfill {backfill_id!r} of plan {plan.name}"
                                   + (f" (it is {record.status}: {record.error})" if record and record.error else ""))
+        try:
+            check_backfill(cluster, plan, db, record.range_start, record.range_end, record.instances)
+        except BackfillRefused as exc:
+            catalog.finish(db, record.id, catalog.FAILED, {}, str(exc))
+            raise
         return _run_registered(cluster, plan, db, spark, record, step)
 
 
