@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from _references import PIZZA_T0, make_orders
-from tandem.batch.backfill import run_backfill
+from tandem.batch.backfill import instances_closed_until, run_backfill
 from tandem.batch.reconcile import reconcile
 from tandem.batch.reconciliations import reconciliation_rows, summary
 from tandem.config import load_cluster, load_plan
@@ -43,7 +43,9 @@ from tandem.snapshots.take import take_snapshot
 from tandem.store import Database, migrate
 from tandem.store import backfills as catalog
 from tandem.store import trim
-from tandem.store.leases import read_lease
+from tandem.store.heartbeats import BatchProgress, record_progress
+from tandem.store.leases import read_lease, try_acquire
+from tandem.store.supervision import RESTORED, RESTORING, mark
 from tandem.reading import read_output
 from test_pizza_shop_plan import assert_outputs_equal_the_reference
 from test_trades_plan import ALL_TIME, GRANULARITIES, assert_matches, expected_aggregates, make_events, write_events
@@ -293,3 +295,31 @@ def write_streams(cluster, plan, streams: dict[str, list[dict]]) -> None:
 def holder(db: Database, instance: str) -> str | None:
     lease = read_lease(db, "pizza_shop", instance)
     return None if lease is None or lease.expired_for_s > 0 else lease.holder
+
+
+def test_a_restored_instance_closes_no_range_until_it_records_a_watermark_again(project: Path,
+                                                                                 database_url: str) -> None:
+    """Issue 60: right after a restore, until the restored node records its first watermark, its newest watermark
+    was the one from before the restore — later than the state it was taken back to, which replays into ranges
+    that watermark called closed. Progress recorded before the instance's last restore began does not count."""
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    with Database(database_url) as db:
+        migrate(db)
+        try_acquire(db, "trades", "shard-1", "node-a", 60.0)
+
+        def progress(watermark: datetime) -> None:
+            record_progress(db, BatchProgress("trades/shard-1/node-a", "trades", "shard-1", "node-a", "aggregates",
+                                              "00000000-0000-0000-0000-000000000001",
+                                              "00000000-0000-0000-0000-000000000002", 7, 10, None, None, None,
+                                              watermark, None, None, None))
+
+        progress(END + timedelta(minutes=5))
+        assert instances_closed_until(cluster, db, plan, ["shard-1"]) == {"shard-1": END + timedelta(minutes=5)}
+        mark(db, "trades", "shard-1", RESTORING, "test: a restore to an earlier snapshot")
+        mark(db, "trades", "shard-1", RESTORED, "test")
+        assert instances_closed_until(cluster, db, plan, ["shard-1"]) == {"shard-1": None}
+        with pytest.raises(BackfillRefused, match="instance shard-1 has no event-time watermark yet"):
+            run_backfill(cluster, plan, db, None, START, END)
+        progress(END)  # the restored instance's first batch
+        assert instances_closed_until(cluster, db, plan, ["shard-1"]) == {"shard-1": END}

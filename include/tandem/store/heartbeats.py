@@ -125,12 +125,16 @@ def state_rows_after(db: Database, instance_id: str, query: str, query_id: str |
 
 def newest_watermarks(db: Database, plan: str) -> dict[tuple[str, str], datetime]:
     """Per (instance, query) of ``plan``: its newest recorded event-time watermark (not the highest ever: a restore
-    takes an instance back to an earlier one)."""
+    takes an instance back to an earlier one), of those recorded since the instance's last restore began (until a
+    restored instance records one, the watermark of the state it left is not its own: it has none)."""
 
     def work(cursor):
         cursor.execute(
-            """SELECT DISTINCT ON (instance_id, query_name) instance_id, query_name, watermark FROM heartbeats
-               WHERE plan = %s AND watermark IS NOT NULL ORDER BY instance_id, query_name, recorded_at DESC""",
+            """SELECT DISTINCT ON (instance_id, query_name) instance_id, query_name, watermark FROM heartbeats h
+               WHERE plan = %s AND watermark IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM failover_events f WHERE f.plan = h.plan AND f.instance = h.instance
+                                 AND f.kind = 'RESTORING' AND f.happened_at > h.recorded_at)
+               ORDER BY instance_id, query_name, recorded_at DESC""",
             (plan,))
         return {(row["instance_id"], row["query_name"]): row["watermark"] for row in cursor.fetchall()}
 
