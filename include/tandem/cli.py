@@ -756,7 +756,6 @@ def cmd_plan_cutover(args: argparse.Namespace) -> int:
     cut-over of the stopped group (:mod:`tandem.cutover`), after a confirmation (the plan's name, or ``--yes``)."""
     from tandem.cutover import CutoverRefused, cut_over, pending_cutovers
     from tandem.declarations import instance_ids
-    from tandem.plan_reset import plan_running
     from tandem.runtime.plan_api import partial_outputs_by_query
     from tandem.store import Database, migrate
 
@@ -772,8 +771,8 @@ def cmd_plan_cutover(args: argparse.Namespace) -> int:
     with Database(cluster.database_url, "tandem-cli") as db:
         migrate(db)
         try:
-            cut = cut_over(cluster, plan, db, args.group, running=plan_running(db, plan),
-                           partial_outputs=partial_outputs_by_query(plan))
+            cut = cut_over(cluster, plan, db, args.group, partial_outputs=partial_outputs_by_query(plan),
+                           force=args.force)
         except CutoverRefused as exc:
             print_error(exc)
             return 2
@@ -1039,6 +1038,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "every output kept")
     plan_cutover.add_argument("name")
     plan_cutover.add_argument("--group", help="the group to cut over (default: the one whose checkpoints refuse)")
+    plan_cutover.add_argument("--force", action="store_true",
+                              help="cut over a group whose checkpoints refuse nothing (its instances restart afresh)")
     plan_cutover.add_argument("--yes", action="store_true", help="cut over without asking")
     plan_cutover.set_defaults(func=cmd_plan_cutover)
 

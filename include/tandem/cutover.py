@@ -17,8 +17,8 @@ reads past the cut only (:class:`Cut.lines_filter`): a query that writes partial
 before the cut; a query whose outputs are all published by id replays the events of those files from the state
 horizon on (the plan's ``state_horizon`` before the cut's watermark), which rebuilds its windows, expiries and
 timers, and republishes only ids already published. What stays refused: a stream's number of partitions, a group
-that reads a ``nats`` stream, restores of snapshots taken before a cut, and backfills or reconciles of ranges
-that start before it.
+that reads a ``nats`` stream, restores of snapshots taken before a cut, and backfills of ranges that start before
+the event time the retired partials reach (:attr:`Cut.reach_ms`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from tandem.checkpoints import (
@@ -37,6 +38,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
 from tandem.layout import checkpoint_dir, cut_file, retired_checkpoints_dir
 from tandem.outputs import kind_of
+from tandem.plan_reset import while_stopped
 from tandem.plan_shape import pending_changes
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
@@ -72,6 +74,10 @@ class Cut:
     done: bool = False
     earlier: tuple[str, ...] = ()
     """The labels the group's earlier cut-overs retired (their partials are still merged on read)."""
+    reach_ms: int | None = None
+    """The event time (epoch milliseconds) before which every event the retired partials of this cut and the earlier
+    ones counted lies (:meth:`tandem.outputs.base.OutputKind.counted_until`); ``None``: they hold none. A cut recorded
+    before this was kept has its wall-clock ``at`` instead."""
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -86,6 +92,7 @@ class Cut:
         return {"plan": self.plan, "group": self.group, "generation": self.generation, "at": self.at,
                 "retired": list(self.retired), "watermark_ms": self.watermark_ms,
                 "horizon_start_ms": self.horizon_start_ms, "done": self.done, "earlier": list(self.earlier),
+                "reach_ms": self.reach_ms,
                 "consumed": {query: sorted(files) for query, files in self.consumed.items()}}
 
     @classmethod
@@ -94,6 +101,7 @@ class Cut:
                    retired=tuple(data["retired"]), watermark_ms=int(data["watermark_ms"]),
                    horizon_start_ms=int(data["horizon_start_ms"]), done=bool(data["done"]),
                    earlier=tuple(data.get("earlier", ())),
+                   reach_ms=data["reach_ms"] if "reach_ms" in data else int(float(data["at"]) * 1000),
                    consumed={query: frozenset(files) for query, files in data["consumed"].items()})
 
 
@@ -123,23 +131,31 @@ def retired_labels(cluster: ClusterConfig, plan: PlanConfig) -> list[str]:
     return [label for group in plan.groups if (cut := load_cut(cluster, plan.name, group)) for label in cut.labels]
 
 
-def retired_before(cluster: ClusterConfig, plan: PlanConfig, moment: float) -> list[Cut]:
-    """The plan's groups' cut-overs that began after ``moment`` (POSIX time): what a range of event time from
-    ``moment`` on, or a snapshot taken then, would mix with the retired instances' rows."""
-    cuts = (load_cut(cluster, plan.name, group) for group in plan.groups)
-    return [cut for cut in cuts if cut is not None and cut.at > moment]
-
-
-def refusal_before_cut(cluster: ClusterConfig, plan: PlanConfig, moment: float, what: str) -> str | None:
-    """Why ``what`` (a backfill of a range starting at ``moment``, a restore of a snapshot taken then) is refused
-    after a cut-over, or ``None``."""
-    cuts = retired_before(cluster, plan, moment)
+def refusal_before_cut(cluster: ClusterConfig, plan: PlanConfig, taken_at: float, what: str) -> str | None:
+    """Why ``what``, a snapshot taken at ``taken_at`` (POSIX time), cannot be restored after a cut-over that began
+    later, or ``None``."""
+    cuts = [cut for group in plan.groups if (cut := load_cut(cluster, plan.name, group)) and cut.at > taken_at]
     if not cuts:
         return None
     cut = max(cuts, key=lambda c: c.at)
     return (f"{what} reaches before the cut-over of group {cut.group} (generation {cut.generation}, "
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(cut.at))}): its rows are the retired instances' "
             f"({', '.join(cut.retired)}), which a recomputation by today's instances would count again")
+
+
+def range_refusal_before_cut(cluster: ClusterConfig, plan: PlanConfig, start: datetime) -> str | None:
+    """Why a recomputation of event time from ``start`` on (a backfill) would count again events the retired
+    instances of a cut-over counted (its range starts before their :attr:`Cut.reach_ms`), or ``None``."""
+    start_ms = int(start.timestamp() * 1000)
+    cuts = [cut for group in plan.groups if (cut := load_cut(cluster, plan.name, group))
+            and cut.reach_ms is not None and start_ms < cut.reach_ms]
+    if not cuts:
+        return None
+    cut = max(cuts, key=lambda c: c.reach_ms)
+    reach = datetime.fromtimestamp(cut.reach_ms / 1000, timezone.utc).isoformat()
+    return (f"the range from {start.isoformat()} reaches before {reach}, where the partials the cut-over of group "
+            f"{cut.group} (generation {cut.generation}) retired end ({', '.join(cut.labels)}): a recomputation by "
+            f"today's instances would count their events again; start it at or after {reach}")
 
 
 # --- what a cut-over does --------------------------------------------------------------------------------------
@@ -205,7 +221,8 @@ def _cut_batch(db: Database, plan: PlanConfig, instance: str, node: str, query: 
 
 
 def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str, retired: list[str],
-             generation: int, earlier: tuple[str, ...], partial_outputs: dict[str, list[str]]) -> Cut:
+             generation: int, earlier: tuple[str, ...], partial_outputs: dict[str, list[str]],
+             reach_before: int | None) -> Cut:
     consumed: dict[str, set[str]] = {}
     watermarks = []
     for instance in retired:
@@ -220,25 +237,46 @@ def _new_cut(db: Database, cluster: ClusterConfig, plan: PlanConfig, group: str,
             if watermark is not None:
                 watermarks.append(watermark)
     watermark_ms = min(watermarks, default=0)
+    reached = [int(until.timestamp() * 1000) for output, config in plan.outputs.items()
+               if not (kind := kind_of(plan, output)).published_by_id(config)
+               and (until := kind.counted_until(db, plan, output, retired)) is not None]
     return Cut(plan=plan.name, group=group, generation=generation, at=time.time(), retired=tuple(retired),
                watermark_ms=watermark_ms, horizon_start_ms=watermark_ms - int(plan.state_horizon_s * 1000),
-               consumed={query: frozenset(files) for query, files in consumed.items()}, earlier=earlier)
+               consumed={query: frozenset(files) for query, files in consumed.items()}, earlier=earlier,
+               reach_ms=max([*reached, *([reach_before] if reach_before is not None else [])], default=None))
 
 
 def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str | None = None,
-             *, running: list[str] | None = None, partial_outputs: dict[str, list[str]] | None = None) -> Cut:
+             *, partial_outputs: dict[str, list[str]] | None = None, force: bool = False) -> Cut:
     """Cut a stopped group over to the plan as it is now (see the module's docs); the cut.
+
+    Everything it does runs while the plan is kept still (:func:`tandem.plan_reset.while_stopped`: the plan's lock,
+    which restores, backfills, retention and Delta upkeep take too, every instance's supervision lock and every
+    node's launch lock), and what runs is checked under them.
 
     Args:
         group: the group to cut over (default: the one whose checkpoints refuse the plan).
-        running: what of the plan runs (:func:`tandem.plan_reset.plan_running`): a cut-over needs none.
         partial_outputs: per query, the outputs it publishes as Spark's partials
             (:func:`tandem.runtime.plan_api.partial_outputs_by_query`): a batch a stop interrupted after they were
             published belongs to the cut.
+        force: cut over a group whose checkpoints carry the plan as it is (nothing refused): it only restarts the
+            group's instances past a cut.
 
     Raises:
         CutoverRefused: nothing to cut over, the group runs, or the change is one a cut-over cannot carry.
     """
+
+    def running(reasons: list[str]) -> CutoverRefused:
+        return CutoverRefused(f"plan {plan.name} is running: {'; '.join(reasons)}. Stop its instances first "
+                              f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG), and wait for "
+                              "their leases to expire")
+
+    with while_stopped(cluster, plan, db, "a cut-over", running):
+        return _cut_over(cluster, plan, db, group, partial_outputs or {}, force)
+
+
+def _cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str | None,
+              partial_outputs: dict[str, list[str]], force: bool) -> Cut:
     unfinished = [c for c in (load_cut(cluster, plan.name, g) for g in plan.groups) if c is not None and not c.done]
     pending = pending_cutovers(cluster, plan)
     if group is None:
@@ -250,10 +288,9 @@ def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str 
         group = candidates[0]
     if group not in plan.groups:
         raise CutoverRefused(f"plan {plan.name} has no group {group!r} (groups: {', '.join(plan.groups)})")
-    if running:
-        raise CutoverRefused(f"plan {plan.name} is running: {'; '.join(running)}. Stop its instances first "
-                             f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG), and wait for "
-                             "their leases to expire")
+    if group not in pending and group not in {c.group for c in unfinished} and not force:
+        raise CutoverRefused(f"plan {plan.name}, group {group}: its checkpoints carry the plan as it is: nothing to "
+                             "cut over (--force cuts it over anyway: its instances restart afresh past a cut)")
     why = _why_not(plan, group, pending.get(group, []))
     if why is not None:
         raise CutoverRefused(f"plan {plan.name}, group {group}: {why}")
@@ -266,7 +303,7 @@ def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str 
         if not retired:
             raise CutoverRefused(f"plan {plan.name}, group {group}: no checkpoint to cut over")
         cut = _new_cut(db, cluster, plan, group, retired, (previous.generation + 1) if previous else 1,
-                       previous.labels if previous else (), partial_outputs or {})
+                       previous.labels if previous else (), partial_outputs, previous.reach_ms if previous else None)
         _write_cut(cluster, cut)
     for output, config in plan.outputs.items():
         kind = kind_of(plan, output)

@@ -39,7 +39,8 @@ import logging
 import os
 import shutil
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,32 @@ def inventory(cluster: ClusterConfig, plan: PlanConfig, db: Database) -> ResetRe
     return report
 
 
+@contextmanager
+def while_stopped(cluster: ClusterConfig, plan: PlanConfig, db: Database, what: str,
+                  refused: Callable[[list[str]], Exception]) -> Iterator[None]:
+    """Hold what keeps ``plan`` still while ``what`` changes what it keeps (a reset, a cut-over): the plan's lock
+    (:func:`tandem.store.locks.plan_lock`: no restore, backfill, retention, snapshot pruning or Delta upkeep of it
+    meanwhile), each instance's supervision lock (no supervisor acts on it) and each of its nodes' launch locks (no
+    launch starts); then check, under them, that nothing of the plan runs (:func:`plan_running`).
+
+    Raises:
+        whatever ``refused(reasons)`` gives, when something of the plan runs (nothing was changed).
+    """
+    with plan_lock(cluster.database_url, plan.name, what):
+        recorded, _ = instances_and_leases(db, plan.name)
+        instances = sorted(set(plan.instances) | {row["instance"] for row in recorded})
+        key_ids = sorted({InstanceKey(plan.name, s, n).id for s in instances for n in plan.nodes}
+                         | {row["instance_id"] for row in recorded})
+        # a supervisor holds its instance's supervision lock, then takes a launch lock: the same order here
+        supervision = [instance_lock(cluster.database_url, plan.name, s) for s in instances]  # not taken: named
+        with advisory_locks(cluster.database_url, [*((lock.scope, lock.name) for lock in supervision),
+                                                   *(("launch", key) for key in key_ids)]):
+            reasons = plan_running(db, plan)
+            if reasons:
+                raise refused(reasons)
+            yield
+
+
 def reset_plan(cluster: ClusterConfig, plan: PlanConfig, *, requested_by: str | None = None) -> ResetReport:
     """Remove everything ``plan`` keeps (see the module's docstring); what was removed.
 
@@ -172,20 +199,9 @@ def reset_plan(cluster: ClusterConfig, plan: PlanConfig, *, requested_by: str | 
     """
     requested_by = requested_by or f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
     report = ResetReport(plan.name)
-    with plan_lock(cluster.database_url, plan.name, "a reset"), \
-            Database(cluster.database_url, "tandem-reset") as db:
+    with Database(cluster.database_url, "tandem-reset") as db:
         migrate(db)
-        recorded, _ = instances_and_leases(db, plan.name)
-        instances = sorted(set(plan.instances) | {row["instance"] for row in recorded})
-        key_ids = sorted({InstanceKey(plan.name, s, n).id for s in instances for n in plan.nodes}
-                           | {row["instance_id"] for row in recorded})
-        # a supervisor holds its instance's supervision lock, then takes a launch lock: the same order here
-        supervision = [instance_lock(cluster.database_url, plan.name, s) for s in instances]  # not taken: named
-        with advisory_locks(cluster.database_url, [*((lock.scope, lock.name) for lock in supervision),
-                                                   *(("launch", key) for key in key_ids)]):
-            reasons = plan_running(db, plan)
-            if reasons:
-                raise refusal(plan, reasons)
+        with while_stopped(cluster, plan, db, "a reset", lambda reasons: refusal(plan, reasons)):
             _delete_output_streams(cluster, plan, report)
             for output in plan.outputs:
                 for line in kind_of(plan, output).reset(db, plan, output):

@@ -16,6 +16,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,9 +27,9 @@ from test_trades_plan import ALL_TIME, T0, assert_matches, expected_aggregates, 
 
 from tandem.batch.backfill import check_backfill
 from tandem.config import load_cluster, load_plan
-from tandem.cutover import cut_over
+from tandem.cutover import CutoverRefused, cut_over, load_cut
 from tandem.errors import BackfillRefused, PlanChanged
-from tandem.layout import landing_dir
+from tandem.layout import checkpoint_dir, landing_dir
 from tandem.outputs.aggregation import AggregationKind
 from tandem.producer import advance_watermark, partitioned
 from tandem.quality import validate_output
@@ -36,7 +37,10 @@ from tandem.sources.files import write_atomically
 from tandem.store.outputs import read_table_rows
 from tandem.reading import read_output
 from tandem.runtime.node import run_instance
-from tandem.store import Database
+from tandem.store import Database, migrate
+from tandem.store.leases import release, try_acquire
+from tandem.store.locks import AdvisoryLock, plan_lock
+from tandem.store.registry import InstanceKey
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +101,8 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
         and "tandem plan cutover trades --group shard" in status.stdout, status.stdout + status.stderr
     done = cutover()
     assert done.returncode == 0 and "generation 1" in done.stdout, done.stdout + done.stderr
+    # a backfill may not start before the end of the newest second the retired partials hold (event time)
+    assert load_cut(cluster, "trades", "shard").reach_ms == (max(t["timestamp"] for t in first) // 1000 + 1) * 1000
     # more trades: some in the seconds the retired instances counted (the new instances' watermarks start afresh)
     second = trades(32, 300, T0, 20_000) + trades(33, 300, T0 + 20_000, 20_000)
     land(cluster, second)
@@ -123,7 +129,7 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
     with monkeypatch.context() as patched, Database(database_url) as db:  # a cut-over that stops half-way ...
         patched.setattr(AggregationKind, "retire", crash)
         with pytest.raises(RuntimeError):
-            cut_over(load_cluster(), load_plan("trades", load_cluster()), db, running=[])
+            cut_over(load_cluster(), load_plan("trades", load_cluster()), db)
     with pytest.raises(PlanChanged, match=r"the cut-over of group shard \(generation 2\) stopped half-way"):
         run_instance(cluster, load_plan("trades", load_cluster()), "node-a", "shard-1", spark=spark,
                      available_now=True)
@@ -146,7 +152,8 @@ def test_a_group_rescaled_and_given_a_measure_by_cut_overs_counts_every_trade_on
     # the retired labels of both cuts publish as the plan's instances did: the validation suite passes
     report = validate_output(cluster, plan, "trade_aggregates", *ALL_TIME)
     assert report.success and report.row_count > 0, report.summary()
-    with Database(database_url) as db, pytest.raises(BackfillRefused, match="before the cut-over of group shard"):
+    with Database(database_url) as db, \
+            pytest.raises(BackfillRefused, match="where the partials the cut-over of group shard"):
         check_backfill(cluster, plan, db, datetime.fromtimestamp(T0 / 1000, timezone.utc),
                        datetime.fromtimestamp((T0 + 10_000) / 1000, timezone.utc), list(plan.instances))
 
@@ -200,3 +207,46 @@ def test_a_group_published_by_id_rebuilds_its_state_from_the_horizon_across_a_cu
     on_time = {o["order_no"] for o in orders} - overdue
     day = read_output(cluster, "pizza_shop", "day", output="order_stats")
     assert [(r["orders"], r["on_time"]) for r in day] == [(len(orders), len(on_time))]
+
+
+def test_a_cut_over_waits_for_the_plan_s_locks_checks_what_runs_under_them_and_needs_a_refused_change(
+        project: Path, database_url: str) -> None:
+    """Issue 60: a cut-over took no lock (a backfill, retention, a restore or a launch could interleave with its
+    relabelling), checked "running" once before, and cut over a group whose checkpoints refused nothing."""
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    for instance in plan.instances:
+        checkpoint_dir(cluster, "trades", instance, "node-a").mkdir(parents=True)
+    with Database(database_url) as db:
+        migrate(db)
+        with pytest.raises(CutoverRefused, match=r"group shard: its checkpoints carry the plan as it is: nothing to "
+                                                 r"cut over \(--force"):
+            cut_over(cluster, plan, db, "shard")
+        epoch = try_acquire(db, "trades", "shard-1", "node-a", 60.0)
+        with pytest.raises(CutoverRefused, match="node-a holds the lease of instance shard-1"):
+            cut_over(cluster, plan, db, "shard", force=True)
+        assert release(db, "trades", "shard-1", "node-a", epoch, "test")
+    assert load_cut(cluster, "trades", "shard") is None
+
+    def waits_for(lock) -> None:
+        """A cut-over started while ``lock`` is held waits for it, writing nothing, then finishes."""
+        done: dict = {}
+
+        def run() -> None:
+            with Database(database_url) as own:
+                done["cut"] = cut_over(cluster, plan, own, "shard", force=True)
+
+        before = load_cut(cluster, "trades", "shard")
+        with lock:
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            thread.join(2.0)
+            assert thread.is_alive() and not done, "the cut-over waits while the lock is held"
+            assert load_cut(cluster, "trades", "shard") == before, "and changes nothing meanwhile"
+        thread.join(60)
+        assert done["cut"].done and done["cut"].generation == (before.generation + 1 if before else 1)
+        for instance in plan.instances:  # the next cut-over finds checkpoints again
+            checkpoint_dir(cluster, "trades", instance, "node-a").mkdir(parents=True, exist_ok=True)
+
+    waits_for(plan_lock(database_url, "trades", "a backfill"))
+    waits_for(AdvisoryLock(database_url, "launch", InstanceKey("trades", "shard-2", "node-b").id))

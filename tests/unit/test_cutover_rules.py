@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +13,7 @@ from test_snapshot_source_log import LANDING, checkpoint
 
 from tandem.config import load_cluster, load_plan
 from tandem.checkpoints import processed_files_by_source
-from tandem.cutover import Cut, _cut_batch, _why_not, load_cut, refusal_before_cut
+from tandem.cutover import Cut, _cut_batch, _why_not, load_cut, range_refusal_before_cut, refusal_before_cut
 from tandem.errors import TandemError
 from tandem.layout import cut_file
 from tandem.store import Database, migrate
@@ -39,15 +41,41 @@ def test_a_cut_is_recorded_and_read_back_whole(cluster) -> None:
         load_cut(cluster, "trades", "shard")
 
 
-def test_a_range_or_a_snapshot_before_the_newest_cut_is_refused(cluster) -> None:
+def test_a_snapshot_taken_before_the_newest_cut_is_refused(cluster) -> None:
     plan = load_plan("trades", cluster)
     path = cut_file(cluster, "trades", "shard")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(CUT.to_json()))
-    assert refusal_before_cut(cluster, plan, CUT.at + 1, "the range from x") is None
+    assert refusal_before_cut(cluster, plan, CUT.at + 1, "snapshot s2") is None
     assert refusal_before_cut(cluster, plan, CUT.at - 1, "snapshot s1") == (
         "snapshot s1 reaches before the cut-over of group shard (generation 2, 2027-01-15T08:00:00Z): its rows are "
         "the retired instances' (shard-1, shard-2), which a recomputation by today's instances would count again")
+
+
+def test_a_backfill_range_is_fenced_by_the_event_time_the_retired_partials_reach_not_by_the_wall_clock(
+        cluster) -> None:
+    """Issue 60: the fence compared the range's start (event time) with the cut's wall-clock ``at``: event times
+    ahead of the wall clock passed into seconds the retired partials hold, and historical ranges after them were
+    refused."""
+    plan = load_plan("trades", cluster)
+    at = datetime.fromtimestamp(CUT.at, timezone.utc)
+    reach = at + timedelta(days=365)  # the retired instances counted events a year ahead of the cut's wall clock
+    path = cut_file(cluster, "trades", "shard")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(replace(CUT, reach_ms=int(reach.timestamp() * 1000)).to_json()))
+    why = range_refusal_before_cut(cluster, plan, at + timedelta(days=1))
+    assert why is not None and f"start it at or after {reach.isoformat()}" in why and "shard-1~2" in why, why
+    assert range_refusal_before_cut(cluster, plan, reach) is None
+    path.write_text(json.dumps(replace(CUT, reach_ms=int(reach.timestamp() * 1000) - 10 ** 12).to_json()))
+    assert range_refusal_before_cut(cluster, plan, at - timedelta(days=1)) is None, "after every retired event"
+    path.write_text(json.dumps(replace(CUT, reach_ms=None).to_json()))
+    assert range_refusal_before_cut(cluster, plan, at - timedelta(days=1)) is None, "no partials retired"
+    legacy = CUT.to_json()
+    del legacy["reach_ms"]
+    path.write_text(json.dumps(legacy))
+    assert load_cut(cluster, "trades", "shard").reach_ms == int(CUT.at * 1000), "a cut recorded before: its at"
+    assert range_refusal_before_cut(cluster, plan, at - timedelta(seconds=1))
+    assert range_refusal_before_cut(cluster, plan, at) is None
 
 
 def test_what_a_cut_over_cannot_carry_is_named(cluster) -> None:

@@ -181,7 +181,6 @@ def cut_over_plan(log: Any, cluster: Any, plan: Any, instance: str | None, ti: A
     """The ``cutover`` action: :func:`tandem.cutover.cut_over` of the group of ``instance`` (default: the one whose
     checkpoints refuse the plan); the plan must be stopped."""
     from tandem.cutover import CutoverRefused, cut_over
-    from tandem.plan_reset import plan_running
     from tandem.runtime.plan_api import partial_outputs_by_query
     from tandem.store import Database, migrate
 
@@ -189,8 +188,7 @@ def cut_over_plan(log: Any, cluster: Any, plan: Any, instance: str | None, ti: A
     with Database(cluster.database_url, "tandem-ops") as db:
         migrate(db)
         try:
-            cut = cut_over(cluster, plan, db, group, running=plan_running(db, plan),
-                           partial_outputs=partial_outputs_by_query(plan))
+            cut = cut_over(cluster, plan, db, group, partial_outputs=partial_outputs_by_query(plan))
         except CutoverRefused as exc:
             raise AirflowFailException(str(exc)) from None
     summary = (f"cutover {plan.name}: group {cut.group} cut over (generation {cut.generation}); retired "

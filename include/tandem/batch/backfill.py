@@ -49,7 +49,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tandem.batch.trim import contributions_horizon
 from tandem.checkpoints import committed_batch, query_dirs
-from tandem.cutover import refusal_before_cut
+from tandem.cutover import range_refusal_before_cut
 from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import BackfillRefused
 from tandem.layout import backfill_dir, checkpoint_dir
@@ -188,7 +188,7 @@ def check_backfill(cluster: ClusterConfig, plan: PlanConfig, db: Database, start
     """Raise :class:`BackfillRefused` with the reason if ``[start, end)`` of ``instances`` cannot be backfilled now."""
     reason = refusal_of_range(start, end, instances_closed_until(cluster, db, plan, instances)) \
         or retention_refusal(plan, start, end, horizons(db, plan.name), instances) \
-        or refusal_before_cut(cluster, plan, start.timestamp(), f"the range from {start.isoformat()}")
+        or range_refusal_before_cut(cluster, plan, start)
     if reason:
         raise BackfillRefused(f"backfill of plan {plan.name}: {reason}")
     refused = [why for name in plan.streams

@@ -637,6 +637,17 @@ class AggregationKind(OutputKind):
         db.run(lambda cursor: aggregates.relabel_instances(cursor, spec, plan.name, dict(labels)))
         agg_delta.relabel_instances(delta_table_dir(cluster, plan.name, output), dict(labels))
 
+    def counted_until(self, db: Database, plan: PlanConfig, output: str, instances: list[str]) -> datetime | None:
+        """The end of the newest bucket the instances' partials hold, at the finest granularity they hold any (the
+        retention may have trimmed the finer ones)."""
+        spec = spec_for(plan, output)
+        for granularity in spec.granularities:
+            newest = db.run(lambda cursor, g=granularity: aggregates.newest_bucket(cursor, spec, plan.name, g,
+                                                                                  instances), attempts=3)
+            if newest is not None:
+                return bucket_end(as_utc(newest), granularity)
+        return None
+
     def state_shape(self, plan: PlanConfig, output: str) -> dict[str, Any]:
         """Its keys and measures: Spark's state holds them (a fact aggregation's state is its id deduplication, but
         its serving table's columns are these too)."""

@@ -587,7 +587,8 @@ class OutputKind:
     - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
     - :meth:`follow` / :meth:`page`: its new rows as they are published (appended kinds only);
     - :meth:`state_shape`: the Spark state its declaration shapes, which a checkpoint was built with;
-    - :meth:`retire`: its rows of instances a cut-over retires, relabelled (partials only);
+    - :meth:`retire` / :meth:`counted_until`: its rows of instances a cut-over retires, relabelled, and the event
+      time they reach (partials only);
     - :meth:`restore` / :meth:`rolled_back_on_restore`: what a restore does to it;
     - :meth:`replace` / :meth:`compare`: a backfill's and a reconcile's use of a recomputed range;
     - :meth:`trim`: its rows' retention;
@@ -650,6 +651,12 @@ class OutputKind:
         labels, so that the instances starting afresh publish beside them (a kind whose rows are not published by
         id must)."""
         raise DataError(f"{output} is an output of kind {self.name}: its rows cannot be retired by a cut-over")
+
+    def counted_until(self, db: Database, plan: PlanConfig, output: str, instances: list[str]) -> datetime | None:
+        """A cut-over (:mod:`tandem.cutover`): the event time before which every event the rows of ``instances``
+        counted lies (a backfill of a range from it on cannot count one of them again), or ``None`` when they hold
+        none of the rows :meth:`retire` keeps."""
+        return None
 
     def rolled_back_on_restore(self, config: OutputConfig) -> bool:
         """Whether a restore rolls the output back to the snapshot's cut (else it is kept as it is)."""

@@ -575,6 +575,19 @@ def delete_plan_rows(cursor, spec: Any, plan: str) -> tuple[int, bool]:
     return deleted, True
 
 
+def newest_bucket(cursor, spec: Any, plan: str, granularity: str, instances: list[str]) -> datetime | None:
+    """The newest bucket start of ``granularity`` the instances' rows hold (``None``: none, or no table yet); read
+    down the primary key from its newest bucket."""
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (f"tandem.{spec.table}",))
+    if not cursor.fetchone()["present"]:
+        return None
+    cursor.execute(sql.SQL("""SELECT bucket_start FROM {table} WHERE plan = %s AND granularity = %s
+                                AND instance = ANY(%s) ORDER BY bucket_start DESC LIMIT 1""").format(
+        table=sql.Identifier(spec.table)), (plan, granularity, instances))
+    row = cursor.fetchone()
+    return None if row is None else row["bucket_start"]
+
+
 def relabel_instances(cursor, spec: Any, plan: str, labels: dict[str, str]) -> int:
     """Every row of the instances in ``labels`` (every granularity) moved to its label (a cut-over retires them);
     the rows moved (none when the table does not exist yet)."""
