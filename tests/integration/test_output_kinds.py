@@ -294,8 +294,16 @@ def test_a_shadow_compares_held_events_with_the_published_payloads_once_the_acti
     seen: list[tuple[str, int, list[str]]] = []
 
     class Recorded:  # what upgrade_checks would receive
-        def record(self, output: str, checked: int, differences: list[str]) -> None:
+        proven = None
+
+        def record(self, output: str, checked: int, differences: list[str], unmatched: list[str] = ()) -> None:
             seen.append((output, checked, differences))
+
+        def published_through(self, batch_id: int) -> None:
+            self.proven = batch_id
+
+        def proven_batch(self) -> int | None:
+            return self.proven
 
     shadow.verify_with(Recorded())
     active.publish(alerts(range(0, 10)), batch(ACTIVE, 0, take(db, ACTIVE)))

@@ -79,13 +79,21 @@ def test_nothing_held_is_nothing_to_flush():
 
 
 class Recorded:
-    """A verification that keeps what it was told."""
+    """A verification that keeps what it was told (rows only on this side as a fourth element, when any)."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, int, list[str]]] = []
+        self.calls: list[tuple] = []
+        self.proven: int | None = None
 
-    def record(self, output: str, checked: int, differences: list[str]) -> None:
-        self.calls.append((output, checked, differences))
+    def record(self, output: str, checked: int, differences: list[str], unmatched: list[str] = ()) -> None:
+        self.calls.append((output, checked, differences, list(unmatched)) if unmatched else
+                          (output, checked, differences))
+
+    def published_through(self, batch_id: int) -> None:
+        self.proven = batch_id if self.proven is None else max(self.proven, batch_id)
+
+    def proven_batch(self) -> int | None:
+        return self.proven
 
 
 class ComparingKind(FakeKind):
@@ -143,3 +151,39 @@ def test_a_comparison_that_fails_never_stops_the_standby():
     kind.store = kind.settled_ids = {"a"}
     kind.trim()
     assert kind.held == {} and seen.calls == []
+
+
+def test_a_held_row_the_active_never_publishes_though_it_published_rows_held_later_is_reported_once():
+    """Issue 60: a version that identifies a row otherwise holds it under an id the active never publishes; once the
+    active has published rows held two batches later, it is reported as only in this version (once), still held."""
+    kind, seen = FakeKind(), Recorded()
+    kind.verify_with(seen)
+
+    def unmatched() -> list[tuple]:
+        return [call for call in seen.calls if len(call) == 4]
+
+    kind.hold(rows(("new-id-1", 1), ("same-1", 1)), 1)
+    kind.hold(rows(("same-2", 2)), 2)
+    kind.store = {"same-1", "same-2"}
+    kind.trim()
+    assert seen.proven == 2 and unmatched() == [], "the active has published batch 2's rows: not two batches past 1"
+    kind.hold(rows(("same-3", 3)), 3)
+    kind.store.add("same-3")
+    kind.trim()
+    assert unmatched() == [("fake", 0, [], ["new-id-1: only in this version (the other version published rows held "
+                                            "2 batches later, never this one)"])]
+    assert list(kind.held) == ["new-id-1"]
+    kind.hold(rows(("same-4", 4)), 4)
+    kind.store.add("same-4")
+    kind.trim()
+    assert len(unmatched()) == 1, "reported once"
+    kind.store.add("new-id-1")  # published after all (late): trimmed as any other row
+    kind.trim()
+    assert kind.held == {} and kind.held_in == {} and kind.reported == set()
+
+
+def test_a_row_held_before_the_verification_began_counts_from_the_batch_it_began_at():
+    kind, seen = FakeKind(), Recorded()
+    kind.hold(rows(("old", 1)), 5)
+    kind.verify_with(seen)
+    assert kind.held_in == {"old": 5}

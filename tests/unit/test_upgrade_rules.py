@@ -11,7 +11,7 @@ from tandem.outputs.base import row_difference, same_value
 from tandem.store.upgrades import OutputCheck
 from tandem.supervisor.decisions import HOT, InstanceView, LeaseView
 from tandem.supervisor.health import BLOCKED, DEAD, HEALTHY, InstanceHealth
-from tandem.supervisor.upgrade import DIFFER, PASS, WAIT, behind_by, shadow_of, verdict
+from tandem.supervisor.upgrade import DIFFER, PASS, WAIT, behind_by, shadow_of, twice_published, verdict
 
 
 def inst(node: str, state: str = HEALTHY, role: str | None = PASSIVE) -> InstanceHealth:
@@ -51,6 +51,15 @@ def test_verification_waits_for_its_time_rows_and_catch_up_and_stops_at_the_firs
     assert outcome([], 0, verify_s=0, min_rows=0).outcome == PASS
 
 
+def test_rows_only_in_the_new_version_stop_the_verification_whatever_else_it_compared():
+    only = OutputCheck("hot", 0, 0, ["event_id e1 {'room': 'r1'}: only in this version (...)"], unmatched=3)
+    judged = verdict([check("per_room", 50), only], 60, verify_s=30, min_rows=10, behind_s=0.0, max_behind_s=2)
+    assert judged.outcome == DIFFER and judged.line.startswith("3 rows of hot only in this version"), judged.line
+    assert "e.g. event_id e1" in judged.line
+    assert twice_published([check("per_room", 50), check("hot", 5, differing=2)]) is None
+    assert twice_published([only]) == judged.line
+
+
 def test_behind_is_the_largest_gap_of_the_queries_watermarks_and_unknown_without_the_shadows():
     t = datetime(2026, 12, 2, 12, tzinfo=timezone.utc)
     active = {"aggregates": t, "quarantine": t - timedelta(seconds=3)}
@@ -72,3 +81,35 @@ def test_a_row_difference_names_the_identity_and_each_differing_column_old_then_
     assert row_difference("s IBM", {"n": 2, "p": 1.0}, {"n": 3, "p": 1.0}, ["n", "p"]) == \
         "s IBM: n 2 (old) != 3 (new)"
     assert row_difference("s IBM", None, {"n": 3}, ["n"]) == "s IBM: only in the new version"
+
+
+def test_a_batch_is_proven_once_the_active_published_again_after_its_held_rows_were_seen_published():
+    """A row the active emits a batch later (a timer its next batch fires) must have had that batch before a row
+    held in an earlier batch of the standby counts as only in the new version."""
+    from tandem.runtime.verification import QueryVerification
+
+    t = datetime(2026, 12, 7, 9, tzinfo=timezone.utc)
+
+    class Clock:  # the ShadowVerification's two readings of PostgreSQL
+        def __init__(self) -> None:
+            self.now_at, self.published = t, None
+
+        def now(self):
+            return self.now_at
+
+        def active_published_at(self):
+            return self.published
+
+    clock = Clock()
+    query = QueryVerification(clock, "q")
+    assert query.proven_batch() is None
+    query.published_through(5)
+    clock.published = t  # the publish that showed batch 5's rows: not after they were seen
+    assert query.proven_batch() is None
+    clock.now_at = t + timedelta(seconds=1)
+    query.published_through(7)
+    query.published_through(6)  # an older batch seen later changes nothing
+    clock.published = t + timedelta(seconds=0.5)  # published again after 5 was seen, before 7 was
+    assert query.proven_batch() == 5
+    clock.published = t + timedelta(seconds=2)
+    assert query.proven_batch() == 7

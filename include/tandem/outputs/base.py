@@ -97,10 +97,22 @@ class Sink(Protocol):
 
 
 class Verification(Protocol):
-    """Where a shadow standby reports what it compared: ``checked`` rows of ``output``, and how those that
-    differ from the active's differ (one line each)."""
+    """Where a standby under verification reports what it compared: ``checked`` rows of ``output``, how those that
+    differ from the active's differ, and the rows only it holds (``unmatched``), one line each. One per query, it
+    tells how far the active has got in the query's batches: it is told of each batch whose held rows the active
+    published (:meth:`published_through`), and :meth:`proven_batch` is the newest such batch after which the active
+    has published again (a row it emits a batch later, at a timer or a window's end, has had its batch)."""
 
-    def record(self, output: str, checked: int, differences: list[str]) -> None: ...
+    def record(self, output: str, checked: int, differences: list[str], unmatched: list[str] = ()) -> None: ...
+
+    def published_through(self, batch_id: int) -> None: ...
+
+    def proven_batch(self) -> int | None: ...
+
+
+UNMATCHED_AFTER = 2
+"""A held row is only in this version (:meth:`HeldUntilPublished.trim`) once the active has published the rows the
+standby held this many batches later (:meth:`Verification.proven_batch`), and never one under its identity."""
 
 
 class HeldUntilPublished(Generic[K, V]):
@@ -111,17 +123,25 @@ class HeldUntilPublished(Generic[K, V]):
     A kind says what identifies a row (:meth:`identities`), which held rows are published for good
     (:meth:`published_of`) and how held rows are published (:meth:`publish_held`).
 
-    Under verification (:meth:`verify_with`, a shadow standby of a plan's new version), ``trim`` first
-    compares the rows it drops with what the active published (:meth:`differences`); a row is compared once
-    it is final on this side too (:meth:`settled`), and held until then.
+    Under verification (:meth:`verify_with`, a shadow standby of a plan's new version, or the old version's after
+    a hand-over), ``trim`` first compares the rows it drops with what the active published (:meth:`differences`); a
+    row is compared once it is final on this side too (:meth:`settled`), and held until then. A held row the active
+    never publishes under its identity, though it published rows held :data:`UNMATCHED_AFTER` batches later, is
+    reported once as only in this version (the two versions identify the row differently: a hand-over would publish
+    its event again), or, where that would publish nothing twice (:attr:`unmatched_is_twice` false), as a
+    difference.
     """
 
     output: str
+    unmatched_is_twice = True
+    """Whether a held row the active never published would publish its event a second time at a hand-over."""
 
     def __init__(self) -> None:
         self.held: dict[K, V] = {}
         self.held_batch: int | None = None
         self.verification: Verification | None = None
+        self.held_in: dict[K, int] = {}  # under verification: the batch each held row was last held in
+        self.reported: set[K] = set()  # held rows already reported as only in this version
 
     def identities(self, rows: pa.Table) -> dict[K, V]:
         raise NotImplementedError
@@ -134,8 +154,20 @@ class HeldUntilPublished(Generic[K, V]):
         raise NotImplementedError
 
     def hold(self, rows: pa.Table, batch_id: int) -> None:
-        self.held.update(self.identities(rows))
+        identities = self.identities(rows)
+        self.held.update(identities)
+        self.note_held(identities, batch_id)
+
+    def note_held(self, identities: Iterable[K], batch_id: int) -> None:
+        """``identities`` were held in batch ``batch_id``."""
         self.held_batch = batch_id
+        if self.verification is not None:
+            for identity in identities:
+                self.held_in[identity] = batch_id
+
+    def describe(self, identity: K) -> str:
+        """A held row, as a difference names it."""
+        return str(identity)
 
     def settled(self, identities: list[K]) -> list[K]:
         """Of held rows, those this side will not change any more (compared under verification); default: all."""
@@ -148,17 +180,53 @@ class HeldUntilPublished(Generic[K, V]):
 
     def verify_with(self, verification: Verification) -> None:
         self.verification = verification
+        if self.held_batch is not None:
+            self.held_in = dict.fromkeys(self.held, self.held_batch)
 
     def trim(self, *, verifying: bool = True) -> None:
         if not self.held:
             return
         published = list(self.published_of(self.held))
-        if self.verification is not None and verifying and published:
+        comparing = self.verification is not None and verifying
+        if comparing and published:
+            batches = [self.held_in[identity] for identity in published if identity in self.held_in]
+            if batches:
+                self.verification.published_through(max(batches))
             published = self.settled(published)
             if published:
                 self._compare({identity: self.held[identity] for identity in published})
         for identity in published:
             self.held.pop(identity, None)
+            self.held_in.pop(identity, None)
+            self.reported.discard(identity)
+        if comparing:
+            self._report_unmatched()
+
+    def _report_unmatched(self) -> None:
+        waiting = [identity for identity in self.held_in if identity in self.held and identity not in self.reported]
+        if not waiting:
+            return
+        try:
+            proven = self.verification.proven_batch()
+        except Exception as exc:  # noqa: BLE001 - as in _compare
+            log.warning("%s: could not tell how far the active has published: %s", self.output, first_line(exc))
+            return
+        if proven is None:
+            return
+        unmatched = [identity for identity in waiting if self.held_in[identity] <= proven - UNMATCHED_AFTER]
+        if not unmatched:
+            return
+        self.reported.update(unmatched)
+        lines = [f"{self.describe(identity)}: only in this version (the other version published rows held "
+                 f"{UNMATCHED_AFTER} batches later, never this one)" for identity in unmatched]
+        try:
+            if self.unmatched_is_twice:
+                self.verification.record(self.output, 0, [], lines)
+            else:
+                self.verification.record(self.output, 0, lines)
+        except Exception as exc:  # noqa: BLE001 - as in _compare
+            log.warning("%s: could not record %d rows only in this version: %s", self.output, len(lines),
+                        first_line(exc))
 
     def _compare(self, rows: dict[K, V]) -> None:
         try:
@@ -178,6 +246,8 @@ class HeldUntilPublished(Generic[K, V]):
         written = self.publish_held(dict(self.held), replace(batch, batch_id=self.held_batch))
         log.info("published %d held rows of %s (%d written)", count, self.output, written)
         self.held.clear()
+        self.held_in.clear()
+        self.reported.clear()
         return written
 
 
@@ -383,6 +453,12 @@ class HeldById(HeldUntilPublished[str, dict]):
     def published_of(self, held: dict[str, dict[str, Any]]) -> list[str]:
         return self.db.run(lambda cursor: store.in_lake(cursor, self.table, self.id_column, self.plan, self.output,
                                                         list(held)), attempts=1)
+
+    def describe(self, identity: str) -> str:
+        """``<id column> <id> {the fields it is computed from}``."""
+        row = self.held.get(identity, {})
+        fields = self.config.id or self.config.key
+        return f"{self.id_column} {identity} {store.to_json({f: row.get(f) for f in fields})}"
 
     def publish_held(self, held: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         return self.write(held, batch)

@@ -51,6 +51,7 @@ from tandem.outputs.base import (
     as_utc,
     capped,
     reading,
+    row_difference,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -132,16 +133,37 @@ class LatestSink(HeldById):
 
     def hold(self, rows: pa.Table, batch_id: int) -> None:
         """Keep the highest-ranked row of each key (a later batch may bring an earlier event)."""
-        for key, row in self.identities(rows).items():
+        identities = self.identities(rows)
+        for key, row in identities.items():
             if key not in self.held or rank_of(self.config, row) > rank_of(self.config, self.held[key]):
                 self.held[key] = row
-        self.held_batch = batch_id
+        self.note_held(identities, batch_id)
 
     def published_of(self, held: dict[str, dict[str, Any]]) -> list[str]:
         kept = self.db.run(lambda cursor: store.kept(cursor, self.plan, self.output, self.instance.instance, list(held),
                                                 in_lake=True), attempts=1)
         return [key for key, row in held.items()
                 if key in kept and kept[key] >= rank_of(self.config, row)]
+
+    def describe(self, identity: str) -> str:
+        return f"key {identity}"
+
+    def differences(self, rows: dict[str, dict[str, Any]]) -> list[str]:
+        """Each key's held row against the active's kept row of the same event time: its values, and its tiebreak
+        (another tiebreak: the rows' ``id`` is computed otherwise). A kept row of a later time superseded both."""
+        kept = {canonical_key(row["key"]): row for row in self.db.run(lambda cursor: store.instance_rows_of_keys(
+            cursor, self.plan, self.output, self.instance.instance, list(rows)), attempts=1)}
+        lines = []
+        for key, row in rows.items():
+            theirs = kept.get(key)
+            if theirs is None or theirs["event_time"] != as_utc(row[self.config.time]):
+                continue
+            new = {**to_json({k: v for k, v in row.items() if k != TIEBREAK}), TIEBREAK: row[TIEBREAK]}
+            old = {**theirs["row"], TIEBREAK: theirs["tiebreak"]}
+            line = row_difference(f"key {key}", old, new, [*self.config.values, TIEBREAK])
+            if line:
+                lines.append(line)
+        return lines
 
     def write(self, rows: dict[str, dict[str, Any]], batch: BatchInfo) -> int:
         """Keep each key's row where it ranks higher than the kept one; copy to Delta those kept rows that are not in

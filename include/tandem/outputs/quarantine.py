@@ -50,6 +50,8 @@ class QuarantineSink(HeldUntilPublished[str, pa.Table]):
     (:meth:`publish_refused`) has the source ``output:<output>/<hash of the row>``.
     """
 
+    unmatched_is_twice = False  # a file only this version quarantines differs; its lines go nowhere twice
+
     def __init__(self, instance: InstanceKey, database_url: str, delta_path: Path, output: str = "quarantine",
                  plan_version: str | None = None) -> None:
         super().__init__()

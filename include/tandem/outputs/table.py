@@ -29,6 +29,7 @@ from tandem.outputs.base import (
     Window,
     capped,
     reading,
+    row_difference,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -71,6 +72,24 @@ class TableSink(HeldById):
                 for row in current], schema=schema)
             self.to_lake(lake, batch, [cid for row in current for cid in row["ids"]])
         return len(current or ())
+
+    def differences(self, rows: dict[str, dict[str, Any]]) -> list[str]:
+        """Each contribution against the one the active applied under its id: the key it added to and its values
+        (a contribution applied before values were kept: its key only)."""
+        applied = self.db.run(lambda cursor: store.contributions_of(cursor, self.plan, self.output, list(rows)),
+                              attempts=1)
+        lines = []
+        for cid, row in rows.items():
+            theirs = applied.get(cid)
+            if theirs is None:
+                continue
+            new = store.to_json({**{k: row[k] for k in self.config.key}, **{v: row[v] for v in self.config.values}})
+            old = {**theirs["key"], **(theirs["value"] or {})}
+            columns = [*self.config.key, *(self.config.values if theirs["value"] is not None else ())]
+            line = row_difference(f"contribution {cid}", old, new, columns)
+            if line:
+                lines.append(line)
+        return lines
 
 
 def read_table_lake(path: Path, config: OutputConfig) -> list[dict[str, Any]]:

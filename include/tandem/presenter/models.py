@@ -145,6 +145,8 @@ class OutputCheckState(BaseModel):
     checked: int = Field(description="rows the new version compared with what the old one published")
     differing: int
     samples: list[str] = Field(description="up to five differing rows, each with its columns old and new")
+    unmatched: int = Field(0, description="rows only the new version held: the old one published rows of later "
+                                          "batches, never one under their identity (an upgrade refuses them)")
 
 
 class UpgradeState(BaseModel):

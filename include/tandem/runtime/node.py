@@ -28,6 +28,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from tandem.checkpoints import recover_swaps
 from tandem.config import ClusterConfig, PlanConfig, spark_interval
 from tandem.errors import PlanChanged, RestoreUnfinished, cause_of, raised_in
+from tandem.host_identity import this_host_id
 from tandem.lake.tables import has_legacy_columns, rename_legacy_columns
 from tandem.layout import checkpoint_dir, plan_dirs
 from tandem.names import ACTIVE, BACKUP, PASSIVE, ROLES, STANDBY_ROLES, WARM
@@ -39,7 +40,7 @@ from tandem.resync import resync_recorded
 from tandem.runtime.listener import LivenessBeat, ProgressRecorder, SparkWorkProbe, instance_query_name
 from tandem.runtime.plan_api import PlanContext, QueryDefinition, instance_queries
 from tandem.runtime.publisher import MicroBatchPublisher
-from tandem.runtime.verification import shadow_verification
+from tandem.runtime.verification import RollbackWatch, ShadowVerification, shadow_verification
 from tandem.runtime.relays import RelayThread, published_to_streams
 from tandem.runtime.roles import RoleController
 from tandem.shared_storage import StorageNotShared, require_executor_storage, require_shared_storage
@@ -243,7 +244,8 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         register_nodes(db, cluster)
         me = psutil.Process()
         version = plan_version(plan)  # hashes the plan's files: once, the version recorded is the one verified
-        record_start(db, key, host=socket.gethostname(), pid=me.pid, pid_started_at=start_since_boot(me.pid),
+        record_start(db, key, host=socket.gethostname(), host_id=this_host_id(), pid=me.pid,
+                     pid_started_at=start_since_boot(me.pid),
                      ancestors=[parent.pid for parent in me.parents()],
                      spark_app_id=spark.sparkContext.applicationId, trigger_interval_s=interval,
                      checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")),
@@ -285,12 +287,18 @@ def run_instance(cluster: ClusterConfig, plan: PlanConfig, node: str, instance: 
         try:
             ctx = PlanContext(cluster, plan, key, spark, cut=cut)
             definitions = instance_queries(ctx)
+            def verify_with(verification: ShadowVerification) -> None:
+                for definition in definitions:
+                    definition.sink.verify_with(verification.for_query(definition.name))
+
             # only a hot standby compares: a WARM one runs no query, an ACTIVE one holds nothing
             verification = shadow_verification(db, key, version, cluster.database_url) \
                 if role in (PASSIVE, BACKUP) else None
             if verification is not None:
-                for definition in definitions:
-                    definition.sink.verify_with(verification)
+                verify_with(verification)
+            elif role != WARM:  # the old version of an upgrade, once handed over from, compares for a rollback
+                roles.on_tick(RollbackWatch(key, version, cluster.database_url, lambda: roles.role != ACTIVE,
+                                            verify_with))
             publishers: dict[str, MicroBatchPublisher] = {}
             if role == WARM and not await_warm_takeover(db, cluster, plan, key, roles, promoted, stop):
                 result = RunResult("STOPPED")

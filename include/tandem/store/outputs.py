@@ -135,8 +135,10 @@ def canonical_key(values: dict[str, Any]) -> str:
     return json_text(to_json(values), sort_keys=True, separators=(",", ":"))
 
 
-def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[str, dict]) -> set[str]:
-    """Record contributions ``{id: the key they add to}``; return the ids that were new (not applied before, by anyone).
+def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[str, dict],
+                         values: Mapping[str, Mapping[str, Any]] | None = None) -> set[str]:
+    """Record contributions ``{id: the key they add to}`` (and ``{id: the values they add}``, kept so that an upgrade's
+    shadow can compare them); return the ids that were new (not applied before, by anyone).
 
     The contributions are COPied into the transaction's temporary table ``_contributions``, then inserted in one
     statement whose new ids come back through ``COPY``: a multi-row ``INSERT`` per thousand rows, built in Python,
@@ -144,11 +146,15 @@ def insert_contributions(cursor, instance: InstanceKey, output: str, keys: dict[
     """
     if not keys:
         return set()
-    _stage(cursor, "_contributions", "contribution_id text, key jsonb",
-           (f"{_copy_value(cid)}\t{_copy_text(json_text(to_json(key)))}\n" for cid, key in keys.items()))
+
+    def value(cid: str) -> str:
+        return "\\N" if values is None else _copy_text(json_text(to_json(dict(values[cid]))))
+
+    _stage(cursor, "_contributions", "contribution_id text, key jsonb, value jsonb",
+           (f"{_copy_value(cid)}\t{_copy_text(json_text(to_json(key)))}\t{value(cid)}\n" for cid, key in keys.items()))
     inserted = copied_out(cursor, sql.SQL(
-        """INSERT INTO output_contributions (plan, output, contribution_id, instance, key)
-           SELECT %s, %s, contribution_id, %s, key FROM _contributions
+        """INSERT INTO output_contributions (plan, output, contribution_id, instance, key, value)
+           SELECT %s, %s, contribution_id, %s, key, value FROM _contributions
            ON CONFLICT (plan, output, contribution_id) DO NOTHING RETURNING contribution_id"""),
         (instance.plan, output, instance.instance), pa.schema([("contribution_id", pa.string())]))
     return set(inserted.column("contribution_id").to_pylist())
@@ -167,7 +173,8 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
     """
     if not contributions:
         return []
-    new = insert_contributions(cursor, instance, output, {cid: key for cid, (key, _) in contributions.items()})
+    new = insert_contributions(cursor, instance, output, {cid: key for cid, (key, _) in contributions.items()},
+                               {cid: contributed for cid, (_, contributed) in contributions.items()})
     totals: dict[str, tuple[dict, dict[str, float], int]] = {}
     for cid in new:
         key, contributed = contributions[cid]
@@ -205,6 +212,14 @@ def apply_contributions(cursor, instance: InstanceKey, output: str, values: Sequ
            GROUP BY r.key, r.value, r.version""",
         {"plan": instance.plan, "output": output, "pending": pending})
     return [dict(row) for row in cursor.fetchall()]
+
+
+def contributions_of(cursor, plan: str, output: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The applied contributions among ``ids``: ``{id: {"key": …, "value": … (None: applied before values were
+    kept)}}``."""
+    cursor.execute("SELECT contribution_id, key, value FROM output_contributions WHERE plan = %s AND output = %s "
+                   "AND contribution_id = ANY(%s)", (plan, output, list(ids)))
+    return {row["contribution_id"]: {"key": row["key"], "value": row["value"]} for row in cursor.fetchall()}
 
 
 def _stage(cursor, table: str, columns: str, lines: Iterable[str]) -> None:

@@ -109,3 +109,14 @@ def last_published(cursor, plan: str, instance: str, output: str) -> tuple[int, 
                       ORDER BY epoch DESC, batch_id DESC LIMIT 1""", (plan, instance, output))
     row = cursor.fetchone()
     return (int(row["epoch"]), int(row["batch_id"])) if row else (0, 0)
+
+
+def newest_publish(db: Database, plan: str, instance: str, other_than: str) -> datetime | None:
+    """When a node of ``(plan, instance)`` other than ``other_than`` last published a batch (PostgreSQL's clock)."""
+
+    def work(cursor) -> datetime | None:
+        cursor.execute("SELECT max(published_at) AS newest FROM publish_log WHERE plan = %s AND instance = %s "
+                       "AND node <> %s", (plan, instance, other_than))
+        return cursor.fetchone()["newest"]
+
+    return db.run(work, attempts=1)

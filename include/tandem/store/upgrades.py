@@ -44,16 +44,19 @@ class Upgrade:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """What a shadow compared of one output: rows checked, rows that differ, a few of them described."""
+    """What a shadow compared of one output: rows checked, rows that differ, rows only it held (``unmatched``: the
+    other version published rows of later batches but never one under their identity), a few of them described."""
 
     output: str
     checked: int
     differing: int
     samples: list[str]
+    unmatched: int = 0
 
     def line(self) -> str:
-        """``trade_aggregates 120 compared, 0 differ``."""
-        return f"{self.output} {self.checked} compared, {self.differing} differ"
+        """``trade_aggregates 120 compared, 0 differ`` (and ``, 3 only in this version`` when some are)."""
+        return (f"{self.output} {self.checked} compared, {self.differing} differ"
+                + (f", {self.unmatched} only in this version" if self.unmatched else ""))
 
 
 def begin(db: Database, upgrade: Upgrade) -> None:
@@ -107,22 +110,25 @@ def current(db: Database, plan: str, instance: str) -> Upgrade | None:
 
 
 def record_check(db: Database, plan: str, instance: str, node: str, to_version: str, output: str, checked: int,
-                 differences: list[str]) -> None:
-    """Add one comparison of a shadow's held rows to its output's counts (the first differences kept as samples)."""
+                 differences: list[str], unmatched: list[str] = ()) -> None:
+    """Add one comparison of a shadow's held rows to its output's counts (the first differences, then rows only it
+    held, kept as samples)."""
 
     def work(cursor) -> None:
         cursor.execute(
-            """INSERT INTO upgrade_checks AS c (plan, instance, node, to_version, output, checked, differing, samples)
+            """INSERT INTO upgrade_checks AS c (plan, instance, node, to_version, output, checked, differing,
+                                                unmatched, samples)
                VALUES (%(plan)s, %(instance)s, %(node)s, %(version)s, %(output)s, %(checked)s, %(differing)s,
-                       %(samples)s)
+                       %(unmatched)s, %(samples)s)
                ON CONFLICT (plan, instance, node, to_version, output) DO UPDATE SET
                    checked = c.checked + EXCLUDED.checked, differing = c.differing + EXCLUDED.differing,
+                   unmatched = c.unmatched + EXCLUDED.unmatched,
                    samples = CASE WHEN jsonb_array_length(c.samples) >= %(kept)s THEN c.samples
                                   ELSE c.samples || EXCLUDED.samples END,
                    updated_at = now()""",
             {"plan": plan, "instance": instance, "node": node, "version": to_version, "output": output,
-             "checked": checked, "differing": len(differences), "kept": SAMPLES_KEPT,
-             "samples": Json(differences[:SAMPLES_KEPT], dumps=json_text)})
+             "checked": checked, "differing": len(differences), "unmatched": len(unmatched), "kept": SAMPLES_KEPT,
+             "samples": Json([*differences, *unmatched][:SAMPLES_KEPT], dumps=json_text)})
 
     db.run(work, attempts=1)
 
@@ -131,10 +137,16 @@ def checks(db: Database, plan: str, instance: str, node: str, to_version: str) -
     """What the shadow on ``node`` compared so far, per output."""
 
     def work(cursor) -> list[OutputCheck]:
-        cursor.execute("""SELECT output, checked, differing, samples FROM upgrade_checks
+        cursor.execute("""SELECT output, checked, differing, unmatched, samples FROM upgrade_checks
                           WHERE plan = %s AND instance = %s AND node = %s AND to_version = %s ORDER BY output""",
                        (plan, instance, node, to_version))
-        return [OutputCheck(r["output"], int(r["checked"]), int(r["differing"]), list(r["samples"])[:SAMPLES_KEPT])
-                for r in cursor.fetchall()]
+        return [OutputCheck(r["output"], int(r["checked"]), int(r["differing"]), list(r["samples"])[:SAMPLES_KEPT],
+                            int(r["unmatched"])) for r in cursor.fetchall()]
 
     return db.run(work, attempts=3)
+
+
+def forget_checks(db: Database, plan: str, instance: str, node: str, version: str) -> None:
+    """Forget what the standby on ``node`` running ``version`` compared (before it compares anew)."""
+    db.run(lambda cursor: cursor.execute("DELETE FROM upgrade_checks WHERE plan = %s AND instance = %s AND node = %s "
+                                         "AND to_version = %s", (plan, instance, node, version)))

@@ -70,6 +70,9 @@ def verdict(checks: list[OutputCheck], elapsed_s: float, *, verify_s: float, min
     checked = sum(c.checked for c in checks)
     differing = sum(c.differing for c in checks)
     counts = ", ".join(c.line() for c in checks) or "nothing compared"
+    unmatched = twice_published(checks)
+    if unmatched:
+        return Verdict(DIFFER, unmatched)
     if differing:
         return Verdict(DIFFER, f"{differing} of {checked} rows differ from the old version's ({counts})")
     behind = "how far behind not known yet" if behind_s is None else f"{max(behind_s, 0.0):.1f}s behind"
@@ -77,6 +80,22 @@ def verdict(checks: list[OutputCheck], elapsed_s: float, *, verify_s: float, min
         return Verdict(PASS, f"{checked} rows equal to the old version's over {elapsed_s:.0f}s, {behind} ({counts})")
     return Verdict(WAIT, f"{checked} rows compared in {elapsed_s:.0f}s of {verify_s:g}s, none differ, {behind} "
                          f"({counts})")
+
+
+def twice_published(checks: list[OutputCheck]) -> str | None:
+    """Why handing the ACTIVE role to the version that compared ``checks`` would publish events a second time, or
+    ``None`` (pure): it held rows the other version never published under their identities, though it published
+    rows held later — the two versions identify rows differently (a key field computed another way), and what one
+    published under its ids the other would publish again under its own. No confirmation takes it: declare a new
+    output (or reset the plan) for such a change."""
+    unmatched = [c for c in checks if c.unmatched]
+    if not unmatched:
+        return None
+    samples = [s for c in unmatched for s in c.samples if "only in this version" in s][:2]
+    return (f"{sum(c.unmatched for c in unmatched)} rows of {', '.join(c.output for c in unmatched)} only in this "
+            f"version: the other version published rows held later, never these under their identities (it "
+            f"identifies rows otherwise: a key or id field computed another way); handing over would publish their "
+            f"events again under new ids{': e.g. ' + ' | '.join(samples) if samples else ''}")
 
 
 def behind_by(active: dict[str, datetime], shadow: dict[str, datetime]) -> float | None:
@@ -271,6 +290,13 @@ class Upgrader:
                 return _Verified(confirmed or checks, caught_up_at=caught_up_at)
             if state.outcome == DIFFER:
                 samples = [f"{c.output}: {s}" for c in checks for s in c.samples]
+                twice = twice_published(checks)
+                if twice:
+                    return _Verified(checks, self._fail(
+                        instance, f"version {to_version} on {shadow}: {twice}. Nothing was handed over: an upgrade "
+                                  f"cannot carry a change of how rows are identified (declare a new output for it, or "
+                                  f"reset the plan); revert the plan's files and run `tandem upgrade "
+                                  f"{self.plan.name}` to put the old version back on {shadow}", checks))
                 if self.confirm is not None and self.confirm(checks):
                     self.progress(f"{self.plan.name}/{instance}: the differences are confirmed as meant")
                     verifying, confirmed = False, checks  # from here on only the catch-up is waited for
@@ -297,6 +323,8 @@ class Upgrader:
 
     def _hand_over(self, instance: str, active: str, shadow: str, to_version: str,
                    checks: list[OutputCheck]) -> UpgradeResult:
+        # the old version compares afresh from here, for a rollback (tandem.runtime.verification.RollbackWatch)
+        upgrades.forget_checks(self.db, self.plan.name, instance, active, self._version(instance, active) or "")
         holder, pause, report = self._move_active(instance, shadow, f"upgrade: version {to_version} takes over")
         if holder != shadow:
             return self._fail(instance, f"the hand-over to {shadow} did not happen (ACTIVE: {holder}): "
@@ -326,6 +354,12 @@ class Upgrader:
             raise OpsRefused(f"{self.plan.name}/{instance}: {upgrade.from_node} no longer runs version "
                              f"{upgrade.from_version}: nothing to hand back to. Revert the plan's files and run "
                              f"`tandem upgrade {self.plan.name}`")
+        twice = twice_published(upgrades.checks(self.db, self.plan.name, instance, upgrade.from_node,
+                                                upgrade.from_version or ""))
+        if twice:
+            raise OpsRefused(f"{self.plan.name}/{instance}: not rolled back: version {upgrade.from_version} on "
+                             f"{upgrade.from_node} holds {twice[0].lower()}{twice[1:]}. Revert the plan's files and "
+                             f"run `tandem upgrade {self.plan.name}` instead")
         holder, pause, report = self._move_active(instance, upgrade.from_node,
                                                   f"rollback: version {upgrade.from_version} takes over again")
         if holder != upgrade.from_node:
