@@ -143,7 +143,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
     token = token_from(args.token_file)
     load_cluster()  # a configuration error is refused before anything listens
-    server = serve(args.host, args.port, token)
+    server = serve(args.host, args.port, token, read_timeout_s=args.read_timeout, max_connections=args.max_connections,
+                   fresh_s=args.fresh_for)
     console.print(f"tandem exporter: http://{args.host}:{server.server_port}/metrics "
                   f"({'a bearer token is required' if token else f'no token: set {TOKEN_VARIABLE} or --token-file'})",
                   highlight=False)
@@ -909,7 +910,15 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--host", default="127.0.0.1")
     exporter.add_argument("--port", type=int, default=9464)
     exporter.add_argument("--token-file", help="a file holding the bearer token a scrape must send (default: "
-                                               "TANDEM_EXPORTER_TOKEN; neither: no token)")
+                                               "TANDEM_EXPORTER_TOKEN; neither: no token, and loopback only)")
+    exporter.add_argument("--read-timeout", type=float, default=5.0, metavar="SECONDS",
+                          help="drop a connection that has not sent its request within this long (default 5)")
+    exporter.add_argument("--max-connections", type=int, default=32,
+                          help="connections open at once; a newer one takes the place of the oldest that has not "
+                               "sent its request (default 32)")
+    exporter.add_argument("--fresh-for", type=float, default=0.5, metavar="SECONDS",
+                          help="answer a scrape from the last reading when it began at most this long before "
+                               "(default 0.5; a scrape during a reading always shares it)")
     exporter.set_defaults(func=cmd_exporter)
 
     query = commands.add_parser("query", help="read any output of a plan (the quarantine too), merged over its "

@@ -310,15 +310,17 @@ def _show_trades(console: Console, cluster, plan, started: datetime, bad_lines: 
     same = [(r["symbol"], r["trade_count"]) for r in from_delta] == [(r["symbol"], r["trade_count"]) for r in hourly]
     console.print(f"Delta gives the same hourly counts: {'yes' if same else '[red]NO[/]'}")
 
-    quarantined = _quarantined_since(cluster, plan, started)
+    quarantined = quarantined_lines(cluster, plan, started)
     verdict = "[green]each once[/]" if quarantined == bad_lines else "[red]they differ[/]"
     console.print(f"bad lines: the demo wrote {bad_lines}, the quarantine table holds {quarantined} of this run: {verdict}")
 
 
-def _quarantined_since(cluster, plan, since: datetime) -> int:
-    """How many bad lines the plan's quarantine table holds from ``since`` on."""
-    quarantine = read_table(delta_table_dir(cluster, plan.name, "quarantine"), columns=["quarantined_at"])
-    return sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= since) if quarantine.num_rows else 0
+def quarantined_lines(cluster, plan, since: datetime | None = None) -> int:
+    """How many bad lines the plan's quarantine output (whatever its name) holds, from ``since`` on if given."""
+    quarantine = read_table(delta_table_dir(cluster, plan.name, quarantine_output(plan)), columns=["quarantined_at"])
+    if since is None or not quarantine.num_rows:
+        return quarantine.num_rows
+    return sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= since)
 
 
 def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
@@ -356,8 +358,9 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
                 show_output(console, cluster, plan, output, limit=8)
             except TandemError as exc:
                 console.print(f"[yellow]{plan.name} {output}: {escape(str(exc))}[/]")
-    counts = read_table(delta_table_dir(cluster, plan.name, "quarantine")).num_rows if "quarantine" in plan.outputs else 0
-    console.print(f"quarantined lines of {plan.name}: {counts} (Delta table delta/{plan.name}/quarantine)")
+    quarantine = quarantine_output(plan)
+    console.print(f"quarantined lines of {plan.name}: {quarantined_lines(cluster, plan)} "
+                  f"(Delta table delta/{plan.name}/{quarantine})")
     if not keep_running:
         _stop_instances(console, cluster, plan, placements)
 
@@ -429,7 +432,7 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
         return sum(r["readings"] for r in read_output(cluster, plan.name, "minute", *window, output="room_stats"))
 
     _poll(console, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
-          180.0, lambda db: (min(counted(db), len(hot)) + min(_quarantined_since(cluster, plan, started), bad_lines[0]),
+          180.0, lambda db: (min(counted(db), len(hot)) + min(quarantined_lines(cluster, plan, started), bad_lines[0]),
                              len(hot) + bad_lines[0]), plan)
     with Database(cluster.database_url, "tandem-demo") as db:
         done = counted(db)
@@ -438,7 +441,7 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
     console.print(f"the demo published {len(hot)} hot readings; stage 2 counted {done}: {verdict} "
                   f"(the output hot_readings holds {relayed} events, NATS stream hot at sequence {sequence})")
     show_output(console, cluster, plan, "room_stats", limit=8)
-    quarantined = _quarantined_since(cluster, plan, started)
+    quarantined = quarantined_lines(cluster, plan, started)
     verdict = "[green]each once[/]" if quarantined == bad_lines[0] else "[red]they differ[/]"
     console.print(f"bad messages: the demo published {bad_lines[0]}, the quarantine table holds {quarantined} of this "
                   f"run (source_file nats:<subject>:<sequence>): {verdict}")

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-from tandem.demo import compare_trade_seconds, expected_trade_seconds
+import pyarrow as pa
+import pytest
+from tandem.config import load_cluster, load_plan
+from tandem.demo import compare_trade_seconds, expected_trade_seconds, quarantined_lines
+from tandem.lake.tables import append_once
+from tandem.layout import delta_table_dir
+from tandem.outputs.quarantine import QUARANTINE_SCHEMA
 
 UTC = timezone.utc
 T = 1_795_000_000_000  # ms, a whole second
@@ -29,3 +36,22 @@ def test_a_lost_a_doubled_and_an_unexpected_bucket_are_all_reported() -> None:
     exact = [{"bucket_start": s0, "symbol": "IBM", "trade_count": 2, "quantity_sum": 7},
              {"bucket_start": s1, "symbol": "IBM", "trade_count": 1, "quantity_sum": 5}]
     assert compare_trade_seconds(expected, exact) == []
+
+
+def test_the_quarantined_lines_are_counted_in_the_plans_quarantine_output_whatever_its_name(
+        conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan_file = conf / "plans" / "trades.yaml"
+    shipped = plan_file.read_text()
+    plan_file.write_text(shipped.replace("  quarantine:\n    kind: quarantine\n", "  rejects:\n    kind: quarantine\n"))
+    assert plan_file.read_text() != shipped
+    monkeypatch.setenv("TANDEM_CONF_DIR", str(conf))
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "data"))
+    cluster = load_cluster()
+    plan = load_plan("trades", cluster)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    append_once(delta_table_dir(cluster, "trades", "rejects"), pa.Table.from_pylist([
+        {"raw": "{", "source_file": f"f{i}", "reason": "malformed JSON", "plan": "trades", "instance": "shard-1",
+         "node": "node-a", "batch_id": 0, "quarantined_at": start + timedelta(minutes=i), "plan_version": "v"}
+        for i in range(5)], schema=QUARANTINE_SCHEMA), "test", 0)
+    assert quarantined_lines(cluster, plan, start + timedelta(minutes=3)) == 2
+    assert quarantined_lines(cluster, plan) == 5

@@ -205,3 +205,44 @@ def test_a_token_comes_from_a_file_or_the_environment_and_an_empty_one_is_refuse
     monkeypatch.setenv(exporter.TOKEN_VARIABLE, " ")
     with pytest.raises(TandemError, match=exporter.TOKEN_VARIABLE):
         exporter.token_from(None)
+
+
+def _reading(started: float, finished: float) -> exporter.Reading:
+    return exporter.Reading(Samples(), started, finished)
+
+
+def test_a_scrape_shares_a_reading_under_way_or_begun_within_the_fresh_window() -> None:
+    assert not exporter.reusable(None, 10.0, 0.5)
+    assert exporter.reusable(_reading(9.0, 10.2), 10.0, 0.0)  # under way when the scrape arrived: shared
+    assert exporter.reusable(_reading(10.1, 10.3), 10.0, 0.0)  # begun after it arrived
+    assert exporter.reusable(_reading(9.6, 9.7), 10.0, 0.5)  # begun 0.4 s before, within 0.5 s
+    assert exporter.reusable(_reading(9.5, 9.7), 10.0, 0.5)
+    assert not exporter.reusable(_reading(9.4, 9.7), 10.0, 0.5)  # begun 0.6 s before
+    assert not exporter.reusable(_reading(9.9, 9.95), 10.0, 0.0)  # no window: only a reading under way
+
+
+def test_the_exporter_refuses_to_start_open_beyond_loopback_or_with_settings_out_of_range() -> None:
+    def refusal(host: str = "127.0.0.1", token: str | None = None, timeout: float = 5.0, connections: int = 32,
+                fresh: float = 0.5, addresses: tuple[str, ...] | None = None) -> str | None:
+        found = (host,) if addresses is None else addresses
+        return exporter.start_refusal(host, found, token, timeout, connections, fresh)
+
+    assert refusal("127.0.0.1") is None and refusal("127.8.9.1") is None and refusal("::1") is None
+    assert refusal("localhost", addresses=("127.0.0.1", "::1")) is None
+    for open_host, found in (("0.0.0.0", None), ("::", None), ("", ()), ("192.0.2.7", None),
+                             ("scrape.internal", ("127.0.0.1", "192.0.2.7")), ("nowhere.invalid", ())):
+        assert refusal(open_host, "t0ken", addresses=found) is None
+        assert refusal(open_host, addresses=found) == (
+            f"--host {open_host or '(every interface)'}: without a bearer token the exporter listens on loopback only "
+            "(127.0.0.1, ::1): set --token-file or TANDEM_EXPORTER_TOKEN, or listen on 127.0.0.1")
+    assert refusal(timeout=0) == "--read-timeout must be a positive number of seconds, got 0"
+    assert refusal(timeout=float("nan")) == "--read-timeout must be a positive number of seconds, got nan"
+    assert refusal(connections=0) == "--max-connections must be at least 1, got 0"
+    assert refusal(fresh=-1) == "--fresh-for must be 0 seconds or more, got -1"
+    assert refusal(fresh=0) is None
+
+
+def test_a_host_stands_for_its_addresses() -> None:
+    assert exporter.addresses_of("127.0.0.1") == {"127.0.0.1"} and exporter.addresses_of("") == set()
+    assert exporter.addresses_of("0:0::1") == {"::1"}
+    assert exporter.addresses_of("localhost") and exporter.addresses_of("localhost") <= {"127.0.0.1", "::1"}

@@ -12,12 +12,18 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
+from tandem.config import load_cluster
+from tandem.lake.tables import append_once
+from tandem.layout import delta_table_dir
+from tandem.outputs.quarantine import QUARANTINE_SCHEMA
 from tandem.presenter import access
 from tandem.presenter.api import auth_manager, create_app, dag_teams
 
@@ -234,3 +240,26 @@ def test_a_backfill_from_the_page_triggers_the_plans_backfill_dag_with_its_range
     assert call["path"] == "/api/v2/dags/tandem_trades_backfill/dagRuns"
     assert call["body"]["conf"] == {"start": "2026-11-26T10:00:00Z", "end": "2026-11-26T10:30:00Z",
                                     "instance": "shard-2"}
+
+
+def test_the_quarantine_report_reads_the_quarantine_output_by_its_kind_whatever_its_name(
+        app, conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan_file = conf / "plans" / "trades.yaml"
+    shipped = plan_file.read_text()
+    plan_file.write_text(shipped.replace("  quarantine:\n    kind: quarantine\n", "  rejects:\n    kind: quarantine\n"))
+    assert plan_file.read_text() != shipped
+    monkeypatch.setenv("TANDEM_STORAGE_ROOT", str(tmp_path / "data"))
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    lines = [{"raw": f"line {i}", "source_file": f"f{i}.json", "reason": "malformed JSON: not a JSON object",
+              "plan": "trades", "instance": instance, "node": "node-a", "batch_id": 0,
+              "quarantined_at": at + timedelta(seconds=i), "plan_version": "v"}
+             for i, instance in enumerate(["shard-1", "shard-1", "shard-2"])]
+    append_once(delta_table_dir(load_cluster(), "trades", "rejects"),
+                pa.Table.from_pylist(lines, schema=QUARANTINE_SCHEMA), "test", 0)
+
+    client = TestClient(app)
+    outputs = {output["name"]: output["kind"] for output in client.get("/api/v1/plans/trades").json()["outputs"]}
+    assert outputs["rejects"] == "quarantine" and "quarantine" not in outputs
+    report = client.get("/api/v1/plans/trades/quarantine", params={"samples": 2}).json()
+    assert report["total"] == 3 and report["by_instance"] == {"shard-1": 2, "shard-2": 1}
+    assert [sample["raw"] for sample in report["samples"]] == ["line 2", "line 1"]

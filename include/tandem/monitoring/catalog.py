@@ -78,8 +78,9 @@ METRICS: tuple[Metric, ...] = (
            INSTANCE + ("cause",)),
     Metric("tandem_published_rows_total", "counter", "rows the instance's ACTIVE published to the output",
            INSTANCE + ("output",)),
-    Metric("tandem_quarantine_rows", "gauge", "input lines (and refused rows) the plan's quarantine table holds, by "
-                                              "the class of their first reason", INSTANCE + ("reason",)),
+    Metric("tandem_quarantine_rows", "gauge", "input lines (and refused rows) the plan's quarantine output (whatever "
+                                              "its name) holds, by the class of their first reason",
+           INSTANCE + ("output", "reason")),
     Metric("tandem_query_input_rows_per_second", "gauge", "the query's input rate in its newest batch (Spark's "
                                                           "progress)", NODE + ("query",)),
     Metric("tandem_query_processed_rows_per_second", "gauge", "the query's processing rate in its newest batch",

@@ -112,14 +112,14 @@ def add_published(samples: Samples, totals: Mapping[tuple[str, ...], float]) -> 
         samples.add("tandem_published_rows_total", value, plan=plan, plan_instance=instance, output=output)
 
 
-def add_quarantine(samples: Samples, plan: str, instances: Iterable[str],
+def add_quarantine(samples: Samples, plan: str, output: str, instances: Iterable[str],
                    counts: Mapping[tuple[str, str], int]) -> None:
-    """Rows of the plan's quarantine table by (instance, reason class); every class of every instance (0 when none)
-    so that a rate starts from the first quarantined line."""
+    """Rows of the plan's quarantine table (its quarantine ``output``) by (instance, reason class); every class of
+    every instance (0 when none) so that a rate starts from the first quarantined line."""
     for instance in instances:
         for reason in REASON_CLASSES:
             samples.add("tandem_quarantine_rows", counts.get((instance, reason), 0), plan=plan,
-                        plan_instance=instance, reason=reason)
+                        plan_instance=instance, output=output, reason=reason)
 
 
 def add_engine(samples: Samples, rows: Iterable[Mapping[str, Any]]) -> None:

@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from tandem.config import ClusterConfig, PlanConfig
+from tandem.config import ClusterConfig, PlanConfig, quarantine_output
 from tandem.errors import ConfigError, DataError, NothingPublished, QueryError, TandemError, cause_of
 from tandem.json_values import spelled
 from tandem.lake.tables import read_table
@@ -265,7 +265,7 @@ def quarantine_report(cluster: ClusterConfig, plan: PlanConfig, *, samples: int 
     Served from ``cache`` while the quarantine table's Delta version is unchanged (looked at every few
     seconds), so open pages do not each read the table on every refresh.
     """
-    path = delta_table_dir(cluster, plan.name, "quarantine")
+    path = delta_table_dir(cluster, plan.name, quarantine_output(plan))
     return cache.get((str(path), samples), lambda: delta_version(path),
                      lambda version: _quarantine_summary(path, plan.name, version, samples))
 
