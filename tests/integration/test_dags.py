@@ -26,9 +26,31 @@ pytestmark = pytest.mark.integration
 UTC = timezone.utc
 
 
+DAG_TEST_USER = "dag_test"
+"""The triggering user of every ``dag.test()`` run (Airflow's own name for it)."""
+
+PLAN_SCOPED_AUTH = '''
+import os
+
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+
+class PlanScopedAuthManager(SimpleAuthManager):
+    """SimpleAuthManager with per-DAG rights, as FAB or Keycloak give: nobody may trigger the DAGs that
+    TANDEM_TEST_DENIED_DAGS names."""
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        if method != "GET" and details is not None and details.id in os.environ["TANDEM_TEST_DENIED_DAGS"].split(","):
+            return False
+        return super().is_authorized_dag(method=method, user=user, access_entity=access_entity, details=details)
+'''
+
+
 @pytest.fixture
 def airflow_env(tmp_path: Path, project: Path) -> dict[str, str]:
-    return private_airflow_env(tmp_path)
+    """A private Airflow whose SimpleAuthManager knows the user of ``dag.test()`` runs as an operator (``op``): it
+    may trigger every DAG, so ``tandem_ops`` and ``tandem_restore`` act for it."""
+    return {**private_airflow_env(tmp_path), "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{DAG_TEST_USER}:op"}
 
 
 def insert_partials(database_url: str, rows: list[tuple[str, str, float, int, float, float]]) -> None:
@@ -149,6 +171,7 @@ def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_e
     conf = {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}
     result, output = dag_test(airflow_env, "tandem_ops", conf)
     assert result["state"] == "failed" and result["tis"]["act"]["try_number"] == 1, output[-5000:]
+    assert f"{DAG_TEST_USER} triggered this run: Airflow lets them act on plan trades" in output, output[-5000:]
     assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output
 
 
@@ -165,6 +188,7 @@ def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_e
     conf = {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "", "force": False, "confirm": True}
     result, output = dag_test(airflow_env, "tandem_restore", conf)
     assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
+    assert f"{DAG_TEST_USER} triggered this run: Airflow lets them act on plan trades" in output, output[-5000:]
     assert f"snapshot {record.id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output
     with Database(cluster.database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None, "a refused restore must not touch the instances"
@@ -180,3 +204,39 @@ def test_restore_dag_refuses_a_run_without_confirm_however_it_is_triggered(airfl
             "the Param confirm = true") in output, output[-5000:]
     with Database(load_cluster().database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None
+
+
+def test_ops_and_restore_refuse_a_user_airflow_does_not_let_trigger_the_plans_dag_and_change_nothing(
+        airflow_env, database_url, project, tmp_path):
+    """Triggered directly (not through the Tandem page) by a user who may trigger ``tandem_ops`` and
+    ``tandem_restore`` but not ``tandem_trades_supervise``: both runs fail without retry, say why, and touch
+    nothing (the same runs by a user with the right get past the check: the two tests above)."""
+    from tandem.layout import snapshots_dir
+    from tandem.store import snapshots as catalog
+    from tandem.store.leases import recent_events
+
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "auth" / "plan_scoped_auth.py").write_text(PLAN_SCOPED_AUTH)
+    env = {**airflow_env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "auth"),
+                                                                      airflow_env.get("PYTHONPATH")])),
+           "AIRFLOW__CORE__AUTH_MANAGER": "plan_scoped_auth.PlanScopedAuthManager",
+           "TANDEM_TEST_DENIED_DAGS": "tandem_trades_supervise"}
+    cluster = load_cluster()
+    with Database(cluster.database_url) as db:
+        record = catalog.begin_snapshot(db, plan="trades", instance="shard-1", node="node-a",
+                                        snapshots_dir=snapshots_dir(cluster, "trades"))
+        catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
+        catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
+        events_before = recent_events(db, "trades", None, 100)
+    runs = {"tandem_ops": ("act", {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}),
+            "tandem_restore": ("restore", {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "",
+                                           "force": False, "confirm": True})}
+    for dag_id, (task_id, conf) in runs.items():
+        result, output = dag_test(env, dag_id, conf)
+        assert result["state"] == "failed" and result["tis"][task_id]["try_number"] == 1, output[-5000:]
+        assert (f"{dag_id} refused: {DAG_TEST_USER} may not act on plan trades (Airflow denies triggering its DAG "
+                f"tandem_trades_supervise); nothing was changed") in output, output[-5000:]
+    with Database(cluster.database_url) as db:
+        assert get_instance(db, "trades/shard-1/node-a") is None
+        assert catalog.get_snapshot(db, record.id).status == "BAD"
+        assert recent_events(db, "trades", None, 100) == events_before, "a refused run records no decision"

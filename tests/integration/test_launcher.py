@@ -360,3 +360,53 @@ def test_a_stop_request_is_for_the_run_it_was_made_against(project, database_url
                       trigger_interval_s=1.0, checkpoint_root="/c")
         start(db)
         assert beat(db, KEY.id, "h1", 4242, started) is None  # a new launch starts without the old request
+
+
+def test_the_logged_spark_submit_command_carries_no_secret_of_the_nodes_connection(project, database_url,
+                                                                                    monkeypatch):
+    """A node's Spark connection whose master URL carries a password: every line the launch logs (the launcher's
+    and the provider's own "Spark-Submit cmd"), and the header of the job's log file, show the command without it.
+    The connection names a spark-submit binary that is not installed, so the launch ends where it would start the
+    process: everything is logged before that, and no Spark starts."""
+    import logging
+    from logging.handlers import BufferingHandler
+
+    import airflow.providers.apache.spark.hooks.spark_submit  # noqa: F401 - Airflow sets logging up on import
+    from structlog.testing import capture_logs
+
+    cluster = load_cluster()
+    password = f"pw-{MARKER}"
+    monkeypatch.setenv("AIRFLOW_CONN_TANDEM_NODE_A", json.dumps({
+        "conn_type": "spark", "host": f"spark://tandem:{password}@127.0.0.1", "port": 7077,
+        "extra": {"spark-binary": "spark3-submit"}}))
+    (project / "jobs").mkdir()
+    for stand_in in (project / "jobs" / "run_plan.py", project / "dist" / "tandem.zip"):
+        stand_in.parent.mkdir(exist_ok=True)
+        stand_in.write_text("never run\n")
+    records = BufferingHandler(1000)
+    records.setLevel(logging.DEBUG)
+    root = logging.getLogger()
+    root.addHandler(records)
+    levels = {name: logging.getLogger(name).level for name in ("", "tandem", "airflow")}
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.INFO)
+    try:
+        with pytest.raises(LaunchError, match="cannot start 'spark3-submit'") as failed, capture_logs() as events:
+            launch_instance(cluster, "trades", "shard-1", "node-a", py_files=project / "dist" / "tandem.zip",
+                            application=project / "jobs" / "run_plan.py")
+    finally:
+        root.removeHandler(records)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    # the launcher logs through the standard library, the provider's hook through structlog (Airflow's task logs
+    # take both)
+    logged = [record.getMessage() for record in records.buffer] + [
+        str(event["event"]) % tuple(event.get("positional_args") or ()) for event in events]
+    assert not [line for line in logged if MARKER in line], "a password of the node's connection reached a log"
+    commands = [line for line in logged if "--master" in line]
+    assert len(commands) == 2, ("the launcher's and the provider's command lines", logged)
+    assert all("--master spark://tandem@127.0.0.1:7077 " in line for line in commands), commands
+    [job_log] = (cluster.storage_root / "logs" / "trades" / "shard-1").glob("node-a-*.log")
+    header = job_log.read_text()
+    assert "--master spark://tandem@127.0.0.1:7077 " in header and MARKER not in header
+    assert MARKER not in str(failed.value)

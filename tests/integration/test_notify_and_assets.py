@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,10 @@ print("RESULT " + json.dumps({"runs": runs, "events": events, "queued": queued, 
 
 
 class Receiver(ThreadingHTTPServer):
-    """A webhook: records each POST's path, Authorization header and JSON body, answers 204."""
+    """A webhook: records each request's method, path, Authorization header and JSON body; answers 204, or
+    ``redirect`` (a status and a ``Location``) when given."""
 
-    def __init__(self) -> None:
+    def __init__(self, redirect: tuple[int, str] | None = None) -> None:
         self.posts: list[dict[str, Any]] = []
 
         receiver = self
@@ -109,27 +111,46 @@ class Receiver(ThreadingHTTPServer):
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.posts.append({"path": self.path, "authorization": self.headers.get("Authorization"),
-                                       "body": json.loads(body)})
-                self.send_response(204)
+                receiver.posts.append({"method": self.command, "path": self.path,
+                                       "authorization": self.headers.get("Authorization"),
+                                       "body": json.loads(body) if body else None})
+                if redirect is None:
+                    self.send_response(204)
+                else:
+                    self.send_response(redirect[0])
+                    self.send_header("Location", redirect[1])
+                    self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            do_GET = do_PUT = do_POST  # noqa: N815 - a redirected POST may come back as another method
 
             def log_message(self, *args: Any) -> None:
                 pass
 
         super().__init__(("127.0.0.1", 0), Handler)
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+@contextmanager
+def serving(server: Receiver) -> Iterator[Receiver]:
+    """``server`` answering on a thread until the block ends (then shut and closed, whatever happened)."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server
     finally:
         server.shutdown()
         server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with serving(Receiver()) as server:
+        yield server
 
 
 def scenario_env(tmp_path: Path, port: int) -> tuple[dict[str, str], Path]:
@@ -215,6 +236,39 @@ def test_notices_reach_a_webhook_once_and_a_changed_output_queues_its_downstream
     assert event["extra"]["changed_by"] == "delta_upkeep" and event["extra"]["files_compacted"] == 3
     assert result["queued"] == [{"dag": "downstream_of_trades", "asset": "tandem.trades.trade_aggregates"}]
     assert "downstream_of_trades" in result["triggered"], "the scheduler would start the downstream DAG now"
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_webhook_redirecting_to_another_host_is_a_failed_delivery_and_the_token_never_reaches_that_host(
+        monkeypatch, status):
+    """Two real servers on two ports (two origins): the configured one answers with a redirect to the other."""
+    import logging
+    from logging.handlers import BufferingHandler
+
+    from tandem.airflow.notifications import FAILOVER, Notice, TandemWebhookNotifier, WebhookError, send_notice
+
+    conn_id = f"tandem_redirecting_hook_{status}"
+    with serving(Receiver()) as elsewhere, \
+            serving(Receiver(redirect=(status, f"{elsewhere.url}/collect?from=tandem"))) as hook:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
+            {"conn_type": "http", "host": f"{hook.url}/hooks/ops", "password": TOKEN}))
+        with pytest.raises(WebhookError) as refused:
+            TandemWebhookNotifier(webhook_conn_id=conn_id, payload={"event": "failover"}).notify({})
+        notice = Notice(FAILOVER, "trades", "shard-1: node-b took over from node-a at epoch 2")
+        log, records = logging.getLogger(f"webhook-test-{status}"), BufferingHandler(100)
+        log.addHandler(records)
+        try:
+            sent = send_notice(notice, [conn_id], {}, log)
+        finally:
+            log.removeHandler(records)
+    assert [p["authorization"] for p in hook.posts] == [f"Bearer {TOKEN}"] * 2, "the configured host got both"
+    assert elsewhere.posts == [], "nothing, and above all not the token, reaches the host the redirect names"
+    message = str(refused.value)
+    assert f"HTTP {status}" in message and "redirect" in message and "not followed" in message
+    assert f"127.0.0.1:{elsewhere.server_address[1]}" in message and "/collect" not in message
+    assert sent == [], "a refused redirect is a failed delivery"
+    logged = "\n".join(record.getMessage() for record in records.buffer)
+    assert "not followed" in logged and TOKEN not in logged + message
 
 
 def test_a_reconciles_repair_emits_an_event_per_output_it_changed_and_says_so_in_an_xcom(project):

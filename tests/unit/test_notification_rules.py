@@ -25,6 +25,7 @@ from tandem.airflow.notifications import (
     choose_notifier,
     notice_from_callback,
     notify_conn_ids,
+    redirect_refusal,
     supervision_notices,
     webhook_headers,
     webhook_target,
@@ -84,7 +85,9 @@ def test_an_smtp_connection_without_recipients_is_not_used_and_says_why():
     (FakeConnection("h", "http", host="hooks.example.com", schema="https", port=8443, extra={"endpoint": "/t"}),
      "https://hooks.example.com:8443/t"),
     (FakeConnection("h", "https", host="hooks.example.com"), "https://hooks.example.com"),
-    (FakeConnection("h", "generic", host="hooks.example.com", port=80), "http://hooks.example.com:80"),
+    (FakeConnection("h", "generic", host="hooks.example.com", port=8443), "https://hooks.example.com:8443"),
+    (FakeConnection("h", "http", host="hooks.example.com"), "https://hooks.example.com"),
+    (FakeConnection("h", "http", host="127.0.0.1", schema="http", port=8000), "http://127.0.0.1:8000"),
 ])
 def test_a_webhook_connection_posts_to_its_url(conn, url):
     assert webhook_url(conn) == url
@@ -121,6 +124,21 @@ def test_the_token_goes_in_a_header_and_never_in_what_a_log_may_show():
     target = webhook_target(webhook_url(conn))
     assert target == "https://hooks.example.com"
     assert "Authorization" not in webhook_headers(FakeConnection("h", "http", host="http://x"))
+
+
+@pytest.mark.parametrize("status, location, says", [
+    (302, "http://127.0.0.1:9001/collect?k=s3", "another host or scheme (http://127.0.0.1:9001)"),
+    (308, "https://hooks.example.com/t", "another host or scheme (https://hooks.example.com)"),
+    (301, "http://hooks.example.com:8080/t", "another host or scheme (http://hooks.example.com:8080)"),
+    (307, "/t/", "the same host"),
+    (303, "http://HOOKS.example.com:80/other", "the same host"),
+])
+def test_a_webhook_redirect_is_never_followed_and_the_reason_names_only_where_it_pointed(status, location, says):
+    reason = redirect_refusal("http://hooks.example.com/t?key=s3", status, location)
+    assert reason.startswith(f"answered HTTP {status}, a redirect to ") and says in reason
+    assert "not followed" in reason and "s3" not in reason and "collect" not in reason
+    assert redirect_refusal("https://hooks.example.com/t", 302, None) == \
+        "answered HTTP 302, a redirect without a Location: not followed"
 
 
 def test_a_notice_reads_as_text_and_as_json():

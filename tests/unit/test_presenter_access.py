@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from tandem.presenter.access import (Forbidden, authority_dag_id, check_action, check_trigger, plan_for_reader,
-                                    readable_plans)
+from tandem.presenter.access import (Forbidden, authority_dag_id, check_action, check_run_action, check_trigger,
+                                    plan_for_reader, readable_plans)
 from tandem.presenter.views import NotFound
 
 PLANS = {"pizza_shop": "pizza plan", "temperatures": "temperatures plan", "trades": "trades plan"}
@@ -106,3 +106,25 @@ def test_in_multi_team_mode_an_action_asks_with_the_plans_team() -> None:
     with pytest.raises(Forbidden, match="may not act on plan trades"):
         check_action(auth, FakeUser("cook"), "trades", "tandem_ops", teams_of=lambda ids: {i: teams.get(i) for i in ids})
     assert auth.asked[0][:3] == ("POST", "tandem_trades_supervise", "desk")
+
+
+def test_a_run_of_a_dag_over_every_plan_acts_only_for_a_triggering_user_who_may_act_on_its_plan() -> None:
+    """``tandem_ops`` triggered directly (Airflow's UI, REST API or CLI) asks inside the run what the page asks."""
+    ops = FakeUser("ops")
+    auth = FakeAuthManager({("POST", "tandem_ops"), ("POST", "tandem_trades_supervise")})
+    check_run_action(auth, "ops", ops, "trades", "tandem_ops")
+    assert [dag for _method, dag, _team, _entity in auth.asked] == ["tandem_trades_supervise", "tandem_ops"]
+    with pytest.raises(Forbidden, match=r"^ops may not act on plan pizza_shop \(Airflow denies triggering its DAG "
+                                        r"tandem_pizza_shop_supervise\)$"):
+        check_run_action(auth, "ops", ops, "pizza_shop", "tandem_ops")
+    with pytest.raises(Forbidden, match="ops may not trigger tandem_restore"):
+        check_run_action(auth, "ops", ops, "trades", "tandem_restore")
+    asked = len(auth.asked)
+    with pytest.raises(Forbidden, match=r"^root, who triggered this run of tandem_ops, is not a user of Airflow's "
+                                        r"auth manager, so nobody may act on plan trades for them$"):
+        check_run_action(auth, "root", None, "trades", "tandem_ops")
+    for nobody in (None, ""):
+        with pytest.raises(Forbidden, match="^this run of tandem_restore has no triggering user, and tandem_restore "
+                                            "acts on plan trades only for a user Airflow lets act on it"):
+            check_run_action(auth, nobody, ops, "trades", "tandem_restore")
+    assert len(auth.asked) == asked, "without a known user the auth manager is not asked"

@@ -288,6 +288,8 @@ Trigger with Params:
   unless **expect_changes** is set. **rollback** hands back to the old version while it runs as the
   standby; **finish_upgrade** restarts the old version's nodes on the new one.
 
+A run acts only for a user Airflow lets trigger the plan's supervision DAG (`tandem_<plan>_supervise`), however it
+was triggered; for anyone else (or a run without a triggering user) it fails and changes nothing.
 The task log ends with a summary of every decision (also in `tandem.failover_events`).
 A conf with `shard_id` (the former name of `instance`) is still obeyed until the next release.
 """
@@ -366,7 +368,8 @@ RESTORE_DOC = """### Restore a plan from a snapshot
 
 Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force) and
 **confirm** set: a run without `confirm = true` fails at once and changes nothing, however it was
-triggered (the form, the REST API, `airflow dags trigger`). For
+triggered (the form, the REST API, `airflow dags trigger`); so does a run whose triggering user Airflow does not
+let trigger the plan's supervision DAG (`tandem_<plan>_supervise`). For
 each group instance: stop it on every node, put the snapshot's checkpoint cut in place of each node's
 checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this instance's rows
 only) and the PostgreSQL outputs to match, then start the ACTIVE node (the supervisor starts

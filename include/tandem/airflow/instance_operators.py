@@ -87,8 +87,6 @@ class LaunchPlanInstanceOperator(BaseOperator):
             raise AirflowException(str(exc)) from None
         verb = "found running" if job.reused else "launched"
         self.log.info("%s %s (%s); log %s", verb, job.instance_id, job.reason, job.log_path)
-        if job.command:
-            self.log.info("command: %s", " ".join(job.command))
         try:
             row = wait_until_running(cluster, plan, self.instance, self.node, timeout_s=self.running_timeout_s)
         except LaunchError as exc:

@@ -156,8 +156,8 @@ class Choice:
 
 
 def webhook_url(conn: ConnectionLike) -> str:
-    """The URL a webhook connection posts to: its host when it is a URL, else ``<schema or http(s)>://host[:port]``;
-    then the extra's ``endpoint``. Only http and https (pure).
+    """The URL a webhook connection posts to: its host when it is a URL, else ``<schema or https>://host[:port]``;
+    then the extra's ``endpoint``. Only http and https; plain http only when spelled out (pure).
 
     Raises:
         ValueError: no host, or another scheme.
@@ -168,8 +168,7 @@ def webhook_url(conn: ConnectionLike) -> str:
     if "://" in host:
         url = host
     else:
-        scheme = conn.schema or ("https" if (conn.conn_type or "").lower() == "https" else "http")
-        url = f"{scheme}://{host}" + (f":{conn.port}" if conn.port else "")
+        url = f"{conn.schema or 'https'}://{host}" + (f":{conn.port}" if conn.port else "")
     endpoint = str((conn.extra_dejson or {}).get("endpoint") or "")
     if endpoint:
         url = url.rstrip("/") + "/" + endpoint.lstrip("/")
@@ -192,6 +191,37 @@ def webhook_target(url: str) -> str:
     """What a log may say of a webhook URL: its scheme, host and port (a path or query may hold a secret)."""
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+def redirect_refusal(url: str, status: int, location: str | None) -> str:
+    """Why a webhook's redirect (``status`` with ``location``, relative or absolute) of a POST to ``url`` is not
+    followed (pure). None is: to another host or scheme it would carry the bearer token (and the notice) where the
+    connection does not point; a 301/302/303 turns the POST into a GET without the notice, and a 307/308 means the
+    connection's URL is not the webhook's own. The reason names the target's scheme, host and port only."""
+    if not location:
+        return f"answered HTTP {status}, a redirect without a Location: not followed"
+    target = urllib.parse.urljoin(url, location)
+    where = "the same host" if _origin(target) == _origin(url) else "another host or scheme"
+    return (f"answered HTTP {status}, a redirect to {where} ({webhook_target(target)}): not followed (the token "
+            f"goes to the connection's URL only); set the connection's URL to the webhook's final one")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Hands every redirect back as the answer (an ``HTTPError``) instead of following it."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
 
 
 def choose_notifier(conn: ConnectionLike, notice: Notice, refs: Mapping[str, Any] | None = None) -> Choice:
@@ -241,10 +271,11 @@ class WebhookError(Exception):
 class TandemWebhookNotifier(BaseNotifier):
     """POST a JSON notification to the URL of an Airflow connection (type http, https or generic).
 
-    The URL is the connection's host (a whole URL, or a host with ``schema`` and ``port``) and the extra's
-    ``endpoint``; its password, when set, goes as ``Authorization: Bearer <password>``; the extra's ``headers``
-    are added. Usable as any notifier, e.g. ``on_failure_callback=TandemWebhookNotifier(webhook_conn_id="ops")``:
-    without a ``payload`` it posts the DAG, run, task and error of the callback's context.
+    The URL is the connection's host (a whole URL, or a host with ``schema`` (default https) and ``port``) and the
+    extra's ``endpoint``; its password, when set, goes as ``Authorization: Bearer <password>``; the extra's
+    ``headers`` are added. A redirect is never followed: it is a failed delivery (:func:`redirect_refusal`).
+    Usable as any notifier, e.g. ``on_failure_callback=TandemWebhookNotifier(webhook_conn_id="ops")``: without a
+    ``payload`` it posts the DAG, run, task and error of the callback's context.
 
     :param webhook_conn_id: the Airflow connection.
     :param payload: the JSON to post (default: from the context).
@@ -271,11 +302,13 @@ class TandemWebhookNotifier(BaseNotifier):
                                          headers=webhook_headers(conn))
         target = webhook_target(url)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) only
+            with urllib.request.build_opener(_NoRedirects).open(request, timeout=self.timeout_s) as response:
                 status = response.status
         except urllib.error.HTTPError as exc:
-            raise WebhookError(f"the webhook of connection {self.webhook_conn_id} ({target}) answered HTTP "
-                               f"{exc.code}") from None
+            exc.close()
+            answer = (redirect_refusal(url, exc.code, (exc.headers or {}).get("Location")) if 300 <= exc.code < 400
+                      else f"answered HTTP {exc.code}")
+            raise WebhookError(f"the webhook of connection {self.webhook_conn_id} ({target}) {answer}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise WebhookError(f"the webhook of connection {self.webhook_conn_id} ({target}) is unreachable: "

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tandem.airflow.dags import snapshot_task_id
 from tandem.airflow.operator_support import requested_instance, set_run_note, task_cluster
+from tandem.airflow.run_rights import check_triggering_user
 from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.errors import ConfigError
 from tandem.names import plan_dag_id
@@ -217,7 +218,9 @@ def _flag(value: bool | str) -> bool:
 class RestoreSnapshotOperator(BaseOperator):
     """Restore a plan's instances from a snapshot (by id, or each instance's newest GOOD one) and start them.
 
-    A run without ``confirm`` fails at once, before it reads anything: a restore rewinds the plan's outputs, and
+    The run acts only for a user Airflow lets act on the plan, however it was triggered
+    (:func:`~tandem.airflow.run_rights.check_triggering_user`). A run without ``confirm`` fails next, before it
+    reads anything: a restore rewinds the plan's outputs, and
     the Param's default (false) must not do it, however the run was triggered. A BAD snapshot is refused unless
     ``force``. The steps go to the log and the run note. The
     restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
@@ -253,6 +256,7 @@ class RestoreSnapshotOperator(BaseOperator):
         from tandem.errors import SnapshotError
         from tandem.snapshots.restore import restore_instance, instances_to_restore
 
+        check_triggering_user(self.log, context, self.plan, context["ti"].dag_id)
         if not _flag(self.confirm):
             raise AirflowFailException(f"restore of {self.plan} refused: it rewinds the plan's outputs to the snapshot; "
                                        f"trigger it with the Param confirm = true")

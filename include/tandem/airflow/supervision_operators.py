@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tandem.airflow.operator_support import requested_instance, set_run_note, task_cluster
+from tandem.airflow.run_rights import check_triggering_user
 from tandem.airflow.snapshot_operators import snapshot_on_hosts, take_snapshots
 from tandem.config import load_plan
 from tandem.errors import ConfigError
@@ -108,7 +109,9 @@ class PlanOpsOperator(BaseOperator):
       of the snapshot DAG (on a live standby's host, as scheduled snapshots are); with ``node``, of
       that node's instance, in this task.
 
-    Airflow 3.3's task SDK cannot set the note of the task's own DAG run; the summary goes to
+    The run acts only for a user Airflow lets act on the plan, however it was triggered
+    (:func:`~tandem.airflow.run_rights.check_triggering_user`). Airflow 3.3's task SDK cannot set the note of the
+    task's own DAG run; the summary goes to
     the task log, and to the run note through the REST API when the Airflow connection
     ``tandem_airflow_api`` (host = API URL, login, password) is defined.
 
@@ -138,6 +141,8 @@ class PlanOpsOperator(BaseOperator):
         from tandem.airflow.node_launch import NodeQueue
         from tandem.supervisor.reconcile import OpsRefused, run_ops_action
 
+        ti = context["ti"]
+        check_triggering_user(self.log, context, self.plan, ti.dag_id)
         cluster = task_cluster(self.cluster_config)
         try:
             plan = load_plan(self.plan, cluster)
@@ -145,7 +150,6 @@ class PlanOpsOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from None
         instance = requested_instance(self.log, self.instance, context["params"])
         instances = [instance] if instance else list(plan.instances)
-        ti = context["ti"]
         if self.action == CUTOVER:
             return cut_over_plan(self.log, cluster, plan, instance, ti)
         if self.action in UPGRADE_ACTIONS:

@@ -17,15 +17,13 @@ How it works:
     backfill DAG), which Airflow checks again when the caller's token triggers it. In multi-team mode
     the DAG's team goes into :class:`DagDetails`, as Airflow's own endpoints do.
 
+    The runs of ``tandem_ops`` and ``tandem_restore`` serve every plan, so their tasks ask the same
+    of the user who triggered them, however they did (:func:`check_run_action`, from
+    :mod:`tandem.airflow.run_rights`): a direct trigger acts on no plan its user may not act on.
+
 What it does not do:
     It does not authenticate (Airflow's ``get_user`` dependency does, before any of this) and it
-    keeps no permission of its own: every decision is the auth manager's, on every request. It
-    guards the Tandem page and API only: ``tandem_ops`` and ``tandem_restore`` serve every plan, so a
-    user Airflow lets trigger them directly (its UI, REST API or CLI) acts on any plan. Their tasks
-    cannot ask again: Airflow 3 gives a task its run's ``triggering_user_name``, a name only, and an
-    auth manager decides on a user it builds from the caller's token in the API server (there is no
-    look-up by name, and Keycloak's needs the user's own token). Grant the right to trigger those
-    two DAGs only to operators of every plan (README, "Authentication and permissions").
+    keeps no permission of its own: every decision is the auth manager's, on every request.
 """
 
 from __future__ import annotations
@@ -127,3 +125,18 @@ def check_action(auth: DagAuthority, user: object, plan: str, dag_id: str, teams
         raise Forbidden(f"{user_name(user)} may not act on plan {plan} (Airflow denies triggering its DAG {own})")
     if dag_id != own:
         check_trigger(auth, user, dag_id, teams_of)
+
+
+def check_run_action(auth: DagAuthority, triggered_by: str | None, user: object | None, plan: str, dag_id: str,
+                     teams_of: TeamsOf = no_teams) -> None:
+    """Raise :class:`Forbidden` unless the user who triggered a run of ``dag_id`` may act on ``plan`` and trigger
+    ``dag_id`` (:func:`check_action`): ``triggered_by`` is the run's ``triggering_user_name``, ``user`` the auth
+    manager's user of that name (``None``: it knows none). A run without a triggering user acts for nobody."""
+    if not triggered_by:
+        raise Forbidden(f"this run of {dag_id} has no triggering user, and {dag_id} acts on plan {plan} only for a "
+                        f"user Airflow lets act on it: trigger it as that user (the Tandem page, Airflow's UI or "
+                        f"REST API)")
+    if user is None:
+        raise Forbidden(f"{triggered_by}, who triggered this run of {dag_id}, is not a user of Airflow's auth "
+                        f"manager, so nobody may act on plan {plan} for them")
+    check_action(auth, user, plan, dag_id, teams_of)

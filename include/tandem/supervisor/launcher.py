@@ -12,7 +12,9 @@ How it works
     and lets the pure :func:`~tandem.supervisor.launch_decision.decide_launch` choose between reusing
     the job that is already there and launching a new one. A launch builds the command
     (:func:`~tandem.supervisor.submit_command.build_submit_command`), starts it in a new session (its
-    own process group) with output to ``<storage_root>/logs/<plan>/<instance>/<node>-<UTC time>.log``,
+    own process group) with output to ``<storage_root>/logs/<plan>/<instance>/<node>-<UTC time>.log``
+    (the command, logged first and in that file's first line, without its secrets:
+    :func:`~tandem.redaction.redact_command`),
     and records it (status LAUNCHING, ``submit_pid``, log path); the driver's temporary files go to the
     instance's own scratch folder, emptied first (:func:`~tandem.supervisor.submit_command.scratch_dir`).
     The driver then records STARTING, RUNNING, its host, PID, Spark application id and a liveness beat
@@ -45,6 +47,7 @@ from tandem.errors import ConfigError, TandemError
 from tandem.layout import checkpoint_dir, logs_dir, make_private_dirs
 from tandem.names import ACTIVE
 from tandem.process_start import start_since_boot
+from tandem.redaction import redact_command, redact_text
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.migrations import migrate
@@ -79,6 +82,7 @@ class LaunchedJob:
     spark_app_id: str | None
     log_path: str | None
     command: list[str] | None = None
+    """The ``spark-submit`` command of a launch, its secrets masked (:func:`tandem.redaction.redact_command`)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, reused: bool, reason: str,
@@ -169,10 +173,12 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: st
             lock.check()
             command = build_submit_command(cluster, node_config, key, interval, py_files=py_files,
                                            application=application, role=role)
-            log.info("instance %s: master %s from %s", key.id, command.master, command.master_source)
+            shown = redact_command(command.argv)
+            log.info("instance %s: master %s from %s", key.id, redact_text(command.master), command.master_source)
+            log.info("instance %s: command: %s", key.id, " ".join(shown))
             log_path = log_path_for(cluster, key, datetime.now(timezone.utc))
             scratch = reset_scratch_dir(scratch_dir(cluster, key))
-            process = _spawn(command.argv, log_path, child_environment(cluster, scratch=scratch),
+            process = _spawn(command.argv, shown, log_path, child_environment(cluster, scratch=scratch),
                              cwd=cluster.project_root)
             try:
                 record_launch(db, key, submit_pid=process.pid, submit_started_at=start_since_boot(process.pid),
@@ -183,13 +189,15 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: st
                 kill_group(process.pid, signal.SIGKILL)
                 raise
             row = get_instance(db, key.id)
-    return LaunchedJob.from_row(row, reused=False, reason=decision.reason, command=command.argv)
+    return LaunchedJob.from_row(row, reused=False, reason=decision.reason, command=shown)
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], shown: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """Start ``argv`` detached, its output appended to ``log_path`` after a header line with ``shown``, the
+    command as a log may show it."""
     make_private_dirs(log_path.parent)
     with open(log_path, "ab") as output:
-        output.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n".encode())
+        output.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(shown)}\n".encode())
         output.flush()
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,

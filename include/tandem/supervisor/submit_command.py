@@ -21,6 +21,7 @@ from typing import Any
 from tandem.config import ClusterConfig, NodeConfig, spark_interval
 from tandem.layout import make_private_dirs, place_under
 from tandem.names import ACTIVE
+from tandem.redaction import redact_command
 from tandem.store.registry import InstanceKey
 
 APPLICATION_SCRIPT = "run_plan.py"
@@ -83,7 +84,8 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
     from airflow.sdk import Connection
 
     class NodeSparkSubmitHook(SparkSubmitHook):
-        """``SparkSubmitHook`` that reads the node's ``spark_master`` when its connection is unavailable.
+        """``SparkSubmitHook`` that reads the node's ``spark_master`` when its connection is unavailable, and
+        logs its command without secrets.
 
         The stand-in is an ordinary ``spark`` connection whose host is the master URL, so the
         provider resolves it exactly as one defined in Airflow.
@@ -92,6 +94,12 @@ def _node_submit_hook(*, fallback_master: str, **kwargs: Any):
         def __init__(self, **hook_kwargs: Any) -> None:
             self.connection_error: str | None = "not looked up"
             super().__init__(**hook_kwargs)
+
+        def _mask_cmd(self, connection_cmd: str | list[str]) -> str:
+            """The command (or a line of spark-submit's output) as the provider logs it: Tandem's redaction
+            (secret URLs and settings), then the provider's own masking."""
+            return super()._mask_cmd(redact_command([connection_cmd] if isinstance(connection_cmd, str)
+                                                    else list(connection_cmd)))
 
         def get_connection(self, conn_id: str):  # shadows the classmethod for this hook's lookup
             try:
