@@ -30,6 +30,7 @@ with DAG(
         snapshot_id="{{ params.snapshot_id }}",
         node="{{ params.node }}",
         force="{{ params.force }}",
+        undo_backfills="{{ params.get('undo_backfills', False) }}",
         confirm="{{ params.confirm }}",
         cluster_config=str(cluster.path),
     )

@@ -573,8 +573,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         task = progress.add_task("restore", total=len(instances), what=plan.name)
         for instance in instances:
             progress.update(task, what=f"{plan.name}/{instance}")
-            report = restore_instance(cluster, plan, instance, snapshot_id=args.snapshot, force=args.force, node=args.node,
-                                   start=not args.no_start)
+            report = restore_instance(cluster, plan, instance, snapshot_id=args.snapshot, force=args.force,
+                                      undo_backfills=args.undo_backfills, node=args.node, start=not args.no_start)
             progress.advance(task)
             for line in report.lines():
                 console.print(line, highlight=False)
@@ -1016,6 +1016,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_instance_option(restore, "with --latest-good: one instance (default: every instance)")
     restore.add_argument("--node", help="the node to start ACTIVE (default: the node the snapshot was cut from)")
     restore.add_argument("--force", action="store_true", help="restore a snapshot marked BAD")
+    restore.add_argument("--undo-backfills", action="store_true",
+                         help="restore a snapshot taken before backfills of the instance (they are undone)")
     restore.add_argument("--no-start", action="store_true", help="restore but start nothing")
     restore.set_defaults(func=cmd_restore)
 

@@ -198,9 +198,11 @@ def test_a_closed_range_is_recomputed_with_its_late_events_while_the_instances_r
         assert_matches(read_output(cluster, "trades", granularity, *ALL_TIME, source="delta"), expected,
                        f"delta {granularity}")
 
-    # the snapshots were taken before the backfill: restoring one would undo it (nothing is stopped to say so)
-    with pytest.raises(SnapshotRefused, match=f"would undo backfill {done.id} .*pass --force"):
-        restore_instance(cluster, plan, "shard-1", start=False)
+    # the snapshots were taken before the backfill: restoring one would undo it (nothing is stopped to say so); the
+    # force that accepts a BAD snapshot does not say yes to that too
+    for force in (False, True):
+        with pytest.raises(SnapshotRefused, match=f"would undo backfill {done.id} .*pass --undo-backfills"):
+            restore_instance(cluster, plan, "shard-1", start=False, force=force)
 
     # input that retention deleted is refused before anything is registered (NATS: test_nats_source.py)
     gone = min(retained_dir(cluster, "trades", 0).glob("*.jsonl"), key=lambda f: f.stat().st_mtime_ns)

@@ -192,11 +192,11 @@ def test_restore_params_default_to_the_latest_good_snapshot_and_reject_unknowns(
     dag = dagbag.dags["tandem_restore"]
     assert dag.schedule is None
     assert dag.params.validate() == {"plan": sorted(plans)[0], "instance": "", "snapshot_id": "", "node": "",
-                                     "force": False, "confirm": False}
+                                     "force": False, "undo_backfills": False, "confirm": False}
     [task] = dag.tasks
     assert task.task_type == "RestoreSnapshotOperator"
     for param, value in (("plan", "nope"), ("node", "node-z"), ("instance", "shard-9"), ("force", "yes"),
-                         ("confirm", "yes")):
+                         ("undo_backfills", "yes"), ("confirm", "yes")):
         with pytest.raises(ParamValidationError, match=param):
             copy.deepcopy(dag.params)[param] = value
 

@@ -39,7 +39,8 @@ def test_an_action_becomes_the_params_of_its_dag(conf) -> None:
         "action": "failover_now", "plan": "pizza_shop", "instance": "shop-2", "node": ""}
     assert action_conf(plan, ActionRequest(action="upgrade", expect_changes=True))["expect_changes"] is True
     assert action_conf(plan, ActionRequest(action="restore", snapshot_id="s-1", confirm=True, force=True)) == {
-        "plan": "pizza_shop", "instance": "", "snapshot_id": "s-1", "node": "", "force": True, "confirm": True}
+        "plan": "pizza_shop", "instance": "", "snapshot_id": "s-1", "node": "", "force": True, "undo_backfills": False,
+        "confirm": True}
     with pytest.raises(BadRequest, match="confirm"):
         action_conf(plan, ActionRequest(action="restore"))
     with pytest.raises(BadRequest, match="needs a node"):

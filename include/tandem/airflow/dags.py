@@ -358,6 +358,9 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
                       description="the node to start ACTIVE (default: the node the snapshot was cut from)"),
         "force": Param(False, type="boolean", title="Force",
                        description="restore a snapshot marked BAD (its state may be incomplete)"),
+        "undo_backfills": Param(False, type="boolean", title="Undo backfills",
+                                description="restore a snapshot taken before backfills of the instance (they are "
+                                            "undone: backfill those ranges again afterwards)"),
         "confirm": Param(False, type="boolean", title="Confirm",
                          description="a restore rewinds the plan's outputs to the snapshot: a run without "
                                      "confirm = true fails and changes nothing"),
@@ -366,7 +369,7 @@ def restore_params(cluster: ClusterConfig, plans: dict[str, PlanConfig]) -> dict
 
 RESTORE_DOC = """### Restore a plan from a snapshot
 
-Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force) and
+Trigger with Params (plan, instance or all, snapshot id or the newest GOOD one, node, force, undo backfills) and
 **confirm** set: a run without `confirm = true` fails at once and changes nothing, however it was
 triggered (the form, the REST API, `airflow dags trigger`); so does a run whose triggering user Airflow does not
 let trigger the plan's supervision DAG (`tandem_<plan>_supervise`). For
@@ -374,7 +377,7 @@ each group instance: stop it on every node, put the snapshot's checkpoint cut in
 checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this instance's rows
 only) and the PostgreSQL outputs to match, then start the ACTIVE node (the supervisor starts
 the standbys). The plan reprocesses the input after the cut. A BAD snapshot is refused unless
-forced. The steps are in the task log and the run note. A conf with `shard_id` (the former name
+forced, and one taken before backfills of the instance unless `undo_backfills` is set. The steps are in the task log and the run note. A conf with `shard_id` (the former name
 of `instance`) is still obeyed until the next release.
 """
 

@@ -222,7 +222,8 @@ class RestoreSnapshotOperator(BaseOperator):
     (:func:`~tandem.airflow.run_rights.check_triggering_user`). A run without ``confirm`` fails next, before it
     reads anything: a restore rewinds the plan's outputs, and
     the Param's default (false) must not do it, however the run was triggered. A BAD snapshot is refused unless
-    ``force``. The steps go to the log and the run note. The
+    ``force``, a snapshot taken before backfills of the instance unless ``undo_backfills``. The steps go to the log
+    and the run note. The
     restore itself works on the shared storage and PostgreSQL from wherever this task runs; the
     ACTIVE instance, and the standbys after it, are launched on their nodes' hosts through
     ``tandem_<plan>_run`` (:class:`~tandem.airflow.node_launch.NodeQueue`).
@@ -233,21 +234,24 @@ class RestoreSnapshotOperator(BaseOperator):
     :param snapshot_id: a snapshot id, or empty for the newest GOOD one. Templated.
     :param node: the node to start ACTIVE (default: the node the snapshot was cut from). Templated.
     :param force: restore a BAD snapshot anyway. Templated.
+    :param undo_backfills: restore a snapshot taken before backfills of the instance anyway (they are undone).
+        Templated.
     :param confirm: must be true (or ``"True"``, as a template renders it), else the task fails. Templated.
     """
 
-    template_fields = ("plan", "instance", "snapshot_id", "node", "force", "confirm")
+    template_fields = ("plan", "instance", "snapshot_id", "node", "force", "undo_backfills", "confirm")
     ui_color = "#f5ecdc"
 
     def __init__(self, *, plan: str, instance: str = "", snapshot_id: str = "", node: str = "",
-                 force: bool | str = False, confirm: bool | str = False, cluster_config: str | None = None,
-                 **kwargs: Any) -> None:
+                 force: bool | str = False, undo_backfills: bool | str = False, confirm: bool | str = False,
+                 cluster_config: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan = plan
         self.instance = instance
         self.snapshot_id = snapshot_id
         self.node = node
         self.force = force
+        self.undo_backfills = undo_backfills
         self.confirm = confirm
         self.cluster_config = cluster_config
 
@@ -273,7 +277,7 @@ class RestoreSnapshotOperator(BaseOperator):
         for instance in instances:
             try:
                 report = restore_instance(cluster, plan, instance, snapshot_id=self.snapshot_id or None, force=force,
-                                       node=self.node or None,
+                                       undo_backfills=_flag(self.undo_backfills), node=self.node or None,
                                        launched_by=f"airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}",
                                        node_host=NodeQueue(cluster, plan, ti, await_unconfirmed_stops=True,
                                                            log=self.log))

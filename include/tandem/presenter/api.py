@@ -288,7 +288,7 @@ def action_conf(plan: PlanConfig, body: ActionRequest) -> dict[str, object]:
         if not body.confirm:
             raise views.BadRequest("restore rewinds the plan's outputs to the snapshot: confirm it (confirm: true)")
         return {"plan": plan.name, "instance": body.instance, "snapshot_id": body.snapshot_id, "node": body.node,
-                "force": body.force, "confirm": True}
+                "force": body.force, "undo_backfills": body.undo_backfills, "confirm": True}
     params: dict[str, object] = {"action": body.action, "plan": plan.name, "instance": body.instance,
                                  "node": body.node}
     if body.action == "upgrade":

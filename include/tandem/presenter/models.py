@@ -295,6 +295,8 @@ class ActionRequest(BaseModel):
                                       "restore: the node to start ACTIVE")
     snapshot_id: str = Field("", description="restore: the snapshot (empty: each instance's newest GOOD one)")
     force: bool = Field(False, description="restore: accept a snapshot marked BAD")
+    undo_backfills: bool = Field(False, description="restore: accept a snapshot taken before backfills of the "
+                                                    "instance (they are undone)")
     expect_changes: bool = Field(False, description="upgrade: hand over although the new version's outputs differ "
                                                     "(a change of semantics)")
     confirm: bool = Field(False, description="restore rewinds the plan's outputs: it must be confirmed")

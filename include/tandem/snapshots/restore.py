@@ -123,7 +123,7 @@ def instances_to_restore(cluster: ClusterConfig, plan: PlanConfig, snapshot_id: 
 
 
 def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *, snapshot_id: str | None = None,
-                  force: bool = False, node: str | None = None, start: bool = True,
+                  force: bool = False, undo_backfills: bool = False, node: str | None = None, start: bool = True,
                   launched_by: str = "tandem restore", py_files: Path | None = None,
                   node_host: NodeHost | None = None) -> RestoreReport:
     """Restore one instance of ``plan`` from ``snapshot_id`` (default: its newest GOOD snapshot).
@@ -131,8 +131,13 @@ def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *,
     ``node_host`` stops the instances, then starts the ACTIVE instance, and then the supervisor's
     standbys, on their nodes' hosts (inside Airflow: through the nodes' queues); by default here.
 
+    ``force`` restores a snapshot marked BAD (or whose files are found broken); ``undo_backfills`` one taken before
+    backfills of the instance were done (the replay after its cut drops their late events again). Each says yes to
+    one risk only.
+
     Raises:
-        SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken.
+        SnapshotRefused: the snapshot is BAD (without ``force``), TAKING, PRUNED, or its files are broken; a backfill
+            was done after it (without ``undo_backfills``).
         SnapshotError: no such snapshot, or no GOOD one to fall back on.
     """
     with plan_lock(cluster.database_url, plan.name, f"the restore of instance {instance}"):
@@ -165,15 +170,15 @@ def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *,
             if gone:  # even with force: the instance's rows at the cut cannot be read back
                 raise SnapshotRefused(f"snapshot {chosen.id} cannot be restored: " + "; ".join(gone[:3]))
             undone = undone_backfills(backfills.done_since(db, plan.name, chosen.taken_at), instance)
-            if undone and not force:
+            if undone and not undo_backfills:
                 raise SnapshotRefused(f"restoring snapshot {chosen.id} of instance {instance} would undo "
                                       f"{describe_backfills(undone)}, done after it was taken (the replay after its "
-                                      "cut drops their late events again): pass --force (Param force) and backfill "
-                                      "those ranges again after the restore")
+                                      "cut drops their late events again): pass --undo-backfills (Param "
+                                      "undo_backfills) and backfill those ranges again after the restore")
             target = node or (chosen.node if chosen.node in plan.nodes else plan.nodes[0])
             report = RestoreReport(plan.name, instance, chosen, target)
             if undone:
-                report.add(f"forced: this restore undoes {describe_backfills(undone)}: backfill them again")
+                report.add(f"this restore undoes {describe_backfills(undone)}: backfill them again")
             node_host = node_host or ThisHost(cluster, plan, launched_by, py_files)
             with instance_lock(cluster.database_url, plan.name, instance) as lock:
                 for each in plan.nodes:  # whatever they were doing is rolled back: no need to wait for a clean stop
@@ -197,7 +202,8 @@ def restore_instance(cluster: ClusterConfig, plan: PlanConfig, instance: str, *,
                         lock.check()
                         mark(db, plan.name, instance, RESTORED,
                              f"restored from snapshot {chosen.id} (batch {chosen.batch_id})", node=target,
-                             detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force})
+                             detail={"snapshot": chosen.id, "outputs": report.outputs, "forced": force,
+                                     "undid_backfills": bool(undone)})
                     if launching is not None:
                         _launched(launching, node_host, instance, target, report)
                         row = wait_until_running(cluster, plan, instance, target)
