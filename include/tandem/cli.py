@@ -125,14 +125,20 @@ def cmd_produce(args: argparse.Namespace) -> int:
 def cmd_receive(args: argparse.Namespace) -> int:
     """Serve the receiver (HTTP(S) → the plans' nats streams) until interrupted; the tokens are TANDEM_RECEIVER_TOKEN
     and the file TANDEM_RECEIVER_TOKENS names."""
-    from tandem.receiver import MAX_BODY_BYTES, serve, tokens_from_environment
+    from tandem.receiver import HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_CONNECTIONS, serve, tokens_from_environment
 
     tokens_from_environment()  # refused before anything is loaded
     if args.max_body_bytes is not None and args.max_body_bytes <= 0:
         raise TandemError(f"--max-body-bytes must be a positive number of bytes, got {args.max_body_bytes}")
+    if args.header_timeout is not None and not 0 < args.header_timeout < float("inf"):
+        raise TandemError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
+    if args.max_connections is not None and args.max_connections <= 0:
+        raise TandemError(f"--max-connections must be a positive number, got {args.max_connections}")
     if args.ssl_keyfile and not args.ssl_certfile:
         raise TandemError("--ssl-keyfile goes with --ssl-certfile (the certificate it is the key of)")
     serve(load_cluster(), args.host, args.port, max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
+          header_timeout_s=args.header_timeout or HEADER_TIMEOUT_S,
+          max_connections=args.max_connections or MAX_CONNECTIONS,
           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0
 
@@ -902,6 +908,11 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--port", type=int, default=8700)
     receive.add_argument("--max-body-bytes", type=int,
                          help="a request's body at most; a larger one gets 413 (default 16 MiB)")
+    receive.add_argument("--header-timeout", type=float, metavar="SECONDS",
+                         help="seconds a connection has to send a request's head (line and headers) after it opens or "
+                              "its last answer; then it is closed, with 408 when part of one came (default 10)")
+    receive.add_argument("--max-connections", type=int,
+                         help="connections served at once; a request on one more gets 503 (default 100)")
     receive.add_argument("--ssl-certfile", help="serve HTTPS with this PEM certificate (chain)")
     receive.add_argument("--ssl-keyfile", help="its PEM private key (unless the certificate file holds it)")
     receive.set_defaults(func=cmd_receive)

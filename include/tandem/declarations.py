@@ -241,7 +241,8 @@ class FieldConfig(StrictModel):
     source: KeyPath | None = Field(None, alias="from")
     formerly: KeyPath | None = None
     """The key the field was read from before a producer renamed it: read where the line has no value at the field's
-    own key (events written before the rename stay good)."""
+    own key, no key or ``null`` (events written before the rename stay good); a value of the wrong type at the own key
+    is refused, never replaced by the former key's (the receiver's and the runtime's rule)."""
     not_empty: StrictBool = False
     max_length: Annotated[StrictInt, Field(gt=0, le=MAX_STRING_LENGTH)] | None = None
     greater_than: Number | None = None
@@ -469,7 +470,8 @@ class StreamConfig(StrictModel):
 
     def value_at(self, event: Any, name: str) -> Any:
         """The value of field ``name`` in ``event`` (parsed JSON, as the event spells it), ``None`` when the event has
-        none there (pure)."""
+        none there: at its key, at its ``formerly`` key only where the event has none at its key (a value of the wrong
+        type there is the field's; :func:`tandem.runtime.records.value_of` is the same rule on Spark) (pure)."""
         paths = self.fields[name].paths(name)
         found = value_at(event, paths[0])
         return value_at(event, paths[1]) if found is None and len(paths) > 1 else found

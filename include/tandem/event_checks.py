@@ -8,7 +8,8 @@ object (``duplicate key 'price'``: :func:`load_json` keeps the mark that JSON pa
 at its key (its ``from``) and named as the event spells it; a ``timestamp``'s ISO-8601 text is read by
 :func:`iso_millis`, which ``tandem.runtime.records.iso_time`` does in Spark's columns (the tests hold both to the
 same cases). An event it accepts is still checked on Spark (nothing relies on this module for correctness). The
-receiver also refuses ids (``id_field`` values) that cannot be a message id: :func:`id_problem`.
+receiver also refuses ids (``id_field`` values) that cannot be a message id (:func:`id_problem`) and events that are
+not standard JSON (NaN or an infinity anywhere, which Python reads: :func:`non_finite_problems`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from tandem.declarations import EXPECTED, ISO_TIME, FieldConfig, StreamConfig
 
 SHOWN_CHARS = 200
 """How much of a bad value a reason quotes (as the runtime's reasons do)."""
+LISTED_NON_FINITE = 5
+"""Non-finite numbers of one event named at most (:func:`non_finite_problems`; one more reason counts the rest)."""
 MAX_ID_CHARS = 256
 """Characters an event's id (its message id) may take at most."""
 WITHOUT_ZONE = "is an ISO-8601 time without a zone (write Z or an offset such as +01:00)"
@@ -56,6 +60,15 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     marked = _Repeated(built)
     marked.repeated, marked.own = repeated, own
     return marked
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object)
+
+
+def load_json_at(text: str, start: int) -> tuple[Any, int]:
+    """The JSON value that begins at ``start`` of ``text``, read as :func:`load_json` reads, and where it ends (pure;
+    raises as ``json.JSONDecoder.raw_decode`` does)."""
+    return _DECODER.raw_decode(text, start)
 
 
 def _repeated_keys(pairs: list[tuple[str, Any]]) -> tuple[str, ...]:
@@ -169,8 +182,42 @@ def typed_value(config: FieldConfig, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return _WRONG
     if config.type == "double":
-        return float(value)
+        return _double(value)
     return value if isinstance(value, int) and -2**63 <= value < 2**63 else _WRONG
+
+
+def _double(value: int | float) -> float:
+    """``value`` as a double: an integer past the largest double is an infinity, as Spark reads it."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def non_finite_problems(event: Any) -> list[str]:
+    """Why ``event`` cannot be written as standard JSON: a reason for each NaN or infinity in it (Python reads ``NaN``,
+    ``Infinity`` and a number past ±1.8e308 as one; JSON has none), named by its path (``extra.ratio``,
+    ``extra[1]``); the first :data:`LISTED_NON_FINITE` of them, then how many more (pure)."""
+    found = [(path, value) for path, value in leaves(event) if isinstance(value, float) and not math.isfinite(value)]
+    problems = [f"field '{path}' must be a finite number (got {_shown(value)}): JSON has no such number"
+                for path, value in found[:LISTED_NON_FINITE]]
+    if len(found) > LISTED_NON_FINITE:
+        problems.append(f"and {len(found) - LISTED_NON_FINITE} more numbers that are not finite")
+    return problems
+
+
+def leaves(value: Any) -> Iterator[tuple[str, Any]]:
+    """Every value within ``value`` (parsed JSON) that is neither an object nor an array, with its path
+    (``auth.idp``, ``extra[1]``), in the order of the text; iterative, however deep it nests (pure)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), child) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{index}]", child) for index, child in reversed(list(enumerate(item))))
+        else:
+            yield path, item
 
 
 def iso_millis(text: str) -> Any:

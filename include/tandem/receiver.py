@@ -15,10 +15,14 @@ How it works
     token used for another stream gets ``403``; without a token, health answers ``{"status": "ok"}`` only.
 
     ``POST /v1/plans/{plan}/streams/{stream}/events`` takes a JSON array of events, parsed on a worker
-    thread (a big body does not stall the other requests). Every event is checked against the stream's
-    declaration (:func:`tandem.event_checks.event_problems`, a key given twice included), its id too when
-    ``id_field`` names one (:func:`tandem.event_checks.id_problem`: no control character, at most 256
-    characters), and its message (payload and headers) against the NATS server's ``max_payload``. The good
+    thread (a big body does not stall the other requests) one event at a time (:func:`parse_events`): the one past
+    :data:`MAX_EVENTS` ends the parse with ``413``; an event Python cannot read as it is (nested over
+    :data:`MAX_DEPTH` levels, an integer of more digits than Python converts) is refused alone. Every event is
+    checked against the stream's declaration (:func:`tandem.event_checks.event_problems`, a key given twice
+    included), its id too when ``id_field`` names one (:func:`tandem.event_checks.id_problem`: no control
+    character, at most 256 characters), that it is standard JSON (no NaN or infinity anywhere:
+    :func:`tandem.event_checks.non_finite_problems`), and its message (payload and headers) against the NATS
+    server's ``max_payload``. The good
     ones are published to their partition subjects, each with a message id (the client's ``id`` for the
     event, else :func:`tandem.client.content_id`), and the answer comes only once JetStream acknowledged
     every one: ``200 {"published": n, "sequences": [...]}``, or ``rejected: [{"index", "reasons"}]`` for
@@ -29,6 +33,10 @@ How it works
     At start it logs a warning for each ``nats`` stream whose ``max_line_bytes`` lets through events the NATS
     server cannot carry (its ``max_payload`` less :data:`HEADER_ROOM`); such events are refused with ``413``.
 
+    A connection without a complete request head :data:`HEADER_TIMEOUT_S` after it opened or after its last answer
+    is closed (:func:`head_timed_protocol`); with :data:`MAX_CONNECTIONS` open, a request on one more gets ``503``
+    (``--header-timeout``, ``--max-connections``). Connections wait on uvicorn's event loop, not a thread each.
+
 What it does not do
     It keeps nothing: an event is either acknowledged by JetStream before the answer, or the
     answer is an error (``502``: NATS did not acknowledge) and the client sends it again. TLS is
@@ -37,14 +45,17 @@ What it does not do
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path as FilePath
 from typing import Annotated, Any, NoReturn
 
@@ -58,7 +69,7 @@ from tandem.client import content_id
 from tandem.config import ClusterConfig, NatsConfig, PlanConfig, load_plans_and_errors
 from tandem.declarations import partition_of
 from tandem.errors import ConfigError, TandemError
-from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, load_json
+from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, leaves, load_json_at, non_finite_problems
 from tandem.logs import configure_logging, log_format
 from tandem.messaging import JetStream, partition_subject
 from tandem.messaging.wire import Message
@@ -68,9 +79,19 @@ log = logging.getLogger(__name__)
 TOKEN_VARIABLE = "TANDEM_RECEIVER_TOKEN"
 TOKENS_FILE_VARIABLE = "TANDEM_RECEIVER_TOKENS"
 MAX_EVENTS = 10_000
-"""Events in one request at most (a larger batch is refused with 413)."""
+"""Events in one request at most (a larger batch is refused with 413, once the parse reaches the one past it)."""
+MAX_DEPTH = 512
+"""Levels of nesting an event may have at most (the event's object is the first): a deeper one is refused alone.
+Python's JSON parser and writer recurse, up to its recursion limit (about 1,000 levels, less the caller's)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """Bytes of a request's body at most unless ``tandem receive --max-body-bytes`` says otherwise (413 past it)."""
+HEADER_TIMEOUT_S = 10.0
+"""Seconds a connection has for a request's head (request line and headers) unless ``tandem receive
+--header-timeout`` says otherwise, from when it opened or its last answer was sent: then it is closed (``408`` when
+part of a head came)."""
+MAX_CONNECTIONS = 100
+"""Connections open at once that the receiver serves unless ``tandem receive --max-connections`` says otherwise: a
+request on one more is answered ``503``."""
 HEADER_ROOM = 1024
 """Bytes of a NATS message kept for its headers (the message id: at most 256 characters) when a stream's
 ``max_line_bytes`` is checked against the server's ``max_payload`` at start."""
@@ -188,20 +209,158 @@ def line_room_warnings(plans: Mapping[str, PlanConfig], max_payload: int) -> lis
             and (problem := line_room_problem(stream.max_line_bytes, max_payload))]
 
 
-def parse_events(body: bytes) -> list[Any]:
-    """The events of a request's body, a JSON array (an object holding a key twice comes out marked:
-    :func:`tandem.event_checks.load_json`).
+@dataclass(frozen=True)
+class Unreadable:
+    """An element of a request's array that Python cannot take as it is, and why: it is refused alone."""
+
+    reason: str
+
+
+class TooManyEvents(ValueError):
+    """A request's array holds more than :data:`MAX_EVENTS` elements (found before the rest of it is parsed)."""
+
+    def __init__(self, max_events: int) -> None:
+        super().__init__(f"more than {max_events} events in one request: send at most {max_events}")
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_BRACKETS = re.compile(_STRING + r"|[\[{]+|[\]}]+", re.DOTALL)
+"""A JSON string (skipped: its brackets are text), or a run of opening or of closing brackets."""
+_STRINGS = re.compile(_STRING, re.DOTALL)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_STARTS = {"{": "an object", '"': "a string", "t": "true", "f": "false", "n": "null"}
+
+
+def parse_events(body: bytes, max_events: int = MAX_EVENTS) -> list[Any]:
+    """The events of a request's body, a JSON array, each element parsed on its own (an object holding a key twice
+    comes out marked: :func:`tandem.event_checks.load_json`). An element Python cannot read as it is comes as
+    :class:`Unreadable`: nested over :data:`MAX_DEPTH` levels, or holding an integer of more digits than Python
+    converts (``sys.get_int_max_str_digits()``). The count is checked as the array is parsed: the element past
+    ``max_events`` ends the parse (pure).
 
     Raises:
-        ValueError: the body is not a JSON array.
+        ValueError: the body is not a JSON array (:class:`TooManyEvents`: of more than ``max_events`` elements).
     """
     try:
-        events = load_json(body)
-    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"the body is not a JSON array of events: {exc}") from None
-    if not isinstance(events, list):
-        raise ValueError(f"the body is not a JSON array of events: it is a JSON {type(events).__name__}")
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads reads bytes
+    except UnicodeDecodeError as exc:
+        raise _not_an_array(str(exc)) from None
+    position = _WHITESPACE.match(text).end()
+    if not text.startswith("[", position):
+        raise _not_an_array(_what_starts(text[position:position + 1]))
+    events: list[Any] = []
+    position = _WHITESPACE.match(text, position + 1).end()
+    if text.startswith("]", position):
+        return _ended(text, position, events)
+    while True:
+        if len(events) == max_events:
+            raise TooManyEvents(max_events)
+        event, position = _element(text, position)
+        events.append(event)
+        position = _WHITESPACE.match(text, position).end()
+        if text.startswith("]", position):
+            return _ended(text, position, events)
+        if not text.startswith(",", position):
+            raise _not_an_array(f"expected ',' or ']' at character {position}")
+        position = _WHITESPACE.match(text, position + 1).end()
+
+
+def _ended(text: str, closing: int, events: list[Any]) -> list[Any]:
+    """``events``, those of an array closed at ``closing``: nothing but whitespace may follow it."""
+    if _WHITESPACE.match(text, closing + 1).end() != len(text):
+        raise _not_an_array(f"text after the array's end at character {closing + 1}")
     return events
+
+
+def _not_an_array(why: str) -> ValueError:
+    return ValueError(f"the body is not a JSON array of events: {why}")
+
+
+def _what_starts(first: str) -> str:
+    if not first:
+        return "it is empty"
+    return f"it is {_STARTS.get(first, 'a number' if first in '-0123456789' else 'not JSON')}"
+
+
+def _element(text: str, start: int) -> tuple[Any, int]:
+    """The element of the array at ``start`` (or :class:`Unreadable`) and where it ends."""
+    try:
+        event, end = load_json_at(text, start)
+    except json.JSONDecodeError as exc:
+        raise _not_an_array(str(exc)) from None
+    except RecursionError:  # nested past Python's recursion limit, so past MAX_DEPTH
+        depth, end = nesting(text, start)
+        return Unreadable(_too_deep(depth)), end
+    except ValueError as exc:  # an integer of more digits than Python converts
+        return _long_integer(text, start, exc)
+    if text.count("[", start, end) + text.count("{", start, end) > MAX_DEPTH:  # else it cannot nest deeper
+        depth = depth_of(text[start:end])
+        if depth > MAX_DEPTH:
+            return Unreadable(_too_deep(depth)), end
+    return event, end
+
+
+class _Digits(str):
+    """An integer's digits, as the parse of an element holding one of more digits than Python converts keeps it."""
+
+
+_DIGITS_KEPT = json.JSONDecoder(parse_int=_Digits)
+
+
+def _long_integer(text: str, start: int, error: ValueError) -> tuple[Unreadable, int]:
+    """The element at ``start``, whose parse failed with ``error`` for an integer of more digits than Python
+    converts: why it is refused (the first such integer's path and length) and where it ends."""
+    try:
+        element, end = _DIGITS_KEPT.raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        raise _not_an_array(str(exc)) from None
+    except RecursionError:
+        depth, end = nesting(text, start)
+        return Unreadable(_too_deep(depth)), end
+    limit = sys.get_int_max_str_digits()
+    found = next(((path, len(value.lstrip("-"))) for path, value in leaves(element)
+                  if isinstance(value, _Digits) and len(value.lstrip("-")) > limit), None)
+    if found is None:
+        return Unreadable(f"event cannot be read: {error}"), end
+    path, digits = found
+    where = f"field '{path}'" if path else "event"
+    return Unreadable(f"{where} holds an integer of {digits} digits: the receiver reads at most {limit} (send it as "
+                      "a string)"), end
+
+
+def depth_of(value: str) -> int:
+    """How deep the JSON text ``value`` nests (an array or object: 1, a value in it: 2), from its brackets outside
+    strings: a running sum in C loops, linear however it nests (pure)."""
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", value))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def nesting(text: str, start: int) -> tuple[int, int]:
+    """How deep the JSON array or object at ``start`` of ``text`` nests (itself: 1) and where it ends, from its
+    brackets outside strings (its syntax otherwise unchecked; iterative, however deep it nests) (pure).
+
+    Raises:
+        ValueError: there is no array or object at ``start``, or it does not end.
+    """
+    if not text.startswith(("[", "{"), start):
+        raise _not_an_array(f"expected an array or object at character {start}")
+    depth = deepest = 0
+    for token in _BRACKETS.finditer(text, start):
+        run = token.group()
+        if run[0] in "[{":
+            depth += len(run)
+            deepest = max(deepest, depth)
+        elif run[0] in "]}":
+            depth -= len(run)
+            if depth <= 0:
+                return deepest, token.end() + depth  # the run may close what is around the value too
+    raise _not_an_array(f"the array or object at character {start} does not end")
+
+
+def _too_deep(depth: int) -> str:
+    return f"event nested {depth} levels deep: the receiver takes at most {MAX_DEPTH}"
 
 
 # --- the gate (ASGI) --------------------------------------------------------------------------------------------
@@ -349,10 +508,10 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
         declaration, name = declared(plan_name, stream_name)
         try:
             events = parse_events(body)
+        except TooManyEvents as exc:
+            raise HTTPException(413, str(exc)) from None
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        if len(events) > MAX_EVENTS:
-            raise HTTPException(413, f"at most {MAX_EVENTS} events a request, got {len(events)}")
         config = declaration.streams[name]
         id_of: Callable[[dict[str, Any]], str] = (lambda e: str(e[id_field])) if id_field else content_id
         try:
@@ -361,15 +520,18 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
             _not_acknowledged(plan_name, stream_name, len(events), exc)
         rejected, messages, over_max_payload = [], [], 0
         for index, event in enumerate(events):
-            problems = event_problems(config, event)
+            problems = [event.reason] if isinstance(event, Unreadable) else event_problems(config, event)
             if id_field and not problems:
                 problems = [problem] if (problem := id_problem(id_field, event.get(id_field))) else []
+            line = None if problems else _line(event)
+            if line is None and not problems:  # not standard JSON
+                problems = non_finite_problems(event)
             if problems:
                 rejected.append({"index": index, "reasons": problems})
                 continue
             subject = partition_subject(nats.prefix, name, partition_of(config.value_at(event, config.key),
                                                                         config.partitions))
-            message = Message(subject, _line(event), id_of(event))
+            message = Message(subject, line, id_of(event))
             too_large = payload_problem(len(message.header_block()) + len(message.payload), max_payload)
             if too_large:
                 rejected.append({"index": index, "reasons": [too_large]})
@@ -406,13 +568,86 @@ def receiver_app(cluster: ClusterConfig, tokens: Tokens | str, *, max_body_bytes
     return app
 
 
+# --- the connections (uvicorn) ----------------------------------------------------------------------------------
+
+def head_timed_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, else h11) that closes a connection whose request head (request line and
+    headers) is not complete ``header_timeout_s`` after the connection opened or its last answer was sent; a client
+    that sent part of one gets ``408`` first. uvicorn alone waits for a head without end: its keep-alive timeout
+    starts after an answer and stops at the first byte of the next request, so a client that sends nothing, or its
+    headers a byte at a time, would keep its connection (and a place under ``--max-connections``) for ever."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    timeout_answer = _timeout_answer(header_timeout_s)
+
+    class HeadTimedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _head_timer: asyncio.TimerHandle | None = None
+        _cycle_before_head: Any = None
+        _head_begun = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self._wait_for_head()
+
+        def data_received(self, data: bytes) -> None:
+            self._head_begun = True
+            super().data_received(data)
+            if self.cycle is not self._cycle_before_head:  # a request's head is complete
+                self._stop_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._wait_for_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _wait_for_head(self) -> None:
+            self._stop_head_timer()
+            self._cycle_before_head, self._head_begun = self.cycle, False
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            serving = self.cycle is not None and not self.cycle.response_complete  # a pipelined request
+            if self.transport.is_closing() or serving or self.cycle is not self._cycle_before_head:
+                return
+            if self._head_begun:
+                host, port = self.client or ("unknown", 0)
+                log.warning("receiver: closed the connection from %s:%s: no complete request head within %g s",
+                            host, port, header_timeout_s)
+                self.transport.write(timeout_answer)
+            self.transport.close()
+
+    return HeadTimedProtocol
+
+
+def _timeout_answer(header_timeout_s: float) -> bytes:
+    body = json.dumps({"detail": f"no complete request head within {header_timeout_s:g} s "
+                                 "(tandem receive --header-timeout)"}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)) + body
+
+
 def _not_acknowledged(plan: str, stream: str, count: int, exc: Exception) -> NoReturn:
     log.warning("receiver: publishing %d events of %s/%s failed: %s", count, plan, stream, exc)
     raise HTTPException(502, f"NATS did not acknowledge the events ({type(exc).__name__}): send them again") from None
 
 
-def _line(event: dict[str, Any]) -> bytes:
-    return json.dumps(event, ensure_ascii=False).encode("utf-8")
+def _line(event: dict[str, Any]) -> bytes | None:
+    """The event as the message's payload; ``None`` when it holds a number standard JSON has not (NaN, an infinity:
+    :func:`tandem.event_checks.non_finite_problems` says where)."""
+    try:
+        return json.dumps(event, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except ValueError:  # json.dumps's only ValueError with allow_nan=False
+        return None
 
 
 def _warn_of_lines_nats_cannot_carry(nats: NatsConfig, plans: Mapping[str, PlanConfig]) -> None:
@@ -453,10 +688,13 @@ def tokens_from_environment(environ: Mapping[str, str] = os.environ) -> Tokens:
 
 
 def serve(cluster: ClusterConfig, host: str, port: int, *, max_body_bytes: int = MAX_BODY_BYTES,
+          header_timeout_s: float = HEADER_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
           ssl_certfile: str | None = None, ssl_keyfile: str | None = None) -> None:
     """Serve the receiver until interrupted (``tandem receive``); the tokens come from the environment, HTTPS when
-    ``ssl_certfile`` is given. Its lines are text or JSON (``TANDEM_LOG_FORMAT``, :mod:`tandem.logs`), uvicorn's
-    too."""
+    ``ssl_certfile`` is given. A connection without a complete request head ``header_timeout_s`` after it opened (or
+    after its last answer) is closed (:func:`head_timed_protocol`); with ``max_connections`` open, a request on one
+    more is answered ``503``. Connections wait on one event loop, never a thread each: a request's parse and publish
+    take a worker thread. Its lines are text or JSON (``TANDEM_LOG_FORMAT``, :mod:`tandem.logs`), uvicorn's too."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
@@ -464,5 +702,7 @@ def serve(cluster: ClusterConfig, host: str, port: int, *, max_body_bytes: int =
     configure_logging(fmt)
     app = receiver_app(cluster, tokens_from_environment(), max_body_bytes=max_body_bytes)
     # without a config of its own, uvicorn's loggers go through the root logger's JSON handler
+    # uvicorn refuses once the open connections, the asking one included, reach limit_concurrency
     uvicorn.run(app, host=host, port=port, log_level="info", log_config=None if fmt == "json" else LOGGING_CONFIG,
-                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, http=head_timed_protocol(header_timeout_s),
+                limit_concurrency=max_connections + 1)

@@ -1,8 +1,9 @@
 """The receiver behind real sockets: ``tandem receive`` processes (uvicorn) in front of a real nats-server.
 
 Each receiver serves a private copy of conf/ whose ``trades`` stream is fed over NATS, with the global token,
-a tokens file of scoped tokens and a small body cap. Requests go over plain sockets when a test must control
-how the body is sent (a 25 MB body without a token, a ``Content-Length`` and no body, a chunked body).
+a tokens file of scoped tokens and a small body cap (the module's: a 2 s header timeout and 4 connections too).
+Requests go over plain sockets when a test must control how the body is sent (a 25 MB body without a token, a
+``Content-Length`` and no body, a chunked body), or when it sends nothing or its head a byte at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import yaml
 from _project import PROJECT
 from tandem.messaging import JetStream, stream_name
 from tandem.messaging.server import EmbeddedServer, free_port, start_server
+from tandem.receiver import MAX_DEPTH, MAX_EVENTS
 
 pytestmark = pytest.mark.integration
 TOKEN = "global-7f3a9c1e5b2d4a6f"
@@ -37,6 +39,8 @@ SCOPED = "scoped-trades-0c8e2b4d6f1a3c5e"  # trades/trades only
 PLAN_WIDE = "plan-wide-9d1f3b5a7c2e4f6a"  # trades/*
 WRONG = "not-a-token-4e6a8c0b2d"
 MAX_BODY = 256 * 1024
+HEADER_TIMEOUT_S = 2
+MAX_CONNECTIONS = 4
 EVENTS = "/v1/plans/trades/streams/trades/events"
 T0 = 1_740_830_400_000
 
@@ -129,7 +133,8 @@ def stop(receiver: Receiver) -> None:
 
 @pytest.fixture(scope="module")
 def receiver(nats_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
-    started = start_receiver(tmp_path_factory.mktemp("receiver"), nats_server.url, "--max-body-bytes", str(MAX_BODY))
+    started = start_receiver(tmp_path_factory.mktemp("receiver"), nats_server.url, "--max-body-bytes", str(MAX_BODY),
+                             "--header-timeout", str(HEADER_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS))
     try:
         yield started
     finally:
@@ -298,6 +303,149 @@ def test_a_scoped_token_sends_to_its_streams_only(receiver: Receiver) -> None:
         {"status": "ok", "plans": ["trades"]}
     log = receiver.log.read_text()
     assert SCOPED not in log and PLAN_WIDE not in log
+
+
+# --- issue 60: what Python alone cannot read is refused per event; time, connections and count are capped ----------
+
+def strict_json(payload: bytes) -> object:
+    """``payload`` parsed as standard JSON: ``NaN`` and the infinities refused (Python's parser takes them)."""
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not standard JSON: {constant}")
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+def test_an_event_python_cannot_read_is_refused_alone_and_the_others_are_published(receiver: Receiver) -> None:
+    """100,000 levels of nesting in an undeclared field, 10**400 in a double and an integer of 5,000 digits: each
+    refuses its own event with its reason (Spark quarantines such lines one by one); the events around them, one
+    nested as deep as the receiver takes, are published."""
+    good = [json.dumps(trade(number)) for number in range(80, 84)]
+    deepest = json.dumps(trade(84))[:-1] + ', "extra": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    too_deep = json.dumps(trade(85))[:-1] + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    huge_double = json.dumps(trade(86, price=10 ** 400))
+    long_integer = json.dumps(trade(87))[:-1] + ', "extra": {"n": [' + "7" * 5000 + "]}}"
+    events = [good[0], too_deep, good[1], huge_double, good[2], long_integer, good[3], deepest]
+    answer = httpx.post(receiver.url + EVENTS, content="[" + ",".join(events) + "]", timeout=60,
+                        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text[:2000]
+    assert answer.json()["rejected"] == [
+        {"index": 1, "reasons": [f"event nested 100001 levels deep: the receiver takes at most {MAX_DEPTH}"]},
+        {"index": 3, "reasons": [f"field 'price' must be a finite number (got {str(10 ** 400)[:200]}…)"]},
+        {"index": 5, "reasons": ["field 'extra.n[0]' holds an integer of 5000 digits: the receiver reads at most "
+                                 f"{sys.get_int_max_str_digits()} (send it as a string)"]}]
+    assert answer.json()["published"] == 5
+    published = {event["quantity"]: event for _, event in receiver.stored()}
+    assert {81, 82, 83, 84, 85} <= set(published) and not {86, 87, 88} & set(published)
+    assert published[85]["extra"] == json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))
+
+
+def test_nan_and_infinity_in_an_undeclared_field_are_refused_and_only_standard_json_is_published(
+        receiver: Receiver) -> None:
+    """Python reads ``NaN``, ``Infinity`` and ``1e400`` (as infinity) but standard JSON has no such number: the
+    receiver refuses the event, naming the field, rather than publish text other readers refuse."""
+    good = json.dumps(trade(90))
+    events = [good[:-1] + ', "extra": {"ratio": NaN}}', good, good[:-1] + ', "extra": [1, -Infinity]}',
+              good[:-1] + ', "big": 1e400}']
+    answer = httpx.post(receiver.url + EVENTS, content="[" + ",".join(events) + "]",
+                        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["published"] == 1
+    none = "JSON has no such number"
+    assert answer.json()["rejected"] == [
+        {"index": 0, "reasons": [f"field 'extra.ratio' must be a finite number (got \"NaN\"): {none}"]},
+        {"index": 2, "reasons": [f"field 'extra[1]' must be a finite number (got \"-Infinity\"): {none}"]},
+        {"index": 3, "reasons": [f"field 'big' must be a finite number (got \"Infinity\"): {none}"]}]
+    name = stream_name(receiver.prefix, "trades")
+    with JetStream([receiver.nats_url]) as js:
+        bounds = js.bounds(name)
+        payloads = [found[1] for sequence in range(bounds.first, bounds.last + 1)
+                    if (found := js.message(name, sequence))]
+    assert [strict_json(payload) for payload in payloads]  # every message the receiver published is standard JSON
+
+
+def test_more_events_than_the_limit_are_refused_before_the_rest_of_the_body_is_parsed(receiver: Receiver) -> None:
+    """``MAX_EVENTS + 1`` events and then text that is not JSON: 413 for the count, not 400 for the text: the
+    receiver stopped parsing at the event past the limit (a body of a million tiny events costs it no more)."""
+    body = "[" + "{}," * (MAX_EVENTS + 1) + "not JSON at all" + "[" * 50_000
+    answer = httpx.post(receiver.url + EVENTS, content=body,
+                        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["detail"] == f"more than {MAX_EVENTS} events in one request: send at most {MAX_EVENTS}"
+    within = receiver.post([trade(95)] * 3)
+    assert within.status_code == 200 and within.json()["published"] == 3
+
+
+def closed_within(sock: socket.socket, limit_s: float) -> tuple[float, bytes]:
+    """Read ``sock`` until the server closes it: ``(seconds it took, what it sent)``; fails past ``limit_s``."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    received = b""
+    try:
+        while chunk := sock.recv(4096):
+            received += chunk
+    except socket.timeout:
+        pytest.fail(f"the receiver kept the connection open over {limit_s} s (got {received!r})")
+    return time.monotonic() - started, received
+
+
+def test_a_connection_that_sends_no_request_head_in_time_is_closed(receiver: Receiver) -> None:
+    """Nothing sent: closed after ``--header-timeout``; a head sent a byte at a time: 408, then closed."""
+    with socket.create_connection(("127.0.0.1", receiver.port)) as idle:
+        took, received = closed_within(idle, HEADER_TIMEOUT_S + 8)
+    assert received == b"" and HEADER_TIMEOUT_S - 0.5 < took, took
+
+    slow = socket.create_connection(("127.0.0.1", receiver.port))
+    stop_sending = threading.Event()
+
+    def trickle() -> None:
+        try:
+            for byte in f"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Padding: {'p' * 200}".encode():
+                if stop_sending.wait(0.1):
+                    return
+                slow.sendall(bytes([byte]))
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        took, received = closed_within(slow, HEADER_TIMEOUT_S + 8)
+    finally:
+        stop_sending.set()
+        sender.join(5)
+        slow.close()
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert b"no complete request head within" in received
+    assert took < HEADER_TIMEOUT_S + 3, took
+    assert receiver.post([trade(96)]).status_code == 200
+
+
+def threads_of(pid: int) -> int:
+    return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("Threads:")))
+
+
+def test_connections_over_the_cap_are_refused_and_idle_ones_hold_no_thread(receiver: Receiver) -> None:
+    """``--max-connections`` idle connections open: a request on one more gets 503; fifty idle connections wait
+    on the event loop without a thread each; once they are gone a request is served."""
+    assert receiver.post([trade(97)]).status_code == 200  # the worker threads a request needs are started
+    threads = threads_of(receiver.process.pid)
+    idle = [socket.create_connection(("127.0.0.1", receiver.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)  # the receiver took them
+        refused = receiver.post([trade(98)])
+        assert refused.status_code == 503, refused.text
+        idle += [socket.create_connection(("127.0.0.1", receiver.port)) for _ in range(50)]
+        time.sleep(0.3)
+        assert threads_of(receiver.process.pid) <= threads + 1
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while (answer := receiver.post([trade(99)])).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the receiver sees the closes
+    assert answer.status_code == 200, answer.text
+    assert 99 not in {event["quantity"] for _, event in receiver.stored()}
 
 
 # --- 5. NATS's max_payload --------------------------------------------------------------------------------------

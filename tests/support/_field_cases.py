@@ -9,29 +9,31 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.declarations import MAX_EPOCH_MILLIS, StreamConfig
+from tandem.declarations import EXPECTED, MAX_EPOCH_MILLIS, StreamConfig
 
 LOGINS = StreamConfig.model_validate({
     "partitions": 2, "key": "user_name", "event_time": "at",
     "fields": {
         "user_name": {"type": "string", "from": "user"},  # a reserved word of PostgreSQL as a key
-        "user_id": {"type": "long", "from": "user-id"},  # not an identifier
-        "at": {"type": "timestamp", "from": "@timestamp"},
+        "user_id": {"type": "long", "from": "user-id", "formerly": "userId"},  # not an identifier
+        "at": {"type": "timestamp", "from": "@timestamp", "formerly": "time"},
         "idp": {"type": "string", "from": "auth.idp"},  # a path into a nested object
         "method": {"type": "string", "from": ["auth", "method"]},  # the same, as a list of keys
         "dotted": {"type": "long", "from": ["a.b"], "at_least": 0},  # one key holding a dot
-        "success": {"type": "boolean"},
+        "success": {"type": "boolean", "formerly": "ok"},
         "region": {"type": "string", "default": "0-unknown"},  # added by a producer: older lines lack it
         "attempts": {"type": "long", "default": 1, "at_least": 1},
         "device": {"type": "string", "from": "device-id", "formerly": "deviceId"},  # renamed by the producer
         "channel": {"type": "string", "default": "web", "required_since": "2026-11-26T10:00:00Z"},  # required at T0
+        "price": {"type": "double", "formerly": "cost"},  # a renamed key of each type, with user_id, at, success
+        "seen": {"type": "epoch_millis", "formerly": "seen_at"},
     }})
 T0 = 1795687200000
 """2026-11-26T10:00:00Z in epoch milliseconds."""
 GOOD = {"user": "ann", "user-id": 7, "@timestamp": "2026-11-26T10:00:00Z", "auth": {"idp": "google", "method": "pw"},
-        "a.b": 1, "success": True, "attempts": 3, "device-id": "d1", "channel": "app"}
+        "a.b": 1, "success": True, "attempts": 3, "device-id": "d1", "channel": "app", "price": 9.5, "seen": 5}
 VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True,
-          "region": "0-unknown", "attempts": 3, "device": "d1", "channel": "app"}
+          "region": "0-unknown", "attempts": 3, "device": "d1", "channel": "app", "price": 9.5, "seen": 5}
 NOT_A_TIMESTAMP = "field '@timestamp' is not a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset): "
 OUT_OF_RANGE = "field '@timestamp' must be a time between 1970 and 9999 (got "
 
@@ -75,6 +77,40 @@ def good(id: str, line: str, **values: Any) -> Case:
 def bad(id: str, line: str, reason: str, receiver_reason: str | None = None) -> Case:
     return Case(id, line, reason=reason, receiver_reason=receiver_reason)
 
+
+def renamed(field: str, key: str, former: str, given: Any, wrong: Any, shown: str) -> list[Case]:
+    """The cases of a field that reads ``key``, formerly ``former``: the former key read where the line has no value
+    at ``key`` (no key, or null), never in place of a value of the wrong type there (issue 60: Spark took the
+    former one then, the receiver refused the line)."""
+    expected = EXPECTED[LOGINS.fields[field].type]
+    return [
+        good(f"{field}: under its former key", changed(**{key: ..., former: given}), **{field: given}),
+        good(f"{field}: null under its new key, given under its former", changed(**{key: None, former: given}),
+             **{field: given}),
+        good(f"{field}: under both keys, the new one", changed(**{former: given})),
+        bad(f"{field}: of another type under its new key, good under its former",
+            changed(**{key: wrong, former: given}), f"field '{key}' is not {expected}: {shown}"),
+        bad(f"{field}: of another type under its former key", changed(**{key: ..., former: wrong}),
+            f"field '{key}' is not {expected}: {shown}"),
+    ]
+
+
+RENAMED = [
+    *renamed("user_id", "user-id", "userId", 5, "abc", '"abc"'),
+    *renamed("price", "price", "cost", 1.25, "1.5", '"1.5"'),
+    *renamed("success", "success", "ok", False, "true", '"true"'),
+    *renamed("seen", "seen", "seen_at", T0, "2026-11-26T10:00:00Z", '"2026-11-26T10:00:00Z"'),
+    *renamed("at", "@timestamp", "time", T0 + 5, "x", '"x"'),
+    bad("an integer as digits under its new key, good under its former", changed(user_id="123", userId=5),
+        "field 'user-id' is not an integer: \"123\""),
+    bad("an integer past 64 bits under its new key, good under its former", changed(user_id=2 ** 63, userId=5),
+        f"field 'user-id' is outside the 64-bit integer range: {2 ** 63}"),
+    bad("a double of another type under its new key, a number under its former", changed(price=True, cost=1.0),
+        "field 'price' is not a number: true"),
+    bad("an integer past the largest double", changed(price=-10 ** 400),
+        f"field 'price' must be a finite number (got {str(-10 ** 400)[:200]}…)"),  # issue 60: Python overflowed
+]
+"""Renamed keys of every type but string (whose cases are the ``device`` ones)."""
 
 TEXT = json.dumps(GOOD)
 CASES = [
@@ -121,6 +157,9 @@ CASES = [
         "field 'device-id' is not a string: 5"),
     bad("a renamed key's former name given twice", TEXT.replace('"device-id": "d1"', '"deviceId": "a", "deviceId": "b"'),
         "duplicate key 'deviceId'"),
+    good("a renamed key, null under its new name, digits under its former",
+         changed(device_id=None, deviceId="123"), device="123"),
+    *RENAMED,
     bad("no zone", changed(at="2026-11-26T10:00:00"), "field '@timestamp' is an ISO-8601 time without a zone (write "
                                                       "Z or an offset such as +01:00): \"2026-11-26T10:00:00\""),
     bad("a day February lacks", changed(at="2026-02-30T10:00:00Z"), NOT_A_TIMESTAMP + '"2026-02-30T10:00:00Z"'),

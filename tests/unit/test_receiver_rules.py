@@ -3,6 +3,8 @@ client's refusal of header and subject text that would break its lines: pure fun
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,17 +12,23 @@ import pytest
 from _conf import edit_yaml
 from tandem.config import load_cluster, load_plan, load_plans_and_errors
 from tandem.errors import ConfigError, TandemError
-from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, load_json
+from tandem.event_checks import LISTED_NON_FINITE, MAX_ID_CHARS, event_problems, id_problem, leaves, load_json, \
+    non_finite_problems
 from tandem.messaging.wire import Message, check_header, check_subject
 from tandem.receiver import (
     HEADER_ROOM,
+    MAX_DEPTH,
     Access,
+    TooManyEvents,
     Tokens,
+    Unreadable,
     answer_status,
     bearer_token,
     declared_size_problem,
+    depth_of,
     line_room_problem,
     line_room_warnings,
+    nesting,
     parse_events,
     parse_tokens_file,
     payload_problem,
@@ -149,9 +157,77 @@ def test_the_start_warnings_name_the_plan_file_and_field_of_the_streams_the_rece
 
 def test_the_body_is_a_json_array() -> None:
     assert parse_events(b'[{"a": 1}, 2]') == [{"a": 1}, 2]
-    for body in (b'{"a": 1}', b"[{", b"", b"\xff\xfe[", b'"events"'):
+    assert parse_events(b' [ ]\n') == [] and parse_events(b'[{"a": NaN}]')[0]["a"] != 0
+    assert parse_events('[{"é": "\\u00e9"}]'.encode("utf-16")) == [{"é": "é"}]  # as json.loads reads bytes
+    for body in (b'{"a": 1}', b"[{", b"", b"\xff\xfe[", b'"events"', b"[1,]", b"[1 2]", b"[1] x", b"[", b"[[[", b"12"):
         with pytest.raises(ValueError, match="the body is not a JSON array of events"):
             parse_events(body)
+
+
+def nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_an_element_python_cannot_read_comes_with_its_reason_and_the_others_parse() -> None:
+    """Issue 60: one event nested past Python's recursion limit or holding an integer past its digits limit failed
+    the whole request (500, or 400 for the body); each is refused alone now."""
+    limit = sys.get_int_max_str_digits()
+    body = (f'[{{"a": 1}}, {{"x": {nested(100_000)}}}, {{"n": [2, {{"m": -{"7" * (limit + 1)}}}]}}, '
+            f'{{"y": {nested(MAX_DEPTH - 1)}}}, {{"z": {nested(MAX_DEPTH)}}}, "]]]", 3]')
+    events = parse_events(body.encode())
+    assert events[0] == {"a": 1} and events[-2:] == ["]]]", 3]
+    assert events[1] == Unreadable(f"event nested 100001 levels deep: the receiver takes at most {MAX_DEPTH}")
+    assert events[2] == Unreadable(f"field 'n[1].m' holds an integer of {limit + 1} digits: the receiver reads at "
+                                   f"most {limit} (send it as a string)")
+    assert events[3] == {"y": json.loads(nested(MAX_DEPTH - 1))}  # as deep as it takes
+    assert events[4] == Unreadable(f"event nested {MAX_DEPTH + 1} levels deep: the receiver takes at most {MAX_DEPTH}")
+
+
+def test_the_count_is_checked_before_the_rest_of_the_body_is_parsed() -> None:
+    assert len(parse_events(b"[" + b"{}," * 4 + b"{}]", max_events=5)) == 5
+    with pytest.raises(TooManyEvents, match="more than 5 events in one request: send at most 5"):
+        parse_events(b"[" + b"{}," * 6 + b"not JSON" + b"[" * 100_000, max_events=5)
+
+
+@pytest.mark.parametrize("text, depth", [
+    ("[]", 1), ("{}", 1), ('{"a": [1, {"b": []}]}', 4), ('["[[[[", "\\"]]]"]', 1), ('[[], [[]], {"k": "}"}]', 3),
+    (nested(MAX_DEPTH + 1), MAX_DEPTH + 1), ("[" + "[], " * 5000 + "[]]", 2),
+])
+def test_the_depth_of_a_json_text_counts_brackets_outside_strings(text: str, depth: int) -> None:
+    assert depth_of(text) == depth
+    assert nesting(f"[{text}, 1]", 1) == (depth, len(text) + 1)
+
+
+def test_nesting_needs_an_array_or_object_that_ends() -> None:
+    assert nesting("[[1]]]", 1) == (1, 4)  # a run of closing brackets may close what is around the value too
+    for text in ("[1", '["]"', "1"):
+        with pytest.raises(ValueError, match="the body is not a JSON array of events"):
+            nesting(text, 0)
+
+
+def test_the_values_of_an_event_are_walked_with_their_paths_however_deep() -> None:
+    assert list(leaves({"a": 1, "b": {"c": [2, {"d": None}]}, "e": []})) == [("a", 1), ("b.c[0]", 2),
+                                                                              ("b.c[1].d", None)]
+    deep: list = []
+    holder = deep
+    for _ in range(5000):
+        holder.append([])
+        holder = holder[0]
+    holder.append(7)
+    assert list(leaves(deep)) == [("[0]" * 5001, 7)]
+
+
+def test_numbers_json_has_not_are_named_by_their_path() -> None:
+    """Python reads NaN, Infinity and 1e400; the receiver publishes standard JSON only (issue 60)."""
+    event = load_json('{"a": 1.5, "b": {"c": [NaN, 2]}, "d": -Infinity, "e": 1e400}')
+    none = "JSON has no such number"
+    assert non_finite_problems(event) == [
+        f"field 'b.c[0]' must be a finite number (got \"NaN\"): {none}",
+        f"field 'd' must be a finite number (got \"-Infinity\"): {none}",
+        f"field 'e' must be a finite number (got \"Infinity\"): {none}"]
+    assert non_finite_problems({"a": [1.0, 10 ** 400, "NaN"]}) == []
+    many = non_finite_problems({"x": [float("nan")] * (LISTED_NON_FINITE + 3)})
+    assert len(many) == LISTED_NON_FINITE + 1 and many[-1] == "and 3 more numbers that are not finite"
 
 
 GOOD = '{"symbol": "IBM", "price": 1.5, "quantity": 2, "timestamp": 1740830400000'

@@ -57,7 +57,8 @@ class FieldRule:
     default: Any = None
     """The value of a line without the field (or with ``null`` there); ``None``: the field is required."""
     former: tuple[str, ...] = ()
-    """The keys the field read before a rename (``formerly``), read where the line has no value at :attr:`keys`."""
+    """The keys the field read before a rename (``formerly``), read where the line has no value at :attr:`keys` (no
+    key, or ``null``): :func:`value_of`."""
     required_since_ms: int | None = None
     """The event time (epoch milliseconds) from which a line must give the field: the default is for those before."""
     missing: str = ""
@@ -106,9 +107,27 @@ def nested(leaves: list[tuple[tuple[str, ...], DataType]]) -> StructType:
     return build(tree)
 
 
-def value_of(column: Column, rule: FieldRule) -> Column:
-    """The field's value in a parse of the line: at its keys, else at its former ones."""
-    return F.coalesce(*(at(column, path) for path in rule.paths)) if rule.former else at(column, rule.keys)
+def value_of(column: Column, rule: FieldRule, given: Column | None = None) -> Column:
+    """The field's value in a parse of the line: at its keys; at its former ones only where the line gives no value at
+    its keys (no key, or ``null``), the receiver's rule (:meth:`tandem.declarations.StreamConfig.value_at`). A value
+    of the wrong type at its keys stays the field's (refused: its reason says why), never replaced by the former one.
+
+    ``given``: whether the line gives a value at the field's keys, for a parse that cannot tell it from its value (a
+    typed parse nulls a value of the wrong type; a Variant one holds ``null`` as a Variant null:
+    :func:`given_in_variant`); without it, ``column`` is a parse as text, null where the line gives no value.
+    """
+    if not rule.former:
+        return at(column, rule.keys)
+    if given is None:
+        return F.coalesce(at(column, rule.keys), at(column, rule.former))
+    return F.when(given, at(column, rule.keys)).otherwise(at(column, rule.former))
+
+
+def given_in_variant(column: Column, rule: FieldRule) -> Column:
+    """Whether a parse of the line as Variants (``column``) holds a value at the field's keys: a JSON ``null`` there is
+    a Variant null, not a SQL one."""
+    value = at(column, rule.keys)
+    return value.isNotNull() & ~F.is_variant_null(value)
 
 
 def at(column: Column, keys: tuple[str, ...]) -> Column:
@@ -232,6 +251,36 @@ def iso_time(text: Column, shape: tuple[Column, Column] | None = None) -> IsoTim
                    F.coalesce(shaped & (zone != ""), F.lit(False)), millis)
 
 
+def _renamed_typed(schema: RecordSchema) -> tuple[FieldRule, ...]:
+    """The renamed fields (``formerly``) whose typed parse nulls a value of the wrong type (all but timestamps, read as
+    Variants)."""
+    return tuple(rule for rule in schema.fields if rule.former and rule.type != "timestamp")
+
+
+def _with_keys_given(frame: DataFrame, schema: RecordSchema) -> DataFrame:
+    """``frame`` with ``_given``: the renamed fields read once more, as text, at their keys, in the lines where the
+    typed parse (``_typed``) cannot tell whether the line gives a value there (null at the keys, a value at the former
+    ones: a line from before the rename, or one of the wrong type at the keys); null in every other line."""
+    renamed = _renamed_typed(schema)
+    if not renamed:
+        return frame
+    typed = F.col("_typed")
+    unsure = reduce(lambda a, b: a | b, [at(typed, rule.keys).isNull() & at(typed, rule.former).isNotNull()
+                                         for rule in renamed])
+    text = F.from_json("raw", nested([(rule.keys, StringType()) for rule in renamed]), schema.json_options)
+    return frame.withColumn("_given", F.when(unsure, text))
+
+
+def _typed_value(rule: FieldRule) -> Column:
+    """The field's value in the typed parse (``_typed``, with ``_given``: :func:`_with_keys_given`)."""
+    typed = F.col("_typed")
+    if rule.type == "timestamp":
+        return value_of(typed, rule, given_in_variant(typed, rule))
+    if not rule.former:
+        return at(typed, rule.keys)
+    return value_of(typed, rule, at(typed, rule.keys).isNotNull() | at(F.col("_given"), rule.keys).isNotNull())
+
+
 def _field_columns(frame: DataFrame, schema: RecordSchema, keep: list[str]) -> DataFrame:
     """``frame``'s ``keep`` columns and a column of each field from its parsed value (``_typed``), in declaration
     order. A timestamp's Variant becomes epoch milliseconds (a JSON integer within 64 bits as it is, ISO-8601 text
@@ -239,15 +288,16 @@ def _field_columns(frame: DataFrame, schema: RecordSchema, keep: list[str]) -> D
     projections: its JSON type, integer and text first, then the text's :func:`iso_shape`, so that each is
     computed once a row (used many times in one expression, each use would compute it again: 5x slower)."""
     stamps = [rule for rule in schema.fields if rule.type == "timestamp"]
+    frame = _with_keys_given(frame, schema)
     if not stamps:
-        return frame.select(*keep, *[value_of(F.col("_typed"), rule).alias(rule.name) for rule in schema.fields])
+        return frame.select(*keep, *[_typed_value(rule).alias(rule.name) for rule in schema.fields])
 
     def part(rule: FieldRule, what: str) -> str:
         return f"_{what}_{schema.fields.index(rule)}"
 
-    parsed = [value_of(F.col("_typed"), rule).alias(rule.name) for rule in schema.fields if rule.type != "timestamp"]
+    parsed = [_typed_value(rule).alias(rule.name) for rule in schema.fields if rule.type != "timestamp"]
     for rule in stamps:
-        value = value_of(F.col("_typed"), rule)
+        value = _typed_value(rule)
         parsed += [F.schema_of_variant(value).alias(part(rule, "kind")),
                    F.try_variant_get(value, "$", "long").alias(part(rule, "long")),
                    F.try_variant_get(value, "$", "string").alias(part(rule, "text"))]
@@ -445,8 +495,9 @@ def _shown_json(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Col
     return _shown(F.when(is_string, quoted).otherwise(raw_value))
 
 
-def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_double: Column) -> Column:
-    """Why a present value did not parse as the field's type.
+def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_double: Column, given: Column) -> Column:
+    """Why a present value did not parse as the field's type (``given``: whether the line gives a value at the field's
+    keys, not only at its former ones).
 
     An integer field whose value reads as a double but not as a 64-bit integer is a JSON number past 64
     bits (a string of digits reads as neither: Spark takes only ``"NaN"``-like strings for doubles). A
@@ -462,13 +513,14 @@ def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_dou
     if rule.type not in ("long", "epoch_millis"):
         return not_the_type
     outside = F.concat(F.lit(f"field '{rule.label}' is outside the 64-bit integer range: "), _shown(raw_value))
-    return F.when(raw_value.rlike(r"^-?[0-9]+$") & value_of(as_double, rule).isNotNull(), outside) \
+    return F.when(raw_value.rlike(r"^-?[0-9]+$") & value_of(as_double, rule, given).isNotNull(), outside) \
         .otherwise(not_the_type)
 
 
 def _as_variant(schema: RecordSchema, rule: FieldRule) -> Column:
     """The line's field alone, as a Variant (its JSON type survives)."""
-    return value_of(schema.read(VariantType(), (rule,)), rule)
+    parsed = schema.read(VariantType(), (rule,))
+    return value_of(parsed, rule, given_in_variant(parsed, rule))
 
 
 def _explain(schema: RecordSchema) -> Column:
@@ -486,6 +538,7 @@ def _explain(schema: RecordSchema) -> Column:
     problems: list[Column] = []
     for rule in schema.fields:
         raw_value = value_of(text, rule)
+        given = at(text, rule.keys).isNotNull()
         value = F.col(rule.name)
         missing = raw_value.isNull()
         if rule.default is None:
@@ -494,7 +547,7 @@ def _explain(schema: RecordSchema) -> Column:
             problems.append(F.when(missing & ~_before_required(schema, rule), F.lit(rule.missing)))
         wrong_type = value.isNull() | ~_json_string(schema, rule, value) if rule.type == "string" \
             else value.isNull()
-        problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double)))
+        problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double, given)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
                 F.lit(f"field '{rule.label}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
