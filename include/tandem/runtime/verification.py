@@ -18,6 +18,7 @@ from datetime import datetime
 from tandem.store import upgrades
 from tandem.store.db import Database
 from tandem.store.publish_log import newest_publish
+from tandem.store.snapshots import database_now
 from tandem.store.registry import InstanceKey
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,7 @@ class ShadowVerification:
 
     def now(self) -> datetime:
         """PostgreSQL's clock (the publish log's)."""
-        return self.db.run(lambda cursor: (cursor.execute("SELECT now() AS now"), cursor.fetchone()["now"])[1],
-                           attempts=1)
+        return database_now(self.db)
 
     def active_published_at(self) -> datetime | None:
         """When another node of the instance (the ACTIVE) last published (asked at most every
