@@ -13,8 +13,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from _conf import edit_yaml
 from tandem.config import load_cluster, load_plan
 from tandem.errors import ConfigError, DataLoss
-from tandem.messaging.jetstream import Bounds, check_not_lost, dropped_since
-from tandem.messaging.wire import Connection, Frame, ack_sequence, parse_frames
+from tandem.messaging.jetstream import Bounds, check_not_lost, dropped_since, nats_offset
+from tandem.messaging.wire import Connection, Frame, ack_sequence, parse_frames, skipped_by_retention
 from tandem.sources.nats_reader import NatsStreamReader, SubjectRange
 
 
@@ -57,11 +57,15 @@ def test_a_loss_is_every_sequence_after_the_offset_that_the_stream_no_longer_hol
             check_not_lost("s", covered, bounds)
 
 
+MADE = "2026-12-01T10:00:00.123456789Z"
+"""When the fake stream was made."""
+
+
 class FakeJetStream:
     """A stream's bounds, as the reader's driver side asks for them."""
 
     def __init__(self, first: int, last: int) -> None:
-        self.held = Bounds(first, last, max(last - first + 1, 0))
+        self.held = Bounds(first, last, max(last - first + 1, 0), MADE)
 
     def bounds(self, stream: str) -> Bounds:
         return self.held
@@ -97,12 +101,13 @@ def reader(first: int = 1, last: int = 1000, max_events: int = 100) -> NatsStrea
 def test_a_new_query_starts_at_the_first_message_held_and_batches_are_bounded() -> None:
     source = reader(first=201, last=1000, max_events=100)
     start = source.initialOffset()
-    assert start == {"stream": "t_trades", "seq": 200}
+    assert start == {"stream": "t_trades", "seq": 200, "created": MADE}
     assert source.getDefaultReadLimit() == ReadMaxRows(100)
     end = source.latestOffset(start, ReadMaxRows(100))
-    assert end == {"stream": "t_trades", "seq": 300}
-    assert source.latestOffset(start, ReadAllAvailable()) == {"stream": "t_trades", "seq": 1000}
-    assert source.partitions(start, end) == [SubjectRange("t.trades.0", 201, 300), SubjectRange("t.trades.2", 201, 300)]
+    assert end == {"stream": "t_trades", "seq": 300, "created": MADE}
+    assert source.latestOffset(start, ReadAllAvailable()) == {"stream": "t_trades", "seq": 1000, "created": MADE}
+    assert source.partitions(start, end) == [SubjectRange("t.trades.0", 201, 300, MADE),
+                                             SubjectRange("t.trades.2", 201, 300, MADE)]
     assert source.partitions(end, end) == []
 
 
@@ -117,6 +122,52 @@ def test_available_now_stops_at_the_last_sequence_when_the_query_started() -> No
 def test_a_lost_range_fails_the_batch_before_it_is_planned() -> None:
     with pytest.raises(DataLoss, match=r"t_trades: messages 11\.\.99 are gone"):
         reader(first=100, last=200).latestOffset({"stream": "t_trades", "seq": 10}, ReadMaxRows(50))
+
+
+def test_an_offset_of_a_stream_made_at_another_time_fails_the_batch_and_one_without_a_time_is_checked_by_sequence(
+        ) -> None:
+    """Issue 60: the stream was deleted and made again (it holds more than the offset, so its sequences alone do
+    not show it); an offset from before offsets carried the time goes on by its sequences."""
+    old = {"stream": "t_trades", "seq": 30, "created": "2026-11-30T08:00:00Z"}
+    with pytest.raises(DataLoss, match=rf"t_trades was made again at {MADE} \(it holds sequences 1\.\.50\), but "
+                                       r"sequences up to 30 were read from the stream made at 2026-11-30T08:00:00Z"):
+        reader(first=1, last=50).latestOffset(old, ReadAllAvailable())
+    unknown = {"stream": "t_trades", "seq": 30}
+    assert reader(first=1, last=50).latestOffset(unknown, ReadAllAvailable()) == {
+        "stream": "t_trades", "seq": 50, "created": MADE}
+    assert nats_offset(old) == ("t_trades", 30, "2026-11-30T08:00:00Z")
+    assert nats_offset(unknown) == ("t_trades", 30, None)
+    assert nats_offset({"path": "x"}) is None and nats_offset([1]) is None
+
+
+def test_a_range_read_past_what_retention_dropped_while_it_ran_is_data_loss_naming_the_range() -> None:
+    from tandem.messaging import JetStream
+    from tandem.messaging.wire import NotHeld
+
+    class Dropped:
+        def read(self, stream: str, subject: str, first: int, last: int):
+            yield [(1, b"a")]
+            raise NotHeld(10, 61, while_read=True)
+
+    js = JetStream.__new__(JetStream)
+    js.connection = Dropped()
+    with pytest.raises(DataLoss, match=r"^JetStream stream s: messages 10\.\.60 are gone \(its retention dropped them; "
+                                       r"while s\.0 was read: it holds 61\.\. now\) before they were read$"):
+        list(js.read("s", "s.0", 1, 60))
+
+
+@pytest.mark.parametrize(("cursor", "delivered", "examined", "head", "skipped"), [
+    (10, [11, 13], 13, 1, None),           # gaps of other subjects, the head far behind
+    (10, [11, 13], 13, 10, None),          # the head at the fetch's first sequence: nothing below it was skipped
+    (10, [10, 11, 12], 12, 13, None),      # contiguous: nothing skipped, wherever the head is
+    (10, [], 60, 61, (10, 60)),            # the server jumped past the rest of the range
+    (10, [11, 61], 61, 40, (10, 39)),      # a gap below the head: from the first undelivered one to the head
+    (10, [10, 12], 12, 100, (11, 12)),     # at most what the fetch read
+    (10, [10, 11, 15], 15, 13, (12, 12)),  # 13, 14 are above the head: deleted on purpose or another subject's
+])
+def test_a_fetch_skipped_what_retention_dropped_only_below_the_streams_first_sequence(
+        cursor: int, delivered: list[int], examined: int, head: int, skipped: tuple[int, int] | None) -> None:
+    assert skipped_by_retention(cursor, delivered, examined, head) == skipped
 
 
 def test_a_nats_stream_has_retention_and_event_limits_and_no_file_settings(conf: Path) -> None:
@@ -187,20 +238,30 @@ def connection_over(fake: FakeSocket) -> Connection:
     return made
 
 
-def test_a_range_read_keeps_deliveries_that_arrive_before_the_consumer_is_acknowledged(
+def test_a_range_read_fetches_from_its_pull_consumer_until_nothing_is_pending_and_deletes_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    tokens = iter(["d" * 20, "c" * 8, "e" * 8])  # deliver subject, create request, delete request
+    """A fetch's messages come with the stream sequence and what is still pending; a status left over from an
+    earlier fetch (``409 Batch Completed``) is not the current fetch's; a gap (7, 8: another subject's) sends one
+    look at the stream's first sequence, which is behind the read: nothing was skipped."""
+    tokens = iter(["d" * 20, "c" * 8, "i" * 8, "e" * 8])  # inbox, create, stream info, delete requests
     monkeypatch.setattr("tandem.messaging.wire.secrets.token_hex", lambda n: next(tokens))
 
     def delivery(sequence: int, pending: int) -> bytes:
         reply = f"$JS.ACK.s.C1.1.{sequence}.{sequence}.1795693234323659184.{pending}"
         return f"MSG s.0 2 {reply} 1\r\n{sequence % 10}\r\n".encode()
 
-    answer = b'{"name": "C1", "num_pending": 2}'
-    fake = FakeSocket(delivery(5, 1) + delivery(6, 0) + f"MSG _INBOX.me.r{'c' * 8} 1 {len(answer)}\r\n".encode()
-                      + answer + b"\r\n", b"MSG _INBOX.me.r" + b"e" * 8 + b" 1 2\r\n{}\r\n")
-    got = list(connection_over(fake).read("s", "s.0", 5, 9))
-    assert got == [[(5, b"5"), (6, b"6")]]
+    def answer(token: str, body: bytes) -> bytes:
+        return f"MSG _INBOX.me.r{token} 1 {len(body)}\r\n".encode() + body + b"\r\n"
+
+    done = b"NATS/1.0 409 Batch Completed\r\n\r\n"
+    fake = FakeSocket(answer("c" * 8, b'{"name": "C1", "num_pending": 3}'),
+                      delivery(5, 2) + delivery(6, 1),
+                      f"HMSG _INBOX.{'d' * 20}.0 2 {len(done)} {len(done)}\r\n".encode() + done + b"\r\n"
+                      + delivery(9, 0),
+                      answer("i" * 8, b'{"state": {"first_seq": 3}}'), answer("e" * 8, b"{}"))
+    got = list(connection_over(fake).read("s", "s.0", 5, 9, chunk=2))
+    assert got == [[(5, b"5"), (6, b"6")], [(9, b"9")]]
+    assert fake.sent.count(b"CONSUMER.MSG.NEXT.s.C1") == 2 and b"STREAM.INFO.s " in fake.sent
     assert b"CONSUMER.DELETE.s.C1" in fake.sent and b"UNSUB 2" in fake.sent
 
 

@@ -80,20 +80,38 @@ class StreamSpec:
 
 @dataclass(frozen=True)
 class Bounds:
-    """The sequences a stream holds: ``first`` to ``last`` (``first == last + 1`` when it holds none)."""
+    """The sequences a stream holds: ``first`` to ``last`` (``first == last + 1`` when it holds none); ``created``:
+    when the stream was made (the server's text, ``""`` when unknown): a stream deleted and made again under the
+    same name starts its sequences again."""
 
     first: int
     last: int
     messages: int
+    created: str = ""
 
 
-def check_not_lost(stream: str, covered: int, bounds: Bounds) -> None:
+def nats_offset(offset: Any) -> tuple[str, int, str | None] | None:
+    """``(stream, sequence read to, when the stream read was made)`` of a ``nats`` source's Spark offset
+    (``{"stream", "seq", "created"}``; ``created`` is ``None`` in one written before offsets carried it), ``None``
+    for any other offset (pure)."""
+    if not isinstance(offset, dict) or set(offset) not in ({"stream", "seq"}, {"stream", "seq", "created"}):
+        return None
+    return str(offset["stream"]), int(offset["seq"]), offset.get("created")
+
+
+def check_not_lost(stream: str, covered: int, bounds: Bounds, made_at: str | None = None) -> None:
     """Raise :class:`DataLoss` unless the stream still holds every message after sequence ``covered`` (pure).
 
-    Lost: the stream's first sequence is past ``covered + 1`` (retention dropped messages not read yet),
-    or its last is before ``covered`` (it was deleted or purged and started again: its sequences no longer
-    mean what the offset says).
+    Lost: the stream is not the one ``covered`` was read from (made at ``made_at``; ``None``: not known), its
+    last sequence is before ``covered`` (either way it was deleted or purged and started again: its sequences no
+    longer mean what the offset says), or its first is past ``covered + 1`` (retention dropped messages not read
+    yet).
     """
+    if made_at and bounds.created and bounds.created != made_at:
+        raise DataLoss(f"JetStream stream {stream} was made again at {bounds.created} (it holds sequences "
+                       f"{bounds.first}..{bounds.last}), but sequences up to {covered} were read from the stream made "
+                       f"at {made_at}: its sequences no longer mean what the offset says. Start the reading plan "
+                       "over (tandem plan reset) or restore it from a snapshot taken since")
     if bounds.last < covered:
         raise DataLoss(f"JetStream stream {stream} holds sequences up to {bounds.last}, but {covered} were read: "
                        "it was deleted or reset after they were read")
@@ -102,13 +120,17 @@ def check_not_lost(stream: str, covered: int, bounds: Bounds) -> None:
                        f"retention dropped them; it holds {bounds.first}..{bounds.last}) before they were read")
 
 
-def check_not_reset(stream: str, read_to: int, bounds: Bounds) -> None:
-    """Raise :class:`DataLoss` when the stream's last sequence is before ``read_to``, which a read just covered
-    (pure): it was deleted or purged and started again while it was read (a stream's last sequence never goes
-    back otherwise), so what the read returned may not be what the range meant."""
+def check_not_reset(stream: str, read_to: int, bounds: Bounds, made_at: str | None = None) -> None:
+    """Raise :class:`DataLoss` when the stream is no longer the one made at ``made_at`` (``None``: not known), or
+    its last sequence is before ``read_to``, which a read just covered (pure): it was deleted or purged and started
+    again while it was read (a stream's last sequence never goes back otherwise), so what the read returned may not
+    be what the range meant."""
     if bounds.last < read_to:
         raise DataLoss(f"JetStream stream {stream} holds sequences up to {bounds.last}, but a read covered {read_to}: "
                        "it was deleted or reset while it was read")
+    if made_at and bounds.created and bounds.created != made_at:
+        raise DataLoss(f"JetStream stream {stream} was made again at {bounds.created} while a read up to {read_to} "
+                       f"of the stream made at {made_at} ran")
 
 
 def dropped_since(stream: str, state: Mapping[str, Any], since: datetime) -> str | None:
@@ -137,17 +159,18 @@ def connect_options(nats: NatsConfig) -> ConnectOptions:
 
 
 def lost_after(servers: Sequence[str] | NatsConfig, offsets: Iterable[Any]) -> list[str]:
-    """Of Spark source offsets (a checkpoint's), those of ``nats`` sources (``{"stream", "seq"}``) whose stream no
-    longer holds every message after them: a :class:`DataLoss` message each (``[]``: nothing is lost). Connects
+    """Of Spark source offsets (a checkpoint's), those of ``nats`` sources (:func:`nats_offset`) whose stream no
+    longer holds every message after them, or is not the stream they were read from: a :class:`DataLoss` message
+    each (``[]``: nothing is lost). Connects
     only when there is such an offset."""
-    wanted = [o for o in offsets if isinstance(o, dict) and set(o) == {"stream", "seq"}]
+    wanted = [found for o in offsets if (found := nats_offset(o)) is not None]
     if not wanted:
         return []
     lost = []
     with JetStream(servers, name="tandem-offsets-check") as js:
-        for offset in wanted:
+        for stream, covered, made_at in wanted:
             try:
-                check_not_lost(offset["stream"], int(offset["seq"]), js.bounds(offset["stream"]))
+                check_not_lost(stream, covered, js.bounds(stream), made_at)
             except DataLoss as exc:
                 lost.append(str(exc))
             except LookupError as exc:
@@ -231,7 +254,8 @@ class JetStream:
         if info is None:
             raise LookupError(f"no JetStream stream {stream}")
         state = info["state"]
-        return Bounds(first=state["first_seq"], last=state["last_seq"], messages=state["messages"])
+        return Bounds(first=state["first_seq"], last=state["last_seq"], messages=state["messages"],
+                      created=str(info.get("created") or ""))
 
     def delete_stream(self, stream: str) -> bool:
         """Delete the stream (tests, clean-ups); ``False`` when there was none."""
@@ -284,24 +308,27 @@ class JetStream:
 
         Raises:
             DataLoss: the stream no longer held ``first`` when the read began (its retention dropped messages
-                between a caller's check of its bounds and the read): they are gone, never silently skipped.
+                between a caller's check of its bounds and the read), or it dropped messages the read had not
+                reached yet while it ran (a slow reader, checked after every fetch): they are gone, never
+                silently skipped.
         """
         try:
             yield from self.connection.read(stream, subject, first, last)
         except NotHeld as exc:
+            when = (f"while {subject} was read: it holds {exc.held_from}.. now" if exc.while_read else
+                    f"the read of {subject} from {exc.first} began at {exc.held_from}")
             raise DataLoss(f"JetStream stream {stream}: messages {exc.first}..{exc.held_from - 1} are gone (its "
-                           f"retention dropped them; the read of {subject} from {exc.first} began at "
-                           f"{exc.held_from}) before they were read") from None
+                           f"retention dropped them; {when}) before they were read") from None
 
 
 def unread_since(js: JetStream, prefix: str, stream: str, partitions: Iterable[int], offsets: Iterable[Any]) -> \
         list[datetime]:
     """When the first message of each partition subject of the Tandem stream ``stream`` that a query has not read
     was published (none for a partition it has read to the end). ``offsets``: the query's committed source offsets
-    (:func:`tandem.checkpoints.source_offsets`); a NATS source's is ``{"stream", "seq"}``, the stream sequence it
-    read to; without one of this stream, nothing of it was read."""
+    (:func:`tandem.checkpoints.source_offsets`); a NATS source's is ``{"stream", "seq", "created"}``
+    (:func:`nats_offset`), the stream sequence it read to; without one of this stream, nothing of it was read."""
     name = stream_name(prefix, stream)
-    read = [int(o["seq"]) for o in offsets if isinstance(o, dict) and set(o) == {"stream", "seq"} and o["stream"] == name]
+    read = [found[1] for o in offsets if (found := nats_offset(o)) is not None and found[0] == name]
     found = (js.published_after(name, partition_subject(prefix, stream, p), min(read, default=0)) for p in partitions)
     return [published for published in found if published is not None]
 

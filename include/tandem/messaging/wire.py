@@ -14,13 +14,15 @@ How it works
     subscription). :meth:`Connection.publish` pipelines ``HPUB`` frames (the ``Nats-Msg-Id`` header,
     and any other a :class:`Message` carries) with a window of outstanding ones and matches each
     acknowledgement to its message by its reply subject. :meth:`Connection.read` creates an
-    ephemeral push consumer (``AckNone``, deliver by start sequence, the subject as filter, flow
-    control with idle heartbeats) whose deliver subject is an inbox of this connection, and takes
-    the stream sequence and the consumer's pending count from each message's reply subject
-    (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``). It
-    stops at the first sequence past the range or when nothing is pending, answers the server's
-    flow-control requests, and deletes the consumer. Headers of delivered messages are skipped,
-    never parsed (:meth:`tandem.messaging.JetStream.message` reads one message with its headers).
+    ephemeral pull consumer (``AckNone``, deliver by start sequence, the subject as filter) and fetches
+    batches of it into an inbox of this connection (``no_wait``: a fetch ends when nothing more is
+    there), taking the stream sequence and the consumer's pending count from each message's reply
+    subject (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``).
+    The server reads the stream only while a fetch runs, so a slow reader is never overtaken unseen:
+    after each fetch with a gap, the stream's first sequence tells whether retention may have dropped
+    what the server skipped (:func:`skipped_by_retention`). It stops at the first sequence past the
+    range or when nothing is pending, and deletes the consumer. Headers of delivered messages are
+    skipped, never parsed (:meth:`tandem.messaging.JetStream.message` reads one message with its headers).
 
     Credentials (:class:`ConnectOptions`): a user and password or a token in the URL, an NKEY seed file or a
     ``.creds`` file (the server's nonce signed: :mod:`tandem.messaging.nkeys`); TLS when the URL's scheme is
@@ -34,6 +36,7 @@ What it does not do
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
@@ -54,6 +57,11 @@ DEFAULT_INBOX_PREFIX = "_INBOX"
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """The largest message (headers and payload) a NATS server takes unless it says otherwise (``max_payload``)."""
 _READ_SIZE = 1 << 20
+FETCH_MESSAGES = 10_000
+"""The most messages one fetch of a range's read asks for."""
+FETCH_BYTES = 32 * 1024 * 1024
+"""The most bytes one fetch of a range's read asks for (at least four of the server's largest messages): what a
+reader holds at once, and how far the server may read ahead of it (nothing, between fetches)."""
 _BREAKS_A_HEADER = re.compile(r"[\r\n\0]")
 _BREAKS_A_HEADER_NAME = re.compile(r"[\r\n\0:\s]")
 _BREAKS_A_SUBJECT = re.compile(r"[\r\n\0\s]")
@@ -64,12 +72,34 @@ class ProtocolError(Exception):
 
 
 class NotHeld(Exception):
-    """A range's read began past its first sequence: the stream no longer held ``first .. held_from - 1`` (its
-    retention dropped them, or they were deleted) when its consumer started."""
+    """A range's read skipped sequences the stream no longer held: ``first .. held_from - 1`` went (its retention
+    dropped them, or they were deleted) before the server read them, when its consumer started or, ``while_read``,
+    at a later fetch (:func:`skipped_by_retention`)."""
 
-    def __init__(self, first: int, held_from: int) -> None:
+    def __init__(self, first: int, held_from: int, *, while_read: bool = False) -> None:
         super().__init__(f"sequences {first}..{held_from - 1} are no longer held")
-        self.first, self.held_from = first, held_from
+        self.first, self.held_from, self.while_read = first, held_from, while_read
+
+
+def skipped_by_retention(cursor: int, delivered: Sequence[int], examined: int, head: int) -> tuple[int, int] | None:
+    """The sequences one fetch of a range's read may have skipped because they were gone before the server read
+    them (pure): ``(first, last)``, or ``None``.
+
+    The fetch read the stream from ``cursor`` through ``examined`` and delivered ``delivered`` (the sequences of
+    its subject, in order); ``head`` is the stream's first sequence after it. A server whose next sequence is no
+    longer held goes on from the stream's first, silently. Retention drops a stream's oldest messages: a
+    sequence the fetch did not deliver is suspect only below the head, and then it was another subject's, deleted
+    on purpose, or dropped before the server read it. Which one cannot be known once it is gone, so from the first
+    such sequence up to the head (at most ``examined``) counts as lost. A gap above the head (a message deleted on
+    purpose, another subject's) is not a loss.
+    """
+    expected = cursor
+    for sequence in delivered:
+        if sequence != expected:
+            break
+        expected = sequence + 1
+    upto = min(head - 1, examined)
+    return (expected, upto) if expected <= upto else None
 
 
 class MessageTooLarge(ProtocolError):
@@ -507,55 +537,91 @@ class Connection:
     # --- ranges ----------------------------------------------------------------------------------------------
 
     def read(self, stream: str, subject: str, first: int, last: int, *,
-             chunk: int = 10_000) -> Iterator[list[tuple[int, bytes]]]:
+             chunk: int = FETCH_MESSAGES) -> Iterator[list[tuple[int, bytes]]]:
         """``(stream sequence, payload)`` of the messages of ``subject`` with ``first <= sequence <= last``, in
-        order, in lists of at most ``chunk``.
+        order, one list per fetch of at most ``chunk`` messages (and :data:`FETCH_BYTES`).
 
         Raises:
             NotHeld: the stream no longer held ``first`` when the read began (the consumer's start, as the server
-                answers its creation, is past it): messages may be missing, never silently.
+                answers its creation, is past it), or a fetch went past sequences the stream no longer held
+                (:func:`skipped_by_retention`, checked after every fetch): messages may be missing, never silently.
         """
         first = max(first, 1)  # sequences start at 1 (an empty stream's bounds say first 0)
         if last < first:
             return
-        # push delivery needs interest in the very subject, not a wildcard
-        deliver = f"{self.inbox_prefix}.{secrets.token_hex(10)}"
-        sid = self._subscribe(deliver)
+        inbox = f"{self.inbox_prefix}.{secrets.token_hex(10)}"
+        sid = self._subscribe(f"{inbox}.*")  # a reply subject per fetch: a status of an earlier one is not this one's
         created = self.request(f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": {
-            "deliver_subject": deliver, "deliver_policy": "by_start_sequence", "opt_start_seq": first,
-            "ack_policy": "none", "filter_subject": subject, "inactive_threshold": 30_000_000_000,
-            "mem_storage": True, "num_replicas": 1, "flow_control": True, "idle_heartbeat": 5_000_000_000}})
+            "deliver_policy": "by_start_sequence", "opt_start_seq": first, "ack_policy": "none",
+            "filter_subject": subject, "inactive_threshold": 30_000_000_000, "mem_storage": True, "num_replicas": 1}})
         consumer = created["name"]
         try:
             started = (created.get("delivered") or {}).get("stream_seq")
             if isinstance(started, int) and started + 1 > first:  # the server moved the start to its first sequence
                 raise NotHeld(first, started + 1)
-            found: list[tuple[int, bytes]] = []
-            if created.get("num_pending", 0) > 0:
-                for frame in self._frames():
-                    if not isinstance(frame, Frame) or frame.sid != sid:
-                        continue
-                    if not frame.reply.startswith("$JS.ACK."):  # a status: flow control (answer it) or a heartbeat
-                        if frame.reply:
-                            self._send(f"PUB {frame.reply} 0".encode() + CRLF + CRLF)
-                        continue
-                    parsed = ack_sequence(frame.reply)
-                    if parsed is None:
-                        raise ProtocolError(f"a delivery's reply subject does not parse: {frame.reply[:200]!r}")
-                    sequence, pending = parsed
-                    if sequence > last:
-                        break
-                    found.append((sequence, frame.payload))
-                    if len(found) >= chunk:
-                        yield found
-                        found = []
-                    if pending == 0:
-                        break
-            if found:
-                yield found
+            if created.get("num_pending", 0) == 0:
+                return
+            cursor = first  # the sequence the server reads next
+            for fetch in itertools.count():
+                fetched, ended = self._fetch(stream, consumer, sid, f"{inbox}.{fetch}", chunk)
+                found = [message for message in fetched if message[0] <= last]
+                ended = ended or len(found) < len(fetched) or (bool(found) and found[-1][0] == last)
+                examined = last if ended else found[-1][0]
+                delivered = [sequence for sequence, _ in found]
+                if len(delivered) != examined - cursor + 1:  # a gap (sequences rise): was it retention's?
+                    skipped = skipped_by_retention(cursor, delivered, examined, self._first_sequence(stream))
+                    if skipped is not None:
+                        raise NotHeld(skipped[0], skipped[1] + 1, while_read=True)
+                if found:
+                    yield found
+                if ended:
+                    return
+                cursor = examined + 1
         finally:
             try:
                 self._send(f"UNSUB {sid}".encode() + CRLF)
                 self.request(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}", {})
             except (OSError, ProtocolError, ConnectionError):
                 pass  # it expires by itself (inactive_threshold)
+
+    def _fetch(self, stream: str, consumer: str, sid: int, reply: str, batch: int) -> tuple[list[tuple[int, bytes]],
+                                                                                          bool]:
+        """One fetch of the pull consumer into ``reply`` (of subscription ``sid``): ``(sequence, payload)`` of up to
+        ``batch`` messages, and
+        whether the server had no more (the fetch ended before the batch was full, or nothing of the subject is
+        pending)."""
+        request = json.dumps({"batch": batch, "max_bytes": max(FETCH_BYTES, 4 * self.max_payload),
+                              "no_wait": True}).encode()
+        self._send(f"PUB $JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer} {reply} {len(request)}".encode() + CRLF
+                   + request + CRLF)
+        found: list[tuple[int, bytes]] = []
+        for frame in self._frames():
+            if not isinstance(frame, Frame) or frame.sid != sid:
+                continue
+            if not frame.reply:  # a status (sent to the fetch's reply subject): the fetch ended
+                if frame.subject != reply:  # an earlier fetch's, after its batch was full
+                    continue
+                status = frame.headers[9:12]
+                if status in (b"404", b"408"):  # no more messages
+                    return found, True
+                if status == b"409" and (b"MaxBytes" in frame.headers or b"Batch Completed" in frame.headers) \
+                        and found:
+                    return found, False
+                if status == b"100":  # a heartbeat
+                    continue
+                raise ProtocolError(f"a fetch of consumer {consumer} of {stream} ended with "
+                                    f"{frame.headers[:100].decode('utf-8', 'replace').strip()!r}")
+            parsed = ack_sequence(frame.reply)
+            if parsed is None:
+                raise ProtocolError(f"a delivery's reply subject does not parse: {frame.reply[:200]!r}")
+            sequence, pending = parsed
+            found.append((sequence, frame.payload))
+            if pending == 0:
+                return found, True
+            if len(found) >= batch:
+                return found, False
+        raise ProtocolError(f"no answer to a fetch of consumer {consumer} of {stream}")
+
+    def _first_sequence(self, stream: str) -> int:
+        """The first sequence the stream holds now."""
+        return int(self.request(f"$JS.API.STREAM.INFO.{stream}", {})["state"]["first_seq"])

@@ -9,9 +9,9 @@ Purpose
 
 How it works
     PySpark's Python data source API (:class:`NatsStreamReader`). An offset is
-    ``{"stream": <JetStream stream>, "seq": N}``: every message of the instance's partitions with a
-    stream sequence up to N has been read. A micro-batch is the range ``(start, end]``, read per
-    partition subject (one Spark task each) through :meth:`tandem.messaging.JetStream.read`: the
+    ``{"stream": <JetStream stream>, "seq": N, "created": <when the stream was made>}``: every message of the
+    instance's partitions with a stream sequence up to N of that stream has been read. A micro-batch is the
+    range ``(start, end]``, read per partition subject (one Spark task each) through :meth:`tandem.messaging.JetStream.read`: the
     same range gives the same messages whenever it is replayed. ``latestOffset`` bounds a batch by
     ``max_events_per_trigger`` sequences (admission control; the engine may ask for everything), and
     ``Trigger.AvailableNow`` stops at the sequence the stream had when the query started. ``read``
@@ -26,8 +26,19 @@ How it works
     instance ends BLOCKED with that error. A partition's read checks again as it begins: retention may
     drop messages between the check and the read, and the server then starts the read's consumer at
     its first sequence, past the range's (:meth:`tandem.messaging.JetStream.read` raises the
-    :class:`~tandem.errors.DataLoss`); after the read, a stream whose last sequence went back (deleted
-    and made again meanwhile) fails it too.
+    :class:`~tandem.errors.DataLoss`); a slow read is checked after every fetch the same way
+    (:func:`tandem.messaging.wire.skipped_by_retention`); after the read, a stream whose last sequence went
+    back (deleted and made again meanwhile) fails it too.
+
+    **A stream made again is loss too.** A stream deleted and made again under its name (``tandem plan
+    reset`` of the plan whose output publishes to it, with this plan reading it by ``from_plan``) starts its
+    sequences at 1: an offset of the old stream says nothing of the new one's messages, even when the new
+    one holds more than it. Each offset carries the stream's creation time; a batch, a partition's read and
+    the relaunch's check (:func:`tandem.messaging.jetstream.lost_after`) of a stream made at another time fail
+    with :class:`~tandem.errors.DataLoss`, naming the stream, the offset and both times. There is no option
+    to start over from the new stream's first message: the reading plan is reset (or restored) by an
+    operator, who knows whether what it published from the old stream still stands. An offset written before
+    offsets carried the time is checked by its sequences only.
 
     **An unreachable server stalls, it does not fail**: a call that finds NATS unreachable (a restarted
     server, a partition) tries again every second for :data:`UNREACHABLE_FOR_S`, then fails the query; a
@@ -124,6 +135,7 @@ class SubjectRange(InputPartition):
     subject: str
     first: int
     last: int
+    created: str = ""  # when the stream was made (the range's offsets'); "": not known
 
 
 class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -155,9 +167,12 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._js.close()
             self._js = None
 
+    def _offset(self, seq: int, bounds: Bounds) -> dict:
+        return {"stream": self.stream, "seq": seq, "created": bounds.created}
+
     def initialOffset(self) -> dict:
         bounds = self._bounds()
-        return {"stream": self.stream, "seq": max(bounds.first - 1, 0)}
+        return self._offset(max(bounds.first - 1, 0), bounds)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_events)
@@ -168,18 +183,20 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         covered = int(start["seq"])
         bounds = self._bounds()
-        check_not_lost(self.stream, covered, bounds)
+        check_not_lost(self.stream, covered, bounds, start.get("created"))
         end = bounds.last if self.target is None else min(bounds.last, self.target)
         if not isinstance(limit, ReadAllAvailable) and isinstance(limit, ReadMaxRows):
             end = min(end, covered + limit.max_rows)
-        return {"stream": self.stream, "seq": max(end, covered)}
+        return self._offset(max(end, covered), bounds)
 
     def reportLatestOffset(self) -> dict | None:
-        return {"stream": self.stream, "seq": self._bounds().last}
+        bounds = self._bounds()
+        return self._offset(bounds.last, bounds)
 
     def partitions(self, start: dict, end: dict) -> list[SubjectRange]:
         first, last = int(start["seq"]) + 1, int(end["seq"])
-        return [SubjectRange(subject, first, last) for subject in self.subjects] if last >= first else []
+        created = end.get("created") or ""
+        return [SubjectRange(subject, first, last, created) for subject in self.subjects] if last >= first else []
 
     def read(self, partition: SubjectRange) -> Iterator[pa.RecordBatch]:
         prefix, first = f"nats:{partition.subject}:", partition.first
@@ -188,11 +205,11 @@ class NatsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 with JetStream(_servers(self.servers_option), name=f"tandem-read-{self.stream}",
                                options=self.connect) as js:
-                    check_not_lost(self.stream, first - 1, js.bounds(self.stream))
+                    check_not_lost(self.stream, first - 1, js.bounds(self.stream), partition.created)
                     for chunk in js.read(self.stream, partition.subject, first, partition.last):  # DataLoss: dropped
                         yield arrow_batch(prefix, chunk)                                   # since the check
                         first = chunk[-1][0] + 1  # a retry resumes after what was yielded
-                    check_not_reset(self.stream, partition.last, js.bounds(self.stream))
+                    check_not_reset(self.stream, partition.last, js.bounds(self.stream), partition.created)
                     return
             except OSError as exc:
                 waiting.wait_after(exc)
