@@ -6,6 +6,11 @@ its log, pid and work folders under one cluster folder (they would default to si
 ``spark_master`` is the master's ``spark://host:port`` runs its instances' drivers here (client mode) and their
 executors on the workers; checkpoints, Delta tables and landing must be on storage every worker sees.
 
+Each daemon is recorded with its PID, its start time and its host's identity (:mod:`tandem.host_identity`); ``down``
+signals a recorded process group only while its leader is still that daemon (:func:`daemon_refusal`): on the host
+that recorded it, started when recorded, running the daemon's class. A PID reused by another process, a record read
+on another host or one without a start time is left alone, with a warning.
+
     python -m tandem.spark_cluster up   [--dir .tandem/spark-cluster] [--workers 2] [--cores 2] [--memory 2g]
     python -m tandem.spark_cluster down [--dir .tandem/spark-cluster]
     python -m tandem.spark_cluster status [--dir .tandem/spark-cluster]
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,11 +30,14 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tandem.host_identity import this_host_id
 from tandem.messaging.server import free_port
+from tandem.process_start import TOLERANCE_S, start_since_boot
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 STATE_FILE = "cluster.json"
+log = logging.getLogger(__name__)
 
 
 class SparkClusterError(RuntimeError):
@@ -37,9 +46,42 @@ class SparkClusterError(RuntimeError):
 
 @dataclass
 class Daemon:
+    """One daemon of the cluster: the leader of its own process group, ``started_at`` seconds from boot
+    (:func:`tandem.process_start.start_since_boot`) on the host of identity ``host_id``."""
+
     name: str
     pid: int
     log: str
+    started_at: float | None = None
+    host_id: str | None = None
+
+    @property
+    def main_class(self) -> str:
+        return MASTER_CLASS if self.name == "master" else WORKER_CLASS
+
+
+def daemon_refusal(daemon: Daemon, host_id: str | None, started_at: float | None, leads_group: bool,
+                   cmdline: list[str]) -> str | None:
+    """Why the recorded ``daemon``'s process group must not be signalled, or ``None``: it is the daemon's (pure).
+
+    ``host_id``: this host's identity; ``started_at``, ``leads_group``, ``cmdline``: what the process with the
+    recorded PID is now (``started_at`` ``None``: there is none).
+    """
+    where = f"{daemon.name} (pid {daemon.pid})"
+    if daemon.started_at is None:
+        return f"{where} was recorded without its start time: it cannot be told from a process that reuses its PID"
+    if daemon.host_id and daemon.host_id != host_id:
+        return f"{where} was recorded on another host ({daemon.host_id}; this one is {host_id})"
+    if started_at is None:
+        return f"{where} is gone"
+    if abs(started_at - daemon.started_at) > TOLERANCE_S:
+        return f"{where} is gone: its PID is another process's now (started at {started_at:.2f} s from boot, not " \
+               f"{daemon.started_at:.2f})"
+    if not leads_group:
+        return f"{where}: the process with its PID no longer leads its own process group"
+    if daemon.main_class not in cmdline:
+        return f"{where}: the process with its PID does not run {daemon.main_class}: {' '.join(cmdline)[:200]!r}"
+    return None
 
 
 @dataclass
@@ -80,7 +122,7 @@ def _start(name: str, argv: list[str], folder: Path, env: dict[str, str], prefix
     with open(log, "ab") as out:
         process = subprocess.Popen([*prefix, spark_class(), *argv], stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    return Daemon(name, process.pid, str(log))
+    return Daemon(name, process.pid, str(log), start_since_boot(process.pid), this_host_id())
 
 
 def _wait_for(what: str, ready, timeout_s: float, logs: list[str]) -> None:
@@ -144,8 +186,33 @@ def load_cluster_state(folder: Path | str) -> StandaloneCluster | None:
                              [Daemon(**d) for d in data["daemons"]])
 
 
+def _refusal(daemon: Daemon, *, exec_window_s: float = 1.0) -> str | None:
+    """:func:`daemon_refusal` of the process with the daemon's PID now; an empty command line (``spark-class``
+    execs ``java`` in the same process) is read again for up to ``exec_window_s``."""
+    started = start_since_boot(daemon.pid)
+    deadline = time.monotonic() + exec_window_s
+    while True:
+        try:
+            with open(f"/proc/{daemon.pid}/cmdline", "rb") as handle:
+                cmdline = [arg.decode(errors="replace") for arg in handle.read().split(b"\0") if arg]
+            leads = os.getpgid(daemon.pid) == daemon.pid
+        except (OSError, ProcessLookupError):
+            cmdline, leads, started = [], False, None
+        if cmdline or started is None or time.monotonic() >= deadline:
+            return daemon_refusal(daemon, this_host_id(), started, leads, cmdline)
+        time.sleep(0.05)
+
+
 def stop_daemon(daemon: Daemon, sig: int = signal.SIGTERM, wait_s: float = 15.0) -> None:
-    """Signal the daemon's process group; KILL it when it outlives ``wait_s``."""
+    """Signal the daemon's process group, once verified (:func:`daemon_refusal`); KILL it when it outlives
+    ``wait_s``. A group that is not the daemon's any more is left alone (a warning says why, unless it is gone)."""
+    _reap(daemon.pid)
+    if start_since_boot(daemon.pid) is None:  # gone: nothing to stop
+        return
+    refusal = _refusal(daemon)
+    if refusal is not None:
+        log.warning("not signalling the Spark %s", refusal)
+        return
     try:
         os.killpg(daemon.pid, sig)
     except ProcessLookupError:

@@ -43,34 +43,39 @@ def register_nodes(db: Database, cluster: ClusterConfig) -> None:
 
 
 def record_launch(db: Database, key: InstanceKey, *, submit_pid: int, submit_started_at: float | None, log_path: str,
-                  launched_by: str, trigger_interval_s: float, checkpoint_root: str) -> None:
+                  launched_by: str, trigger_interval_s: float, checkpoint_root: str, host: str | None = None,
+                  host_id: str | None = None) -> None:
     """Record that a launcher started ``spark-submit`` for an instance (status LAUNCHING).
 
     ``submit_started_at`` is the process's start time in seconds from boot (:mod:`tandem.process_start`): a PID
-    alone names whichever process has it now, and nothing is ever signalled unless both still match.
+    alone names whichever process has it now, and nothing is ever signalled unless both still match. ``host`` and
+    ``host_id`` (:mod:`tandem.host_identity`): where it runs (not given: the host recorded before stays).
     """
     db.run(lambda cursor: cursor.execute(
         """INSERT INTO plan_instances (instance_id, plan, instance, node, status, submit_pid, submit_started_at,
                                        pid, pid_started_at, log_path, launched_by, launched_at, trigger_interval_s,
-                                       checkpoint_root, error, stopped_at, started_at, updated_at)
-           VALUES (%s, %s, %s, %s, 'LAUNCHING', %s, %s, NULL, NULL, %s, %s, now(), %s, %s, NULL, NULL, NULL, now())
+                                       checkpoint_root, error, stopped_at, started_at, updated_at, host, host_id)
+           VALUES (%s, %s, %s, %s, 'LAUNCHING', %s, %s, NULL, NULL, %s, %s, now(), %s, %s, NULL, NULL, NULL, now(),
+                   %s, %s)
            ON CONFLICT (instance_id) DO UPDATE SET
                status = 'LAUNCHING', submit_pid = EXCLUDED.submit_pid, submit_started_at = EXCLUDED.submit_started_at,
+               host = COALESCE(EXCLUDED.host, plan_instances.host),
+               host_id = CASE WHEN EXCLUDED.host IS NULL THEN plan_instances.host_id ELSE EXCLUDED.host_id END,
                pid = NULL, pid_started_at = NULL, log_path = EXCLUDED.log_path,
                launched_by = EXCLUDED.launched_by, launched_at = now(),
                trigger_interval_s = EXCLUDED.trigger_interval_s, checkpoint_root = EXCLUDED.checkpoint_root,
                error = NULL, stopped_at = NULL, started_at = NULL, spark_app_id = NULL,
                stop_requested_at = NULL, stop_requested_by = NULL, updated_at = now()""",
         (key.id, key.plan, key.instance, key.node, submit_pid, submit_started_at, log_path, launched_by,
-         trigger_interval_s, checkpoint_root),
+         trigger_interval_s, checkpoint_root, host, host_id),
     ))
 
 
 def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_started_at: float,
                  ancestors: list[int], spark_app_id: str, trigger_interval_s: float, checkpoint_root: str,
-                 plan_version: str | None = None) -> None:
-    """The driver announces itself (status STARTING): host, PID and its start time, Spark application id, the
-    version of the plan it runs (:mod:`tandem.plan_version`).
+                 plan_version: str | None = None, host_id: str | None = None) -> None:
+    """The driver announces itself (status STARTING): host and its identity (:mod:`tandem.host_identity`), PID and
+    its start time, Spark application id, the version of the plan it runs (:mod:`tandem.plan_version`).
 
     The recorded ``submit_pid`` is kept only when it is one of the driver's ``ancestors`` (the
     launcher's ``spark-submit`` is the driver's parent JVM). A driver started by hand clears it:
@@ -79,13 +84,14 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
     is cleared.
     """
     db.run(lambda cursor: cursor.execute(
-        """INSERT INTO plan_instances (instance_id, plan, instance, node, status, host, pid, pid_started_at,
+        """INSERT INTO plan_instances (instance_id, plan, instance, node, status, host, host_id, pid, pid_started_at,
                                        spark_app_id, trigger_interval_s, checkpoint_root, plan_version, started_at,
                                        updated_at)
-           VALUES (%(id)s, %(plan)s, %(instance)s, %(node)s, 'STARTING', %(host)s, %(pid)s, %(pid_started_at)s,
-                   %(app)s, %(interval)s, %(checkpoint)s, %(version)s, now(), now())
+           VALUES (%(id)s, %(plan)s, %(instance)s, %(node)s, 'STARTING', %(host)s, %(host_id)s, %(pid)s,
+                   %(pid_started_at)s, %(app)s, %(interval)s, %(checkpoint)s, %(version)s, now(), now())
            ON CONFLICT (instance_id) DO UPDATE SET
-               status = 'STARTING', host = EXCLUDED.host, pid = EXCLUDED.pid, pid_started_at = EXCLUDED.pid_started_at,
+               status = 'STARTING', host = EXCLUDED.host, host_id = EXCLUDED.host_id, pid = EXCLUDED.pid,
+               pid_started_at = EXCLUDED.pid_started_at,
                submit_pid = CASE WHEN plan_instances.submit_pid = ANY(%(ancestors)s) THEN plan_instances.submit_pid END,
                submit_started_at = CASE WHEN plan_instances.submit_pid = ANY(%(ancestors)s)
                                         THEN plan_instances.submit_started_at END,
@@ -97,7 +103,8 @@ def record_start(db: Database, key: InstanceKey, *, host: str, pid: int, pid_sta
                stop_requested_by = CASE WHEN plan_instances.status IN ('STOPPED', 'FAILED', 'BLOCKED') THEN NULL
                                         ELSE plan_instances.stop_requested_by END,
                started_at = now(), stopped_at = NULL, error = NULL, updated_at = now()""",
-        {"id": key.id, "plan": key.plan, "instance": key.instance, "node": key.node, "host": host, "pid": pid,
+        {"id": key.id, "plan": key.plan, "instance": key.instance, "node": key.node, "host": host, "host_id": host_id,
+         "pid": pid,
          "pid_started_at": pid_started_at, "ancestors": list(ancestors), "app": spark_app_id,
          "interval": trigger_interval_s, "checkpoint": checkpoint_root, "version": plan_version},
     ))

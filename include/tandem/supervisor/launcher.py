@@ -46,6 +46,7 @@ from tandem.declarations import parse_duration
 from tandem.errors import ConfigError, TandemError
 from tandem.layout import checkpoint_dir, logs_dir, make_private_dirs
 from tandem.names import ACTIVE
+from tandem.host_identity import this_host_id
 from tandem.process_start import start_since_boot
 from tandem.redaction import redact_command, redact_text
 from tandem.store.db import Database
@@ -182,6 +183,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: st
                              cwd=cluster.project_root)
             try:
                 record_launch(db, key, submit_pid=process.pid, submit_started_at=start_since_boot(process.pid),
+                              host=socket.gethostname(), host_id=this_host_id(),
                               log_path=str(log_path), launched_by=launched_by,
                               trigger_interval_s=interval,
                               checkpoint_root=str(checkpoint_dir(cluster, plan.name, instance, node, "")))

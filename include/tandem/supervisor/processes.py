@@ -4,8 +4,8 @@ A recorded PID names an instance's process only while its start time is the reco
 is reused once its process exits) and its command line runs ``run_plan.py`` for exactly that
 instance (:func:`verified_process`); only such processes, and the process group of a verified
 ``spark-submit``, are ever signalled. PIDs are only meaningful on the host that recorded them
-(:func:`recorded_on_this_host`): for an instance on another host only its liveness beat tells
-whether it is alive.
+(:func:`recorded_on_this_host`, by the host identity recorded with them, not the host name: two hosts may
+share one): for an instance on another host only its liveness beat tells whether it is alive.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from tandem.host_identity import pids_are_local, this_host_id
 from tandem.process_start import same_start
 from tandem.store.registry import InstanceKey
 from tandem.supervisor.submit_command import APPLICATION_SCRIPT
@@ -98,8 +99,9 @@ def runs_instance(process: psutil.Process, key: InstanceKey, *, window_s: float 
 
 
 def recorded_on_this_host(row: Mapping[str, Any]) -> bool:
-    """Whether the instance row was recorded on this host (or names no host), so its PIDs are this host's."""
-    return row.get("host") in (None, socket.gethostname())
+    """Whether the instance row's PIDs are this host's: its recorded host identity is this host's
+    (:func:`tandem.host_identity.pids_are_local`; a row without one: it names this host's name, or none)."""
+    return pids_are_local(row.get("host"), row.get("host_id"), socket.gethostname(), this_host_id())
 
 
 @dataclass(frozen=True)
