@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -18,6 +19,7 @@ from tandem.snapshots.retention import (
     decide_retention,
     guarding_nodes,
     landing_file_key,
+    taking_abandoned,
 )
 from tandem.store.snapshots import BAD, GOOD, PRUNED, TAKING, SnapshotRecord
 
@@ -120,6 +122,37 @@ def test_a_young_taking_snapshot_is_left_alone_and_a_stale_one_is_pruned_as_fail
     reasons = {d.snapshot_id: d.reason for d in plan.decisions}
     assert reasons["shard-1-taking@110"] == "being taken for 600 s (abandoned after 1800 s)"
     assert reasons["shard-1-taking@50"].startswith("abandoned: still TAKING 4200 s after it started")
+
+
+def taking(minutes: float, *, progress: float | None, name: str) -> SnapshotRecord:
+    """A TAKING row begun ``minutes`` after T0 by pid 77 on host h1, whose taker last beat at ``progress`` minutes
+    after T0 (``None``: no taker recorded, an earlier version's row)."""
+    return replace(snap(minutes, TAKING, name=name), taker_host=None if progress is None else "h1",
+                   taker_pid=None if progress is None else 77,
+                   progress_at=None if progress is None else T0 + timedelta(minutes=progress))
+
+
+@pytest.mark.parametrize(("row", "alive", "abandoned"), [
+    (taking(100, progress=119.5, name="beating"), True, None),
+    (taking(100, progress=119.5, name="beating, taker elsewhere"), None, None),
+    (taking(100, progress=119.5, name="beating, taker gone"), False, "its taker (pid 77 on h1) is gone"),
+    (taking(100, progress=117.9, name="silent"), None, "no progress from its taker (pid 77 on h1) for 126 s"),
+    (taking(100, progress=117.9, name="silent, taker alive"), True, "for 126 s"),  # hung: beats nothing any more
+    (taking(119, progress=None, name="an earlier version's, young"), None, None),
+    (taking(50, progress=None, name="an earlier version's, old"), None, "still TAKING 4200 s after it started"),
+    (snap(100), False, None),  # only a TAKING snapshot can be abandoned
+])
+def test_a_taking_snapshot_is_abandoned_once_its_taker_is_gone_or_silent_not_after_an_hour(
+        row: SnapshotRecord, alive: bool | None, abandoned: str | None) -> None:
+    """Issue 60: a snapshot whose taker died blocked pruning (and the retention of what it may need) for an hour."""
+    found = taking_abandoned(row, T0 + timedelta(minutes=120), alive)
+    assert found is None if abandoned is None else abandoned in found, found
+
+
+def test_retention_prunes_a_taking_snapshot_whose_taker_is_gone_and_waits_for_a_beating_one() -> None:
+    rows = [snap(0), taking(100, progress=119.5, name="dead"), taking(101, progress=119.5, name="alive")]
+    plan = decide_retention(rows, keep=1, now=T0 + timedelta(minutes=120), takers_alive={"dead": False, "alive": True})
+    assert actions(plan) == {"alive": WAIT, "dead": PRUNE, "shard-1-good@0": KEEP}
 
 
 def test_a_taking_snapshot_does_not_count_as_a_good_one() -> None:

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from tandem.config import PlanConfig
 from tandem.outputs import kind_of
 from tandem.outputs.base import RetentionRun, Trimmed
+from tandem.snapshots.takers import abandon_stale
 from tandem.store import Database
 from tandem.store import snapshots as catalog
 from tandem.store import trim
@@ -72,6 +73,7 @@ def trim_plan_rows(plan: PlanConfig, db: Database) -> Retention:
                                        ("failover_events", retention.failover_events_s, trim.trim_failover_events)):
             done.append(Trimmed(table, delete(db, plan.name, ago(seconds)), ago(seconds)))
         needs: dict[str, datetime] = {}
+        abandon_stale(db, plan.name)  # a TAKING snapshot whose taker is gone needs nothing
         for snapshot in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING, catalog.GOOD)):
             since = replay_needs_since(snapshot)
             needs[snapshot.instance] = min(since, needs.get(snapshot.instance, since))

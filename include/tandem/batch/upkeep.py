@@ -2,7 +2,8 @@
 
 Each table is maintained by :func:`tandem.lake.maintenance.maintain_table` under the plan's live appends, with
 the plan's declared ``maintenance.vacuum_retention`` and, as versions to keep, those the plan's TAKING and GOOD
-snapshots recorded for the table (a TAKING snapshot is recording them now; a GOOD one may be restored). Vacuum
+snapshots recorded for the table (a TAKING snapshot is recording them now, unless its taker is gone:
+:func:`tandem.snapshots.takers.abandon_stale`; a GOOD one may be restored). Vacuum
 and the log cleanup keep removed files and log entries for the declared ``maintenance.vacuum_retention``. The
 quarantine's rows older than ``maintenance.retention.quarantine`` are deleted first.
 """
@@ -16,6 +17,7 @@ from deltalake import DeltaTable
 from tandem.config import ClusterConfig, PlanConfig, quarantine_output
 from tandem.lake.maintenance import Upkeep, kept_versions, maintain_table
 from tandem.snapshots.restore import plan_output_tables
+from tandem.snapshots.takers import abandon_stale
 from tandem.store import Database
 from tandem.store import snapshots as catalog
 from tandem.store.locks import plan_lock
@@ -26,6 +28,7 @@ def maintain_plan_tables(cluster: ClusterConfig, plan: PlanConfig, db: Database)
     with plan_lock(cluster.database_url, plan.name, "Delta compaction and vacuum"):
         if not plan.maintenance.compact:
             return []
+        abandon_stale(db, plan.name)  # a TAKING snapshot whose taker is gone keeps no version
         recorded = [s.output_versions for s in catalog.list_snapshots(db, plan.name, statuses=(catalog.TAKING,
                                                                                               catalog.GOOD))]
         expired = catalog.database_now(db) - timedelta(seconds=plan.maintenance.retention.quarantine_s)

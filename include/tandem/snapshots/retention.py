@@ -21,9 +21,14 @@ How it works
     2. BAD snapshots cannot be restored without force, but the newest one is worth a look: it is
        kept for inspection as long as it is newer than the oldest kept good snapshot (or there is
        no good one). Every other BAD snapshot is pruned, so repeated failures do not pile up.
-    3. A TAKING snapshot younger than ``taking_timeout_s`` is being taken: left alone (WAIT). An
-       older one was abandoned (its process died): treated as failed and pruned (its partial copy
-       deleted; the catalog row stays with the reason).
+    3. A TAKING snapshot is being taken (WAIT) while its taker may still be at work
+       (:func:`taking_abandoned`): its process is alive (known on the taker's host only) and it
+       showed progress within ``TAKING_STALE_S`` (its taker beats every ``TAKING_BEAT_S``); a row
+       without a recorded taker (from an earlier version) while it is younger than
+       ``taking_timeout_s``. Otherwise it was abandoned: treated as failed and pruned (its partial
+       copy deleted; the catalog row stays with the reason). Delta upkeep and PostgreSQL retention,
+       which keep what TAKING snapshots may need, give such a snapshot up first
+       (:func:`tandem.snapshots.takers.abandon_stale`), so a dead taker holds nothing back.
     4. PRUNED rows are history: no decision.
 
     Landing retention: a file may be deleted when every instance that may resume from its own
@@ -70,7 +75,38 @@ from tandem.store.snapshots import BAD, GOOD, PRUNED, TAKING, SnapshotRecord
 
 KEEP, PRUNE, WAIT = "KEEP", "PRUNE", "WAIT"
 TAKING_TIMEOUT_S = 3600.0
-"""A snapshot still TAKING this long after it started was abandoned (default of ``decide_retention``)."""
+"""A snapshot still TAKING this long after it started, without a recorded taker, was abandoned (default of
+``decide_retention``)."""
+TAKING_BEAT_S = 10.0
+"""How often a snapshot's taker records its progress while it takes it (:class:`tandem.snapshots.takers.TakingBeat`)."""
+TAKING_STALE_S = 120.0
+"""A TAKING snapshot whose taker recorded no progress for this long was abandoned (twelve beats missed)."""
+
+
+def taking_abandoned(row: SnapshotRecord, now: datetime, taker_alive: bool | None, *,
+                     stale_after_s: float = TAKING_STALE_S, timeout_s: float = TAKING_TIMEOUT_S) -> str | None:
+    """Why the TAKING snapshot ``row`` counts as abandoned, or ``None`` while its taker may still be at work (pure).
+
+    ``taker_alive``: whether the taker's recorded process still runs, which only its host can tell (``None``
+    elsewhere, or no taker recorded). Abandoned: its process is gone; or it recorded no progress for
+    ``stale_after_s``; or, without a recorded taker (an earlier version's row), it started ``timeout_s`` ago.
+    """
+    if row.status != TAKING:
+        return None
+    if taker_alive is False:
+        return (f"abandoned: its taker (pid {row.taker_pid} on {row.taker_host or '?'}) is gone; treated as "
+                "failed")
+    if row.progress_at is not None:
+        silent_s = (now - row.progress_at).total_seconds()
+        if silent_s < stale_after_s:
+            return None
+        return (f"abandoned: no progress from its taker (pid {row.taker_pid} on {row.taker_host or '?'}) for "
+                f"{silent_s:.0f} s (it beats every {TAKING_BEAT_S:g} s; given up after {stale_after_s:.0f} s); "
+                "treated as failed")
+    age_s = (now - row.taken_at).total_seconds()
+    if age_s < timeout_s:
+        return None
+    return f"abandoned: still TAKING {age_s:.0f} s after it started (timeout {timeout_s:.0f} s); treated as failed"
 
 
 @dataclass(frozen=True)
@@ -108,14 +144,17 @@ class RetentionPlan:
 
 
 def decide_retention(rows: Iterable[SnapshotRecord], keep: int, now: datetime, *,
-                     taking_timeout_s: float = TAKING_TIMEOUT_S) -> RetentionPlan:
+                     taking_timeout_s: float = TAKING_TIMEOUT_S,
+                     takers_alive: Mapping[str, bool | None] | None = None) -> RetentionPlan:
     """Which snapshots to keep, prune or leave alone, per (plan, instance); see the module docstring.
 
     Args:
         rows: catalog rows (any plans and instances; PRUNED rows are skipped).
         keep: GOOD snapshots to keep per instance (``snapshot.keep``), at least 1.
         now: the current time on the clock of ``taken_at`` (PostgreSQL's; time-zone aware).
-        taking_timeout_s: age after which a TAKING snapshot counts as abandoned.
+        taking_timeout_s: age after which a TAKING snapshot without a recorded taker counts as abandoned.
+        takers_alive: per TAKING snapshot id, whether its taker's process runs (``None`` or missing: not known
+            here); see :func:`taking_abandoned`.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be an integer of at least 1 (the newest good snapshot is never pruned), "
@@ -132,12 +171,13 @@ def decide_retention(rows: Iterable[SnapshotRecord], keep: int, now: datetime, *
             by_instance[(row.plan, row.instance)].append(row)
     decisions: list[SnapshotDecision] = []
     for (plan, instance) in sorted(by_instance):
-        decisions.extend(_instance_retention(_newest_first(by_instance[(plan, instance)]), keep, now, taking_timeout_s))
+        decisions.extend(_instance_retention(_newest_first(by_instance[(plan, instance)]), keep, now, taking_timeout_s,
+                                             takers_alive or {}))
     return RetentionPlan(tuple(decisions))
 
 
-def _instance_retention(rows: list[SnapshotRecord], keep: int, now: datetime,
-                     taking_timeout_s: float) -> list[SnapshotDecision]:
+def _instance_retention(rows: list[SnapshotRecord], keep: int, now: datetime, taking_timeout_s: float,
+                        takers_alive: Mapping[str, bool | None]) -> list[SnapshotDecision]:
     goods = [r for r in rows if r.status == GOOD]
     good_rank = {r.id: rank for rank, r in enumerate(goods, start=1)}
     kept_goods = goods[:keep]
@@ -172,13 +212,14 @@ def _instance_retention(rows: list[SnapshotRecord], keep: int, now: datetime,
                 decisions.append(decision(row, PRUNE, f"bad; only the newest bad snapshot ({bads[0].id}) is kept "
                                                       "for inspection"))
         else:
-            age_s = (now - row.taken_at).total_seconds()
-            if age_s < taking_timeout_s:
-                decisions.append(decision(row, WAIT, f"being taken for {max(age_s, 0.0):.0f} s "
-                                                     f"(abandoned after {taking_timeout_s:.0f} s)"))
+            abandoned = taking_abandoned(row, now, takers_alive.get(row.id), timeout_s=taking_timeout_s)
+            if abandoned is not None:
+                decisions.append(decision(row, PRUNE, abandoned))
             else:
-                decisions.append(decision(row, PRUNE, f"abandoned: still TAKING {age_s:.0f} s after it started "
-                                                      f"(timeout {taking_timeout_s:.0f} s); treated as failed"))
+                age_s = max((now - row.taken_at).total_seconds(), 0.0)
+                decisions.append(decision(row, WAIT, f"being taken for {age_s:.0f} s" + (
+                    f" (abandoned after {taking_timeout_s:.0f} s)" if row.progress_at is None else
+                    f" (its taker beats; abandoned once it is gone or silent for {TAKING_STALE_S:.0f} s)")))
     return decisions
 
 

@@ -10,8 +10,9 @@ Purpose
     (:func:`tandem.supervisor.decisions.snapshot_node`), off the ACTIVE's CPUs.
 
 How it works
-    1. A TAKING row is inserted in ``tandem.snapshots`` first, so a snapshot that dies half-way is
-       visible (and pruned once abandoned).
+    1. A TAKING row is inserted in ``tandem.snapshots`` first, with its taker (this process), so a
+       snapshot that dies half-way is visible, and given up as soon as its taker is gone or stops
+       beating (:mod:`tandem.snapshots.takers`), then pruned.
     2. Every query checkpoint of the instance is cut at its last committed batch into
        ``snapshots/<plan>/<id>/<query>`` (:func:`tandem.checkpoints.cut_checkpoint`, the same
        function the HA re-sync uses; it only reads files Spark never rewrites, so the query keeps
@@ -56,6 +57,7 @@ from tandem.snapshots.state_export import (
     export_state,
     read_operator_state,
 )
+from tandem.snapshots.takers import TakingBeat, abandon_stale, this_taker
 from tandem.snapshots.validation import SnapshotValidation, validate_snapshot
 from tandem.store import heartbeats
 from tandem.store import snapshots as catalog
@@ -179,9 +181,10 @@ def take_snapshot(cluster: ClusterConfig, plan: PlanConfig, instance: str, spark
             raise SnapshotError(f"{key.id} has not committed a batch yet: nothing to snapshot")
         record = catalog.begin_snapshot(db, plan=plan.name, instance=instance, node=node,
                                         snapshots_dir=snapshots_dir(cluster, plan.name),
-                                        instance_id=key.id)
+                                        instance_id=key.id, taker=this_taker())
         try:
-            return _take(cluster, plan, key, spark, db, record, live)
+            with TakingBeat(cluster.database_url, record.id):  # its progress: a taker gone holds nothing back
+                return _take(cluster, plan, key, spark, db, record, live)
         except Exception as exc:
             reason = f"taking the snapshot failed: {type(exc).__name__}: {exc}"
             catalog.mark_bad(db, record.id, reason[:2000])
@@ -270,6 +273,7 @@ def prune_snapshots(cluster: ClusterConfig, plan: PlanConfig, *, db: Database | 
         owned = db is None
         db = db or Database(cluster.database_url, "tandem-snapshot")
         try:
+            abandon_stale(db, plan.name)  # TAKING ones whose taker is gone: BAD, pruned as such
             rows = catalog.list_snapshots(db, plan.name, instance=instance,
                                           statuses=(catalog.TAKING, catalog.GOOD, catalog.BAD))
             decisions = decide_retention(rows, plan.snapshot.keep, catalog.database_now(db))

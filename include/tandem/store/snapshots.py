@@ -42,7 +42,7 @@ TAKING, GOOD, BAD, PRUNED = "TAKING", "GOOD", "BAD", "PRUNED"
 STATUSES = (TAKING, GOOD, BAD, PRUNED)
 _COLUMNS = ("id, plan, instance, instance_id, node, batch_id, taken_at, completed_at, checkpoint_path, state_rows, "
             "checkpoint_bytes, state_bytes, query_batches, output_versions, status, validation, reason, pruned_at, "
-            "replay_from")
+            "replay_from, taker_host, taker_host_id, taker_pid, taker_started_at, progress_at")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,11 @@ class SnapshotRecord:
     reason: str | None = None
     pruned_at: datetime | None = None
     replay_from: datetime | None = None
+    taker_host: str | None = None
+    taker_host_id: str | None = None
+    taker_pid: int | None = None
+    taker_started_at: float | None = None
+    progress_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "SnapshotRecord":
@@ -95,13 +100,26 @@ def database_now(db: Database) -> datetime:
     return db.run(work, attempts=3)
 
 
+@dataclass(frozen=True)
+class Taker:
+    """The process taking a snapshot: its host (name and identity, :mod:`tandem.host_identity`), PID and start time
+    (seconds from boot, :mod:`tandem.process_start`)."""
+
+    host: str
+    host_id: str | None
+    pid: int
+    started_at: float | None
+
+
 def begin_snapshot(db: Database, *, plan: str, instance: str, node: str, snapshots_dir: Path | str,
-                   instance_id: str | None = None, taken_at: datetime | None = None) -> SnapshotRecord:
+                   instance_id: str | None = None, taken_at: datetime | None = None,
+                   taker: Taker | None = None) -> SnapshotRecord:
     """Insert a TAKING row for a snapshot of the key_id ``<plan>/<instance>/<node>``, before copying.
 
     ``snapshots_dir`` is the plan's snapshot folder (``<storage_root>/snapshots/<plan>``, see
     :func:`tandem.layout.snapshots_dir`); the copy goes to ``<snapshots_dir>/<id>``. ``taken_at``
-    defaults to PostgreSQL's clock.
+    defaults to PostgreSQL's clock. ``taker``: the process taking it, whose progress (:func:`record_progress`)
+    starts at ``taken_at`` (not given: none is recorded, and only the snapshot's age tells it was abandoned).
     """
     taken_at = taken_at or database_now(db)
     snapshot_id = new_snapshot_id(plan, instance, taken_at)
@@ -110,9 +128,11 @@ def begin_snapshot(db: Database, *, plan: str, instance: str, node: str, snapsho
 
     def work(cursor) -> SnapshotRecord:
         cursor.execute(
-            """INSERT INTO snapshots (id, plan, instance, instance_id, node, taken_at, checkpoint_path, status)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, 'TAKING') ON CONFLICT (id) DO NOTHING""",
-            (snapshot_id, plan, instance, key_id, node, taken_at, path))
+            """INSERT INTO snapshots (id, plan, instance, instance_id, node, taken_at, checkpoint_path, status,
+                                      taker_host, taker_host_id, taker_pid, taker_started_at, progress_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, 'TAKING', %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING""",
+            (snapshot_id, plan, instance, key_id, node, taken_at, path,
+             *((taker.host, taker.host_id, taker.pid, taker.started_at, taken_at) if taker else (None,) * 5)))
         cursor.execute(f"SELECT {_COLUMNS} FROM snapshots WHERE id = %s", (snapshot_id,))
         return SnapshotRecord.from_row(cursor.fetchone())
 
@@ -157,6 +177,32 @@ def record_contents(db: Database, snapshot_id: str, *, batch_id: int | None = No
             (batch_id, checkpoint_bytes, state_rows, state_bytes, json_text(versions), json_text(batches),
              replay_from_age_s, snapshot_id))
         return SnapshotRecord.from_row(cursor.fetchone())
+
+    return db.run(work)
+
+
+def record_progress(db: Database, snapshot_id: str) -> bool:
+    """The taker of a TAKING snapshot is still at work (its beat): ``progress_at`` is now. ``False`` once the
+    snapshot is no longer TAKING (finished, or given up as abandoned: :func:`abandon`)."""
+
+    def work(cursor) -> bool:
+        cursor.execute("UPDATE snapshots SET progress_at = clock_timestamp() WHERE id = %s AND status = 'TAKING'",
+                       (snapshot_id,))
+        return cursor.rowcount == 1
+
+    return db.run(work)
+
+
+def abandon(db: Database, snapshot: SnapshotRecord, reason: str) -> bool:
+    """Mark the TAKING ``snapshot`` (a :class:`SnapshotRecord` as read) BAD as abandoned, with ``reason``, unless it
+    changed since it was read (finished, or its taker beat again): whether it was."""
+
+    def work(cursor) -> bool:
+        cursor.execute(
+            """UPDATE snapshots SET status = 'BAD', reason = %s, completed_at = clock_timestamp()
+               WHERE id = %s AND status = 'TAKING' AND progress_at IS NOT DISTINCT FROM %s""",
+            (reason, snapshot.id, snapshot.progress_at))
+        return cursor.rowcount == 1
 
     return db.run(work)
 
