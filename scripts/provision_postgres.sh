@@ -180,11 +180,28 @@ ensure_os_user() {
     fi
 }
 
+# own_link_target -> the directory the symbolic link $PG_DIR names, when it is one this script made: a
+# real directory /var/lib/tandem/pg-<12 hex>-<6 characters> (an earlier version's: without the last part;
+# only root writes /var/lib/tandem). A link
+# anyone else made is never followed: its target is not chowned, initialised, started, stopped or removed.
+own_link_target() {
+    local target
+    target="$(readlink "$PG_DIR")"
+    if [[ "$target" =~ ^/var/lib/tandem/pg-[0-9a-f]{12}(-[A-Za-z0-9]{6})?$ && -d "$target" && ! -L "$target" \
+            && ! -L /var/lib/tandem ]]; then
+        echo "$target"; return 0
+    fi
+    log "ERROR: $PG_DIR is a symbolic link to $target, which this script did not make (its clusters live in" \
+        "/var/lib/tandem/pg-<hash>-<random>): not following it. Remove the link, or set TANDEM_PG_DIR to the" \
+        "cluster's real directory"
+    return 1
+}
+
 # The directory really used for the cluster. As root, the `tandem` user must be able to reach it;
 # a project under a private home (/root is 0700) cannot be, so the cluster then lives under
 # a new /var/lib/tandem/pg-<hash>-<random> and .tandem/pg is a symlink to it.
 resolve_pg_dir() {
-    if [[ -L "$PG_DIR" ]]; then readlink -f "$PG_DIR"; return; fi
+    if [[ -L "$PG_DIR" ]]; then own_link_target || exit 1; return; fi
     if [[ -d "$PG_DIR" ]] || ! is_root; then echo "$PG_DIR"; return; fi
     mkdir -p "$PG_DIR"
     chown "$PG_OS_USER:" "$PG_DIR"
@@ -371,8 +388,10 @@ EOF
     echo "postgresql://$APP_ROLE:$(password_of "$dir" "$APP_ROLE")@$PG_LISTEN:$port/$DB_NAME"
 }
 
-private_data_dir() {
-    if [[ -L "$PG_DIR" ]]; then echo "$(readlink -f "$PG_DIR")/data"; else echo "$PG_DIR/data"; fi
+private_data_dir() {  # fails on a link this script did not make
+    local target
+    if [[ -L "$PG_DIR" ]]; then target="$(own_link_target)" || return 1; echo "$target/data"
+    else echo "$PG_DIR/data"; fi
 }
 
 # --- commands -----------------------------------------------------------------------------------
@@ -386,7 +405,9 @@ cmd_ensure() {
         echo "$TANDEM_DATABASE_URL"
         return
     fi
-    if [[ -f "$(private_data_dir)/PG_VERSION" ]]; then
+    local data
+    data="$(private_data_dir)" || exit 1
+    if [[ -f "$data/PG_VERSION" ]]; then
         start_private
         return
     fi
@@ -403,7 +424,7 @@ cmd_ensure() {
 
 cmd_status() {
     local data port
-    data="$(private_data_dir)"
+    data="$(private_data_dir)" || exit 1
     if [[ ! -f "$data/PG_VERSION" ]]; then echo "no private cluster ($data)"; return 0; fi
     if port="$(private_running_port "$data")"; then
         echo "private cluster $data: running on $PG_LISTEN:$port"
@@ -414,7 +435,7 @@ cmd_status() {
 
 cmd_stop() {
     local data
-    data="$(private_data_dir)"
+    data="$(private_data_dir)" || exit 1
     if [[ -f "$data/PG_VERSION" ]] && private_running_port "$data" >/dev/null; then
         log "stopping the private cluster ($data)"
         as_owner "$BINDIR/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
@@ -422,12 +443,16 @@ cmd_stop() {
 }
 
 cmd_destroy() {
-    cmd_stop
     local real
-    if [[ -L "$PG_DIR" ]]; then
-        real="$(readlink -f "$PG_DIR")"
+    if [[ -L "$PG_DIR" ]] && ! real="$(own_link_target 2>/dev/null)"; then
         rm -f "$PG_DIR"
-        [[ -n "$real" && "$real" == /var/lib/tandem/pg-* ]] && rm -rf "$real"
+        log "removed the link $PG_DIR (this script did not make it: what it names is left alone)"
+        return
+    fi
+    cmd_stop
+    if [[ -L "$PG_DIR" ]]; then
+        rm -f "$PG_DIR"
+        rm -rf "$real"
     fi
     rm -rf "$PG_DIR"
     log "removed $PG_DIR"

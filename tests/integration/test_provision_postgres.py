@@ -189,3 +189,22 @@ def test_a_private_cluster_made_with_trust_is_secured_by_the_next_set_up(tmp_pat
         assert new.run("ensure") == url
     finally:
         new.run("destroy")
+
+
+def test_a_link_it_did_not_make_is_never_followed_and_its_target_keeps_its_owner(tmp_path: Path) -> None:
+    """Issue 60: ``.tandem/pg`` (here the test's directory) already a symbolic link to a directory elsewhere, which
+    the script did not make: ``ensure`` refuses it, naming both, and neither chowns, fills nor starts anything there;
+    ``destroy`` removes the link only."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "keep.txt").write_text("not the cluster's")
+    owner = (elsewhere.stat().st_uid, elsewhere.stat().st_gid)
+    made = Cluster(tmp_path / "pg", free_port())
+    made.directory.symlink_to(elsewhere)
+    done = subprocess.run(["bash", str(SCRIPT), "ensure"], env=made.env, capture_output=True, text=True, timeout=120)
+    assert (elsewhere.stat().st_uid, elsewhere.stat().st_gid) == owner, "the link's target was chowned"
+    assert done.returncode != 0 and not done.stdout, done.stdout
+    assert f"{made.directory} is a symbolic link to {elsewhere}" in done.stderr, done.stderr
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["keep.txt"]
+    made.run("destroy")
+    assert not made.directory.is_symlink() and (elsewhere / "keep.txt").is_file()
