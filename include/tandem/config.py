@@ -246,7 +246,8 @@ class MaintenanceConfig(StrictModel):
     the live appends. ``vacuum_retention``: files a commit removed are deleted once they are older than this,
     except those of the versions kept snapshots recorded (a restore's time travel needs them), in whole hours
     (delta-rs's unit, rounded up); the log's commits before a checkpoint go once they are older than it, except
-    those a kept version needs. A reader of an older version must finish within it. ``retention``: how long
+    those a kept version needs. A reader of an older version must finish within it: at least a day and the kept
+    snapshots' span (:func:`vacuum_retention_problem`). ``retention``: how long
     PostgreSQL keeps each kind of row.
     ``keep_input``: input files younger than this stay even once processed (not given: only what a restart or
     a kept snapshot needs stays), so that a backfill or the daily reconcile can recompute that far back; once no
@@ -980,6 +981,30 @@ def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
     )
 
 
+MIN_VACUUM_RETENTION_S = 86400.0
+"""The shortest ``maintenance.vacuum_retention`` accepted: Tandem vacuums with Delta's own check off (it keeps the
+declared retention to the second), so it checks here instead, with a floor of a day where Delta's is seven: a job
+that opened a Delta version (a restore, a backfill, a reconcile, a page) must finish before its files go."""
+
+
+def vacuum_retention_problem(vacuum_retention_s: float, snapshot: SnapshotConfig) -> str | None:
+    """Why a plan's vacuum retention is too short for what reads its Delta tables' older versions, or ``None``
+    (pure): under :data:`MIN_VACUUM_RETENTION_S`, or under the span of its kept snapshots (``snapshot.keep`` ×
+    ``snapshot.interval``, the age of the oldest one retention keeps), to whose time a restore and a look at the
+    outputs as they were travel back."""
+    def days(seconds: float) -> str:
+        return f"{seconds / 86400:g} day{'' if seconds == 86400 else 's'}"
+
+    span = snapshot.keep * snapshot.interval_s
+    if vacuum_retention_s < MIN_VACUUM_RETENTION_S:
+        return (f"{days(vacuum_retention_s)} is shorter than {days(MIN_VACUUM_RETENTION_S)} (the least Tandem keeps: "
+                "a job that opened an older Delta version, a restore or a backfill, must finish before its files go)")
+    if vacuum_retention_s < span:
+        return (f"{days(vacuum_retention_s)} is shorter than the {days(span)} the kept snapshots span (snapshot.keep "
+                f"{snapshot.keep} × snapshot.interval {days(snapshot.interval_s)}): a restore travels back that far")
+    return None
+
+
 def _check_retention(file: PlanFile, refuse: Callable[[str, str], None]) -> None:
     """Refuse (``refuse(field, problem)``, each) retentions that would delete rows the running plan still writes or
     reads."""
@@ -1007,6 +1032,9 @@ def _check_retention(file: PlanFile, refuse: Callable[[str, str], None]) -> None
                f"({retention.contributions_s / 86400:g} days): a backfill of input that old would publish again the "
                f"rows of {', '.join(by_id)} whose ids are gone (published once by id); keep contributions at least "
                "as long as input")
+    problem = vacuum_retention_problem(file.maintenance.vacuum_retention_s, file.snapshot)
+    if problem:
+        refuse("maintenance.vacuum_retention", problem)
     for where, seconds, needed, what in (
             ("heartbeats", retention.heartbeats_s, file.ha.stall_timeout_s, "ha.stall_timeout"),
             ("failover_events", retention.failover_events_s, file.ha.launch_window_s, "ha.launch_window")):

@@ -108,6 +108,12 @@ CASES = {
     "vacuum retention as text": (PLAN, section("maintenance", vacuum_retention="soon"), "maintenance.vacuum_retention",
                                  "duration"),
     "compact as text": (PLAN, section("maintenance", compact="yes"), "maintenance.compact", "boolean"),
+    "vacuum retention under a day": (PLAN, section("maintenance", vacuum_retention="12 hours"),
+                                     "maintenance.vacuum_retention", "shorter than 1 day (the least Tandem keeps"),
+    "vacuum retention under the snapshots' span": (
+        PLAN, data(lambda d: (d["maintenance"].update(vacuum_retention="2 days"),
+                              d["snapshot"].update(interval="1 day", keep=3))),
+        "maintenance.vacuum_retention", "shorter than the 3 days the kept snapshots span (snapshot.keep 3"),
     "partials of a week": (PLAN, section("maintenance", retention={"partials": {"week": "1 day"}}),
                            "maintenance.retention.partials.week", "second"),
     "partials younger than the watermark": (PLAN, section("maintenance", retention={"partials": {"second": "5 s"}}),
