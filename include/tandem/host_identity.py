@@ -11,8 +11,8 @@ How it works
     ``-`` when neither exists), the kernel's ``/proc/sys/kernel/random/boot_id`` (new at every boot: a PID from
     before a reboot names nothing now) and the inode of ``/proc/self/ns/pid`` (containers on one kernel share its
     boot id, not their PID namespaces). It is recorded beside the host name, and :func:`pids_are_local` decides by
-    it: a row that carries one is local only on the host that has the same; a row recorded before identities were
-    (or by a process that could not read its own) falls back to its host name.
+    both: a row is local only on the host of the same name and, where it carries one, the same identity; a row
+    recorded before identities were (or by a process that could not read its own) by its host name alone.
 
 What it does not do
     It does not tell whether a process lives: that is its PID and start time (:mod:`tandem.process_start`).
@@ -62,9 +62,11 @@ def pids_are_local(recorded_host: str | None, recorded_host_id: str | None, host
     """Whether PIDs recorded on ``recorded_host`` with identity ``recorded_host_id`` name processes of the host
     ``host`` whose identity is ``host_id`` (pure).
 
-    A recorded identity decides alone: the same one, or not local (whatever the names say). Without one (a row of an
-    earlier version) the names decide, and a row that names no host counts as local.
+    Both must match: the name (a row that names no host counts as this one's) and, where one was recorded, the
+    identity. The identity tells apart hosts of one name; the name tells apart hosts of one identity, such as network
+    namespaces with a host name of their own (a UTS namespace) on one kernel, which share its machine id, boot and PID
+    namespace (the multi-host tests' hosts). A row of an earlier version, without an identity, is judged by its name.
     """
-    if recorded_host_id:
-        return recorded_host_id == host_id
-    return recorded_host in (None, host)
+    if recorded_host not in (None, host):
+        return False
+    return not recorded_host_id or recorded_host_id == host_id

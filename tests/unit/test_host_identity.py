@@ -18,12 +18,12 @@ HERE = "m1/b1/4026531836"
     ("node-1", "m2/b7/4026531836", False),     # another machine of the same name
     ("node-1", "m1/b0/4026531836", False),     # this machine before its last boot: its PIDs are gone
     ("node-1", "m1/b1/4026532000", False),     # a container of this machine, with PID namespace of its own
-    ("other", HERE, True),                     # renamed since: the identity says it is this host
+    ("other", HERE, False),                    # another host name on this kernel (a namespace with its own name)
     ("node-1", None, True),                    # recorded before identities were: its name is this one's
     ("other", None, False),
     (None, None, True),                        # names no host
 ])
-def test_a_pid_is_local_where_its_recorded_identity_is_this_hosts_whatever_the_names(
+def test_a_pid_is_local_where_its_recorded_name_and_identity_are_this_hosts(
         host: str | None, host_id: str | None, local: bool) -> None:
     assert pids_are_local(host, host_id, "node-1", HERE) is local
 
