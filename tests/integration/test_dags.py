@@ -175,21 +175,27 @@ def test_ops_dag_refuses_a_failover_without_a_live_active_and_says_why(airflow_e
     assert "trades/shard-1 has no live ACTIVE instance to fail over from" in output
 
 
-def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_env, database_url, project):
+def bad_snapshot(db: Database, cluster) -> str:
+    """A snapshot of trades/shard-1 in the catalog, marked BAD by its validation; its id."""
     from tandem.layout import snapshots_dir
     from tandem.store import snapshots as catalog
 
+    record = catalog.begin_snapshot(db, plan="trades", instance="shard-1", node="node-a",
+                                    snapshots_dir=snapshots_dir(cluster, "trades"))
+    catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
+    catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
+    return record.id
+
+
+def test_restore_dag_refuses_a_bad_snapshot_without_force_and_says_why(airflow_env, database_url, project):
     cluster = load_cluster()
     with Database(cluster.database_url) as db:
-        record = catalog.begin_snapshot(db, plan="trades", instance="shard-1", node="node-a",
-                                        snapshots_dir=snapshots_dir(cluster, "trades"))
-        catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
-        catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
-    conf = {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "", "force": False, "confirm": True}
+        snapshot_id = bad_snapshot(db, cluster)
+    conf = {"plan": "trades", "instance": "", "snapshot_id": snapshot_id, "node": "", "force": False, "confirm": True}
     result, output = dag_test(airflow_env, "tandem_restore", conf)
     assert result["state"] == "failed" and result["tis"]["restore"]["try_number"] == 1, output[-5000:]
     assert f"{DAG_TEST_USER} triggered this run: Airflow lets them act on plan trades" in output, output[-5000:]
-    assert f"snapshot {record.id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output
+    assert f"snapshot {snapshot_id} is BAD (trades_state: expect_table_row_count_to_equal(): failed)" in output
     with Database(cluster.database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None, "a refused restore must not touch the instances"
 
@@ -211,7 +217,6 @@ def test_ops_and_restore_refuse_a_user_airflow_does_not_let_trigger_the_plans_da
     """Triggered directly (not through the Tandem page) by a user who may trigger ``tandem_ops`` and
     ``tandem_restore`` but not ``tandem_trades_supervise``: both runs fail without retry, say why, and touch
     nothing (the same runs by a user with the right get past the check: the two tests above)."""
-    from tandem.layout import snapshots_dir
     from tandem.store import snapshots as catalog
     from tandem.store.leases import recent_events
 
@@ -223,13 +228,10 @@ def test_ops_and_restore_refuse_a_user_airflow_does_not_let_trigger_the_plans_da
            "TANDEM_TEST_DENIED_DAGS": "tandem_trades_supervise"}
     cluster = load_cluster()
     with Database(cluster.database_url) as db:
-        record = catalog.begin_snapshot(db, plan="trades", instance="shard-1", node="node-a",
-                                        snapshots_dir=snapshots_dir(cluster, "trades"))
-        catalog.record_contents(db, record.id, batch_id=3, query_batches={"aggregates": 3})
-        catalog.mark_bad(db, record.id, "trades_state: expect_table_row_count_to_equal(): failed")
+        snapshot_id = bad_snapshot(db, cluster)
         events_before = recent_events(db, "trades", None, 100)
     runs = {"tandem_ops": ("act", {"action": "failover_now", "plan": "trades", "instance": "shard-1", "node": ""}),
-            "tandem_restore": ("restore", {"plan": "trades", "instance": "", "snapshot_id": record.id, "node": "",
+            "tandem_restore": ("restore", {"plan": "trades", "instance": "", "snapshot_id": snapshot_id, "node": "",
                                            "force": False, "confirm": True})}
     for dag_id, (task_id, conf) in runs.items():
         result, output = dag_test(env, dag_id, conf)
@@ -238,5 +240,5 @@ def test_ops_and_restore_refuse_a_user_airflow_does_not_let_trigger_the_plans_da
                 f"tandem_trades_supervise); nothing was changed") in output, output[-5000:]
     with Database(cluster.database_url) as db:
         assert get_instance(db, "trades/shard-1/node-a") is None
-        assert catalog.get_snapshot(db, record.id).status == "BAD"
+        assert catalog.get_snapshot(db, snapshot_id).status == "BAD"
         assert recent_events(db, "trades", None, 100) == events_before, "a refused run records no decision"
