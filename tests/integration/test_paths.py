@@ -75,15 +75,19 @@ def test_pruning_never_deletes_where_a_catalog_row_points_outside_the_root(proje
     assert ".." in hostile_id
     with Database(cluster.database_url) as db:
         migrate(db)
+        # a TAKING row two days old is given up (BAD) before pruning; a newer BAD one is the one kept for inspection
         db.run(lambda cursor: cursor.execute(
             """INSERT INTO snapshots (id, plan, instance, instance_id, node, taken_at, checkpoint_path, status)
                VALUES (%s, 'trades', 'shard-1', 'trades/shard-1/node-a', 'node-a', now() - interval '2 days', %s,
-                       'TAKING')""", (hostile_id, str(outside))))
+                       'TAKING'),
+                      ('shard-1-newer', 'trades', 'shard-1', 'trades/shard-1/node-a', 'node-a',
+                       now() - interval '1 day', %s, 'BAD')""",
+            (hostile_id, str(outside), str(cluster.storage_root / "snapshots" / "trades" / "shard-1-newer"))))
         prune_snapshots(cluster, plan, db=db)
         status = db.run(lambda cursor: (cursor.execute("SELECT status FROM snapshots WHERE id = %s", (hostile_id,)),
                                         cursor.fetchone())[1])["status"]
     assert (outside / "keep.txt").read_text() == "not Tandem's"
-    assert status == "TAKING", "a snapshot that was not deleted must not be marked PRUNED"
+    assert status == "BAD", "a snapshot that was not deleted must not be marked PRUNED"
     assert "not pruning snapshot" in caplog.text and "cannot name a folder" in caplog.text
 
 
