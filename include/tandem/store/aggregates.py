@@ -416,14 +416,19 @@ def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granular
     return cursor.fetchall()
 
 
+def _table_exists(cursor, spec: Any) -> bool:
+    """Whether the aggregation's serving table exists (it is created with its first rows)."""
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (sql.Identifier(spec.table).as_string(cursor),))
+    return cursor.fetchone()["present"]
+
+
 def serving_rows(cursor, spec: Any, plan: str, since: datetime, until: datetime | None, granularity: str | None,
                  limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` of one plan's rows whose bucket overlaps ``[since, until)`` (``granularity``: of it only);
     none while the table does not exist (an aggregation's table is created with its first rows)."""
-    table = sql.Identifier(spec.table)
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (table.as_string(cursor),))
-    if not cursor.fetchone()["present"]:
+    if not _table_exists(cursor, spec):
         return []
+    table = sql.Identifier(spec.table)
     cursor.execute(sql.SQL(
         "SELECT {columns} FROM {table} "
         "WHERE plan = %(plan)s AND bucket_start + ('1 ' || granularity)::interval > %(since)s "
@@ -561,8 +566,7 @@ def delete_plan_rows(cursor, spec: Any, plan: str) -> tuple[int, bool]:
     """Delete ``plan``'s rows from the aggregation's serving table, and drop the table when no plan's rows are left
     in it (its next publish creates it again, with the keys and measures declared then). Returns ``(rows deleted,
     dropped)``; a table that does not exist is ``(0, False)``."""
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS found", (sql.Identifier(spec.table).as_string(cursor),))
-    if not cursor.fetchone()["found"]:
+    if not _table_exists(cursor, spec):
         return 0, False
     table = sql.Identifier(spec.table)
     cursor.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))  # no publish in between
@@ -578,8 +582,7 @@ def delete_plan_rows(cursor, spec: Any, plan: str) -> tuple[int, bool]:
 def newest_bucket(cursor, spec: Any, plan: str, granularity: str, instances: list[str]) -> datetime | None:
     """The newest bucket start of ``granularity`` the instances' rows hold (``None``: none, or no table yet); read
     down the primary key from its newest bucket."""
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (f"tandem.{spec.table}",))
-    if not cursor.fetchone()["present"]:
+    if not _table_exists(cursor, spec):
         return None
     cursor.execute(sql.SQL("""SELECT bucket_start FROM {table} WHERE plan = %s AND granularity = %s
                                 AND instance = ANY(%s) ORDER BY bucket_start DESC LIMIT 1""").format(
@@ -591,8 +594,7 @@ def newest_bucket(cursor, spec: Any, plan: str, granularity: str, instances: lis
 def relabel_instances(cursor, spec: Any, plan: str, labels: dict[str, str]) -> int:
     """Every row of the instances in ``labels`` (every granularity) moved to its label (a cut-over retires them);
     the rows moved (none when the table does not exist yet)."""
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL AS present", (f"tandem.{spec.table}",))
-    if not cursor.fetchone()["present"]:
+    if not _table_exists(cursor, spec):
         return 0
     cursor.execute(sql.SQL(
         """UPDATE {table} AS t SET instance = l.label, updated_at = now()
