@@ -73,9 +73,7 @@ def begin(db: Database, upgrade: Upgrade) -> None:
                    started_at = now(), updated_at = now()""",
             (upgrade.plan, upgrade.instance, upgrade.state, upgrade.from_version, upgrade.to_version,
              upgrade.from_node, upgrade.shadow_node, upgrade.detail))
-        cursor.execute("DELETE FROM upgrade_checks WHERE plan = %s AND instance = %s AND node = %s "
-                       "AND to_version = %s", (upgrade.plan, upgrade.instance, upgrade.shadow_node,
-                                               upgrade.to_version))
+        _forget_checks(cursor, upgrade.plan, upgrade.instance, upgrade.shadow_node, upgrade.to_version)
         record_event(cursor, upgrade.plan, upgrade.instance, f"UPGRADE_{upgrade.state}", upgrade.detail,
                      node=upgrade.shadow_node, previous_node=upgrade.from_node,
                      detail={"from_version": upgrade.from_version, "to_version": upgrade.to_version})
@@ -148,5 +146,9 @@ def checks(db: Database, plan: str, instance: str, node: str, to_version: str) -
 
 def forget_checks(db: Database, plan: str, instance: str, node: str, version: str) -> None:
     """Forget what the standby on ``node`` running ``version`` compared (before it compares anew)."""
-    db.run(lambda cursor: cursor.execute("DELETE FROM upgrade_checks WHERE plan = %s AND instance = %s AND node = %s "
-                                         "AND to_version = %s", (plan, instance, node, version)))
+    db.run(lambda cursor: _forget_checks(cursor, plan, instance, node, version))
+
+
+def _forget_checks(cursor, plan: str, instance: str, node: str, version: str) -> None:
+    cursor.execute("DELETE FROM upgrade_checks WHERE plan = %s AND instance = %s AND node = %s AND to_version = %s",
+                   (plan, instance, node, version))
