@@ -38,7 +38,7 @@ from tandem.config import ClusterConfig, PlanConfig
 from tandem.errors import TandemError
 from tandem.layout import checkpoint_dir, cut_file, retired_checkpoints_dir
 from tandem.outputs import kind_of
-from tandem.plan_reset import while_stopped
+from tandem.plan_reset import running_message, while_stopped
 from tandem.plan_shape import pending_changes
 from tandem.store.db import Database
 from tandem.store.leases import read_lease
@@ -265,13 +265,8 @@ def cut_over(cluster: ClusterConfig, plan: PlanConfig, db: Database, group: str 
     Raises:
         CutoverRefused: nothing to cut over, the group runs, or the change is one a cut-over cannot carry.
     """
-
-    def running(reasons: list[str]) -> CutoverRefused:
-        return CutoverRefused(f"plan {plan.name} is running: {'; '.join(reasons)}. Stop its instances first "
-                              f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG), and wait for "
-                              "their leases to expire")
-
-    with while_stopped(cluster, plan, db, "a cut-over", running):
+    with while_stopped(cluster, plan, db, "a cut-over",
+                       lambda reasons: CutoverRefused(running_message(plan, reasons, "cut over"))):
         return _cut_over(cluster, plan, db, group, partial_outputs or {}, force)
 
 

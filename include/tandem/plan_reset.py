@@ -106,9 +106,14 @@ def plan_running(db: Database, plan: PlanConfig) -> list[str]:
 
 def refusal(plan: PlanConfig, reasons: list[str]) -> PlanRunning:
     """The error a reset of a running plan raises, naming what runs and what to do (pure)."""
-    return PlanRunning(f"plan {plan.name} is running, not reset: {'; '.join(reasons)}. Stop its instances first "
-                       f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG, or it starts them "
-                       "again), and wait for their leases to expire")
+    return PlanRunning(running_message(plan, reasons, "reset"))
+
+
+def running_message(plan: PlanConfig, reasons: list[str], not_done: str) -> str:
+    """Why ``plan`` was not ``not_done`` (reset, cut over): what of it runs, and what to do (pure)."""
+    return (f"plan {plan.name} is running, not {not_done}: {'; '.join(reasons)}. Stop its instances first "
+            f"(tandem stop {plan.name} <instance> <node>; pause its supervision DAG, or it starts them again), and "
+            "wait for their leases to expire")
 
 
 def folder_size(path: Path) -> tuple[int, int]:
