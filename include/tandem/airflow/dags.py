@@ -377,8 +377,9 @@ each group instance: stop it on every node, put the snapshot's checkpoint cut in
 checkpoint, roll the plan's Delta outputs back to the snapshot's versions (this instance's rows
 only) and the PostgreSQL outputs to match, then start the ACTIVE node (the supervisor starts
 the standbys). The plan reprocesses the input after the cut. A BAD snapshot is refused unless
-forced, and one taken before backfills of the instance unless `undo_backfills` is set. The steps are in the task log and the run note. A conf with `shard_id` (the former name
-of `instance`) is still obeyed until the next release.
+forced, and one taken before backfills of the instance unless `undo_backfills` is set. The steps are
+in the task log and the run note. A conf with `shard_id` (the former name of `instance`) is still
+obeyed until the next release.
 """
 
 

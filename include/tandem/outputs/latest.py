@@ -12,8 +12,8 @@ late batch never moves a key backwards, and a row published twice changes nothin
 batch's winning rows once (application transactions), and the rows kept at the same rank whose copy is not in the
 lake yet (``in_lake``): a publisher whose lease moved, or that died, between its PostgreSQL commit and its Delta
 append left them for whoever publishes the same row next, as events and tables do. Its read takes the highest rank
-per key, so a row an old ACTIVE appended after the new one moved on does not count. Reads merge the instances the same way: per key, the
-highest rank of any instance.
+per key, so a row an old ACTIVE appended after the new one moved on does not count. Reads merge the instances the
+same way: per key, the highest rank of any instance.
 
 Restore: kept (a replay after the cut brings rows that rank no higher than those kept). Backfill: the range's
 recomputed latest row of each key is published under the ACTIVE's lease (a late event that ranks higher wins).

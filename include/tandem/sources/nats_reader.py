@@ -11,8 +11,8 @@ How it works
     PySpark's Python data source API (:class:`NatsStreamReader`). An offset is
     ``{"stream": <JetStream stream>, "seq": N, "created": <when the stream was made>}``: every message of the
     instance's partitions with a stream sequence up to N of that stream has been read. A micro-batch is the
-    range ``(start, end]``, read per partition subject (one Spark task each) through :meth:`tandem.messaging.JetStream.read`: the
-    same range gives the same messages whenever it is replayed. ``latestOffset`` bounds a batch by
+    range ``(start, end]``, read per partition subject (one Spark task each) through
+    :meth:`tandem.messaging.JetStream.read`: the same range gives the same messages whenever it is replayed. ``latestOffset`` bounds a batch by
     ``max_events_per_trigger`` sequences (admission control; the engine may ask for everything), and
     ``Trigger.AvailableNow`` stops at the sequence the stream had when the query started. ``read``
     yields Arrow record batches of ``raw`` (the message as UTF-8 text, invalid bytes as U+FFFD) and
