@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -23,40 +24,21 @@ if C1_ONLY not in os.environ.get("SPARK_SUBMIT_OPTS", ""):  # xdist's workers in
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
 
 # `make test` runs two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: a worker takes whole
-# modules (their module fixtures start once) in collection order, never two HEAVY_MODULES at once (below). The
+# modules (their module fixtures start once) in collection order, never two heavy modules at once (below). The
 # longest modules go first so that the two workers end close together (longest-processing-time first). Seconds
-# per module from a full run (junit times, an idle 2-core AMD EPYC machine, 2,310 s in all, 1,167 s of wall time
-# on two workers; an Intel Xeon at 2.8 GHz takes about 3x as long); modules not listed take under 30 s.
-MODULE_SECONDS = {
-    "hosts/test_airflow_on_hosts.py": 654,
-    "integration/test_supervise.py": 270,
-    "integration/test_output_failover.py": 214,
-    "integration/test_failover.py": 183,
-    "integration/test_dags.py": 166,
-    "e2e/test_presenter_page.py": 100,
-    "e2e/test_airflow_trades.py": 95,
-    "integration/test_notify_and_assets.py": 72,
-    "integration/test_fourth_plan.py": 70,
-    "integration/test_linked_groups.py": 68,
-    "hosts/test_nats_on_hosts.py": 59,
-    "hosts/test_spark_cluster_on_hosts.py": 110,  # added later: 330 s on a host 3x slower
-    "integration/test_backfill.py": 55,
-    "integration/test_big_batches.py": 45,  # added later, measured beside other test runs
-    "integration/test_plan_snapshots.py": 50,
-    "integration/test_launcher.py": 48,
-    "integration/test_nats_source.py": 37,
-    "integration/test_snapshots.py": 35,
-    "e2e/test_presenter_api.py": 34,
-}
+# per module and the heavy modules come from the last measured full run: tests/module_seconds.json, written by
+# `python tests/support/_costs.py` from what the cost plugin measured (tests/README.md).
+MEASURED = json.loads((PROJECT / "tests" / "module_seconds.json").read_text())
+MODULE_SECONDS: dict[str, int] = MEASURED["seconds"]
+HEAVY_MODULES: frozenset[str] = frozenset(MEASURED["heavy"])
 
 
-# Modules that run several drivers under load: the suite's scheduler runs one of them at a time (_scheduling.py).
-HEAVY_MODULES = {
-    "hosts/test_airflow_on_hosts.py",
-    "integration/test_supervise.py",
-    "integration/test_output_failover.py",
-    "integration/test_failover.py",
-}
+def pytest_configure(config: pytest.Config) -> None:
+    """Measure every module, test and fixture (tests/support/_costs.py) unless ``-p no:tandem_costs``."""
+    if not config.pluginmanager.is_blocked("tandem_costs"):
+        from _costs import SuiteCosts
+
+        config.pluginmanager.register(SuiteCosts(config), "tandem_costs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would answer for loadfile first

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from _costs import note_start
 from tandem.airflow_rest import AirflowClient
 from tandem.config import load_cluster
 from tandem.packaging import build_dist
@@ -63,6 +64,7 @@ def private_airflow_env(tmp_path: Path) -> dict[str, str]:
         "TANDEM_HOME": str(code),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     })
+    note_start("airflow db migrate")
     subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
                    capture_output=True, timeout=300)
     with Database(load_cluster().database_url) as db:
@@ -83,6 +85,7 @@ def dag_result(output: str) -> dict | None:
 
 def dag_test(env: dict[str, str], dag_id: str, conf: dict | None = None) -> tuple[dict, str]:
     """Run the DAG once to the end; return its result and the whole output (fails if it printed no result)."""
+    note_start("airflow dags test")
     done = subprocess.run(dag_test_command(dag_id, conf), env=env, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     result = dag_result(done.stdout)
@@ -139,6 +142,7 @@ def airflow_stack(home: Path, extra_env: dict[str, str] | None = None) -> Iterat
     env.pop("TANDEM_AIRFLOW_DB_URL", None)
     stack = ["bash", str(REPO / "scripts" / "airflow_stack.sh")]
     try:
+        note_start("airflow stack")
         subprocess.run([*stack, "up"], env=env, check=True, timeout=600)
         yield AirflowClient.as_admin(f"http://127.0.0.1:{port}", airflow_home=home)
     finally:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from _costs import note_start
 from _ha import REPO, Pair, PrivatePostgres, db_now
 from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
@@ -379,6 +380,7 @@ class AirflowOnHosts:
 
     def start(self) -> AirflowClient:
         """The four Airflow components up on the control host; a client logged in as admin."""
+        note_start("airflow stack")
         done = self.network.run("control", ["bash", str(REPO / "scripts" / "airflow_stack.sh"), "up"],
                                 env=self.environment(), timeout_s=600)
         if done.returncode != 0:
@@ -399,6 +401,7 @@ class AirflowOnHosts:
         while True:
             pid_file.unlink(missing_ok=True)  # a crashed host leaves its pid file behind
             offset = log.stat().st_size if log.exists() else 0
+            note_start("airflow edge worker")
             process = self.network.popen(host, ["bash", "-c", script, queue, host, str(pid_file)], log,
                                          env=self.environment())
             try:
@@ -416,6 +419,7 @@ class AirflowOnHosts:
     def start_scheduler(self, host: str) -> subprocess.Popen:
         """A second scheduler on ``host`` (Airflow's scheduler HA: both lock rows of the same metadata
         database), with its own LocalExecutor for the tasks it schedules."""
+        note_start("airflow scheduler")
         process = self.network.popen(host, ["bash", "-c", '. "$TANDEM_ENV_FILE" && exec airflow scheduler'],
                                      self.home / "logs" / f"scheduler-{host}.log", env=self.environment())
         self.schedulers[host] = process
