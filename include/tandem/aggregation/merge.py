@@ -1,4 +1,5 @@
-"""Merge partial aggregates across instances (pure): avg = Σsum / Σcount, min of mins, max of maxes, union of sketches."""
+"""Merge partial aggregates across instances (pure): avg = Σsum / Σcount, min of mins, max of maxes, union of sketches
+and of exact sets."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from tandem.aggregation import sketches
+from tandem.aggregation import distinct
 from tandem.aggregation.spec import AggregationSpec, Measure
 from tandem.store.aggregates import LONG_RANGE
 
@@ -26,13 +27,13 @@ _COMBINE = {
     "count": lambda a, b: a + b,
     "min": min,
     "max": max,
-    "distinct": lambda a, b: sketches.union([a, b]),
 }
 
 
 def combine(measure: Measure, a: Any, b: Any) -> Any:
     """Two partial values of ``measure`` merged. ``None`` is no value (a row published before a cut-over added the
-    measure), except for a ``long`` sum, where it is a sum past 64 bits and stays ``None``."""
+    measure), except for a ``long`` sum, where it is a sum past 64 bits and stays ``None``. A distinct measure's
+    partials are unioned once for all (:func:`tandem.aggregation.distinct.read`), not here."""
     if measure.kind == "sum" and measure.sql_type == "bigint":
         return long_sum(a, b)
     if a is None or b is None:
@@ -53,7 +54,8 @@ def merge_partials(spec: AggregationSpec, partials: Iterable[Mapping[str, Any]])
     """Merge partial rows that share ``(bucket_start, *keys)`` into one row each.
 
     Each partial must carry ``bucket_start``, the spec's keys and measures, and ``instance``.
-    The result is sorted by bucket then keys and carries ``instances`` (how many instances contributed).
+    The result is sorted by bucket then keys and carries ``instances`` (how many instances contributed), and a
+    ``distinct_exact`` measure's flag (:func:`tandem.aggregation.distinct.read`).
     """
     merged: dict[tuple, MergedRow] = {}
     instances: dict[tuple, set[str]] = {}
@@ -62,17 +64,18 @@ def merge_partials(spec: AggregationSpec, partials: Iterable[Mapping[str, Any]])
         current = merged.get(group)
         if current is None:
             merged[group] = {"bucket_start": part["bucket_start"], **{k: part[k] for k in spec.keys},
-                             **{m.column: part[m.column] for m in spec.measures}}
+                             **{m.column: [part[m.column]] if m.distinct else part[m.column] for m in spec.measures}}
             instances[group] = {part["instance"]}
             continue
         for measure in spec.measures:
-            current[measure.column] = combine(measure, current[measure.column], part[measure.column])
+            if measure.distinct:
+                current[measure.column].append(part[measure.column])
+            else:
+                current[measure.column] = combine(measure, current[measure.column], part[measure.column])
         instances[group].add(part["instance"])
     rows = []
     for group in sorted(merged, key=_sort_key):
-        row = merged[group]
-        for column in spec.distinct_columns:
-            row[column] = sketches.estimate(row[column])
+        row = distinct.read_row(spec, merged[group])
         row["instances"] = len(instances[group])
         rows.append(with_ratios(spec, row))
     return rows

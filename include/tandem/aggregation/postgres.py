@@ -15,10 +15,10 @@ from typing import Any
 import psycopg2.errors
 import pyarrow as pa
 
-from tandem.aggregation import sketches
+from tandem.aggregation import distinct
 from tandem.aggregation.granularity import bucket_start
 from tandem.aggregation.merge import MergedRow, with_ratios
-from tandem.aggregation.spec import MERGE_SQL, AggregationSpec
+from tandem.aggregation.spec import MERGE_SQL, AggregationSpec, Measure
 from tandem.store import aggregates
 
 
@@ -61,8 +61,9 @@ def replace_range(cursor, spec: AggregationSpec, plan: str, instance: str, secon
 
 def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, instance: str, granularity: str, child: str,
                             rows: pa.Table) -> pa.Table:
-    """``rows`` rolled up to ``granularity``, each distinct measure's sketch set to the union of its children's
-    (stored, and returned); ``rows`` as they are when the aggregation has no distinct measure.
+    """``rows`` rolled up to ``granularity``, each distinct measure's partial (a sketch, or an exact set within its
+    bound) set to the union of its children's (stored, and returned); ``rows`` as they are when the aggregation has
+    no distinct measure.
 
     The children's sketches are read in one statement and the unions stored in another, whatever the number of rows
     (a pair of statements per row took minutes for 100,000 keys)."""
@@ -70,20 +71,22 @@ def _with_children_sketches(cursor, spec: AggregationSpec, plan: str, instance: 
         return rows
     children = aggregates.children_sketches(cursor, spec, plan, instance, granularity, child, rows)
     parents = children.column("parent").to_pylist()
-    for column in spec.distinct_columns:
+    for measure in spec.distinct_measures:
+        column = measure.column
         rows = rows.set_column(rows.schema.get_field_index(column), column, pa.array(
-            unions_by_parent(parents, children.column(column).to_pylist(), rows.num_rows), pa.binary()))
+            unions_by_parent(measure, parents, children.column(column).to_pylist(), rows.num_rows), pa.binary()))
     aggregates.store_sketches(cursor, spec, plan, rows)
     return rows.cast(spec.written_schema)
 
 
-def unions_by_parent(parents: list[int], children: list[bytes | None], count: int) -> list[bytes | None]:
-    """The union of the ``children`` sketches of each parent ``0 … count - 1`` (``parents[i]``: the parent of
-    ``children[i]``; a parent without a sketch: ``None``) (pure)."""
+def unions_by_parent(measure: Measure, parents: list[int], children: list[bytes | None],
+                     count: int) -> list[bytes | None]:
+    """The union of the ``children`` partials of ``measure`` (a distinct one) of each parent ``0 … count - 1``
+    (``parents[i]``: the parent of ``children[i]``; a parent without a partial: ``None``) (pure)."""
     grouped: list[list[bytes | None]] = [[] for _ in range(count)]
     for parent, sketch in zip(parents, children):
         grouped[parent].append(sketch)
-    return [sketches.union(group) for group in grouped]
+    return [distinct.union(measure, group) for group in grouped]
 
 
 def rows_of_seconds(cursor, spec: AggregationSpec, plan: str, instance: str, seconds: set[tuple],
@@ -135,13 +138,12 @@ def read_merged(run: Callable[[Callable[[Any], list[MergedRow]]], list[MergedRow
 def _plain(spec: AggregationSpec, row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for measure in spec.measures:
-        if out[measure.column] is None:  # a long sum past the 64-bit range
+        if out[measure.column] is None or measure.distinct:  # a long sum past the 64-bit range; partials
             continue
         if measure.sql_type == "bigint":
             out[measure.column] = int(out[measure.column])
         elif measure.sql_type.startswith("double"):
             out[measure.column] = float(out[measure.column])
-        elif measure.kind == "distinct":
-            out[measure.column] = sketches.estimate(sketches.union(out[measure.column]))
+    out = distinct.read_row(spec, out)  # each distinct measure's array of the instances' partials
     out["instances"] = int(out["instances"])
     return out

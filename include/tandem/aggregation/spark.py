@@ -16,6 +16,8 @@ def _aggregate(measure: Measure) -> Column:
     if measure.kind == "distinct":
         value = F.col(measure.source).cast("string")
         return F.hll_sketch_agg(F.when(value == "", F.lit(EMPTY_STRING)).otherwise(value), HLL_LG_K)
+    if measure.kind == "distinct_exact":  # the exact set (tandem.aggregation.exact_sets), bounded by the publisher
+        return F.to_json(F.array_sort(F.collect_set(F.col(measure.source).cast("string")))).cast("binary")
     value = F.col(measure.source)
     if measure.kind == "sum":  # past the type's range: a long sum is null (try_sum), a double one ±Infinity
         if measure.sql_type.startswith("double"):

@@ -8,11 +8,14 @@ from typing import Any
 import pyarrow as pa
 
 from tandem.aggregation.granularity import GRANULARITIES
+from tandem.declarations import DEFAULT_MAX_VALUES, EXACT_FLAG_SUFFIX
 
 # How partial values of a measure combine across instances and from child buckets to parents.
-# A distinct measure is an HLL sketch (DataSketches format), unioned in Python.
+# A distinct measure is unioned in Python: an HLL sketch (DataSketches format, ``distinct``) or an exact set of
+# values up to a bound (``distinct_exact``, :mod:`tandem.aggregation.exact_sets`).
 MERGE_SQL = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
-KINDS = (*MERGE_SQL, "distinct")
+DISTINCT_KINDS = ("distinct", "distinct_exact")
+KINDS = (*MERGE_SQL, *DISTINCT_KINDS)
 SQL_TYPES = {"double": "double precision", "long": "bigint", "string": "text", "epoch_millis": "bigint"}
 HLL_LG_K = 12
 """log2 of the HLL sketches' buckets: relative standard error ≈ 1.04 / sqrt(2^12) = 1.6 %."""
@@ -23,13 +26,35 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 @dataclass(frozen=True)
 class Measure:
     column: str
-    kind: str  # sum | count | min | max | distinct
+    kind: str  # sum | count | min | max | distinct | distinct_exact
     sql_type: str
     source: str | None = None  # the input column (None for count)
+    max_values: int | None = None
+    """``distinct_exact``: the most values a stored partial holds as an exact set (default
+    :data:`tandem.declarations.DEFAULT_MAX_VALUES`); ``None`` for the other kinds."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"measure {self.column}: unknown kind {self.kind!r}")
+        if self.kind == "distinct_exact":
+            if self.max_values is None:
+                object.__setattr__(self, "max_values", DEFAULT_MAX_VALUES)
+            elif self.max_values < 1:
+                raise ValueError(f"measure {self.column}: max_values must be at least 1, not {self.max_values}")
+        elif self.max_values is not None:
+            raise ValueError(f"measure {self.column}: max_values is a setting of a distinct_exact measure, not of "
+                             f"{self.kind}")
+
+    @property
+    def distinct(self) -> bool:
+        """Whether its partials are sets of values (a sketch or an exact set), unioned in Python: the SQL of a
+        roll-up or a merge leaves them to :mod:`tandem.aggregation`."""
+        return self.kind in DISTINCT_KINDS
+
+    @property
+    def exact_flag(self) -> str | None:
+        """The column a read adds beside a ``distinct_exact`` measure: whether its count is exact."""
+        return f"{self.column}{EXACT_FLAG_SUFFIX}" if self.kind == "distinct_exact" else None
 
 
 @dataclass(frozen=True)
@@ -79,7 +104,12 @@ class AggregationSpec:
 
     @property
     def distinct_columns(self) -> list[str]:
-        return [m.column for m in self.measures if m.kind == "distinct"]
+        """The measures whose partials are unioned in Python (``distinct`` and ``distinct_exact``)."""
+        return [m.column for m in self.measures if m.distinct]
+
+    @property
+    def distinct_measures(self) -> list[Measure]:
+        return [m for m in self.measures if m.distinct]
 
     @property
     def written_schema(self) -> pa.Schema:
@@ -105,13 +135,13 @@ def spec_for(plan: Any, output: str) -> AggregationSpec:
     measures = []
     for column, measure in declared.measures.items():
         kind, source = measure.function, measure.source
-        if kind == "distinct":
+        if kind in DISTINCT_KINDS:
             sql_type = "bytea"
         elif kind == "count":
             sql_type = "bigint"
         else:
             sql_type = SQL_TYPES[measure.type or field_types.get(source, "double")]
-        measures.append(Measure(column, kind, sql_type, source))
+        measures.append(Measure(column, kind, sql_type, source, measure.max_values))
     return AggregationSpec(name=output, table=declared.serving_table(plan.name, output), keys=tuple(declared.key),
                            measures=tuple(measures),
                            ratios=tuple(Ratio(c, n, d) for c, (n, d) in declared.ratios.items()),

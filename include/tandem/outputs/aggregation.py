@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
-from tandem.aggregation import sketches
+from tandem.aggregation import distinct
 from tandem.aggregation.granularity import bucket_end, bucket_start
 from tandem.aggregation.merge import long_sum
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec, Measure, spec_for
@@ -76,6 +76,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class ApproximateNotices:
+    """A warning, once per process, for each ``distinct_exact`` partial written past its measure's bound (stored as
+    an HLL sketch from then on: its bucket reads ``<measure>_exact: false``), naming the bucket, the keys and the
+    instance: every batch that touches such a bucket writes it again, and says so once."""
+
+    REMEMBERED = 10_000
+    """The most partials remembered as told (then forgotten, and told again)."""
+    SHOWN = 5
+    """The most partials a warning names (with how many more there are)."""
+
+    def __init__(self, plan: str, output: str) -> None:
+        self.plan, self.output = plan, output
+        self.told: set[distinct.Approximate] = set()
+
+    def note(self, spec: AggregationSpec, written: pa.Table) -> list[distinct.Approximate]:
+        """Warn of the partials of ``written`` (``spec.written_schema``) past their bound not told yet; returns them."""
+        if not any(m.kind == "distinct_exact" for m in spec.measures):
+            return []
+        new = [a for a in dict.fromkeys(distinct.approximate(spec, written)) if a not in self.told]
+        if not new:
+            return []
+        if len(self.told) + len(new) > self.REMEMBERED:
+            self.told.clear()
+        self.told.update(new)
+        more = f"; and {len(new) - self.SHOWN} more" if len(new) > self.SHOWN else ""
+        log.warning("plan %s, output %s: %d distinct_exact partial%s past max_values, stored as HLL sketches and "
+                    "read as approximate (<measure>_exact false) from now on: %s%s", self.plan, self.output,
+                    len(new), "" if len(new) == 1 else "s", "; ".join(a.describe() for a in new[:self.SHOWN]), more)
+        return new
+
+
 class AggregateSink(HeldUntilPublished[tuple, dict]):
     """Per-second partials → PostgreSQL (upsert + roll-up to every granularity) → the same rows to Delta.
 
@@ -95,6 +126,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         self.newest_bucket: datetime | None = None
         self.table_ready = False
         self.refusals = Refusals(self.output, self.db, quarantine)
+        self.approximate = ApproximateNotices(instance.plan, self.output)
 
     def _see(self, rows: pa.Table) -> datetime | None:
         newest = pc.max(rows["bucket_start"]).as_py() if rows.num_rows else None
@@ -110,6 +142,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         newest = self._see(rows)
         if rows.num_rows == 0:
             return 0
+        rows = distinct.bounded(self.spec, rows)
         key = batch.instance
         position = self.position()
 
@@ -133,6 +166,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
         if written is None:
             return 0
         self.table_ready = True
+        self.approximate.note(self.spec, written)
         fence(self.db, batch)
         agg_delta.append_rows(self.delta_path, self.spec, written, node=key.node, published_at=batch.published_at,
                               app_id=batch.app_id(self.output), batch_id=batch.batch_id)
@@ -145,7 +179,7 @@ class AggregateSink(HeldUntilPublished[tuple, dict]):
     def identities(self, rows: pa.Table) -> dict[tuple, dict]:
         self._see(rows)
         identity = ["bucket_start", *self.spec.keys]
-        return {tuple(row[c] for c in identity): row for row in rows.to_pylist()}
+        return {tuple(row[c] for c in identity): row for row in distinct.bounded(self.spec, rows).to_pylist()}
 
     def published_of(self, held: dict[tuple, dict]) -> list[tuple]:
         done = published_watermark(self.db, self.instance.plan, self.instance.instance, self.output)
@@ -183,7 +217,7 @@ class FactAggregateSink(HeldById):
     For outputs whose facts come out of a stateful operator (an order's outcome at its expiry) and
     cannot feed a Spark aggregation (Spark refuses rows older than the watermark after a
     ``transformWithState``). In one fenced transaction: record the facts' ids, add the new ones to
-    the per-second partials (count, sums, min, max, HLL sketches), roll up every granularity; then
+    the per-second partials (count, sums, min, max, HLL sketches, exact sets), roll up every granularity; then
     the touched rows go to Delta and the facts are marked ``in_lake``.
     """
 
@@ -195,6 +229,7 @@ class FactAggregateSink(HeldById):
         super().__init__(plan, output, config, instance, database_url, delta_path, quarantine)
         self.spec = spec
         self.table_ready = False
+        self.approximate = ApproximateNotices(plan, output)
 
     def _second(self, fact: dict[str, Any]) -> tuple:
         return (bucket_start(as_utc(fact[self.config.time]), "second"), *(str(fact[k]) for k in self.spec.keys))
@@ -225,6 +260,7 @@ class FactAggregateSink(HeldById):
         applied, _ = self.refusals.run(work, list(rows), rows.__getitem__, batch)
         written, pending = applied or (spec.written_schema.empty_table(), [])
         self.table_ready = True
+        self.approximate.note(spec, written)
         if pending:
             fence(self.db, batch)
             if written.num_rows:
@@ -263,7 +299,7 @@ def add_facts(cursor, spec: AggregationSpec, plan: str, instance: str, facts: li
                 pick = min if measure.kind == "min" else max
                 row[measure.column] = pick([v for v in [old, *values] if v is not None])
             else:
-                row[measure.column] = sketches.union([old, sketches.of(str(v) for v in values)])
+                row[measure.column] = distinct.union(measure, [old, distinct.of(measure, values)])
         out.append(row)
     return pa.Table.from_pylist(out)
 
@@ -511,7 +547,8 @@ class AggregationKind(OutputKind):
              db: Database | None = None) -> list[dict[str, Any]]:
         """Merged aggregates of buckets of the granularity (default: the finest kept) starting in ``[start, end)``
         (default: all): avg = Σsum / Σcount across instances, min of mins, max of maxes, distinct = the union's
-        estimate; ``instances``: how many instances hold the bucket."""
+        estimate, distinct_exact = the union's size (and ``<measure>_exact``: whether it is exact); ``instances``: how
+        many instances hold the bucket."""
         spec = spec_for(plan, output)
         granularity = request.granularity or spec.granularities[0]
         if granularity not in spec.granularities:
@@ -572,7 +609,7 @@ class AggregationKind(OutputKind):
         if job.rows is None:  # the recomputation emitted nothing: the range holds no second any more
             seconds = spec.written_schema.empty_table().select(columns)
         else:
-            seconds = newest_seconds(job.rows, spec.keys, job.start, job.end).select(columns)
+            seconds = distinct.bounded(spec, newest_seconds(job.rows, spec.keys, job.start, job.end).select(columns))
         counted = spec.version_column
 
         def work(cursor) -> tuple[pa.Table, dict[str, int]]:
@@ -585,6 +622,7 @@ class AggregationKind(OutputKind):
                                               epoch, batch_id)
 
         written, before = job.db.run(work, attempts=3)
+        ApproximateNotices(job.plan.name, job.output).note(spec, written)
         agg_delta.replace_range(job.delta_path, spec, job.instance, job.start, job.end, written,
                                 node=f"backfill:{backfill_id}", published_at=datetime.now(timezone.utc),
                                 app_id=f"backfill/{backfill_id}/{job.instance}/{job.output}")
@@ -596,7 +634,8 @@ class AggregationKind(OutputKind):
         if self.published_by_id(job.declared):
             return PublishedById.compare(self, job)  # type: ignore[arg-type]
         spec = spec_for(job.plan, job.output)
-        recomputed = [] if job.rows is None else newest_seconds(job.rows, spec.keys, job.start, job.end).to_pylist()
+        recomputed = [] if job.rows is None else distinct.bounded(
+            spec, newest_seconds(job.rows, spec.keys, job.start, job.end)).to_pylist()
 
         def published(cursor) -> list[dict[str, Any]]:
             aggregates.ensure_table(cursor, spec)
@@ -655,9 +694,12 @@ class AggregationKind(OutputKind):
         return {"keys": list(spec.keys), "measures": {m.column: f"{m.kind} {m.sql_type}" for m in spec.measures}}
 
     def summary(self, plan: PlanConfig, output: str) -> dict[str, Any]:
+        """Its granularities, and the columns a read gives beside the keys: ratios, measures (a ``distinct_exact``
+        measure's flag after it)."""
         spec = spec_for(plan, output)
-        return {"granularities": list(spec.granularities),
-                "measures": [*(r.column for r in spec.ratios), *spec.measure_columns], "time": None}
+        read = [c for m in spec.measures for c in (m.column, m.exact_flag) if c is not None]
+        return {"granularities": list(spec.granularities), "measures": [*(r.column for r in spec.ratios), *read],
+                "time": None}
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         """The partials of each granularity older than ``retention.partials``; the horizon is recorded (a backfill

@@ -68,8 +68,9 @@ def _follow_measures(cursor, spec: Any) -> None:
 
 
 def _nullable(measure) -> bool:
-    """A distinct measure's sketch is set after its row; a ``long`` sum is NULL once it leaves the 64-bit range."""
-    return measure.kind == "distinct" or _is_long_sum(measure)
+    """A distinct measure's partial (a sketch or an exact set) is set after its row; a ``long`` sum is NULL once it
+    leaves the 64-bit range."""
+    return measure.distinct or _is_long_sum(measure)
 
 
 def _is_long_sum(measure) -> bool:
@@ -91,7 +92,8 @@ def _allow_nulls(cursor, spec: Any) -> None:
 
 
 def _merged(measure, merge: Mapping[str, str], alias: str = "c", careful: bool = False) -> sql.Composable:
-    """The SQL that merges a measure's partials (a distinct measure's sketches are unioned afterwards, in Python).
+    """The SQL that merges a measure's partials (a distinct measure's sketches or exact sets are unioned afterwards,
+    in Python).
 
     A ``long`` sum is NULL when a partial is (it left the 64-bit range) or the total leaves that range. A
     ``double`` sum is PostgreSQL's ``sum``, which refuses a total past ±1.8e308; ``careful`` uses ``ieee_sum``
@@ -100,7 +102,7 @@ def _merged(measure, merge: Mapping[str, str], alias: str = "c", careful: bool =
     (:func:`overflow_safe`).
     """
     column = sql.Identifier(alias, measure.column)
-    if measure.kind == "distinct":
+    if measure.distinct:
         return sql.SQL("NULL::bytea")
     if _is_long_sum(measure):
         return sql.SQL("CASE WHEN count({c}) = count(*) AND sum({c}) BETWEEN {low} AND {high} "
@@ -272,7 +274,7 @@ def written_as_staged(spec: Any, seconds: pa.Table, instance: str, epoch: int, b
 def roll_up(cursor, spec: Any, merge: Mapping[str, str], plan: str, instance: str, epoch: int, batch_id: int,
             granularity: str, child: str) -> pa.Table:
     """Recompute one plan's instance buckets of ``granularity`` touched by the staged seconds from their ``child``
-    buckets (``merge``: the SQL aggregate of each measure kind but distinct, whose sketches are left NULL);
+    buckets (``merge``: the SQL aggregate of each measure kind but the distinct ones, whose partials are left NULL);
     the rows written.
 
     Each touched bucket reads its children by an index range (``LATERAL``), whatever the planner believes about
@@ -389,7 +391,7 @@ def rows_of_buckets(cursor, spec: Any, plan: str, instance: str, wanted: Iterabl
 
 def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granularity: str, start: datetime,
                 end: datetime, keys: Mapping[str, list[str]] | None = None, careful: bool = False) -> list[dict[str, Any]]:
-    """One plan's buckets in ``[start, end)`` merged across instances (a distinct measure: the array of its sketches),
+    """One plan's buckets in ``[start, end)`` merged across instances (a distinct measure: the array of its partials),
     optionally restricted to some key values, with ``instances``: how many instances each merges.
 
     A double sum past PostgreSQL's range raises ``NumericValueOutOfRange`` unless ``careful`` (see :func:`_merged`);
@@ -404,7 +406,7 @@ def merged_rows(cursor, spec: Any, merge: Mapping[str, str], plan: str, granular
     group = identifiers(["bucket_start", *spec.keys])
     measures = sql.SQL(", ").join(
         sql.SQL("{merged} AS {column}").format(
-            merged=sql.SQL("array_agg({})").format(sql.Identifier(m.column)) if m.kind == "distinct"
+            merged=sql.SQL("array_agg({})").format(sql.Identifier(m.column)) if m.distinct
             else _merged(m, merge, spec.table, careful), column=sql.Identifier(m.column))
         for m in spec.measures)
     cursor.execute(
