@@ -52,6 +52,11 @@ def aggregates(**fields) -> Callable[[str], str]:
     return data(lambda d: d["outputs"]["trade_aggregates"].update(fields))
 
 
+def measure(**measures) -> Callable[[str], str]:
+    """Measures added to (or replacing some of) the trades plan's aggregation."""
+    return data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(measures))
+
+
 STATS = {"kind": "aggregation", "key": ["symbol"], "measures": {"trades": {"count": "*"}}}
 """An aggregation without a ``table``: its table is named ``<plan>_<output>``."""
 
@@ -171,6 +176,35 @@ CASES = {
                          "outputs.t", "a table output needs the id of a contributing row"),
     "measure with two functions": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].update(
         price_sum={"sum": "price", "max": "price"})), "outputs.trade_aggregates.measures.price_sum", "exactly one of"),
+    "max_values of an HLL distinct": (PLAN, measure(traders={"distinct": "symbol", "max_values": 10}),
+                                      "outputs.trade_aggregates.measures.traders",
+                                      "max_values: a setting of a distinct_exact measure, not of distinct"),
+    "max_values of a sum": (PLAN, measure(price_sum={"sum": "price", "max_values": 10}),
+                            "outputs.trade_aggregates.measures.price_sum",
+                            "max_values: a setting of a distinct_exact measure, not of sum"),
+    "max_values zero": (PLAN, measure(traders={"distinct_exact": "symbol", "max_values": 0}),
+                        "outputs.trade_aggregates.measures.traders.max_values", "must be a positive integer, got 0"),
+    "max_values past its cap": (PLAN, measure(traders={"distinct_exact": "symbol", "max_values": 1_000_001}),
+                                "outputs.trade_aggregates.measures.traders.max_values",
+                                "less than or equal to 1000000"),
+    "max_values as text": (PLAN, measure(traders={"distinct_exact": "symbol", "max_values": "100"}),
+                           "outputs.trade_aggregates.measures.traders.max_values", "integer"),
+    "type of a distinct_exact": (PLAN, measure(traders={"distinct_exact": "symbol", "type": "long"}),
+                                 "outputs.trade_aggregates.measures.traders",
+                                 "type: a setting of a numeric measure, not of distinct_exact"),
+    "distinct_exact and distinct at once": (PLAN, measure(traders={"distinct_exact": "symbol", "distinct": "symbol"}),
+                                            "outputs.trade_aggregates.measures.traders", "exactly one of"),
+    "distinct_exact of a bad field name": (PLAN, measure(traders={"distinct_exact": "Symbol"}),
+                                           "outputs.trade_aggregates.measures.traders.distinct_exact", "must match"),
+    "exact flag named like a measure": (PLAN, measure(traders={"distinct_exact": "symbol"},
+                                                      traders_exact={"max": "price"}),
+                                        "outputs.trade_aggregates", "traders_exact: each key, measure and ratio needs "
+                                        "a column name of its own, none of the table's (plan, granularity, "
+                                        "bucket_start, instance, epoch, batch_id, updated_at) (a distinct_exact "
+                                        "measure m reads with m_exact)"),
+    "exact flag named like a ratio": (PLAN, data(lambda d: (d["outputs"]["trade_aggregates"]["measures"].update(
+        avg={"distinct_exact": "symbol"}), d["outputs"]["trade_aggregates"]["ratios"].update(
+        avg_exact=["price_sum", "trade_count"]))), "outputs.trade_aggregates", "avg_exact: each key, measure"),
     "aggregation without a count": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["measures"].pop("trade_count")),
                                     "outputs.trade_aggregates", "needs a count measure"),
     "ratio of an unknown measure": (PLAN, data(lambda d: d["outputs"]["trade_aggregates"]["ratios"].update(
