@@ -445,7 +445,7 @@ def serving_rows(cursor, spec: Any, plan: str, since: datetime, until: datetime 
 def replace_instance_rows(cursor, spec: Any, plan: str, instance: str, rows: pa.Table,
                        touched: pa.Table | None = None) -> None:
     """Delete one plan's instance rows (with ``touched``: only those of its (granularity, bucket_start, *keys)),
-    then COPY ``rows`` (the table's columns but ``plan``) in."""
+    then COPY ``rows`` (the table's columns but ``plan``; a distinct measure's partials as hex text) in."""
     table = sql.Identifier(spec.table)
     if touched is None:
         cursor.execute(sql.SQL("DELETE FROM {} WHERE plan = %s AND instance = %s").format(table), (plan, instance))
@@ -458,7 +458,7 @@ def replace_instance_rows(cursor, spec: Any, plan: str, instance: str, rows: pa.
                                "{match}").format(table=table, match=each(" AND t.{0} = k.{0}", identity)),
                        (plan, instance))
     if rows.num_rows:
-        copy_rows(cursor, table, rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows)))
+        copy_rows(cursor, table, _hexed(rows.append_column("plan", pa.repeat(pa.scalar(plan), rows.num_rows))))
 
 
 def copy_rows(cursor, table: sql.Identifier, rows: pa.Table) -> None:
