@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from tandem.aggregation import delta as agg_delta
 from tandem.aggregation import postgres as agg_postgres
-from tandem.aggregation import sketches
+from tandem.aggregation import exact_sets, sketches
 from tandem.aggregation.granularity import bucket_end, bucket_start
 from tandem.aggregation.spec import UTC_MICROS, spec_for
 from tandem.config import load_cluster, load_plan
@@ -112,7 +112,8 @@ def partials_of(events: list[Event]) -> dict[str, pa.Table]:
                          "quantity_min": min(m.quantity for m in members),
                          "quantity_max": max(m.quantity for m in members),
                          "venue_min": min(m.venue for m in members), "venue_max": max(m.venue for m in members),
-                         "venues": sketches.of(m.venue for m in members)})
+                         "venues": sketches.of(m.venue for m in members),
+                         "venue_count": exact_sets.encode(m.venue for m in members)})
         tables[instance] = pa.Table.from_pylist(rows)
     return tables
 
@@ -128,6 +129,7 @@ def expected(events: list[Event], granularity: str) -> dict[tuple, dict[str, Any
                   "quantity_min": min(m.quantity for m in members), "quantity_max": max(m.quantity for m in members),
                   "venue_min": min(m.venue for m in members), "venue_max": max(m.venue for m in members),
                   "venues": len({m.venue for m in members}),
+                  "venue_count": len({m.venue for m in members}), "venue_count_exact": True,
                   "instances": len({m.instance for m in members})}
             for key, members in groups.items()}
 
@@ -178,7 +180,7 @@ def limits_project(project: Path) -> Path:
         "trade_count": {"count": "*"}, "price_sum": {"sum": "price"}, "quantity_sum": {"sum": "quantity"},
         "price_min": {"min": "price"}, "price_max": {"max": "price"}, "quantity_min": {"min": "quantity"},
         "quantity_max": {"max": "quantity"}, "venue_min": {"min": "venue"}, "venue_max": {"max": "venue"},
-        "venues": {"distinct": "venue"}})
+        "venues": {"distinct": "venue"}, "venue_count": {"distinct_exact": "venue"}})
     path.write_text(yaml.safe_dump(declared))
     return project
 
@@ -274,6 +276,8 @@ def test_the_plan_query_makes_partials_of_values_at_the_limits_without_failing(l
     assert (got["a"]["venue_min"], got["a"]["venue_max"], got["b"]["venue_max"]) == ("x", "é", "\U0010ffff")
     assert [got[s]["trade_count"] for s in "abc"] == [2, 2, 1]
     assert round(sketches.estimate(bytes(got["a"]["venues"]))) == 2
+    assert exact_sets.decode(got["a"]["venue_count"]) == {"x", "é"}
+    assert exact_sets.decode(got["b"]["venue_count"]) == {"", "\U0010ffff"}
 
 
 def test_a_sum_past_the_range_reads_as_json_text_from_the_command_line() -> None:
