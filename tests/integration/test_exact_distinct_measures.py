@@ -150,11 +150,13 @@ def test_exact_counts_merge_across_instances_and_granularities_past_the_bound_ap
 
 
 def test_facts_add_to_exact_sets_once_each_and_past_the_bound_approximate(database_url: str, tmp_path: Path) -> None:
-    """An aggregation of facts: each fact's trader joins its second's set once (a fact published again by its id
+    """An aggregation of facts: each fact's visitor joins its second's set once (a fact published again by its id
     changes nothing); the coarser buckets are unions of the seconds, within the bound or sketched."""
     output = OutputConfig(kind="aggregation", id=["visit"], time="at", key=["site"], granularities=["minute", "hour"],
-                          measures={"visits": {"count": "*"}, "visitors": {"distinct_exact": "visitor", "max_values": 25}})
-    spec = AggregationSpec(name="visits", table="web_visits", keys=("site",), granularities=("second", "minute", "hour"),
+                          measures={"visits": {"count": "*"},
+                                    "visitors": {"distinct_exact": "visitor", "max_values": 25}})
+    spec = AggregationSpec(name="visits", table="web_visits", keys=("site",),
+                           granularities=("second", "minute", "hour"),
                            measures=(Measure("visits", "count", "bigint"),
                                      Measure("visitors", "distinct_exact", "bytea", "visitor", max_values=25)))
     rng = random.Random(5)

@@ -207,8 +207,8 @@ def get_aggregates(plan: Plan, output: str, cluster: Cluster, db: Db, granularit
                    limit: Annotated[int, Query(ge=1, le=views.MAX_AGGREGATE_ROWS, description="at most this many rows "
                                                "(bucket × key); more: 400")] = DEFAULT_AGGREGATE_ROWS) -> AggregateRows:
     """Buckets starting in ``[start, end)`` (default: the last hour), at most 10,000 buckets of the granularity.
-    avg = Σsum / Σcount over instances, distinct counts from unioned sketches: the same as one node that saw
-    every event."""
+    avg = Σsum / Σcount over instances, distinct counts from unioned sketches or sets (a distinct_exact measure's
+    ``<measure>_exact`` says whether its count is exact): the same as one node that saw every event."""
     end = _aware(end) if end else datetime.now(timezone.utc) + timedelta(seconds=1)
     start = _aware(start) if start else end - timedelta(hours=1)
     return views.aggregate_rows(cluster, db, plan, output, granularity, start, end, _key_filter(key), limit=limit)

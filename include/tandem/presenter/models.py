@@ -258,8 +258,9 @@ class AggregateRows(BaseModel):
     start: datetime
     end: datetime
     rows: list[dict[str, Any]] = Field(
-        description="per bucket and key: bucket_start, the keys, measures and ratios merged over every instance, "
-                    "and `instances`: how many group instances contributed")
+        description="per bucket and key: bucket_start, the keys, measures and ratios merged over every instance "
+                    "(a distinct_exact measure with `<measure>_exact`: whether its count is exact), and `instances`: "
+                    "how many group instances contributed")
 
 
 class OutputRows(BaseModel):
