@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import contextlib
 import json
+import os
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from rich import box
 from rich.console import Console
@@ -47,10 +50,40 @@ from tandem.names import ACTIVE, ROLES
 from tandem.show import render_line, render_rows
 from tandem.reading import read_output
 
-console = Console()
-if not console.is_terminal:  # logs and pipes: wide enough for the aggregate tables
-    console = Console(width=120)
+PIPE_WIDTH = 120
+"""The width of the tables printed into a pipe or a log when ``COLUMNS`` does not say (wide enough for the aggregate
+tables; Rich's own default is 80)."""
+
+
+class CommandStdout:
+    """The stdout of a command's own output (its tables, lines and ``--json`` answer): ``sys.stdout`` as :func:`main`
+    found it. While a command runs, ``sys.stdout`` is stderr, so that what anything else writes or logs there lands
+    on stderr: Airflow, once a command imports it (to assemble a ``spark-submit`` command), logs through a handler
+    on ``sys.stdout``, and a ``--json`` answer must be alone on stdout for a script's ``json.load``."""
+
+    def __init__(self) -> None:
+        self.stream: TextIO | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream or sys.stdout, name)
+
+
+def output_width(is_terminal: bool, environ: Mapping[str, str]) -> int | None:
+    """The width the command's tables are laid out for (pure): ``None`` (Rich's: ``COLUMNS`` when it is set, else the
+    terminal's) on a terminal or when ``COLUMNS`` is set, :data:`PIPE_WIDTH` in a pipe or a log otherwise."""
+    return None if is_terminal or environ.get("COLUMNS", "").strip().isdigit() else PIPE_WIDTH
+
+
+STDOUT = CommandStdout()
+console = Console(file=STDOUT)
+if output_width(console.is_terminal, os.environ) is not None:
+    console = Console(file=STDOUT, width=output_width(False, os.environ))
 errors = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+def emit(text: str) -> None:
+    """Print the command's own output as it is (JSON, exports): on the command's stdout (:class:`CommandStdout`)."""
+    print(text, file=STDOUT, flush=True)
 
 
 def _parse_time(text: str) -> datetime:
@@ -175,7 +208,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     for name, value in [_key_text(item) for item in args.key or []] + [("symbol", s) for s in args.symbol or []]:
         keys.setdefault(name, []).append(value)
     if args.symbol:
-        console.print("[yellow]--symbol is deprecated: use --key symbol=VALUE[/]", highlight=False)
+        errors.print("--symbol is deprecated: use --key symbol=VALUE")
     start, end = args.start, args.end
     if start is None and args.since is not None:
         end = end or datetime.now(timezone.utc) + timedelta(seconds=1)
@@ -183,13 +216,13 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.follow:
         request = ReadRequest(start=start, keys=keys, source=args.source)
         kind_of(plan, output).follow(cluster, plan, output, request,
-                                     lambda row: print(json_text(row), flush=True) if args.json
+                                     lambda row: emit(json_text(row)) if args.json
                                      else console.print(render_line(row), highlight=False))
         return 0
     rows = read_output(cluster, plan, args.granularity, start, end, output=output, keys=keys, source=args.source,
                        limit=args.limit)
     if args.json:
-        print(json_text(rows, indent=2))
+        emit(json_text(rows, indent=2))
     else:
         where = f"{start.isoformat() if start else 'all'} .. {end.isoformat() if end else 'now'}"
         console.print(render_rows(rows, f"{plan.name} {output} ({plan.outputs[output].kind}, {args.source}, "
@@ -357,7 +390,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                   trigger_interval=args.trigger_interval)
     job = launched.job
     if args.json:
-        print(json.dumps({"instance_id": job.instance_id, "reused": job.reused, "reason": job.reason,
+        emit(json.dumps({"instance_id": job.instance_id, "reused": job.reused, "reason": job.reason,
                           "status": job.status, "submit_pid": job.submit_pid, "log_path": job.log_path,
                           "cut": launched.cut}))
     else:
@@ -371,7 +404,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     result = stop_instance(load_cluster(), args.plan, args.instance, args.node, timeout_s=args.timeout)
     if args.json:
-        print(json.dumps(dataclasses.asdict(result)))
+        emit(json.dumps(dataclasses.asdict(result)))
         return 0
     console.print(f"{result.instance_id}: {result.status or 'not recorded'} ({result.detail})",
                   markup=False, highlight=False)
@@ -504,7 +537,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
         rows = read_state(delta_table_dir(cluster, plan.name, STATE_TABLE), args.state, key_contains=key,
                           query=args.query)
         if args.json:
-            print(json.dumps(rows, default=str, indent=2))
+            emit(json.dumps(rows, default=str, indent=2))
             return 0
         table = Table(title=f"state of snapshot {args.state}: {len(rows)} rows", box=box.SIMPLE_HEAD,
                       title_justify="left")
@@ -520,7 +553,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
     with Database(cluster.database_url, "tandem-cli") as db:
         records = catalog.list_snapshots(db, plan.name, instance=args.instance, limit=args.limit)
     if args.json:
-        print(json.dumps([r.__dict__ for r in records], default=str, indent=2))
+        emit(json.dumps([r.__dict__ for r in records], default=str, indent=2))
         return 0
     table = Table(title=f"snapshots of {plan.name} (newest first)", box=box.SIMPLE_HEAD, title_justify="left")
     for column in ("id", "instance", "batch", "taken (UTC)", "status", "state rows", "checkpoint", "outputs",
@@ -628,10 +661,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         which, path = schema_arguments(args.file, args.path, tuple(schemas))
         text = json.dumps(schemas[which] if which else schemas, indent=2)
         if path is None:
-            print(text)
+            emit(text)
             return 0
         path.write_text(text + "\n", encoding="utf-8")
-        print(f"wrote the JSON Schema of {which or ', '.join(schemas)} to {path}")
+        emit(f"wrote the JSON Schema of {which or ', '.join(schemas)} to {path}")
         return 0
     if args.file or args.path:
         raise TandemError("tandem config check takes no file: it checks conf/cluster.yaml and every conf/plans/*.yaml")
@@ -641,7 +674,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print_error(problem)
         return 2
-    print(f"{cluster.path}: ok: {len(cluster.nodes)} node(s) ({', '.join(cluster.nodes)}), storage root "
+    emit(f"{cluster.path}: ok: {len(cluster.nodes)} node(s) ({', '.join(cluster.nodes)}), storage root "
           f"{cluster.storage_root}")
     refused = 0
     plan_files = sorted((cluster.conf_dir / "plans").glob("*.yaml"))
@@ -668,11 +701,11 @@ def cmd_config(args: argparse.Namespace) -> int:
             continue
         streams = ", ".join(f"{name} ({stream.partitions} partitions)" for name, stream in plan.streams.items())
         outputs = ", ".join(f"{name} ({output.kind})" for name, output in plan.outputs.items())
-        print(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.instances)}, streams {streams}, "
+        emit(f"{plan.path}: ok: plan {plan.name}, instances {', '.join(plan.instances)}, streams {streams}, "
               f"outputs {outputs}, queries {', '.join(queries)}, nodes {', '.join(plan.nodes)}, {plan.ha.standby} standby, "
               f"suites {plan.validation.suite or 'implied (declarations)'} and "
               f"{plan.snapshot.suite or 'implied (declarations)'}")
-    print(f"{len(plan_files) - refused} of {len(plan_files)} plan file(s) valid")
+    emit(f"{len(plan_files) - refused} of {len(plan_files)} plan file(s) valid")
     return 2 if refused else 0
 
 
@@ -739,7 +772,7 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
     version = plan_version(plan)
     diffs = pending_changes(cluster, plan)
     if args.json:
-        print(json.dumps({"plan": plan.name, "version": version, "checkpoints": [
+        emit(json.dumps({"plan": plan.name, "version": version, "checkpoints": [
             {"instance": d.instance, "node": d.node, "version": d.version,
              "changes": [{"class": c.kind, "change": c.text, "refused": c.refused} for c in d.changes]}
             for d in diffs]}, indent=2))
@@ -844,13 +877,13 @@ def cmd_airflow_login(args: argparse.Namespace) -> int:
 
     path = passwords_file()
     if args.ensure and ensure_admin_password(path):
-        print(f"generated a random password for the Airflow user admin in {path} (mode 0600)")
-    print(f"Airflow {login_hint(path)}")
+        emit(f"generated a random password for the Airflow user admin in {path} (mode 0600)")
+    emit(f"Airflow {login_hint(path)}")
     return 0
 
 
 def cmd_airflow_env(args: argparse.Namespace) -> int:
-    print("\n".join(airflow_connection_exports()))
+    emit("\n".join(airflow_connection_exports()))
     return 0
 
 
@@ -1117,8 +1150,10 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg2.errors
 
     args = build_parser().parse_args(argv)
+    STDOUT.stream = sys.stdout
     try:
-        return args.func(args)
+        with contextlib.redirect_stdout(sys.stderr):  # logs and stray prints: see CommandStdout
+            return args.func(args)
     except (TandemError, OSError) as exc:  # OSError: a path the user named (too long, not permitted, ...)
         print_error(exc)
         return 2
@@ -1126,6 +1161,8 @@ def main(argv: list[str] | None = None) -> int:
         print_error(TandemError(f"{str(exc).splitlines()[0]}: the database's schema is older than this Tandem; "
                                 "run `tandem migrate` (a node's start migrates it too)"))
         return 2
+    finally:
+        STDOUT.stream = None
 
 
 if __name__ == "__main__":
