@@ -230,9 +230,16 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+STATUS_EVENTS = 10
+"""How many of a plan's newest failover events ``tandem status`` shows."""
+HEALTH_STYLES = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red",
+                 "BLOCKED": "bold magenta", "STALLED": "yellow", "STOPPED": "dim", "MISSING": "dim"}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Per plan and group instance: each node's role, epoch, status, health, beat age and lag; the lease; recent
-    events. The same view as the Tandem page in the Airflow UI (:mod:`tandem.presenter.views`).
+    events. The same view as the Tandem page in the Airflow UI (:mod:`tandem.presenter.views`); ``--json``: the
+    same as one JSON document (:func:`status_document`).
 
     Without a plan, a plan file that does not load is one ``error:`` line with its error after the others'
     status, and the exit code is 2 (as ``tandem config check`` for a broken file): a script sees it.
@@ -242,77 +249,133 @@ def cmd_status(args: argparse.Namespace) -> int:
     from tandem.config import load_plans_and_errors
     from tandem.presenter.views import plan_status, timeline
     from tandem.store import Database
-    from tandem.store.output_streams import stream_progress
-    from tandem.supervisor.launch_decision import ACTIVE_STATUSES
 
-    age = short_age
     cluster = load_cluster()
     plans, broken = ({args.plan: load_plan(args.plan, cluster)}, {}) if args.plan else load_plans_and_errors(cluster)
-    styles = {"HEALTHY": "green", "STARTING": "cyan", "DEAD": "bold red", "FAILED": "bold red",
-              "BLOCKED": "bold magenta", "STALLED": "yellow", "STOPPED": "dim", "MISSING": "dim"}
+    shown = []
     try:
         with Database(cluster.database_url, "tandem-cli") as db:
             for plan in plans.values():
                 status = plan_status(db, cluster, plan)
-                for group, refused in status.refused_changes.items():
-                    console.print(f"{plan.name} / group {group}: its checkpoints refuse {'; '.join(refused)}: stop "
-                                  f"the plan and run `tandem plan cutover {plan.name} --group {group}`",
-                                  style="bold red", markup=False, highlight=False)
-                for instance in status.instances:
-                    lease_text = lease_line(instance.lease, status.observed_at)
-                    table = Table(title=escape(f"{plan.name} / {instance.instance} ({instance.standby} standby) - "
-                                               f"{lease_text}"),
-                                  box=box.SIMPLE_HEAD, title_justify="left")
-                    for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
-                                   "lag", "input waiting", "pid", "version"):
-                        table.add_column(column, no_wrap=True)
-                    notes = []
-                    for node in instance.nodes:
-                        table.add_row(node.node + (" (drained)" if node.drained else ""), node.role or "-",
-                                      str(node.epoch if node.epoch is not None else "-"), node.status or "-",
-                                      f"[{styles.get(node.health, '')}]{node.health}[/]", age(node.beat_age_s),
-                                      "-" if node.last_batch_id is None
-                                      else f"#{node.last_batch_id} {age(node.last_batch_age_s)} ago",
-                                      age(node.lag_s), age(node.waiting_input_s), str(node.pid or "-"),
-                                      node.version or "-")
-                        if node.health != "HEALTHY":
-                            notes.append(f"  {node.node} {node.health}: {node.evidence}")
-                        if node.relay_error:
-                            notes.append(f"  {node.node} relay to NATS failing: {node.relay_error}")
-                        if node.status in ACTIVE_STATUSES and node.version not in (None, status.version):
-                            notes.append(f"  {node.node} runs version {node.version}; the files now define "
-                                         f"{status.version}: `tandem plan diff {plan.name}` says what changed")
-                    if instance.upgrade is not None:
-                        notes.append(upgrade_line(instance.upgrade))
-                    console.print(table)
-                    for note in notes:  # an error's text is shown as it is, never read as Rich markup
-                        console.print(note, highlight=False, markup=False)
-                    for action in instance.due:
-                        console.print(f"  [yellow]due:[/] {escape(action)}")
-                for output, config in plan.outputs.items():
-                    if config.stream is not None:
-                        held, sequence = db.run(lambda c, o=output: stream_progress(c, plan.name, o))
-                        at = "-" if sequence is None else f"{sequence:,}"
-                        console.print(f"{plan.name} / {output} -> NATS stream {config.stream}: {held:,} events in "
-                                      f"PostgreSQL, the stream at sequence {at} (as last recorded)", highlight=False)
-                for line in batch_lines(cluster, plan, db):
-                    console.print(line, highlight=False, markup=False)
-                events = timeline(db, plan, limit=10).events
-                if events:
-                    table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
-                    for column in ("time (UTC)", "instance", "kind", "node", "from", "epoch", "reason"):
-                        table.add_column(column, no_wrap=True, overflow="ellipsis")
-                    for event in events:
-                        table.add_row(event.happened_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-                                      event.instance, event.kind, event.node or "", event.previous_node or "",
-                                      str(event.epoch or ""), event.reason)
-                    console.print(table)
+                events = timeline(db, plan, limit=STATUS_EVENTS).events
+                if args.json:
+                    shown.append((status, events))
+                else:
+                    _print_plan_status(cluster, plan, db, status, events)
     except psycopg2.errors.UndefinedTable:
         raise TandemError("the coordination schema is missing: run `tandem migrate`") from None
     finally:
-        for name, error in broken.items():
-            print_error(TandemError(f"plan {name} is broken, not shown: {error}"))
+        if not args.json:
+            for name, error in broken.items():
+                print_error(TandemError(f"plan {name} is broken, not shown: {error}"))
+    if args.json:
+        emit(json.dumps(status_document(shown, {name: str(error) for name, error in broken.items()}), indent=2))
     return 2 if broken else 0
+
+
+def status_document(shown: list[tuple[Any, list[Any]]], broken: Mapping[str, str]) -> dict[str, Any]:
+    """``tandem status --json`` (pure): per plan its status (:class:`tandem.presenter.models.PlanStatus`: instances,
+    leases, each node's role, status, health and lag) and its newest failover ``events`` (timestamps in full, the
+    take-over time in seconds), and the plan files that do not load (``broken``: file name -> error)."""
+    return {"plans": [{**status.model_dump(mode="json"), "events": [e.model_dump(mode="json") for e in events]}
+                      for status, events in shown],
+            "broken": dict(broken)}
+
+
+def _print_plan_status(cluster, plan, db, status, events) -> None:
+    """``tandem status`` of one plan, as tables and lines."""
+    from tandem.store.output_streams import stream_progress
+    from tandem.supervisor.launch_decision import ACTIVE_STATUSES
+
+    age = short_age
+    for group, refused in status.refused_changes.items():
+        console.print(f"{plan.name} / group {group}: its checkpoints refuse {'; '.join(refused)}: stop "
+                      f"the plan and run `tandem plan cutover {plan.name} --group {group}`",
+                      style="bold red", markup=False, highlight=False)
+    for instance in status.instances:
+        lease_text = lease_line(instance.lease, status.observed_at)
+        table = Table(title=escape(f"{plan.name} / {instance.instance} ({instance.standby} standby) - "
+                                   f"{lease_text}"),
+                      box=box.SIMPLE_HEAD, title_justify="left")
+        for column in ("node", "role", "epoch", "status", "health", "last beat", "last batch",
+                       "lag", "input waiting", "pid", "version"):
+            table.add_column(column, no_wrap=True)
+        notes = []
+        for node in instance.nodes:
+            table.add_row(node.node + (" (drained)" if node.drained else ""), node.role or "-",
+                          str(node.epoch if node.epoch is not None else "-"), node.status or "-",
+                          f"[{HEALTH_STYLES.get(node.health, '')}]{node.health}[/]", age(node.beat_age_s),
+                          "-" if node.last_batch_id is None
+                          else f"#{node.last_batch_id} {age(node.last_batch_age_s)} ago",
+                          lag_text(node.lag_s, node.ahead_of_clock_s), age(node.waiting_input_s),
+                          str(node.pid or "-"), node.version or "-")
+            if node.health != "HEALTHY":
+                notes.append(f"  {node.node} {node.health}: {node.evidence}")
+            if node.ahead_of_clock_s is not None:
+                notes.append(f"  {node.node}: its event-time watermark is {node.ahead_of_clock_s:.1f}s ahead of "
+                             "the clock (event times from a clock that runs fast?): lag shown as 0")
+            if node.relay_error:
+                notes.append(f"  {node.node} relay to NATS failing: {node.relay_error}")
+            if node.status in ACTIVE_STATUSES and node.version not in (None, status.version):
+                notes.append(f"  {node.node} runs version {node.version}; the files now define "
+                             f"{status.version}: `tandem plan diff {plan.name}` says what changed")
+        if instance.upgrade is not None:
+            notes.append(upgrade_line(instance.upgrade))
+        console.print(table)
+        notes += next_action_lines(plan.name, instance)
+        for note in notes:  # an error's text is shown as it is, never read as Rich markup
+            console.print(note, highlight=False, markup=False)
+    for output, config in plan.outputs.items():
+        if config.stream is not None:
+            held, sequence = db.run(lambda c, o=output: stream_progress(c, plan.name, o))
+            at = "-" if sequence is None else f"{sequence:,}"
+            console.print(f"{plan.name} / {output} -> NATS stream {config.stream}: {held:,} events in "
+                          f"PostgreSQL, the stream at sequence {at} (as last recorded)", highlight=False)
+    for line in batch_lines(cluster, plan, db):
+        console.print(line, highlight=False, markup=False)
+    if events:
+        table = Table(title=f"{plan.name}: last failover events", box=box.SIMPLE_HEAD, title_justify="left")
+        for column in ("time (UTC)", "instance", "kind", "node", "from", "epoch"):
+            table.add_column(column, no_wrap=True)
+        table.add_column("reason", overflow="fold", ratio=1, min_width=30)
+        for event in events:
+            table.add_row(event_time(event.happened_at), event.instance, event.kind, event.node or "",
+                          event.previous_node or "", str(event.epoch or ""), escape(event_reason(event)))
+        console.print(table)
+
+
+def event_time(at: datetime) -> str:
+    """A failover event's time in UTC to the millisecond (pure): ``2026-12-07 13:58:52.757``; a take-over lasts
+    seconds, so the second alone hid its pace."""
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def event_reason(event) -> str:
+    """A failover event's reason as ``tandem status`` shows it (pure; ``event`` a
+    :class:`tandem.presenter.models.TimelineEvent`): a take-over says how long it took, to the hundredth of a
+    second: ``node-b (PASSIVE standby) took the lease: lease expired or handed over; took over in 2.41 s after
+    node-a's last renewal``."""
+    if event.took_over_s is None:
+        return event.reason
+    return (f"{event.reason}; took over in {event.took_over_s:.2f} s after {event.previous_node or 'the holder'}'s "
+            "last renewal")
+
+
+def lag_text(lag_s: float | None, ahead_of_clock_s: float | None) -> str:
+    """The lag column (pure): the watermark's age, or ``ahead of clock`` when it is ahead (never a negative lag)."""
+    return "ahead of clock" if ahead_of_clock_s is not None else short_age(lag_s)
+
+
+def next_action_lines(plan: str, instance) -> list[str]:
+    """What the supervisor would do next for an instance (pure; ``instance`` a
+    :class:`tandem.presenter.models.InstanceStatus`): ``due: ...`` a line each; an instance no node ever ran is
+    ``not launched`` (nothing is overdue about it), with the command that starts it."""
+    launched = any(node.status is not None for node in instance.nodes)
+    if launched:
+        return [f"  due: {action}" for action in instance.due]
+    first = instance.nodes[0].node if instance.nodes else "NODE"
+    would = f" (the supervise DAG would: {'; '.join(instance.due)})" if instance.due else ""
+    return [f"  not launched: `tandem launch {plan} {instance.instance} {first}` starts it{would}"]
 
 
 def upgrade_line(upgrade) -> str:
@@ -986,6 +1049,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="plan instances, roles and heartbeats")
     status.add_argument("plan", nargs="?")
+    status.add_argument("--json", action="store_true",
+                        help="as one JSON document: per plan its instances, nodes (role, status, health, lag) and "
+                             "newest failover events (full timestamps, took_over_s)")
     status.set_defaults(func=cmd_status)
 
     run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit)")

@@ -57,3 +57,102 @@ def test_status_shows_roles_health_lease_and_events(project: Path, database_url:
 def test_status_without_schema_says_what_to_do(project: Path, database_url: str, capsys) -> None:
     assert main(["status"]) == 2
     assert "run `tandem migrate`" in capsys.readouterr().err
+
+
+def _one_instance(project: Path) -> None:
+    path = project / "conf" / "plans" / "trades.yaml"
+    plan = yaml.safe_load(path.read_text())
+    plan["groups"]["shard"]["parallel"] = 1
+    path.write_text(yaml.safe_dump(plan))
+
+
+def test_status_json_has_instances_lag_and_the_take_over_time(project: Path, database_url: str, capsys) -> None:
+    """``tandem status --json``: one JSON document on stdout; a take-over's time in seconds and its event's time to
+    the microsecond; a watermark ahead of the clock lags 0 s and says how far ahead it is (never a negative lag)."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from tandem.store.heartbeats import BatchProgress, record_progress
+    from tandem.store.leases import try_acquire
+
+    _one_instance(project)
+    with Database(database_url) as db:
+        migrate(db)
+        register_nodes(db, load_cluster())
+
+        def work(cur):
+            for node in ("node-a", "node-b"):
+                cur.execute("""INSERT INTO plan_instances (instance_id, plan, instance, node, role, epoch, status,
+                                                           started_at, pid)
+                               VALUES (%s, 'trades', 'shard-1', %s, 'PASSIVE', 0, 'RUNNING', now(), 4242)""",
+                            (f"trades/shard-1/{node}", node))
+                cur.execute("""INSERT INTO liveness (instance_id, host, pid, beat_at, started_at)
+                               VALUES (%s, 'h', 4242, now(), now())""", (f"trades/shard-1/{node}",))
+            # node-a held the lease at epoch 3, renewed it last 2.5 s ago, and it expired
+            cur.execute("""INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at, renewed_at)
+                           VALUES ('trades', 'shard-1', 'node-a', 3, 3, now() - interval '1 second',
+                                   now() - interval '2.5 seconds')""")
+
+        db.run(work)
+        assert try_acquire(db, "trades", "shard-1", "node-b", 3.0, reason="node-b (PASSIVE standby) took the lease: "
+                                                                          "lease expired or handed over") == 4
+        ahead = datetime.now(timezone.utc) + timedelta(seconds=30)
+        record_progress(db, BatchProgress(
+            instance_id="trades/shard-1/node-b", plan="trades", instance="shard-1", node="node-b",
+            query_name="aggregates", query_id="00000000-0000-0000-0000-000000000001",
+            run_id="00000000-0000-0000-0000-000000000002", batch_id=7, input_rows=10, input_rows_per_s=None,
+            processed_rows_per_s=None, batch_duration_ms=5, watermark=ahead, state_rows=None, late_rows=None,
+            quarantined_rows=None))
+    capsys.readouterr()
+    assert main(["status", "trades", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["broken"] == {}
+    [plan] = document["plans"]
+    [instance] = plan["instances"]
+    assert instance["lease"]["holder"] == "node-b" and instance["lease"]["epoch"] == 4
+    nodes = {node["node"]: node for node in instance["nodes"]}
+    assert nodes["node-b"]["role"] == "ACTIVE" and nodes["node-b"]["status"] == "RUNNING"
+    assert nodes["node-b"]["lag_s"] == 0.0 and 25 < nodes["node-b"]["ahead_of_clock_s"] <= 30
+    assert nodes["node-a"]["lag_s"] is None and nodes["node-a"]["ahead_of_clock_s"] is None
+    [promoted] = [event for event in plan["events"] if event["kind"] == "PROMOTED"]
+    assert promoted["node"] == "node-b" and promoted["previous_node"] == "node-a"
+    assert 2.5 <= promoted["took_over_s"] < 10  # from node-a's last renewal, 2.5 s before the take-over
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)", promoted["happened_at"])
+
+    assert main(["status", "trades"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"took over in {promoted['took_over_s']:.2f} s after node-a's last renewal" in out
+    assert "ahead of clock" in out and "-" + "30" not in out
+    shown_at = datetime.fromisoformat(promoted["happened_at"]).astimezone(timezone.utc)
+    assert shown_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] in out
+
+
+def test_an_instance_nobody_launched_is_not_due_but_not_launched(project: Path, database_url: str, capsys) -> None:
+    _one_instance(project)
+    with Database(database_url) as db:
+        migrate(db)
+    assert main(["status", "trades"]) == 0
+    out = capsys.readouterr().out
+    assert "not launched: `tandem launch trades shard-1 node-a` starts it" in " ".join(out.split())
+    assert "due:" not in out
+
+
+def test_a_lease_given_up_is_started_again_not_taken_over(database_url: str) -> None:
+    """A clean stop released the lease 10 minutes ago: the next launch takes nothing over (no take-over time: it
+    was 600 s 'after the last renewal'); an expired one is taken over, in the seconds since its last renewal."""
+    from tandem.store.leases import release, try_acquire
+
+    with Database(database_url) as db:
+        migrate(db)
+        db.run(lambda cur: cur.execute(
+            """INSERT INTO leases (plan, instance, holder, epoch, ttl_s, expires_at, renewed_at)
+               VALUES ('trades', 'shard-1', 'node-a', 3, 3, now() + interval '3 seconds', now() - interval '600 s'),
+                      ('trades', 'shard-2', 'node-a', 5, 3, now() - interval '597 s', now() - interval '600 s')"""))
+        assert release(db, "trades", "shard-1", "node-a", 3, "instance stopped")
+        assert try_acquire(db, "trades", "shard-1", "node-b", 3.0, reason="r") == 4
+        assert try_acquire(db, "trades", "shard-2", "node-b", 3.0, reason="r") == 6
+        rows = db.run(lambda cur: (cur.execute(
+            "SELECT instance, detail FROM failover_events WHERE kind = 'PROMOTED'"), cur.fetchall())[1])
+    details = {row["instance"]: row["detail"] for row in rows}
+    assert details["shard-1"] == {}
+    assert 600 <= details["shard-2"]["took_over_s"] < 660

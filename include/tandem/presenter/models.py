@@ -73,7 +73,11 @@ class NodeState(BaseModel):
     beat_age_s: float | None = Field(description="seconds since the driver's last liveness beat")
     last_batch_id: int | None
     last_batch_age_s: float | None
-    lag_s: float | None = Field(description="seconds the newest event-time watermark is behind the clock")
+    lag_s: float | None = Field(description="seconds the newest event-time watermark is behind the clock (0 when it "
+                                            "is ahead: ahead_of_clock_s says by how much)")
+    ahead_of_clock_s: float | None = Field(None, description="seconds the newest event-time watermark is ahead of "
+                                                             "the clock (event times from a clock that runs fast, or "
+                                                             "made up); null when it is not ahead")
     waiting_input_s: float | None = Field(description="age of the oldest input file no batch has read yet")
     relay_error: str | None = Field(None, description="why publishing the plan's events outputs to NATS fails on this "
                                                       "node (its relay tries again with back-off); null: it does not")
@@ -124,6 +128,10 @@ class TimelineEvent(OfInstance):
     previous_node: str | None
     epoch: int | None
     reason: str
+    took_over_s: float | None = Field(None, description="a PROMOTED event: seconds from the previous holder's last "
+                                                        "renewal (its last sign of life as the ACTIVE) to this "
+                                                        "take-over; null for other events, a lease never held before "
+                                                        "and events recorded before this was")
 
 
 class SnapshotInfo(OfInstance):

@@ -103,8 +103,18 @@ def epoch_millis_fields(plan: PlanConfig) -> list[str]:
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
+    took_over = (row.get("detail") or {}).get("took_over_s")
     return TimelineEvent(id=row["id"], happened_at=row["happened_at"], instance=row["instance"], kind=row["kind"],
-                         node=row["node"], previous_node=row["previous_node"], epoch=row["epoch"], reason=row["reason"])
+                         node=row["node"], previous_node=row["previous_node"], epoch=row["epoch"], reason=row["reason"],
+                         took_over_s=float(took_over) if isinstance(took_over, (int, float)) else None)
+
+
+def clock_lag(lag_s: float | None) -> tuple[float | None, float | None]:
+    """``(lag, ahead of the clock)`` of a watermark ``lag_s`` seconds behind the clock (pure): a watermark ahead of
+    it (event times from a clock that runs fast) lags 0 s and is that far ahead, never a negative lag."""
+    if lag_s is None or lag_s >= 0:
+        return lag_s, None
+    return 0.0, -lag_s
 
 
 def _snapshot(record: SnapshotRecord) -> SnapshotInfo:
@@ -175,6 +185,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
             health, seen = view.health(node), observed.observations[node]
             row = rows.instances.get(node) or {}
             latest = progress.get(f"{plan.name}/{instance}/{node}", {})
+            lag_s, ahead_s = clock_lag(latest.get("lag_s"))
             holds_lease = view.lease is not None and view.lease.valid and view.lease.holder == node
             nodes.append(NodeState(
                 node=node, role=shown_role(seen.role, seen.status, holds_lease) if row else None,
@@ -182,7 +193,7 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
                 health=health.state,
                 evidence=health.evidence, drained=node in view.drained, host=row.get("host"), pid=row.get("pid"),
                 beat_age_s=seen.beat_age_s, last_batch_id=latest.get("batch_id"),
-                last_batch_age_s=latest.get("batch_age_s"), lag_s=latest.get("lag_s"),
+                last_batch_age_s=latest.get("batch_age_s"), lag_s=lag_s, ahead_of_clock_s=ahead_s,
                 waiting_input_s=seen.waiting_input_age_s, relay_error=row.get("relay_error"),
                 version=row.get("plan_version")))
         lease = None

@@ -41,6 +41,20 @@ def takeover_grace_s(standby_role: str, ttl_s: float) -> float:
     return ttl_s if standby_role == BACKUP else 0.0
 
 
+LAUNCHED_ACTIVE = "launched as ACTIVE"
+TAKEN_OVER = "lease expired or handed over"
+
+
+def take_reason(node: str, role: str, why: str) -> str:
+    """The reason a PROMOTED event gives (pure): the node, how it came to take the lease, and, for a standby, its
+    role: ``node-a took the lease: launched as ACTIVE``, ``node-b (PASSIVE standby) took the lease: lease expired
+    or handed over``. (An instance launched ACTIVE was said to be a ``PASSIVE`` that took it: the role it had
+    before it held a lease.)"""
+    if why == LAUNCHED_ACTIVE:
+        return f"{node} took the lease: {why}"
+    return f"{node} ({role} standby) took the lease: {why}"
+
+
 def idle_transaction_limit(ttl_s: float) -> dict[str, str]:
     """The session setting that ends a transaction left idle longer than the lease ttl (pure)."""
     return {"idle_in_transaction_session_timeout": f"{math.ceil(ttl_s * 1000)}ms"}
@@ -100,7 +114,7 @@ class RoleController:
         """At start: an instance launched as ACTIVE takes the lease if free, expired, or its own node's."""
         self._record_role()
         if wants_active:
-            self._try_take(grace_s=0.0, reason="started as ACTIVE", same_node=True)
+            self._try_take(grace_s=0.0, reason=LAUNCHED_ACTIVE, same_node=True)
 
     def tick(self) -> None:
         """One heartbeat: renew, or take an expired lease; then the periodic work."""
@@ -112,8 +126,7 @@ class RoleController:
             else:
                 # same_node: a lease that names this node was handed over to it (drain, failover now)
                 # or held by this node's previous process; either way this instance supersedes it
-                self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), "lease expired or handed over",
-                               same_node=True)
+                self._try_take(takeover_grace_s(self.standby_role, self.ttl_s), TAKEN_OVER, same_node=True)
             for work in self._on_tick:
                 # a publish holds the lock for as long as it writes: skip to the next beat rather than wait,
                 # so a slow publish never holds up the renewals and beats of this thread
@@ -128,7 +141,8 @@ class RoleController:
     def _try_take(self, grace_s: float, reason: str, same_node: bool = False) -> None:
         with self._db_lock:
             epoch = try_acquire(self.db, self.instance.plan, self.instance.instance, self.instance.node, self.ttl_s,
-                                grace_s=grace_s, reason=f"{self.role} took the lease: {reason}", same_node=same_node)
+                                grace_s=grace_s, reason=take_reason(self.instance.node, self.role, reason),
+                                same_node=same_node)
         if epoch is None:
             return
         with self.lock:

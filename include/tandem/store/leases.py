@@ -57,6 +57,17 @@ def record_event(cursor, plan: str, instance: str, kind: str, reason: str, *, no
     )
 
 
+def takeover_detail(previous_holder: str | None, since_renewal_s: float | None) -> dict[str, float]:
+    """The detail of a PROMOTED event (pure): ``took_over_s``, the seconds from the previous holder's last renewal
+    (its last sign of life as the ACTIVE) to this take-over, when the lease had a holder that lost it without giving
+    it up (killed, frozen, cut off: the lease expired; or a relaunch of its node superseded it). ``since_renewal_s``
+    is ``None`` for a lease given up (:func:`release`: a clean stop, a drain, a failed instance): its next holder
+    starts the instance again, it takes nothing over."""
+    if previous_holder is None or since_renewal_s is None:
+        return {}
+    return {"took_over_s": round(max(0.0, float(since_renewal_s)), 3)}
+
+
 def try_acquire(db: Database, plan: str, instance: str, node: str, ttl_s: float, *,
                 grace_s: float = 0.0, reason: str = "lease free or expired", same_node: bool = False) -> int | None:
     """Take the lease if it is free or expired for more than ``grace_s``; return the new epoch.
@@ -64,7 +75,7 @@ def try_acquire(db: Database, plan: str, instance: str, node: str, ttl_s: float,
     One compare-and-set: concurrent callers cannot both succeed, and each success increments
     the epoch. ``same_node`` also takes a live lease held by this node: a restarted instance
     supersedes its previous process, which the new epoch fences. The PROMOTED event is written
-    in the same transaction.
+    in the same transaction, with the take-over time (:func:`takeover_detail`).
     """
 
     def work(cursor) -> int | None:
@@ -72,7 +83,10 @@ def try_acquire(db: Database, plan: str, instance: str, node: str, ttl_s: float,
         params = {"node": node, "ttl": ttl_s, "plan": plan, "instance": instance, "grace": grace_s,
                   "same_node": same_node}
         cursor.execute(
-            """SELECT holder FROM leases
+            """SELECT holder,
+                      CASE WHEN expires_at >= renewed_at  -- not given up (a release backdates expires_at)
+                           THEN EXTRACT(EPOCH FROM clock_timestamp() - renewed_at)::float8 END AS since_renewal_s
+               FROM leases
                WHERE plan = %(plan)s AND instance = %(instance)s
                  AND (holder IS NULL OR expires_at + make_interval(secs => %(grace)s) < now()
                       OR (%(same_node)s AND holder = %(node)s))
@@ -87,7 +101,7 @@ def try_acquire(db: Database, plan: str, instance: str, node: str, ttl_s: float,
                RETURNING epoch""", params)
         epoch = int(cursor.fetchone()["epoch"])
         record_event(cursor, plan, instance, "PROMOTED", reason, node=node, previous_node=taken["holder"],
-                     epoch=epoch)
+                     epoch=epoch, detail=takeover_detail(taken["holder"], taken["since_renewal_s"]))
         return epoch
 
     return db.run(work)

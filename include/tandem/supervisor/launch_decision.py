@@ -12,6 +12,12 @@ from dataclasses import dataclass
 
 ACTIVE_STATUSES = ("LAUNCHING", "STARTING", "RUNNING")
 ENDED_STATUSES = ("STOPPED", "FAILED", "BLOCKED")
+DIED = "DEAD: killed or crashed"
+"""How the error a stop records begins when it found the run's processes gone while its row said it ran: the run
+died (``kill -9``, a crash, an OOM kill) without a clean stop; the stop recorded STOPPED in its place
+(:func:`tandem.supervisor.stopping.stop_instance`)."""
+KILLED = "killed with SIGKILL"
+"""How the error a stop records begins when it had to kill the run (still alive after SIGTERM)."""
 
 
 @dataclass(frozen=True)
@@ -26,8 +32,21 @@ class LaunchDecision:
         return self.action == "reuse"
 
 
+def previous_run(status: str, error: str | None) -> str:
+    """How the previous run ended, in the words of a launch's reason (pure): ``status`` and ``error`` are what its
+    instance row recorded. A run a stop found dead, or had to kill, is said to be so, not merely STOPPED."""
+    cause = " ".join((error or "").split()).removeprefix("stop_instance: ")
+    if status == "STOPPED" and cause.startswith(DIED):
+        return f"previous run was DEAD ({cause.removeprefix('DEAD: ')}; no clean stop)"
+    if status == "STOPPED" and cause.startswith(KILLED):
+        return f"previous run was {cause} (no clean stop)"
+    if not cause:
+        return f"previous run ended ({status})"
+    return f"previous run ended ({status}: {cause[:200]}{'...' if len(cause) > 200 else ''})"
+
+
 def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | None,
-                  heartbeat_timeout_s: float, *, recorded_here: bool) -> LaunchDecision:
+                  heartbeat_timeout_s: float, *, recorded_here: bool, error: str | None = None) -> LaunchDecision:
     """Reuse the recorded job when it is still alive, otherwise launch (pure).
 
     Args:
@@ -38,11 +57,12 @@ def decide_launch(status: str | None, process_alive: bool, beat_age_s: float | N
         heartbeat_timeout_s: the plan's heartbeat timeout (interval × max missed beats).
         recorded_here: the job was recorded on this host, so ``process_alive`` is the whole truth; a
             recent beat then only means the job died a moment ago (e.g. ``kill -9``), not that it lives.
+        error: the error (or how it stopped) the row recorded, which says how an ended run ended.
     """
     if status is None:
         return LaunchDecision("launch", "no instance recorded yet")
     if status not in ACTIVE_STATUSES:
-        return LaunchDecision("launch", f"previous run ended ({status})")
+        return LaunchDecision("launch", previous_run(status, error))
     if process_alive:
         return LaunchDecision("reuse", f"{status} and its process is alive")
     beat = "it never beat" if beat_age_s is None else f"its last beat is {beat_age_s:.1f}s old"

@@ -161,6 +161,7 @@ def launch_instance(cluster: ClusterConfig, plan: PlanConfig | str, instance: st
                 _float(row["beat_age_s"]) if row else None,
                 plan.heartbeat.timeout_s,
                 recorded_here=bool(row) and recorded_on_this_host(row),
+                error=row["error"] if row else None,
             )
             if decision.reuse:
                 reason = decision.reason

@@ -25,7 +25,7 @@ from tandem.config import ClusterConfig, PlanConfig, load_plan
 from tandem.store.db import Database
 from tandem.store.locks import AdvisoryLock
 from tandem.store.registry import InstanceKey, get_instance, record_status, request_stop
-from tandem.supervisor.launch_decision import ACTIVE_STATUSES
+from tandem.supervisor.launch_decision import ACTIVE_STATUSES, DIED, KILLED
 from tandem.supervisor.launcher import LaunchError, instance_key
 from tandem.supervisor.processes import (InstanceProcesses, instance_processes, kill_group, reap_children,
                                          recorded_on_this_host, signal_processes)
@@ -68,23 +68,31 @@ def stop_instance(cluster: ClusterConfig, plan: PlanConfig | InstanceKey | str, 
             return StopResult(key.id, None, True, "not recorded: nothing to stop")
         asked = request_stop(db, key, requested_by)
         confirmed = True
+        died = False
         if recorded_on_this_host(row):
             processes = instance_processes(row, key)
+            died = not processes and row["status"] in ACTIVE_STATUSES
             graceful = _terminate(key, processes, timeout_s, poll_s) if processes else True
-            detail = ("no live process" if not processes else "stopped gracefully" if graceful
-                      else f"killed after {timeout_s:g}s")
+            detail = (f"no live process: {died_while(row['status'])}" if died else "no live process" if not processes
+                      else "stopped gracefully" if graceful else f"killed after {timeout_s:g}s")
         else:
             graceful, detail, confirmed = _await_remote_stop(db, cluster, key, row["host"], timeout_s, poll_s) \
                 if asked else (True, f"not running ({row['status']})", True)
         row = get_instance(db, key.id)
         if row["status"] in ACTIVE_STATUSES:
-            reason = (f"killed with SIGKILL: still running {timeout_s:g}s after SIGTERM" if not graceful
+            reason = (f"{KILLED}: still running {timeout_s:g}s after SIGTERM" if not graceful
                       else detail if not recorded_on_this_host(row)
+                      else died_while(row["status"]) if died
                       else f"its processes ended while {row['status']} without recording a final status")
             record_status(db, key, "STOPPED", f"stop_instance: {reason}")
             row = get_instance(db, key.id)
         log.info("instance %s: %s (%s)", key.id, detail, row["status"])
         return StopResult(key.id, row["status"], graceful, detail, confirmed)
+
+
+def died_while(status: str) -> str:
+    """What a stop says of a run whose processes it found gone while its row said ``status`` (pure)."""
+    return f"{DIED} while {status}: its processes had ended without recording a final status"
 
 
 def stop_launch(cluster: ClusterConfig, plan: PlanConfig | str, instance: str, node: str,
