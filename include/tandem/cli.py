@@ -31,7 +31,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -79,6 +79,19 @@ console = Console(file=STDOUT)
 if output_width(console.is_terminal, os.environ) is not None:
     console = Console(file=STDOUT, width=output_width(False, os.environ))
 errors = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def jvm_output_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointed at stderr meanwhile: a JVM started in this process (Spark's, in ``tandem run``)
+    inherits it and writes its warnings there for as long as it lives, not before the command's own output."""
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def emit(text: str) -> None:
@@ -432,15 +445,25 @@ def batch_lines(cluster, plan, db) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
+    from tandem.errors import StoreError
     from tandem.runtime.node import install_stop_signals, run_instance
+    from tandem.runtime.run_summary import summarize_run
+    from tandem.store.registry import InstanceKey
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
     stop = threading.Event()
     install_stop_signals(stop)
-    result = run_instance(cluster, plan, args.node, args.instance or plan.instances[0], available_now=args.available_now,
-                          trigger_interval_s=args.trigger_interval, stop=stop)
-    console.print(f"{result.status} {result.error or ''}")
+    key = InstanceKey(plan.name, args.instance or plan.instances[0], args.node)
+    with jvm_output_to_stderr():
+        result = run_instance(cluster, plan, key.node, key.instance, available_now=args.available_now,
+                              trigger_interval_s=args.trigger_interval, stop=stop)
+    try:
+        lines = summarize_run(cluster.database_url, key, result.status, result.error).lines()
+    except StoreError as exc:  # the run's own outcome is shown whatever the figures' fate
+        lines = [f"{key.id}: no summary of the run: {exc}", f"{result.status} {result.error or ''}".rstrip()]
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
     return 0 if result.status == "STOPPED" else 1
 
 
@@ -1054,7 +1077,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "newest failover events (full timestamps, took_over_s)")
     status.set_defaults(func=cmd_status)
 
-    run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit)")
+    run = commands.add_parser("run", help="run a plan instance in this process (no spark-submit); at its end, what "
+                                          "it read, published and quarantined")
     run.add_argument("--plan", required=True)
     run.add_argument("--node", required=True)
     add_instance_option(run, "an instance of the plan, e.g. shop-1 (default: its first)")

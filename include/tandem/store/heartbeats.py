@@ -139,3 +139,28 @@ def newest_watermarks(db: Database, plan: str) -> dict[tuple[str, str], datetime
         return {(row["instance_id"], row["query_name"]): row["watermark"] for row in cursor.fetchall()}
 
     return db.run(work)
+
+
+def current_run_totals(db: Database, instance_id: str) -> tuple[list[dict], list[dict]]:
+    """What the instance's current (or last) run did, since its driver recorded its start
+    (``plan_instances.started_at``): per query the batches, rows read and lines quarantined its progress rows say
+    (``query_name``, ``batches``, ``input_rows``, ``quarantined_rows``: null when the query counts none); per output
+    the batches and rows it published (``output``, ``batches``, ``rows``). Both sorted by name; empty when the
+    instance never started."""
+
+    def work(cursor) -> tuple[list[dict], list[dict]]:
+        cursor.execute(
+            """SELECT h.query_name, count(*)::int AS batches, sum(h.input_rows)::bigint AS input_rows,
+                      sum(h.quarantined_rows)::bigint AS quarantined_rows
+               FROM heartbeats h JOIN plan_instances i USING (instance_id)
+               WHERE h.instance_id = %s AND h.recorded_at >= i.started_at
+               GROUP BY h.query_name ORDER BY h.query_name""", (instance_id,))
+        queries = [dict(row) for row in cursor.fetchall()]
+        cursor.execute(
+            """SELECT p.output, count(*)::int AS batches, sum(p.rows)::bigint AS rows
+               FROM publish_log p JOIN plan_instances i USING (instance_id)
+               WHERE p.instance_id = %s AND p.published_at >= i.started_at
+               GROUP BY p.output ORDER BY p.output""", (instance_id,))
+        return queries, [dict(row) for row in cursor.fetchall()]
+
+    return db.run(work, attempts=3)
