@@ -721,16 +721,37 @@ def airflow_connection_exports() -> list[str]:
     return lines
 
 
+SCHEMA_USAGE = ("tandem config schema [cluster.yaml | plans/<name>.yaml] [OUTPUT.json]: one file's JSON Schema (a plan "
+                "file's, named by any plan file), or both's; printed, or written to OUTPUT.json")
+
+
+def schema_file(name: str, names: tuple[str, ...]) -> str | None:
+    """The configuration file whose schema ``tandem config schema NAME`` asks for (pure): one of ``names`` as
+    written; ``cluster.yaml`` for any path of that name; the plan files' for a YAML file in a folder named
+    ``plans`` (``plans/x.yaml``, ``conf/plans/trades.yaml``). ``None`` for any other name."""
+    if name in names:
+        return name
+    path = Path(name)
+    cluster, plan = names
+    if path.name == cluster:
+        return cluster
+    return plan if path.suffix.lower() in (".yaml", ".yml") and path.parent.name == "plans" else None
+
+
 def schema_arguments(file: str | None, path: str | None, names: tuple[str, ...]) -> tuple[str | None, Path | None]:
     """``tandem config schema [FILE] [PATH]``: which file's schema (``None``: every file's) and where to write it
-    (``None``: stdout). A first argument that names no file is the path (pure)."""
-    if file is not None and file not in names:
-        if path is not None:
-            raise TandemError(f"tandem config schema: {file!r} is not a configuration file ({', '.join(names)})")
-        file, path = None, file
+    (``None``: stdout). ``names``: ``cluster.yaml`` and the plan files' name, in this order. A first argument that
+    names a YAML file (``plans/x.yaml``) asks for its kind's schema (:func:`schema_file`); one that names no YAML file
+    is the path (pure)."""
+    if file is not None:
+        which = schema_file(file, names)
+        if which is None and (path is not None or Path(file).suffix.lower() in (".yaml", ".yml")):
+            raise TandemError(f"tandem config schema: {file!r} is not a configuration file ({', '.join(names)}, "
+                              f"or a plan file in a plans/ folder); usage: {SCHEMA_USAGE}")
+        file, path = (which, path) if which is not None else (None, file)
     if path is not None and Path(path).suffix.lower() in (".yaml", ".yml"):
-        raise TandemError(f"tandem config schema: {path} would be a JSON file named like a YAML one (a configuration "
-                          "file?): name it .json")
+        raise TandemError(f"tandem config schema: {path} would be a JSON file named like a YAML one (the schema is "
+                          f"JSON: name it .json); usage: {SCHEMA_USAGE}")
     return file, None if path is None else Path(path)
 
 
@@ -1212,8 +1233,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="check the configuration files, or print their JSON Schema")
     config.add_argument("action", choices=("check", "schema"))
     config.add_argument("file", nargs="?", metavar="FILE",
-                        help="with schema: cluster.yaml or plans/<name>.yaml, one file's schema (default: both, by "
-                             "file)")
+                        help="with schema: cluster.yaml or plans/<name>.yaml (any plan file: plans/trades.yaml), one "
+                             "file's schema (default: both, by file)")
     config.add_argument("path", nargs="?", metavar="PATH",
                         help="with schema: write it to this file (default: print it); `tandem config schema PATH` "
                              "writes both")
