@@ -482,7 +482,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
     else:
         console.print(f"{job.instance_id}: {'reused' if job.reused else 'launched'} ({job.reason}); "
                       f"spark-submit pid {job.submit_pid}, log {job.log_path}", markup=False, highlight=False)
+        if args.resync_from:
+            console.print(resync_line(args.resync_from, launched.cut), markup=False, highlight=False)
     return 0
+
+
+def resync_line(source: str, cut: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """What a launch's re-sync did (pure): the batch each query's checkpoint was cut at, or that it failed."""
+    if cut is None:
+        return (f"re-sync from {source} failed: the node starts from its own checkpoint (the RESYNC_FAILED event "
+                "says why: tandem status)")
+    queries = ", ".join(f"{query} at batch {c['batch_id']}" if c.get("batch_id") is not None
+                        else f"{query}: nothing committed" for query, c in cut.items()) or "no checkpoint yet"
+    return f"re-synced from {source}: {queries}"
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -725,26 +737,29 @@ SCHEMA_USAGE = ("tandem config schema [cluster.yaml | plans/<name>.yaml] [OUTPUT
                 "file's, named by any plan file), or both's; printed, or written to OUTPUT.json")
 
 
-def schema_file(name: str, names: tuple[str, ...]) -> str | None:
+def schema_file(name: str, names: tuple[str, ...], plans_folder: Path | None = None) -> str | None:
     """The configuration file whose schema ``tandem config schema NAME`` asks for (pure): one of ``names`` as
     written; ``cluster.yaml`` for any path of that name; the plan files' for a YAML file in a folder named
-    ``plans`` (``plans/x.yaml``, ``conf/plans/trades.yaml``). ``None`` for any other name."""
+    ``plans`` (``plans/x.yaml``, ``conf/plans/trades.yaml``) or in ``plans_folder`` (``TANDEM_PLANS_DIR``). ``None``
+    for any other name."""
     if name in names:
         return name
     path = Path(name)
     cluster, plan = names
     if path.name == cluster:
         return cluster
-    return plan if path.suffix.lower() in (".yaml", ".yml") and path.parent.name == "plans" else None
+    in_plans = path.parent.name == "plans" or (plans_folder is not None and path.parent.resolve() == plans_folder)
+    return plan if path.suffix.lower() in (".yaml", ".yml") and in_plans else None
 
 
-def schema_arguments(file: str | None, path: str | None, names: tuple[str, ...]) -> tuple[str | None, Path | None]:
+def schema_arguments(file: str | None, path: str | None, names: tuple[str, ...],
+                     plans_folder: Path | None = None) -> tuple[str | None, Path | None]:
     """``tandem config schema [FILE] [PATH]``: which file's schema (``None``: every file's) and where to write it
     (``None``: stdout). ``names``: ``cluster.yaml`` and the plan files' name, in this order. A first argument that
     names a YAML file (``plans/x.yaml``) asks for its kind's schema (:func:`schema_file`); one that names no YAML file
     is the path (pure)."""
     if file is not None:
-        which = schema_file(file, names)
+        which = schema_file(file, names, plans_folder)
         if which is None and (path is not None or Path(file).suffix.lower() in (".yaml", ".yml")):
             raise TandemError(f"tandem config schema: {file!r} is not a configuration file ({', '.join(names)}, "
                               f"or a plan file in a plans/ folder); usage: {SCHEMA_USAGE}")
@@ -758,14 +773,14 @@ def schema_arguments(file: str | None, path: str | None, names: tuple[str, ...])
 def cmd_config(args: argparse.Namespace) -> int:
     """``schema``: the JSON Schema of the configuration files; ``check``: validate every file and each plan's
     module (its queries against the YAML's groups and outputs, without starting Spark), and say what they hold."""
-    from tandem.config import json_schemas, load_plans_and_errors
+    from tandem.config import configured_plans_dir, json_schemas, load_plans_and_errors
     from tandem.errors import PlanChanged, PlanError
     from tandem.plan_shape import refused_launches
     from tandem.runtime.plan_api import check_plan_module, load_plan_module
 
     if args.action == "schema":
         schemas = json_schemas()
-        which, path = schema_arguments(args.file, args.path, tuple(schemas))
+        which, path = schema_arguments(args.file, args.path, tuple(schemas), configured_plans_dir())
         text = json.dumps(schemas[which] if which else schemas, indent=2)
         if path is None:
             emit(text)
@@ -774,7 +789,8 @@ def cmd_config(args: argparse.Namespace) -> int:
         emit(f"wrote the JSON Schema of {which or ', '.join(schemas)} to {path}")
         return 0
     if args.file or args.path:
-        raise TandemError("tandem config check takes no file: it checks conf/cluster.yaml and every conf/plans/*.yaml")
+        raise TandemError("tandem config check takes no file: it checks conf/cluster.yaml and every plan file "
+                          "(conf/plans/*.yaml, or $TANDEM_PLANS_DIR/*.yaml)")
     try:
         cluster = load_cluster()
     except ConfigError as exc:
@@ -784,7 +800,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     emit(f"{cluster.path}: ok: {len(cluster.nodes)} node(s) ({', '.join(cluster.nodes)}), storage root "
           f"{cluster.storage_root}")
     refused = 0
-    plan_files = sorted((cluster.conf_dir / "plans").glob("*.yaml"))
+    plan_files = sorted(cluster.plans_dir.glob("*.yaml"))
     plans, broken = load_plans_and_errors(cluster)  # every plan at once: two plans' NATS streams must not collide
     for path in plan_files:
         if path.stem in broken:

@@ -14,6 +14,8 @@ variables override paths and URLs:
   the configuration folder; the configuration folder defaults to ``./conf``)
 - ``TANDEM_CONF_DIR``: the configuration folder (default: ``$TANDEM_HOME/conf``)
 - ``TANDEM_STORAGE_ROOT``: overrides ``storage_root``
+- ``TANDEM_PLANS_DIR``: the folder of the plans' files, ``<name>.yaml`` and ``<name>.py`` (default:
+  ``$TANDEM_CONF_DIR/plans``; relative to the current folder when relative, as ``TANDEM_CONF_DIR``)
 - ``TANDEM_DATABASE_URL``: overrides ``database.url``
 - ``TANDEM_AIRFLOW_URL``: overrides ``airflow.api_url``
 - ``TANDEM_SCRATCH_DIR``: the host-local folder of the drivers' temporary files, relative to the project
@@ -456,10 +458,18 @@ class ClusterConfig:
     ``TANDEM_SCRATCH_DIR`` (relative: to the project root), or ``<temp dir>/tandem-<digest of the storage root>``
     so that two projects on one host stay apart (:func:`default_scratch_root`)."""
     nats: NatsConfig | None = None
+    plans_folder: Path | None = None
+    """``TANDEM_PLANS_DIR``, resolved (``None``: not set; see :attr:`plans_dir`)."""
 
     @property
     def conf_dir(self) -> Path:
         return self.path.parent
+
+    @property
+    def plans_dir(self) -> Path:
+        """The folder of the plans' files (``<name>.yaml`` and ``<name>.py``): ``TANDEM_PLANS_DIR`` when set, else
+        ``plans/`` in the configuration folder."""
+        return self.plans_folder or self.conf_dir / "plans"
 
     @property
     def spark_defaults(self) -> Path:
@@ -548,6 +558,29 @@ def project_root() -> Path:
 def conf_dir() -> Path:
     configured = os.environ.get("TANDEM_CONF_DIR")
     return Path(configured).resolve() if configured else project_root() / "conf"
+
+
+PLANS_DIR_VARIABLE = "TANDEM_PLANS_DIR"
+
+
+def configured_plans_dir() -> Path | None:
+    """The folder ``TANDEM_PLANS_DIR`` names, resolved (``None`` when it is not set): plans kept outside the
+    configuration folder. A :class:`ConfigError` naming the variable when it is no folder."""
+    configured = os.environ.get(PLANS_DIR_VARIABLE, "").strip()
+    if not configured:
+        return None
+    folder = Path(configured).resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"{PLANS_DIR_VARIABLE} (environment)", "",
+                          f"{folder} is not a folder: it names the folder of the plans' files (<name>.yaml and "
+                          "<name>.py); unset it to keep them in plans/ of the configuration folder")
+    return folder
+
+
+def plans_dir(configuration: Path | None = None) -> Path:
+    """The plans folder without loading ``cluster.yaml``: ``TANDEM_PLANS_DIR``, else ``plans/`` of
+    ``configuration`` (default: :func:`conf_dir`); :attr:`ClusterConfig.plans_dir` of the loaded cluster."""
+    return configured_plans_dir() or (configuration or conf_dir()) / "plans"
 
 
 # --- reading files -------------------------------------------------------------------------------------------
@@ -749,6 +782,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         for name, node in file.nodes.items()
     }
     storage = storage if storage.is_absolute() else (root / storage).resolve()
+    plans = configured_plans_dir()
     scratch = os.environ.get("TANDEM_SCRATCH_DIR")
     return ClusterConfig(
         path=path,
@@ -759,6 +793,7 @@ def load_cluster(path: Path | None = None) -> ClusterConfig:
         nodes=nodes,
         nats=_nats(file.nats, path),
         scratch_root=(root / scratch).resolve() if scratch else default_scratch_root(storage),
+        plans_folder=plans,
     )
 
 
@@ -865,17 +900,18 @@ def nats_of(cluster: ClusterConfig, plan: PlanConfig, stream: str) -> NatsConfig
 
 
 def load_plan(name: str, cluster: ClusterConfig | None = None) -> PlanConfig:
-    """Load the plan ``name`` (``conf/plans/<name>.yaml``), checked against the cluster.
+    """Load the plan ``name`` (``<plans folder>/<name>.yaml``, :attr:`ClusterConfig.plans_dir`), checked against
+    the cluster.
 
-    Only names are taken (``tandem status ../x/trades.yaml`` is refused): a plan is found in the
-    configuration folder, nowhere else.
+    Only names are taken (``tandem status ../x/trades.yaml`` is refused): a plan is found in the plans folder,
+    nowhere else (``TANDEM_PLANS_DIR`` moves that folder).
     """
     cluster = cluster or load_cluster()
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ConfigError(str(cluster.conf_dir / "plans"), "(plan name)",
+        raise ConfigError(str(cluster.plans_dir), "(plan name)",
                           f"{str(name)[:80]!r} is not a plan name: plans are named {NAME_PATTERN.pattern} and found "
-                          f"in {cluster.conf_dir / 'plans'}")
-    return _load_plan_file(cluster.conf_dir / "plans" / f"{name}.yaml", cluster)
+                          f"in {cluster.plans_dir}")
+    return _load_plan_file(cluster.plans_dir / f"{name}.yaml", cluster)
 
 
 def _load_plan_file(path: Path, cluster: ClusterConfig) -> PlanConfig:
@@ -1077,7 +1113,7 @@ def load_plans(cluster: ClusterConfig | None = None) -> dict[str, PlanConfig]:
     """Every plan in ``conf/plans/``, by name (a :class:`ConfigError` for the first that does not load, or whose
     NATS streams collide with another's: :func:`shared_stream_errors`)."""
     cluster = cluster or load_cluster()
-    plans = {path.stem: _load_plan_file(path, cluster) for path in sorted((cluster.conf_dir / "plans").glob("*.yaml"))}
+    plans = {path.stem: _load_plan_file(path, cluster) for path in sorted(cluster.plans_dir.glob("*.yaml"))}
     for problem in shared_stream_errors(plans, cluster).values():
         raise problem
     return plans
@@ -1165,7 +1201,7 @@ def load_plans_and_errors(cluster: ClusterConfig | None = None) -> tuple[dict[st
     cluster = cluster or load_cluster()
     plans: dict[str, PlanConfig] = {}
     broken: dict[str, ConfigError] = {}
-    for path in sorted((cluster.conf_dir / "plans").glob("*.yaml")):
+    for path in sorted(cluster.plans_dir.glob("*.yaml")):
         try:
             plans[path.stem] = _load_plan_file(path, cluster)
         except ConfigError as exc:

@@ -69,11 +69,12 @@ def high_values(ctx: PlanContext) -> DataFrame:
 
 
 def new_plan(cluster: ClusterConfig, name: str) -> tuple[Path, Path]:
-    """Write ``conf/plans/<name>.yaml`` and ``<name>.py``; return their paths. Refuses to overwrite anything."""
+    """Write ``<name>.yaml`` and ``<name>.py`` in the plans folder (``conf/plans/``, or ``TANDEM_PLANS_DIR``); return
+    their paths. Refuses to overwrite anything."""
     if not PLAN_NAME.fullmatch(name):
         raise TandemError(f"{name[:80]!r} cannot name a new plan: {PLAN_NAME.pattern} (it is also a Python "
                           "module's name)")
-    folder = cluster.conf_dir / "plans"
+    folder = cluster.plans_dir
     yaml_path, module_path = folder / f"{name}.yaml", folder / f"{name}.py"
     for path in (yaml_path, module_path):
         if path.exists():

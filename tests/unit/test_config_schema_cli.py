@@ -43,6 +43,13 @@ def test_a_wrong_use_says_the_right_usage(file, path, message) -> None:
     assert "usage: tandem config schema [cluster.yaml | plans/<name>.yaml] [OUTPUT.json]" in str(refused.value)
 
 
+def test_a_plan_file_in_the_plans_folder_elsewhere_names_the_plan_files_schema(tmp_path: Path) -> None:
+    folder = tmp_path / "my-plans"
+    assert schema_arguments(str(folder / "trades.yaml"), None, NAMES, folder) == ("plans/<name>.yaml", None)
+    with pytest.raises(TandemError, match="is not a configuration file"):
+        schema_arguments(str(tmp_path / "trades.yaml"), None, NAMES, folder)
+
+
 def test_the_command_prints_the_plan_files_schema_for_a_plan_file(conf: Path, tmp_path: Path) -> None:
     env = {**os.environ, "TANDEM_CONF_DIR": str(conf)}
     done = subprocess.run([sys.executable, "-m", "tandem.cli", "config", "schema", "plans/x.yaml"], env=env,

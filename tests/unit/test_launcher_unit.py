@@ -190,12 +190,14 @@ def test_child_environment_resolves_tandem_settings_and_this_python(cluster):
                "TANDEM_AIRFLOW_DB_URL": "postgresql://u:s@db/airflow", "PYSPARK_GATEWAY_SECRET": "s",
                "AWS_SECRET_ACCESS_KEY": "s", "TANDEM_DATABASE_URL": "postgresql://u:stale@db/x", "KEEP": "1"}
     env = child_environment(cluster, base={**needed, **secrets})
-    assert set(env) == {*needed, "TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL",
-                        "TANDEM_NATS_URL", "TANDEM_NATS_INBOX_PREFIX", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
+    assert set(env) == {*needed, "TANDEM_HOME", "TANDEM_CONF_DIR", "TANDEM_PLANS_DIR", "TANDEM_STORAGE_ROOT",
+                        "TANDEM_DATABASE_URL", "TANDEM_NATS_URL", "TANDEM_NATS_INBOX_PREFIX", "PYSPARK_PYTHON",
+                        "PYSPARK_DRIVER_PYTHON"}
     assert env["TANDEM_NATS_URL"] == ",".join(cluster.nats.servers)  # the shipped cluster names a NATS server
     assert all(env[name] == value for name, value in needed.items() if name != "PATH")
     assert env["TANDEM_HOME"] == str(cluster.project_root)
     assert env["TANDEM_CONF_DIR"] == str(cluster.conf_dir)
+    assert env["TANDEM_PLANS_DIR"] == str(cluster.conf_dir / "plans")  # the driver finds the plans where we did
     assert env["TANDEM_STORAGE_ROOT"] == str(cluster.storage_root)
     assert env["TANDEM_DATABASE_URL"] == cluster.database_url
     assert env["PYSPARK_PYTHON"] == sys.executable

@@ -111,3 +111,12 @@ def test_the_status_document_is_json_with_full_timestamps() -> None:
     assert plan["observed_at"] == "2026-12-07T13:58:52.757112Z"
     assert plan["events"][0]["took_over_s"] == 2.41 and plan["events"][0]["happened_at"] == plan["observed_at"]
     assert [n["status"] for n in plan["instances"][0]["nodes"]] == ["RUNNING", None]
+
+
+def test_a_launch_says_where_its_re_sync_cut_each_query() -> None:
+    from tandem.cli import resync_line
+
+    assert resync_line("node-b", {"aggregates": {"batch_id": 41, "files": 9, "bytes": 1},
+                                  "quarantine": {"batch_id": None, "files": 0, "bytes": 0}}) == \
+        "re-synced from node-b: aggregates at batch 41, quarantine: nothing committed"
+    assert resync_line("node-b", None).startswith("re-sync from node-b failed: the node starts from its own")

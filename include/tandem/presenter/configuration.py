@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans_and_errors
+from tandem.config import ClusterConfig, PlanConfig, conf_dir, load_cluster, load_plans_and_errors, plans_dir
 from tandem.errors import ConfigError
 from tandem.presenter.cache import VersionedCache
 
-OVERRIDES = ("TANDEM_CONF_DIR", "TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL")
+OVERRIDES = ("TANDEM_CONF_DIR", "TANDEM_HOME", "TANDEM_STORAGE_ROOT", "TANDEM_DATABASE_URL", "TANDEM_AIRFLOW_URL",
+             "TANDEM_PLANS_DIR")
 """The environment variables the configuration reads besides its files."""
 Configuration = tuple[ClusterConfig, dict[str, PlanConfig]]
 Parsed = tuple[ClusterConfig, dict[str, PlanConfig], dict[str, ConfigError]]
@@ -27,7 +28,7 @@ _PARSED: VersionedCache[Parsed] = VersionedCache(ttl_s=1.0, max_entries=8)
 
 def _files_and_environment() -> tuple:
     folder = conf_dir()
-    files = [folder / "cluster.yaml", *sorted((folder / "plans").glob("*.yaml"))]
+    files = [folder / "cluster.yaml", *sorted(plans_dir(folder).glob("*.yaml"))]
     return tuple(os.environ.get(name) for name in OVERRIDES), tuple(_stat(path) for path in files)
 
 

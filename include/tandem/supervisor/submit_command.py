@@ -153,6 +153,7 @@ def child_environment(cluster: ClusterConfig, base: Mapping[str, str] | None = N
     env.update({
         "TANDEM_HOME": str(cluster.project_root),
         "TANDEM_CONF_DIR": str(cluster.conf_dir),
+        "TANDEM_PLANS_DIR": str(cluster.plans_dir),
         "TANDEM_STORAGE_ROOT": str(cluster.storage_root),
         "TANDEM_DATABASE_URL": cluster.database_url,
         "PYSPARK_PYTHON": sys.executable,
