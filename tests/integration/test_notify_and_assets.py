@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from _airflow import migrated_sqlite
 from tandem.config import load_cluster
 from tandem.layout import delta_table_dir
 from tandem.store import Database, migrate
@@ -175,8 +176,7 @@ def scenario_env(tmp_path: Path, port: int) -> tuple[dict[str, str], Path]:
         "TANDEM_NOTIFY_CONN_IDS": HOOK,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     })
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
+    migrated_sqlite(home, env)
     return env, dags
 
 
