@@ -47,8 +47,6 @@ from tandem.declarations import instant_argument, parse_duration
 from tandem.errors import ConfigError, TandemError
 from tandem.json_values import json_text
 from tandem.names import ACTIVE, ROLES
-from tandem.show import render_line, render_rows
-from tandem.reading import read_output
 
 PIPE_WIDTH = 120
 """The width of the tables printed into a pipe or a log when ``COLUMNS`` does not say (wide enough for the aggregate
@@ -210,9 +208,10 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """One output of a plan, merged over its instances, as its kind reads it (:mod:`tandem.reading`)."""
-    from tandem.outputs import kind_of
+    from tandem.outputs import kind_of  # pandas and pyarrow: only the commands that read load them
     from tandem.outputs.base import ReadRequest
-    from tandem.reading import only_output
+    from tandem.reading import only_output, read_output
+    from tandem.show import render_line, render_rows
 
     cluster = load_cluster()
     plan = load_plan(args.plan, cluster)
