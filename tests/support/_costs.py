@@ -190,13 +190,14 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].removeprefix("tests/")
 
 
-def note_start(what: str) -> None:
-    """Note that a test started ``what`` (e.g. ``airflow stack``): a line in the run's starts log."""
+def note_start(what: str, times: int = 1) -> None:
+    """Note that a test started ``what`` (e.g. ``airflow stack``, or made a ``failover``): lines in the run's starts
+    log."""
     folder = os.environ.get(_RUN_FOLDER)
-    if folder:
+    if folder and times > 0:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        with open(Path(folder) / "starts.log", "a") as log:
-            log.write(f"{what}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\n")
+        with _open(Path(folder) / "starts.log", "a") as log:
+            log.write(f"{what}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\n" * times)
 
 
 def count_jvms_into(folder: Path) -> None:
@@ -364,9 +365,10 @@ def host_description() -> str:
     return f"{len(names)} x {names[0]}" if names else "unknown"
 
 
-def _counts(module: dict) -> tuple[int, int]:
-    """Spark JVMs and Airflow starts of a module."""
-    return module.get("jvms", 0), sum(n for what, n in module["starts"].items() if what.startswith("airflow"))
+def _counts(module: dict) -> tuple[int, int, int]:
+    """Spark JVMs, Airflow starts and failovers of a module."""
+    return (module.get("jvms", 0), sum(n for what, n in module["starts"].items() if what.startswith("airflow")),
+            module["starts"].get("failover", 0))
 
 
 def summary_lines(result: dict, top: int = 10) -> list[str]:
@@ -374,15 +376,15 @@ def summary_lines(result: dict, top: int = 10) -> list[str]:
     modules = sorted(result["modules"].items(), key=lambda kv: -kv[1]["wall_s"])
     total_wall = sum(m["wall_s"] for _, m in modules)
     total_cpu = sum(m["cpu_s"] for _, m in modules)
-    drivers = sum(_counts(m)[0] for _, m in modules)
-    airflow = sum(_counts(m)[1] for _, m in modules)
+    drivers, airflow, failovers = (sum(_counts(m)[i] for _, m in modules) for i in range(3))
     lines = [f"{len(modules)} modules: {total_wall:.0f} s of test time, {total_cpu:.0f} CPU s, "
              f"{result['elapsed_s']:.0f} s elapsed on {result['workers'] or 1} worker(s); "
-             f"{drivers} Spark JVMs started, {airflow} Airflow starts",
-             f"{'module':<48} {'tests':>5} {'wall s':>7} {'CPU s':>7} {'JVMs':>7} {'airflow':>7}"]
+             f"{drivers} Spark JVMs started, {airflow} Airflow starts, {failovers} failovers",
+             f"{'module':<48} {'tests':>5} {'wall s':>7} {'CPU s':>7} {'JVMs':>5} {'airflow':>7} {'failovers':>9}"]
     for name, cost in modules[:top]:
-        d, a = _counts(cost)
-        lines.append(f"{name:<48} {cost['tests']:>5} {cost['wall_s']:>7.0f} {cost['cpu_s']:>7.0f} {d:>7} {a:>7}")
+        d, a, f = _counts(cost)
+        lines.append(f"{name:<48} {cost['tests']:>5} {cost['wall_s']:>7.0f} {cost['cpu_s']:>7.0f} {d:>5} {a:>7} "
+                     f"{f:>9}")
     lines.append(f"{'fixture (setup only)':<60} {'setups':>6} {'wall s':>7} {'CPU s':>7}")
     for fixture in result["fixtures"][:top]:
         label = f"{fixture['module']} {fixture['fixture']}"
@@ -400,20 +402,21 @@ def readme_table(result: dict, top: int = 10) -> str:
     modules = sorted(result["modules"].items(), key=lambda kv: -kv[1]["wall_s"])
     total_wall = sum(m["wall_s"] for _, m in modules)
     total_cpu = sum(m["cpu_s"] for _, m in modules)
-    drivers = sum(_counts(m)[0] for _, m in modules)
-    airflow = sum(_counts(m)[1] for _, m in modules)
+    drivers, airflow, failovers = (sum(_counts(m)[i] for _, m in modules) for i in range(3))
     tests = sum(m["tests"] for _, m in modules)
     out = [TABLE_START, "",
            f"Measured {result['finished'][:10]} on {result['host']}, {result['workers'] or 1} worker(s): "
            f"{tests} tests in {len(modules)} modules, {result['elapsed_s'] / 60:.1f} min elapsed, "
            f"{total_wall:.0f} s of test time, {total_cpu:.0f} CPU s; {drivers} Spark JVMs started (drivers and "
-           f"in-process sessions), {airflow} Airflow starts (stacks, `dags test` runs, Edge workers, migrations).", "",
+           f"in-process sessions), {airflow} Airflow starts (stacks, `dags test` runs, Edge workers, migrations), "
+           f"{failovers} failovers (a node taking the lease from another).", "",
            f"The {top} costliest modules (wall seconds of their tests' setup, call and teardown; CPU seconds of "
            "the worker's process tree):", "",
-           "| module | tests | wall s | CPU s | Spark JVMs | Airflow starts |", "|---|---:|---:|---:|---:|---:|"]
+           "| module | tests | wall s | CPU s | Spark JVMs | Airflow starts | failovers |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for name, cost in modules[:top]:
-        d, a = _counts(cost)
-        out.append(f"| `{name}` | {cost['tests']} | {cost['wall_s']:.0f} | {cost['cpu_s']:.0f} | {d} | {a} |")
+        d, a, f = _counts(cost)
+        out.append(f"| `{name}` | {cost['tests']} | {cost['wall_s']:.0f} | {cost['cpu_s']:.0f} | {d} | {a} | {f} |")
     out += ["", f"The {top} costliest fixture setups:", "",
             "| module | fixture (scope) | setups | wall s | CPU s |", "|---|---|---:|---:|---:|"]
     for fixture in result["fixtures"][:top]:

@@ -42,6 +42,7 @@ import yaml
 
 from _costs import note_start
 from _ha import REPO, Pair, PrivatePostgres, db_now
+from _project import note_failovers
 from tandem.airflow_rest import AirflowClient
 from tandem.supervisor import LaunchedJob
 from tandem.config import load_cluster
@@ -333,13 +334,17 @@ def hosts_with_postgres(root: Path, names: list[str], cpus: dict[str, str] | Non
     server is removed and the hosts taken down afterwards, whatever happened."""
     network = HostNetwork(["control", *names], cpus)
     server: PrivatePostgres | None = None
+    url = ""
     try:
         network.up()
         server = PrivatePostgres(root / "pg", 5432, listen=network.address("control"),
                                  on_host=lambda argv: network.command("control", argv))
-        yield network, server, server.start()
+        url = server.start()
+        yield network, server, url
     finally:
         if server is not None:
+            if url:
+                note_failovers(url)
             server.destroy()
         network.down()
 

@@ -16,6 +16,7 @@ import psutil
 import psycopg2
 import pytest
 
+from _costs import note_start
 from tandem.process_start import same_start, start_since_boot
 from tandem.store.db import Database
 from tandem.store.migrations import migrate
@@ -44,7 +45,20 @@ def create_database() -> str:
     return _with_database(SERVER_URL, name)
 
 
+def note_failovers(url: str) -> None:
+    """Count the failovers a test's database saw (a node taking the lease from another) for the suite's costs."""
+    try:
+        with psycopg2.connect(url, connect_timeout=5) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM tandem.failover_events "
+                           "WHERE kind = 'PROMOTED' AND previous_node IS NOT NULL AND previous_node <> node")
+            note_start("failover", cursor.fetchone()[0])
+        conn.close()
+    except psycopg2.Error:  # no Tandem schema (yet): nothing failed over
+        pass
+
+
 def drop_database(url: str) -> None:
+    note_failovers(url)
     name = urlsplit(url).path.lstrip("/")
     conn = _admin(SERVER_URL)
     with conn.cursor() as cursor:

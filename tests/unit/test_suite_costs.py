@@ -28,13 +28,14 @@ def test_a_module_is_heavy_when_it_keeps_more_than_a_core_busy_for_a_minute() ->
 
 def test_the_table_lists_the_costliest_first_with_their_starts() -> None:
     run = _run({"small.py": _module(5, 1), "big.py": _module(300, 200, jvms=4,
-                                                             starts={"airflow stack": 1, "airflow dags test": 2})})
+                                                             starts={"airflow stack": 1, "airflow dags test": 2,
+                                                                     "failover": 5})})
     table = _costs.readme_table(run)
     assert table.startswith(_costs.TABLE_START) and table.endswith(_costs.TABLE_END)
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    assert rows[0] == "| `big.py` | 3 | 300 | 200 | 4 | 3 |"
-    assert rows[1] == "| `small.py` | 3 | 5 | 1 | 0 | 0 |"
-    assert "4 Spark JVMs started" in table and "3 Airflow starts" in table
+    assert rows[0] == "| `big.py` | 3 | 300 | 200 | 4 | 3 | 5 |"
+    assert rows[1] == "| `small.py` | 3 | 5 | 1 | 0 | 0 | 0 |"
+    assert "4 Spark JVMs started" in table and "3 Airflow starts" in table and "5 failovers" in table
 
 
 def test_starts_are_counted_per_module_of_the_test_that_made_them(tmp_path) -> None:
