@@ -278,6 +278,13 @@ def flink_check(name: str, output: Path, events: dict[str, list[dict]]) -> dict:
             "match": all(o["only_flink"] == o["only_reference"] == 0 for o in outputs.values())}
 
 
+def _millis(iso: str) -> int:
+    """A time as Tandem reads it (ISO 8601 text) in epoch milliseconds, as the Flink job writes it (exact)."""
+    from datetime import datetime, timedelta, timezone
+
+    return (datetime.fromisoformat(iso) - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+
+
 def pizza_expected(orders: list[dict], deliveries: list[dict]):
     """The pizza shop's outputs as multisets of rows, and how a Flink row becomes one."""
     from collections import Counter
@@ -297,7 +304,7 @@ def pizza_expected(orders: list[dict], deliveries: list[dict]):
         "delivered_orders": Counter(per_customer.items()),
         "overdue_orders": Counter((o["order_no"], o["customer_name"], o["time"], o["time"] + ORDER_EXPIRY_MS)
                                   for o in orders if o["order_no"] in overdue),
-        "last_orders": Counter((c, r["order_no"], r["order_time"], r["outcome"], r["delivered"])
+        "last_orders": Counter((c, r["order_no"], _millis(r["order_time"]), r["outcome"], r["delivered"])
                                for c, r in last_orders_reference(orders, deliveries).items()),
         "order_stats": Counter((unit, start, n, on_time, len(customers))
                                for (unit, start), (n, on_time, customers) in stats.items()),

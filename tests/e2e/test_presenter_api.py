@@ -141,8 +141,8 @@ READ_PATHS = ["/plans", f"/plans/{PLAN}", f"/plans/{PLAN}/status", f"/plans/{PLA
 
 def check_page(browser, base: str, token: str, database_url: str, epoch: int, tmp_path: Path) -> None:
     """The page at 1500 px over the stopped instances: each node's pid and buttons inside its card, why no
-    node is ACTIVE, the overdue orders' expiry times (epoch milliseconds) as UTC times, and an instance's
-    recorded error shown with its status (BLOCKED, migration 008)."""
+    node is ACTIVE, the overdue orders' expiry times (epoch milliseconds, read as ISO text) as UTC times, and an
+    instance's recorded error shown with its status (BLOCKED, migration 008)."""
     from playwright.sync_api import expect
 
     with Database(database_url) as db:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _references import iso_of_millis
 from tandem.batch.backfill import retention_refusal
 from tandem.config import load_cluster, load_plan
 from tandem.declarations import event_id
@@ -293,3 +294,72 @@ def test_after_retention_a_backfill_that_could_bring_an_older_row_back_is_refuse
                                  [instance]) is None, "a range after every trimmed row is fine"
         # a reconcile of the old range does not call the deleted keys late (a repair would be refused)
         assert kind.compare(job).counts == {"late": 0, "extra": 0, "different": 0}
+
+
+CLOCKS_YAML = """name: clocks
+description: times as a query emits them, epoch milliseconds or a timestamp column
+streams:
+  readings:
+    partitions: 1
+    key: room
+    event_time: at
+    fields:
+      room: {type: string}
+      at: {type: epoch_millis}
+      seen: {type: timestamp}
+      attempts: {type: long}
+groups:
+  clocks: {queries: [clock]}
+outputs:
+  last_reading:
+    kind: latest
+    key: [room]
+    time: at
+    values: [seen, attempts, noted_ms, column_at]
+  alarms:
+    kind: events
+    key: [room, at]
+    time: at
+nodes: [node-a]
+"""
+CLOCK_SCHEMA = pa.schema([("room", pa.string()), ("at", pa.int64()), ("seen", pa.int64()), ("attempts", pa.int64()),
+                          ("noted_ms", pa.int64()), ("column_at", pa.timestamp("us", tz="UTC"))])
+
+
+def test_fields_holding_epoch_millis_read_as_iso_text_like_a_timestamp_column(project: Path, database_url: str):
+    """A query that keeps a time as epoch milliseconds (the pizza shop's ``order_time``) reads it as ISO 8601 text in
+    UTC, the same text a timestamp column of the same instant reads as, from both stores, in a latest row and an
+    event's payload alike: the output's ``time``, and a field named as a stream's ``epoch_millis`` or ``timestamp``
+    field. A ``long`` field, and an integer the plan does not declare a time, stay numbers; a key filter still takes
+    the number as the event was published with it."""
+    (project / "conf" / "plans" / "clocks.yaml").write_text(CLOCKS_YAML)
+    with Database(database_url) as db:
+        migrate(db)
+    cluster = load_cluster()
+    plan = load_plan("clocks", cluster)
+    at, seen = 1795687200000, 1795687200250  # 2026-11-26 10:00:00 and .250 UTC
+    rows = [{"room": "r1", "at": at, "seen": seen, "attempts": 3, "noted_ms": at,
+             "column_at": datetime.fromtimestamp(at // 1000, timezone.utc)}]
+    instance = InstanceKey("clocks", "clocks-1", "node-a")
+    with Database(database_url) as db:
+        epoch = try_acquire(db, "clocks", instance.instance, instance.node, 30.0)
+        for output in ("last_reading", "alarms"):
+            sink = kind_of(plan, output).sink(plan, output, instance, database_url,
+                                              delta_table_dir(cluster, "clocks", output))
+            sink.publish(pa.Table.from_pylist(rows, schema=CLOCK_SCHEMA), batch(instance, 0, epoch))
+            sink.db.close()
+        want = {"room": "r1", "at": iso_of_millis(at), "seen": iso_of_millis(seen), "attempts": 3, "noted_ms": at,
+                "column_at": iso_of_millis(at)}
+        assert want["at"] == "2026-11-26T10:00:00+00:00" and want["seen"] == "2026-11-26T10:00:00.250000+00:00"
+        for source in ("postgres", "delta"):
+            latest = kind_of(plan, "last_reading").read(cluster, plan, "last_reading", ReadRequest(source=source))
+            assert latest == [{**want, "instance": "clocks-1"}], source
+            assert latest[0]["at"] == latest[0]["column_at"], "the same text as a timestamp column's"
+            events = kind_of(plan, "alarms").read(cluster, plan, "alarms", ReadRequest(source=source))
+            assert [{k: v for k, v in e.items() if k not in ("event_id", "event_time")} for e in events] == [
+                {**want, "instance": "clocks-1"}], source
+            filtered = kind_of(plan, "alarms").read(cluster, plan, "alarms",
+                                                    ReadRequest(source=source, keys={"at": [str(at)]}))
+            assert [e["at"] for e in filtered] == [want["at"]], "the key filter names the number published"
+        polled = kind_of(plan, "alarms").page(db, plan, "alarms", None, 10, 10)
+        assert [{k: v for k, v in e["payload"].items()} for e in polled] == [want], "the REST API's event feed"

@@ -16,7 +16,7 @@ import psycopg2
 import psycopg2.extras
 import pytest
 from _references import last_orders_reference, PIZZA_T0 as T0
-from _references import arrival_order, make_orders, pizza_reference
+from _references import ORDER_EXPIRY_MS, arrival_order, iso_of_millis, make_orders, pizza_reference
 from tandem.aggregation.granularity import bucket_start
 from tandem.config import load_cluster, load_plan
 from tandem.lake.tables import read_table
@@ -70,6 +70,9 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
         assert {row["customer_name"]: int(row["delivered"]) for row in table} == per_customer, source
     events = run_cli("query", "pizza_shop", "overdue_orders", "--json", "--start", "2025-01-01T00:00:00")
     assert sorted(e["order_no"] for e in events) == sorted(overdue)
+    placed = {o["order_no"]: o["time"] for o in orders}  # the payload's times read as ISO text, as event_time does
+    assert [(e["order_time"], e["expiry_time"]) for e in events] == [
+        (iso_of_millis(placed[e["order_no"]]), iso_of_millis(placed[e["order_no"]] + ORDER_EXPIRY_MS)) for e in events]
     one = sorted(overdue)[0]
     assert [e["order_no"] for e in run_cli("query", "pizza_shop", "overdue_orders", "--json", "--source", "delta",
                                            "--start", "2025-01-01T00:00:00") if e["order_no"] == one] == [one]

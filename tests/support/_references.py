@@ -7,6 +7,7 @@ compares Tandem's outputs with these fails when the plan, the runtime or a failo
 from __future__ import annotations
 
 import random
+import time
 from datetime import datetime, timezone
 
 from tandem.plans.pizza_shop import CUSTOMERS
@@ -14,6 +15,14 @@ from tandem.plans.pizza_shop import CUSTOMERS
 ORDER_EXPIRY_MS = 30_000
 AVERAGE_WINDOW_MS = 120_000
 ALERT_WITHIN_MS = 600_000
+
+
+def iso_of_millis(millis: int) -> str:
+    """Epoch milliseconds as an output's read gives a time: ISO 8601 text in UTC (``2026-11-26T10:00:00+00:00``,
+    ``…T10:00:00.250000+00:00``), worked out with the C library's ``gmtime`` rather than Tandem's code."""
+    seconds, fraction = divmod(millis, 1000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{text}.{fraction:03d}000+00:00" if fraction else f"{text}+00:00"
 
 
 PIZZA_T0 = int(datetime(2025, 3, 1, 18, 0, tzinfo=timezone.utc).timestamp() * 1000)
@@ -59,7 +68,8 @@ def pizza_reference(orders: list[dict], deliveries: list[dict]) -> tuple[dict[st
 
 def last_orders_reference(orders: list[dict], deliveries: list[dict]) -> dict[str, dict]:
     """Per customer, their latest order (by order time; a tie: the higher id of its order number, as the plan's
-    ``last_orders`` declares ``id: [order_no]``) with its outcome, as the output's JSON rows."""
+    ``last_orders`` declares ``id: [order_no]``) with its outcome, as the output's JSON rows (the order time, the
+    output's ``time``, as ISO 8601 text: :func:`iso_of_millis`)."""
     from tandem.declarations import event_id
 
     delivered_by_order: dict[str, list[int]] = {}
@@ -70,7 +80,8 @@ def last_orders_reference(orders: list[dict], deliveries: list[dict]) -> dict[st
         on_time = any(o["time"] <= t <= o["time"] + ORDER_EXPIRY_MS for t in delivered_by_order.get(o["order_no"], []))
         rank = (o["time"], event_id("pizza_shop", "last_orders", {"order_no": o["order_no"]}))
         if o["customer_name"] not in latest or rank > latest[o["customer_name"]][0]:
-            latest[o["customer_name"]] = (rank, {"customer_name": o["customer_name"], "order_time": o["time"],
+            latest[o["customer_name"]] = (rank, {"customer_name": o["customer_name"],
+                                                 "order_time": iso_of_millis(o["time"]),
                                                  "order_no": o["order_no"],
                                                  "outcome": "delivered" if on_time else "overdue",
                                                  "delivered": int(on_time)})

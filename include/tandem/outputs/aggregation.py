@@ -30,6 +30,7 @@ from tandem.aggregation.granularity import bucket_end, bucket_start
 from tandem.aggregation.merge import long_sum
 from tandem.aggregation.spec import UTC_MICROS, AggregationSpec, Measure, spec_for
 from tandem.declarations import MAX_EPOCH_MILLIS, OUTPUT_RULES, FieldConfig, OutputConfig
+from tandem.json_values import times_as_iso
 from tandem.errors import NothingPublished, QueryError
 from tandem.lake.history import roll_back_slice
 from tandem.layout import delta_table_dir
@@ -50,6 +51,7 @@ from tandem.outputs.base import (
     fence,
     reading,
     row_difference,
+    stream_time_fields,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -548,7 +550,7 @@ class AggregationKind(OutputKind):
         """Merged aggregates of buckets of the granularity (default: the finest kept) starting in ``[start, end)``
         (default: all): avg = Σsum / Σcount across instances, min of mins, max of maxes, distinct = the union's
         estimate, distinct_exact = the union's size (and ``<measure>_exact``: whether it is exact); ``instances``: how
-        many instances hold the bucket."""
+        many instances hold the bucket. A min or max of a time is ISO 8601 text (:meth:`time_fields`)."""
         spec = spec_for(plan, output)
         granularity = request.granularity or spec.granularities[0]
         if granularity not in spec.granularities:
@@ -577,7 +579,16 @@ class AggregationKind(OutputKind):
                     raise NothingPublished(f"table tandem.{spec.table} does not exist yet: no instance of plan "
                                            f"{plan.name} has published {output} (or the database is not migrated: "
                                            "tandem migrate)") from None
-        return rows[:request.limit] if request.limit is not None else rows
+        times = self.time_fields(plan, output)
+        return [times_as_iso(row, times) for row in (rows[:request.limit] if request.limit is not None else rows)]
+
+    def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
+        """Its min and max measures of a field that holds times, kept as epoch milliseconds (no ``type``, or
+        ``long``): a time themselves. ``bucket_start`` is a time already; keys are text, sums and counts numbers."""
+        times = stream_time_fields(plan)
+        return frozenset(name for name, measure in plan.outputs[output].measures.items()
+                         if measure.function in ("min", "max") and measure.source in times
+                         and measure.type in (None, "long"))
 
     def restore(self, db: Database, plan: PlanConfig, output: str, path: Path, instance: str,
                 version: int | None) -> dict[str, int | None] | None:

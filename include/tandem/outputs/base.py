@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from tandem.declarations import OutputConfig, OutputRules, event_id
+from tandem.declarations import TIME_TYPES, OutputConfig, OutputRules, event_id
 from tandem.errors import DataError
 from tandem.lake.tables import append_once
 from tandem.store import outputs as store
@@ -651,6 +651,23 @@ def contributions_cutoff(now: datetime, retention_s: float, replay_needs: dateti
     return cutoff if replay_needs is None else min(cutoff, replay_needs)
 
 
+def stream_time_fields(plan: PlanConfig) -> frozenset[str]:
+    """The names of stream fields that hold times: declared ``epoch_millis`` or ``timestamp``, and of no other type
+    in any stream of the plan (a name two streams type otherwise is not taken for a time) (pure)."""
+    types: dict[str, set[str]] = {}
+    for stream in plan.streams.values():
+        for name, declared in stream.fields.items():
+            types.setdefault(name, set()).add(declared.type)
+    return frozenset(name for name, declared in types.items() if declared <= set(TIME_TYPES))
+
+
+def row_time_fields(plan: PlanConfig, output: str) -> frozenset[str]:
+    """The fields of ``output``'s rows a read shows as ISO 8601 text when they hold epoch milliseconds: the output's
+    ``time`` and every field named as a stream field that holds times (:func:`stream_time_fields`) (pure)."""
+    config = plan.outputs[output]
+    return stream_time_fields(plan) | ({config.time} if config.time else set())
+
+
 class OutputKind:
     """An output kind: one module of :mod:`tandem.outputs` holds one subclass and its ``KIND`` instance.
 
@@ -660,7 +677,8 @@ class OutputKind:
     - ``rules``: what its declaration must and may say;
     - :meth:`published_by_id`: whether each row is published once by a deterministic id (else Spark's partials);
     - :meth:`sink`: the fenced, idempotent sink of one instance;
-    - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape;
+    - :meth:`read`: the output merged over the instances, from PostgreSQL or Delta, in one JSON shape, its
+      :meth:`time_fields` as ISO 8601 text;
     - :meth:`follow` / :meth:`page`: its new rows as they are published (appended kinds only);
     - :meth:`state_shape`: the Spark state its declaration shapes, which a checkpoint was built with;
     - :meth:`retire` / :meth:`counted_until`: its rows of instances a cut-over retires, relabelled, and the event
@@ -700,6 +718,12 @@ class OutputKind:
         """The output merged over the plan's instances, as rows of JSON-able values (the same from either source),
         at most ``request.limit`` of them; PostgreSQL through ``db`` when given (:func:`reading`)."""
         raise NotImplementedError
+
+    def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
+        """The fields of its read rows that hold times: :meth:`read`, :meth:`follow` and :meth:`page` give those
+        holding epoch milliseconds as ISO 8601 text in UTC (:func:`tandem.json_values.times_as_iso`), as a
+        timestamp column reads (pure). Default: :func:`row_time_fields`."""
+        return row_time_fields(plan, output)
 
     def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
                emit: Callable[[dict[str, Any]], None]) -> None:

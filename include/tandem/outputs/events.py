@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tandem.declarations import OUTPUT_RULES, OutputConfig
+from tandem.json_values import times_as_iso
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -171,7 +172,8 @@ class EventsKind(PublishedById):
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """The events of ``[start, end)`` (default: all) in time order, then id: ``event_id``, ``event_time``
-        (ISO 8601), ``instance`` and the payload's fields."""
+        (ISO 8601), ``instance`` and the payload's fields (times as ISO 8601 text, :meth:`time_fields`)."""
+        times = self.time_fields(plan, output)
         if request.source == "delta":
             time_field = plan.outputs[output].time
             rows = []
@@ -181,27 +183,34 @@ class EventsKind(PublishedById):
                     payload = {k: v for k, v in event.items() if k not in LAKE_ONLY}
                     rows.append({"event_id": event["event_id"], "event_time": at.isoformat(),
                                  "instance": event["instance"], **store.to_json(payload)})
-            return request.picked(sorted(rows, key=lambda e: (e["event_time"], e["event_id"])))
+            rows = request.picked(sorted(rows, key=lambda e: (e["event_time"], e["event_id"])))
+            return [times_as_iso(row, times) for row in rows]
         with reading(cluster, db) as connection:
             wanted = (event for event in _published_events(connection, plan.name, output, request.start, request.end)
                       if request.matches(event))
-            return list(itertools.islice(wanted, request.limit))
+            return [times_as_iso(row, times) for row in itertools.islice(wanted, request.limit)]
 
     def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
                emit: Callable[[dict[str, Any]], None]) -> None:
-        """Every event from ``start`` on (default: all) in time order, then each new one (polled each second)."""
+        """Every event from ``start`` on (default: all) in time order, then each new one (polled each second), as
+        :meth:`read` gives them."""
+        times = self.time_fields(plan, output)
         with Database(cluster.database_url, "tandem-query") as db:
             for event in _published_events(db, plan.name, output, request.start, None, follow=True, attempts=30):
                 if request.matches(event):
-                    emit(event)
+                    emit(times_as_iso(event, times))
 
     def page(self, db: Database, plan: PlanConfig, output: str, after: tuple[int, str] | None, tail: int | None,
              limit: int) -> list[dict[str, Any]]:
         """Events in (inserting transaction, event id) order: those of transactions every later poll sees ended
-        (migration 006), so none is missed or given twice."""
+        (migration 006), so none is missed or given twice; the payload's times as ISO 8601 text (:meth:`time_fields`).
+        """
         if after is None and tail is not None:
-            return db.run(lambda c: store.newest_events(c, plan.name, output, tail), attempts=3)
-        return db.run(lambda c: store.events_after(c, plan.name, output, after or store.START, limit), attempts=3)
+            rows = db.run(lambda c: store.newest_events(c, plan.name, output, tail), attempts=3)
+        else:
+            rows = db.run(lambda c: store.events_after(c, plan.name, output, after or store.START, limit), attempts=3)
+        times = self.time_fields(plan, output)
+        return [{**row, "payload": times_as_iso(row["payload"], times)} for row in rows]
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
         """Publish the missing events; count those published that the recomputation no longer produces (a

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tandem.declarations import OUTPUT_RULES, OutputConfig, event_id
-from tandem.json_values import spelled
+from tandem.json_values import spelled, times_as_iso
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -207,7 +207,8 @@ class LatestKind(OutputKind):
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """Per key, the latest row over the instances (whose event time lies in ``[start, end)`` when given), in key
-        order: the row's fields as JSON values, and ``instance``, the instance that published it."""
+        order: the row's fields as JSON values (times as ISO 8601 text, :meth:`time_fields`), and ``instance``, the
+        instance that published it."""
         config = plan.outputs[output]
         if request.source == "delta":
             table = read_table(delta_table_dir(cluster, plan.name, output))
@@ -225,8 +226,10 @@ class LatestKind(OutputKind):
                 kept = connection.run(work, attempts=3)
             found = [(row["row"], row["instance"], (row["event_time"], row["tiebreak"]))
                      for row in sorted(kept, key=lambda r: canonical_key(r["key"]))]
-        return request.picked([{**spelled(to_json(values)), "instance": instance} for values, instance, rank in found
+        rows = request.picked([{**spelled(to_json(values)), "instance": instance} for values, instance, rank in found
                                if request.covers(rank[0])])
+        times = self.time_fields(plan, output)
+        return [times_as_iso(row, times) for row in rows]
 
     def replace(self, job: Recomputed, backfill_id: str) -> dict[str, Any]:
         """The range's latest row of each key, published under the ACTIVE's lease: it wins where it ranks higher

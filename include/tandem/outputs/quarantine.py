@@ -137,6 +137,10 @@ class QuarantineKind(OutputKind):
         """The plan's quarantine (``quarantine`` is itself: it refuses nothing)."""
         return QuarantineSink(instance, database_url, delta_path, output=output, plan_version=plan_version(plan))
 
+    def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
+        """None: its columns are its own (``quarantined_at`` is read as ISO text), whatever the streams declare."""
+        return frozenset()
+
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
         """The quarantined rows (from Delta whatever the source and ``db``: the quarantine has no PostgreSQL copy) whose

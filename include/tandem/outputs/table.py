@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tandem.declarations import OUTPUT_RULES, OutputConfig
+from tandem.json_values import times_as_iso
 from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.outputs.base import (
@@ -30,6 +31,7 @@ from tandem.outputs.base import (
     capped,
     reading,
     row_difference,
+    row_time_fields,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -157,7 +159,8 @@ class TableKind(PublishedById):
 
     def read(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
              db: Database | None = None) -> list[dict[str, Any]]:
-        """Per key, the sum over instances of each value, and how many instances hold the key."""
+        """Per key, the sum over instances of each value, and how many instances hold the key (a key that is a time
+        as ISO 8601 text, :meth:`time_fields`)."""
         config = plan.outputs[output]
         if request.source == "delta":
             rows = read_table_lake(delta_table_dir(cluster, plan.name, output), config)
@@ -172,7 +175,12 @@ class TableKind(PublishedById):
                 found = connection.run(work, attempts=3)
             rows = [{**r["key"], **{v: float(r[v]) for v in config.values}, "instances": int(r["instances"])}
                     for r in found]
-        return request.picked(rows)
+        times = self.time_fields(plan, output)
+        return [times_as_iso(row, times) for row in request.picked(rows)]
+
+    def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
+        """Its key fields that hold times (its values are sums, never times)."""
+        return row_time_fields(plan, output) & set(plan.outputs[output].key)
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         seconds = run.plan.maintenance.retention.table_rows_s

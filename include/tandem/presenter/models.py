@@ -37,8 +37,8 @@ class PlanSummary(BaseModel):
     groups: list[GroupSummary]
     outputs: list[OutputSummary]
     epoch_millis_fields: list[str] = Field(
-        description="field names holding epoch milliseconds in the plan's events (streams' epoch_millis fields and "
-                    "outputs' time fields): the page shows them as UTC times")
+        description="field names holding times in the plan's events (streams' epoch_millis and timestamp fields, "
+                    "outputs' time fields): reads give them as ISO 8601 text in UTC, the page shows them as UTC times")
 
 
 class BrokenPlanSummary(BaseModel):

@@ -27,7 +27,7 @@ from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
 from tandem.outputs import kind_of
-from tandem.outputs.base import ReadRequest
+from tandem.outputs.base import ReadRequest, stream_time_fields
 from tandem.cutover import pending_cutovers
 from tandem.plan_version import plan_version
 from tandem.presenter.cache import VersionedCache
@@ -94,12 +94,10 @@ def plan_entry(name: str, found: PlanConfig | ConfigError) -> PlanSummary | Brok
 
 
 def epoch_millis_fields(plan: PlanConfig) -> list[str]:
-    """Field names that hold epoch milliseconds in the plan's events: every stream field declared
-    ``epoch_millis`` and every output's time field (the page shows them as UTC times)."""
-    names = {name for stream in plan.streams.values() for name, field in stream.fields.items()
-             if field.column_type == "epoch_millis"}
-    names |= {output.time for output in plan.outputs.values() if output.time}
-    return sorted(names)
+    """Field names that hold times in the plan's events: the stream fields of a time type
+    (:func:`~tandem.outputs.base.stream_time_fields`) and every output's time field (reads give them as ISO 8601
+    text, :meth:`~tandem.outputs.base.OutputKind.time_fields`; the page shows them as UTC times)."""
+    return sorted(stream_time_fields(plan) | {output.time for output in plan.outputs.values() if output.time})
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
