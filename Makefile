@@ -1,7 +1,8 @@
 # Tandem — developer entry points. Every target runs from the project root and, after `setup`,
 # sources .tandem/env.sh (written by scripts/setup.sh).
 #
-#   make setup    venv + dependencies, Java 17 check, PostgreSQL, Airflow home, .tandem/env.sh
+#   make setup    venv + dependencies (uv when it can be had), Java 17 check, PostgreSQL, Airflow home, .tandem/env.sh,
+#                 dist/tandem.zip; prints which database Tandem uses (TANDEM_DATABASE_URL picks another)
 #   make up       setup + dist + start the local Airflow stack (UI http://127.0.0.1:8080)
 #   make down     stop the local Airflow stack
 #   make status   show the stack's processes and health
@@ -10,7 +11,8 @@
 #   make test-tools  Debian packages the tests drive: chromium, iproute2, util-linux, prometheus, alertmanager (apt-get)
 #   make docs     serve the documentation site at http://127.0.0.1:8000 (mkdocs serve; docs/, mkdocs.yml)
 #   make docs-check  build the site with `mkdocs build --strict` into a temporary folder (links, generated reference)
-#   make demo     setup + dist + `tandem demo`
+#   make demo     setup + `tandem demo`: the bundled plans side by side; trades is left running under supervision
+#   make demo-stop   stop what the demo left running (`tandem demo --stop`)
 #   make clean    remove .tandem/data and dist (keeps .venv, PostgreSQL and Airflow state)
 #   make lint     syntax checks of the shell scripts and Python sources
 #   make bench-flink  the benchmarks' peer: Apache Flink in its own venv, .tandem/flink-venv (bench/requirements-flink.txt)
@@ -20,14 +22,14 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup test-tools bench-flink docs-tools docs docs-check up down status dist test demo clean lint pg-stop spark-cluster spark-cluster-down
+.PHONY: help setup test-tools bench-flink docs-tools docs docs-check up down status dist test demo demo-stop clean lint pg-stop spark-cluster spark-cluster-down
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
 PYTEST_ARGS ?= -x -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 help:
-	@sed -n '1,19s/^# \{0,1\}//p' "$(ROOT)/Makefile"
+	@sed -n '1,21s/^# \{0,1\}//p' "$(ROOT)/Makefile"
 
 setup:
 	@bash "$(ROOT)/scripts/setup.sh"
@@ -45,9 +47,10 @@ status:
 
 # dist/tandem.zip holds include/tandem as the top-level package `tandem` (tandem/__init__.py at the
 # root of the archive, plus package data such as SQL migrations), without bytecode. It is rebuilt
-# when it is missing or older than any file of the package (every launch of a node submits it).
+# when it is missing or older than any file of the package (every launch of a node submits it);
+# `make setup` builds it too (scripts/setup.sh, step 8).
 DIST := $(ROOT)/dist/tandem.zip
-PACKAGE_FILES := $(shell find "$(ROOT)/include/tandem" -type f \( -name '*.py' -o -name '*.sql' \) 2>/dev/null)
+PACKAGE_FILES := $(shell find "$(ROOT)/include/tandem" -type f \( -name '*.py' -o -name '*.sql' -o -name '*.html' \) 2>/dev/null)
 
 dist: setup $(DIST)
 
@@ -82,8 +85,14 @@ docs-check: docs-tools
 docs: docs-tools
 	@$(ENV) && NO_MKDOCS_2_WARNING=1 mkdocs serve --dev-addr 127.0.0.1:8000
 
-demo: setup dist
-	@$(ENV) && tandem demo
+# setup runs inside the recipe, so that the demo's closing table counts its time too (TANDEM_DEMO_STARTED_NS)
+demo:
+	@started=$$(date +%s%N) && bash "$(ROOT)/scripts/setup.sh" && \
+	 $(ENV) && TANDEM_DEMO_STARTED_NS=$$started tandem demo
+
+demo-stop:
+	@test -f "$(ROOT)/.tandem/env.sh" || { echo "nothing to stop (.tandem/env.sh missing)"; exit 0; }
+	@$(ENV) && tandem demo --stop
 
 clean:
 	rm -rf "$(ROOT)/.tandem/data" "$(ROOT)/dist"

@@ -2,15 +2,20 @@
 # Tandem set-up: everything `make setup` does. Idempotent; a second run takes a few seconds.
 #
 #   1. Java 17 check (Spark needs it)                         -> JAVA_HOME
-#   2. .venv with Python 3.11, requirements + `pip install -e . --no-deps`
+#   2. .venv with Python 3.11, requirements + an editable install of tandem, with uv when it can be had (on
+#      PATH, else installed into .venv with pip, pinned in constraints.txt), else with pip
 #      (skipped when .tandem/.installed-<sha of requirements.txt+constraints.txt+pyproject.toml>
-#      exists and the venv is intact)
+#      exists and the venv is intact). PyPI has pyspark and pyspark-client as source only: their wheels are
+#      built once per machine into ~/.cache/tandem-wheels (TANDEM_WHEEL_CACHE) and reused by every set-up.
 #   3. PostgreSQL for Tandem (scripts/provision_postgres.sh)  -> TANDEM_DATABASE_URL
 #   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin, random password, 0600)
 #   5. .tandem/env.sh (sourced by every make target and by the tests)
 #   6. `airflow db migrate` (skipped when already done for this metadata DB + Airflow version)
 #   7. a class-data sharing archive for the Spark JVMs, .tandem/spark-cds.jsa (skipped when one exists for
-#      this Java and pyspark; optional: without it drivers start as before, only slower)
+#      this Java and pyspark; optional: without it drivers start as before, only slower). Recorded while
+#      step 6 runs: the two are independent.
+#   Last: which PostgreSQL database Tandem uses and how to pick another, and each step's time (also in
+#   .tandem/setup-times.tsv: step, seconds; `tandem demo` prints it with its own).
 #
 # Environment it honours (all optional):
 #   TANDEM_PYTHON          Python 3.11 interpreter used to create .venv (default: python3.11)
@@ -18,7 +23,11 @@
 #   TANDEM_AIRFLOW_DB_URL  Airflow metadata DB (SQLAlchemy URL); default SQLite in AIRFLOW_HOME
 #   TANDEM_AIRFLOW_PORT    Airflow API server port (default 8080)
 #   TANDEM_PG_PORT, TANDEM_PG_SKIP_LOCAL, TANDEM_PG_BINDIR   see scripts/provision_postgres.sh
-#   TANDEM_FORCE_INSTALL=1 re-run the pip installs;  TANDEM_FORCE_MIGRATE=1 re-run db migrate
+#   TANDEM_FORCE_INSTALL=1 re-run the installs;  TANDEM_FORCE_MIGRATE=1 re-run db migrate
+#   TANDEM_INSTALLER=pip   install with pip even when uv can be had
+#   TANDEM_WHEEL_CACHE     where the wheels built from source-only releases are kept (~/.cache/tandem-wheels)
+#   UV_* (UV_DEFAULT_INDEX, UV_INDEX, UV_FIND_LINKS, ...) are uv's own; uv does not read pip's configuration, so a
+#   PIP_INDEX_URL is handed to it as UV_DEFAULT_INDEX when that is not set
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +41,18 @@ exec 8>"$STATE/setup.lock"
 flock -w 900 8 || { echo "[setup] ERROR: another set-up holds .tandem/setup.lock" >&2; exit 1; }
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+# each step's wall-clock time, printed at the end and kept in .tandem/setup-times.tsv (step<TAB>seconds)
+TIMES_FILE="$STATE/setup-times.tsv"
+STEP_NAMES=()
+STEP_SECONDS=()
+STEP_STARTED=$(date +%s%N)
+step_done() {  # step_done NAME: the time since the previous step_done (or the start) is NAME's
+    local now
+    now=$(date +%s%N)
+    STEP_NAMES+=("$1")
+    STEP_SECONDS+=("$(( (now - STEP_STARTED) / 1000000 ))")
+    STEP_STARTED=$now
+}
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 # shell-quote a value in single quotes (POSIX sh compatible)
 sq() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
@@ -82,6 +103,7 @@ EOF
     exit 1
 fi
 log "Java 17: $JAVA17_HOME"
+step_done "Java 17 check"
 
 # --- 2. virtualenv -------------------------------------------------------------------------------
 find_python311() {
@@ -116,6 +138,35 @@ if ! venv_ok; then
     rm -f "$STATE"/.installed-*
 fi
 
+step_done "virtualenv"
+
+# The installer: uv (resolves and installs the ~180 pinned packages in seconds; pip takes minutes) when it is on
+# PATH or can be installed into .venv, pinned in constraints.txt; else pip. TANDEM_INSTALLER=pip forces pip.
+UV=""
+if [[ "${TANDEM_INSTALLER:-}" != "pip" ]]; then
+    UV_PIN="$(grep -E '^uv==' constraints.txt || true)"
+    if command -v uv >/dev/null 2>&1; then
+        UV="$(command -v uv)"
+    elif [[ -x "$VENV/bin/uv" ]] && [[ -z "$UV_PIN" || "$("$VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" == "${UV_PIN#uv==}" ]]; then
+        UV="$VENV/bin/uv"
+    elif "$VENV/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check "${UV_PIN:-uv}"; then
+        UV="$VENV/bin/uv"
+    else
+        log "WARNING: could not install uv into .venv: installing with pip (slower)"
+    fi
+fi
+# uv reads no pip configuration: an index named to pip in the environment is named to uv too
+if [[ -n "$UV" && -n "${PIP_INDEX_URL:-}" && -z "${UV_DEFAULT_INDEX:-}${UV_INDEX_URL:-}" ]]; then
+    export UV_DEFAULT_INDEX="$PIP_INDEX_URL"
+fi
+install() {  # install ARGS...: pip-style install arguments, given to uv or to pip
+    if [[ -n "$UV" ]]; then
+        "$UV" pip install --quiet --python "$VENV/bin/python" "$@"
+    else
+        "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check "$@"
+    fi
+}
+
 # pip and setuptools before anything else: ensurepip's (pip 23.2.1, setuptools 65.5.0) have known
 # CVEs. Pinned in constraints.txt; upgraded whenever the venv holds other versions.
 mapfile -t BOOTSTRAP_PINS < <(grep -E '^(pip|setuptools)==' constraints.txt)
@@ -134,41 +185,94 @@ sys.exit(0 if all(installed(n) == v for n, v in (pin.split("==") for pin in sys.
 PY
 then
     log "upgrading ${BOOTSTRAP_PINS[*]} in .venv"
-    "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check --upgrade "${BOOTSTRAP_PINS[@]}"
+    install --upgrade "${BOOTSTRAP_PINS[@]}"
 fi
+
+# Pinned releases PyPI publishes as source only (no wheel): building pyspark's wheel means downloading its 450 MB
+# source and packing it again, minutes each time. Built once per machine into WHEEL_CACHE (outside the checkout, so
+# every clone and every new .venv reuses them) and installed from there.
+SOURCE_ONLY=(pyspark pyspark-client)
+WHEEL_CACHE="${TANDEM_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem-wheels}"
+wheels_to_build() {  # the name==version pins of SOURCE_ONLY whose wheel the cache lacks
+    local name pin
+    for name in "${SOURCE_ONLY[@]}"; do
+        pin="$(grep -iE "^${name}==" constraints.txt | cut -d' ' -f1 || true)"
+        [[ -n "$pin" ]] || { log "WARNING: constraints.txt does not pin $name: not cached"; continue; }
+        compgen -G "$WHEEL_CACHE/${name//-/_}-${pin#*==}-*.whl" >/dev/null || echo "$pin"
+    done
+}
 
 DEPS_SHA="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
 STAMP="$STATE/.installed-$DEPS_SHA"
 if [[ -f "$STAMP" && -x "$VENV/bin/tandem" && "${TANDEM_FORCE_INSTALL:-0}" != "1" ]]; then
     log "Python dependencies up to date (.tandem/.installed-$DEPS_SHA)"
 else
-    log "installing Python dependencies into .venv (pip install -r requirements.txt -c constraints.txt)"
     t0=$SECONDS
-    "$VENV/bin/python" -m pip install --progress-bar off -r requirements.txt -c constraints.txt
-    log "installing tandem (pip install -e . --no-deps)"
-    "$VENV/bin/python" -m pip install --progress-bar off --no-deps -e .
+    mapfile -t TO_BUILD < <(wheels_to_build)
+    if [[ ${#TO_BUILD[@]} -gt 0 ]]; then
+        log "building wheels of ${TO_BUILD[*]} (source-only on PyPI) into $WHEEL_CACHE, once for this machine"
+        mkdir -p "$WHEEL_CACHE"
+        build_dir="$(mktemp -d "$WHEEL_CACHE/.build.XXXXXX")"
+        if "$VENV/bin/python" -m pip wheel --quiet --progress-bar off --disable-pip-version-check --no-deps \
+                -w "$build_dir" "${TO_BUILD[@]}"; then
+            mv -f "$build_dir"/*.whl "$WHEEL_CACHE"/
+        else
+            log "WARNING: could not build the wheels into $WHEEL_CACHE: the installer builds them itself"
+        fi
+        rm -rf "$build_dir"
+    fi
+    log "installing Python dependencies into .venv (${UV:+uv }pip install -r requirements.txt -c constraints.txt)"
+    install --find-links "$WHEEL_CACHE" -r requirements.txt -c constraints.txt
+    log "installing tandem (editable, no dependencies)"
+    install --no-deps -e .
     rm -f "$STATE"/.installed-*
     touch "$STAMP"
-    log "Python dependencies installed in $((SECONDS - t0)) s"
+    log "Python dependencies installed in $((SECONDS - t0)) s${UV:+ (uv)}"
 fi
+step_done "Python dependencies"
 
 # --- 3. PostgreSQL -------------------------------------------------------------------------------
 # When TANDEM_DATABASE_URL merely echoes what a previous set-up provisioned (a shell that sourced
 # .tandem/env.sh), provision again instead: that restarts a stopped private cluster.
 PROVISIONED_FILE="$STATE/provisioned_database_url"
+# A database chosen with TANDEM_DATABASE_URL is remembered (0600) for the set-ups after it (`make demo`, `make up`
+# run one), so that it is not swapped for the shared one when the variable is not set again; removing the file
+# lets set-up provision a database again.
+CHOSEN_FILE="$STATE/database_url"
 if [[ -n "${TANDEM_DATABASE_URL:-}" && -f "$PROVISIONED_FILE" \
         && "$TANDEM_DATABASE_URL" == "$(cat "$PROVISIONED_FILE")" ]]; then
     unset TANDEM_DATABASE_URL
 fi
+DB_CHOICE="provisioned"
+if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
+    DB_CHOICE="environment"
+elif [[ -s "$CHOSEN_FILE" ]]; then
+    TANDEM_DATABASE_URL="$(cat "$CHOSEN_FILE")"
+    export TANDEM_DATABASE_URL
+    DB_CHOICE="remembered"
+fi
 if [[ -n "${TANDEM_DATABASE_URL:-}" ]]; then
     DB_URL="$(bash "$ROOT/scripts/provision_postgres.sh" ensure)"
     rm -f "$PROVISIONED_FILE"
+    (umask 077 && printf '%s\n' "$DB_URL" >"$CHOSEN_FILE" && chmod 600 "$CHOSEN_FILE")
 else
     DB_URL="$(bash "$ROOT/scripts/provision_postgres.sh" ensure)"
     (umask 077 && printf '%s\n' "$DB_URL" >"$PROVISIONED_FILE" && chmod 600 "$PROVISIONED_FILE")
 fi
 [[ -n "$DB_URL" ]] || die "PostgreSQL provisioning returned no URL"
-log "Tandem database: $(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_URL"]))')"
+DB_SHOWN="$(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_URL"]))')"
+case "$DB_CHOICE" in
+    environment) DB_WHY=("named by TANDEM_DATABASE_URL (remembered in .tandem/database_url for the next set-ups)") ;;
+    remembered) DB_WHY=("named by TANDEM_DATABASE_URL at an earlier set-up (remembered in .tandem/database_url)") ;;
+    *) if [[ "$DB_URL" == "postgresql://postgres@127.0.0.1:5432/tandem" ]]; then
+           DB_WHY=("database tandem of the PostgreSQL server on 127.0.0.1:5432, SHARED with every checkout on this"
+                   "machine that sets no TANDEM_DATABASE_URL: their plans of the same name are the same plans")
+       else
+           DB_WHY=("this checkout's private PostgreSQL cluster (.tandem/pg; scripts/provision_postgres.sh status)")
+       fi ;;
+esac
+log "Tandem database: $DB_SHOWN"
+step_done "PostgreSQL"
 
 # --- 4. Airflow home -----------------------------------------------------------------------------
 AIRFLOW_PORT_DEFAULT="${TANDEM_AIRFLOW_PORT:-8080}"
@@ -298,6 +402,42 @@ log "wrote .tandem/env.sh"
 # random password (mode 0600); an operator's change is kept. No default password exists.
 mkdir -p "$AIRFLOW_HOME"
 "$VENV/bin/tandem" airflow-login --ensure | while IFS= read -r line; do log "$line"; done
+step_done "Airflow home, .tandem/env.sh"
+
+# --- 7. class-data sharing archive for the Spark JVMs (in the background, while step 6 runs) ---------
+# A Spark driver spends seconds loading and verifying the same ~20,000 classes at every start; a dynamic
+# CDS archive recorded once (scripts/spark_cds_training.py) lets each JVM map them instead. The archive
+# fits one JVM build and one class path, so it is keyed on both; it is written to a temporary name,
+# checked by a second run that uses it, and only then renamed (a truncated archive crashes the JVM).
+CDS_ARCHIVE="$STATE/spark-cds.jsa"
+# pyspark's version and folder: the jars on the class path (a venv made again at another path moves them)
+PYSPARK_JARS="$("$VENV/bin/python" -c 'import os, pyspark; print(pyspark.__version__, os.path.dirname(pyspark.__file__))')"
+CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_JARS" | sha256sum | cut -c1-16)"
+CDS_STAMP="$STATE/.spark-cds-$CDS_KEY"
+CDS_PID=""
+record_cds() {  # the archive, or a warning; runs in a subshell of its own
+    local tmp="$STATE/spark-cds.jsa.tmp" cds_log="$STATE/spark-cds.log"
+    rm -f "$tmp"
+    if SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$tmp" spark-submit --master 'local[1]' \
+            "$ROOT/scripts/spark_cds_training.py" >"$cds_log" 2>&1 \
+        && SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$tmp" spark-submit --master 'local[1]' \
+            "$ROOT/scripts/spark_cds_training.py" >>"$cds_log" 2>&1; then
+        mv -f "$tmp" "$CDS_ARCHIVE"
+        touch "$CDS_STAMP"
+        log "wrote .tandem/spark-cds.jsa"
+    else
+        rm -f "$tmp"
+        log "WARNING: no Spark class-data sharing archive (see .tandem/spark-cds.log); drivers start without it"
+    fi
+}
+if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then
+    log "Spark class-data sharing archive up to date"
+else
+    log "recording the Spark class-data sharing archive (one Spark job run twice, ~30 s, beside the next step)"
+    rm -f "$CDS_ARCHIVE" "$STATE"/.spark-cds-*
+    record_cds &
+    CDS_PID=$!
+fi
 
 # --- 6. airflow db migrate -----------------------------------------------------------------------
 AIRFLOW_VERSION="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-core"))')"
@@ -319,6 +459,7 @@ else
     rm -f "$AIRFLOW_HOME"/.migrated-*
     touch "$MIGRATE_STAMP"
 fi
+step_done "Airflow db migrate"
 # A SQLite metadata DB holds Airflow's users' runs, connections and variables: its owner's only (SQLite
 # gives its -wal and -shm files the database file's mode).
 case "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in
@@ -328,35 +469,33 @@ case "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in
         done ;;
 esac
 
-# --- 7. class-data sharing archive for the Spark JVMs ----------------------------------------------
-# A Spark driver spends seconds loading and verifying the same ~20,000 classes at every start; a dynamic
-# CDS archive recorded once (scripts/spark_cds_training.py) lets each JVM map them instead. The archive
-# fits one JVM build and one class path, so it is keyed on both; it is written to a temporary name,
-# checked by a second run that uses it, and only then renamed (a truncated archive crashes the JVM).
-CDS_ARCHIVE="$STATE/spark-cds.jsa"
-# pyspark's version and folder: the jars on the class path (a venv made again at another path moves them)
-PYSPARK_JARS="$("$VENV/bin/python" -c 'import os, pyspark; print(pyspark.__version__, os.path.dirname(pyspark.__file__))')"
-CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_JARS" | sha256sum | cut -c1-16)"
-CDS_STAMP="$STATE/.spark-cds-$CDS_KEY"
-if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then
-    log "Spark class-data sharing archive up to date"
-else
-    log "recording the Spark class-data sharing archive (one Spark job, ~30 s)"
-    rm -f "$CDS_ARCHIVE" "$STATE"/.spark-cds-*
-    CDS_TMP="$STATE/spark-cds.jsa.tmp"
-    CDS_LOG="$STATE/spark-cds.log"
-    rm -f "$CDS_TMP"
-    if SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$CDS_TMP" spark-submit --master 'local[1]' \
-            "$ROOT/scripts/spark_cds_training.py" >"$CDS_LOG" 2>&1 \
-        && SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$CDS_TMP" spark-submit --master 'local[1]' \
-            "$ROOT/scripts/spark_cds_training.py" >>"$CDS_LOG" 2>&1; then
-        mv -f "$CDS_TMP" "$CDS_ARCHIVE"
-        touch "$CDS_STAMP"
-        log "wrote .tandem/spark-cds.jsa"
-    else
-        rm -f "$CDS_TMP"
-        log "WARNING: no Spark class-data sharing archive (see .tandem/spark-cds.log); drivers start without it"
-    fi
+if [[ -n "$CDS_PID" ]]; then
+    wait "$CDS_PID" || true
+    step_done "Spark class-data archive (the rest of it)"
 fi
 
+# --- 8. dist/tandem.zip (`tandem launch` submits it with every node) ---------------------------------
+DIST="$ROOT/dist/tandem.zip"
+if [[ -s "$DIST" && -z "$(find "$ROOT/include/tandem" -type f -newer "$DIST" \( -name '*.py' -o -name '*.sql' \
+        -o -name '*.html' \) -print -quit)" ]]; then
+    log "dist/tandem.zip up to date"
+else
+    "$VENV/bin/python" -m tandem.packaging "$ROOT" | while IFS= read -r line; do log "$line"; done
+fi
+step_done "dist/tandem.zip"
+
+# --- the database, and each step's time ------------------------------------------------------------
+: >"$TIMES_FILE.tmp"
+total_ms=0
+for i in "${!STEP_NAMES[@]}"; do
+    printf '%s\t%d.%03d\n' "${STEP_NAMES[$i]}" $((STEP_SECONDS[i] / 1000)) $((STEP_SECONDS[i] % 1000)) >>"$TIMES_FILE.tmp"
+    total_ms=$((total_ms + STEP_SECONDS[i]))
+done
+mv -f "$TIMES_FILE.tmp" "$TIMES_FILE"
+log "step times: $(awk -F'\t' '{ printf "%s%s %.0f s", (NR > 1 ? ", " : ""), $1, $2 }' "$TIMES_FILE"); total $((total_ms / 1000)) s"
+log "Tandem database: $DB_SHOWN"
+for line in "${DB_WHY[@]}"; do log "  $line"; done
+log "  another one: TANDEM_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DBNAME make setup (remembered in"
+log "  .tandem/database_url; remove that file to provision again), or TANDEM_PG_SKIP_LOCAL=1 make setup for a private"
+log "  cluster of this checkout under .tandem/pg (port TANDEM_PG_PORT, default 55432)"
 log "done. Load the environment with:  . .tandem/env.sh"
