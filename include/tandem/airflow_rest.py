@@ -101,6 +101,9 @@ class AirflowClient:
     username: str
     password: str = field(repr=False)
     timeout_s: float = 30.0
+    read_attempts: int = 1
+    """Tries of a read (GET) that timed out or found no server: a busy API server (the demo's start, on two cores)
+    answers a poll late; a read is safe to send again."""
     _token: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -119,6 +122,17 @@ class AirflowClient:
         return {"Authorization": f"Bearer {self._token}"}
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        attempts = self.read_attempts if method == "GET" else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._send(method, path, **kwargs)
+            except (requests.Timeout, requests.ConnectionError):
+                if attempt == attempts:
+                    raise
+                time.sleep(TRIGGER_RETRY_S * attempt)
+        raise AssertionError("unreachable")
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         response = requests.request(method, f"{self.base_url}/api/v2{path}", headers=self._headers(),
                                     timeout=self.timeout_s, **kwargs)
         if response.status_code == 401:  # token expired: log in again once
@@ -156,14 +170,20 @@ class AirflowClient:
                 attempts: int = TRIGGER_ATTEMPTS) -> str:
         """Trigger a run with ``conf`` (the DAG's Params); return its run id.
 
-        A server error (an API server whose metadata database is briefly unreachable answers 500) is tried again
-        with the same run id, ``attempts`` times in all; a retry answered "already exists" (409) found the run the
-        attempt before created.
+        A server error (an API server whose metadata database is briefly unreachable answers 500), or no answer in
+        time, is tried again with the same run id, ``attempts`` times in all; a retry answered "already exists"
+        (409) found the run the attempt before created.
         """
         run_id = run_id or f"tandem__{uuid.uuid4().hex[:12]}"
         for attempt in range(1, attempts + 1):
-            response = self.request("POST", f"/dags/{dag_id}/dagRuns",
-                                    json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
+            try:
+                response = self.request("POST", f"/dags/{dag_id}/dagRuns",
+                                        json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
+            except (requests.Timeout, requests.ConnectionError):
+                if attempt == attempts:
+                    raise
+                time.sleep(TRIGGER_RETRY_S * attempt)
+                continue
             if response.ok:
                 return response.json()["dag_run_id"]
             if response.status_code == 409 and attempt > 1:

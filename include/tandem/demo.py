@@ -188,7 +188,7 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: 
     cluster = load_cluster()
     timings.append(("schema, messaging layer", time.monotonic() - step_started, ""))
     step_started = time.monotonic()
-    _bring_up_airflow(console, cluster.project_root, AirflowClient.as_admin(cluster.airflow_url))
+    _bring_up_airflow(console, cluster.project_root, _airflow(cluster))
     timings.append(("Airflow stack", time.monotonic() - step_started, ""))
 
     kwargs = dict(rate=rate, duration_s=duration_s, seed=seed, keep_running=keep_running)
@@ -329,7 +329,7 @@ def _trades_once(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
     """Each instance once (no standby), launched by the run DAG: shard-1 on node-a, shard-2 on node-b."""
     console = sec.console
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    client = AirflowClient.as_admin(cluster.airflow_url)
+    client = _airflow(cluster)
     placements = list(zip(plan.instances[:2], plan.nodes * 2))
     with sec.phase("launch"):
         sec.track("waiting for the DAG processor to parse the run DAG")
@@ -376,7 +376,7 @@ def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s:
     """Both instances as ACTIVE/PASSIVE pairs under the supervision DAG; kill -9 of shard-1's ACTIVE mid-stream."""
     console = sec.console
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    client = AirflowClient.as_admin(cluster.airflow_url)
+    client = _airflow(cluster)
     victim_instance = plan.instances[0]
     with sec.phase("launch the pairs"):
         sec.track(f"waiting for the DAG processor to parse {SUPERVISE_DAG}")
@@ -570,13 +570,21 @@ def quarantined_lines(cluster, plan, since: datetime | None = None) -> int:
 
 def _event_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, seed: int) -> str:
     """Launch every instance of a plan through Airflow, feed it, let the watermark pass, show each output."""
+    console = sec.console
+    console.rule(f"[bold]{plan.name}: {plan.description}")
+    client = _airflow(cluster)
+    placements = _placements(plan)
+    with _stopped_on_failure(sec, cluster, plan, placements):
+        return _fed_event_plan(sec, cluster, client, plan, placements, rate=rate, duration_s=duration_s, seed=seed)
+
+
+def _fed_event_plan(sec: Section, cluster, client: AirflowClient, plan, placements: list[tuple[str, str]], *,
+                    rate: int, duration_s: float, seed: int) -> str:
     from tandem.producer import advance_watermark
 
     console = sec.console
-    console.rule(f"[bold]{plan.name}: {plan.description}")
-    client = AirflowClient.as_admin(cluster.airflow_url)
     with sec.phase("launch"):
-        placements, launched = _launch_every_instance(sec, client, plan)
+        launched = _launch_every_instance(sec, client, plan, placements)
     # an earlier demo moved this plan's watermark an hour ahead: this run's events come after it, or they are late
     with Database(cluster.database_url, "tandem-demo") as db:
         earlier = [w for w, _ in query_positions(db, plan.name, datetime(1970, 1, 1, tzinfo=timezone.utc)).values()
@@ -600,7 +608,7 @@ def _event_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, se
     expected = {(f"{plan.name}/{instance}/{node}", query) for instance, node in placements
                 for query in plan.groups[plan.group_of(instance)[0]].queries}
     with sec.phase("every result final"):
-        _wait_until_final(sec, cluster, plan, expected, launched, sentinel_written, final_at)
+        final = _wait_until_final(sec, cluster, plan, expected, launched, sentinel_written, final_at)
     with sec.phase("outputs"):
         for output in plan.outputs:
             if output != quarantine_output(plan):
@@ -614,14 +622,34 @@ def _event_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, se
     with sec.phase("stop"):
         _stop_instances(sec, cluster, plan, placements)
     shown = sum(output != quarantine_output(plan) for output in plan.outputs)
-    return f"{len(placements)} instances fed {ticks} s, every result final, {shown} outputs shown"
+    return (f"{len(placements)} instances fed {ticks} s, "
+            f"{'every result final' if final else 'NOT every result final in time (a busy machine)'}, "
+            f"{shown} outputs shown")
 
 
-def _launch_every_instance(sec: Section, client: AirflowClient, plan) -> tuple[list[tuple[str, str]], datetime]:
-    """Each instance of the plan once (no standby), by its run DAG, on the plan's nodes in turn; returns the
-    ``(instance, node)`` placements and when the launches began."""
+def _placements(plan) -> list[tuple[str, str]]:
+    """Each instance of the plan once (no standby), on the plan's nodes in turn: ``(instance, node)``."""
+    return [(instance, plan.nodes[i % len(plan.nodes)]) for i, instance in enumerate(plan.instances)]
+
+
+@contextmanager
+def _stopped_on_failure(sec: Section, cluster, plan, placements: list[tuple[str, str]]) -> Iterator[None]:
+    """A part that fails (or is interrupted) stops the instances it launched before it ends: nothing of it is left
+    running but what the demo means to leave."""
+    try:
+        yield
+    except BaseException:
+        try:
+            for line in _stopped(cluster, plan, placements):
+                sec.console.print(line)
+        except Exception as exc:  # noqa: BLE001 - the part's own error is the one to report
+            sec.console.print(f"[yellow]could not stop {plan.name}'s instances: {escape(str(exc))}[/]")
+        raise
+
+
+def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements: list[tuple[str, str]]) -> datetime:
+    """Launch each ``(instance, node)`` of the plan by its run DAG; return when the launches began."""
     run_dag = plan_dag_id(plan.name, "run")
-    placements = [(instance, plan.nodes[i % len(plan.nodes)]) for i, instance in enumerate(plan.instances)]
     sec.track(f"waiting for the DAG processor to parse {run_dag}")
     client.wait_for_dag(run_dag)
     client.set_paused(run_dag, False)
@@ -634,7 +662,7 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan) -> tuple[l
         sec.update(done, len(runs))
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
     sec.console.print(f"groups {groups}: every instance RUNNING")
-    return placements, launched
+    return launched
 
 
 # --- hot_rooms over NATS ------------------------------------------------------------------------------------------
@@ -663,9 +691,17 @@ def _linked_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
     stage 2 counts them per room and minute. Checks stage 2's counts against the hot readings the demo produced."""
     console = sec.console
     console.rule(f"[bold]{plan.name}: {plan.description}")
-    client = AirflowClient.as_admin(cluster.airflow_url)
+    client = _airflow(cluster)
+    placements = _placements(plan)
+    with _stopped_on_failure(sec, cluster, plan, placements):
+        return _fed_linked_plan(sec, cluster, client, plan, placements, rate=rate, duration_s=duration_s, seed=seed)
+
+
+def _fed_linked_plan(sec: Section, cluster, client: AirflowClient, plan, placements: list[tuple[str, str]], *,
+                     rate: int, duration_s: float, seed: int) -> str:
+    console = sec.console
     with sec.phase("launch"):
-        placements, _ = _launch_every_instance(sec, client, plan)
+        _launch_every_instance(sec, client, plan, placements)
     hot: set[tuple] = set()
     bad_lines = [0]
 
@@ -713,6 +749,12 @@ def _linked_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
 
 # --- shared steps -------------------------------------------------------------------------------------------------
 
+def _airflow(cluster) -> AirflowClient:
+    """A client for the demo's parts: patient with an API server that every part (and the JVMs they start) keeps
+    busy at once on a small machine."""
+    return AirflowClient.as_admin(cluster.airflow_url, timeout_s=60.0, read_attempts=4)
+
+
 def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     if client.healthy():
         console.print(f"reusing the Airflow stack at {client.base_url}")
@@ -722,7 +764,7 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
 
 
 def _wait_until_final(sec: Section, cluster, plan, expected: set[tuple[str, str]], since: datetime,
-                      sentinel_written: datetime, final_at: datetime) -> None:
+                      sentinel_written: datetime, final_at: datetime) -> bool:
     """Wait until every ``(instance, query)`` has read the events an hour ahead: a query with a watermark
     has run a batch at ``final_at`` (that batch fired every timer before it), one without has run a batch
     since they were written. Then every result of the input is published."""
@@ -733,12 +775,13 @@ def _wait_until_final(sec: Section, cluster, plan, expected: set[tuple[str, str]
                    and (positions[pair][0] is None or positions[pair][0] >= final_at) for pair in expected)
         return done, len(expected)
 
-    _poll(sec, cluster, "waiting for every query to pass the input", 300.0, progress, plan)
+    return _poll(sec, cluster, "waiting for every query to pass the input", 300.0, progress, plan)
 
 
-def _poll(sec: Section, cluster, label: str, timeout_s: float, progress_of, plan=None) -> None:
-    """Show ``progress_of(db)`` (done, total) every second until done == total or ``timeout_s`` passes; with
-    ``plan``, stop at once with the error of an instance of it that failed (waiting longer would not help)."""
+def _poll(sec: Section, cluster, label: str, timeout_s: float, progress_of, plan=None) -> bool:
+    """Show ``progress_of(db)`` (done, total) every second until done == total (True) or ``timeout_s`` passes
+    (False); with ``plan``, stop at once with the error of an instance of it that failed (waiting longer would not
+    help)."""
     deadline = time.monotonic() + timeout_s
     sec.track(label)
     with Database(cluster.database_url, "tandem-demo") as db:
@@ -752,9 +795,10 @@ def _poll(sec: Section, cluster, label: str, timeout_s: float, progress_of, plan
             done, total = progress_of(db)
             sec.update(done, total)
             if done >= total:
-                return
+                return True
             time.sleep(1)
     sec.console.print(f"[yellow]{label}: not done within {timeout_s:g}s (a busy machine); showing what is there[/]")
+    return False
 
 
 def _stop_instances(sec: Section, cluster, plan, placements) -> None:
@@ -833,7 +877,7 @@ def stop_demo(console: Console) -> int:
     cluster = load_cluster()
     stopped = _stop_feed(cluster)
     console.print(f"producer: {'stopped (' + stopped + ')' if stopped else 'none recorded (.tandem/demo.json)'}")
-    client = AirflowClient.as_admin(cluster.airflow_url)
+    client = _airflow(cluster)
     if client.healthy():
         _stop_supervision(console, client)
     else:

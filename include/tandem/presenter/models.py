@@ -171,6 +171,17 @@ class UpgradeState(BaseModel):
     checks: list[OutputCheckState] = Field(description="what the new version compared, per output")
 
 
+class Notice(BaseModel):
+    """One thing the page points out about an instance (tandem.presenter.attention decides which, and how loudly)."""
+
+    severity: Literal["alarm", "pending", "note"] = Field(
+        description="alarm: wrong, may need a person (DEAD, FAILED, BLOCKED, STALLED, the lease lost, a failing relay); "
+                    "pending: the supervisor has something to do; note: how it is, nothing wrong (stopped cleanly)")
+    kind: Literal["error", "health", "relay", "lease", "stopped", "due"]
+    node: str | None = Field(description="the node it is about (null: the instance)")
+    text: str
+
+
 class InstanceStatus(OfInstance):
     """One group instance (one HA unit): its lease, its nodes, and what the supervisor would do now."""
 
@@ -179,6 +190,10 @@ class InstanceStatus(OfInstance):
     lease: LeaseState | None
     nodes: list[NodeState]
     due: list[str] = Field(description="what the supervisor's next decision would do (empty: nothing)")
+    stopped: bool = Field(False, description="no node runs it and every node that ran it stopped cleanly (none "
+                                             "FAILED or BLOCKED): nothing about it is an alarm")
+    notices: list[Notice] = Field(default_factory=list, description="what to point out, in the order to show it: "
+                                                                    "errors, health, relays, the lease, due actions")
     last_failover: TimelineEvent | None = Field(description="the newest change of the ACTIVE role, with its reason")
     last_good_snapshot: SnapshotInfo | None
     upgrade: UpgradeState | None = None

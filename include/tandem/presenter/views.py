@@ -30,6 +30,7 @@ from tandem.outputs import kind_of
 from tandem.outputs.base import ReadRequest, stream_time_fields
 from tandem.cutover import pending_cutovers
 from tandem.plan_version import plan_version
+from tandem.presenter.attention import is_stopped, notices
 from tandem.presenter.cache import VersionedCache
 from tandem.presenter.models import (
     AggregateRows, BackfillInfo, BatchReport, BrokenPlanSummary, Event, EventPage, GroupSummary, InstanceStatus,
@@ -203,10 +204,12 @@ def plan_status(db: Database, cluster: ClusterConfig, plan: PlanConfig) -> PlanS
                                expires_in_s=-float(rows.lease["expired_for_s"]), acquired_at=rows.lease["acquired_at"],
                                expires_at=rows.lease["expires_at"], vacant_since=since, vacancy=reason)
         good = latest_good(db, plan.name, instance)
+        due = [action.describe() for action in decide(view)]
         instances.append(InstanceStatus(
             instance=instance, group=plan.group_of(instance)[0], standby=plan.ha.standby, lease=lease, nodes=nodes,
-            due=[action.describe() for action in decide(view)], last_failover=changes.get(instance),
-            last_good_snapshot=_snapshot(good) if good else None, upgrade=_upgrade(db, plan.name, instance)))
+            due=due, stopped=is_stopped(nodes), notices=notices(nodes, lease, due),
+            last_failover=changes.get(instance), last_good_snapshot=_snapshot(good) if good else None,
+            upgrade=_upgrade(db, plan.name, instance)))
     return PlanStatus(plan=plan.name, observed_at=database_now(db), version=plan_version(plan),
                       refused_changes=pending_cutovers(cluster, plan), instances=instances)
 
