@@ -382,8 +382,11 @@ def lag_text(lag_s: float | None, ahead_of_clock_s: float | None) -> str:
 def next_action_lines(plan: str, instance) -> list[str]:
     """What the supervisor would do next for an instance (pure; ``instance`` a
     :class:`tandem.presenter.models.InstanceStatus`): ``due: ...`` a line each; an instance no node ever ran is
-    ``not launched`` (nothing is overdue about it), with the command that starts it."""
+    ``not launched`` (nothing is overdue about it), with the command that starts it; one stopped cleanly is
+    ``stopped`` (no alarm either), with what the supervisor would do if its DAG were unpaused."""
     launched = any(node.status is not None for node in instance.nodes)
+    if launched and instance.stopped and instance.due:
+        return [f"  stopped cleanly: no node runs it (the supervise DAG would: {'; '.join(instance.due)})"]
     if launched:
         return [f"  due: {action}" for action in instance.due]
     first = instance.nodes[0].node if instance.nodes else "NODE"

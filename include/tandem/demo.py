@@ -73,6 +73,7 @@ from tandem.store.leases import read_lease
 from tandem.store.output_streams import stream_progress
 from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
+from tandem.supervisor.launch_decision import ACTIVE_STATUSES
 from tandem.supervisor.stopping import kill_instance
 from tandem.reading import read_output
 
@@ -86,6 +87,8 @@ FEED_RATE = 5
 """Trades a second the producer left running writes."""
 FEED_DURATION_S = 3600.0
 """How long it writes them (``tandem demo --stop`` ends it sooner)."""
+STRAGGLER_WAIT_S = 20.0
+"""``tandem demo --stop`` watches this long for an instance a supervision task started as its run was ended."""
 STATE_FILE = Path(".tandem") / "demo.json"
 """Under the project root: what the demo left running (the producer's pid), for ``tandem demo --stop``."""
 
@@ -884,7 +887,17 @@ def stop_demo(console: Console) -> int:
         console.print(f"[yellow]Airflow does not answer at {cluster.airflow_url}: {SUPERVISE_DAG} left as it is "
                       "(a stopped stack supervises nothing)[/]")
     plan = load_plan(LEFT_RUNNING, cluster)
-    for line in _stopped(cluster, plan, [(instance, node) for instance in plan.instances for node in plan.nodes]):
+    everywhere = [(instance, node) for instance in plan.instances for node in plan.nodes]
+    for line in _stopped(cluster, plan, everywhere):
         console.print(line)
+    # a supervision task that was launching when its run ended may still start an instance: stop what it started
+    deadline = time.monotonic() + STRAGGLER_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        with Database(cluster.database_url, "tandem-demo") as db:
+            running = [(i.instance, n.node) for i in plan_status(db, cluster, plan).instances for n in i.nodes
+                       if n.status in ACTIVE_STATUSES]
+        for line in _stopped(cluster, plan, running):
+            console.print(f"{line}: started by the supervision run the stop ended")
     console.print(f"the demo's {LEFT_RUNNING} is stopped; the Airflow stack keeps running: [bold]make down[/] stops it")
     return 0

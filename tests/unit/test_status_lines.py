@@ -80,6 +80,10 @@ def test_an_instance_no_node_ever_ran_is_not_launched_not_due() -> None:
     assert next_action_lines("trades", _instance("STOPPED", None, due=["stop node-a: DEAD"])) == \
         ["  due: stop node-a: DEAD"]
     assert next_action_lines("trades", _instance("RUNNING", "RUNNING", due=[])) == []
+    stopped = _instance("STOPPED", "STOPPED", due=["launch node-a as ACTIVE: no node runs the instance"])
+    assert next_action_lines("trades", stopped.model_copy(update={"stopped": True})) == \
+        ["  stopped cleanly: no node runs it (the supervise DAG would: launch node-a as ACTIVE: no node runs the "
+         "instance)"]
 
 
 def test_a_run_a_stop_found_dead_is_said_to_be_dead_at_the_relaunch() -> None:
