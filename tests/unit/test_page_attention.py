@@ -38,7 +38,8 @@ def test_a_plan_stopped_at_request_is_notes_only_its_due_launch_included() -> No
     assert shown(found) == [
         ("note", "error", "node-a", f"node-a STOPPED: {REQUESTED}"),
         ("note", "error", "node-b", f"node-b STOPPED: {REQUESTED}"),
-        ("note", "stopped", None, "stopped: no node runs it, so the supervisor would:"),
+        ("note", "stopped", None, "stopped cleanly: no node runs it; while its supervision DAG runs, the supervisor "
+                                  "would:"),
         ("note", "due", None, f"due: {LAUNCH}"),
     ]
 

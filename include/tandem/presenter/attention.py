@@ -56,7 +56,8 @@ def notices(nodes: Sequence[NodeState], lease: LeaseState | None, due: Sequence[
                                 text=f"{node.node} relay to NATS failing: {node.relay_error}"))
     if stopped:
         found.append(Notice(severity=NOTE, kind="stopped", node=None,
-                            text="stopped: no node runs it" + (", so the supervisor would:" if due else "")))
+                            text="stopped cleanly: no node runs it" + ("; while its supervision DAG runs, the "
+                                                                       "supervisor would:" if due else "")))
     elif lease is not None and not lease.valid and lease.state in ("expired", "released"):
         found.append(Notice(severity=ALARM, kind="lease", node=None,
                             text=f"no ACTIVE: the lease {lease.vacancy or lease.state}"))
