@@ -372,20 +372,17 @@ if [ -z "\${SPARK_SUBMIT_OPTS:-}" ] && [ -s $(sq "$STATE/spark-cds.jsa") ]; then
 fi
 EOF
 
-# Spark node connections (AIRFLOW_CONN_...) from conf/cluster.yaml, when the CLI offers them.
+# Spark node connections (AIRFLOW_CONN_...) from conf/cluster.yaml.
 if [[ -x "$VENV/bin/tandem" ]]; then
-    if help_text="$(env -i HOME="${HOME:-/tmp}" PATH="/usr/bin:/bin" sh -c ". '$TMP_ENV' && tandem --help" 2>/dev/null)" \
-            && grep -q 'airflow-env' <<<"$help_text"; then
-        if conn_lines="$(env -i HOME="${HOME:-/tmp}" PATH="/usr/bin:/bin" sh -c ". '$TMP_ENV' && tandem airflow-env" 2>"$STATE/airflow-env.err")"; then
-            {
-                echo ""
-                echo "# Spark node connections: output of 'tandem airflow-env'"
-                printf '%s\n' "$conn_lines"
-            } >>"$TMP_ENV"
-            rm -f "$STATE/airflow-env.err"
-        else
-            log "WARNING: 'tandem airflow-env' failed (see .tandem/airflow-env.err); env.sh has no AIRFLOW_CONN_ lines"
-        fi
+    if conn_lines="$(env -i HOME="${HOME:-/tmp}" PATH="/usr/bin:/bin" sh -c ". '$TMP_ENV' && tandem airflow-env" 2>"$STATE/airflow-env.err")"; then
+        {
+            echo ""
+            echo "# Spark node connections: output of 'tandem airflow-env'"
+            printf '%s\n' "$conn_lines"
+        } >>"$TMP_ENV"
+        rm -f "$STATE/airflow-env.err"
+    else
+        log "WARNING: 'tandem airflow-env' failed (see .tandem/airflow-env.err); env.sh has no AIRFLOW_CONN_ lines"
     fi
 fi
 

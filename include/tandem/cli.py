@@ -1266,7 +1266,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="bring the stack up, run the bundled plans through Airflow, show their outputs")
     demo.add_argument("--rate", type=int, default=200)
-    demo.add_argument("--duration", type=_duration, default=60.0)
+    demo.add_argument("--duration", type=_duration, default=40.0,
+                      help="how long trades is fed (the kill -9 is halfway); the other plans at most 30 s")
     demo.add_argument("--seed", type=int, default=42)
     demo.add_argument("--no-failover", action="store_true",
                       help="the short path: each trades instance once, no standby and no kill -9")

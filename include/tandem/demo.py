@@ -87,6 +87,9 @@ FEED_RATE = 5
 """Trades a second the producer left running writes."""
 FEED_DURATION_S = 3600.0
 """How long it writes them (``tandem demo --stop`` ends it sooner)."""
+EVENT_TRIGGER = "2 seconds"
+"""The micro-batch interval of the pizza shop, temperatures and hot_rooms instances: a dozen drivers share the
+machine while the demo runs, and these plans' results wait for their watermark, not for the next second."""
 STRAGGLER_WAIT_S = 20.0
 """``tandem demo --stop`` watches this long for an instance a supervision task started as its run was ended."""
 STATE_FILE = Path(".tandem") / "demo.json"
@@ -162,7 +165,7 @@ class Section:
         return Text.from_ansi(self.buffer.getvalue())
 
 
-def run_demo(console: Console, rate: int = 200, duration_s: float = 60.0, seed: int = 42,
+def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: int = 42,
              keep_running: bool = True, failover: bool = True, only: Sequence[str] | None = None) -> int:
     """Run each plan's part of the demo side by side (``only``: those plans'); 0 when every part passed.
 
@@ -242,11 +245,11 @@ def _run_parts(console: Console, cluster, parts: list[str], *, failover: bool, r
             sec, cluster, load_plan("trades", cluster), rate=rate, duration_s=duration_s, seed=seed,
             keep_running=keep_running),
         "pizza_shop": lambda sec: _event_plan(sec, cluster, load_plan("pizza_shop", cluster), rate=max(20, rate // 5),
-                                              duration_s=min(duration_s, 40.0), seed=seed),
-        "temperatures": lambda sec: _event_plan(sec, cluster, load_plan("temperatures", cluster),
-                                                rate=max(20, rate // 5), duration_s=min(duration_s, 40.0), seed=seed),
-        "hot_rooms": lambda sec: _linked_plan(sec, cluster, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
                                               duration_s=min(duration_s, 30.0), seed=seed),
+        "temperatures": lambda sec: _event_plan(sec, cluster, load_plan("temperatures", cluster),
+                                                rate=max(20, rate // 5), duration_s=min(duration_s, 30.0), seed=seed),
+        "hot_rooms": lambda sec: _linked_plan(sec, cluster, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
+                                              duration_s=min(duration_s, 20.0), seed=seed),
     }
     outcomes: dict[str, PartOutcome] = {}
     with progress, ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="demo") as pool:
@@ -657,7 +660,7 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements
     client.wait_for_dag(run_dag)
     client.set_paused(run_dag, False)
     launched = datetime.now(timezone.utc)
-    runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": "1 second"})
+    runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": EVENT_TRIGGER})
             for instance, node in placements]
     sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
     for done, run_id in enumerate(runs, start=1):
