@@ -8,7 +8,7 @@ each part's verdict and the time of every phase, the set-up's included when ``ma
 
 The parts:
 
-- trades on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for a minute;
+- trades on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for 40 s;
   mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over time (from the kill
   to the new active's first output), waits for the supervisor to bring the killed node back as PASSIVE, and
   checks every second of every symbol against what it produced (nothing lost, nothing twice). ``--no-failover``
@@ -208,14 +208,12 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: 
 
     console.rule("[bold]Summary")
     verdicts = Table(box=box.SIMPLE_HEAD, show_header=True)
-    for column in ("plan", "verdict", "time", "phases"):
+    for column in ("plan", "verdict"):
         verdicts.add_column(column, overflow="fold")
     for outcome in outcomes:
-        verdicts.add_row(outcome.plan, ("[green]" if outcome.ok else "[red]") + escape(outcome.summary) + "[/]",
-                         f"{outcome.seconds:.0f} s",
-                         ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.phases))
+        verdicts.add_row(outcome.plan, ("[green]" if outcome.ok else "[red]") + escape(outcome.summary) + "[/]")
     console.print(verdicts)
-    console.print(_phase_table(timings, outcomes, time.monotonic() - started))
+    console.print(_phase_table(cluster.project_root, timings, outcomes, time.monotonic() - started))
 
     console.rule()
     console.print(f"Airflow UI: [bold]{cluster.airflow_url}[/]  {escape(login_hint())}  (stop it with [bold]make down[/])")
@@ -280,28 +278,32 @@ def _run_part(sec: Section, runner: Callable[[Section], str]) -> PartOutcome:
         summary, ok = str(exc), False
     except Exception as exc:  # noqa: BLE001 - one part's failure is reported, the other parts go on
         what = str(exc) if isinstance(exc, TandemError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, TandemError):  # not one of Tandem's own words: where it came from helps
+            sec.console.print_exception(max_frames=6)
         sec.console.print(f"[bold red]{sec.plan}: {escape(what)}[/]")
         summary, ok = what.splitlines()[0] if what else type(exc).__name__, False
     return PartOutcome(sec.plan, ok, summary, sec.phases, time.monotonic() - started, sec.left_running)
 
 
-def _phase_table(timings: list[tuple[str, float, str]], outcomes: list[PartOutcome], demo_s: float) -> Table:
+def _phase_table(root: Path, timings: list[tuple[str, float, str]], outcomes: list[PartOutcome],
+                 demo_s: float) -> Table:
     """Where the time went: the set-up's steps (when ``make demo`` ran them just before), the demo's own steps,
     each part (side by side: the longest sets the pace), the demo's total and make demo's."""
     table = Table(title="phase times", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("phase")
     table.add_column("seconds", justify="right")
     table.add_column("detail", overflow="fold")
-    setup = setup_times(Path(os.environ.get("TANDEM_HOME") or "."), os.environ.get("TANDEM_DEMO_STARTED_NS"))
+    setup = setup_times(root, os.environ.get("TANDEM_DEMO_STARTED_NS"))
     if setup:
         table.add_row("set-up (make setup)", f"{sum(s for _, s in setup):.0f}",
                       ", ".join(f"{name} {seconds:.0f} s" for name, seconds in setup))
     for what, seconds, detail in timings:
         table.add_row(what, f"{seconds:.0f}", detail)
-    for outcome in outcomes:
-        table.add_row(f"  {outcome.plan}", f"{outcome.seconds:.0f}", "side by side with the other parts")
     parts_s = max((o.seconds for o in outcomes), default=0.0)
-    table.add_row("the parts, side by side", f"{parts_s:.0f}", "")
+    table.add_row("the parts, side by side", f"{parts_s:.0f}", "as long as the longest part")
+    for outcome in outcomes:
+        table.add_row(f"  {outcome.plan}", f"{outcome.seconds:.0f}",
+                      ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.phases))
     table.add_row("tandem demo", f"{demo_s:.0f}", "")
     make_started = os.environ.get("TANDEM_DEMO_STARTED_NS")
     if make_started and make_started.isdigit():
