@@ -19,8 +19,19 @@ STAMP="$STATE/.docs-installed-$SHA"
 if [[ -f "$STAMP" && -x "$VENV/bin/mkdocs" && "${TANDEM_FORCE_INSTALL:-0}" != "1" ]]; then
     exit 0
 fi
-log "installing the documentation tools into .venv (pip install -r requirements-docs.txt -c constraints.txt)"
-"$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check -q \
-    -r requirements-docs.txt -c constraints.txt
+# uv as scripts/setup.sh uses it (on PATH, or the one set-up installed into .venv), else pip
+UV="$(command -v uv || true)"
+[[ -n "$UV" || ! -x "$VENV/bin/uv" ]] || UV="$VENV/bin/uv"
+[[ "${TANDEM_INSTALLER:-}" != "pip" ]] || UV=""
+if [[ -n "$UV" && -n "${PIP_INDEX_URL:-}" && -z "${UV_DEFAULT_INDEX:-}${UV_INDEX_URL:-}" ]]; then
+    export UV_DEFAULT_INDEX="$PIP_INDEX_URL"  # uv reads no pip configuration
+fi
+log "installing the documentation tools into .venv (${UV:+uv }pip install -r requirements-docs.txt -c constraints.txt)"
+if [[ -n "$UV" ]]; then
+    "$UV" pip install --quiet --python "$VENV/bin/python" -r requirements-docs.txt -c constraints.txt
+else
+    "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check -q \
+        -r requirements-docs.txt -c constraints.txt
+fi
 rm -f "$STATE"/.docs-installed-*
 touch "$STAMP"
