@@ -13,7 +13,8 @@
 #   6. `airflow db migrate` (skipped when already done for this metadata DB + Airflow version)
 #   7. a class-data sharing archive for the Spark JVMs, .tandem/spark-cds.jsa (skipped when one exists for
 #      this Java and pyspark; optional: without it drivers start as before, only slower). Recorded while
-#      step 6 runs: the two are independent.
+#      step 6 runs: the two are independent; with TANDEM_SPARK_CDS=background (make demo), after set-up returns
+#   8. dist/tandem.zip, when missing or older than a file of include/tandem
 #   Last: which PostgreSQL database Tandem uses and how to pick another, and each step's time (also in
 #   .tandem/setup-times.tsv: step, seconds; `tandem demo` prints it with its own).
 #
@@ -25,6 +26,7 @@
 #   TANDEM_PG_PORT, TANDEM_PG_SKIP_LOCAL, TANDEM_PG_BINDIR   see scripts/provision_postgres.sh
 #   TANDEM_FORCE_INSTALL=1 re-run the installs;  TANDEM_FORCE_MIGRATE=1 re-run db migrate
 #   TANDEM_INSTALLER=pip   install with pip even when uv can be had
+#   TANDEM_SPARK_CDS       wait (default) | background: record the archive of step 7 without waiting for it
 #   TANDEM_WHEEL_CACHE     where the wheels built from source-only releases are kept (~/.cache/tandem-wheels)
 #   UV_* (UV_DEFAULT_INDEX, UV_INDEX, UV_FIND_LINKS, ...) are uv's own; uv does not read pip's configuration, so a
 #   PIP_INDEX_URL is handed to it as UV_DEFAULT_INDEX when that is not set
@@ -412,12 +414,21 @@ PYSPARK_JARS="$("$VENV/bin/python" -c 'import os, pyspark; print(pyspark.__versi
 CDS_KEY="$(printf '%s|%s' "$("$JAVA_HOME/bin/java" -version 2>&1 | head -n 2 | tr '\n' ' ')" "$PYSPARK_JARS" | sha256sum | cut -c1-16)"
 CDS_STAMP="$STATE/.spark-cds-$CDS_KEY"
 CDS_PID=""
-record_cds() {  # the archive, or a warning; runs in a subshell of its own
-    local tmp="$STATE/spark-cds.jsa.tmp" cds_log="$STATE/spark-cds.log"
+# TANDEM_SPARK_CDS=background (make demo sets it): set-up does not wait for the archive; it is recorded at a low
+# priority after set-up returns, for the JVMs of the environments sourced after that (the demo's start at once,
+# on a machine as busy as the demo makes it, and would wait longer for the archive than it saves them).
+CDS_MODE="${TANDEM_SPARK_CDS:-wait}"
+[[ "$CDS_MODE" == wait || "$CDS_MODE" == background ]] || die "TANDEM_SPARK_CDS must be wait or background"
+record_cds() {  # the archive, or a warning; runs in a subshell of its own, one at a time (.tandem/spark-cds.lock)
+    local tmp="$STATE/spark-cds.jsa.tmp" cds_log="$STATE/spark-cds.log" nice=()
+    [[ "$CDS_MODE" == wait ]] || nice=(nice -n 10)
+    exec 9>"$STATE/spark-cds.lock"
+    flock -w 600 9 || { log "WARNING: another set-up holds .tandem/spark-cds.lock: no archive recorded"; return; }
+    if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then return; fi  # recorded meanwhile by that one
     rm -f "$tmp"
-    if SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$tmp" spark-submit --master 'local[1]' \
+    if SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$tmp" "${nice[@]}" spark-submit --master 'local[1]' \
             "$ROOT/scripts/spark_cds_training.py" >"$cds_log" 2>&1 \
-        && SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$tmp" spark-submit --master 'local[1]' \
+        && SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$tmp" "${nice[@]}" spark-submit --master 'local[1]' \
             "$ROOT/scripts/spark_cds_training.py" >>"$cds_log" 2>&1; then
         mv -f "$tmp" "$CDS_ARCHIVE"
         touch "$CDS_STAMP"
@@ -430,10 +441,15 @@ record_cds() {  # the archive, or a warning; runs in a subshell of its own
 if [[ -s "$CDS_ARCHIVE" && -f "$CDS_STAMP" ]]; then
     log "Spark class-data sharing archive up to date"
 else
-    log "recording the Spark class-data sharing archive (one Spark job run twice, ~30 s, beside the next step)"
     rm -f "$CDS_ARCHIVE" "$STATE"/.spark-cds-*
-    record_cds &
-    CDS_PID=$!
+    if [[ "$CDS_MODE" == wait ]]; then
+        log "recording the Spark class-data sharing archive (one Spark job run twice, ~30 s, beside the next step)"
+        record_cds 8>&- &  # not holding set-up's lock (fd 8)
+        CDS_PID=$!
+    else
+        log "recording the Spark class-data sharing archive in the background, at a low priority (TANDEM_SPARK_CDS=background; .tandem/spark-cds.log); environments sourced once it is written use it"
+        (record_cds >>"$STATE/spark-cds.log" 2>&1 8>&- </dev/null &)
+    fi
 fi
 
 # --- 6. airflow db migrate -----------------------------------------------------------------------
