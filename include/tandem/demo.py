@@ -87,6 +87,10 @@ FEED_RATE = 5
 """Trades a second the producer left running writes."""
 FEED_DURATION_S = 3600.0
 """How long it writes them (``tandem demo --stop`` ends it sooner)."""
+LAUNCHES_AT_ONCE = 1
+"""Parts other than trades that start their drivers at the same time (trades' supervisor starts its four one after
+another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
+drivers at a time, beside trades', start sooner in all, while the other parts feed and check what runs."""
 EVENT_TRIGGER = "2 seconds"
 """The micro-batch interval of the pizza shop, temperatures and hot_rooms instances: a dozen drivers share the
 machine while the demo runs, and these plans' results wait for their watermark, not for the next second."""
@@ -116,8 +120,10 @@ class Section:
     """One plan's part of the demo: its output (buffered, printed whole when the part ends), its live line in the
     shared progress display, and the time of each of its phases."""
 
-    def __init__(self, plan: str, progress: Progress, main: Console, cancelled: threading.Event) -> None:
+    def __init__(self, plan: str, progress: Progress, main: Console, cancelled: threading.Event,
+                 launch_slot: threading.Semaphore | None = None) -> None:
         self.plan = plan
+        self.launch_slot = launch_slot
         self.buffer = io.StringIO()
         self.console = Console(file=self.buffer, width=main.width, force_terminal=main.is_terminal,
                                color_system=main.color_system, highlight=False)
@@ -163,6 +169,20 @@ class Section:
 
     def output(self) -> Text:
         return Text.from_ansi(self.buffer.getvalue())
+
+    @contextmanager
+    def launching(self) -> Iterator[None]:
+        """Hold the launch slot, when the part has one, while its drivers start (see :data:`LAUNCHES_AT_ONCE`)."""
+        if self.launch_slot is None:
+            yield
+            return
+        self.track("waiting for its turn to launch (one plan at a time beside trades)")
+        while not self.launch_slot.acquire(timeout=1):
+            self.check()
+        try:
+            yield
+        finally:
+            self.launch_slot.release()
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: int = 42,
@@ -251,7 +271,9 @@ def _run_parts(console: Console, cluster, parts: list[str], *, failover: bool, r
     }
     outcomes: dict[str, PartOutcome] = {}
     with progress, ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="demo") as pool:
-        sections = {name: Section(name, progress, console, cancelled) for name in parts}
+        launch_slot = threading.Semaphore(LAUNCHES_AT_ONCE)
+        sections = {name: Section(name, progress, console, cancelled, None if name == "trades" else launch_slot)
+                    for name in parts}
         futures = {pool.submit(_run_part, sections[name], runners[name]): name for name in parts}
         pending = set(futures)
         try:
@@ -661,13 +683,14 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements
     sec.track(f"waiting for the DAG processor to parse {run_dag}")
     client.wait_for_dag(run_dag)
     client.set_paused(run_dag, False)
-    launched = datetime.now(timezone.utc)
-    runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": EVENT_TRIGGER})
-            for instance, node in placements]
-    sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
-    for done, run_id in enumerate(runs, start=1):
-        client.wait_for_run(run_dag, run_id, timeout_s=300)
-        sec.update(done, len(runs))
+    with sec.launching():
+        launched = datetime.now(timezone.utc)
+        runs = [client.trigger(run_dag, {"node": node, "instance": instance, "trigger_interval": EVENT_TRIGGER})
+                for instance, node in placements]
+        sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
+        for done, run_id in enumerate(runs, start=1):
+            client.wait_for_run(run_dag, run_id, timeout_s=300)
+            sec.update(done, len(runs))
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
     sec.console.print(f"groups {groups}: every instance RUNNING")
     return launched
