@@ -57,7 +57,7 @@ from rich.text import Text
 from tandem import aggregation
 from tandem.airflow_rest import AirflowClient, login_hint
 from tandem.config import load_cluster, load_plan, quarantine_output
-from tandem.errors import TandemError
+from tandem.errors import NothingPublished, TandemError
 from tandem.redaction import redact_url
 from tandem.layout import delta_table_dir
 from tandem.lake.tables import read_table
@@ -753,7 +753,11 @@ def _fed_linked_plan(sec: Section, cluster, client: AirflowClient, plan, placeme
     window = (started - timedelta(minutes=1), datetime.now(timezone.utc) + timedelta(minutes=1))
 
     def counted(db: Database) -> int:
-        return sum(r["readings"] for r in read_output(cluster, plan.name, "minute", *window, output="room_stats"))
+        try:
+            rows = read_output(cluster, plan.name, "minute", *window, output="room_stats")
+        except NothingPublished:  # stage 2 has not published its first batch yet
+            return 0
+        return sum(r["readings"] for r in rows)
 
     with sec.phase("relayed, counted, quarantined"):
         _poll(sec, cluster, "stage 1 relays the hot readings, stage 2 counts them, bad messages are quarantined",
