@@ -919,9 +919,14 @@ def stop_demo(console: Console) -> int:
         console.print(f"[yellow]Airflow does not answer at {cluster.airflow_url}: {SUPERVISE_DAG} left as it is "
                       "(a stopped stack supervises nothing)[/]")
     plan = load_plan(LEFT_RUNNING, cluster)
+    with Database(cluster.database_url, "tandem-demo") as db:
+        holders = {(instance, lease.holder) for instance in plan.instances
+                   if (lease := read_lease(db, plan.name, instance)) is not None and lease.holder}
     everywhere = [(instance, node) for instance in plan.instances for node in plan.nodes]
-    for line in _stopped(cluster, plan, everywhere):
-        console.print(line)
+    # the standbys first: an ACTIVE stopped first hands its role to a standby, which would then take over only to stop
+    for placements in ([p for p in everywhere if p not in holders], [p for p in everywhere if p in holders]):
+        for line in _stopped(cluster, plan, placements):
+            console.print(line)
     # a supervision task that was launching when its run ended may still start an instance: stop what it started
     deadline = time.monotonic() + STRAGGLER_WAIT_S
     while time.monotonic() < deadline:
