@@ -8,10 +8,11 @@ import stat
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from tandem.airflow_rest import AirflowClient, AirflowError, admin_password, ensure_admin_password
 
@@ -108,5 +109,62 @@ def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run
             client.trigger("refused", {})  # a client error is not tried again
         with pytest.raises(AirflowError, match="cannot trigger other: 500"):
             client.trigger("other", {}, run_id="r-2", attempts=1)
+    finally:
+        server.shutdown()
+
+
+class SlowAirflow(BaseHTTPRequestHandler):
+    """A fake API server too busy to answer the first read of a run, or a trigger, in time (the demo's start on two
+    cores); it answers the next one. A trigger it was too slow for was created all the same."""
+
+    reads: list[str] = []
+    created: list[str] = []
+    delay_s = 1.0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except BrokenPipeError:  # the client that timed out has gone
+            pass
+
+    def do_GET(self) -> None:
+        self.reads.append(self.path)
+        if len(self.reads) == 1:
+            threading.Event().wait(self.delay_s)
+        return self._answer(200, {"state": "success"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/auth/token":
+            return self._answer(201, {"access_token": "t"})
+        if body["dag_run_id"] in self.created:
+            return self._answer(409, {"detail": "exists"})
+        self.created.append(body["dag_run_id"])
+        threading.Event().wait(self.delay_s)
+        return self._answer(200, {"dag_run_id": body["dag_run_id"]})
+
+
+def test_a_read_or_a_trigger_that_timed_out_is_sent_again_when_the_client_allows_it(monkeypatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowAirflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr("tandem.airflow_rest.TRIGGER_RETRY_S", 0.01)
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(requests.Timeout):  # one attempt: the default, as before
+            AirflowClient(base, "admin", "secret", timeout_s=0.3).run_state("d", "r")
+        SlowAirflow.reads.clear()
+        patient = AirflowClient(base, "admin", "secret", timeout_s=0.3, read_attempts=2)
+        assert patient.run_state("d", "r") == "success"
+        assert SlowAirflow.reads == ["/api/v2/dags/d/dagRuns/r"] * 2
+        assert patient.trigger("d", {}, run_id="r-9") == "r-9"  # timed out, then 409: it was created, once
+        assert SlowAirflow.created == ["r-9"]
     finally:
         server.shutdown()
