@@ -22,7 +22,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
-.PHONY: help setup test-tools bench-flink docs-tools docs docs-check up down status dist test demo demo-stop clean lint pg-stop spark-cluster spark-cluster-down
+.PHONY: help setup test-tools bench-flink docs-tools docs docs-check up down status dist test demo demo-stop clean lint \
+	pg-stop spark-cluster spark-cluster-down
 
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 ENV := cd "$(ROOT)" && . .tandem/env.sh
@@ -50,7 +51,8 @@ status:
 # when it is missing or older than any file of the package (every launch of a node submits it);
 # `make setup` builds it too (scripts/setup.sh, step 8).
 DIST := $(ROOT)/dist/tandem.zip
-PACKAGE_FILES := $(shell find "$(ROOT)/include/tandem" -type f \( -name '*.py' -o -name '*.sql' -o -name '*.html' \) 2>/dev/null)
+PACKAGE_FILES := $(shell find "$(ROOT)/include/tandem" -type f \
+	\( -name '*.py' -o -name '*.sql' -o -name '*.html' \) 2>/dev/null)
 
 dist: setup $(DIST)
 

@@ -149,7 +149,8 @@ if [[ "${TANDEM_INSTALLER:-}" != "pip" ]]; then
     UV_PIN="$(grep -E '^uv==' constraints.txt || true)"
     if command -v uv >/dev/null 2>&1; then
         UV="$(command -v uv)"
-    elif [[ -x "$VENV/bin/uv" ]] && [[ -z "$UV_PIN" || "$("$VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" == "${UV_PIN#uv==}" ]]; then
+    elif [[ -x "$VENV/bin/uv" ]] \
+            && [[ -z "$UV_PIN" || "$("$VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" == "${UV_PIN#uv==}" ]]; then
         UV="$VENV/bin/uv"
     elif "$VENV/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check "${UV_PIN:-uv}"; then
         UV="$VENV/bin/uv"
@@ -262,7 +263,8 @@ else
     (umask 077 && printf '%s\n' "$DB_URL" >"$PROVISIONED_FILE" && chmod 600 "$PROVISIONED_FILE")
 fi
 [[ -n "$DB_URL" ]] || die "PostgreSQL provisioning returned no URL"
-DB_SHOWN="$(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c 'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_URL"]))')"
+DB_SHOWN="$(TANDEM_URL="$DB_URL" "$VENV/bin/python" -c \
+    'import os; from tandem.store.db import redact; print(redact(os.environ["TANDEM_URL"]))')"
 case "$DB_CHOICE" in
     environment) DB_WHY=("named by TANDEM_DATABASE_URL (remembered in .tandem/database_url for the next set-ups)") ;;
     remembered) DB_WHY=("named by TANDEM_DATABASE_URL at an earlier set-up (remembered in .tandem/database_url)") ;;
@@ -447,7 +449,8 @@ else
         record_cds 8>&- &  # not holding set-up's lock (fd 8)
         CDS_PID=$!
     else
-        log "recording the Spark class-data sharing archive in the background, at a low priority (TANDEM_SPARK_CDS=background; .tandem/spark-cds.log); environments sourced once it is written use it"
+        log "recording the Spark class-data sharing archive in the background, at a low priority" \
+            "(TANDEM_SPARK_CDS=background; .tandem/spark-cds.log); environments sourced once it is written use it"
         (record_cds >>"$STATE/spark-cds.log" 2>&1 8>&- </dev/null &)
     fi
 fi
@@ -501,11 +504,13 @@ step_done "dist/tandem.zip"
 : >"$TIMES_FILE.tmp"
 total_ms=0
 for i in "${!STEP_NAMES[@]}"; do
-    printf '%s\t%d.%03d\n' "${STEP_NAMES[$i]}" $((STEP_SECONDS[i] / 1000)) $((STEP_SECONDS[i] % 1000)) >>"$TIMES_FILE.tmp"
+    printf '%s\t%d.%03d\n' "${STEP_NAMES[$i]}" $((STEP_SECONDS[i] / 1000)) $((STEP_SECONDS[i] % 1000)) \
+        >>"$TIMES_FILE.tmp"
     total_ms=$((total_ms + STEP_SECONDS[i]))
 done
 mv -f "$TIMES_FILE.tmp" "$TIMES_FILE"
-log "step times: $(awk -F'\t' '{ printf "%s%s %.0f s", (NR > 1 ? ", " : ""), $1, $2 }' "$TIMES_FILE"); total $((total_ms / 1000)) s"
+log "step times: $(awk -F'\t' '{ printf "%s%s %.0f s", (NR > 1 ? ", " : ""), $1, $2 }' "$TIMES_FILE");" \
+    "total $((total_ms / 1000)) s"
 log "Tandem database: $DB_SHOWN"
 for line in "${DB_WHY[@]}"; do log "  $line"; done
 log "  another one: TANDEM_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DBNAME make setup (remembered in"

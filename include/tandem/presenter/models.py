@@ -175,8 +175,9 @@ class Notice(BaseModel):
     """One thing the page points out about an instance (tandem.presenter.attention decides which, and how loudly)."""
 
     severity: Literal["alarm", "pending", "note"] = Field(
-        description="alarm: wrong, may need a person (DEAD, FAILED, BLOCKED, STALLED, the lease lost, a failing relay); "
-                    "pending: the supervisor has something to do; note: how it is, nothing wrong (stopped cleanly)")
+        description="alarm: wrong, may need a person (DEAD, FAILED, BLOCKED, STALLED, the lease lost, a failing "
+                    "relay); pending: the supervisor has something to do; note: how it is, nothing wrong (stopped "
+                    "cleanly)")
     kind: Literal["error", "health", "relay", "lease", "stopped", "due"]
     node: str | None = Field(description="the node it is about (null: the instance)")
     text: str
