@@ -91,6 +91,8 @@ LAUNCHES_AT_ONCE = 1
 """Parts other than trades that start their drivers at the same time (trades' supervisor starts its four one after
 another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
 drivers at a time, beside trades', start sooner in all, while the other parts feed and check what runs."""
+LAUNCH_TIMEOUT_S = 600.0
+"""How long a run DAG may take to bring its instance to RUNNING (minutes on a machine busy with other work)."""
 EVENT_TRIGGER = "2 seconds"
 """The micro-batch interval of the pizza shop, temperatures and hot_rooms instances: a dozen drivers share the
 machine while the demo runs, and these plans' results wait for their watermark, not for the next second."""
@@ -372,7 +374,7 @@ def _trades_once(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
             runs.append(run_id)
         sec.track("Airflow is launching the Spark jobs (spark-submit, detached)")
         for run_id in runs:
-            client.wait_for_run(RUN_DAG, run_id, timeout_s=300)
+            client.wait_for_run(RUN_DAG, run_id, timeout_s=LAUNCH_TIMEOUT_S)
     console.print("both plan instances are RUNNING")
     sec.left_running = keep_running
 
@@ -689,7 +691,7 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements
                 for instance, node in placements]
         sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
         for done, run_id in enumerate(runs, start=1):
-            client.wait_for_run(run_dag, run_id, timeout_s=300)
+            client.wait_for_run(run_dag, run_id, timeout_s=LAUNCH_TIMEOUT_S)
             sec.update(done, len(runs))
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
     sec.console.print(f"groups {groups}: every instance RUNNING")
