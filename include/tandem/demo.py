@@ -674,6 +674,8 @@ def _stopped_on_failure(sec: Section, cluster, plan, placements: list[tuple[str,
         try:
             for line in _stopped(cluster, plan, placements):
                 sec.console.print(line)
+            for line in _stop_stragglers(cluster, plan, set(placements)):
+                sec.console.print(f"{line}: its launch was still under way")
         except Exception as exc:  # noqa: BLE001 - the part's own error is the one to report
             sec.console.print(f"[yellow]could not stop {plan.name}'s instances: {escape(str(exc))}[/]")
         raise
@@ -845,6 +847,20 @@ def _stop_instances(sec: Section, cluster, plan, placements) -> None:
         sec.console.print(line)
 
 
+def _stop_stragglers(cluster, plan, placements: set[tuple[str, str]], wait_s: float = STRAGGLER_WAIT_S) -> list[str]:
+    """For ``wait_s`` seconds, stop each of ``placements`` that a launch already under way started after it was
+    stopped (a run DAG's or supervision task's ``spark-submit`` ends by itself only once its instance runs)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        with Database(cluster.database_url, "tandem-demo") as db:
+            running = [(i.instance, n.node) for i in plan_status(db, cluster, plan).instances for n in i.nodes
+                       if n.status in ACTIVE_STATUSES and (i.instance, n.node) in placements]
+        lines += _stopped(cluster, plan, running)
+    return lines
+
+
 def _stopped(cluster, plan, placements) -> list[str]:
     from tandem.supervisor.stopping import stop_instance
 
@@ -930,13 +946,7 @@ def stop_demo(console: Console) -> int:
         for line in _stopped(cluster, plan, placements):
             console.print(line)
     # a supervision task that was launching when its run ended may still start an instance: stop what it started
-    deadline = time.monotonic() + STRAGGLER_WAIT_S
-    while time.monotonic() < deadline:
-        time.sleep(2)
-        with Database(cluster.database_url, "tandem-demo") as db:
-            running = [(i.instance, n.node) for i in plan_status(db, cluster, plan).instances for n in i.nodes
-                       if n.status in ACTIVE_STATUSES]
-        for line in _stopped(cluster, plan, running):
-            console.print(f"{line}: started by the supervision run the stop ended")
+    for line in _stop_stragglers(cluster, plan, set(everywhere)):
+        console.print(f"{line}: started by the supervision run the stop ended")
     console.print(f"the demo's {LEFT_RUNNING} is stopped; the Airflow stack keeps running: [bold]make down[/] stops it")
     return 0
