@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -148,13 +149,17 @@ class AirflowClient:
         except requests.RequestException:
             return False
 
-    def wait_for_dag(self, dag_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
-        """Wait until the DAG processor has parsed ``dag_id``; fail with its import errors otherwise."""
+    def wait_for_dag(self, dag_id: str, timeout_s: float = 180.0,
+                     between: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Wait until the DAG processor has parsed ``dag_id``; fail with its import errors otherwise. ``between``
+        is called before each pause (it may raise to stop waiting)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             response = self.request("GET", f"/dags/{dag_id}")
             if response.ok:
                 return response.json()
+            if between is not None:
+                between()
             time.sleep(2)
         errors = self.request("GET", "/importErrors").json().get("import_errors", [])
         detail = "; ".join(f"{e.get('filename')}: {e.get('stack_trace', '')[-300:]}" for e in errors) or "none"
@@ -224,14 +229,18 @@ class AirflowClient:
             raise AirflowError(f"cannot list the tasks of run {run_id} of {dag_id}: {response.status_code}")
         return response.json()["task_instances"]
 
-    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float = 300.0) -> str:
-        """Wait until a run finishes; return ``success`` or raise with the failed tasks."""
+    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float = 300.0,
+                     between: Callable[[], None] | None = None) -> str:
+        """Wait until a run finishes; return ``success`` or raise with the failed tasks. ``between`` is called
+        before each pause (it may raise to stop waiting)."""
         deadline = time.monotonic() + timeout_s
         state = "queued"
         while time.monotonic() < deadline:
             state = self.run_state(dag_id, run_id)
             if state in FINISHED:
                 break
+            if between is not None:
+                between()
             time.sleep(2)
         if state != "success":
             summary = ", ".join(f"{t['task_id']}={t['state']}" for t in self.task_instances(dag_id, run_id))

@@ -222,6 +222,10 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: 
     kwargs = dict(rate=rate, duration_s=duration_s, seed=seed, keep_running=keep_running)
     try:
         outcomes = _run_parts(console, cluster, parts, failover=failover, **kwargs)
+    except KeyboardInterrupt:
+        if "trades" in parts:
+            console.print("interrupted: trades may still run under supervision; [bold]make demo-stop[/] stops it")
+        raise
     finally:
         if nats_server is not None:
             nats_server.stop()
@@ -365,7 +369,7 @@ def _trades_once(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
     placements = list(zip(plan.instances[:2], plan.nodes * 2))
     with sec.phase("launch"):
         sec.track("waiting for the DAG processor to parse the run DAG")
-        client.wait_for_dag(RUN_DAG)
+        client.wait_for_dag(RUN_DAG, between=sec.check)
         client.set_paused(RUN_DAG, False)
         runs = []
         for instance, node in placements:
@@ -374,7 +378,7 @@ def _trades_once(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
             runs.append(run_id)
         sec.track("Airflow is launching the Spark jobs (spark-submit, detached)")
         for run_id in runs:
-            client.wait_for_run(RUN_DAG, run_id, timeout_s=LAUNCH_TIMEOUT_S)
+            client.wait_for_run(RUN_DAG, run_id, timeout_s=LAUNCH_TIMEOUT_S, between=sec.check)
     console.print("both plan instances are RUNNING")
     sec.left_running = keep_running
 
@@ -412,7 +416,7 @@ def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s:
     victim_instance = plan.instances[0]
     with sec.phase("launch the pairs"):
         sec.track(f"waiting for the DAG processor to parse {SUPERVISE_DAG}")
-        client.wait_for_dag(SUPERVISE_DAG)
+        client.wait_for_dag(SUPERVISE_DAG, between=sec.check)
         client.set_paused(SUPERVISE_DAG, False)
         console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's ACTIVE and "
                       "PASSIVE")
@@ -685,7 +689,7 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements
     """Launch each ``(instance, node)`` of the plan by its run DAG; return when the launches began."""
     run_dag = plan_dag_id(plan.name, "run")
     sec.track(f"waiting for the DAG processor to parse {run_dag}")
-    client.wait_for_dag(run_dag)
+    client.wait_for_dag(run_dag, between=sec.check)
     client.set_paused(run_dag, False)
     with sec.launching():
         launched = datetime.now(timezone.utc)
@@ -693,7 +697,7 @@ def _launch_every_instance(sec: Section, client: AirflowClient, plan, placements
                 for instance, node in placements]
         sec.track(f"Airflow is launching {len(runs)} instances ({', '.join(plan.instances)})", total=len(runs))
         for done, run_id in enumerate(runs, start=1):
-            client.wait_for_run(run_dag, run_id, timeout_s=LAUNCH_TIMEOUT_S)
+            client.wait_for_run(run_dag, run_id, timeout_s=LAUNCH_TIMEOUT_S, between=sec.check)
             sec.update(done, len(runs))
     groups = ", ".join(f"{name} ×{group.parallel}" for name, group in plan.groups.items())
     sec.console.print(f"groups {groups}: every instance RUNNING")
