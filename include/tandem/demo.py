@@ -96,6 +96,11 @@ LAUNCH_TIMEOUT_S = 600.0
 EVENT_TRIGGER = "2 seconds"
 """The micro-batch interval of the pizza shop, temperatures and hot_rooms instances: a dozen drivers share the
 machine while the demo runs, and these plans' results wait for their watermark, not for the next second."""
+UNFINISHED_TASK_STATES = ("running", "queued", "scheduled", "deferred", "up_for_retry", "up_for_reschedule",
+                          "restarting")
+SUPERVISION_TASKS_END_S = 90.0
+"""``tandem demo --stop`` waits this long at most for the ended supervision run's tasks to end before it stops
+the instances (then :data:`STRAGGLER_WAIT_S` more for what a launch under way started)."""
 STRAGGLER_WAIT_S = 20.0
 """``tandem demo --stop`` watches this long for an instance a supervision task started as its run was ended."""
 STATE_FILE = Path(".tandem") / "demo.json"
@@ -515,13 +520,26 @@ def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s:
             f"{len(good)} trades in {len(expected)} (second, symbol) buckets: nothing lost, nothing twice")
 
 
-def _stop_supervision(console: Console, client: AirflowClient) -> None:
-    """Pause the supervision DAG and end its running run, so that nothing relaunches the instances the demo stops."""
+def _stop_supervision(console: Console, client: AirflowClient, tasks_end_s: float = 0.0) -> None:
+    """Pause the supervision DAG and end its running run, so that nothing relaunches the instances the demo stops;
+    with ``tasks_end_s``, wait that long at most for the run's tasks to end (a task in the middle of a launch goes on
+    until Airflow tells it its run ended)."""
     client.set_paused(SUPERVISE_DAG, True)
+    ended = []
     for run in client.runs(SUPERVISE_DAG):
         if run["state"] in ("running", "queued"):
             client.set_run_state(SUPERVISE_DAG, run["dag_run_id"], "success")
+            ended.append(run["dag_run_id"])
     console.print(f"paused {SUPERVISE_DAG} and ended its run")
+    deadline = time.monotonic() + tasks_end_s
+    while ended and time.monotonic() < deadline:
+        busy = [t["task_id"] for run_id in ended for t in client.task_instances(SUPERVISE_DAG, run_id)
+                if t["state"] in UNFINISHED_TASK_STATES]
+        if not busy:
+            return
+        time.sleep(2)
+    if ended and tasks_end_s:
+        console.print(f"[yellow]tasks of {SUPERVISE_DAG} still running after {tasks_end_s:g} s; stopping anyway[/]")
 
 
 def _pair_ready(instance) -> bool:
@@ -936,7 +954,7 @@ def stop_demo(console: Console) -> int:
     console.print(f"producer: {'stopped (' + stopped + ')' if stopped else 'none recorded (.tandem/demo.json)'}")
     client = _airflow(cluster)
     if client.healthy():
-        _stop_supervision(console, client)
+        _stop_supervision(console, client, tasks_end_s=SUPERVISION_TASKS_END_S)
     else:
         console.print(f"[yellow]Airflow does not answer at {cluster.airflow_url}: {SUPERVISE_DAG} left as it is "
                       "(a stopped stack supervises nothing)[/]")
