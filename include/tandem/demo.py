@@ -953,7 +953,8 @@ def stop_demo(console: Console) -> int:
     stopped = _stop_feed(cluster)
     console.print(f"producer: {'stopped (' + stopped + ')' if stopped else 'none recorded (.tandem/demo.json)'}")
     client = _airflow(cluster)
-    if client.healthy():
+    airflow_up = client.healthy()
+    if airflow_up:
         _stop_supervision(console, client, tasks_end_s=SUPERVISION_TASKS_END_S)
     else:
         console.print(f"[yellow]Airflow does not answer at {cluster.airflow_url}: {SUPERVISE_DAG} left as it is "
@@ -970,5 +971,6 @@ def stop_demo(console: Console) -> int:
     # a supervision task that was launching when its run ended may still start an instance: stop what it started
     for line in _stop_stragglers(cluster, plan, set(everywhere)):
         console.print(f"{line}: started by the supervision run the stop ended")
-    console.print(f"the demo's {LEFT_RUNNING} is stopped; the Airflow stack keeps running: [bold]make down[/] stops it")
+    console.print(f"the demo's {LEFT_RUNNING} is stopped" + ("; the Airflow stack keeps running: [bold]make down[/] "
+                                                              "stops it" if airflow_up else ""))
     return 0
