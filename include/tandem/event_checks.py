@@ -4,7 +4,9 @@ The runtime checks every line on Spark (:func:`tandem.runtime.records.parse_and_
 quarantines bad ones; a receiver answers a client at once instead, with the same reasons in the same
 words: a missing field, a value of the wrong JSON type, a failed check (``field 'price' must be > 0
 (got -1)``), a line over ``max_line_bytes``, text that UTF-8 cannot carry, a key given twice in one
-object (``duplicate key 'price'``: :func:`load_json` keeps the mark that JSON parsers drop). Each field is read
+object (``duplicate key 'price'``: :func:`load_json` keeps the mark that JSON parsers drop), a line that is not
+JSON or not an object (:func:`unreadable_line`). A value a reason quotes is written by :func:`shown` (the runtime's
+``_shown_value`` writes the same text): a string in double quotes, a number as Python writes it. Each field is read
 at its key (its ``from``) and named as the event spells it; a ``timestamp``'s ISO-8601 text is read by
 :func:`iso_millis`, which ``tandem.runtime.records.iso_time`` does in Spark's columns (the tests hold both to the
 same cases). An event it accepts is still checked on Spark (nothing relies on this module for correctness). The
@@ -18,6 +20,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 from tandem.declarations import EXPECTED, ISO_TIME, FieldConfig, StreamConfig
@@ -28,6 +31,15 @@ LISTED_NON_FINITE = 5
 """Non-finite numbers of one event named at most (:func:`non_finite_problems`; one more reason counts the rest)."""
 MAX_ID_CHARS = 256
 """Characters an event's id (its message id) may take at most."""
+MAX_DEPTH = 512
+"""Levels of nesting Python reads a JSON text to at most (an event's object is the first): the receiver refuses a
+deeper event alone, and a reason does not ask the decoder where a deeper line is wrong. Python's JSON parser and
+writer recurse, up to its recursion limit (about 1,000 levels, less the caller's)."""
+JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+"""A JSON string in a JSON text (a pattern)."""
+_STRINGS = re.compile(JSON_STRING, re.DOTALL)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 WITHOUT_ZONE = "is an ISO-8601 time without a zone (write Z or an offset such as +01:00)"
 """What a reason says of a ``timestamp`` given as ISO text without ``Z`` or an offset (refused: whose local time it
 is cannot be known)."""
@@ -69,6 +81,13 @@ def load_json_at(text: str, start: int) -> tuple[Any, int]:
     """The JSON value that begins at ``start`` of ``text``, read as :func:`load_json` reads, and where it ends (pure;
     raises as ``json.JSONDecoder.raw_decode`` does)."""
     return _DECODER.raw_decode(text, start)
+
+
+def depth_of(value: str) -> int:
+    """How deep the JSON text ``value`` nests (an array or object: 1, a value in it: 2), from its brackets outside
+    strings: a running sum in C loops, linear however it nests (pure)."""
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", value))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
 def _repeated_keys(pairs: list[tuple[str, Any]]) -> tuple[str, ...]:
@@ -113,7 +132,7 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
     receiver would publish the event with one of the values).
     """
     if not isinstance(event, dict):
-        return ["malformed JSON: not a JSON object"]
+        return [not_an_object(event)]
     line = json.dumps(event, ensure_ascii=False)
     try:
         size = len(line.encode("utf-8"))
@@ -123,7 +142,7 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
         return [f"line of {size} bytes is over the stream's max_line_bytes ({stream.max_line_bytes})"]
     if isinstance(event, _Repeated):
         keys = _declared_keys_repeated(stream, event) or event.repeated
-        return [f"duplicate key '{_shown(key)}'" for key in keys]
+        return [f"duplicate key '{_named(key)}'" for key in keys]
     problems: list[str] = []
     for name, config in stream.fields.items():
         label = config.label(name)
@@ -134,14 +153,14 @@ def event_problems(stream: StreamConfig, event: Any) -> list[str]:
             continue
         typed = typed_value(config, value)
         if typed is _WRONG:
-            problems.append(f"field '{label}' is outside the 64-bit integer range: {_shown(value)}"
+            problems.append(f"field '{label}' is outside the 64-bit integer range: {shown(value)}"
                             if _past_64_bits(config, value) else
-                            f"field '{label}' is not {EXPECTED[config.type]}: {_shown_json(value)}")
+                            f"field '{label}' is not {EXPECTED[config.type]}: {shown(value)}")
             continue
         if typed is _NO_ZONE:
-            problems.append(f"field '{label}' {WITHOUT_ZONE}: {_shown_json(value)}")
+            problems.append(f"field '{label}' {WITHOUT_ZONE}: {shown(value)}")
             continue
-        problems += [f"field '{label}' {message} (got {_shown(value)})" for operator, bound, message in config.checks()
+        problems += [f"field '{label}' {message} (got {shown(value)})" for operator, bound, message in config.checks()
                      if not _holds(operator, bound, typed)]
     return problems
 
@@ -199,7 +218,7 @@ def non_finite_problems(event: Any) -> list[str]:
     ``Infinity`` and a number past ±1.8e308 as one; JSON has none), named by its path (``extra.ratio``,
     ``extra[1]``); the first :data:`LISTED_NON_FINITE` of them, then how many more (pure)."""
     found = [(path, value) for path, value in leaves(event) if isinstance(value, float) and not math.isfinite(value)]
-    problems = [f"field '{path}' must be a finite number (got {_shown(value)}): JSON has no such number"
+    problems = [f"field '{path}' must be a finite number (got {shown(value)}): JSON has no such number"
                 for path, value in found[:LISTED_NON_FINITE]]
     if len(found) > LISTED_NON_FINITE:
         problems.append(f"and {len(found) - LISTED_NON_FINITE} more numbers that are not finite")
@@ -271,23 +290,90 @@ def _holds(operator: str, bound: Any, value: Any) -> bool:
     return {">": value > bound, ">=": value >= bound, "<": value < bound, "<=": value <= bound}[operator]
 
 
-def _shown(value: Any) -> str:
-    """A bad value as a reason quotes it: its JSON text (a string as is; ``NaN`` and the infinities quoted, as Spark
-    writes them back), at most :data:`SHOWN_CHARS` characters."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(str(value).replace("inf", "Infinity").replace("nan", "NaN"))
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("\u0000", "\\u0000")
-    return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")
+JSON_KINDS = {"OBJECT": "an object", "ARRAY": "an array", "STRING": "a string", "BOOLEAN": "a boolean",
+              "VOID": "null"}
+"""What a JSON value is, as a reason says it (``not a JSON object (got an array)``), by the first word of Spark's
+``schema_of_variant`` (any other word is a number); :func:`json_kind` says the same of a Python value."""
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in a reason's words (:data:`JSON_KINDS`) (pure)."""
+    if isinstance(value, dict):
+        return JSON_KINDS["OBJECT"]
+    if isinstance(value, list):
+        return JSON_KINDS["ARRAY"]
+    if isinstance(value, str):
+        return JSON_KINDS["STRING"]
+    if isinstance(value, bool):
+        return JSON_KINDS["BOOLEAN"]
+    return JSON_KINDS["VOID"] if value is None else "a number"
+
+
+def not_an_object(value: Any) -> str:
+    """The reason of a line that is JSON but not an object (``not a JSON object (got an array)``) (pure)."""
+    return f"not a JSON object (got {json_kind(value)})"
+
+
+def unreadable_line(raw: str | None) -> str | None:
+    """The reason of a line that is not a JSON object, as Python's JSON decoder reads it (pure): ``invalid JSON:
+    Expecting ',' delimiter at line 1 column 23`` (the decoder's message), or :func:`not_an_object`; ``None`` for no
+    line. The runtime asks it of the lines Spark's reader finds no object in. A line nested deeper than
+    :data:`MAX_DEPTH` is not decoded (``not a JSON object, nested 900 levels deep (…)``); where the decoder cannot
+    say (an integer of more digits than Python converts, an object only Spark's reader refuses), ``invalid JSON``
+    alone."""
+    if raw is None:
+        return None
+    depth = depth_of(raw)
+    if depth > MAX_DEPTH:  # the decoder would recurse past Python's limit, whose depth depends on the caller's
+        return f"not a JSON object, nested {depth} levels deep (the decoder that says more reads {MAX_DEPTH} at most)"
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except ValueError:  # an integer of more digits than Python converts, before the error
+        return "invalid JSON"
+    return "invalid JSON" if isinstance(value, dict) else not_an_object(value)
 
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _shown_json(value: Any) -> str:
-    """A value of the wrong JSON type as a reason quotes it: :func:`_shown`, but a string in quotes (``"true"`` is
-    not ``true``), escaped as Spark's JSON writer escapes it (other control characters as ``\\u001F``)."""
-    if not isinstance(value, str):
-        return _shown(value)
-    text = '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if c < " " else c) for c in value) + '"'
+def shown(value: Any) -> str:
+    """A value as a reason quotes it (``must not be empty (got "")``, ``is not a boolean: "yes"``, ``must be < 10
+    (got 1796680000.5)``), at most :data:`SHOWN_CHARS` characters (then ``…``) (pure): its JSON text, a string in
+    double quotes escaped as Spark's JSON writer escapes it (other control characters as ``\\u001F``, so ``"true"``
+    is told from ``true``), a number as Python writes it (``repr``), ``NaN`` and the infinities in quotes (as Spark
+    writes them back). The runtime writes the same text (``tandem.runtime.records._shown_value``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        text = json.dumps(str(value).replace("inf", "Infinity").replace("nan", "NaN"))
+    elif isinstance(value, str):
+        text = '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if c < " " else c) for c in value) + '"'
+    else:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")
+
+
+_JAVA_DOUBLE = re.compile(r"-?[0-9]+\.[0-9]+(?:E-?[0-9]+)?")
+"""A double as Java's ``Double.toString`` writes it: what Spark's JSON reader gives of a number with a fraction or an
+exponent read as text (``1796680000.5`` as ``1.7966800005E9``, ``1e-7`` as ``1.0E-7``)."""
+
+
+def shown_text(text: str | None, is_string: bool | None) -> str | None:
+    """A value Spark's JSON reader gave as ``text`` (``is_string``: the line holds a JSON string there), as
+    :func:`shown` writes the value (pure): a string quoted, a double as Python writes it (Java's text reads back as
+    the same double), anything else (an integer's digits, ``true``, an object, ``"NaN"``) as its JSON text. The
+    runtime's reasons quote their values through it."""
+    if text is None:
+        return None
+    if is_string:
+        return shown(text)
+    if _JAVA_DOUBLE.fullmatch(text):
+        return shown(float(text))
+    return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")
+
+
+def _named(key: str) -> str:
+    """A key as a reason names it (``duplicate key 'price'``): as it is, NUL as ``\\u0000``, at most
+    :data:`SHOWN_CHARS` characters (then ``…``)."""
+    text = key.replace("\u0000", "\\u0000")
     return text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else "")

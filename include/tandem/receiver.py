@@ -55,7 +55,6 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path as FilePath
 from typing import Annotated, Any, NoReturn
 
@@ -69,7 +68,8 @@ from tandem.client import content_id
 from tandem.config import ClusterConfig, NatsConfig, PlanConfig, load_plans_and_errors
 from tandem.declarations import partition_of
 from tandem.errors import ConfigError, TandemError
-from tandem.event_checks import MAX_ID_CHARS, event_problems, id_problem, leaves, load_json_at, non_finite_problems
+from tandem.event_checks import (JSON_STRING, MAX_DEPTH, MAX_ID_CHARS, depth_of, event_problems, id_problem, leaves,
+                                 load_json_at, non_finite_problems)
 from tandem.logs import configure_logging, log_format
 from tandem.messaging import JetStream, partition_subject
 from tandem.messaging.wire import Message
@@ -80,9 +80,6 @@ TOKEN_VARIABLE = "TANDEM_RECEIVER_TOKEN"
 TOKENS_FILE_VARIABLE = "TANDEM_RECEIVER_TOKENS"
 MAX_EVENTS = 10_000
 """Events in one request at most (a larger batch is refused with 413, once the parse reaches the one past it)."""
-MAX_DEPTH = 512
-"""Levels of nesting an event may have at most (the event's object is the first): a deeper one is refused alone.
-Python's JSON parser and writer recurse, up to its recursion limit (about 1,000 levels, less the caller's)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """Bytes of a request's body at most unless ``tandem receive --max-body-bytes`` says otherwise (413 past it)."""
 HEADER_TIMEOUT_S = 10.0
@@ -224,12 +221,8 @@ class TooManyEvents(ValueError):
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
-_BRACKETS = re.compile(_STRING + r"|[\[{]+|[\]}]+", re.DOTALL)
+_BRACKETS = re.compile(JSON_STRING + r"|[\[{]+|[\]}]+", re.DOTALL)
 """A JSON string (skipped: its brackets are text), or a run of opening or of closing brackets."""
-_STRINGS = re.compile(_STRING, re.DOTALL)
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 _STARTS = {"{": "an object", '"': "a string", "t": "true", "f": "false", "n": "null"}
 
 
@@ -328,13 +321,6 @@ def _long_integer(text: str, start: int, error: ValueError) -> tuple[Unreadable,
     where = f"field '{path}'" if path else "event"
     return Unreadable(f"{where} holds an integer of {digits} digits: the receiver reads at most {limit} (send it as "
                       "a string)"), end
-
-
-def depth_of(value: str) -> int:
-    """How deep the JSON text ``value`` nests (an array or object: 1, a value in it: 2), from its brackets outside
-    strings: a running sum in C loops, linear however it nests (pure)."""
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", value))
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
 def nesting(text: str, start: int) -> tuple[int, int]:

@@ -276,7 +276,7 @@ def test_presenter_endpoints_auth_actions_and_fuzzing(project: Path, database_ur
         assert admin.ok(f"/plans/{PLAN}/batch") == {"plan": PLAN, "backfills": [], "reconcile": None}
         quarantine = admin.ok(f"/plans/{PLAN}/quarantine", samples=5)
         assert quarantine["total"] == 2 and sum(quarantine["by_instance"].values()) == 2
-        assert sorted(quarantine["by_reason"]) == ["field 'order_no' must not be empty (got )",
+        assert sorted(quarantine["by_reason"]) == ["field 'order_no' must not be empty (got \"\")",
                                                    "missing field 'customer_name'"]
 
         # refusals name the problem

@@ -7,8 +7,12 @@ the receiver gives for the same lines (``tests/support/_field_cases.py``; the Py
 
 from __future__ import annotations
 
+import json
+import math
 import random
+import struct
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from pyspark.sql import functions as F
@@ -16,7 +20,8 @@ from pyspark.sql.types import BooleanType, LongType, StringType
 
 from _field_cases import CASES, LOGINS, changed
 from tandem.event_checks import event_problems, load_json, typed_value
-from tandem.runtime.records import parse_and_validate, record_schema
+from tandem.runtime.plan_api import good_events, quarantined
+from tandem.runtime.records import SHOWN_TEXT, parse_and_validate, record_schema
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +75,48 @@ def test_spark_reads_iso_times_as_the_receiver_does(spark) -> None:
         if row["reason"] is None:
             assert row["at"] == typed_value(LOGINS.fields["at"], event["@timestamp"]), line
     assert 100 < sum(row["reason"] is None for row in rows) < len(rows), "good times and bad ones"
+
+
+DEEPER = "(the decoder that says more reads 512 at most)"
+UNREADABLE = [
+    ('{"user": "ann", "@timestamp": 17', "invalid JSON: Expecting ',' delimiter at line 1 column 33"),  # cut short
+    ("{not json", "invalid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+    ('{"user": "ann",}', "invalid JSON: Expecting property name enclosed in double quotes at line 1 column 16"),
+    ("hello", "invalid JSON: Expecting value at line 1 column 1"),
+    ("", "invalid JSON: Expecting value at line 1 column 1"),
+    ('{"user": ' + "[" * 600, f"not a JSON object, nested 601 levels deep {DEEPER}"),
+    ("[" * 700 + "]" * 700, f"not a JSON object, nested 700 levels deep {DEEPER}"),
+]
+"""Lines the receiver never sees (it refuses a body that is not JSON as a whole), so Spark alone quarantines them:
+each reason says where Python's JSON decoder stopped (its column counted by hand here)."""
+
+
+def test_a_line_that_is_not_json_says_where_the_decoder_stopped_and_only_bad_lines_reach_python(spark) -> None:
+    lines = spark.createDataFrame([(i, line, "f") for i, (line, _) in enumerate(UNREADABLE)],
+                                  "i long, raw string, source_file string")
+    validated = parse_and_validate(lines, record_schema(LOGINS))
+    assert [row["reason"] for row in validated.orderBy("i").collect()] == [reason for _, reason in UNREADABLE]
+    # the reasons' Python UDF runs after the filter of bad lines, and good events never run it
+    quarantine = quarantined(validated)._jdf.queryExecution().executedPlan().toString()
+    python, filtered = quarantine.find("EvalPython"), quarantine.find("Filter NOT")
+    assert 0 <= python < filtered, quarantine  # the plan prints parents first
+    assert "EvalPython" not in good_events(validated, SimpleNamespace(streams={"logins": LOGINS}), "logins") \
+        ._jdf.queryExecution().executedPlan().toString()
+
+
+FLOATS = [1796680000.5, 100000.0, 1e16, 9999999999999998.0, 1.5e-4, 1e-4, 1e-5, 0.00012345, -0.0, 0.0, 2.5e20, 0.1,
+          123.0, -1.25, 1.7976931348623157e308, 2.2250738585072014e-308, 5e-324, 1e23, 8.41e21, 2.82879384806159e17]
+"""With the doubles JDK 17 writes with more digits than needed (``1e23`` as ``9.999999999999999E22``)."""
+
+
+def test_a_double_in_a_reason_reads_as_python_writes_it(spark) -> None:
+    """Spark's reader gives a number with a fraction as Java writes it (``1.7966800005E9``); a reason quotes it as
+    Python's ``repr`` (``1796680000.5``), the receiver's words."""
+    rng = random.Random(11)
+    doubles = FLOATS + [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(2000)]
+    doubles = [d for d in doubles if math.isfinite(d)]
+    frame = spark.createDataFrame([(i, json.dumps({"x": d})) for i, d in enumerate(doubles)], "i long, raw string")
+    text = F.from_json("raw", "x string").getField("x")
+    rows = frame.select("i", text.alias("java"), SHOWN_TEXT(text, F.lit(False)).alias("shown")).orderBy("i").collect()
+    assert rows[0]["java"] == "1.7966800005E9", "Java's spelling, which the reason does not keep"
+    assert [row["shown"] for row in rows] == [repr(d) for d in doubles]

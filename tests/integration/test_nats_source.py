@@ -268,7 +268,7 @@ def test_the_receiver_publishes_good_events_once_and_answers_400_with_the_reason
     assert again.status_code == 400
     assert again.json()["rejected"] == [
         {"index": 5, "reasons": ["field 'price' must be > 0 (got -1)", "field 'quantity' must be > 0 (got 0)"]},
-        {"index": 6, "reasons": ["malformed JSON: not a JSON object"]}]
+        {"index": 6, "reasons": ["not a JSON object (got a string)"]}]
     assert client.post("/v1/plans/trades/streams/nope/events", json=good, headers=auth).status_code == 404
 
     with JetStream([nats_server.url]) as js:

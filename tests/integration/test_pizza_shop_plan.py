@@ -60,8 +60,8 @@ def test_delivered_counts_and_overdue_orders_equal_the_reference(project, databa
 
     per_customer, overdue = assert_outputs_equal_the_reference(cluster, plan, database_url, orders, deliveries)
     reasons = read_table(delta_table_dir(cluster, plan.name, "quarantine")).column("reason").to_pylist()
-    assert sorted(reasons) == ["field 'customer_name' must not contain NUL (U+0000) (got cust\\u0000x)",
-                               "field 'order_no' must not be empty (got )", "missing field 'customer_name'",
+    assert sorted(reasons) == ["field 'customer_name' must not contain NUL (U+0000) (got \"cust\\u0000x\")",
+                               "field 'order_no' must not be empty (got \"\")", "missing field 'customer_name'",
                                "missing field 'time'"], reasons
 
     # the CLI reads both kinds, from PostgreSQL and from Delta

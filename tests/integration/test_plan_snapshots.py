@@ -175,7 +175,8 @@ def test_pizza_shop_snapshots_export_the_orders_and_restore_exactly_once(project
         assert any(f"{output}: kept" in line for line in lines), (output, lines)
     # the restore keeps every output (all are published by id): they still hold what parts 1 and 2 published
     assert_pizza_outputs_at(cluster, plan, database_url, joined(parts[0], parts[1]), published)
-    reasons = ["field 'order_no' must not be empty (got )", "missing field 'customer_name'", "missing field 'time'"]
+    reasons = ["field 'order_no' must not be empty (got \"\")", "missing field 'customer_name'",
+               "missing field 'time'"]
     assert quarantine_reasons(cluster, plan) == reasons
 
     write(cluster, plan, parts[2])
@@ -206,7 +207,7 @@ def test_temperature_snapshots_export_the_readings_and_restore_exactly_once(proj
 
     bad_lines = [('{"room_no": 101, "device_id": "x", "temp": 20.0}', "missing field 'time'"),
                  ('{"room_no": 101, "device_id": "", "temp": 20.0, "time": %d}' % TEMPS_T0,
-                  "field 'device_id' must not be empty (got )")]  # one before the cut, one after
+                  "field 'device_id' must not be empty (got \"\")")]  # one before the cut, one after
     write(cluster, plan, {"temps": parts[0]})
     write_atomically(landing_dir(cluster, "temps", 0), [bad_lines[0][0]])
     run_all(cluster, plan, spark)

@@ -27,13 +27,16 @@ LOGINS = StreamConfig.model_validate({
         "channel": {"type": "string", "default": "web", "required_since": "2026-11-26T10:00:00Z"},  # required at T0
         "price": {"type": "double", "formerly": "cost"},  # a renamed key of each type, with user_id, at, success
         "seen": {"type": "epoch_millis", "formerly": "seen_at"},
+        "note": {"type": "string", "not_empty": True, "max_length": 8, "default": "none"},  # string checks' values
+        "ratio": {"type": "double", "less_than": 10, "default": 1.0},  # numbers' values, as Python writes them
     }})
 T0 = 1795687200000
 """2026-11-26T10:00:00Z in epoch milliseconds."""
 GOOD = {"user": "ann", "user-id": 7, "@timestamp": "2026-11-26T10:00:00Z", "auth": {"idp": "google", "method": "pw"},
         "a.b": 1, "success": True, "attempts": 3, "device-id": "d1", "channel": "app", "price": 9.5, "seen": 5}
 VALUES = {"user_name": "ann", "user_id": 7, "at": T0, "idp": "google", "method": "pw", "dotted": 1, "success": True,
-          "region": "0-unknown", "attempts": 3, "device": "d1", "channel": "app", "price": 9.5, "seen": 5}
+          "region": "0-unknown", "attempts": 3, "device": "d1", "channel": "app", "price": 9.5, "seen": 5,
+          "note": "none", "ratio": 1.0}
 NOT_A_TIMESTAMP = "field '@timestamp' is not a timestamp (epoch milliseconds, or ISO-8601 text with Z or an offset): "
 OUT_OF_RANGE = "field '@timestamp' must be a time between 1970 and 9999 (got "
 
@@ -112,6 +115,30 @@ RENAMED = [
 ]
 """Renamed keys of every type but string (whose cases are the ``device`` ones)."""
 
+QUOTED = [
+    bad("an empty string", changed(note=""), "field 'note' must not be empty (got \"\")"),
+    bad("spaces only", changed(note="  "), "field 'note' must not be empty (got \"  \")"),
+    bad("NUL in a string", changed(note="a\u0000b"), "field 'note' must not contain NUL (U+0000) (got \"a\\u0000b\")"),
+    bad("a string over its length, quotes and backslashes escaped", changed(note='say "hi" \\ bye'),
+        "field 'note' must be at most 8 characters long (got \"say \\\"hi\\\" \\\\ bye\")"),
+    bad("digits as text over a string's length", changed(note="123456789"),
+        "field 'note' must be at most 8 characters long (got \"123456789\")"),
+    bad("a number with a fraction, as Python writes it", changed(ratio=1796680000.5),
+        "field 'ratio' must be < 10 (got 1796680000.5)"),
+    bad("a large number, as Python writes it", changed(ratio=2.5e20), "field 'ratio' must be < 10 (got 2.5e+20)"),
+    bad("an integer for a double", changed(ratio=12), "field 'ratio' must be < 10 (got 12)"),
+    bad("a fraction for an integer", changed(seen=1796680000.5), "field 'seen' is not an integer: 1796680000.5"),
+    bad("a small fraction for an integer", changed(seen=1e-7), "field 'seen' is not an integer: 1e-07"),
+    bad("an array", "[1, 2]", "not a JSON object (got an array)"),
+    bad("a string", '"ann"', "not a JSON object (got a string)"),
+    bad("a number", "17.5", "not a JSON object (got a number)"),
+    bad("true", "true", "not a JSON object (got a boolean)"),
+    bad("null", "null", "not a JSON object (got null)"),
+]
+"""Values a reason quotes, by one rule on both sides (``tandem.event_checks.shown``): a string in double quotes,
+escaped as JSON, however empty; a number as Python writes it (never Java's ``1.7966800005E9``); and valid JSON that
+is not an object, named by what it is."""
+
 TEXT = json.dumps(GOOD)
 CASES = [
     good("every key read where from says", TEXT),
@@ -180,10 +207,10 @@ CASES = [
     bad("past 64 bits", changed(at=2 ** 63), NOT_A_TIMESTAMP + str(2 ** 63)),
     bad("before 1970", changed(at=-1), OUT_OF_RANGE + "-1)"),
     bad("before 1970 by its offset", changed(at="1970-01-01T00:59:59.999+01:00"),
-        OUT_OF_RANGE + "1970-01-01T00:59:59.999+01:00)"),
-    bad("year 0", changed(at="0000-01-01T00:00:00Z"), OUT_OF_RANGE + "0000-01-01T00:00:00Z)"),
+        OUT_OF_RANGE + '"1970-01-01T00:59:59.999+01:00")'),
+    bad("year 0", changed(at="0000-01-01T00:00:00Z"), OUT_OF_RANGE + '"0000-01-01T00:00:00Z")'),
     bad("after 9999 by its offset", changed(at="9999-12-31T23:59:59.999-00:01"),
-        OUT_OF_RANGE + "9999-12-31T23:59:59.999-00:01)"),
+        OUT_OF_RANGE + '"9999-12-31T23:59:59.999-00:01")'),
     bad("past the last epoch millisecond", changed(at=MAX_EPOCH_MILLIS + 1), OUT_OF_RANGE + f"{MAX_EPOCH_MILLIS + 1})"),
     bad("a five-digit year", changed(at="10000-01-01T00:00:00Z"), NOT_A_TIMESTAMP + '"10000-01-01T00:00:00Z"'),
     bad("no timestamp", changed(at=...), "missing field '@timestamp'"),
@@ -209,4 +236,5 @@ CASES = [
     bad("a key holding a dot twice", TEXT[:-1] + ', "a.b": 2}', "duplicate key 'a.b'"),
     bad("declared and undeclared keys twice", TEXT[:-1] + ', "x": {"y": 1, "y": 2}, "@timestamp": 5}',
         "duplicate key '@timestamp'"),
+    *QUOTED,
 ]

@@ -216,7 +216,7 @@ def test_a_produced_line_puts_each_field_at_its_key() -> None:
     line = json.loads(event_line(LOGINS, {**VALUES, "at": T0}))
     assert line == {"user": "ann", "user-id": 7, "@timestamp": T0, "auth": {"idp": "google", "method": "pw"},
                     "a.b": 1, "success": True, "region": "0-unknown", "attempts": 3, "device-id": "d1",
-                    "channel": "app", "price": 9.5, "seen": 5}
+                    "channel": "app", "price": 9.5, "seen": 5, "note": "none", "ratio": 1.0}
     assert event_problems(LOGINS, line) == []
 
 

@@ -20,7 +20,7 @@ def reason_class(reason: str | None) -> str:
         return "too_long"
     if first.startswith(("line is not valid UTF-8", "line holds an unpaired")):
         return "encoding"
-    if first.startswith("malformed JSON"):
+    if first.startswith(("invalid JSON", "not a JSON object", "malformed JSON")):  # the last: older rows' words
         return "malformed_json"
     if first.startswith("duplicate key "):
         return "duplicate_key"

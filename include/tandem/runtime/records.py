@@ -12,7 +12,10 @@ Each field reads the JSON key of its ``from`` (a key, or a path into nested obje
 name; a reason names the key as the line spells it (``missing field 'auth.idp'``). A ``timestamp`` is read as a
 Variant (an integer and text told apart in the one parse) and becomes epoch milliseconds. The same rules, in the
 same words, are written in plain Python for the receiver (:mod:`tandem.event_checks`): the tests run both on the
-same cases.
+same cases. A value a reason quotes is written by the receiver's helper (:func:`tandem.event_checks.shown`), and a
+line Spark's reader finds no JSON object in is explained by Python's JSON decoder
+(:func:`tandem.event_checks.unreadable_line`): Python UDFs in the reasons' projection, which only the quarantine's
+bad lines reach (the good lines' queries prune the reasons).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, BooleanType, DataType, DoubleType, LongType, StringType, StructField,
                                StructType, VariantType)
+from pyspark.sql.udf import UserDefinedFunction
 
 from tandem.declarations import DEFAULT_MAX_LINE_BYTES, EXPECTED, ISO_TIME, FieldConfig, StreamConfig
-from tandem.event_checks import WITHOUT_ZONE
+from tandem.event_checks import WITHOUT_ZONE, shown_text, unreadable_line
 
 
 @dataclass(frozen=True)
@@ -382,7 +386,7 @@ def _duplicate_keys(raw: Column, schema: RecordSchema) -> Column:
     found = F.array_sort(F.array_distinct(F.concat(*repeated)))
     # ``found`` is used once, in a suspect line's branch only
     return F.when(suspect, F.nullif(F.concat_ws("; ", F.transform(
-        found, lambda key: F.concat(F.lit("duplicate key '"), _shown(key), F.lit("'")))), F.lit("")))
+        found, lambda key: F.concat(F.lit("duplicate key '"), _truncated(key), F.lit("'")))), F.lit("")))
 
 
 def _keys_of(text: Column) -> Column:
@@ -481,18 +485,23 @@ def _json_string(schema: RecordSchema, rule: FieldRule, value: Column) -> Column
                   F.coalesce(kind.isin(*given), F.lit(rule.default is not None))).otherwise(F.lit(True))
 
 
-def _shown(value: Column) -> Column:
-    """A bad value as a reason quotes it: at most :data:`SHOWN_CHARS` characters (then ``…``)."""
-    return F.concat_ws("", F.substring(value, 1, SHOWN_CHARS), F.when(F.length(value) > SHOWN_CHARS, F.lit("…")))
+def _truncated(text: Column) -> Column:
+    """``text`` in a reason: at most :data:`SHOWN_CHARS` characters (then ``…``)."""
+    return F.concat_ws("", F.substring(text, 1, SHOWN_CHARS), F.when(F.length(text) > SHOWN_CHARS, F.lit("…")))
 
 
-def _shown_json(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Column:
-    """A value of the wrong JSON type as a reason quotes it: a string in quotes (``"true"`` is not ``true``),
-    escaped as JSON, anything else as its text (:func:`tandem.event_checks._shown_json`)."""
-    quoted = F.to_json(F.array(raw_value))
-    quoted = quoted.substr(F.lit(2), F.length(quoted) - 2)
+def _shown_value(schema: RecordSchema, rule: FieldRule, raw_value: Column) -> Column:
+    """The field's value as a reason quotes it (``raw_value``: the line's field read as text), written by
+    :func:`tandem.event_checks.shown`, the receiver's one helper (:data:`SHOWN_TEXT`): a string in double quotes (the
+    field's own parse as a Variant tells a string: ``"true"`` is not ``true``), a number as Python writes it."""
     is_string = F.coalesce(F.schema_of_variant(_as_variant(schema, rule)) == "STRING", F.lit(False))
-    return _shown(F.when(is_string, quoted).otherwise(raw_value))
+    return SHOWN_TEXT(raw_value, is_string)
+
+
+SHOWN_TEXT = UserDefinedFunction(shown_text, StringType(), "shown_text")
+"""A value Spark's reader gave as text, as :func:`tandem.event_checks.shown` writes it (``1796680000.5``, not Java's
+``1.7966800005E9``): a Python UDF, in the projection of the reasons, which only a quarantine asks for, after its
+filter of bad lines (:func:`tandem.event_checks.shown_text`)."""
 
 
 def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_double: Column, given: Column) -> Column:
@@ -504,15 +513,16 @@ def _wrong_type(schema: RecordSchema, rule: FieldRule, raw_value: Column, as_dou
     timestamp's ISO-8601 text without a zone is told so.
     """
     not_the_type = F.concat(F.lit(f"field '{rule.label}' is not {EXPECTED[rule.type]}: "),
-                            _shown_json(schema, rule, raw_value))
+                            _shown_value(schema, rule, raw_value))
     if rule.type == "timestamp":
         iso = iso_time(raw_value)
-        without_zone = F.concat(F.lit(f"field '{rule.label}' {WITHOUT_ZONE}: "), _shown_json(schema, rule, raw_value))
+        without_zone = F.concat(F.lit(f"field '{rule.label}' {WITHOUT_ZONE}: "), _shown_value(schema, rule, raw_value))
         return F.when(iso.valid & ~iso.zoned & (F.schema_of_variant(_as_variant(schema, rule)) == "STRING"),
                       without_zone).otherwise(not_the_type)
     if rule.type not in ("long", "epoch_millis"):
         return not_the_type
-    outside = F.concat(F.lit(f"field '{rule.label}' is outside the 64-bit integer range: "), _shown(raw_value))
+    outside = F.concat(F.lit(f"field '{rule.label}' is outside the 64-bit integer range: "),
+                       _shown_value(schema, rule, raw_value))
     return F.when(raw_value.rlike(r"^-?[0-9]+$") & value_of(as_double, rule, given).isNotNull(), outside) \
         .otherwise(not_the_type)
 
@@ -550,7 +560,16 @@ def _explain(schema: RecordSchema) -> Column:
         problems.append(F.when(~missing & wrong_type, _wrong_type(schema, rule, raw_value, as_double, given)))
         for check in rule.checks:
             problems.append(F.when(value.isNotNull() & ~check.predicate(value), F.concat(
-                F.lit(f"field '{rule.label}' {check.message} (got "), _shown(raw_value), F.lit(")"))))
+                F.lit(f"field '{rule.label}' {check.message} (got "), _shown_value(schema, rule, raw_value),
+                F.lit(")"))))
     listed = F.replace(F.concat_ws("; ", *problems), F.lit("\u0000"), F.lit("\\u0000"))  # as a reason quotes NUL
-    return F.when(shape.isNull() | shape["_not_an_object"].isNotNull(), F.lit("malformed JSON: not a JSON object")).when(
-        listed == "", F.lit("refused by a check that names no field")).otherwise(listed)
+    no_object = shape.isNull() | shape["_not_an_object"].isNotNull()
+    # the UDF runs on every row of its projection, whatever the branch: it is given the lines Spark finds no object in
+    return F.coalesce(UNREADABLE_LINE(F.when(no_object, F.col("raw"))), F.when(
+        listed == "", F.lit("refused by a check that names no field")).otherwise(listed))
+
+
+UNREADABLE_LINE = UserDefinedFunction(unreadable_line, StringType(), "unreadable_line")
+"""Why a line is not a JSON object, in Python's JSON decoder's words (:func:`tandem.event_checks.unreadable_line`;
+null for a null line). Evaluated in the projection of the reasons, which only a quarantine asks for, after its
+filter of bad lines."""
