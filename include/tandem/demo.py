@@ -8,7 +8,8 @@ each part's verdict and the time of every phase, the set-up's included when ``ma
 
 The parts:
 
-- trades on two instances, each an ACTIVE/PASSIVE pair launched by the supervision DAG, fed for 40 s;
+- trades on two instances, each an ACTIVE/PASSIVE pair: the ACTIVEs launched at once by the run DAG, the
+  PASSIVEs (re-synced) by the supervision DAG, which keeps the pairs running; fed for 40 s;
   mid-stream the ACTIVE of shard-1 is killed with ``kill -9``: the demo prints the take-over time (from the kill
   to the new active's first output), waits for the supervisor to bring the killed node back as PASSIVE, and
   checks every second of every symbol against what it produced (nothing lost, nothing twice). ``--no-failover``
@@ -88,9 +89,11 @@ FEED_RATE = 5
 FEED_DURATION_S = 3600.0
 """How long it writes them (``tandem demo --stop`` ends it sooner)."""
 LAUNCHES_AT_ONCE = 1
-"""Parts other than trades that start their drivers at the same time (trades' supervisor starts its four one after
-another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
+"""Parts other than trades that start their drivers at the same time (trades' supervisor starts its PASSIVEs one
+after another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
 drivers at a time, beside trades', start sooner in all, while the other parts feed and check what runs."""
+TAKEOVER_WAIT_S = 180.0
+"""How long the demo waits for the standby's first output after the kill -9 (seconds when the machine is free)."""
 LAUNCH_TIMEOUT_S = 600.0
 """How long a run DAG may take to bring its instance to RUNNING (minutes on a machine busy with other work)."""
 EVENT_TRIGGER = "2 seconds"
@@ -420,13 +423,27 @@ def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s:
     client = _airflow(cluster)
     victim_instance = plan.instances[0]
     with sec.phase("launch the pairs"):
-        sec.track(f"waiting for the DAG processor to parse {SUPERVISE_DAG}")
+        sec.track(f"waiting for the DAG processor to parse {RUN_DAG} and {SUPERVISE_DAG}")
+        client.wait_for_dag(RUN_DAG, between=sec.check)
         client.wait_for_dag(SUPERVISE_DAG, between=sec.check)
+        with Database(cluster.database_url, "tandem-demo") as db:
+            idle = [i.instance for i in plan_status(db, cluster, plan).instances
+                    if not any(n.status in ACTIVE_STATUSES for n in i.nodes)]
+        sec.left_running = keep_running  # from here on what runs of trades is meant to stay
+        if idle:  # the supervisor starts one driver at a time, each after the last runs: the ACTIVEs first, at once
+            client.set_paused(RUN_DAG, False)
+            runs = [client.trigger(RUN_DAG, {"node": plan.nodes[0], "instance": instance,
+                                             "trigger_interval": "1 second"}) for instance in idle]
+            console.print(f"triggered [bold]{RUN_DAG}[/] for {', '.join(idle)} on {plan.nodes[0]}: their ACTIVEs start "
+                          "at once")
+            sec.track(f"Airflow is launching the ACTIVEs of {', '.join(idle)}", total=len(runs))
+            for done, run_id in enumerate(runs, start=1):
+                client.wait_for_run(RUN_DAG, run_id, timeout_s=LAUNCH_TIMEOUT_S, between=sec.check)
+                sec.update(done, len(runs))
         client.set_paused(SUPERVISE_DAG, False)
-        console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's ACTIVE and "
-                      "PASSIVE")
-        sec.left_running = keep_running  # from here on the supervisor keeps the pairs running
-        _poll(sec, cluster, "the supervisor launches the pairs", 480.0,
+        console.print(f"unpaused [bold]{SUPERVISE_DAG}[/]: Airflow's supervisor launches each instance's PASSIVE "
+                      "(re-synced from its ACTIVE) and keeps the pairs running")
+        _poll(sec, cluster, "the supervisor launches the PASSIVEs", 480.0,
               lambda db: (sum(_pair_ready(i) for i in plan_status(db, cluster, plan).instances), len(plan.instances)))
     with Database(cluster.database_url, "tandem-demo") as db:
         for status in plan_status(db, cluster, plan).instances:
@@ -463,9 +480,10 @@ def _trades_with_failover(sec: Section, cluster, plan, *, rate: int, duration_s:
         return int(kill["first"] is not None), 1
 
     with sec.phase("take-over"):
-        _poll(sec, cluster, "the standby takes over", 60.0, taken_over)
+        _poll(sec, cluster, "the standby takes over", TAKEOVER_WAIT_S, taken_over)
     if kill["first"] is None:
-        raise TandemError(f"no node published for {plan.name}/{victim_instance} within 60 s of the kill")
+        raise TandemError(f"no node published for {plan.name}/{victim_instance} within {TAKEOVER_WAIT_S:g} s of "
+                          "the kill")
     takeover_s = _print_takeover(console, kill)
 
     expected = expected_trade_seconds(good)
