@@ -769,11 +769,16 @@ def _linked_plan(sec: Section, cluster, plan, *, rate: int, duration_s: float, s
     client = _airflow(cluster)
     placements = _placements(plan)
     with _stopped_on_failure(sec, cluster, plan, placements):
-        return _fed_linked_plan(sec, cluster, client, plan, placements, rate=rate, duration_s=duration_s, seed=seed)
+        summary, exact = _fed_linked_plan(sec, cluster, client, plan, placements, rate=rate, duration_s=duration_s,
+                                          seed=seed)
+    if not exact:  # raised once its instances are stopped
+        raise TandemError(summary)
+    return summary
 
 
 def _fed_linked_plan(sec: Section, cluster, client: AirflowClient, plan, placements: list[tuple[str, str]], *,
-                     rate: int, duration_s: float, seed: int) -> str:
+                     rate: int, duration_s: float, seed: int) -> tuple[str, bool]:
+    """The part of :func:`_linked_plan` after its instances were placed: its verdict, and whether the checks held."""
     console = sec.console
     with sec.phase("launch"):
         _launch_every_instance(sec, client, plan, placements)
@@ -821,9 +826,9 @@ def _fed_linked_plan(sec: Section, cluster, client: AirflowClient, plan, placeme
     with sec.phase("stop"):
         _stop_instances(sec, cluster, plan, placements)
     if done != len(hot) or quarantined != bad_lines[0]:
-        raise TandemError(f"{plan.name}: stage 2 counted {done} of {len(hot)} hot readings, the quarantine holds "
-                          f"{quarantined} of {bad_lines[0]} bad messages")
-    return f"{len(hot)} hot readings relayed and counted each once, {bad_lines[0]} bad messages quarantined once"
+        return (f"stage 2 counted {done} of {len(hot)} hot readings, the quarantine holds {quarantined} of "
+                f"{bad_lines[0]} bad messages"), False
+    return f"{len(hot)} hot readings relayed and counted each once, {bad_lines[0]} bad messages quarantined once", True
 
 
 # --- shared steps -------------------------------------------------------------------------------------------------
