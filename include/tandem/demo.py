@@ -257,8 +257,12 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: 
         supervised = "under supervision (DAG " + SUPERVISE_DAG + ")" if failover else "(launched once, no standby)"
         fed = (f", fed {FEED_RATE} trades a second by a producer for the next {FEED_DURATION_S / 3600:g} hour (pid "
                f"{feed.pid}, log {_state_path(cluster).with_name('demo-feed.log')})" if feed is not None else "")
-        console.print(f"[bold]{LEFT_RUNNING} keeps running[/] {supervised}{fed}: the Tandem page shows its ACTIVE and "
-                      "PASSIVE live.")
+        if all(o.ok for o in left):
+            console.print(f"[bold]{LEFT_RUNNING} keeps running[/] {supervised}{fed}: the Tandem page shows its ACTIVE "
+                          "and PASSIVE live.")
+        else:
+            console.print(f"[bold]{LEFT_RUNNING} failed and is left as it is[/] {supervised}, for a look at the Tandem "
+                          "page and its drivers' logs.")
         console.print("Stop it with [bold]make demo-stop[/] (or: . .tandem/env.sh && tandem demo --stop); "
                       "[bold]make down[/] then stops Airflow.")
     return 0 if all(o.ok for o in outcomes) else 1
