@@ -92,6 +92,8 @@ LAUNCHES_AT_ONCE = 1
 """Parts other than trades that start their drivers at the same time (trades' supervisor starts its PASSIVEs one
 after another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
 drivers at a time, beside trades', start sooner in all, while the other parts feed and check what runs."""
+STACK_START_WAIT_S = 300
+"""How long the demo lets the Airflow stack take to become healthy (airflow_stack.sh waits 120 s by default)."""
 TAKEOVER_WAIT_S = 180.0
 """How long the demo waits for the standby's first output after the kill -9 (seconds when the machine is free)."""
 LAUNCH_TIMEOUT_S = 600.0
@@ -848,7 +850,9 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
         console.print(f"reusing the Airflow stack at {client.base_url}")
         return
     console.print("starting the Airflow stack (API server, scheduler, triggerer, DAG processor)")
-    subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=os.environ.copy())
+    environment = os.environ.copy()
+    environment.setdefault("TANDEM_STACK_TIMEOUT", str(STACK_START_WAIT_S))  # a busy machine starts it slowly
+    subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=environment)
 
 
 def _wait_until_final(sec: Section, cluster, plan, expected: set[tuple[str, str]], since: datetime,
