@@ -223,14 +223,13 @@ def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: 
         migrate(db)
     nats_server = _messaging_layer(console, cluster) if "hot_rooms" in parts else None  # before Airflow starts:
     # the processes it starts inherit TANDEM_NATS_URL
-    cluster = load_cluster()
-    timings.append(("schema, messaging layer", time.monotonic() - step_started, ""))
-    step_started = time.monotonic()
-    _bring_up_airflow(console, cluster.project_root, _airflow(cluster))
-    timings.append(("Airflow stack", time.monotonic() - step_started, ""))
-
     kwargs = dict(rate=rate, duration_s=duration_s, seed=seed, keep_running=keep_running)
     try:
+        cluster = load_cluster()
+        timings.append(("schema, messaging layer", time.monotonic() - step_started, ""))
+        step_started = time.monotonic()
+        _bring_up_airflow(console, cluster.project_root, _airflow(cluster))
+        timings.append(("Airflow stack", time.monotonic() - step_started, ""))
         outcomes = _run_parts(console, cluster, parts, failover=failover, **kwargs)
     except KeyboardInterrupt:
         if "trades" in parts:
