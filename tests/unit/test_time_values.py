@@ -15,7 +15,7 @@ from tandem.config import load_cluster, load_plan
 from tandem.declarations import MAX_EPOCH_MILLIS
 from tandem.json_values import iso_time, times_as_iso
 from tandem.outputs import kind_of
-from tandem.outputs.base import row_time_fields, stream_time_fields
+from tandem.outputs.base import plan_time_fields, stream_time_fields
 from tandem.presenter.views import epoch_millis_fields
 
 MILLIS = [0, 1, 999, 1000, 1795687200000, 1795687200250, 1795687200007, MAX_EPOCH_MILLIS, -1, -86_400_000]
@@ -99,15 +99,16 @@ nodes: [node-a]
 
 
 def test_each_kind_names_the_fields_of_its_rows_that_hold_times(conf: Path) -> None:
-    """A stream field of a time type in every stream that declares it, an output's ``time``; a table's keys only
+    """A stream field of a time type in every stream that declares it, any output's ``time``; a table's keys only
     (its values are sums); an aggregation's min and max of a time kept as a long; none of the quarantine's."""
     (conf / "plans" / "clocks.yaml").write_text(PLAN)
     plan = load_plan("clocks", load_cluster(conf / "cluster.yaml"))
     assert stream_time_fields(plan) == {"at", "seen"}, "mixed is a long in one stream"
-    assert row_time_fields(plan, "last_reading") == {"at", "seen", "noted_at"}
+    times = {"at", "seen", "noted_at", "fired_at"}  # an output's time is a time in every output's rows
+    assert plan_time_fields(plan) == times
     assert {name: kind_of(plan, name).time_fields(plan, name) for name in plan.outputs} == {
-        "last_reading": {"at", "seen", "noted_at"}, "alarms": {"at", "seen", "fired_at"}, "per_time": {"at"},
-        "stats": {"first_seen", "last_at", "seen_long"}, "quarantine": set()}
+        "last_reading": times, "alarms": times, "per_time": {"at"}, "stats": {"first_seen", "last_at", "seen_long"},
+        "quarantine": set()}
     assert epoch_millis_fields(plan) == ["at", "fired_at", "noted_at", "seen"], "what the page shows as times"
 
 

@@ -51,7 +51,7 @@ from tandem.outputs.base import (
     fence,
     reading,
     row_difference,
-    stream_time_fields,
+    plan_time_fields,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -585,7 +585,7 @@ class AggregationKind(OutputKind):
     def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
         """Its min and max measures of a field that holds times, kept as epoch milliseconds (no ``type``, or
         ``long``): a time themselves. ``bucket_start`` is a time already; keys are text, sums and counts numbers."""
-        times = stream_time_fields(plan)
+        times = plan_time_fields(plan)
         return frozenset(name for name, measure in plan.outputs[output].measures.items()
                          if measure.function in ("min", "max") and measure.source in times
                          and measure.type in (None, "long"))

@@ -661,11 +661,12 @@ def stream_time_fields(plan: PlanConfig) -> frozenset[str]:
     return frozenset(name for name, declared in types.items() if declared <= set(TIME_TYPES))
 
 
-def row_time_fields(plan: PlanConfig, output: str) -> frozenset[str]:
-    """The fields of ``output``'s rows a read shows as ISO 8601 text when they hold epoch milliseconds: the output's
-    ``time`` and every field named as a stream field that holds times (:func:`stream_time_fields`) (pure)."""
-    config = plan.outputs[output]
-    return stream_time_fields(plan) | ({config.time} if config.time else set())
+def plan_time_fields(plan: PlanConfig) -> frozenset[str]:
+    """The field names that hold times in a plan's rows, which a read shows as ISO 8601 text when they hold epoch
+    milliseconds and the Tandem page as UTC times: every output's ``time`` (a query's rows carry it to its other
+    outputs too: the pizza shop's ``order_time`` in ``overdue_orders``) and every stream field that holds times
+    (:func:`stream_time_fields`) (pure)."""
+    return stream_time_fields(plan) | {config.time for config in plan.outputs.values() if config.time}
 
 
 class OutputKind:
@@ -722,8 +723,8 @@ class OutputKind:
     def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
         """The fields of its read rows that hold times: :meth:`read`, :meth:`follow` and :meth:`page` give those
         holding epoch milliseconds as ISO 8601 text in UTC (:func:`tandem.json_values.times_as_iso`), as a
-        timestamp column reads (pure). Default: :func:`row_time_fields`."""
-        return row_time_fields(plan, output)
+        timestamp column reads (pure). Default: :func:`plan_time_fields`."""
+        return plan_time_fields(plan)
 
     def follow(self, cluster: ClusterConfig, plan: PlanConfig, output: str, request: ReadRequest,
                emit: Callable[[dict[str, Any]], None]) -> None:

@@ -31,7 +31,7 @@ from tandem.outputs.base import (
     capped,
     reading,
     row_difference,
-    row_time_fields,
+    plan_time_fields,
 )
 from tandem.outputs.expectations import expect, instances, not_null
 from tandem.outputs.quarantine import QuarantineSink
@@ -180,7 +180,7 @@ class TableKind(PublishedById):
 
     def time_fields(self, plan: PlanConfig, output: str) -> frozenset[str]:
         """Its key fields that hold times (its values are sums, never times)."""
-        return row_time_fields(plan, output) & set(plan.outputs[output].key)
+        return plan_time_fields(plan) & set(plan.outputs[output].key)
 
     def trim(self, run: RetentionRun, output: str) -> list[Trimmed]:
         seconds = run.plan.maintenance.retention.table_rows_s

@@ -27,7 +27,7 @@ from tandem.lake.tables import read_table
 from tandem.layout import delta_table_dir
 from tandem.names import ACTIVE
 from tandem.outputs import kind_of
-from tandem.outputs.base import ReadRequest, stream_time_fields
+from tandem.outputs.base import ReadRequest, plan_time_fields
 from tandem.cutover import pending_cutovers
 from tandem.plan_version import plan_version
 from tandem.presenter.attention import is_stopped, notices
@@ -95,10 +95,9 @@ def plan_entry(name: str, found: PlanConfig | ConfigError) -> PlanSummary | Brok
 
 
 def epoch_millis_fields(plan: PlanConfig) -> list[str]:
-    """Field names that hold times in the plan's events: the stream fields of a time type
-    (:func:`~tandem.outputs.base.stream_time_fields`) and every output's time field (reads give them as ISO 8601
-    text, :meth:`~tandem.outputs.base.OutputKind.time_fields`; the page shows them as UTC times)."""
-    return sorted(stream_time_fields(plan) | {output.time for output in plan.outputs.values() if output.time})
+    """Field names that hold times in the plan's events (:func:`~tandem.outputs.base.plan_time_fields`: reads give
+    them as ISO 8601 text, :meth:`~tandem.outputs.base.OutputKind.time_fields`; the page shows them as UTC times)."""
+    return sorted(plan_time_fields(plan))
 
 
 def _event(row: dict[str, Any]) -> TimelineEvent:
