@@ -513,7 +513,7 @@ log "step times: $(awk -F'\t' '{ printf "%s%s %.0f s", (NR > 1 ? ", " : ""), $1,
     "total $((total_ms / 1000)) s"
 log "Tandem database: $DB_SHOWN"
 for line in "${DB_WHY[@]}"; do log "  $line"; done
-log "  another one: TANDEM_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/DBNAME make setup (remembered in"
+log "  another one: TANDEM_DATABASE_URL=postgresql://USER@HOST:PORT/DBNAME make setup (password in ~/.pgpass) (remembered in"
 log "  .tandem/database_url; remove that file to provision again), or TANDEM_PG_SKIP_LOCAL=1 make setup for a private"
 log "  cluster of this checkout under .tandem/pg (port TANDEM_PG_PORT, default 55432)"
 log "done. Load the environment with:  . .tandem/env.sh"

@@ -74,9 +74,17 @@ def output_width(is_terminal: bool, environ: Mapping[str, str]) -> int | None:
 
 
 STDOUT = CommandStdout()
-console = Console(file=STDOUT)
-if output_width(console.is_terminal, os.environ) is not None:
-    console = Console(file=STDOUT, width=output_width(False, os.environ))
+
+
+def command_console() -> Console:
+    """The console of a command's own output, sized (:func:`output_width`) from the stdout and environment the
+    command runs with, not those of the first import (Rich reads ``COLUMNS`` once, when a console is made)."""
+    stream = STDOUT.stream or sys.stdout  # a real terminal: Rich's is_terminal is also true under FORCE_COLOR
+    is_tty = callable(getattr(stream, "isatty", None)) and stream.isatty()
+    return Console(file=STDOUT, width=output_width(is_tty, os.environ))
+
+
+console = command_console()
 errors = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -1285,10 +1293,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; a Tandem error (bad configuration, refused request) is one line on stderr, exit 2."""
+    global console
     import psycopg2.errors
 
     args = build_parser().parse_args(argv)
     STDOUT.stream = sys.stdout
+    console = command_console()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # logs and stray prints: see CommandStdout
             return args.func(args)

@@ -6,6 +6,7 @@ import re
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tandem.cli import main
@@ -15,7 +16,9 @@ from tandem.store.leases import record_event
 from tandem.store.registry import register_nodes
 
 
-def test_status_shows_roles_health_lease_and_events(project: Path, database_url: str, capsys) -> None:
+def test_status_shows_roles_health_lease_and_events(project: Path, database_url: str, capsys,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the tables laid out whole, whatever terminal runs the tests
     path = project / "conf" / "plans" / "trades.yaml"
     plan = yaml.safe_load(path.read_text())
     plan["groups"]["shard"]["parallel"] = 1
@@ -66,9 +69,11 @@ def _one_instance(project: Path) -> None:
     path.write_text(yaml.safe_dump(plan))
 
 
-def test_status_json_has_instances_lag_and_the_take_over_time(project: Path, database_url: str, capsys) -> None:
+def test_status_json_has_instances_lag_and_the_take_over_time(project: Path, database_url: str, capsys,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``tandem status --json``: one JSON document on stdout; a take-over's time in seconds and its event's time to
     the microsecond; a watermark ahead of the clock lags 0 s and says how far ahead it is (never a negative lag)."""
+    monkeypatch.setenv("COLUMNS", "200")  # the tables laid out whole, whatever terminal runs the tests
     import json
     from datetime import datetime, timedelta, timezone
 

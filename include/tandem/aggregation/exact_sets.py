@@ -80,7 +80,7 @@ def union(partials: Iterable[bytes | memoryview | None], max_values: int | None)
         exact = encode(values)
         if len(exact) <= MAX_SET_BYTES:
             return exact
-    return SKETCH_TAG + sketches.union([*found, sketches.of(values)])
+    return SKETCH_TAG + sketches.union([*found, sketches.of(sorted(values))])
 
 
 def bounded(partial: bytes | memoryview | None, max_values: int) -> bytes | None:
@@ -106,7 +106,7 @@ def count_union(partials: Iterable[bytes | memoryview | None]) -> tuple[int, boo
     values, found, _ = _split(partials)
     if not found:
         return len(values), True
-    return sketches.estimate(sketches.union([*found, sketches.of(values)])), False
+    return sketches.estimate(sketches.union([*found, sketches.of(sorted(values))])), False
 
 
 def as_sketch(partial: bytes | memoryview | None) -> bytes | None:
@@ -115,4 +115,4 @@ def as_sketch(partial: bytes | memoryview | None) -> bytes | None:
     if partial is None:
         return None
     decoded = decode(partial)
-    return sketches.of(decoded) if isinstance(decoded, set) else decoded
+    return sketches.of(sorted(decoded)) if isinstance(decoded, set) else decoded
