@@ -68,11 +68,8 @@ def test_the_cli_says_where_the_password_is_and_never_prints_it(tmp_path: Path) 
     assert "generated" not in again.stdout
 
 
-class FlakyAirflow(BaseHTTPRequestHandler):
-    """A fake API server: a token for anyone; the first POST of a run answers 500 after creating it (its database
-    commit succeeded, the answer did not), later ones 409."""
-
-    created: list[str] = []
+class FakeAirflow(BaseHTTPRequestHandler):
+    """What the fake API servers below share: quiet, and JSON answers."""
 
     def log_message(self, *args) -> None:
         pass
@@ -83,7 +80,17 @@ class FlakyAirflow(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except BrokenPipeError:  # a client that timed out has gone
+            pass
+
+
+class FlakyAirflow(FakeAirflow):
+    """A fake API server: a token for anyone; the first POST of a run answers 500 after creating it (its database
+    commit succeeded, the answer did not), later ones 409."""
+
+    created: list[str] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -113,27 +120,13 @@ def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run
         server.shutdown()
 
 
-class SlowAirflow(BaseHTTPRequestHandler):
+class SlowAirflow(FakeAirflow):
     """A fake API server too busy to answer the first read of a run, or a trigger, in time (the demo's start on two
     cores); it answers the next one. A trigger it was too slow for was created all the same."""
 
     reads: list[str] = []
     created: list[str] = []
     delay_s = 1.0
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _answer(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        try:
-            self.wfile.write(data)
-        except BrokenPipeError:  # the client that timed out has gone
-            pass
 
     def do_GET(self) -> None:
         self.reads.append(self.path)
