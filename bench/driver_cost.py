@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What one plan driver costs in CPU: its start, and each minute it runs with no input.
+"""What one plan driver costs in CPU: its start, each minute it runs with no input, and each minute under load.
 
 The test suite is CPU-bound on two cores (``tests/README.md``): what its drivers burn while they start and while
 they wait between a test's steps decides its length. Each variant launches one ACTIVE instance of the trades plan
@@ -7,13 +7,14 @@ they wait between a test's steps decides its length. Each variant launches one A
 seconds of its process tree (the ``spark-submit`` JVM, the Python driver and what they fork):
 
 - ``start``: from the launch until the instance reports RUNNING;
-- ``idle``: per minute afterwards, with no input (``--idle-s`` seconds measured).
+- ``idle``: per minute afterwards, with no input (``--idle-s`` seconds measured);
+- ``loaded``: per minute while the producer writes ``--rate`` trades a second (``--load-s`` seconds measured).
 
 Variants differ in ``SPARK_SUBMIT_OPTS`` (JVM options) or in lines added to the project's
 ``conf/spark-defaults.conf``; the first variant (``baseline``: the suite's settings) is the reference and each
 ratio is against it, in the same run, variants alternating over ``--rounds``.
 
-    python bench/driver_cost.py [--idle-s 60] [--rounds 1]
+    python bench/driver_cost.py [--idle-s 60] [--load-s 60] [--rate 200] [--rounds 1] [--variants ...]
 
 Results: ``bench/results/driver_cost.json``.
 """
@@ -44,7 +45,14 @@ VARIANTS: dict[str, dict] = {
     "trigger 5 s": {"trigger": "5 seconds"},
     "one GC thread, serial GC": {"jvm": "-XX:+UseSerialGC"},
     "no progress events between batches": {"conf": ["spark.sql.streaming.noDataProgressEventInterval 3600000"]},
+    "tiered JIT (production drivers)": {"tiered": True},
+    # Spark's default checkpoint manager renames through Hadoop's FileContext, which on a local path forks a
+    # `readlink` per rename (no native Hadoop library in the pyspark wheel); the FileSystem one does not.
+    "checkpoints through FileSystem": {"conf": [
+        "spark.sql.streaming.checkpointFileManagerClass "
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"]},
 }
+METRICS = ("start_wall_s", "start_cpu_s", "idle_cpu_s_per_min", "loaded_cpu_s_per_min")
 
 
 def tree_cpu(pid: int) -> float:
@@ -54,10 +62,11 @@ def tree_cpu(pid: int) -> float:
     return sum(own + reaped for p, (_comm, own, reaped, _parent) in processes.items() if p in mine)
 
 
-def one_driver(name: str, variant: dict, idle_s: float, server_url: str) -> dict:
-    """Launch one ACTIVE trades instance under ``variant``; its start and idle CPU seconds."""
+def one_driver(name: str, variant: dict, idle_s: float, load_s: float, rate: int, server_url: str) -> dict:
+    """Launch one ACTIVE trades instance under ``variant``; its start, idle and loaded CPU seconds."""
     from tandem.config import load_cluster, load_plan
     from tandem.packaging import build_dist
+    from tandem.producer import produce
     from tandem.supervisor import launch_instance, wait_until_running
     from tandem.store import Database, migrate
 
@@ -66,7 +75,8 @@ def one_driver(name: str, variant: dict, idle_s: float, server_url: str) -> dict
         if variant.get("conf"):
             with open(root / "conf" / "spark-defaults.conf", "a") as conf:
                 conf.write("\n" + "\n".join(variant["conf"]) + "\n")
-        os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [saved, SUITE_JVM, variant.get("jvm", "")]))
+        jit = "" if variant.get("tiered") else SUITE_JVM
+        os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [saved, jit, variant.get("jvm", "")]))
         try:
             with Database(url) as db:
                 migrate(db)
@@ -82,17 +92,24 @@ def one_driver(name: str, variant: dict, idle_s: float, server_url: str) -> dict
                 before = tree_cpu(job.submit_pid)
                 time.sleep(idle_s)
                 idle_cpu = tree_cpu(job.submit_pid) - before
+                before = tree_cpu(job.submit_pid)
+                for _ in produce(cluster, plan, rate=rate, duration_s=load_s, seed=7):
+                    pass
+                loaded_cpu = tree_cpu(job.submit_pid) - before
             finally:
                 os.killpg(job.submit_pid, signal.SIGKILL)
         finally:
             os.environ["SPARK_SUBMIT_OPTS"] = saved
     return {"variant": name, "start_wall_s": round(start_s, 1), "start_cpu_s": round(start_cpu, 1),
-            "idle_cpu_s_per_min": round(idle_cpu * 60 / idle_s, 1)}
+            "idle_cpu_s_per_min": round(idle_cpu * 60 / idle_s, 1),
+            "loaded_cpu_s_per_min": round(loaded_cpu * 60 / load_s, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--idle-s", type=float, default=60)
+    parser.add_argument("--load-s", type=float, default=60)
+    parser.add_argument("--rate", type=int, default=200, help="trades a second while loaded")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args()
@@ -103,20 +120,21 @@ def main() -> None:
         order = args.variants if n % 2 == 0 else list(reversed(args.variants))
         for name in order:
             with console.status(f"round {n + 1}: {name}"):
-                run = one_driver(name, VARIANTS[name], args.idle_s, server_url)
+                run = one_driver(name, VARIANTS[name], args.idle_s, args.load_s, args.rate, server_url)
             console.print(run)
             runs.append(run)
     medians = {name: {key: statistics.median(r[key] for r in runs if r["variant"] == name)
-                      for key in ("start_wall_s", "start_cpu_s", "idle_cpu_s_per_min")} for name in args.variants}
+                      for key in METRICS} for name in args.variants}
     reference = medians[args.variants[0]]
     ratios = {name: {key: round(value / reference[key], 3) if reference[key] else None for key, value in m.items()}
               for name, m in medians.items()}
     result = {"started_at": C.now_iso(), "git_commit": C.git_commit(ROOT), "machine": C.machine_info(),
-              "idle_s": args.idle_s, "runs": runs, "medians": medians, "ratio_to_first": ratios}
+              "idle_s": args.idle_s, "load_s": args.load_s, "rate": args.rate, "runs": runs, "medians": medians, "ratio_to_first": ratios}
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     for name, m in medians.items():
         console.print(f"{name:<40} start {m['start_cpu_s']:6.1f} CPU s ({m['start_wall_s']:.0f} s), idle "
-                      f"{m['idle_cpu_s_per_min']:5.1f} CPU s/min  x{ratios[name]['idle_cpu_s_per_min']}")
+                      f"{m['idle_cpu_s_per_min']:5.1f} CPU s/min  x{ratios[name]['idle_cpu_s_per_min']}, loaded "
+                      f"{m['loaded_cpu_s_per_min']:5.1f} CPU s/min  x{ratios[name]['loaded_cpu_s_per_min']}")
     console.print(str(RESULTS))
 
 

@@ -165,11 +165,18 @@ class AirflowClient:
         detail = "; ".join(f"{e.get('filename')}: {e.get('stack_trace', '')[-300:]}" for e in errors) or "none"
         raise AirflowError(f"DAG {dag_id} did not appear within {timeout_s:.0f} s (import errors: {detail})")
 
-    def set_paused(self, dag_id: str, paused: bool) -> None:
-        response = self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": paused})
-        if not response.ok:
-            raise AirflowError(f"cannot {'pause' if paused else 'unpause'} {dag_id}: "
-                               f"{response.status_code} {response.text[:200]}")
+    def set_paused(self, dag_id: str, paused: bool, attempts: int = TRIGGER_ATTEMPTS) -> None:
+        """Pause or unpause the DAG. A server error (a SQLite metadata database locked by another writer answers
+        500) is tried again, ``attempts`` times in all, as :meth:`trigger` does: the change is the same each time."""
+        for attempt in range(1, attempts + 1):
+            response = self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": paused})
+            if response.ok:
+                return
+            if response.status_code < 500 or attempt == attempts:
+                raise AirflowError(f"cannot {'pause' if paused else 'unpause'} {dag_id}: "
+                                   f"{response.status_code} {response.text[:200]}"
+                                   + (f" (after {attempt} attempts)" if attempt > 1 else ""))
+            time.sleep(TRIGGER_RETRY_S * attempt)
 
     def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str | None = None,
                 attempts: int = TRIGGER_ATTEMPTS) -> str:

@@ -88,16 +88,30 @@ FEED_RATE = 5
 """Trades a second the producer left running writes."""
 FEED_DURATION_S = 3600.0
 """How long it writes them (``tandem demo --stop`` ends it sooner)."""
-LAUNCHES_AT_ONCE = 1
-"""Parts other than trades that start their drivers at the same time (trades' supervisor starts its PASSIVEs one
-after another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API server; one plan's
-drivers at a time, beside trades', start sooner in all, while the other parts feed and check what runs."""
+LAUNCH_ORDER = ("hot_rooms", "pizza_shop", "temperatures")
+"""The parts other than trades start their drivers one plan at a time, in this order (trades' supervisor starts its
+PASSIVEs one after another meanwhile). A dozen JVMs starting at once on two cores starve each other and the API
+server; one plan's drivers at a time, beside trades', start sooner in all, while the other parts feed and check what
+runs. The part that takes longest once launched goes first (measured: hot_rooms 121 s, two stages over NATS;
+pizza_shop 100 s, a Python state machine; temperatures 78 s)."""
+DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+"""``SPARK_SUBMIT_OPTS`` of the drivers the Airflow stack the demo starts launches: C1 only, as in the test suite.
+They live minutes, and C2's compiles cost more than they return in that time: a trades driver at 200 trades a
+second burns 58 CPU s a minute with C1 and 75 with both compilers, and 7.6 against 11.1 CPU s to start
+(bench/results/driver_cost.json). A plan run for real keeps the JVM's default (tiered compilation)."""
 STACK_START_WAIT_S = 300
 """How long the demo lets the Airflow stack take to become healthy (airflow_stack.sh waits 120 s by default)."""
 TAKEOVER_WAIT_S = 180.0
 """How long the demo waits for the standby's first output after the kill -9 (seconds when the machine is free)."""
 LAUNCH_TIMEOUT_S = 600.0
 """How long a run DAG may take to bring its instance to RUNNING (minutes on a machine busy with other work)."""
+EVENT_SHARE = 0.4
+"""The share of ``--rate`` the parts other than trades are fed at (80 a second at the default 200)."""
+EVENT_FEED_S = 15.0
+"""How long pizza_shop and temperatures are fed (1,200 events each at the default rate): fewer, bigger micro-batches
+than 30 s at half the rate, for the same events, on a machine the dozen drivers keep busy."""
+NATS_FEED_S = 10.0
+"""How long hot_rooms' readings are published to NATS (800 at the default rate)."""
 EVENT_TRIGGER = "2 seconds"
 """The micro-batch interval of the pizza shop, temperatures and hot_rooms instances: a dozen drivers share the
 machine while the demo runs, and these plans' results wait for their watermark, not for the next second."""
@@ -133,9 +147,9 @@ class Section:
     shared progress display, and the time of each of its phases."""
 
     def __init__(self, plan: str, progress: Progress, main: Console, cancelled: threading.Event,
-                 launch_slot: threading.Semaphore | None = None) -> None:
+                 launch_turns: LaunchTurns | None = None) -> None:
         self.plan = plan
-        self.launch_slot = launch_slot
+        self.launch_turns = launch_turns
         self.buffer = io.StringIO()
         self.console = Console(file=self.buffer, width=main.width, force_terminal=main.is_terminal,
                                color_system=main.color_system, highlight=False)
@@ -184,17 +198,44 @@ class Section:
 
     @contextmanager
     def launching(self) -> Iterator[None]:
-        """Hold the launch slot, when the part has one, while its drivers start (see :data:`LAUNCHES_AT_ONCE`)."""
-        if self.launch_slot is None:
+        """Take the part's turn, when it has one, while its drivers start (see :data:`LAUNCH_ORDER`)."""
+        if self.launch_turns is None:
             yield
             return
         self.track("waiting for its turn to launch (one plan at a time beside trades)")
-        while not self.launch_slot.acquire(timeout=1):
+        while not self.launch_turns.take(self.plan, timeout_s=1):
             self.check()
         try:
             yield
         finally:
-            self.launch_slot.release()
+            self.launch_turns.done(self.plan)
+
+
+class LaunchTurns:
+    """One part's drivers starting at a time, in a given order; a part that ends before its turn (it failed, or the
+    demo runs only some parts) is passed over with :meth:`done`."""
+
+    def __init__(self, order: Sequence[str]) -> None:
+        self._waiting = list(order)
+        self._running: str | None = None
+        self._changed = threading.Condition()
+
+    def take(self, part: str, timeout_s: float) -> bool:
+        """Whether it is ``part``'s turn now (it then holds the turn until :meth:`done`), waiting up to ``timeout_s``."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._running is None and self._waiting[:1] == [part], timeout_s):
+                return False
+            self._running = part
+            return True
+
+    def done(self, part: str) -> None:
+        """``part`` launched (or will never launch): the next part's turn."""
+        with self._changed:
+            if part in self._waiting:
+                self._waiting.remove(part)
+            if self._running == part:
+                self._running = None
+            self._changed.notify_all()
 
 
 def run_demo(console: Console, rate: int = 200, duration_s: float = 40.0, seed: int = 42,
@@ -277,21 +318,22 @@ def _run_parts(console: Console, cluster, parts: list[str], *, failover: bool, r
     progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[plan]:<13}"),
                         TextColumn("{task.fields[step]}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
+    event_rate = max(20, round(EVENT_SHARE * rate))
     runners: dict[str, Callable[[Section], str]] = {
         "trades": lambda sec: (_trades_with_failover if failover else _trades_once)(
             sec, cluster, load_plan("trades", cluster), rate=rate, duration_s=duration_s, seed=seed,
             keep_running=keep_running),
-        "pizza_shop": lambda sec: _event_plan(sec, cluster, load_plan("pizza_shop", cluster), rate=max(20, rate // 5),
-                                              duration_s=min(duration_s, 30.0), seed=seed),
-        "temperatures": lambda sec: _event_plan(sec, cluster, load_plan("temperatures", cluster),
-                                                rate=max(20, rate // 5), duration_s=min(duration_s, 30.0), seed=seed),
-        "hot_rooms": lambda sec: _linked_plan(sec, cluster, load_plan("hot_rooms", cluster), rate=max(20, rate // 5),
-                                              duration_s=min(duration_s, 20.0), seed=seed),
+        "pizza_shop": lambda sec: _event_plan(sec, cluster, load_plan("pizza_shop", cluster), rate=event_rate,
+                                              duration_s=min(duration_s, EVENT_FEED_S), seed=seed),
+        "temperatures": lambda sec: _event_plan(sec, cluster, load_plan("temperatures", cluster), rate=event_rate,
+                                                duration_s=min(duration_s, EVENT_FEED_S), seed=seed),
+        "hot_rooms": lambda sec: _linked_plan(sec, cluster, load_plan("hot_rooms", cluster), rate=event_rate,
+                                              duration_s=min(duration_s, NATS_FEED_S), seed=seed),
     }
     outcomes: dict[str, PartOutcome] = {}
     with progress, ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="demo") as pool:
-        launch_slot = threading.Semaphore(LAUNCHES_AT_ONCE)
-        sections = {name: Section(name, progress, console, cancelled, None if name == "trades" else launch_slot)
+        turns = LaunchTurns([name for name in LAUNCH_ORDER if name in parts])
+        sections = {name: Section(name, progress, console, cancelled, None if name == "trades" else turns)
                     for name in parts}
         futures = {pool.submit(_run_part, sections[name], runners[name]): name for name in parts}
         pending = set(futures)
@@ -323,6 +365,9 @@ def _run_part(sec: Section, runner: Callable[[Section], str]) -> PartOutcome:
             sec.console.print_exception(max_frames=6)
         sec.console.print(f"[bold red]{sec.plan}: {escape(what)}[/]")
         summary, ok = what.splitlines()[0] if what else type(exc).__name__, False
+    finally:
+        if sec.launch_turns is not None:
+            sec.launch_turns.done(sec.plan)  # a part that ended before its turn passes it on
     return PartOutcome(sec.plan, ok, summary, sec.phases, time.monotonic() - started, sec.left_running)
 
 
@@ -851,6 +896,10 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     console.print("starting the Airflow stack (API server, scheduler, triggerer, DAG processor)")
     environment = os.environ.copy()
     environment.setdefault("TANDEM_STACK_TIMEOUT", str(STACK_START_WAIT_S))  # a busy machine starts it slowly
+    if "TieredStopAtLevel" not in environment.get("SPARK_SUBMIT_OPTS", ""):
+        environment["SPARK_SUBMIT_OPTS"] = f"{environment.get('SPARK_SUBMIT_OPTS', '')} {DRIVER_JVM_OPTIONS}".strip()
+        console.print(f"the drivers this stack launches compile with C1 only (SPARK_SUBMIT_OPTS={DRIVER_JVM_OPTIONS}): "
+                      "they live minutes; make down, then make up, for the JVM's default")
     subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=environment)
 
 

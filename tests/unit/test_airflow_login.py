@@ -103,6 +103,17 @@ class FlakyAirflow(FakeAirflow):
         self.created.append(body["dag_run_id"])
         return self._answer(500, {"detail": {"reason": "Database error"}})
 
+    patched: list[str] = []
+
+    def do_PATCH(self) -> None:
+        """A pause or unpause: the first of each DAG meets a locked SQLite database (500), the next one is done."""
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path.endswith("/missing"):
+            return self._answer(404, {"detail": "no such DAG"})
+        first = self.path not in self.patched
+        self.patched.append(self.path)
+        return self._answer(500 if first else 200, {"detail": {"reason": "Database error"}} if first else {})
+
 
 def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run_id(monkeypatch) -> None:
     server = HTTPServer(("127.0.0.1", 0), FlakyAirflow)
@@ -116,6 +127,22 @@ def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run
             client.trigger("refused", {})  # a client error is not tried again
         with pytest.raises(AirflowError, match="cannot trigger other: 500"):
             client.trigger("other", {}, run_id="r-2", attempts=1)
+    finally:
+        server.shutdown()
+
+
+def test_a_pause_or_unpause_answered_with_a_server_error_is_tried_again(monkeypatch) -> None:
+    server = HTTPServer(("127.0.0.1", 0), FlakyAirflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr("tandem.airflow_rest.TRIGGER_RETRY_S", 0.01)
+    client = AirflowClient(f"http://127.0.0.1:{server.server_port}", "admin", "secret")
+    try:
+        client.set_paused("tandem_trades_run", False)  # 500, then done
+        assert [path.rsplit("/", 1)[1] for path in FlakyAirflow.patched] == ["tandem_trades_run"] * 2
+        with pytest.raises(AirflowError, match="cannot pause missing: 404"):
+            client.set_paused("missing", True)  # a client error is not tried again
+        with pytest.raises(AirflowError, match="cannot unpause other: 500"):
+            client.set_paused("other", False, attempts=1)
     finally:
         server.shutdown()
 
