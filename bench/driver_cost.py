@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(BENCH))
 
 import _common as C  # noqa: E402
+from tandem.supervisor.submit_command import SHORT_LIVED_JVM_OPTIONS  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 RESULTS = BENCH / "results" / "driver_cost.json"
-SUITE_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"  # tests/conftest.py's C1_ONLY
 VARIANTS: dict[str, dict] = {
     "baseline": {},
     "trigger 5 s": {"trigger": "5 seconds"},
@@ -75,7 +75,7 @@ def one_driver(name: str, variant: dict, idle_s: float, load_s: float, rate: int
         if variant.get("conf"):
             with open(root / "conf" / "spark-defaults.conf", "a") as conf:
                 conf.write("\n" + "\n".join(variant["conf"]) + "\n")
-        jit = "" if variant.get("tiered") else SUITE_JVM
+        jit = "" if variant.get("tiered") else SHORT_LIVED_JVM_OPTIONS
         os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [saved, jit, variant.get("jvm", "")]))
         try:
             with Database(url) as db:
@@ -129,7 +129,8 @@ def main() -> None:
     ratios = {name: {key: round(value / reference[key], 3) if reference[key] else None for key, value in m.items()}
               for name, m in medians.items()}
     result = {"started_at": C.now_iso(), "git_commit": C.git_commit(ROOT), "machine": C.machine_info(),
-              "idle_s": args.idle_s, "load_s": args.load_s, "rate": args.rate, "runs": runs, "medians": medians, "ratio_to_first": ratios}
+              "idle_s": args.idle_s, "load_s": args.load_s, "rate": args.rate, "runs": runs, "medians": medians,
+              "ratio_to_first": ratios}
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     for name, m in medians.items():
         console.print(f"{name:<40} start {m['start_cpu_s']:6.1f} CPU s ({m['start_wall_s']:.0f} s), idle "

@@ -10,17 +10,15 @@ from pathlib import Path
 
 import pytest
 from _project import PROJECT, ProcessGroups, create_database, drop_database, kill_groups, use_project
+from tandem.supervisor.submit_command import SHORT_LIVED_JVM_OPTIONS
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Every JVM of the suite (the in-process sessions and each driver a test launches, which inherit this environment)
 # compiles with C1 only: a test's driver lives for seconds to minutes, in which C2's compiles never pay off; an
 # idle driver spent about a third of its CPU on them (tests/e2e/test_airflow_trades.py alone: 68 -> 44 CPU s for
 # its two drivers). Production drivers keep the default tiered compilation (bench/ measures with it).
-# C1 alone gets a code cache of 48 MB, which a worker's session filled after three modules of stateful queries
-# ("Out of space in CodeCache for adapters" failed a task): give it the tiered default's 240 MB.
-C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-if C1_ONLY not in os.environ.get("SPARK_SUBMIT_OPTS", ""):  # xdist's workers inherit the controller's environment
-    os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {C1_ONLY}".strip()
+if SHORT_LIVED_JVM_OPTIONS not in os.environ.get("SPARK_SUBMIT_OPTS", ""):  # xdist's workers inherit the controller's
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {SHORT_LIVED_JVM_OPTIONS}".strip()
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at interpreter exit hit closed streams
 
 # `make test` runs two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``: a worker takes whole

@@ -74,6 +74,7 @@ from tandem.store.leases import read_lease
 from tandem.store.output_streams import stream_progress
 from tandem.store.publish_log import first_publish_after
 from tandem.store.snapshots import database_now
+from tandem.supervisor.submit_command import SHORT_LIVED_JVM_OPTIONS
 from tandem.supervisor.launch_decision import ACTIVE_STATUSES
 from tandem.supervisor.stopping import kill_instance
 from tandem.reading import read_output
@@ -94,11 +95,6 @@ PASSIVEs one after another meanwhile). A dozen JVMs starting at once on two core
 server; one plan's drivers at a time, beside trades', start sooner in all, while the other parts feed and check what
 runs. The part that takes longest once launched goes first (measured: hot_rooms 121 s, two stages over NATS;
 pizza_shop 100 s, a Python state machine; temperatures 78 s)."""
-DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-"""``SPARK_SUBMIT_OPTS`` of the drivers the Airflow stack the demo starts launches: C1 only, as in the test suite.
-They live minutes, and C2's compiles cost more than they return in that time: a trades driver at 200 trades a
-second burns 58 CPU s a minute with C1 and 75 with both compilers, and 7.6 against 11.1 CPU s to start
-(bench/results/driver_cost.json). A plan run for real keeps the JVM's default (tiered compilation)."""
 STACK_START_WAIT_S = 300
 """How long the demo lets the Airflow stack take to become healthy (airflow_stack.sh waits 120 s by default)."""
 TAKEOVER_WAIT_S = 180.0
@@ -221,7 +217,8 @@ class LaunchTurns:
         self._changed = threading.Condition()
 
     def take(self, part: str, timeout_s: float) -> bool:
-        """Whether it is ``part``'s turn now (it then holds the turn until :meth:`done`), waiting up to ``timeout_s``."""
+        """Whether it is ``part``'s turn now (it then holds the turn until :meth:`done`), waiting up to
+        ``timeout_s``."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._running is None and self._waiting[:1] == [part], timeout_s):
                 return False
@@ -889,7 +886,8 @@ def _fed_linked_plan(sec: Section, cluster, client: AirflowClient, plan, placeme
     if done != len(hot) or quarantined != len(bad_lines):
         return (f"stage 2 counted {done} of {len(hot)} hot readings, the quarantine holds {quarantined} of "
                 f"{len(bad_lines)} bad messages"), False
-    return f"{len(hot)} hot readings relayed and counted each once, {len(bad_lines)} bad messages quarantined once", True
+    return (f"{len(hot)} hot readings relayed and counted each once, {len(bad_lines)} bad messages quarantined "
+            "once"), True
 
 
 # --- shared steps -------------------------------------------------------------------------------------------------
@@ -908,9 +906,10 @@ def _bring_up_airflow(console: Console, root, client: AirflowClient) -> None:
     environment = os.environ.copy()
     environment.setdefault("TANDEM_STACK_TIMEOUT", str(STACK_START_WAIT_S))  # a busy machine starts it slowly
     if "TieredStopAtLevel" not in environment.get("SPARK_SUBMIT_OPTS", ""):
-        environment["SPARK_SUBMIT_OPTS"] = f"{environment.get('SPARK_SUBMIT_OPTS', '')} {DRIVER_JVM_OPTIONS}".strip()
-        console.print(f"the drivers this stack launches compile with C1 only (SPARK_SUBMIT_OPTS={DRIVER_JVM_OPTIONS}): "
-                      "they live minutes; make down, then make up, for the JVM's default")
+        options = f"{environment.get('SPARK_SUBMIT_OPTS', '')} {SHORT_LIVED_JVM_OPTIONS}".strip()
+        environment["SPARK_SUBMIT_OPTS"] = options
+        console.print(f"the drivers this stack launches compile with C1 only (SPARK_SUBMIT_OPTS="
+                      f"{SHORT_LIVED_JVM_OPTIONS}): they live minutes; make down, then make up, for the JVM's default")
     subprocess.run(["bash", str(root / "scripts" / "airflow_stack.sh"), "up"], check=True, env=environment)
 
 

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
@@ -115,36 +116,34 @@ class FlakyAirflow(FakeAirflow):
         return self._answer(500 if first else 200, {"detail": {"reason": "Database error"}} if first else {})
 
 
-def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run_id(monkeypatch) -> None:
+@pytest.fixture
+def flaky_client(monkeypatch) -> Iterator[AirflowClient]:
+    """A client of a :class:`FlakyAirflow` server, its retries 10 ms apart."""
     server = HTTPServer(("127.0.0.1", 0), FlakyAirflow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setattr("tandem.airflow_rest.TRIGGER_RETRY_S", 0.01)
-    client = AirflowClient(f"http://127.0.0.1:{server.server_port}", "admin", "secret")
     try:
-        assert client.trigger("plan_maintenance", {}, run_id="r-1") == "r-1"  # 500, then 409: it exists once
-        assert FlakyAirflow.created == ["r-1"]
-        with pytest.raises(AirflowError, match="cannot trigger refused: 400"):
-            client.trigger("refused", {})  # a client error is not tried again
-        with pytest.raises(AirflowError, match="cannot trigger other: 500"):
-            client.trigger("other", {}, run_id="r-2", attempts=1)
+        yield AirflowClient(f"http://127.0.0.1:{server.server_port}", "admin", "secret")
     finally:
         server.shutdown()
 
 
-def test_a_pause_or_unpause_answered_with_a_server_error_is_tried_again(monkeypatch) -> None:
-    server = HTTPServer(("127.0.0.1", 0), FlakyAirflow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr("tandem.airflow_rest.TRIGGER_RETRY_S", 0.01)
-    client = AirflowClient(f"http://127.0.0.1:{server.server_port}", "admin", "secret")
-    try:
-        client.set_paused("tandem_trades_run", False)  # 500, then done
-        assert [path.rsplit("/", 1)[1] for path in FlakyAirflow.patched] == ["tandem_trades_run"] * 2
-        with pytest.raises(AirflowError, match="cannot pause missing: 404"):
-            client.set_paused("missing", True)  # a client error is not tried again
-        with pytest.raises(AirflowError, match="cannot unpause other: 500"):
-            client.set_paused("other", False, attempts=1)
-    finally:
-        server.shutdown()
+def test_a_trigger_answered_with_a_server_error_is_tried_again_with_the_same_run_id(flaky_client) -> None:
+    assert flaky_client.trigger("plan_maintenance", {}, run_id="r-1") == "r-1"  # 500, then 409: it exists once
+    assert FlakyAirflow.created == ["r-1"]
+    with pytest.raises(AirflowError, match="cannot trigger refused: 400"):
+        flaky_client.trigger("refused", {})  # a client error is not tried again
+    with pytest.raises(AirflowError, match="cannot trigger other: 500"):
+        flaky_client.trigger("other", {}, run_id="r-2", attempts=1)
+
+
+def test_a_pause_or_unpause_answered_with_a_server_error_is_tried_again(flaky_client) -> None:
+    flaky_client.set_paused("tandem_trades_run", False)  # 500, then done
+    assert [path.rsplit("/", 1)[1] for path in FlakyAirflow.patched] == ["tandem_trades_run"] * 2
+    with pytest.raises(AirflowError, match="cannot pause missing: 404"):
+        flaky_client.set_paused("missing", True)  # a client error is not tried again
+    with pytest.raises(AirflowError, match="cannot unpause other: 500"):
+        flaky_client.set_paused("other", False, attempts=1)
 
 
 class SlowAirflow(FakeAirflow):
