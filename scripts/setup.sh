@@ -315,6 +315,11 @@ esac
 export PATH
 export PYSPARK_PYTHON="\$TANDEM_HOME/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="\$TANDEM_HOME/.venv/bin/python"
+# Let Python keep its bytecode caches (__pycache__): where the host sets PYTHONDONTWRITEBYTECODE (container
+# images often do), every process compiled every module it imports from source again, Airflow's, pyspark's and
+# great_expectations' thousands among them: ~40 % of a dag.test() run, and of every Airflow component, task,
+# driver and CLI call. The caches are written once, by the first process that imports a module.
+unset PYTHONDONTWRITEBYTECODE
 
 # Airflow
 export AIRFLOW_HOME="\${TANDEM_AIRFLOW_HOME:-\$TANDEM_HOME/.tandem/airflow}"
