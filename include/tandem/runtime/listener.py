@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent, StreamingQueryProgress
 
 from tandem.store.db import Database
 from tandem.store.heartbeats import BatchProgress, beat, record_progress
@@ -39,6 +41,22 @@ def _timestamp(text: str | None) -> datetime | None:
     return None if moment.timestamp() == 0 else moment
 
 
+class ProgressAsJson(JStreamingQueryListener):
+    """PySpark's bridge from the JVM's listener events to a Python listener, with each progress read as one JSON
+    text (the way Spark Connect's client reads it).
+
+    PySpark's own bridge reads a progress object by object through Py4J, every map of it (durations, event times,
+    each operator's and the sink's metrics) with an iterator whose end is a Java exception; PySpark classifies each
+    such exception by asking the JVM for half a dozen classes by short names, and every miss walks the driver's
+    ~300 jars: a third of a loaded driver's JVM CPU (a JFR profile of trades at 50 events a second), and the
+    driver's CPU went from 52 to 37 s a minute without it (``bench/driver_cost.py``).
+    """
+
+    def onQueryProgress(self, jevent) -> None:  # noqa: N802 (Spark's names)
+        progress = StreamingQueryProgress.fromJson(json.loads(jevent.progress().json()))
+        self.pylistener.onQueryProgress(QueryProgressEvent(progress))
+
+
 class ProgressRecorder(StreamingQueryListener):
     """Writes one ``tandem.heartbeats`` row per completed micro-batch of this instance's queries."""
 
@@ -47,6 +65,16 @@ class ProgressRecorder(StreamingQueryListener):
         self.db = Database(database_url, "tandem-listener")
         self.recorded = threading.Condition()
         self.last_batch: dict[str, int] = {}  # run id -> newest batch id handled (recorded or failed)
+
+    @property
+    def _jlistener(self):
+        """The JVM side of this listener, which ``spark.streams.addListener`` registers: PySpark's wrapper around
+        :class:`ProgressAsJson` instead of around its own bridge."""
+        if not hasattr(self, "_jlistenerobj"):
+            from pyspark import SparkContext
+
+            self._jlistenerobj = SparkContext._jvm.PythonStreamingQueryListenerWrapper(ProgressAsJson(self))
+        return self._jlistenerobj
 
     def onQueryStarted(self, event) -> None:  # noqa: N802 (Spark's names)
         pass
