@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from tandem.config import load_cluster, load_plan
-from tandem.demo import compare_trade_seconds, expected_trade_seconds, quarantined_lines
+from tandem.demo import compare_trade_seconds, expected_trade_seconds, quarantined_lines, quarantined_of
 from tandem.lake.tables import append_once
 from tandem.layout import delta_table_dir
 from tandem.outputs.quarantine import QUARANTINE_SCHEMA
@@ -55,3 +55,6 @@ def test_the_quarantined_lines_are_counted_in_the_plans_quarantine_output_whatev
         for i in range(5)], schema=QUARANTINE_SCHEMA), "test", 0)
     assert quarantined_lines(cluster, plan, start + timedelta(minutes=3)) == 2
     assert quarantined_lines(cluster, plan) == 5
+    # by text (a run's own bad lines among what earlier runs left): each row holding one counts, "{" five times
+    assert quarantined_of(cluster, plan, ["{\n"]) == 5
+    assert quarantined_of(cluster, plan, ["}", "not quarantined"]) == 0
