@@ -41,9 +41,12 @@ def probes_while(spark, job, every_s: float = 0.5) -> list[bool]:
 
 
 def test_the_probe_sees_tasks_complete_and_nothing_while_one_task_hangs(spark) -> None:
-    many_short = probes_while(spark, lambda s: s.sparkContext.parallelize(range(8), 8)
-                              .map(lambda x: time.sleep(0.6) or x).count())
-    assert many_short.count(True) >= 3, many_short
+    # three waves of two 1.5 s tasks (local[2]): the probe says yes for the stage's start and again for completions
+    # seconds later. Not once per wave: the status tracker reads Spark's status store, which the listener bus fills
+    # late on a loaded machine (seen: 1, then 3, then 6 tasks done at once; CI saw 2 yeses of 6 probes)
+    three_waves = probes_while(spark, lambda s: s.sparkContext.parallelize(range(6), 6)
+                               .map(lambda x: time.sleep(1.5) or x).count())
+    assert three_waves.count(True) >= 2, three_waves
     one_long = probes_while(spark, lambda s: s.sparkContext.parallelize(range(1), 1)
                             .map(lambda x: time.sleep(5) or x).count())
     # the stage's start is seen (unless it started before the first probe), then nothing moves while its one task
