@@ -46,11 +46,12 @@ VARIANTS: dict[str, dict] = {
     "one GC thread, serial GC": {"jvm": "-XX:+UseSerialGC"},
     "no progress events between batches": {"conf": ["spark.sql.streaming.noDataProgressEventInterval 3600000"]},
     "tiered JIT (production drivers)": {"tiered": True},
-    # Spark's default checkpoint manager renames through Hadoop's FileContext, which on a local path forks a
-    # `readlink` per rename (no native Hadoop library in the pyspark wheel); the FileSystem one does not.
-    "checkpoints through FileSystem": {"conf": [
+    # conf/spark-defaults.conf renames checkpoint files through Hadoop's FileSystem (no `readlink` fork per rename);
+    # what it cost before, and Hadoop's checksummed local filesystem, which forks a `chmod` per file it creates
+    "checkpoints through FileContext (Spark's default)": {"conf": [
         "spark.sql.streaming.checkpointFileManagerClass "
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"]},
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"]},
+    "raw local filesystem (no .crc files)": {"conf": ["spark.hadoop.fs.file.impl org.apache.hadoop.fs.RawLocalFileSystem"]},
 }
 METRICS = ("start_wall_s", "start_cpu_s", "idle_cpu_s_per_min", "loaded_cpu_s_per_min")
 
