@@ -58,7 +58,8 @@ COPY --chown=airflow:0 conf/ conf/
 RUN pip install --no-cache-dir --no-deps . \
  && python -c "import tandem" \
  && mkdir -p /opt/tandem/dist \
- && cd include && python -m zipfile -c /opt/tandem/dist/tandem.zip tandem
+ && python -m tandem.packaging --spark-zips \
+ && PYTHONPATH=include python -m tandem.packaging /opt/tandem
 
 ENV TANDEM_HOME=/opt/tandem \
     TANDEM_STORAGE_ROOT=/opt/tandem/data \

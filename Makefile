@@ -47,7 +47,8 @@ status:
 	@$(ENV) && bash scripts/airflow_stack.sh status
 
 # dist/tandem.zip holds include/tandem as the top-level package `tandem` (tandem/__init__.py at the
-# root of the archive, plus package data such as SQL migrations), without bytecode. It is rebuilt
+# root of the archive, plus package data such as SQL migrations), each module with its bytecode (Python caches
+# none for a zip; tandem.packaging). It is rebuilt
 # when it is missing or older than any file of the package (every launch of a node submits it);
 # `make setup` builds it too (scripts/setup.sh, step 8).
 DIST := $(ROOT)/dist/tandem.zip

@@ -7,6 +7,8 @@
 #      (skipped when .tandem/.installed-<sha of requirements.txt+constraints.txt+pyproject.toml>
 #      exists and the venv is intact). PyPI has pyspark and pyspark-client as source only: their wheels are
 #      built once per machine into ~/.cache/tandem-wheels (TANDEM_WHEEL_CACHE) and reused by every set-up.
+#      Then a .pyc beside each .py of pyspark's python/lib/*.zip, which Spark's Python processes import from
+#      (tandem.packaging; skipped when there).
 #   3. PostgreSQL for Tandem (scripts/provision_postgres.sh)  -> TANDEM_DATABASE_URL
 #   4. Airflow home in .tandem/airflow, SimpleAuthManager password file (admin, random password, 0600)
 #   5. .tandem/env.sh (sourced by every make target and by the tests)
@@ -233,6 +235,12 @@ else
     log "Python dependencies installed in $((SECONDS - t0)) s${UV:+ (uv)}"
 fi
 step_done "Python dependencies"
+
+# spark-submit puts pyspark's python/lib/*.zip ahead of site-packages on the driver's and every Python worker's
+# path, and Python caches no bytecode for a zip: each process compiled what it imported from it (0.6 CPU s a
+# worker). Each .py there gets its .pyc (checked against its source's hash), after every install that replaced them.
+"$VENV/bin/python" -m tandem.packaging --spark-zips | sed 's/^/[setup] /' >&2
+step_done "bytecode in pyspark's zips"
 
 # --- 3. PostgreSQL -------------------------------------------------------------------------------
 # When TANDEM_DATABASE_URL merely echoes what a previous set-up provisioned (a shell that sourced
