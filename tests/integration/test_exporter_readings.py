@@ -223,13 +223,19 @@ def test_a_quarantine_output_of_another_name_is_counted_and_its_spike_fires_the_
 # Serving: connections that send nothing, concurrent scrapes, a read-only session, where it may listen
 
 
+def _handler_threads() -> int:
+    """The exporter's connection threads in this process (socketserver names them after their target); the
+    process's other threads (a Spark session's, the suite's own samplers) come and go on their own."""
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
 def _threads_while(action: Callable[[], None]) -> int:
-    """The most threads this process had while ``action`` ran (sampled every 5 ms)."""
-    peak, done = [threading.active_count()], threading.Event()
+    """The most connection threads this process had while ``action`` ran (sampled every 5 ms)."""
+    peak, done = [_handler_threads()], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak.append(threading.active_count())
+            peak.append(_handler_threads())
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -239,14 +245,13 @@ def _threads_while(action: Callable[[], None]) -> int:
     finally:
         done.set()
         sampler.join()
-    return max(peak) - 1  # less the sampler
+    return max(peak)
 
 
 def test_half_open_connections_hold_no_thread_beyond_the_cap_and_are_dropped_while_a_scrape_answers(
         project: Path, database_url: str) -> None:
     with Database(database_url) as db:
         migrate(db)
-    before = threading.active_count()
     server = serve("127.0.0.1", 0, "t0ken", read_timeout_s=1.0, max_connections=16)
     port, flood = server.server_port, []
     try:
@@ -257,7 +262,9 @@ def test_half_open_connections_hold_no_thread_beyond_the_cap_and_are_dropped_whi
                 flood.append(connection)
 
         peak = _threads_while(open_half)
-        assert peak - before <= 1 + 16 + 8, f"{peak - before} threads for 300 half-open connections (cap 16)"
+        # 16 places; a dropped connection's thread ends a moment after its socket is shut (CI's slow host: 29
+        # threads of every kind at the peak, where this counted the process's other threads too)
+        assert peak <= 2 * 16, f"{peak} connection threads for 300 half-open connections (cap 16)"
         answer = requests.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer t0ken"},
                               timeout=10)
         assert answer.status_code == 200 and "tandem_up 1.0" in answer.text
@@ -267,7 +274,7 @@ def test_half_open_connections_hold_no_thread_beyond_the_cap_and_are_dropped_whi
                 assert connection.recv(1) == b""
             except ConnectionResetError:
                 pass
-        wait_for(lambda: threading.active_count() <= before + 1, 5, "the handler threads to end")
+        wait_for(lambda: _handler_threads() == 0, 5, "the connection threads to end")
     finally:
         for connection in flood:
             connection.close()

@@ -40,8 +40,8 @@ options go through ``conf/spark-defaults.conf`` (``spark.driver.extraJavaOptions
 DRIVER_ENVIRONMENT_PREFIXES = ("LC_", "SPARK_")
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 """``SPARK_SUBMIT_OPTS`` for drivers that live seconds to minutes (the test suite's, the demo's): C1 only, since C2's
-compiles never pay off in that time (a trades driver at 200 trades a second: 42.2 CPU s a minute with C1, 53.8
-with both compilers; 6.5 against 10.8 CPU s to start: bench/results/driver_cost.json). C1 alone gets a code cache of
+compiles never pay off in that time (a trades driver at 200 trades a second: 49.6 CPU s a minute with C1, 57.7
+with both compilers: bench/results/driver_cost.json; 42.2 against 53.8 on a faster host). C1 alone gets a code cache of
 48 MB, which a test worker's session filled after three modules of stateful queries ("Out of space in CodeCache for
 adapters"): it gets the tiered default's 240 MB. A plan run for real keeps the JVM's default."""
 
