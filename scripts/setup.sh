@@ -239,7 +239,8 @@ step_done "Python dependencies"
 # spark-submit puts pyspark's python/lib/*.zip ahead of site-packages on the driver's and every Python worker's
 # path, and Python caches no bytecode for a zip: each process compiled what it imported from it (0.6 CPU s a
 # worker). Each .py there gets its .pyc (checked against its source's hash), after every install that replaced them.
-"$VENV/bin/python" -m tandem.packaging --spark-zips | sed 's/^/[setup] /' >&2
+"$VENV/bin/python" -m tandem.packaging --spark-zips 2>&1 | sed 's/^/[setup] /' >&2 \
+    || log "WARNING: could not add bytecode to pyspark's zips (Spark's Python processes compile their imports: slower)"
 step_done "bytecode in pyspark's zips"
 
 # --- 3. PostgreSQL -------------------------------------------------------------------------------
