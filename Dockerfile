@@ -57,7 +57,6 @@ COPY --chown=airflow:0 jobs/ jobs/
 COPY --chown=airflow:0 conf/ conf/
 RUN pip install --no-cache-dir --no-deps . \
  && python -c "import tandem" \
- && mkdir -p /opt/tandem/dist \
  && python -m tandem.packaging --spark-zips \
  && PYTHONPATH=include python -m tandem.packaging /opt/tandem
 

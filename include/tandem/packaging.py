@@ -36,6 +36,7 @@ def bytecode(source: bytes, shown_as: str) -> bytes | None:
 
 
 def _with_bytecode(name: str, data: bytes, shown_under: Path) -> Iterator[tuple[str, bytes]]:
+    """A zip entry ``name``, then its ``.pyc`` when it is a module this Python compiles (named ``shown_under/name``)."""
     yield name, data
     if name.endswith(".py"):
         compiled = bytecode(data, str(shown_under / name))
@@ -86,11 +87,9 @@ def add_bytecode(archive: Path) -> int:
         for info in source.infolist():
             if info.filename.endswith(".pyc") and info.filename[:-1] in names:
                 continue
-            data = source.read(info)
-            target.writestr(info, data)
-            if info.filename.endswith(".py") and (compiled := bytecode(data, str(archive / info.filename))):
-                target.writestr(info.filename + "c", compiled)
-                added += 1
+            for entry, data in _with_bytecode(info.filename, source.read(info), archive):
+                target.writestr(info if entry == info.filename else entry, data)
+                added += entry != info.filename
     os.chmod(partial, archive.stat().st_mode & 0o777)
     os.replace(partial, archive)
     return added

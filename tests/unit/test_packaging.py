@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import marshal
-import zipfile
 import sys
+import zipfile
 from pathlib import Path
 
 from tandem.packaging import add_bytecode, build_dist, bytecode, has_bytecode
@@ -23,10 +23,10 @@ def imported(archive: Path, name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(archive))
-        for loaded in [m for m in sys.modules if m == name or m.startswith(name.split(".")[0] + ".")]:
-            del sys.modules[loaded]
-        sys.modules.pop(name.split(".")[0], None)
         sys.path_importer_cache.pop(str(archive), None)
+        top = name.split(".")[0]
+        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[loaded]
 
 
 def zip_of(path: Path, entries: dict[str, bytes]) -> Path:
